@@ -1,0 +1,38 @@
+# rlgen developer targets. `make help` lists them.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+RLGEN := $(VENV)/bin/rlgen
+# CPU torch: pinned so a CPU machine does not pull CUDA packages. The GPU extra brings its own torch.
+TORCH_CPU ?= torch==2.13.0
+
+.PHONY: help install train smoke test test-all lint bench clean
+
+help:  ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+install: $(PY)  ## create .venv and install rlgen (CPU torch) with dev tools
+	$(PY) -m pip install -q $(TORCH_CPU)
+	$(PY) -m pip install -q -e ".[dev]"
+
+train:  ## the main job: `rlgen train` on the embedded default (CPU, tiny model)
+	$(RLGEN) train
+
+smoke:  ## the embedded default run, which learns (about a minute on 2 cores)
+	$(RLGEN) train hydra.run.dir=outputs/smoke
+
+test:  ## the test suite (CPU; GPU tests skip themselves)
+	$(PY) -m pytest -q -m "not gpu"
+
+lint:  ## ruff
+	$(VENV)/bin/ruff check src tests benchmarks
+
+bench:  ## generation benchmark (needs a GPU and the gpu extra)
+	$(RLGEN) bench engine=vllm hardware=1xh100 model=qwen2_5_1_5b
+
+clean:  ## remove run outputs
+	rm -rf outputs multirun .pytest_cache

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# rlgen's GPU checks and benchmarks on a CUDA host, one stage per invocation; logs and JSON go to OUT_DIR.
+#   usage: benchmarks/gpu_session.sh STAGE OUT_DIR [ARGS ...]
+#   stages:
+#     check            versions, the GPU, and that vllm/ray/hydra import
+#     test             the GPU tests (tests/gpu)
+#     bench [OVERRIDES]  `python -m rlgen.bench` on the qwen2_5_1_5b preset (vllm, hf, vllm_raw)
+#     tune POINTS [OVERRIDES]  benchmarks/vllm_tune.py over comma-separated points
+# Run from the repository root with rlgen importable (installed, or src on PYTHONPATH). Every vLLM process is
+# started by Python code kept under `if __name__ == "__main__":`, as vLLM's spawned engine cores need.
+set -uo pipefail
+stage=${1:?usage: gpu_session.sh STAGE OUT_DIR [ARGS ...]}
+out=${2:?usage: gpu_session.sh STAGE OUT_DIR [ARGS ...]}
+shift 2
+mkdir -p "$out"
+py=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+
+case "$stage" in
+  check)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/check.log"
+    "$py" - <<'EOF' 2>&1 | tee -a "$out/check.log"
+import importlib.metadata as md
+import torch
+for pkg in ("vllm", "torch", "transformers", "ray", "hydra-core"):
+    print(pkg, md.version(pkg))
+import vllm, ray, hydra  # noqa: F401
+print("cuda", torch.version.cuda, torch.cuda.get_device_name(0))
+EOF
+    ;;
+  test)
+    "$py" -m pytest tests/gpu -v -s -rA -p no:cacheprovider 2>&1 | tee "$out/test.log"
+    ;;
+  bench)
+    "$py" -m rlgen.bench engine=vllm model=qwen2_5_1_5b hardware=1xh100 "$@" --out "$out/bench" 2>&1 | tee "$out/bench.log"
+    ;;
+  tune)
+    points=${1:?tune needs POINTS}
+    shift
+    "$py" benchmarks/vllm_tune.py --out "$out/tune.json" --points "$points" "$@" 2>&1 | tee "$out/tune.log"
+    ;;
+  *)
+    echo "unknown stage $stage (check | test | bench | tune)" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,376 @@
+"""StepTimeline -> which side of the loop is the bottleneck, by how much, and what to change.
+
+Producer/consumer model. Per step the engines *produce* a batch (generate, plus loading the newest weights)
+and the learner *consumes* it (scoring, training, exporting weights). With P the producer time and C the
+consumer time of a batch:
+
+    generation throughput = batch tokens / P        required throughput = batch tokens / C
+    ratio = P / C = required / generation
+
+ratio > 1 + band: generation-bound (the learner waits for batches); ratio < 1 / (1 + band): training-bound
+(engines wait for weights); in between: balanced. The band is symmetric on a log scale, so "15% slower"
+means the same either way round.
+
+Per step (from the spans of one StepTimeline):
+- the step window runs from the first to the last span of the learner and the driver;
+- learner wait: the learner's ``wait`` spans; consumer time C = window - learner wait;
+- each engine's busy time: its ``generate`` plus ``sync`` spans; P = the busiest engine's busy time (a batch
+  is ready when the slowest engine is done);
+- engine idle: window - busy time, averaged over engines: the part of the step an engine spent neither
+  generating nor loading weights. With async_steps > 0 an engine's generate call for a step can start in
+  an earlier step's window; counting busy time per batch rather than clipping spans to the window keeps the
+  number right in steady state.
+
+The rolling verdict (``BalanceTracker``) changes kind only after the new kind has held for ``hold``
+consecutive steps, so one noisy step does not flip it; its numbers are means over the last ``window`` steps.
+Pure Python: no torch, no Ray.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from typing import Any
+
+DEFAULT_BAND = 0.15  # ratio within [1/1.15, 1.15]: balanced
+DEFAULT_HOLD = 3  # consecutive steps a new kind must hold before the rolling verdict changes
+DEFAULT_WINDOW = 5  # steps the rolling numbers average over
+DEFAULT_WARMUP = 1  # first steps left out of rolling and run verdicts (first generate/backward are slow)
+MAX_ENGINE_GROWTH = 16  # past this, "add N engines" stops being useful advice
+SYNC_NOTE_FRAC = 0.2  # mention weight sync when it takes more than this share of the step
+
+
+class Kind(StrEnum):
+    generation_bound = "generation_bound"
+    training_bound = "training_bound"
+    balanced = "balanced"
+
+
+@dataclass(frozen=True)
+class BalanceContext:
+    """What the advice may change. num_engines None: counted from the timeline."""
+
+    num_engines: int | None = None
+    async_steps: int = 0
+    tensor_parallel_size: int = 1
+    colocated: bool = False  # engines share the learners' GPUs, so generation and training never overlap
+    device: str = ""  # "cpu" | "cuda" | "" (unknown): picks the words of the advice
+
+
+NO_CONTEXT = BalanceContext()  # nothing known: engines counted from the timeline, on-policy
+
+
+def context_from_plan(plan: Any) -> BalanceContext:
+    """A BalanceContext from a Plan or its ``to_dict()`` / plan.json contents."""
+    d = plan.to_dict() if hasattr(plan, "to_dict") else dict(plan)
+    engines = d.get("engines") or []
+    tp = int(engines[0].get("tensor_parallel_size", 1)) if engines else 1
+    return BalanceContext(
+        num_engines=len(engines) or None,
+        async_steps=int(d.get("async_steps", 0)),
+        tensor_parallel_size=tp,
+        colocated=bool(d.get("colocated", False)),
+        device=str(d.get("device", "")),
+    )
+
+
+@dataclass(frozen=True)
+class StepBalance:
+    """The measured (or predicted) times of one step, in seconds; tokens are the batch's response tokens."""
+
+    step: int
+    window_s: float
+    learner_wait_s: float
+    producer_s: float  # busiest engine: generate + sync
+    consumer_s: float  # window - learner wait
+    gen_s: float  # busiest engine: generate only
+    engine_idle_s: float  # mean over engines
+    sync_s: float  # learner export + slowest engine load
+    tokens: int
+    num_engines: int
+
+    @property
+    def ratio(self) -> float:
+        """P / C; inf when the learner took no time at all."""
+        if self.consumer_s <= 0:
+            return math.inf if self.producer_s > 0 else 1.0
+        return self.producer_s / self.consumer_s
+
+
+def _span(s: Any) -> tuple[str, str, float, float]:
+    if isinstance(s, Mapping):
+        return str(s["actor"]), str(s["phase"]), float(s["start"]), float(s["end"])
+    phase = getattr(s.phase, "value", s.phase)
+    return str(s.actor), str(phase), float(s.start), float(s.end)
+
+
+def _per_actor_max(rows: list[tuple[str, str, float, float]], prefix: str, phase: str) -> float:
+    per: dict[str, float] = {}
+    for actor, p, a, b in rows:
+        if actor.startswith(prefix) and p == phase:
+            per[actor] = per.get(actor, 0.0) + b - a
+    return max(per.values(), default=0.0)
+
+
+def measure(spans: Iterable[Any], tokens: int, step: int = 0, num_engines: int | None = None) -> StepBalance:
+    """One step's StepBalance from its spans (Span objects or {actor, phase, start, end} dicts)."""
+    rows = [_span(s) for s in spans]
+    loop = [r for r in rows if not r[0].startswith("engine")]
+    if not loop:
+        raise ValueError(f"step {step}: the timeline has no learner or driver spans, so it has no step window")
+    window = max(r[3] for r in loop) - min(r[2] for r in loop)
+    wait = _per_actor_max(rows, "learner", "wait")  # learner ranks wait side by side: count it once
+    busy: dict[str, float] = {}
+    gen: dict[str, float] = {}
+    sync_engine: dict[str, float] = {}
+    for actor, phase, a, b in rows:
+        if not actor.startswith("engine"):
+            continue
+        busy.setdefault(actor, 0.0)
+        if phase in ("generate", "sync"):
+            busy[actor] += b - a
+        if phase == "generate":
+            gen[actor] = gen.get(actor, 0.0) + b - a
+        if phase == "sync":
+            sync_engine[actor] = sync_engine.get(actor, 0.0) + b - a
+    n = max(num_engines or 0, len(busy), 1)
+    # An engine with no span in the step (no requests this time) was idle the whole window.
+    idle = [max(0.0, window - v) for v in busy.values()] + [window] * (n - len(busy))
+    learner_sync = _per_actor_max(rows, "learner", "sync")
+    return StepBalance(
+        step=step,
+        window_s=window,
+        learner_wait_s=wait,
+        producer_s=max(busy.values(), default=0.0),
+        consumer_s=max(0.0, window - wait),
+        gen_s=max(gen.values(), default=0.0),
+        engine_idle_s=sum(idle) / len(idle),
+        sync_s=learner_sync + max(sync_engine.values(), default=0.0),
+        tokens=int(tokens),
+        num_engines=n,
+    )
+
+
+def measure_record(record: Mapping[str, Any], num_engines: int | None = None) -> StepBalance:
+    """A StepBalance from one metrics record (its ``timeline`` and ``response_tokens``)."""
+    return measure(record["timeline"], int(record.get("response_tokens", 0)), int(record.get("step", 0)), num_engines)
+
+
+def classify(ratio: float, band: float = DEFAULT_BAND) -> Kind:
+    if ratio > 1 + band:
+        return Kind.generation_bound
+    if ratio < 1 / (1 + band):
+        return Kind.training_bound
+    return Kind.balanced
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: str  # Kind value; in a rolling verdict, after hysteresis
+    learner_wait_s: float
+    engine_idle_s: float
+    learner_wait_frac: float
+    engine_idle_frac: float
+    gen_tokens_per_s: float  # batch tokens / producer time
+    required_tokens_per_s: float  # batch tokens / consumer time
+    sync_s: float
+    advice: str
+    ratio: float = 1.0  # producer / consumer time
+    step_kind: str = ""  # this step's own kind, before hysteresis
+    step: int = -1  # the latest step the numbers include
+    steps: int = 1  # steps the numbers average over
+    step_s: float = 0.0  # step window
+    producer_s: float = 0.0
+    consumer_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for k, v in d.items():
+            if isinstance(v, float) and not math.isfinite(v):
+                d[k] = str(v)
+        return d
+
+
+def _fmt_x(r: float) -> str:
+    return "inf" if not math.isfinite(r) else f"{r:.1f}x"
+
+
+def advise(kind: Kind, m: StepBalance, ctx: BalanceContext = NO_CONTEXT) -> str:
+    """One sentence: what the bottleneck is, how big, and what to change."""
+    n = ctx.num_engines or m.num_engines
+    window = max(m.window_s, 1e-12)
+    ratio = m.ratio
+    fixes: list[str] = []
+    overlap = ctx.async_steps == 0 and not ctx.colocated
+    if kind == Kind.generation_bound:
+        head = (
+            f"generation-bound: the learner waited {m.learner_wait_s / window:.0%} of the step; generating a batch "
+            f"takes {_fmt_x(ratio)} as long as training on it"
+        )
+        if math.isfinite(ratio) and ratio <= MAX_ENGINE_GROWTH:
+            add = max(1, math.ceil(n * ratio - 1e-9) - n)
+            gpus = f": {(n + add) * ctx.tensor_parallel_size} engine GPUs" if ctx.device == "cuda" else ""
+            fixes.append(f"add {add} engine{'s' if add > 1 else ''} (engine.num_engines={n + add}{gpus})")
+        else:
+            fixes.append(f"add engines (it would take over {MAX_ENGINE_GROWTH}x the {n} there are)")
+        if ctx.tensor_parallel_size > 1:
+            fixes.append(
+                f"split engines to a smaller engine.tensor_parallel_size than {ctx.tensor_parallel_size} "
+                "(data-parallel engines decode more tokens per GPU)"
+            )
+        if overlap:
+            fixes.append("raise algo.async_steps to 1 so generation overlaps training")
+        fixes.append("shorten responses (algo.max_new_tokens)")
+    elif kind == Kind.training_bound:
+        head = (
+            f"training-bound: engines sat idle {m.engine_idle_s / window:.0%} of the step waiting for weights; "
+            f"training on a batch takes {_fmt_x(1 / ratio if ratio > 0 else math.inf)} as long as generating it"
+        )
+        keep = max(1, math.ceil(n * ratio - 1e-9))
+        if keep < n:
+            spare = " and give their GPUs to learners" if ctx.device == "cuda" and not ctx.colocated else ""
+            fixes.append(f"use fewer engines (engine.num_engines={keep} would keep up){spare}")
+        if overlap:
+            fixes.append("raise algo.async_steps to 1 so engines generate the next batch while the learner trains")
+        more = "more learner GPUs, " if ctx.device != "cpu" else ""
+        fixes.append(f"speed up the learner ({more}fewer micro-batches: a larger algo.micro_batch_size or 0)")
+    else:
+        head = f"balanced: generating and training a batch take about the same time (ratio {ratio:.2f})"
+        if overlap:
+            saved = min(m.producer_s, m.consumer_s)
+            fixes.append(f"raise algo.async_steps to 1 to overlap them (saves up to {saved:.3g} s a step)")
+    text = head + ("; " + ", or ".join(fixes) if fixes else "")
+    if m.sync_s > SYNC_NOTE_FRAC * window:
+        text += f". Weight sync takes {m.sync_s / window:.0%} of the step"
+    if ctx.colocated and kind != Kind.balanced:
+        text += ". Engines share the learners' GPUs here, so the two sides cannot overlap"
+    return text + "."
+
+
+def assess(m: StepBalance, ctx: BalanceContext = NO_CONTEXT, band: float = DEFAULT_BAND) -> Verdict:
+    """The verdict of one step (no hysteresis)."""
+    kind = classify(m.ratio, band)
+    return _verdict(kind, kind, m, ctx, steps=1)
+
+
+def _verdict(kind: Kind, step_kind: Kind, m: StepBalance, ctx: BalanceContext, steps: int) -> Verdict:
+    window = max(m.window_s, 1e-12)
+    return Verdict(
+        kind=kind.value,
+        learner_wait_s=m.learner_wait_s,
+        engine_idle_s=m.engine_idle_s,
+        learner_wait_frac=m.learner_wait_s / window,
+        engine_idle_frac=m.engine_idle_s / window,
+        gen_tokens_per_s=m.tokens / m.producer_s if m.producer_s > 0 else 0.0,
+        required_tokens_per_s=m.tokens / m.consumer_s if m.consumer_s > 0 else 0.0,
+        sync_s=m.sync_s,
+        advice=advise(kind, m, ctx),
+        ratio=m.ratio,
+        step_kind=step_kind.value,
+        step=m.step,
+        steps=steps,
+        step_s=m.window_s,
+        producer_s=m.producer_s,
+        consumer_s=m.consumer_s,
+    )
+
+
+def combine(ms: Sequence[StepBalance], how: str = "mean") -> StepBalance:
+    """One StepBalance standing for several steps: their mean, or their median (robust to outliers)."""
+    if not ms:
+        raise ValueError("combine needs at least one step")
+    avg = statistics.median if how == "median" else statistics.fmean
+
+    def f(key: str) -> float:
+        return float(avg([getattr(m, key) for m in ms]))
+
+    return StepBalance(
+        step=ms[-1].step,
+        window_s=f("window_s"),
+        learner_wait_s=f("learner_wait_s"),
+        producer_s=f("producer_s"),
+        consumer_s=f("consumer_s"),
+        gen_s=f("gen_s"),
+        engine_idle_s=f("engine_idle_s"),
+        sync_s=f("sync_s"),
+        tokens=round(f("tokens")),
+        num_engines=max(m.num_engines for m in ms),
+    )
+
+
+class BalanceTracker:
+    """Feeds on one step at a time and keeps a rolling verdict with hysteresis.
+
+    ``update(record)`` returns the rolling Verdict: ``kind`` after hysteresis, ``step_kind`` the step's own,
+    numbers averaged over the last ``window`` steps past warm-up.
+    """
+
+    def __init__(
+        self,
+        ctx: BalanceContext = NO_CONTEXT,
+        hold: int = DEFAULT_HOLD,
+        band: float = DEFAULT_BAND,
+        window: int = DEFAULT_WINDOW,
+        warmup: int = DEFAULT_WARMUP,
+    ):
+        if hold < 1 or window < 1 or band < 0 or warmup < 0:
+            raise ValueError(f"need hold >= 1, window >= 1, band >= 0, warmup >= 0 (got {hold}, {window}, {band}, {warmup})")
+        self.ctx, self.hold, self.band, self.warmup = ctx, hold, band, warmup
+        self.recent: deque[StepBalance] = deque(maxlen=window)
+        self.kind: Kind | None = None
+        self._candidate: Kind | None = None
+        self._count = 0
+        self.seen = 0
+        self.history: list[Verdict] = []
+
+    def update(self, record: Mapping[str, Any] | StepBalance) -> Verdict:
+        m = record if isinstance(record, StepBalance) else measure_record(record, self.ctx.num_engines)
+        self.seen += 1
+        raw = classify(m.ratio, self.band)
+        if self.seen <= self.warmup:
+            v = _verdict(raw, raw, m, self.ctx, steps=1)
+            self.history.append(v)
+            return v
+        self.recent.append(m)
+        self._step_kind(raw)
+        assert self.kind is not None
+        v = _verdict(self.kind, raw, combine(list(self.recent)), self.ctx, steps=len(self.recent))
+        self.history.append(v)
+        return v
+
+    def _step_kind(self, raw: Kind) -> None:
+        if self.kind is None or raw == self.kind:
+            self.kind = raw
+            self._candidate, self._count = None, 0
+            return
+        if raw == self._candidate:
+            self._count += 1
+        else:
+            self._candidate, self._count = raw, 1
+        if self._count >= self.hold:
+            self.kind = raw
+            self._candidate, self._count = None, 0
+
+    @property
+    def rolling(self) -> Verdict | None:
+        return self.history[-1] if self.history else None
+
+
+def summarize(
+    records: Sequence[Mapping[str, Any]],
+    ctx: BalanceContext = NO_CONTEXT,
+    band: float = DEFAULT_BAND,
+    warmup: int = DEFAULT_WARMUP,
+) -> Verdict | None:
+    """The run's verdict: medians over every step past warm-up (all steps if the run is that short)."""
+    ms = [measure_record(r, ctx.num_engines) for r in records if r.get("timeline")]
+    if not ms:
+        return None
+    use = ms[warmup:] if len(ms) > warmup else ms
+    m = combine(use, "median")
+    kind = classify(m.ratio, band)
+    return _verdict(kind, kind, m, ctx, steps=len(use))

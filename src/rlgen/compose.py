@@ -1,0 +1,86 @@
+"""Compose a RunConfig from the packaged config tree and Hydra-style overrides (no Hydra app, no run dir)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from rlgen.config import RunConfig, register_configs, to_run_config
+
+CONF_DIR = Path(__file__).resolve().parent / "conf"
+
+
+class ConfigError(ValueError):
+    """An override or YAML value that does not fit the schema."""
+
+
+def compose_run_config(overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    register_configs()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=list(overrides))
+        return to_run_config(cfg)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(explain_config_error(err)) from err
+    except ValueError as err:
+        if "Config group override must be" not in str(err):
+            raise
+        groups = ("engine", "algo", "hardware", "model", "task")
+        bad = next((o for o in overrides if o.lstrip("+~").split("=", 1)[0] in groups), "a group override")
+        raise ConfigError(
+            f"{bad}: a config group takes the name of a file in conf/<group>/ (e.g. hardware=8xh100)."
+        ) from err
+
+
+def _known_keys(dotted: str) -> list[str] | None:
+    """The schema's field names at the parent of a dotted key, or None if the parent is unknown."""
+    import dataclasses
+
+    node: type | None = RunConfig
+    for part in dotted.split(".")[:-1]:
+        fields = {f.name: f for f in dataclasses.fields(node)} if node and dataclasses.is_dataclass(node) else {}
+        f = fields.get(part)
+        node = f.default_factory if f is not None and callable(f.default_factory) else None  # type: ignore[misc]
+        if node is None:
+            return None
+    return sorted(f.name for f in dataclasses.fields(node)) if node and dataclasses.is_dataclass(node) else None
+
+
+def explain_config_error(err: BaseException) -> str:
+    """One readable sentence from a Hydra/OmegaConf error, with what to do instead."""
+    msg = str(err).strip()
+    m = re.search(r"Could not override '([^']+)'", msg)
+    if m and ".env." in m.group(1):
+        return f"{m.group(1)}: engine.env is a free-form map; add a variable with +{m.group(1)}=<value>."
+    if m:
+        key = m.group(1)
+        known = _known_keys(key)
+        where = key.rsplit(".", 1)[0] if "." in key else "the top level"
+        hint = f"; known keys there: {', '.join(known)}" if known else ""
+        return f"{key} is not a setting of {where} (misspelled?){hint}."
+    m = re.search(r"Could not find '([^/']+)/([^']+)'", msg)
+    if m:
+        group, name = m.groups()
+        options = [
+            line.strip() for line in msg.split("Available options in")[-1].splitlines()[1:]
+            if line.startswith(("\t", " ")) and line.strip() and not line.strip().startswith("base_")
+            and "provider=" not in line and not line.strip().startswith("Config search path")
+        ]
+        options = options[: options.index("Config search path:")] if "Config search path:" in options else options
+        return f"{group}={name} is not in conf/{group}/; choose one of: {', '.join(options)}."
+    m = re.search(r"Key '([^']+)' not in '([^']+)'", msg)
+    if m:
+        return f"{m.group(1)} is not a setting of {m.group(2)} (misspelled?); `rlgen train --cfg job` prints every key."
+    m = re.search(r"In '([^']+)': \w+ raised while composing config:\n(.+?)\n\s*full_key: (\S+)", msg)
+    if m:
+        return f"conf/{m.group(1)}.yaml: {m.group(3)}: {m.group(2)}."
+    cause = err.__cause__
+    if "Error merging override" in msg and cause is not None:
+        detail = str(cause).strip().splitlines()[0]
+        override = msg.split("Error merging override", 1)[1].strip()
+        return f"{override}: {detail}."
+    return msg.splitlines()[0] if msg else type(err).__name__

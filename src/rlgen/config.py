@@ -1,0 +1,254 @@
+"""Config schema: one dataclass per Hydra config group, registered in Hydra's ConfigStore.
+
+YAML files under ``conf/`` hold values only; each starts with ``defaults: [base_<group>, _self_]`` so a
+misspelled key fails at composition. This module imports no torch, ray or vllm, so ``rlgen plan`` and the
+config tests stay cheap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class EngineKind(StrEnum):
+    hf = "hf"
+    vllm = "vllm"
+
+
+class LossAgg(StrEnum):
+    token_mean = "token_mean"  # every response token of the batch weighs the same (DAPO)
+    seq_mean_token_mean = "seq_mean_token_mean"  # mean over a sequence's tokens, then over sequences (GRPO)
+    seq_mean_token_sum_norm = "seq_mean_token_sum_norm"  # token sum / max_new_tokens, mean over sequences (Dr. GRPO)
+
+
+class TaskKind(StrEnum):
+    arith = "arith"
+    reverse = "reverse"
+    jsonl = "jsonl"
+
+
+class BreakerAction(StrEnum):
+    warn = "warn"
+    tighten = "tighten"  # drop async_steps to 0
+    halt = "halt"  # write a report and archive the offending batch
+
+
+class WandbMode(StrEnum):
+    disabled = "disabled"
+    offline = "offline"
+    online = "online"
+
+
+# Environment variables vLLM no longer reads as of 0.26, with what replaced them. The plan drops them and
+# says so, rather than passing dead settings to the engine.
+VLLM_ENV_REMOVED_IN_0_26: dict[str, str] = {
+    "VLLM_USE_V1": "the V1 engine is the only engine; drop the variable",
+    "VLLM_ATTENTION_BACKEND": "pick the backend with the engine argument attention_backend instead",
+}
+
+
+@dataclass
+class EngineConfig:
+    kind: EngineKind = EngineKind.hf
+    num_engines: int | None = None  # None: as many as the engine GPUs hold (1 on CPU)
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
+    max_model_len: int = 2048
+    max_num_seqs: int = 256
+    enforce_eager: bool = False
+    dtype: str = "bfloat16"
+    colocate: bool = False  # share the learners' GPUs; needs enable_sleep_mode
+    enable_sleep_mode: bool = False
+    seed: int = 0
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class AlgoConfig:
+    name: str = "grpo"
+    prompts_per_step: int = 8
+    samples_per_prompt: int = 8  # GRPO group size
+    max_new_tokens: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    clip_low: float = 0.2  # PPO ratio clip: [1 - clip_low, 1 + clip_high]
+    clip_high: float = 0.2
+    kl_coef: float = 0.0  # > 0 loads a frozen reference model
+    async_steps: int = 0  # 0: strictly on-policy; k: engines may run k policy versions ahead
+    tis_cap: float = 2.0  # truncated importance-sampling cap on the trainer/engine ratio; 0 disables
+    seq_mask_cap: float = 0.0  # > 0: drop sequences whose mean |log ratio| exceeds log(seq_mask_cap)
+    loss_agg: LossAgg = LossAgg.token_mean
+    std_normalize: bool = True  # divide group-centred rewards by the group std
+    micro_batch_size: int = 0  # 0: the whole local batch in one forward
+
+
+@dataclass
+class GPUSpec:
+    name: str = "none"
+    memory_gb: float = 0.0
+    hbm_tbps: float = 0.0  # HBM bandwidth, TB/s
+    bf16_tflops: float = 0.0  # dense bf16 peak, TFLOP/s
+
+
+@dataclass
+class HardwareConfig:
+    name: str = "cpu"
+    nodes: int = 1
+    gpus_per_node: int = 0
+    cpus_per_node: int = 2
+    gpu: GPUSpec = field(default_factory=GPUSpec)
+    engine_gpus: int = 0  # total over all nodes; engines fill nodes first
+    learner_gpus: int = 0  # total over all nodes; learners take the GPUs after the engines
+    colocated: bool = False  # engines and learners share every GPU
+    learner_ranks: int = 1  # learner processes when no GPU is present
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny"
+    path: str | None = None  # a local HF folder or a hub id; None builds from the preset
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    vocab_size: int = 0  # 0: the local tokenizer's size
+    max_position_embeddings: int = 128
+    tie_word_embeddings: bool = True
+    rope_theta: float = 10000.0
+    warm_start_steps: int = 0  # supervised steps on the task's demonstrations before RL
+    warm_start_lr: float = 3e-3
+
+
+@dataclass
+class TaskConfig:
+    kind: TaskKind = TaskKind.arith
+    path: str | None = None  # jsonl only
+    reward: str = "exact_match"  # a registered name or "module:function"
+    max_operand: int = 20  # arith: operands in [0, max_operand)
+    length: int = 4  # reverse: letters per word
+    alphabet: str = "abcdef"
+    max_prompt_tokens: int = 16
+    seed: int = 0
+
+
+@dataclass
+class MonitorConfig:
+    delta_threshold: float = 0.5  # |Δlogp| above this counts as a mismatched token
+    kl_threshold: float = 0.05  # k3 KL above this for `window` consecutive steps trips the breaker
+    window: int = 3
+    action: BreakerAction = BreakerAction.warn
+    max_nonfinite_steps: int = 2  # consecutive skipped steps before the run halts
+
+
+@dataclass
+class BenchConfig:
+    """`rlgen bench`: an RL-shaped generation workload run on several engines side by side."""
+
+    num_prompts: int = 256
+    samples_per_prompt: int = 8
+    prompt_len: int = 128
+    response_len_median: int = 256  # per-request max_tokens ~ lognormal, clipped to [min, max]
+    response_len_sigma: float = 1.0
+    response_len_min: int = 16
+    response_len_max: int = 2048
+    engines: list[str] = field(default_factory=lambda: ["vllm", "hf", "vllm_raw"])
+    hf_batch_size: int = 256
+    seed: int = 0
+
+
+class Perturb(StrEnum):
+    none = "none"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+    float8_e4m3fn = "float8_e4m3fn"
+    float8_e5m2 = "float8_e5m2"
+
+
+class Runner(StrEnum):
+    auto = "auto"  # a Ray actor for vllm, this process for hf
+    ray = "ray"
+    local = "local"
+
+
+@dataclass
+class ValidateConfig:
+    """`rlgen validate`: hypothesis-drawn cases comparing an engine with the hf reference."""
+
+    cases: int = 24  # hypothesis examples; each is one batch of requests
+    max_requests: int = 4  # requests per case
+    max_prompt_tokens: int = 12
+    max_new_tokens: int = 8
+    max_n: int = 3  # samples per request
+    temperatures: list[float] = field(default_factory=lambda: [0.0, 0.7, 1.0, 1.3])  # 0 is greedy
+    kl_tolerance: float = 1e-3  # per row: k3 KL(candidate || reference) at most this
+    min_greedy_agreement: float = 0.9  # fraction of greedy sequences that agree
+    tie_tolerance: float = 0.05  # a greedy divergence where the reference's logprobs differ by <= this is a tie
+    perturb: Perturb = Perturb.float8_e4m3fn  # engine=hf: round the candidate's weights to this format
+    reference_dtype: str = "float32"
+    gpu_memory_utilization: float = 0.5  # cap for the candidate, which shares the GPU with the reference
+    runner: Runner = Runner.auto
+    seed: int = 0
+
+
+@dataclass
+class WandbConfig:
+    mode: WandbMode = WandbMode.disabled
+    project: str = "rlgen"
+    entity: str | None = None
+
+
+@dataclass
+class RunConfig:
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    bench: BenchConfig = field(default_factory=BenchConfig)
+    validate: ValidateConfig = field(default_factory=ValidateConfig)
+    steps: int = 40
+    seed: int = 0
+    timeout_s: float = 300.0  # every wait on an actor gives up after this long
+    cache_dir: str = "~/.cache/rlgen"  # built tiny models and tokenizers
+    progress: bool = True
+
+
+_GROUPS: dict[str, type] = {
+    "engine": EngineConfig,
+    "algo": AlgoConfig,
+    "hardware": HardwareConfig,
+    "model": ModelConfig,
+    "task": TaskConfig,
+}
+
+
+def register_configs() -> None:
+    """Register the schema with Hydra's ConfigStore (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=RunConfig)
+    for group, node in _GROUPS.items():
+        cs.store(group=group, name=f"base_{group}", node=node)
+
+
+def to_run_config(cfg: Any) -> RunConfig:
+    """Turn a composed DictConfig into the typed RunConfig (enums and nested dataclasses included)."""
+    from omegaconf import OmegaConf
+
+    if isinstance(cfg, RunConfig):
+        return cfg
+    # Through a plain container, so a key added with `+` that the schema lacks fails here too.
+    merged = OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.to_container(cfg, resolve=True))
+    obj = OmegaConf.to_object(merged)
+    assert isinstance(obj, RunConfig)
+    return obj

@@ -1,0 +1,34 @@
+"""The engine protocol. Every engine (hf, vllm) runs as a Ray actor and answers these calls."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from rlgen.types import Completion, GenRequest
+
+
+@runtime_checkable
+class Engine(Protocol):
+    def generate(self, requests: list[GenRequest], version: int | None = None) -> dict[str, Any]:
+        """Token-in/token-out. Returns {"completions": list[Completion] (n per request, in request order),
+        "spans": [(phase, start, end), ...], "version": int}."""
+
+    def update_weights(self, weights: Any, version: int) -> dict[str, Any]:
+        """Load new policy weights (a name -> tensor mapping, or a transport handle). Returns
+        {"version": int, "spans": [...]}."""
+
+    def sleep(self, level: int = 1) -> None:
+        """Free accelerator memory (weights and KV cache) until wake()."""
+
+    def wake(self) -> None:
+        ...
+
+    def health(self) -> dict[str, Any]:
+        """{"ok": bool, "version": int, ...}; cheap, answers within a second."""
+
+
+def completions_per_request(requests: list[GenRequest]) -> int:
+    return sum(r.sampling.n for r in requests)
+
+
+__all__ = ["Engine", "Completion", "GenRequest", "completions_per_request"]

@@ -1,0 +1,185 @@
+"""The hf engine: transformers generate() behind the engine protocol. CPU default and validation reference.
+
+Token-in/token-out. The logprob reported for a sampled token is log_softmax(logits / temperature) at that
+token (no top-p renormalisation), the same quantity the learner recomputes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from rlgen.config import EngineConfig
+from rlgen.types import Completion, GenRequest, Phase, SamplingParams
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": None}
+
+
+def _dtype(name: str, device: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise ValueError(f"engine.dtype={name!r} is not one of {', '.join(_DTYPES)}.")
+    d = _DTYPES[name]
+    if d is None:
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    if device == "cpu" and d != torch.float32:
+        return torch.float32  # half precision generate on CPU is slow and unsupported in places
+    return d
+
+
+def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """rows -> (ids [N, P], attention_mask [N, P]) left-padded to the longest row."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+            mask[i, width - len(r) :] = 1
+    return ids, mask
+
+
+class HFEngine:
+    def __init__(
+        self,
+        model_path: str,
+        engine: EngineConfig,
+        device: str = "cpu",
+        seed: int = 0,
+        name: str = "engine0",
+        threads: int | None = 1,
+    ):
+        from transformers import AutoModelForCausalLM
+
+        if threads and device == "cpu":
+            torch.set_num_threads(threads)
+        t0 = time.time()
+        self.name, self.device, self.seed = name, device, seed
+        self.dtype = _dtype(engine.dtype, device)
+        self.max_batch = max(1, engine.max_num_seqs)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype).to(device).eval()
+        gen = self.model.generation_config
+        self.eos_ids = self._as_list(gen.eos_token_id) or self._as_list(self.model.config.eos_token_id)
+        self.pad_id = gen.pad_token_id if gen.pad_token_id is not None else (self.eos_ids[0] if self.eos_ids else 0)
+        self.version = 0
+        self.calls = 0
+        self.asleep = False
+        self.start_s = time.time() - t0
+
+    @staticmethod
+    def _as_list(x: Any) -> list[int]:
+        if x is None:
+            return []
+        return [int(v) for v in x] if isinstance(x, (list, tuple)) else [int(x)]
+
+    # -- protocol ---------------------------------------------------------------------------------------
+    def generate(self, requests: list[GenRequest], version: int | None = None) -> dict[str, Any]:
+        if self.asleep:
+            raise RuntimeError(f"{self.name} is asleep; call wake() before generate().")
+        t0 = time.time()
+        self.calls += 1
+        # Rows are (request index, sample index); rows sharing sampling settings run in one generate call.
+        by_params: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
+        for i, r in enumerate(requests):
+            s = r.sampling
+            key = (s.temperature, s.top_p, s.stop_token_ids, s.ignore_eos, s.seed)
+            by_params[key].extend((i, j) for j in range(s.n))
+        out: dict[tuple[int, int], Completion] = {}
+        for rows in by_params.values():
+            for k in range(0, len(rows), self.max_batch):
+                chunk = rows[k : k + self.max_batch]
+                for (i, j), c in zip(chunk, self._generate_rows(requests, chunk)):
+                    out[(i, j)] = c
+        completions = [out[(i, j)] for i, r in enumerate(requests) for j in range(r.sampling.n)]
+        return {"completions": completions, "spans": [(Phase.generate.value, t0, time.time())], "version": self.version}
+
+    @torch.no_grad()
+    def _generate_rows(self, requests: list[GenRequest], rows: list[tuple[int, int]]) -> list[Completion]:
+        s: SamplingParams = requests[rows[0][0]].sampling
+        prompts = [list(requests[i].prompt_ids) for i, _ in rows]
+        limits = [requests[i].sampling.max_new_tokens for i, _ in rows]
+        ids, mask = left_pad(prompts, self.pad_id)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        stops = list(s.stop_token_ids) + ([] if s.ignore_eos else self.eos_ids)
+        seed = (s.seed if s.seed is not None else self.seed) * 1_000_003 + self.calls * 7919 + rows[0][0]
+        torch.manual_seed(seed)
+        greedy = s.temperature <= 0
+        out = self.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=not greedy,
+            temperature=None if greedy else s.temperature,
+            top_p=None if greedy or s.top_p >= 1 else s.top_p,
+            top_k=None,
+            max_new_tokens=max(limits),
+            min_new_tokens=max(limits) if s.ignore_eos and not s.stop_token_ids else None,
+            eos_token_id=stops or None,
+            pad_token_id=self.pad_id,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        new = out.sequences[:, ids.shape[1] :]  # [N, L]
+        logits = torch.stack(out.logits, dim=1).float()  # [N, L, V]
+        if not greedy:
+            logits = logits / s.temperature
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)  # [N, L]
+        stop_set = set(stops)
+        result = []
+        for r, ((i, _), limit) in enumerate(zip(rows, limits)):
+            toks = new[r].tolist()[:limit]
+            reason = "length"
+            for t_idx, t in enumerate(toks):
+                if t in stop_set:
+                    toks, reason = toks[: t_idx + 1], "stop"
+                    break
+            result.append(
+                Completion(
+                    group_id=requests[i].group_id,
+                    prompt_ids=list(requests[i].prompt_ids),
+                    token_ids=toks,
+                    logprobs=logp[r, : len(toks)].tolist(),
+                    finish_reason=reason,
+                    version=self.version,
+                )
+            )
+        return result
+
+    @torch.no_grad()
+    def score(self, prompt_ids: list[list[int]], token_ids: list[list[int]], temperature: float = 1.0) -> list[list[float]]:
+        """Teacher-forced logprobs of token_ids after prompt_ids, one list per row (the validation reference)."""
+        rows = [p + t for p, t in zip(prompt_ids, token_ids)]
+        ids, mask = left_pad(rows, self.pad_id)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits.float()  # [N, T, V]
+        if temperature > 0:
+            logits = logits / temperature
+        logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # [N, T-1]
+        width = ids.shape[1]
+        return [logp[r, width - 1 - len(t) : width - 1].tolist() for r, t in enumerate(token_ids)]
+
+    def update_weights(self, weights: dict[str, torch.Tensor], version: int) -> dict[str, Any]:
+        t0 = time.time()
+        state = {k: v.to(device=self.device, dtype=self.dtype) for k, v in weights.items()}
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        real_missing = [k for k in missing if not k.endswith("lm_head.weight") or not self.model.config.tie_word_embeddings]
+        if real_missing or unexpected:
+            raise ValueError(f"{self.name}: weights do not match the model (missing {real_missing[:3]}, unexpected {unexpected[:3]}).")
+        self.version = int(version)
+        return {"version": self.version, "spans": [(Phase.sync.value, t0, time.time())]}
+
+    def sleep(self, level: int = 1) -> None:
+        if self.device != "cpu":
+            self.model.to("cpu")
+            torch.cuda.empty_cache()
+        self.asleep = True
+
+    def wake(self) -> None:
+        if self.device != "cpu":
+            self.model.to(self.device)
+        self.asleep = False
+
+    def health(self) -> dict[str, Any]:
+        return {"ok": True, "name": self.name, "version": self.version, "asleep": self.asleep, "start_s": self.start_s}

@@ -1,0 +1,436 @@
+"""The vllm engine: vLLM 0.26's AsyncLLM behind the engine protocol. One engine per Ray actor on its own GPU(s).
+
+Token-in/token-out: prompts go in as token ids (``skip_tokenizer_init=True``), completions come back as token
+ids with the logprob of each sampled token (``logprobs=0``), the quantity the learner recomputes.
+
+Why a background event loop and a plain class, rather than an async Ray actor: AsyncLLM needs one asyncio
+loop that outlives every call, and the orchestrator, the benchmark and the GPU tests all call the engine the
+same way (plain methods, directly or through ``ray.remote``). So the engine owns a daemon thread running its
+own loop; every public method submits a coroutine to that loop and waits for it with a timeout. Ray's
+actor thread, or any thread of a threaded actor (``max_concurrency > 1``), can call in, so ``health()``,
+``pause()`` and ``update_weights()`` work while a ``generate()`` is in flight.
+
+vllm is imported only when an engine is built; importing this module costs nothing on CPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from rlgen.config import EngineConfig
+from rlgen.types import Completion, GenRequest, Phase
+
+if TYPE_CHECKING:
+    import torch
+
+# Settings the engine process needs whatever the config says. update_weights() hands vLLM a function and
+# tensors to run on its workers; vLLM 0.26 only serialises those with insecure (pickle) serialisation on.
+# Engine-core processes start with spawn: a forked child cannot use CUDA once the parent has touched it.
+REQUIRED_ENV: dict[str, str] = {
+    "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+    "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+}
+
+# Engine arguments rlgen sets on top of EngineConfig unless the caller overrides them (``engine_args``).
+# Chosen by measurement on one H100 with the qwen2_5_1_5b preset and the RL-shaped bench workload; the
+# numbers are in docs/benchmarks.md.
+TUNED_DEFAULTS: dict[str, Any] = {
+    "max_num_batched_tokens": 16384,
+}
+
+START_TIMEOUT_S = 900.0  # building the engine: weights, torch.compile, CUDA graphs
+CALL_TIMEOUT_S = 1800.0  # one generate() call
+CONTROL_TIMEOUT_S = 300.0  # sleep, wake, pause, resume, prefix-cache reset, one weight chunk
+WEIGHT_CHUNK_BYTES = 1 << 30  # weights travel to the workers in chunks of about this size
+
+_TORCH_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "float32": "float32"}
+
+
+class EngineError(RuntimeError):
+    """The engine cannot do what was asked; the message says why and what to do."""
+
+
+def require_cuda_and_vllm() -> None:
+    """Raise EngineError unless this process sees a CUDA GPU and can import vllm."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise EngineError(
+            "engine=vllm needs a CUDA GPU, but this process sees none (torch.cuda.is_available() is False). "
+            "Use engine=hf on CPU, or run on a GPU machine; under Ray, start the engine actor with "
+            "num_gpus equal to engine.tensor_parallel_size."
+        )
+    try:
+        import vllm  # noqa: F401
+    except ImportError as err:
+        raise EngineError(
+            "engine=vllm needs the vllm package (vLLM 0.26): pip install 'rlgen[gpu]'. "
+            f"Importing it failed with: {err}"
+        ) from err
+
+
+def build_engine_args(
+    model_path: str, engine: EngineConfig, seed: int = 0, overrides: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The keyword arguments of vLLM's AsyncEngineArgs for this config. Pure: no vllm import."""
+    args: dict[str, Any] = {
+        "model": model_path,
+        "skip_tokenizer_init": True,
+        "tensor_parallel_size": engine.tensor_parallel_size,
+        "gpu_memory_utilization": engine.gpu_memory_utilization,
+        "enable_prefix_caching": engine.enable_prefix_caching,
+        "max_model_len": engine.max_model_len,
+        "max_num_seqs": engine.max_num_seqs,
+        "enforce_eager": engine.enforce_eager,
+        "dtype": engine.dtype,
+        "seed": seed,
+        "enable_sleep_mode": engine.enable_sleep_mode,
+        "disable_log_stats": True,
+    }
+    args.update(TUNED_DEFAULTS)
+    args.update(dict(overrides or {}))
+    return args
+
+
+def mix_seed(seed: int | None, group_id: int) -> int | None:
+    """A request's sampling seed: the step seed mixed with the prompt's group id, so prompts that share one
+    step seed draw independent noise. vLLM then gives sample j of the request seed + j."""
+    if seed is None:
+        return None
+    return (int(seed) * 1_000_003 + int(group_id) * 7919) % (2**31 - 1)
+
+
+def chunk_weights(
+    items: Iterable[tuple[str, torch.Tensor]], chunk_bytes: int = WEIGHT_CHUNK_BYTES
+) -> Iterable[list[tuple[str, torch.Tensor]]]:
+    """Group (name, tensor) pairs into lists of about chunk_bytes each (a large tensor travels alone)."""
+    chunk: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, t in items:
+        nbytes = t.numel() * t.element_size()
+        if chunk and size + nbytes > chunk_bytes:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append((name, t))
+        size += nbytes
+    if chunk:
+        yield chunk
+
+
+def _to_wire(name: str, t: torch.Tensor) -> tuple[str, str, list[int], bytes]:
+    """A tensor as (name, dtype, shape, raw bytes): vLLM's RPC decoder rebuilds plain bytes, not tensors."""
+    import torch
+
+    t = t.detach().to("cpu").contiguous()
+    raw = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+    return name, str(t.dtype).removeprefix("torch."), list(t.shape), raw
+
+
+def _from_wire(dtype: str, shape: list[int], raw: bytes) -> torch.Tensor:
+    import warnings
+
+    import torch
+
+    if not raw:
+        return torch.empty(shape, dtype=getattr(torch, dtype))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # read-only buffer: the tensor is only read, then copied
+        flat = torch.frombuffer(raw, dtype=torch.uint8)
+    return flat.view(getattr(torch, dtype)).reshape(shape)
+
+
+def _load_weights_on_worker(worker: Any, weights: list[tuple[str, str, list[int], bytes]]) -> int:
+    """Runs inside each vLLM worker (through collective_rpc): copy the tensors into the live model.
+
+    The model's own load_weights maps Hugging Face names onto vLLM's fused layers (qkv, gate_up) and
+    shards them for tensor parallelism; parameters keep their storage, so captured CUDA graphs stay valid.
+    """
+    import torch
+
+    model = worker.get_model()
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        model.load_weights(
+            (name, _from_wire(dtype, shape, raw).to(device, non_blocking=True))
+            for name, dtype, shape, raw in weights
+        )
+    torch.cuda.synchronize(device)
+    return len(weights)
+
+
+class _LoopThread:
+    """An asyncio loop on a daemon thread; run() submits a coroutine and waits for it with a timeout."""
+
+    def __init__(self, name: str):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._serve, name=f"{name}-loop", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coro: Any, timeout: float, what: str) -> Any:
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result(timeout)
+        except concurrent.futures.TimeoutError as err:
+            fut.cancel()  # cancels the task: vLLM aborts the requests it had started
+            raise TimeoutError(f"{what} did not finish within {timeout:.0f} s") from err
+
+    def close(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+
+class VLLMEngine:
+    """vLLM AsyncLLM engine speaking rlgen's engine protocol (see rlgen.engines.base.Engine).
+
+    ``engine_args`` overrides or extends the AsyncEngineArgs built from ``engine`` (for settings EngineConfig
+    does not carry, e.g. ``max_num_batched_tokens`` or ``cudagraph_capture_sizes``). ``env`` is applied to
+    this process before vllm is imported, so the engine-core processes vLLM spawns inherit it.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        engine: EngineConfig,
+        device: str = "cuda",
+        seed: int = 0,
+        name: str = "engine0",
+        env: dict[str, str] | None = None,
+        engine_args: dict[str, Any] | None = None,
+        timeout_s: float = CALL_TIMEOUT_S,
+    ):
+        t0 = time.time()
+        if not str(device).startswith("cuda"):
+            raise EngineError(
+                f"engine=vllm runs on CUDA GPUs only, but device={device!r} was given; use engine=hf on CPU."
+            )
+        os.environ.update({k: str(v) for k, v in (env or {}).items()})
+        for k, v in REQUIRED_ENV.items():
+            os.environ.setdefault(k, v)
+        require_cuda_and_vllm()
+
+        self.name, self.seed, self.timeout_s = name, seed, timeout_s
+        self.engine_cfg = engine
+        self.version = 0
+        self.asleep = False
+        self.paused = False
+        self._calls = 0
+        self._lock = threading.Lock()
+        self.args = build_engine_args(model_path, engine, seed, engine_args)
+        self._loop = _LoopThread(name)
+        try:
+            self.llm = self._loop.run(self._build(), START_TIMEOUT_S, f"{name}: starting the vLLM engine")
+        except BaseException:
+            self._loop.close()
+            raise
+        self.start_s = time.time() - t0
+
+    async def _build(self) -> Any:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        # Built inside the loop so AsyncLLM binds its output handler to it.
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**self.args))
+
+    # -- generation -------------------------------------------------------------------------------------
+    def _sampling(self, req: GenRequest) -> Any:
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import SamplingParams as VSamplingParams
+
+        s = req.sampling
+        return VSamplingParams(
+            n=s.n,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            max_tokens=s.max_new_tokens,
+            stop_token_ids=list(s.stop_token_ids) or None,
+            ignore_eos=s.ignore_eos,
+            seed=mix_seed(s.seed, req.group_id),
+            logprobs=0,  # the sampled token's logprob only
+            flat_logprobs=True,  # a few flat lists per request instead of one dict per token
+            detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+
+    async def _one(self, req: GenRequest, request_id: str) -> Any:
+        from vllm.inputs import TokensPrompt
+
+        final = None
+        prompt = TokensPrompt(prompt_token_ids=list(req.prompt_ids))
+        async for out in self.llm.generate(prompt, self._sampling(req), request_id):
+            final = out
+        return final
+
+    async def _generate_all(self, requests: list[GenRequest], call: int) -> list[Any]:
+        tasks = [self._one(r, f"{self.name}-{call}-{i}") for i, r in enumerate(requests)]
+        return await asyncio.gather(*tasks)
+
+    @staticmethod
+    def _sampled_logprobs(token_ids: list[int], logprobs: Any) -> list[float]:
+        if logprobs is None:
+            raise EngineError("vLLM returned no logprobs although logprobs=0 was requested.")
+        flat = getattr(logprobs, "logprobs", None)
+        if flat is not None and len(flat) == len(token_ids):
+            return list(flat)  # one entry per position: the sampled token's
+        return [pos[tok].logprob for tok, pos in zip(token_ids, logprobs)]
+
+    def generate(self, requests: list[GenRequest], version: int | None = None) -> dict[str, Any]:
+        """n completions per request, in request order, each tagged with the policy version that was loaded
+        when the call started (pause()/update_weights()/resume() during a call can mix versions)."""
+        if self.asleep:
+            raise EngineError(f"{self.name} is asleep; call wake() before generate().")
+        with self._lock:
+            self._calls += 1
+            call = self._calls
+        t0 = time.time()
+        v = self.version
+        outs = self._loop.run(
+            self._generate_all(list(requests), call),
+            self.timeout_s,
+            f"{self.name}: generate() of {len(requests)} requests",
+        )
+        t1 = time.time()
+        completions: list[Completion] = []
+        for req, out in zip(requests, outs):
+            samples = sorted(out.outputs, key=lambda o: o.index)
+            if len(samples) != req.sampling.n:
+                raise EngineError(
+                    f"{self.name}: asked for n={req.sampling.n} samples, vLLM returned {len(samples)}."
+                )
+            for o in samples:
+                if o.finish_reason not in ("stop", "length"):
+                    raise EngineError(f"{self.name}: a request ended with finish_reason={o.finish_reason!r}.")
+                toks = list(o.token_ids)
+                completions.append(
+                    Completion(
+                        group_id=req.group_id,
+                        prompt_ids=list(req.prompt_ids),
+                        token_ids=toks,
+                        logprobs=self._sampled_logprobs(toks, o.logprobs),
+                        finish_reason=o.finish_reason,
+                        version=v,
+                    )
+                )
+        return {"completions": completions, "spans": [(Phase.generate.value, t0, t1)], "version": v}
+
+    # -- weights ----------------------------------------------------------------------------------------
+    def _wire_dtype(self) -> Any:
+        import torch
+
+        name = _TORCH_DTYPES.get(str(self.engine_cfg.dtype))
+        return getattr(torch, name) if name else None
+
+    def update_weights(
+        self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int
+    ) -> dict[str, Any]:
+        """Load new weights (Hugging Face names; all of them or a subset) into the running engine, then drop
+        the prefix cache, whose KV was computed with the old weights.
+
+        The tensors travel to the workers in ~1 GiB chunks through vLLM's collective_rpc, cast to the
+        engine's dtype on the way. Call pause() first for a clean version boundary while requests run.
+        """
+        if self.asleep:
+            raise EngineError(f"{self.name} is asleep; wake() it before update_weights().")
+        t0 = time.time()
+        items = weights.items() if isinstance(weights, Mapping) else weights
+        wire = self._wire_dtype()
+
+        def prepared() -> Iterable[tuple[str, torch.Tensor]]:
+            for name, t in items:
+                t = t.detach()
+                if wire is not None and t.is_floating_point() and t.dtype != wire:
+                    t = t.to(wire)
+                yield name, t
+
+        sent = nbytes = 0
+        for chunk in chunk_weights(prepared()):
+            payload = [_to_wire(name, t) for name, t in chunk]
+            self._loop.run(
+                self.llm.collective_rpc(_load_weights_on_worker, timeout=CONTROL_TIMEOUT_S, args=(payload,)),
+                CONTROL_TIMEOUT_S,
+                f"{self.name}: loading a weight chunk",
+            )
+            sent += len(chunk)
+            nbytes += sum(len(raw) for *_, raw in payload)
+        if sent == 0:
+            raise EngineError(f"{self.name}: update_weights() got no tensors.")
+        reset = self._loop.run(
+            self.llm.reset_prefix_cache(), CONTROL_TIMEOUT_S, f"{self.name}: prefix-cache reset"
+        )
+        self.version = int(version)
+        t1 = time.time()
+        return {
+            "version": self.version,
+            "spans": [(Phase.sync.value, t0, t1)],
+            "tensors": sent,
+            "bytes": nbytes,
+            "seconds": t1 - t0,
+            "prefix_cache_reset": bool(reset),
+        }
+
+    # -- memory and scheduling --------------------------------------------------------------------------
+    def sleep(self, level: int = 1) -> None:
+        """Free GPU memory: level 1 moves weights to CPU and drops the KV cache; level 2 drops the weights
+        too (load them again with update_weights() after wake())."""
+        if not self.args.get("enable_sleep_mode"):
+            raise EngineError(f"{self.name} was built without sleep mode; set engine.enable_sleep_mode=true.")
+        self._loop.run(self.llm.sleep(level), CONTROL_TIMEOUT_S, f"{self.name}: sleep({level})")
+        self.asleep = True
+
+    def wake(self) -> None:
+        self._loop.run(self.llm.wake_up(), CONTROL_TIMEOUT_S, f"{self.name}: wake()")
+        self.asleep = False
+
+    def pause(self, mode: str = "keep", clear_cache: bool = False) -> None:
+        """Stop scheduling. mode="keep" freezes in-flight requests with their KV cache (they go on after
+        resume()); "wait" lets them finish first; "abort" ends them."""
+        self._loop.run(
+            self.llm.pause_generation(mode=mode, clear_cache=clear_cache),
+            CONTROL_TIMEOUT_S,
+            f"{self.name}: pause()",
+        )
+        self.paused = True
+
+    def resume(self) -> None:
+        self._loop.run(self.llm.resume_generation(), CONTROL_TIMEOUT_S, f"{self.name}: resume()")
+        self.paused = False
+
+    def health(self) -> dict[str, Any]:
+        """Cheap: reads state, does not queue behind generation."""
+        ok = not self.llm.errored
+        return {
+            "ok": ok,
+            "name": self.name,
+            "version": self.version,
+            "asleep": self.asleep,
+            "paused": self.paused,
+            "start_s": self.start_s,
+        }
+
+    def shutdown(self) -> None:
+        try:
+            self.llm.shutdown()
+        finally:
+            self._loop.close()
+
+
+__all__ = [
+    "EngineError",
+    "REQUIRED_ENV",
+    "TUNED_DEFAULTS",
+    "VLLMEngine",
+    "build_engine_args",
+    "chunk_weights",
+    "mix_seed",
+    "require_cuda_and_vllm",
+]

@@ -1,0 +1,34 @@
+"""The learner protocol. A learner trains on already-generated batches and hands weights to the engines."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+    from rlgen.types import RolloutBatch
+
+
+@runtime_checkable
+class Learner(Protocol):
+    def train_step(self, batch: RolloutBatch) -> dict[str, Any]:
+        """One optimizer step on the batch. Returns plain floats/ints: loss, pg_loss, grad_norm, entropy,
+        clip_frac, tis_frac, seq_masked_frac, ratio_mean, ratio_max, mismatch/* (trainer vs engine
+        logprobs before the update), response_tokens, version (after the step), skipped, skip_reason (when
+        skipped), kl (when a reference model is used), and "spans": [(phase, start, end), ...]."""
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """The full model state for the engines: CPU tensors, names as in the HF checkpoint, all finite."""
+
+    def get_version(self) -> int:
+        """The policy version: the number of applied (not skipped) updates."""
+
+    def health(self) -> dict[str, Any]:
+        """{"ok": bool, "version": int, ...}; cheap, answers within a second."""
+
+    def save(self, path: str) -> None:
+        """Write the model as an HF checkpoint folder, plus the learner's own state."""
+
+
+__all__ = ["Learner"]

@@ -1,0 +1,132 @@
+"""Per-step metrics: a JSONL file, a rich live progress line, optional wandb, and an end-of-run summary."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from rlgen.config import RunConfig, WandbMode
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    return v
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+class MetricsSink:
+    def __init__(self, out_dir: Path, cfg: RunConfig, total_steps: int, console: Console | None = None):
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.out_dir / "metrics.jsonl"
+        self._file = self.path.open("w")
+        self.console = console or Console()
+        self.records: list[dict] = []
+        self.t0 = time.time()
+        self.progress = Progress(
+            TextColumn("[bold]step"),
+            MofNCompleteColumn(),
+            BarColumn(bar_width=20),
+            TextColumn("reward {task.fields[reward]}  tok/s {task.fields[toks]}  v{task.fields[version]}"),
+            TimeRemainingColumn(),
+            console=self.console,
+            disable=not cfg.progress,
+            transient=False,
+        )
+        self.task_id = self.progress.add_task("train", total=total_steps, reward="-", toks="-", version=0)
+        self.progress.start()
+        self.wandb = None
+        if cfg.wandb.mode != WandbMode.disabled:
+            try:
+                import wandb
+            except ImportError as err:
+                raise RuntimeError("wandb.mode is set but wandb is not installed; pip install 'rlgen[wandb]'.") from err
+            from omegaconf import OmegaConf
+
+            self.wandb = wandb.init(
+                project=cfg.wandb.project,
+                entity=cfg.wandb.entity,
+                mode=cfg.wandb.mode.value,
+                dir=str(self.out_dir),
+                config=OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True),
+            )
+
+    def log(self, record: dict) -> None:
+        self.records.append(record)
+        self._file.write(json.dumps(_jsonable(record)) + "\n")
+        self._file.flush()
+        self.progress.update(
+            self.task_id,
+            advance=1,
+            reward=f"{record['reward_mean']:.3f}",
+            toks=f"{record['tokens_per_s']:.0f}",
+            version=record["version"],
+        )
+        if not self.console.is_terminal and (record["step"] % 10 == 0):
+            self.console.print(
+                f"step {record['step']}: reward {record['reward_mean']:.3f} loss {record['loss']:.4f} "
+                f"tok/s {record['tokens_per_s']:.0f} staleness {record['staleness']}",
+                highlight=False,
+            )
+        if self.wandb is not None:
+            flat = {k: v for k, v in record.items() if isinstance(v, (int, float))}
+            self.wandb.log(flat, step=record["step"])
+
+    def summary(self) -> dict:
+        recs = self.records
+        if not recs:
+            return {"steps": 0}
+        k = max(1, len(recs) // 5)
+        first = sum(r["reward_mean"] for r in recs[:k]) / k
+        last = sum(r["reward_mean"] for r in recs[-k:]) / k
+
+        def mean(key: str) -> float:
+            return sum(r[key] for r in recs) / len(recs)
+
+        return {
+            "steps": len(recs),
+            "wall_s": time.time() - self.t0,
+            "reward_first_20pct": first,
+            "reward_last_20pct": last,
+            "reward_gain": last - first,
+            "tokens_per_s": mean("tokens_per_s"),
+            "step_s": mean("step_s"),
+            "generate_s": mean("generate_s"),
+            "train_s": mean("train_s"),
+            "wait_s": mean("wait_s"),
+            "sync_s": mean("sync_s"),
+            "max_staleness": max(r["staleness"] for r in recs),
+            "skipped_steps": sum(1 for r in recs if r.get("skipped")),
+            "final_version": recs[-1]["version"],
+        }
+
+    def close(self, summary: dict) -> None:
+        self.progress.stop()
+        self._file.close()
+        (self.out_dir / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2) + "\n")
+        t = Table(title="run summary", title_justify="left", show_header=False)
+        t.add_column("metric")
+        t.add_column("value")
+        for key, val in summary.items():
+            t.add_row(key, f"{val:.4g}" if isinstance(val, float) else str(val))
+        self.console.print(t)
+        self.console.print(f"metrics: {self.path}", highlight=False)
+        if self.wandb is not None:
+            self.wandb.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float))})
+            self.wandb.finish()

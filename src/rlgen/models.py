@@ -1,0 +1,246 @@
+"""Local models: the character tokenizer, Qwen2 configs from presets, and cached builds with a warm start.
+
+``prepare_model`` returns a plain Hugging Face folder, so every engine and learner loads the same weights with
+``from_pretrained`` whether they came from the hub, a user's folder, or a local build.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rlgen.charvocab import BOS, CHAR_VOCAB, EOS, PAD, SPECIAL_TOKENS
+from rlgen.config import ModelConfig, RunConfig
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerFast, Qwen2Config
+
+    from rlgen.tasks import Prompt, Task
+
+log = logging.getLogger(__name__)
+
+# Bump when the build or warm-start recipe changes, so old caches are not reused.
+BUILD_FORMAT = 1
+WARM_START_BATCH = 64
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per character of CHAR_VOCAB, ids in vocabulary order; encode adds no special tokens.
+
+    Characters outside the vocabulary encode as the pad token (and so vanish when decoding with
+    ``skip_special_tokens=True``).
+    """
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {ch: i for i, ch in enumerate(CHAR_VOCAB)}
+    core = Tokenizer(models.WordLevel(vocab, unk_token=PAD))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    core.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token=PAD,
+        eos_token=EOS,
+        bos_token=BOS,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerFast:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def hf_config(m: ModelConfig, vocab_size: int) -> Qwen2Config:
+    """A Qwen2 config from a preset; ``vocab_size`` (the tokenizer's) applies when the preset gives 0."""
+    from transformers import Qwen2Config
+
+    vocab = m.vocab_size or vocab_size
+    if vocab < vocab_size:
+        raise ValueError(
+            f"model.vocab_size={m.vocab_size} is smaller than the tokenizer's {vocab_size} tokens; "
+            "set it to 0 to use the tokenizer's size."
+        )
+    if m.num_heads % m.num_kv_heads or m.hidden_size % m.num_heads:
+        raise ValueError(
+            f"model {m.name}: hidden_size={m.hidden_size}, num_heads={m.num_heads} and "
+            f"num_kv_heads={m.num_kv_heads} must divide evenly (hidden by heads, heads by kv heads)."
+        )
+    return Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=m.hidden_size,
+        intermediate_size=m.intermediate_size,
+        num_hidden_layers=m.num_layers,
+        num_attention_heads=m.num_heads,
+        num_key_value_heads=m.num_kv_heads,
+        max_position_embeddings=m.max_position_embeddings,
+        tie_word_embeddings=m.tie_word_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": m.rope_theta},
+        pad_token_id=CHAR_VOCAB.index(PAD),
+        eos_token_id=CHAR_VOCAB.index(EOS),
+        bos_token_id=CHAR_VOCAB.index(BOS),
+    )
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, Enum):
+        return obj.value
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    return obj
+
+
+def _file_digest(path: str) -> str:
+    h = hashlib.sha256()
+    with open(Path(path).expanduser(), "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _build_device(m: ModelConfig, device: str) -> str:
+    """Presets sized by the character tokenizer are built on CPU (fast and device-independent)."""
+    return "cuda" if m.vocab_size > 0 and str(device).startswith("cuda") else "cpu"
+
+
+def cache_key(cfg: RunConfig, device: str = "cpu") -> str:
+    """``<name>-<hash>`` over everything that changes the built weights."""
+    import transformers
+
+    material: dict[str, Any] = {
+        "format": BUILD_FORMAT,
+        "model": _plain(cfg.model),
+        "seed": cfg.seed,
+        "transformers": transformers.__version__,
+        "device": _build_device(cfg.model, device),
+    }
+    if cfg.model.warm_start_steps > 0:
+        material["task"] = _plain(cfg.task)
+        if cfg.task.path:
+            material["task_file"] = _file_digest(cfg.task.path)
+    digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:12]
+    return f"{cfg.model.name}-{digest}"
+
+
+def _batch(tok: PreTrainedTokenizerFast, demos: list[Prompt]) -> dict[str, torch.Tensor]:
+    """Right-padded prompt + answer + eos; labels only on the answer and eos."""
+    import torch
+
+    rows, labels = [], []
+    for d in demos:
+        p, a = tok.encode(d.text), tok.encode(d.answer) + [tok.eos_token_id]
+        rows.append(p + a)
+        labels.append([-100] * len(p) + a)
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
+    lab = torch.full((len(rows), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (r, y) in enumerate(zip(rows, labels)):
+        ids[i, : len(r)] = torch.tensor(r)
+        lab[i, : len(y)] = torch.tensor(y)
+        mask[i, : len(r)] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": lab}
+
+
+def warm_start(
+    model: PreTrainedModel, tok: PreTrainedTokenizerFast, task: Task, steps: int, lr: float, seed: int
+) -> float:
+    """Supervised steps on the task's demonstrations; returns the last step's loss."""
+    import torch
+
+    demos = task.demonstrations(steps * WARM_START_BATCH, seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    device = next(model.parameters()).device
+    model.train()
+    loss = torch.tensor(float("nan"))
+    for step in range(steps):
+        chunk = demos[step * WARM_START_BATCH : (step + 1) * WARM_START_BATCH]
+        batch = {k: v.to(device) for k, v in _batch(tok, chunk).items()}
+        loss = model(**batch).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    model.eval()
+    return loss.item()
+
+
+def _build(cfg: RunConfig, out: Path, device: str) -> str:
+    """Write the model and tokenizer into ``out``; returns a short note for the build log line."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    tok = build_tokenizer()
+    tok.model_max_length = cfg.model.max_position_embeddings
+    config = hf_config(cfg.model, len(tok))
+    big = cfg.model.vocab_size > 0
+    torch.manual_seed(cfg.seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if big else torch.float32)
+    if cfg.model.warm_start_steps > 0:
+        from rlgen.tasks import build_task
+
+        loss = warm_start(
+            model, tok, build_task(cfg.task), cfg.model.warm_start_steps, cfg.model.warm_start_lr, cfg.seed
+        )
+        note = f"{cfg.model.warm_start_steps} warm-start steps on {_plain(cfg.task.kind)}, final loss {loss:.3f}"
+    else:
+        note = "random init"
+    model.generation_config = GenerationConfig(
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id
+    )
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return note
+
+
+@contextlib.contextmanager
+def _lock(path: Path):
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def prepare_model(cfg: RunConfig, device: str = "cpu") -> str:
+    """The path of a Hugging Face model folder for ``cfg.model``: ``cfg.model.path`` as given, or a cached
+    local build from the preset (random init seeded by ``cfg.seed``, then the optional warm start)."""
+    if cfg.model.path:
+        return cfg.model.path
+    root = Path(cfg.cache_dir).expanduser() / "models"
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / cache_key(cfg, device)
+    if final.is_dir():
+        return str(final)
+    with _lock(root / f".{final.name}.lock"):
+        if final.is_dir():  # another process built it while this one waited
+            return str(final)
+        start = time.perf_counter()
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
+        try:
+            note = _build(cfg, tmp, _build_device(cfg.model, device))
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    log.info("built model %s in %.1fs (%s)", final, time.perf_counter() - start, note)
+    return str(final)
+
+
+__all__ = ["build_tokenizer", "cache_key", "hf_config", "load_tokenizer", "prepare_model", "warm_start"]

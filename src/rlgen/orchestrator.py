@@ -1,0 +1,313 @@
+"""Plan -> Ray actors -> the GRPO loop. Reads top to bottom: setup(), train(), cleanup().
+
+One step: engines generate the step's rollouts (policy version v), the driver scores them, the learner trains
+(v -> v+1), and the new weights go to the engines. Up to ``async_steps`` generations run ahead of the learner,
+so generation of step s+1 overlaps training of step s; ``async_steps=0`` is strictly on-policy.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+
+from rlgen.config import BreakerAction, RunConfig
+from rlgen.monitor import CircuitBreaker
+from rlgen.plan import Plan
+from rlgen.types import Phase, StepTimeline
+
+QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
+
+
+class RunError(RuntimeError):
+    """The run cannot go on; the message says why and what to do."""
+
+
+@dataclass
+class InFlight:
+    step: int
+    refs: list[Any]  # one generate() ref per engine
+    launched_at: float
+    updates: list[Any] = field(default_factory=list)  # update_weights() refs queued before this generate
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        plan: Plan,
+        out_dir: Path,
+        *,
+        engine_cls: type | None = None,
+        engine_kwargs: dict[str, Any] | None = None,
+        learner_cls: type | None = None,
+    ):
+        """engine_cls (with engine_kwargs) and learner_cls replace the classes the plan picks; tests inject
+        faults with them (rlgen.engines.noisy.NoisyEngine, a learner that poisons its gradients)."""
+        self.cfg, self.plan, self.out_dir = cfg, plan, Path(out_dir)
+        self._engine_cls, self._engine_kwargs, self._learner_cls = engine_cls, dict(engine_kwargs or {}), learner_cls
+        self.breaker = CircuitBreaker(cfg.monitor, self.out_dir)
+        self.engines: list[Any] = []
+        self.engine_names: list[str] = []
+        self.learner: Any = None
+        self.pgs: list[Any] = []
+        self._started_ray = False
+        self.async_steps = cfg.algo.async_steps
+
+    # -- setup ------------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from rlgen.models import load_tokenizer, prepare_model
+        from rlgen.placement import plan_bundles
+        from rlgen.tasks import build_task
+
+        cfg, plan = self.cfg, self.plan
+        self.task = build_task(cfg.task)
+        self.model_path = prepare_model(cfg, device="cuda" if plan.device == "cuda" else "cpu")
+        self.tokenizer = load_tokenizer(self.model_path)
+        self.eos_ids = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+        placement = plan_bundles(plan)
+        for var, val in QUIET_ENV.items():  # actors inherit the driver's environment
+            os.environ.setdefault(var, val)
+        if not ray.is_initialized():
+            need_cpus = sum(sum(b.get("CPU", 0) for b in g) for g in placement.groups)
+            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
+            if not os.environ.get("RAY_ADDRESS"):
+                kwargs["address"] = "local"  # a fresh local cluster, never someone else's by accident
+                kwargs["num_cpus"] = int(max(os.cpu_count() or 1, need_cpus + 1))
+                kwargs["object_store_memory"] = 512 * 2**20 if plan.device == "cpu" else None
+            ray.init(**{k: v for k, v in kwargs.items() if v is not None})
+            self._started_ray = True
+        self.pgs = [placement_group(list(bundles), strategy="STRICT_PACK") for bundles in placement.groups]
+        ready, _ = ray.wait([pg.ready() for pg in self.pgs], num_returns=len(self.pgs), timeout=self.cfg.timeout_s)
+        if len(ready) < len(self.pgs):
+            raise RunError(
+                f"Ray could not reserve the resources of the plan within {cfg.timeout_s:.0f} s "
+                f"(bundles: {[list(g) for g in placement.groups]}; cluster has {ray.cluster_resources()}). "
+                "Check hardware=<preset> against the machine, or set RAY_ADDRESS to a cluster that has them."
+            )
+
+        def strategy(ap):
+            return PlacementGroupSchedulingStrategy(self.pgs[ap.group], placement_group_bundle_index=ap.bundle)
+
+        engine_cls, engine_kwargs = self._engine_class()
+        device = "cuda" if plan.device == "cuda" else "cpu"
+        for slot, ap in zip(plan.engines, placement.engines):
+            name = f"engine{slot.index}"
+            actor = (
+                ray.remote(engine_cls)
+                .options(num_cpus=ap.num_cpus, num_gpus=ap.num_gpus, scheduling_strategy=strategy(ap), name=None)
+                .remote(self.model_path, cfg.engine, device=device, seed=cfg.seed + slot.index, name=name, **engine_kwargs)
+            )
+            self.engines.append(actor)
+            self.engine_names.append(name)
+        learner_cls = self._learner_class()
+        ap = placement.learners[0]
+        self.learner = (
+            ray.remote(learner_cls)
+            .options(num_cpus=ap.num_cpus, num_gpus=ap.num_gpus, scheduling_strategy=strategy(ap))
+            .remote(self.model_path, cfg.algo, cfg.monitor, seed=cfg.seed, device=device, rank=0, name="learner0")
+        )
+        health = self._get([e.health.remote() for e in self.engines] + [self.learner.health.remote()], "actor start-up")
+        bad = [h for h in health if not h.get("ok")]
+        if bad:
+            raise RunError(f"actors reported unhealthy at start-up: {bad}")
+
+    def _engine_class(self) -> tuple[type, dict[str, Any]]:
+        if self._engine_cls is not None:
+            return self._engine_cls, dict(self._engine_kwargs)
+        if self.plan.engine_kind == "hf":
+            from rlgen.engines.hf import HFEngine
+
+            return HFEngine, {}
+        from rlgen.engines.vllm import VLLMEngine
+
+        return VLLMEngine, {"env": dict(self.plan.engine_env)}
+
+    def _learner_class(self) -> type:
+        if len(self.plan.learners) != 1:
+            raise RunError(
+                f"the plan has {len(self.plan.learners)} learner ranks, but this build trains with one learner "
+                "process; set hardware.learner_ranks=1 (CPU) or hardware.learner_gpus=1."
+            )
+        if self._learner_cls is not None:
+            return self._learner_cls
+        from rlgen.learners.torch import TorchLearner
+
+        return TorchLearner
+
+    # -- helpers ----------------------------------------------------------------------------------------
+    def _get(self, refs: Any, what: str) -> Any:
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+        try:
+            return ray.get(refs, timeout=self.cfg.timeout_s)
+        except GetTimeoutError as err:
+            raise RunError(
+                f"{what} did not finish within timeout_s={self.cfg.timeout_s:.0f} s; an actor may be stuck or the "
+                "step too large. Raise timeout_s=<seconds> or shrink algo.prompts_per_step."
+            ) from err
+        except RayActorError as err:
+            raise RunError(
+                f"{what} failed because an actor died ({str(err).splitlines()[0]}). Metrics up to the last "
+                f"finished step are in {self.out_dir}."
+            ) from err
+        except RayTaskError as err:
+            raise RunError(f"{what} raised in an actor: {err.cause!r}") from err
+
+    def _launch(self, step: int, updates: list[Any]) -> InFlight:
+        from rlgen.rollout import encode_prompts, sampling_params, split_requests
+
+        sp = encode_prompts(step, self.task, self.tokenizer, self.cfg)
+        sampling = sampling_params(self.cfg, self.eos_ids, seed=self.cfg.seed * 100_003 + step)
+        shards = split_requests(sp, sampling, len(self.engines))
+        refs = [e.generate.remote(reqs) for e, reqs in zip(self.engines, shards) if reqs]
+        self._prompts[step] = sp
+        return InFlight(step, refs, time.time(), updates)
+
+    # -- train ------------------------------------------------------------------------------------------
+    def train(self, sink) -> dict:
+        import ray
+
+        from rlgen.balancer import BalanceTracker, context_from_plan
+        from rlgen.rollout import build_batch, score
+
+        cfg = self.cfg
+        tracker = BalanceTracker(context_from_plan(self.plan))
+        last_kind = None
+        self._prompts: dict[int, Any] = {}
+        pending: deque[InFlight] = deque()
+        queued_updates: list[Any] = []
+        next_gen = 0
+        version = 0  # the learner's policy version; engines start with the same weights
+        for step in range(cfg.steps):
+            t_step = time.time()
+            tl = StepTimeline(step)
+            while next_gen < cfg.steps and next_gen <= step + self.async_steps:
+                pending.append(self._launch(next_gen, queued_updates))
+                queued_updates = []
+                next_gen += 1
+
+            flight = pending.popleft()
+            t0 = time.time()
+            results = self._get(flight.refs, f"generation for step {step}")
+            updates = self._get(flight.updates, f"weight update before step {step}") if flight.updates else []
+            tl.add("learner0", Phase.wait, t0, time.time())
+            for name, res in zip(self.engine_names, results):
+                for phase, a, b in res["spans"]:
+                    tl.add(name, Phase(phase), a, b)
+            for name, res in zip(self.engine_names, updates):
+                for phase, a, b in res["spans"]:
+                    tl.add(name, Phase(phase), a, b)
+
+            t0 = time.time()
+            sp = self._prompts.pop(step)
+            completions = [c for res in results for c in res["completions"]]
+            rewards = score(completions, sp, self.task, self.tokenizer)
+            batch = build_batch(completions, rewards, self.pad_id, cfg.algo.std_normalize)
+            tl.add("driver", Phase.reward, t0, time.time())
+
+            staleness = version - batch.version
+            metrics = self._get(self.learner.train_step.remote(batch), f"training step {step}")
+            for phase, a, b in metrics.pop("spans", []):
+                tl.add("learner0", Phase(phase), a, b)
+
+            event = self.breaker.update(step, metrics, batch)
+            halt = event is not None and event.action is BreakerAction.halt
+            if event is not None:
+                sink.console.print(f"[yellow]breaker:[/] {escape(event.message)}", highlight=False)
+                if event.action is BreakerAction.tighten:
+                    self.async_steps = 0
+            if not metrics.get("skipped"):
+                version = int(metrics["version"])
+                if not halt:
+                    t0 = time.time()
+                    weights = self.learner.get_weights.remote()
+                    ready, _ = ray.wait([weights], timeout=cfg.timeout_s)
+                    if not ready:
+                        raise RunError(f"the learner did not export weights within timeout_s={cfg.timeout_s:.0f} s.")
+                    tl.add("learner0", Phase.sync, t0, time.time())
+                    queued_updates = [e.update_weights.remote(weights, version) for e in self.engines]
+            metrics.update(self.breaker.metrics())
+
+            rec = self._record(step, tl, batch, rewards, metrics, version, staleness, time.time() - t_step)
+            verdict = tracker.update(rec)
+            rec["balance"] = verdict.to_dict()
+            sink.log(rec)
+            if step > 0 and verdict.kind != last_kind:
+                sink.console.print(f"[cyan]balance:[/] {verdict.advice}", highlight=False)
+            last_kind = verdict.kind
+            if halt:
+                raise RunError(event.message)
+        # Surface any failure of the last weight update rather than dropping it.
+        if queued_updates:
+            self._get(queued_updates, "final weight update")
+        return sink.summary()
+
+    def _record(self, step, tl: StepTimeline, batch, rewards, metrics, version, staleness, step_s) -> dict:
+        gen_spans = [s for s in tl.spans if s.phase == Phase.generate]
+        gen_wall = (max(s.end for s in gen_spans) - min(s.start for s in gen_spans)) if gen_spans else 0.0
+        tokens = batch.num_response_tokens
+        n = len(rewards)
+        mean = sum(rewards) / n
+        std = (sum((r - mean) ** 2 for r in rewards) / n) ** 0.5
+        sync_engine = max((s.seconds for s in tl.spans if s.phase == Phase.sync and s.actor != "learner0"), default=0.0)
+        rec = {
+            "step": step,
+            "version": version,
+            "batch_version": batch.version,
+            "staleness": staleness,
+            "reward_mean": mean,
+            "reward_std": std,
+            "response_tokens": tokens,
+            "tokens_per_s": tokens / gen_wall if gen_wall > 0 else 0.0,
+            "generate_s": gen_wall,
+            "reward_s": tl.total(Phase.reward),
+            "wait_s": tl.total(Phase.wait, "learner"),
+            "train_s": tl.total(Phase.train, "learner"),
+            "sync_s": tl.total(Phase.sync, "learner") + sync_engine,
+            "step_s": step_s,
+        }
+        rec.update({k: v for k, v in metrics.items() if isinstance(v, (int, float, bool, str))})
+        rec["version"] = version
+        rec["timeline"] = tl.to_dict()["spans"]
+        return rec
+
+    # -- cleanup ----------------------------------------------------------------------------------------
+    def save_final(self) -> Path:
+        path = self.out_dir / "final_model"
+        self._get(self.learner.save.remote(str(path)), "saving the final model")
+        self.tokenizer.save_pretrained(str(path))  # a complete HF folder: the learner saves weights only
+        return path
+
+    def cleanup(self) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            return
+        for a in [*self.engines, self.learner]:
+            if a is not None:
+                try:
+                    ray.kill(a)
+                except Exception:  # noqa: BLE001 - best effort on the way out
+                    pass
+        from ray.util.placement_group import remove_placement_group
+
+        for pg in self.pgs:
+            try:
+                remove_placement_group(pg)
+            except Exception:  # noqa: BLE001
+                pass
+        if self._started_ray:
+            ray.shutdown()

@@ -1,0 +1,383 @@
+"""RunConfig -> Plan: where every engine and learner runs, the batch geometry, the weight transport.
+
+A pure function of the config: no torch, no Ray, no GPU. Every check that spans several fields runs here,
+before anything launches, and each failure says how to fix it. All problems are reported at once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from rlgen.charvocab import CHAR_VOCAB_SIZE
+from rlgen.config import VLLM_ENV_REMOVED_IN_0_26, EngineKind, RunConfig, TaskKind
+
+GIB = 2**30
+ENGINE_HEADROOM_GIB = 1.0  # activations, CUDA graphs and the sampler, beyond weights and KV
+
+
+class Transport(StrEnum):
+    ray_object_store = "ray_object_store"  # CPU, or hf engines: state dict through Ray's object store
+    cuda_ipc = "cuda_ipc"  # colocated: CUDA IPC handles to the learner's tensors, engine sleeps/wakes
+    nccl = "nccl"  # separate GPUs: a NCCL group from learner rank 0 to every engine
+
+
+class PlanError(ValueError):
+    """The config cannot run. ``problems`` holds one sentence per problem, each with its fix."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+@dataclass(frozen=True)
+class EngineSlot:
+    index: int
+    node: int
+    gpus: tuple[int, ...]  # GPU indices on that node; () on CPU
+    tensor_parallel_size: int
+
+
+@dataclass(frozen=True)
+class LearnerSlot:
+    rank: int
+    node: int
+    gpu: int | None  # None on CPU
+
+
+@dataclass(frozen=True)
+class BatchGeometry:
+    prompts_per_step: int
+    samples_per_prompt: int
+    sequences_per_step: int
+    learner_ranks: int
+    sequences_per_rank: int
+    max_prompt_tokens: int
+    max_new_tokens: int
+    max_seq_len: int  # prompt + response
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    name: str
+    params: int
+    vocab_size: int
+    weight_gib_bf16: float
+    kv_bytes_per_token: int  # bf16, all layers, before tensor parallelism
+
+
+@dataclass(frozen=True)
+class Plan:
+    engine_kind: str
+    device: str  # "cpu" | "cuda"
+    hardware: str
+    nodes: int
+    gpus_per_node: int
+    engines: tuple[EngineSlot, ...]
+    learners: tuple[LearnerSlot, ...]
+    colocated: bool
+    transport: Transport
+    batch: BatchGeometry
+    model: ModelSummary
+    async_steps: int
+    engine_env: dict[str, str]  # passed to vLLM engine actors
+    warnings: tuple[str, ...]
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["transport"] = self.transport.value
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def count_params(m) -> tuple[int, int]:
+    """(parameters, vocab size) of a Qwen2-architecture preset, counted from its shape."""
+    vocab = m.vocab_size or CHAR_VOCAB_SIZE
+    h, inter, layers = m.hidden_size, m.intermediate_size, m.num_layers
+    head_dim = h // max(m.num_heads, 1)
+    kv = m.num_kv_heads * head_dim
+    attn = (h * h + h) + 2 * (h * kv + kv) + h * h  # q (bias), k and v (bias), o
+    mlp = 3 * h * inter
+    per_layer = attn + mlp + 2 * h  # two RMSNorms
+    params = vocab * h + layers * per_layer + h + (0 if m.tie_word_embeddings else vocab * h)
+    return params, vocab
+
+
+def _model_summary(cfg: RunConfig) -> ModelSummary:
+    m = cfg.model
+    params, vocab = count_params(m)
+    head_dim = m.hidden_size // max(m.num_heads, 1)
+    kv_per_token = 2 * m.num_layers * m.num_kv_heads * head_dim * 2
+    return ModelSummary(m.name, params, vocab, params * 2 / GIB, kv_per_token)
+
+
+def _check_scalars(cfg: RunConfig, p: list[str]) -> None:
+    a, e, m, t = cfg.algo, cfg.engine, cfg.model, cfg.task
+    if cfg.steps < 1:
+        p.append(f"steps={cfg.steps} must be at least 1; set steps=40 or more.")
+    if a.prompts_per_step < 1:
+        p.append(f"algo.prompts_per_step={a.prompts_per_step} must be at least 1.")
+    if a.samples_per_prompt < 2:
+        p.append(
+            f"algo.samples_per_prompt={a.samples_per_prompt}: GRPO compares samples within a group, so it "
+            "needs at least 2; set algo.samples_per_prompt=8."
+        )
+    if a.max_new_tokens < 1:
+        p.append(f"algo.max_new_tokens={a.max_new_tokens} must be at least 1.")
+    if a.temperature < 0:
+        p.append(f"algo.temperature={a.temperature} must be >= 0 (0 is greedy).")
+    if not 0 < a.top_p <= 1:
+        p.append(f"algo.top_p={a.top_p} must be in (0, 1]; 1 disables nucleus sampling.")
+    if a.lr <= 0:
+        p.append(f"algo.lr={a.lr} must be > 0.")
+    if a.clip_low < 0 or a.clip_high < 0 or a.clip_low >= 1:
+        p.append(f"algo.clip_low={a.clip_low}, algo.clip_high={a.clip_high}: need 0 <= clip_low < 1 and clip_high >= 0.")
+    if a.async_steps < 0:
+        p.append(f"algo.async_steps={a.async_steps} must be >= 0 (0 is strictly on-policy).")
+    if a.tis_cap != 0 and a.tis_cap < 1:
+        p.append(f"algo.tis_cap={a.tis_cap} must be 0 (off) or >= 1; 2 is a common choice.")
+    if a.kl_coef < 0:
+        p.append(f"algo.kl_coef={a.kl_coef} must be >= 0.")
+    if e.tensor_parallel_size < 1:
+        p.append(f"engine.tensor_parallel_size={e.tensor_parallel_size} must be at least 1.")
+    if e.num_engines is not None and e.num_engines < 1:
+        p.append(f"engine.num_engines={e.num_engines} must be at least 1, or null to fill the engine GPUs.")
+    if not 0 < e.gpu_memory_utilization <= 1:
+        p.append(f"engine.gpu_memory_utilization={e.gpu_memory_utilization} must be in (0, 1]; 0.9 is usual.")
+    if m.num_heads < 1 or m.hidden_size % m.num_heads:
+        p.append(f"model.hidden_size={m.hidden_size} must divide by model.num_heads={m.num_heads}.")
+    elif m.num_kv_heads < 1 or m.num_heads % m.num_kv_heads:
+        p.append(f"model.num_heads={m.num_heads} must divide by model.num_kv_heads={m.num_kv_heads}.")
+    if t.kind == TaskKind.jsonl:
+        if not t.path:
+            p.append("task=jsonl needs a file: set task.path=/path/to/rows.jsonl (one {\"prompt\", \"answer\"} object per line).")
+        elif not Path(t.path).expanduser().is_file():
+            p.append(f"task.path={t.path} does not exist; point it at a JSONL file of {{\"prompt\", \"answer\"}} rows.")
+    from rlgen.tasks.rewards import RewardSpecError, resolve_reward
+
+    try:
+        resolve_reward(t.reward)
+    except RewardSpecError as err:
+        p.append(str(err))
+
+
+def _place_engines(cfg: RunConfig, colocated: bool, p: list[str]) -> tuple[EngineSlot, ...]:
+    e, hw = cfg.engine, cfg.hardware
+    tp = e.tensor_parallel_size
+    if hw.gpus_per_node == 0:
+        if e.kind == EngineKind.vllm:
+            p.append(
+                f"engine={e.kind.value} needs CUDA GPUs, but hardware={hw.name} has none; "
+                "use engine=hf on CPU, or choose GPU hardware such as hardware=1xh100."
+            )
+            return ()
+        if tp != 1:
+            p.append(f"engine.tensor_parallel_size={tp} needs GPUs; on hardware={hw.name} set it to 1.")
+            return ()
+        n = e.num_engines or 1
+        return tuple(EngineSlot(i, 0, (), 1) for i in range(n))
+
+    if e.kind == EngineKind.hf and tp != 1:
+        p.append(f"engine=hf does not shard across GPUs; set engine.tensor_parallel_size=1 or use engine=vllm_tp{tp}.")
+        return ()
+    total = hw.nodes * hw.gpus_per_node
+    engine_gpus = total if colocated else hw.engine_gpus
+    if engine_gpus < 1:
+        p.append(f"hardware.engine_gpus={engine_gpus}: engines need at least one GPU; set hardware.engine_gpus.")
+        return ()
+    if tp > hw.gpus_per_node:
+        p.append(
+            f"engine.tensor_parallel_size={tp} is larger than a node ({hw.gpus_per_node} GPUs) and a TP group never "
+            f"spans nodes; use tensor_parallel_size <= {hw.gpus_per_node}."
+        )
+        return ()
+    if engine_gpus % tp:
+        p.append(
+            f"engine.tensor_parallel_size={tp} does not divide the {engine_gpus} engine GPUs of hardware={hw.name}; "
+            f"choose a TP size that divides {engine_gpus}, or change hardware.engine_gpus."
+        )
+        return ()
+    if cfg.model.num_heads % tp:
+        p.append(
+            f"model {cfg.model.name} has {cfg.model.num_heads} attention heads, which do not split over "
+            f"tensor_parallel_size={tp}; pick a TP size that divides {cfg.model.num_heads}."
+        )
+        return ()
+    # Engines fill nodes from node 0; each node's engine share must hold whole TP groups.
+    slots: list[EngineSlot] = []
+    remaining = engine_gpus
+    for node in range(hw.nodes):
+        here = min(remaining, hw.gpus_per_node)
+        if here % tp:
+            p.append(
+                f"node {node} would hold {here} engine GPUs, which is not a whole number of TP-{tp} groups, and a TP "
+                "group never spans nodes; make hardware.engine_gpus a multiple of "
+                f"{tp} on every node (e.g. {tp * (hw.gpus_per_node // tp)})."
+            )
+            return ()
+        for g in range(0, here, tp):
+            slots.append(EngineSlot(len(slots), node, tuple(range(g, g + tp)), tp))
+        remaining -= here
+        if remaining == 0:
+            break
+    want = e.num_engines
+    if want is not None:
+        if want > len(slots):
+            p.append(
+                f"engine.num_engines={want} with tensor_parallel_size={tp} needs {want * tp} GPUs, but only "
+                f"{engine_gpus} are for engines on hardware={hw.name}; set engine.num_engines<={len(slots)} "
+                "or raise hardware.engine_gpus."
+            )
+            return ()
+        slots = slots[:want]
+    return tuple(slots)
+
+
+def _place_learners(cfg: RunConfig, colocated: bool, p: list[str]) -> tuple[LearnerSlot, ...]:
+    hw = cfg.hardware
+    if hw.gpus_per_node == 0:
+        if hw.learner_ranks < 1:
+            p.append(f"hardware.learner_ranks={hw.learner_ranks} must be at least 1.")
+            return ()
+        return tuple(LearnerSlot(r, 0, None) for r in range(hw.learner_ranks))
+    total = hw.nodes * hw.gpus_per_node
+    if colocated:
+        return tuple(LearnerSlot(r, r // hw.gpus_per_node, r % hw.gpus_per_node) for r in range(total))
+    if hw.learner_gpus < 1:
+        p.append(f"hardware.learner_gpus={hw.learner_gpus}: learners need at least one GPU; set hardware.learner_gpus.")
+        return ()
+    start = hw.engine_gpus
+    return tuple(
+        LearnerSlot(r, (start + r) // hw.gpus_per_node, (start + r) % hw.gpus_per_node) for r in range(hw.learner_gpus)
+    )
+
+
+def _check_hardware(cfg: RunConfig, colocated: bool, p: list[str]) -> None:
+    hw = cfg.hardware
+    if hw.nodes < 1 or hw.gpus_per_node < 0:
+        p.append(f"hardware {hw.name}: nodes={hw.nodes} must be >= 1 and gpus_per_node={hw.gpus_per_node} >= 0.")
+        return
+    if hw.gpus_per_node and hw.gpu.memory_gb <= 0:
+        p.append(f"hardware {hw.name} has GPUs but hardware.gpu.memory_gb={hw.gpu.memory_gb}; give the GPU's memory in GB.")
+    if hw.gpus_per_node and not colocated:
+        total = hw.nodes * hw.gpus_per_node
+        if hw.engine_gpus + hw.learner_gpus != total:
+            p.append(
+                f"GPUs do not add up: hardware.engine_gpus={hw.engine_gpus} + hardware.learner_gpus={hw.learner_gpus} "
+                f"= {hw.engine_gpus + hw.learner_gpus}, but hardware={hw.name} has {total} "
+                f"({hw.nodes} node(s) x {hw.gpus_per_node}); make them add up to {total}, or set engine.colocate=true."
+            )
+    if colocated and hw.gpus_per_node == 0:
+        p.append(f"engine.colocate=true shares learner GPUs, but hardware={hw.name} has none; set engine.colocate=false.")
+    if colocated and cfg.engine.kind == EngineKind.vllm and not cfg.engine.enable_sleep_mode:
+        p.append(
+            "colocated engines must free the GPU while the learner trains, which needs vLLM sleep mode; "
+            "set engine.enable_sleep_mode=true, or give engines their own GPUs (hardware.colocated=false)."
+        )
+
+
+def _check_lengths(cfg: RunConfig, ms: ModelSummary, n_engine_gpus_each: int, p: list[str]) -> None:
+    e, a, t, m, hw = cfg.engine, cfg.algo, cfg.task, cfg.model, cfg.hardware
+    need = t.max_prompt_tokens + a.max_new_tokens
+    if e.max_model_len < need:
+        p.append(
+            f"engine.max_model_len={e.max_model_len} cannot hold task.max_prompt_tokens={t.max_prompt_tokens} + "
+            f"algo.max_new_tokens={a.max_new_tokens} = {need}; set engine.max_model_len>={need}."
+        )
+    if m.max_position_embeddings < need:
+        p.append(
+            f"model {m.name} has max_position_embeddings={m.max_position_embeddings} < {need} tokens per sequence; "
+            f"lower algo.max_new_tokens or raise model.max_position_embeddings."
+        )
+    if hw.gpus_per_node and e.kind == EngineKind.vllm and n_engine_gpus_each:
+        usable = hw.gpu.memory_gb * 1e9 / GIB * e.gpu_memory_utilization
+        weights = ms.weight_gib_bf16 / n_engine_gpus_each
+        kv_one = ms.kv_bytes_per_token * e.max_model_len / n_engine_gpus_each / GIB
+        if weights + kv_one + ENGINE_HEADROOM_GIB > usable:
+            p.append(
+                f"model {m.name} ({ms.params / 1e9:.2f}B params, {weights:.1f} GiB of bf16 weights per GPU) plus the KV "
+                f"cache of one {e.max_model_len}-token sequence ({kv_one:.1f} GiB) does not fit in "
+                f"{usable:.1f} GiB ({hw.gpu.memory_gb:g} GB x gpu_memory_utilization {e.gpu_memory_utilization}); "
+                "raise engine.tensor_parallel_size or engine.gpu_memory_utilization, or use a smaller model."
+            )
+
+
+def build_plan(cfg: RunConfig) -> Plan:
+    """Resolve and check a RunConfig. Raises PlanError listing every problem with its fix."""
+    p: list[str] = []
+    warnings: list[str] = []
+    _check_scalars(cfg, p)
+    colocated = bool(cfg.engine.colocate or cfg.hardware.colocated)
+    _check_hardware(cfg, colocated, p)
+    engines = _place_engines(cfg, colocated, p)
+    learners = _place_learners(cfg, colocated, p)
+    ms = _model_summary(cfg)
+    _check_lengths(cfg, ms, cfg.engine.tensor_parallel_size if engines else 0, p)
+
+    ranks = max(len(learners), 1)
+    a = cfg.algo
+    seqs = a.prompts_per_step * a.samples_per_prompt
+    if learners and seqs % ranks:
+        p.append(
+            f"the batch of {seqs} sequences (algo.prompts_per_step={a.prompts_per_step} x "
+            f"algo.samples_per_prompt={a.samples_per_prompt}) does not split over {ranks} learner ranks; "
+            f"make algo.prompts_per_step a multiple of {ranks}."
+        )
+    per_rank = seqs // ranks
+    if a.micro_batch_size and per_rank and per_rank % a.micro_batch_size:
+        p.append(
+            f"algo.micro_batch_size={a.micro_batch_size} does not divide the {per_rank} sequences each learner "
+            "rank trains on; pick a divisor of that, or 0 for one pass."
+        )
+    if p:
+        raise PlanError(p)
+
+    hw = cfg.hardware
+    if hw.gpus_per_node and not colocated:
+        used = sum(len(s.gpus) for s in engines)
+        if used < hw.engine_gpus:
+            warnings.append(f"{hw.engine_gpus - used} of {hw.engine_gpus} engine GPUs stay idle with engine.num_engines={len(engines)}.")
+    env = dict(cfg.engine.env)
+    for name, why in VLLM_ENV_REMOVED_IN_0_26.items():
+        if name in env:
+            del env[name]
+            warnings.append(f"engine.env.{name} is not passed on: vLLM 0.26 removed it ({why}).")
+    if cfg.engine.kind != EngineKind.vllm:
+        env = {}
+
+    if hw.gpus_per_node == 0 or cfg.engine.kind == EngineKind.hf:
+        transport = Transport.ray_object_store
+    elif colocated:
+        transport = Transport.cuda_ipc
+    else:
+        transport = Transport.nccl
+
+    return Plan(
+        engine_kind=cfg.engine.kind.value,
+        device="cuda" if hw.gpus_per_node else "cpu",
+        hardware=hw.name,
+        nodes=hw.nodes,
+        gpus_per_node=hw.gpus_per_node,
+        engines=engines,
+        learners=learners,
+        colocated=colocated,
+        transport=transport,
+        batch=BatchGeometry(
+            prompts_per_step=a.prompts_per_step,
+            samples_per_prompt=a.samples_per_prompt,
+            sequences_per_step=seqs,
+            learner_ranks=ranks,
+            sequences_per_rank=per_rank,
+            max_prompt_tokens=cfg.task.max_prompt_tokens,
+            max_new_tokens=a.max_new_tokens,
+            max_seq_len=cfg.task.max_prompt_tokens + a.max_new_tokens,
+        ),
+        model=ms,
+        async_steps=a.async_steps,
+        engine_env=env,
+        warnings=tuple(warnings),
+    )

@@ -1,0 +1,65 @@
+"""Render a Plan as rich tables."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from rlgen.config import RunConfig
+from rlgen.plan import Plan
+
+
+def _gpus(plan: Plan, gpus: tuple[int, ...] | int | None) -> str:
+    if plan.device == "cpu" or gpus is None or gpus == ():
+        return "cpu"
+    if isinstance(gpus, int):
+        return str(gpus)
+    return ",".join(str(g) for g in gpus)
+
+
+def print_plan(plan: Plan, cfg: RunConfig, console: Console | None = None) -> None:
+    console = console or Console(soft_wrap=True)
+    mode = "colocated (engines sleep while learners train)" if plan.colocated else "separate"
+    console.print(
+        f"[bold]rlgen plan[/]  hardware={plan.hardware} ({plan.nodes} node(s) x {plan.gpus_per_node} GPU)  "
+        f"engine={plan.engine_kind}  model={plan.model.name} ({plan.model.params / 1e6:.1f}M params)  "
+        f"task={cfg.task.kind.value}",
+        highlight=False,
+    )
+    t = Table(title="placement", title_justify="left")
+    for col in ("actor", "kind", "node", "GPUs", "TP"):
+        t.add_column(col)
+    for e in plan.engines:
+        t.add_row(f"engine{e.index}", plan.engine_kind, str(e.node), _gpus(plan, e.gpus), str(e.tensor_parallel_size))
+    learner_kind = "deepspeed" if plan.device == "cuda" else "torch"
+    for lr in plan.learners:
+        t.add_row(f"learner{lr.rank}", learner_kind, str(lr.node), _gpus(plan, lr.gpu), "-")
+    console.print(t)
+    engine_gpus = sum(len(e.gpus) for e in plan.engines)
+    learner_gpus = sum(1 for lr in plan.learners if lr.gpu is not None)
+    console.print(
+        f"{len(plan.engines)} {plan.engine_kind} engine(s) of TP {plan.engines[0].tensor_parallel_size if plan.engines else 0} "
+        f"on {engine_gpus} GPU(s); {len(plan.learners)} learner rank(s) on {learner_gpus} GPU(s); {mode}",
+        highlight=False,
+    )
+    b = plan.batch
+    g = Table(title="step", title_justify="left", show_header=False)
+    g.add_column("what")
+    g.add_column("value")
+    g.add_row("batch", f"{b.prompts_per_step} prompts x {b.samples_per_prompt} samples = {b.sequences_per_step} sequences")
+    g.add_row("per learner rank", f"{b.sequences_per_rank} sequences")
+    g.add_row("sequence", f"<= {b.max_prompt_tokens} prompt + {b.max_new_tokens} new tokens")
+    g.add_row("async_steps", f"{plan.async_steps} ({'on-policy' if plan.async_steps == 0 else 'engines may run ahead'})")
+    g.add_row("weight sync", plan.transport.value)
+    console.print(g)
+    for w in plan.warnings:
+        console.print(f"[yellow]note:[/] {escape(w)}", highlight=False)
+
+
+def print_plan_and_prediction(plan: Plan, cfg: RunConfig, console: Console | None = None) -> None:
+    from rlgen.planner import predict, print_prediction
+
+    console = console or Console(soft_wrap=True)
+    print_plan(plan, cfg, console)
+    print_prediction(predict(plan, cfg), console)

@@ -1,0 +1,306 @@
+"""Plan + RunConfig -> predicted step times and balance, before any GPU is touched.
+
+Model (per engine of tensor-parallel size t, running c sequences at a time):
+- decode step time = max(bytes / HBM bandwidth, FLOPs / matmul rate) + c * per-token engine overhead, where
+  bytes = (bf16 weights + c * mean context * KV bytes per token) / t and
+  FLOPs = c * (2 * params + 4 * layers * hidden * mean context) / t;
+- c = min(engine.max_num_seqs, KV capacity / tokens per sequence, sequences of the busiest engine);
+- generation time of a batch = waves of c sequences, each max_new_tokens decode steps, plus prefill;
+- learner step time = 6 * params * tokens / (learner GPUs * peak bf16 * learner MFU), 8 * ... with a
+  reference model (kl_coef > 0);
+- weight sync = bf16 weights / transport bandwidth.
+Responses are assumed to run to algo.max_new_tokens and prompts to task.max_prompt_tokens unless the caller
+gives mean lengths: an upper bound on the work of a step.
+
+Every efficiency factor below says where it comes from. Pure Python: no torch, no Ray, no GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from rlgen.balancer import BalanceContext, StepBalance, Verdict, assess, context_from_plan
+from rlgen.config import RunConfig
+from rlgen.plan import ENGINE_HEADROOM_GIB, GIB, Plan, Transport
+
+BF16_BYTES = 2
+
+# What a program gets of the spec figures in hardware.gpu (peak bf16 TFLOP/s, HBM TB/s).
+# bf16 8192^3 torch matmul on random data: 798 TFLOP/s on an H100 SXM, 769-798 on an H200 (torch 2.11+cu130);
+# 771 on the H100 in the learner measurement below. 790 / 989 spec = 0.80.
+MATMUL_EFFICIENCY = 0.80
+# Device-to-device copy, bytes read + written: about 3.0 TB/s of the 3.35 spec on an H100 (2.6 in one run
+# here) and 4.3 of the 4.8 spec on an H200: about 0.90 of spec.
+HBM_EFFICIENCY = 0.90
+
+# Decode calibration: vLLM (random weights, Qwen2.5-0.5B shape) on one H100 generated 128 prompts x 8 samples
+# x 512 new tokens at 26.1k tokens/s without logprobs and 19.6k with logprobs=0, which is what rlgen asks
+# for. The roofline part of that workload is under 2 us a token, so almost all of the measured ~51 us a
+# token is per-token engine work (scheduling, sampling over a 152k vocabulary, logprobs, output processing);
+# we keep it as a fixed per-token overhead per engine, worked out below from the measurement. Assumed for
+# the calibration: 128-token prompts (rlgen bench's default) and all 1024 sequences in flight (vLLM's default
+# max_num_seqs for its LLM class on 80 GB GPUs); with 256 in flight the overhead moves by under 3%.
+CALIBRATION_TOKENS_PER_S = 19_600.0
+CALIBRATION_TOKENS_PER_S_NO_LOGPROBS = 26_100.0
+CALIBRATION_SHAPE = {
+    "params": 494_032_768,
+    "layers": 24,
+    "hidden": 896,
+    "kv_bytes_per_token": 12_288,
+    "prompt_tokens": 128,
+    "response_tokens": 512,
+    "concurrency": 1024,
+    "hbm_tbps": 3.35,
+    "bf16_tflops": 989.0,
+}
+
+# Learner: a bf16 forward + backward + fused AdamW step of random Qwen2 shapes under transformers (sdpa) on
+# one H100, 16 x 640 tokens a step, counted as 6 * params * tokens: 1.5B reached 355 TFLOP/s (36% of the
+# 989 spec), 0.5B only 218 (22%): its 896-wide matrices leave the GPU waiting on kernel launches.
+# Interpolated on log(hidden size) between the two; 0.36 above 1536 (larger models likely do better).
+LEARNER_MFU_POINTS = ((896, 0.22), (1536, 0.36))
+
+# Weight sync over NCCL: broadcast of the 289 bf16 tensors of a 0.5B model (0.99 GB) from one H200 to
+# another over NVLink (NV18), one call per tensor: 107 GB/s (367 GB/s as one flat buffer). NCCL 2.28.9.
+# Measured within one host; across nodes expect less.
+SYNC_NCCL_GBPS = 107.0
+
+NO_CPU_ROOFLINE = (
+    "no roofline for CPU: the hf engine and the torch learner on CPU are bound by per-token Python and kernel "
+    "overheads that no bandwidth or FLOP figure predicts. Run `rlgen train steps=5` and read the measured "
+    "verdict instead."
+)
+
+
+def _step_time(c: float, ctx: float, params: float, layers: int, hidden: int, kv_bytes: float, tp: int,
+               hbm_tbps: float, tflops: float) -> tuple[float, float, float]:
+    """(memory-bound s, compute-bound s) of one decode step of c sequences, and its roofline time."""
+    bytes_ = (params * BF16_BYTES + c * ctx * kv_bytes) / tp
+    flops = c * (2 * params + 4 * layers * hidden * ctx) / tp
+    t_mem = bytes_ / (hbm_tbps * 1e12 * HBM_EFFICIENCY)
+    t_cmp = flops / (tflops * 1e12 * MATMUL_EFFICIENCY)
+    return t_mem, t_cmp, max(t_mem, t_cmp)
+
+
+def _calibrated_overhead() -> float:
+    s = CALIBRATION_SHAPE
+    ctx = s["prompt_tokens"] + s["response_tokens"] / 2
+    _, _, t = _step_time(s["concurrency"], ctx, s["params"], s["layers"], s["hidden"], s["kv_bytes_per_token"], 1,
+                         s["hbm_tbps"], s["bf16_tflops"])
+    return 1.0 / CALIBRATION_TOKENS_PER_S - t / s["concurrency"]
+
+
+DECODE_OVERHEAD_S_PER_TOKEN = _calibrated_overhead()  # about 49 us
+
+
+def _count(n: float) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M"
+
+
+def learner_mfu(hidden: int) -> float:
+    (h0, m0), (h1, m1) = LEARNER_MFU_POINTS
+    if hidden <= h0:
+        return m0
+    if hidden >= h1:
+        return m1
+    x = (math.log(hidden) - math.log(h0)) / (math.log(h1) - math.log(h0))
+    return m0 + x * (m1 - m0)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    available: bool
+    reason: str = ""  # why not, when not available
+    num_engines: int = 0
+    tensor_parallel_size: int = 1
+    prompt_tokens: float = 0.0
+    response_tokens: float = 0.0
+    weights_gib_per_gpu: float = 0.0
+    kv_capacity_tokens: int = 0  # per engine
+    max_concurrency: int = 0  # per engine: min(max_num_seqs, KV capacity / tokens per sequence)
+    concurrency: int = 0  # per engine, for this batch
+    decode_step_s: float = 0.0
+    decode_bound: str = ""  # "memory" | "compute": which roofline term is larger
+    roofline_tokens_per_s: float = 0.0  # per engine, no overhead
+    engine_tokens_per_s: float = 0.0  # per engine, calibrated
+    gen_s: float = 0.0  # a batch, busiest engine
+    gen_tokens_per_s: float = 0.0  # all engines
+    learner_gpus: int = 0
+    learner_mfu: float = 0.0
+    train_tokens: int = 0
+    train_s: float = 0.0
+    sync_s: float = 0.0
+    step_s: float = 0.0
+    required_tokens_per_s: float = 0.0
+    verdict: Verdict | None = None
+    notes: tuple[str, ...] = ()
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["verdict"] = self.verdict.to_dict() if self.verdict else None
+        return d
+
+
+def predict(
+    plan: Plan,
+    cfg: RunConfig,
+    mean_response_tokens: float | None = None,
+    mean_prompt_tokens: float | None = None,
+) -> Prediction:
+    """Predicted step times and balance of a plan. On CPU, or without GPU figures, ``available`` is False."""
+    if plan.device != "cuda":
+        return Prediction(False, NO_CPU_ROOFLINE)
+    gpu = cfg.hardware.gpu
+    if gpu.hbm_tbps <= 0 or gpu.bf16_tflops <= 0 or gpu.memory_gb <= 0:
+        return Prediction(False, f"hardware={plan.hardware} gives no GPU figures (hardware.gpu: memory_gb, "
+                                 "hbm_tbps, bf16_tflops), so there is no roofline to draw.")
+    if not plan.engines or not plan.learners:
+        return Prediction(False, "the plan places no engines or no learners.")
+    m, b, e = cfg.model, plan.batch, cfg.engine
+    params, kvb = plan.model.params, plan.model.kv_bytes_per_token
+    n, tp = len(plan.engines), plan.engines[0].tensor_parallel_size
+    prompt = float(mean_prompt_tokens if mean_prompt_tokens is not None else b.max_prompt_tokens)
+    resp = float(mean_response_tokens if mean_response_tokens is not None else b.max_new_tokens)
+    weights = params * BF16_BYTES
+
+    # KV capacity of one engine (all its GPUs) and how many sequences fit at full length.
+    usable = tp * (gpu.memory_gb * 1e9 * e.gpu_memory_utilization - ENGINE_HEADROOM_GIB * GIB) - weights
+    kv_tokens = max(0, int(usable // kvb))
+    max_conc = min(e.max_num_seqs, kv_tokens // max(b.max_seq_len, 1))
+    if max_conc < 1:
+        return Prediction(False, f"the KV cache of one engine holds {kv_tokens} tokens, less than one "
+                                 f"{b.max_seq_len}-token sequence.")
+    seqs_engine = math.ceil(b.prompts_per_step / n) * b.samples_per_prompt  # groups are dealt round-robin
+    c = min(max_conc, seqs_engine)
+    ctx = prompt + resp / 2
+
+    def step_time(k: int) -> tuple[float, float, float]:
+        t_mem, t_cmp, t = _step_time(k, ctx, params, m.num_layers, m.hidden_size, kvb, tp, gpu.hbm_tbps,
+                                     gpu.bf16_tflops)
+        return t_mem, t_cmp, t + k * DECODE_OVERHEAD_S_PER_TOKEN
+
+    t_mem, t_cmp, t_step = step_time(c)
+    full, rest = divmod(seqs_engine, c)
+    decode_s = resp * (full * t_step + (step_time(rest)[2] if rest else 0.0))
+    prefill_s = seqs_engine * prompt * 2 * params / tp / (gpu.bf16_tflops * 1e12 * MATMUL_EFFICIENCY)
+    gen_s = decode_s + prefill_s
+    batch_tokens = b.sequences_per_step * resp
+
+    n_learners = len(plan.learners)
+    mfu = learner_mfu(m.hidden_size)
+    train_tokens = int(b.sequences_per_step * (prompt + resp))
+    mult = 8 if cfg.algo.kl_coef > 0 else 6
+    train_s = mult * params * train_tokens / (n_learners * gpu.bf16_tflops * 1e12 * mfu)
+
+    notes: list[str] = []
+    if plan.transport == Transport.nccl:
+        sync_s = weights / (SYNC_NCCL_GBPS * 1e9)
+        sync_src = f"bf16 weights / {SYNC_NCCL_GBPS:g} GB/s NCCL broadcast (measured, H200 NVLink)"
+        if plan.nodes > 1:
+            notes.append("engines on other nodes than learner rank 0 receive weights over the network; sync is "
+                         "likely slower than predicted.")
+    elif plan.transport == Transport.cuda_ipc:
+        sync_s = weights / (gpu.hbm_tbps * 1e12 * HBM_EFFICIENCY)
+        sync_src = "one on-GPU copy of the bf16 weights; sleep/wake of the engine not included"
+    else:
+        sync_s = 0.0
+        sync_src = "not modelled for this transport"
+    if plan.engine_kind != "vllm":
+        notes.append(f"decode overhead is calibrated on vLLM; engine={plan.engine_kind} is likely slower.")
+    if m.hidden_size < LEARNER_MFU_POINTS[0][0]:
+        notes.append("model is smaller than any measured learner shape; its learner time is a guess.")
+
+    # Steady state: P = engines' time per batch, C = learner's. Overlapped (async_steps > 0, separate GPUs):
+    # the step is the longer of the two; otherwise the two run one after the other, the sync once.
+    producer, consumer = gen_s + sync_s, train_s + sync_s
+    ctx_b: BalanceContext = context_from_plan(plan)
+    if ctx_b.async_steps > 0 and not ctx_b.colocated:
+        window = max(producer, consumer)
+        wait, idle = max(0.0, producer - consumer), max(0.0, consumer - producer)
+    else:
+        window = gen_s + train_s + sync_s
+        wait, idle = gen_s, train_s
+    sb = StepBalance(step=-1, window_s=window, learner_wait_s=wait, producer_s=producer, consumer_s=consumer,
+                     gen_s=gen_s, engine_idle_s=idle, sync_s=sync_s, tokens=batch_tokens, num_engines=n)
+    hbm_src = f"{gpu.hbm_tbps:g} TB/s spec x {HBM_EFFICIENCY} measured copy efficiency"
+    sources = {
+        "weights_gib_per_gpu": f"{_count(params)} params x 2 bytes / TP {tp}",
+        "kv_capacity_tokens": f"({gpu.memory_gb:g} GB x gpu_memory_utilization {e.gpu_memory_utilization} - "
+                              f"{ENGINE_HEADROOM_GIB:g} GiB headroom) x TP - weights, / {kvb} KV bytes a token",
+        "max_concurrency": f"min(engine.max_num_seqs={e.max_num_seqs}, KV tokens / {b.max_seq_len}-token sequences)",
+        "decode_step_s": f"roofline ({hbm_src}; {gpu.bf16_tflops:g} TFLOP/s x {MATMUL_EFFICIENCY} measured matmul) "
+                         f"+ {DECODE_OVERHEAD_S_PER_TOKEN * 1e6:.0f} us a token (calibrated: vLLM 0.5B on H100, "
+                         f"{CALIBRATION_TOKENS_PER_S / 1e3:.1f}k tok/s)",
+        "gen_s": f"{math.ceil(seqs_engine / c)} wave(s) of <= {c} sequences x {resp:g} tokens, + prefill",
+        "train_s": f"{mult} x params x {train_tokens} tokens / ({n_learners} GPU x "
+                   f"{gpu.bf16_tflops:g} TFLOP/s x MFU {mfu:.2f}, measured bf16 AdamW steps on H100)",
+        "sync_s": sync_src,
+    }
+    return Prediction(
+        available=True,
+        num_engines=n,
+        tensor_parallel_size=tp,
+        prompt_tokens=prompt,
+        response_tokens=resp,
+        weights_gib_per_gpu=weights / tp / GIB,
+        kv_capacity_tokens=kv_tokens,
+        max_concurrency=max_conc,
+        concurrency=c,
+        decode_step_s=t_step,
+        decode_bound="memory" if t_mem >= t_cmp else "compute",
+        roofline_tokens_per_s=c / max(t_mem, t_cmp),
+        engine_tokens_per_s=c / t_step,
+        gen_s=gen_s,
+        gen_tokens_per_s=batch_tokens / gen_s if gen_s > 0 else 0.0,
+        learner_gpus=n_learners,
+        learner_mfu=mfu,
+        train_tokens=train_tokens,
+        train_s=train_s,
+        sync_s=sync_s,
+        step_s=window,
+        required_tokens_per_s=batch_tokens / consumer if consumer > 0 else 0.0,
+        verdict=assess(sb, ctx_b),
+        notes=tuple(notes),
+        sources=sources,
+    )
+
+
+def print_prediction(pred: Prediction, console=None) -> None:
+    """The prediction as a rich table, one row per number with where it comes from."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = console or Console(soft_wrap=True)
+    if not pred.available:
+        console.print(f"[bold]predicted balance:[/] {escape(pred.reason)}", highlight=False)
+        return
+    s = pred.sources
+    t = Table(title="predicted balance (roofline, per step)", title_justify="left")
+    for col in ("quantity", "value", "from"):
+        t.add_column(col)
+    rows = [
+        ("weights per GPU", f"{pred.weights_gib_per_gpu:.2f} GiB", s["weights_gib_per_gpu"]),
+        ("KV capacity per engine", f"{pred.kv_capacity_tokens:,} tokens", s["kv_capacity_tokens"]),
+        ("max concurrency per engine", f"{pred.max_concurrency} sequences", s["max_concurrency"]),
+        ("decode step", f"{pred.decode_step_s * 1e3:.2f} ms at {pred.concurrency} sequences "
+                        f"({pred.decode_bound}-bound roofline)", s["decode_step_s"]),
+        ("decode per engine", f"{pred.engine_tokens_per_s:,.0f} tok/s (roofline {pred.roofline_tokens_per_s:,.0f})",
+         "concurrency / decode step"),
+        ("generation", f"{pred.gen_s:.2f} s, {pred.gen_tokens_per_s:,.0f} tok/s over {pred.num_engines} engine(s)",
+         s["gen_s"]),
+        ("training", f"{pred.train_s:.2f} s, needs {pred.required_tokens_per_s:,.0f} tok/s", s["train_s"]),
+        ("weight sync", f"{pred.sync_s:.3f} s", s["sync_s"]),
+        ("step", f"{pred.step_s:.2f} s", "overlapped if async_steps > 0 on separate GPUs, else summed"),
+    ]
+    for row in rows:
+        t.add_row(*(escape(x) for x in row))
+    console.print(t)
+    console.print(f"assumes {pred.prompt_tokens:g}-token prompts and {pred.response_tokens:g}-token responses",
+                  highlight=False)
+    if pred.verdict is not None:
+        console.print(f"[bold]predicted:[/] {escape(pred.verdict.advice)}", highlight=False)
+    for note in pred.notes:
+        console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)

@@ -1,0 +1,99 @@
+"""Prompts -> GenRequests per engine; Completions + rewards -> a padded RolloutBatch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlgen.algo.grpo import group_advantages
+from rlgen.config import RunConfig
+from rlgen.tasks.base import Prompt, Task
+from rlgen.types import Completion, GenRequest, RolloutBatch, SamplingParams
+
+
+class PromptTooLongError(ValueError):
+    pass
+
+
+@dataclass
+class StepPrompts:
+    step: int
+    prompts: list[Prompt]
+    prompt_ids: list[list[int]]
+
+
+def encode_prompts(step: int, task: Task, tokenizer, cfg: RunConfig) -> StepPrompts:
+    prompts = task.prompts(step, cfg.algo.prompts_per_step)
+    ids = [tokenizer.encode(p.text, add_special_tokens=False) for p in prompts]
+    for p, row in zip(prompts, ids):
+        if len(row) > cfg.task.max_prompt_tokens:
+            raise PromptTooLongError(
+                f"prompt {p.text[:60]!r} has {len(row)} tokens, more than task.max_prompt_tokens="
+                f"{cfg.task.max_prompt_tokens}; raise task.max_prompt_tokens (and engine.max_model_len) or shorten it."
+            )
+        if not row:
+            raise PromptTooLongError(f"prompt {p.text!r} encodes to no tokens; every prompt needs at least one.")
+    return StepPrompts(step, prompts, ids)
+
+
+def sampling_params(cfg: RunConfig, eos_ids: list[int], seed: int) -> SamplingParams:
+    a = cfg.algo
+    return SamplingParams(
+        n=a.samples_per_prompt,
+        temperature=a.temperature,
+        top_p=a.top_p,
+        max_new_tokens=a.max_new_tokens,
+        stop_token_ids=tuple(eos_ids),
+        seed=seed,
+    )
+
+
+def split_requests(sp: StepPrompts, sampling: SamplingParams, num_engines: int) -> list[list[GenRequest]]:
+    """Round-robin whole groups over engines; group_id is the prompt's index in the step."""
+    shards: list[list[GenRequest]] = [[] for _ in range(num_engines)]
+    for i, ids in enumerate(sp.prompt_ids):
+        shards[i % num_engines].append(GenRequest(tuple(ids), sampling, i))
+    return shards
+
+
+def score(completions: list[Completion], sp: StepPrompts, task: Task, tokenizer) -> list[float]:
+    texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+    return [float(task.reward(t, sp.prompts[c.group_id])) for c, t in zip(completions, texts)]
+
+
+def build_batch(
+    completions: list[Completion], rewards: list[float], pad_id: int, std_normalize: bool = True
+) -> RolloutBatch:
+    """Completions (any order) -> RolloutBatch sorted by group. Prompts left-padded, responses right-padded."""
+    order = sorted(range(len(completions)), key=lambda i: completions[i].group_id)
+    comps = [completions[i] for i in order]
+    rw = torch.tensor([rewards[i] for i in order], dtype=torch.float32)  # [N]
+    n = len(comps)
+    p_len = max(len(c.prompt_ids) for c in comps)
+    r_len = max(max(len(c.token_ids) for c in comps), 1)
+    input_ids = torch.full((n, p_len + r_len), pad_id, dtype=torch.long)  # [N, P+L]
+    attention = torch.zeros((n, p_len + r_len), dtype=torch.long)  # [N, P+L]
+    response_mask = torch.zeros((n, r_len), dtype=torch.float32)  # [N, L]
+    engine_logprobs = torch.zeros((n, r_len), dtype=torch.float32)  # [N, L]
+    for row, c in enumerate(comps):
+        p, t = len(c.prompt_ids), len(c.token_ids)
+        input_ids[row, p_len - p : p_len] = torch.tensor(c.prompt_ids, dtype=torch.long)
+        attention[row, p_len - p : p_len] = 1
+        if t:
+            input_ids[row, p_len : p_len + t] = torch.tensor(c.token_ids, dtype=torch.long)
+            attention[row, p_len : p_len + t] = 1
+            response_mask[row, :t] = 1.0
+            engine_logprobs[row, :t] = torch.tensor(c.logprobs, dtype=torch.float32)
+    group_ids = torch.tensor([c.group_id for c in comps], dtype=torch.long)  # [N]
+    return RolloutBatch(
+        input_ids=input_ids,
+        attention_mask=attention,
+        response_mask=response_mask,
+        engine_logprobs=engine_logprobs,
+        rewards=rw,
+        advantages=group_advantages(rw, group_ids, std_normalize),
+        group_ids=group_ids,
+        version=min(c.version for c in comps),
+        prompt_len=p_len,
+    )

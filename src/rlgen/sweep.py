@@ -1,0 +1,189 @@
+"""One comparison table at the end of a Hydra multirun: sweep_summary.md and sweep_summary.json.
+
+``SweepSummary`` is a Hydra callback. It remembers each job's output directory as the job ends; at the end of
+the multirun it reads every job's ``metrics.jsonl`` (and ``summary.json``, ``plan.json``,
+``.hydra/overrides.yaml`` where present), ranks the runs by end-to-end throughput (response tokens per
+second of wall clock), and writes both files into the sweep directory. ``write_sweep_summary`` does the same
+for any sweep directory after the fact.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+
+from rlgen.report import balance_summary, load_run
+
+
+def _overrides(job_dir: Path) -> list[str]:
+    path = job_dir / ".hydra" / "overrides.yaml"
+    if not path.is_file():
+        return []
+    import yaml
+
+    got = yaml.safe_load(path.read_text()) or []
+    return [str(x) for x in got]
+
+
+def collect_run(job_dir: str | Path) -> dict[str, Any]:
+    """One job's row: its overrides, status, throughput and balance verdict."""
+    job_dir = Path(job_dir)
+    row: dict[str, Any] = {"job_dir": str(job_dir), "overrides": _overrides(job_dir)}
+    if not (job_dir / "metrics.jsonl").is_file():
+        row["status"] = "no metrics"
+        return row
+    records, ctx = load_run(job_dir)
+    finished = (job_dir / "summary.json").is_file()
+    row["status"] = "ok" if finished else "stopped"
+    row["num_engines"] = ctx.num_engines
+    row["async_steps"] = ctx.async_steps
+    row.update(balance_summary(records, ctx))
+    if finished:
+        summary = json.loads((job_dir / "summary.json").read_text())
+        for key in ("reward_last_20pct", "reward_gain", "wall_s", "tokens_per_s"):
+            if key in summary:
+                row["summary_" + key] = summary[key]
+    return row
+
+
+def _job_dirs(sweep_dir: Path) -> list[Path]:
+    """Job directories under a sweep: those holding metrics.jsonl or Hydra's .hydra folder."""
+    found = {p.parent for p in sweep_dir.rglob("metrics.jsonl")}
+    found |= {p.parent for p in sweep_dir.rglob(".hydra") if p.parent != sweep_dir}
+    return sorted(found)
+
+
+def rank(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Runs with throughput first, fastest first; then the rest in their given order."""
+    rows = list(rows)
+    ok = [r for r in rows if r.get("tokens_per_s_end_to_end", 0) > 0]
+    rest = [r for r in rows if r not in ok]
+    ok.sort(key=lambda r: -r["tokens_per_s_end_to_end"])
+    for i, r in enumerate(ok, 1):
+        r["rank"] = i
+    return ok + rest
+
+
+def _cell(x: Any, fmt: str = "") -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    if isinstance(x, float):
+        return format(x, fmt or ".3g")
+    return str(x).replace("|", "\\|")
+
+
+def _common_overrides(rows: list[dict[str, Any]]) -> list[str]:
+    sets = [r.get("overrides") or [] for r in rows]
+    return [o for o in sets[0] if all(o in s for s in sets[1:])] if len(sets) > 1 else []
+
+
+def _label(row: dict[str, Any], common: list[str]) -> str:
+    own = [o for o in row.get("overrides") or [] if o not in common]
+    return " ".join(own) or "(defaults)"
+
+
+def to_markdown(rows: list[dict[str, Any]], sweep_dir: Path) -> str:
+    common = _common_overrides(rows)
+    lines = [
+        f"# Sweep summary: {sweep_dir}",
+        "",
+        f"Every run: `{' '.join(common)}`." if common else "",
+        "Ranked by end-to-end throughput (response tokens per second of step wall clock, first step left out).",
+        "Verdicts are medians over the steps: generate/train is the time to generate a batch over the time to "
+        "train on it.",
+        "",
+        "| rank | overrides | tok/s end to end | generation tok/s | learner needs tok/s | step s | learner wait "
+        "| engines idle | generate/train | verdict | reward (last 20%) | status |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|",
+    ]
+    for r in rows:
+        lines.append("| " + " | ".join([
+            _cell(r.get("rank")),
+            _cell(_label(r, common)),
+            _cell(r.get("tokens_per_s_end_to_end"), ",.0f"),
+            _cell(r.get("gen_tokens_per_s"), ",.0f"),
+            _cell(r.get("required_tokens_per_s"), ",.0f"),
+            _cell(r.get("step_s")),
+            _cell(r.get("learner_wait_frac"), ".0%"),
+            _cell(r.get("engine_idle_frac"), ".0%"),
+            _cell(r.get("ratio"), ".2f"),
+            _cell(str(r.get("kind", "-")).replace("_", "-")),
+            _cell(r.get("summary_reward_last_20pct"), ".3f"),
+            _cell(r.get("status")),
+        ]) + " |")
+    lines += ["", "## Advice", ""]
+    for r in rows:
+        if r.get("advice"):
+            lines.append(f"- `{_label(r, common)}`: {r['advice']}")
+    return "\n".join(lines) + "\n"
+
+
+def write_sweep_summary(sweep_dir: str | Path, job_dirs: Iterable[str | Path] | None = None) -> tuple[Path, Path]:
+    """Write sweep_summary.md and sweep_summary.json into sweep_dir; returns their paths."""
+    sweep_dir = Path(sweep_dir)
+    dirs = sorted({Path(d) for d in job_dirs}) if job_dirs else _job_dirs(sweep_dir)
+    rows = rank(collect_run(d) for d in dirs)
+    md = sweep_dir / "sweep_summary.md"
+    js = sweep_dir / "sweep_summary.json"
+    md.write_text(to_markdown(rows, sweep_dir))
+    clean = [{k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()} for r in rows]
+    js.write_text(json.dumps({"sweep_dir": str(sweep_dir), "runs": clean}, indent=2) + "\n")
+    return md, js
+
+
+def print_sweep(rows: list[dict[str, Any]], console=None) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = console or Console(soft_wrap=True)
+    t = Table(title="sweep, fastest first", title_justify="left")
+    for col in ("rank", "overrides", "tok/s", "verdict", "learner wait", "engines idle"):
+        t.add_column(col, overflow="fold")
+    common = _common_overrides(rows)
+    for r in rows:
+        t.add_row(_cell(r.get("rank")), escape(_label(r, common)),
+                  _cell(r.get("tokens_per_s_end_to_end"), ",.0f"), _cell(r.get("kind")),
+                  _cell(r.get("learner_wait_frac"), ".0%"), _cell(r.get("engine_idle_frac"), ".0%"))
+    console.print(t)
+
+
+class SweepSummary(Callback):
+    """Hydra callback: ``hydra.callbacks.sweep_summary._target_: rlgen.sweep.SweepSummary``."""
+
+    def __init__(self, print_table: bool = True) -> None:
+        self.print_table = print_table
+        self.job_dirs: list[Path] = []
+
+    def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
+        hydra_cfg = getattr(job_return, "hydra_cfg", None)
+        try:
+            self.job_dirs.append(Path(hydra_cfg.hydra.runtime.output_dir))
+        except AttributeError:
+            pass
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
+        dirs = [d.resolve() for d in self.job_dirs if d.is_dir()]
+        if dirs and not all(sweep_dir in d.parents for d in dirs):
+            sweep_dir = _common_parent(dirs)
+        if not sweep_dir.is_dir():
+            return
+        md, js = write_sweep_summary(sweep_dir, dirs or None)
+        if self.print_table:
+            from rich.console import Console
+
+            console = Console(soft_wrap=True)
+            print_sweep(json.loads(js.read_text())["runs"], console)
+            console.print(f"sweep summary: {md}", highlight=False)
+
+
+def _common_parent(dirs: list[Path]) -> Path:
+    import os
+
+    return Path(os.path.commonpath([str(d) for d in dirs])) if len(dirs) > 1 else dirs[0].parent

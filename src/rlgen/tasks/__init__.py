@@ -1,0 +1,28 @@
+"""Tasks: where prompts, demonstrations and rewards come from. Pure Python (no torch)."""
+
+from __future__ import annotations
+
+from rlgen.config import TaskConfig, TaskKind
+from rlgen.tasks.arith import ArithTask
+from rlgen.tasks.base import Prompt, Task, TaskDataError
+from rlgen.tasks.jsonl import JsonlTask
+from rlgen.tasks.reverse import ReverseTask
+
+_TASKS: dict[TaskKind, type] = {
+    TaskKind.arith: ArithTask,
+    TaskKind.reverse: ReverseTask,
+    TaskKind.jsonl: JsonlTask,
+}
+
+
+def build_task(cfg: TaskConfig) -> Task:
+    try:
+        kind = TaskKind(cfg.kind)
+    except ValueError as err:
+        raise TaskDataError(
+            f"task.kind={cfg.kind!r} is not a task; use one of {', '.join(k.value for k in TaskKind)}."
+        ) from err
+    return _TASKS[kind](cfg)
+
+
+__all__ = ["ArithTask", "JsonlTask", "Prompt", "ReverseTask", "Task", "TaskDataError", "build_task"]

@@ -1,0 +1,40 @@
+"""Two-operand addition: "a+b=" -> str(a + b)."""
+
+from __future__ import annotations
+
+from rlgen.config import TaskConfig
+from rlgen.tasks.base import Prompt, TaskDataError, clamp_reward, step_rng
+from rlgen.tasks.rewards import resolve_reward
+
+
+class ArithTask:
+    name = "arith"
+
+    def __init__(self, cfg: TaskConfig):
+        if cfg.max_operand < 1:
+            raise TaskDataError(f"task.max_operand={cfg.max_operand}; it must be at least 1.")
+        longest = len(f"{cfg.max_operand - 1}+{cfg.max_operand - 1}=")
+        if longest > cfg.max_prompt_tokens:
+            raise TaskDataError(
+                f"task.max_operand={cfg.max_operand} gives prompts of {longest} characters, more than "
+                f"task.max_prompt_tokens={cfg.max_prompt_tokens}; raise max_prompt_tokens or lower max_operand."
+            )
+        self.max_operand = cfg.max_operand
+        self.seed = cfg.seed
+        self._reward = resolve_reward(cfg.reward)
+
+    def _draw(self, rng, n: int) -> list[Prompt]:
+        out = []
+        for _ in range(n):
+            a, b = rng.randrange(self.max_operand), rng.randrange(self.max_operand)
+            out.append(Prompt(f"{a}+{b}=", str(a + b)))
+        return out
+
+    def prompts(self, step: int, n: int) -> list[Prompt]:
+        return self._draw(step_rng(self.seed, "prompts", step), n)
+
+    def demonstrations(self, n: int, seed: int) -> list[Prompt]:
+        return self._draw(step_rng(seed, "demos", 0), n)
+
+    def reward(self, completion: str, prompt: Prompt) -> float:
+        return clamp_reward(self._reward(completion, prompt.answer))

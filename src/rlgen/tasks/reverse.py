@@ -1,0 +1,46 @@
+"""Word reversal: "abcd>" -> "dcba"."""
+
+from __future__ import annotations
+
+from rlgen.config import TaskConfig
+from rlgen.tasks.base import Prompt, TaskDataError, clamp_reward, step_rng
+from rlgen.tasks.rewards import resolve_reward
+
+SEPARATOR = ">"
+
+
+class ReverseTask:
+    name = "reverse"
+
+    def __init__(self, cfg: TaskConfig):
+        if cfg.length < 1:
+            raise TaskDataError(f"task.length={cfg.length}; it must be at least 1.")
+        if not cfg.alphabet or SEPARATOR in cfg.alphabet:
+            raise TaskDataError(
+                f"task.alphabet={cfg.alphabet!r}; it must be a non-empty string of letters without {SEPARATOR!r}."
+            )
+        if cfg.length + len(SEPARATOR) > cfg.max_prompt_tokens:
+            raise TaskDataError(
+                f"task.length={cfg.length} gives prompts of {cfg.length + len(SEPARATOR)} characters, more than "
+                f"task.max_prompt_tokens={cfg.max_prompt_tokens}; raise max_prompt_tokens or lower length."
+            )
+        self.length = cfg.length
+        self.alphabet = cfg.alphabet
+        self.seed = cfg.seed
+        self._reward = resolve_reward(cfg.reward)
+
+    def _draw(self, rng, n: int) -> list[Prompt]:
+        out = []
+        for _ in range(n):
+            word = "".join(rng.choice(self.alphabet) for _ in range(self.length))
+            out.append(Prompt(word + SEPARATOR, word[::-1]))
+        return out
+
+    def prompts(self, step: int, n: int) -> list[Prompt]:
+        return self._draw(step_rng(self.seed, "prompts", step), n)
+
+    def demonstrations(self, n: int, seed: int) -> list[Prompt]:
+        return self._draw(step_rng(seed, "demos", 0), n)
+
+    def reward(self, completion: str, prompt: Prompt) -> float:
+        return clamp_reward(self._reward(completion, prompt.answer))

@@ -1,0 +1,127 @@
+"""Messages that cross actor boundaries. Plain dataclasses; torch only where a tensor is the payload."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 16
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams
+    group_id: int  # the prompt's index in the step; its n completions share it
+
+
+@dataclass
+class Completion:
+    group_id: int
+    prompt_ids: list[int]
+    token_ids: list[int]  # sampled tokens, stop token included when one was sampled
+    logprobs: list[float]  # engine logprob of each sampled token, len == len(token_ids)
+    finish_reason: str  # "stop" | "length"
+    version: int  # policy version of the engine that sampled it
+
+
+class Phase(StrEnum):
+    generate = "generate"
+    reward = "reward"
+    wait = "wait"  # the learner waiting for a rollout batch
+    train = "train"
+    sync = "sync"  # weights leaving the learner or entering an engine
+    idle = "idle"  # an engine waiting for weights
+
+
+@dataclass(frozen=True)
+class Span:
+    actor: str  # "engine0", "learner0", "driver"
+    phase: Phase
+    start: float  # wall clock, seconds since the epoch
+    end: float
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class StepTimeline:
+    step: int
+    spans: list[Span] = field(default_factory=list)
+
+    def add(self, actor: str, phase: Phase, start: float, end: float) -> None:
+        self.spans.append(Span(actor, Phase(phase), start, end))
+
+    def total(self, phase: Phase, actor_prefix: str = "") -> float:
+        return sum(s.seconds for s in self.spans if s.phase == phase and s.actor.startswith(actor_prefix))
+
+    @property
+    def start(self) -> float:
+        return min((s.start for s in self.spans), default=0.0)
+
+    @property
+    def end(self) -> float:
+        return max((s.end for s in self.spans), default=0.0)
+
+    def to_dict(self) -> dict:
+        return {
+            "step": self.step,
+            "spans": [
+                {"actor": s.actor, "phase": s.phase.value, "start": s.start, "end": s.end} for s in self.spans
+            ],
+        }
+
+
+@dataclass
+class RolloutBatch:
+    """One step's rollouts, padded. B = prompts, G = samples per prompt, P = prompt len, L = response len.
+
+    Prompts are left-padded and responses right-padded, so every response starts at column P.
+    """
+
+    input_ids: torch.Tensor  # [B*G, P+L] long
+    attention_mask: torch.Tensor  # [B*G, P+L] long; 1 on real prompt and response tokens
+    response_mask: torch.Tensor  # [B*G, L] float; 1 on sampled response tokens
+    engine_logprobs: torch.Tensor  # [B*G, L] float; 0 where response_mask is 0
+    rewards: torch.Tensor  # [B*G] float
+    advantages: torch.Tensor  # [B*G] float; group-normalised over the whole step before sharding
+    group_ids: torch.Tensor  # [B*G] long
+    version: int  # oldest policy version that sampled any row
+    prompt_len: int  # P
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_response_tokens(self) -> int:
+        return int(self.response_mask.sum().item())
+
+    def select(self, rows: torch.Tensor) -> RolloutBatch:
+        """The rows given (a learner rank's shard)."""
+        return RolloutBatch(
+            input_ids=self.input_ids[rows],
+            attention_mask=self.attention_mask[rows],
+            response_mask=self.response_mask[rows],
+            engine_logprobs=self.engine_logprobs[rows],
+            rewards=self.rewards[rows],
+            advantages=self.advantages[rows],
+            group_ids=self.group_ids[rows],
+            version=self.version,
+            prompt_len=self.prompt_len,
+        )

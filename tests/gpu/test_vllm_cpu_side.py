@@ -1,0 +1,161 @@
+"""The parts of the vllm engine and the bench that run without a GPU (these run in CI too)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from rlgen.config import BenchConfig, EngineConfig, EngineKind
+
+
+def test_importing_the_engine_and_bench_pulls_no_vllm_or_ray():
+    import subprocess
+
+    code = "import sys, rlgen.engines.vllm, rlgen.bench; print(sorted({'vllm', 'ray'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_engine_without_cuda_says_so(monkeypatch):
+    import torch
+
+    from rlgen.engines.vllm import EngineError, VLLMEngine
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(EngineError, match="CUDA GPU"):
+        VLLMEngine("/nonexistent", EngineConfig(kind=EngineKind.vllm), device="cuda")
+    with pytest.raises(EngineError, match="engine=hf"):
+        VLLMEngine("/nonexistent", EngineConfig(kind=EngineKind.vllm), device="cpu")
+
+
+def test_engine_args_follow_the_config():
+    from rlgen.engines.vllm import TUNED_DEFAULTS, build_engine_args
+
+    e = EngineConfig(
+        kind=EngineKind.vllm,
+        tensor_parallel_size=2,
+        gpu_memory_utilization=0.8,
+        enable_prefix_caching=False,
+        max_model_len=3000,
+        max_num_seqs=77,
+        enforce_eager=True,
+        dtype="float16",
+        enable_sleep_mode=True,
+    )
+    args = build_engine_args("/m", e, seed=5)
+    assert args["model"] == "/m" and args["skip_tokenizer_init"] is True and args["seed"] == 5
+    assert (args["tensor_parallel_size"], args["gpu_memory_utilization"], args["enable_prefix_caching"]) == (
+        2,
+        0.8,
+        False,
+    )
+    assert (args["max_model_len"], args["max_num_seqs"], args["enforce_eager"], args["dtype"]) == (
+        3000,
+        77,
+        True,
+        "float16",
+    )
+    assert args["enable_sleep_mode"] is True
+    for k, v in TUNED_DEFAULTS.items():
+        assert args[k] == v
+    assert (
+        build_engine_args("/m", e, overrides={"max_num_seqs": 9, "stream_interval": 4})["max_num_seqs"] == 9
+    )
+
+
+def test_seed_mixing_separates_prompts():
+    from rlgen.engines.vllm import mix_seed
+
+    assert mix_seed(None, 3) is None
+    assert mix_seed(7, 0) != mix_seed(7, 1)
+    assert mix_seed(7, 1) == mix_seed(7, 1)
+    assert 0 <= mix_seed(2**40, 10**9) < 2**31
+
+
+def test_weight_chunks_keep_order_and_size():
+    import torch
+
+    from rlgen.engines.vllm import chunk_weights
+
+    items = [(f"w{i}", torch.zeros(256, dtype=torch.float32)) for i in range(10)]  # 1 KiB each
+    chunks = list(chunk_weights(items, chunk_bytes=3 * 1024))
+    assert [len(c) for c in chunks] == [3, 3, 3, 1]
+    assert [n for c in chunks for n, _ in c] == [n for n, _ in items]
+    big = [("big", torch.zeros(4096)), ("small", torch.zeros(1))]
+    assert [len(c) for c in chunk_weights(big, chunk_bytes=1024)] == [1, 1]
+
+
+def test_workload_is_seeded_and_shaped():
+    from rlgen.bench import make_workload, workload_summary
+
+    b = BenchConfig(
+        num_prompts=64,
+        samples_per_prompt=4,
+        prompt_len=16,
+        response_len_median=100,
+        response_len_sigma=1.0,
+        response_len_min=10,
+        response_len_max=400,
+        seed=3,
+    )
+    a, again = make_workload(b, 1000), make_workload(b, 1000)
+    assert a == again
+    assert len(a) == 64 and all(len(r.prompt_ids) == 16 and r.sampling.n == 4 for r in a)
+    assert all(3 <= t < 1000 for r in a for t in r.prompt_ids)
+    lens = [r.sampling.max_new_tokens for r in a]
+    assert min(lens) >= 10 and max(lens) <= 400 and len(set(lens)) > 20
+    assert all(r.sampling.ignore_eos for r in a)
+    s = workload_summary(a)
+    assert s["sequences"] == 256 and s["response_tokens"] == 4 * sum(lens)
+    other = make_workload(BenchConfig(**{**b.__dict__, "seed": 4}), 1000)
+    assert [r.sampling.max_new_tokens for r in other] != lens
+
+
+def test_hf_batches_fit_memory_and_keep_order():
+    from rlgen.bench import HF_LOGIT_BYTES, HF_MEMORY_FRACTION, hf_chunks, make_workload
+
+    b = BenchConfig(num_prompts=40, samples_per_prompt=8, response_len_max=2048, seed=0)
+    reqs = make_workload(b, 151936)
+    gpu = 80 * 2**30
+    chunks = hf_chunks(reqs, max_rows=64, vocab=151936, gpu_bytes=gpu)
+    assert [r for c in chunks for r in c] == reqs
+    for c in chunks:
+        rows = sum(r.sampling.n for r in c)
+        longest = max(r.sampling.max_new_tokens for r in c)
+        assert rows <= 64
+        assert len(c) == 1 or HF_LOGIT_BYTES * rows * longest * 151936 <= HF_MEMORY_FRACTION * gpu
+
+
+def test_check_completions_flags_wrong_lengths():
+    from rlgen.bench import check_completions, make_workload
+    from rlgen.types import Completion
+
+    reqs = make_workload(
+        BenchConfig(
+            num_prompts=2, samples_per_prompt=2, prompt_len=4, response_len_min=3, response_len_max=5
+        ),
+        50,
+    )
+    good = [
+        Completion(
+            r.group_id,
+            list(r.prompt_ids),
+            [5] * r.sampling.max_new_tokens,
+            [-1.0] * r.sampling.max_new_tokens,
+            "length",
+            0,
+        )
+        for r in reqs
+        for _ in range(2)
+    ]
+    assert check_completions(reqs, good) == {
+        "tokens": sum(len(c.token_ids) for c in good),
+        "completions": 4,
+        "n_ok": True,
+        "lengths_ok": True,
+        "logprobs_ok": True,
+    }
+    bad = good[:-1] + [Completion(0, [], [5], [0.5], "length", 0)]
+    chk = check_completions(reqs, bad)
+    assert not chk["lengths_ok"] and not chk["logprobs_ok"]

@@ -1,0 +1,313 @@
+"""Configs that cannot run: each fails before anything launches, with a message that says what to change."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlgen.compose import ConfigError, compose_run_config
+from rlgen.plan import PlanError, build_plan
+
+# (id, overrides, fragments every one of which some problem must contain, how many problems in all)
+# "{tmp}" in an override is replaced by the test's tmp_path.
+PLAN_ERRORS = [
+    (
+        "vllm-on-cpu",
+        ["engine=vllm", "hardware=cpu"],
+        ["engine=vllm needs CUDA GPUs, but hardware=cpu has none", "use engine=hf on CPU"],
+        1,
+    ),
+    (
+        "tp4-on-2xh200",
+        ["engine=vllm_tp4", "hardware=2xh200"],
+        ["tensor_parallel_size=4 is larger than a node (2 GPUs)", "use tensor_parallel_size <= 2"],
+        1,
+    ),
+    (
+        "tp-not-dividing-engine-gpus",
+        [
+            "hardware=8xh100",
+            "hardware.engine_gpus=3",
+            "hardware.learner_gpus=5",
+            "engine=vllm_tp2",
+            "algo.prompts_per_step=5",
+        ],
+        ["engine.tensor_parallel_size=2 does not divide the 3 engine GPUs of hardware=8xh100"],
+        1,
+    ),
+    (
+        "gpus-do-not-add-up",
+        ["engine=vllm", "hardware=8xh100", "hardware.learner_gpus=2"],
+        ["GPUs do not add up", "= 6, but hardware=8xh100 has 8", "make them add up to 8"],
+        1,
+    ),
+    (
+        "too-many-engines",
+        ["engine=vllm", "hardware=8xh100", "engine.num_engines=5"],
+        [
+            "engine.num_engines=5 with tensor_parallel_size=1 needs 5 GPUs, but only 4",
+            "set engine.num_engines<=4",
+        ],
+        1,
+    ),
+    (
+        "too-many-tp2-engines",
+        ["engine=vllm_tp2", "hardware=8xh100", "engine.num_engines=3"],
+        ["needs 6 GPUs, but only 4", "set engine.num_engines<=2"],
+        1,
+    ),
+    ("zero-engines", ["engine.num_engines=0"], ["engine.num_engines=0 must be at least 1, or null"], 1),
+    (
+        "batch-not-dividing-learner-ranks",
+        ["engine=vllm", "hardware=8xh100", "algo.prompts_per_step=3", "algo.samples_per_prompt=6"],
+        ["the batch of 18 sequences", "does not split over 4 learner ranks", "multiple of 4"],
+        1,
+    ),
+    (
+        "micro-batch-not-dividing",
+        ["algo.micro_batch_size=3", "algo.prompts_per_step=16"],
+        ["algo.micro_batch_size=3 does not divide the 128 sequences"],
+        1,
+    ),
+    (
+        "max-model-len-too-small",
+        ["engine.max_model_len=10"],
+        ["engine.max_model_len=10 cannot hold", "= 12", "set engine.max_model_len>=12"],
+        1,
+    ),
+    (
+        "sequence-beyond-position-embeddings",
+        ["algo.max_new_tokens=200", "engine.max_model_len=4096"],
+        ["max_position_embeddings=128 < 208"],
+        1,
+    ),
+    (
+        "model-too-big-for-gpu",
+        ["engine=vllm", "hardware=1xh100", "model=qwen2_5_7b", "engine.gpu_memory_utilization=0.1"],
+        ["model qwen2_5_7b (7.62B params", "does not fit in 7.5 GiB", "raise engine.tensor_parallel_size"],
+        1,
+    ),
+    (
+        "gpu-memory-utilization-zero",
+        ["engine.gpu_memory_utilization=0"],
+        ["engine.gpu_memory_utilization=0.0 must be in (0, 1]"],
+        1,
+    ),
+    (
+        "colocated-without-sleep-mode",
+        ["engine=vllm", "hardware=1xh100", "engine.enable_sleep_mode=false"],
+        ["needs vLLM sleep mode", "set engine.enable_sleep_mode=true"],
+        1,
+    ),
+    (
+        "colocate-on-cpu",
+        ["engine.colocate=true"],
+        ["engine.colocate=true shares learner GPUs, but hardware=cpu has none"],
+        1,
+    ),
+    (
+        "samples-per-prompt-1",
+        ["algo.samples_per_prompt=1"],
+        ["algo.samples_per_prompt=1", "needs at least 2"],
+        1,
+    ),
+    ("top-p-zero", ["algo.top_p=0"], ["algo.top_p=0.0 must be in (0, 1]"], 1),
+    ("negative-async-steps", ["algo.async_steps=-1"], ["algo.async_steps=-1 must be >= 0"], 1),
+    ("tis-cap-below-1", ["algo.tis_cap=0.5"], ["algo.tis_cap=0.5 must be 0 (off) or >= 1"], 1),
+    ("zero-steps", ["steps=0"], ["steps=0 must be at least 1"], 1),
+    ("jsonl-without-path", ["task=jsonl"], ["task=jsonl needs a file: set task.path="], 1),
+    (
+        "jsonl-missing-file",
+        ["task=jsonl", "task.path={tmp}/missing.jsonl"],
+        ["missing.jsonl does not exist"],
+        1,
+    ),
+    (
+        "unknown-reward",
+        ["task.reward=exact_matc"],
+        ["task.reward='exact_matc' is not a known reward", "exact_match"],
+        1,
+    ),
+    (
+        "unloadable-reward",
+        ["task.reward=no_such_module_for_rlgen:score"],
+        ["cannot be loaded", "no_such_module_for_rlgen"],
+        1,
+    ),
+    (
+        "hf-with-tp2-on-gpus",
+        ["hardware=8xh100", "engine.tensor_parallel_size=2"],
+        ["engine=hf does not shard across GPUs", "engine=vllm_tp2"],
+        1,
+    ),
+    ("tp-on-cpu", ["engine.tensor_parallel_size=2"], ["needs GPUs; on hardware=cpu set it to 1"], 1),
+    (
+        "heads-not-divisible-by-tp",
+        ["engine=vllm_tp4", "hardware=8xh100", "model=qwen2_5_0_5b"],
+        ["14 attention heads", "tensor_parallel_size=4"],
+        1,
+    ),
+    (
+        "no-learner-gpus",
+        ["engine=vllm", "hardware=8xh100", "hardware.engine_gpus=8", "hardware.learner_gpus=0"],
+        ["hardware.learner_gpus=0: learners need at least one GPU"],
+        1,
+    ),
+    (
+        "tp-group-would-span-nodes",
+        [
+            "engine=vllm_tp4",
+            "hardware=2x8xh100",
+            "hardware.gpus_per_node=6",
+            "hardware.engine_gpus=8",
+            "hardware.learner_gpus=4",
+        ],
+        ["node 0 would hold 6 engine GPUs", "not a whole number of TP-4 groups"],
+        1,
+    ),
+]
+
+CONFIG_ERRORS = [
+    (
+        "unknown-key",
+        ["engine.max_modl_len=5"],
+        ["engine.max_modl_len is not a setting of engine", "max_model_len"],
+    ),
+    (
+        "unknown-nested-key",
+        ["hardware.gpu.memory=80"],
+        ["hardware.gpu.memory is not a setting of hardware.gpu", "memory_gb"],
+    ),
+    ("unknown-group-option", ["engine=vllm_tp3"], ["engine=vllm_tp3 is not in conf/engine/", "vllm_tp2"]),
+    ("unknown-hardware", ["hardware=16xh100"], ["hardware=16xh100 is not in conf/hardware/", "2x8xh100"]),
+    ("wrong-value-type", ["algo.lr=fast"], ["algo.lr=fast", "could not be converted to Float"]),
+    ("float-for-int", ["algo.prompts_per_step=1.5"], ["algo.prompts_per_step=1.5", "Integer"]),
+    ("bad-bool", ["engine.enable_sleep_mode=maybe"], ["engine.enable_sleep_mode=maybe", "not a valid bool"]),
+    ("bad-engine-kind", ["engine.kind=sglang"], ["engine.kind=sglang", "expected one of [hf, vllm]"]),
+    ("bad-loss-agg", ["algo.loss_agg=mean"], ["algo.loss_agg=mean", "seq_mean_token_mean"]),
+    ("null-for-required", ["engine.kind=null"], ["engine.kind", "not Optional"]),
+]
+
+
+def _fill(overrides: list[str], tmp_path: Path) -> list[str]:
+    return [o.replace("{tmp}", str(tmp_path)) for o in overrides]
+
+
+def test_corpus_is_large_and_distinct():
+    assert len(PLAN_ERRORS) + len(CONFIG_ERRORS) >= 15
+    ids = [c[0] for c in PLAN_ERRORS + CONFIG_ERRORS]
+    assert len(set(ids)) == len(ids)
+    overrides = [tuple(c[1]) for c in PLAN_ERRORS + CONFIG_ERRORS]
+    assert len(set(overrides)) == len(overrides)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragments", "count"), [c[1:] for c in PLAN_ERRORS], ids=[c[0] for c in PLAN_ERRORS]
+)
+def test_plan_error(overrides, fragments, count, tmp_path):
+    cfg = compose_run_config(_fill(overrides, tmp_path))  # composes fine: the problem spans fields
+    with pytest.raises(PlanError) as info:
+        build_plan(cfg)
+    problems = info.value.problems
+    for fragment in fragments:
+        assert any(fragment in p for p in problems), f"no problem mentions {fragment!r}: {problems}"
+    assert len(problems) == count, problems
+    for p in problems:
+        assert "\n" not in p and p.endswith("."), f"each problem is one sentence: {p!r}"
+    assert str(info.value) == "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragments"), [c[1:] for c in CONFIG_ERRORS], ids=[c[0] for c in CONFIG_ERRORS]
+)
+def test_config_error(overrides, fragments):
+    with pytest.raises(ConfigError) as info:
+        compose_run_config(overrides)
+    msg = str(info.value)
+    for fragment in fragments:
+        assert fragment in msg, f"{fragment!r} not in {msg!r}"
+    assert "\n" not in msg, "a config error is one line"
+    assert isinstance(info.value, ValueError)
+    assert info.value.__cause__ is not None  # the Hydra/OmegaConf error stays attached for debugging
+
+
+def test_several_problems_are_all_reported():
+    cfg = compose_run_config(
+        [
+            "algo.samples_per_prompt=1",
+            "algo.top_p=0",
+            "algo.async_steps=-1",
+            "algo.tis_cap=0.5",
+            "engine.max_model_len=10",
+            "task.reward=nope",
+        ]
+    )
+    with pytest.raises(PlanError) as info:
+        build_plan(cfg)
+    problems = info.value.problems
+    expected = [
+        "algo.samples_per_prompt=1",
+        "algo.top_p=0.0",
+        "algo.async_steps=-1",
+        "algo.tis_cap=0.5",
+        "engine.max_model_len=10",
+        "task.reward='nope'",
+    ]
+    assert len(problems) == len(expected), problems
+    for fragment in expected:
+        assert sum(fragment in p for p in problems) == 1, f"{fragment!r} should appear in exactly one problem"
+
+
+def test_placement_and_scalar_problems_are_reported_together():
+    cfg = compose_run_config(
+        [
+            "engine=vllm_tp2",
+            "hardware=8xh100",
+            "hardware.engine_gpus=3",
+            "hardware.learner_gpus=5",
+            "algo.top_p=2",
+        ]
+    )
+    with pytest.raises(PlanError) as info:
+        build_plan(cfg)
+    joined = "\n".join(info.value.problems)
+    assert "does not divide the 3 engine GPUs" in joined
+    assert "does not split over 5 learner ranks" in joined  # learners are still placed and checked
+    assert "algo.top_p=2.0 must be in (0, 1]" in joined
+    assert len(info.value.problems) == 3
+
+
+def test_memory_check_passes_with_tensor_parallelism():
+    # The 7B model that does not fit one GPU at 0.1 utilisation fits once sharded over 4 GPUs at 0.5.
+    cfg = compose_run_config(
+        ["engine=vllm_tp4", "hardware=8xh100", "model=qwen2_5_7b", "engine.gpu_memory_utilization=0.5"]
+    )
+    plan = build_plan(cfg)
+    assert [e.gpus for e in plan.engines] == [(0, 1, 2, 3)]
+
+
+def test_tp_span_hint_suggests_a_multiple_of_tp():
+    import re
+
+    cfg = compose_run_config(
+        [
+            "engine=vllm_tp4",
+            "hardware=2x8xh100",
+            "hardware.gpus_per_node=6",
+            "hardware.engine_gpus=8",
+            "hardware.learner_gpus=4",
+        ]
+    )
+    with pytest.raises(PlanError) as info:
+        build_plan(cfg)
+    m = re.search(r"\(e\.g\. (\d+)\)", info.value.problems[0])
+    assert m is not None
+    suggested = int(m.group(1))
+    assert suggested > 0 and suggested % 4 == 0
+
+
+@pytest.mark.parametrize("override", ["hardware=8", "engine=null"])
+def test_non_string_group_value_is_a_config_error(override):
+    with pytest.raises(ConfigError, match=override.split("=")[0]):
+        compose_run_config([override])

@@ -1,0 +1,204 @@
+"""Balancer verdicts on synthetic timelines: generation-bound, training-bound, balanced, noisy flips."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlgen.balancer import (
+    BalanceContext,
+    BalanceTracker,
+    Kind,
+    StepBalance,
+    assess,
+    classify,
+    context_from_plan,
+    measure,
+    measure_record,
+    summarize,
+)
+from rlgen.types import Phase, StepTimeline
+
+
+def on_policy_record(step: int, gen: float, train: float, *, t0: float = 1000.0, engine_sync: float = 0.01,
+                     reward: float = 0.01, learner_sync: float = 0.01, engines: int = 1, tokens: int = 1000) -> dict:
+    """One strictly on-policy step laid out as the orchestrator records it.
+
+    learner wait = engine weight load + generation; then the driver scores, the learner trains and exports.
+    """
+    tl = StepTimeline(step)
+    wait_end = t0 + engine_sync + gen
+    tl.add("learner0", Phase.wait, t0, wait_end)
+    for e in range(engines):
+        tl.add(f"engine{e}", Phase.sync, t0, t0 + engine_sync)
+        tl.add(f"engine{e}", Phase.generate, t0 + engine_sync, wait_end)
+    tl.add("driver", Phase.reward, wait_end, wait_end + reward)
+    train_end = wait_end + reward + train
+    tl.add("learner0", Phase.train, wait_end + reward, train_end)
+    tl.add("learner0", Phase.sync, train_end, train_end + learner_sync)
+    return {"step": step, "response_tokens": tokens, "timeline": tl.to_dict()["spans"],
+            "step_s": train_end + learner_sync - t0, "reward_mean": 0.5, "reward_std": 0.1}
+
+
+def series(pairs: list[tuple[float, float]], **kw) -> list[dict]:
+    out, t = [], 1000.0
+    for i, (gen, train) in enumerate(pairs):
+        r = on_policy_record(i, gen, train, t0=t, **kw)
+        out.append(r)
+        t += r["step_s"] + 0.001
+    return out
+
+
+def test_generation_bound_step():
+    m = measure_record(on_policy_record(0, gen=0.90, train=0.10))
+    v = assess(m, BalanceContext(num_engines=1, async_steps=0))
+    assert v.kind == Kind.generation_bound.value
+    window = 0.01 + 0.90 + 0.01 + 0.10 + 0.01
+    assert v.learner_wait_s == pytest.approx(0.91)
+    assert v.learner_wait_frac == pytest.approx(0.91 / window)
+    assert v.engine_idle_s == pytest.approx(window - 0.91)
+    assert v.ratio == pytest.approx(0.91 / (window - 0.91))
+    assert v.gen_tokens_per_s == pytest.approx(1000 / 0.91)
+    assert v.required_tokens_per_s == pytest.approx(1000 / (window - 0.91))
+    assert v.sync_s == pytest.approx(0.02)
+    # ratio 7.6 with one engine: 8 engines keep up; on-policy, so overlapping is the other fix
+    assert "the learner waited 88% of the step" in v.advice
+    assert "add 7 engines (engine.num_engines=8)" in v.advice
+    assert "algo.async_steps to 1" in v.advice
+
+
+def test_training_bound_step():
+    v = assess(measure_record(on_policy_record(0, gen=0.10, train=0.90, engines=4)), BalanceContext(num_engines=4))
+    assert v.kind == Kind.training_bound.value
+    assert v.engine_idle_frac > 0.8
+    assert "engines sat idle" in v.advice
+    # producer 0.11 s against consumer 0.92 s: one engine of the four would keep up
+    assert "engine.num_engines=1 would keep up" in v.advice
+
+
+def test_balanced_step_suggests_overlap_only_when_on_policy():
+    m = measure_record(on_policy_record(0, gen=0.50, train=0.48))
+    assert assess(m).kind == Kind.balanced.value
+    assert "async_steps to 1" in assess(m, BalanceContext(async_steps=0)).advice
+    assert "async_steps" not in assess(m, BalanceContext(async_steps=1)).advice
+
+
+def test_dead_band_is_symmetric():
+    assert classify(1.14) == Kind.balanced
+    assert classify(1.16) == Kind.generation_bound
+    assert classify(1 / 1.14) == Kind.balanced
+    assert classify(1 / 1.16) == Kind.training_bound
+    assert classify(2.0, band=1.5) == Kind.balanced
+
+
+def test_noisy_step_does_not_flip_rolling_verdict():
+    recs = series([(0.9, 0.1)] * 4 + [(0.1, 0.9)] + [(0.9, 0.1)] * 3)
+    tracker = BalanceTracker(BalanceContext(num_engines=1), hold=3)
+    verdicts = [tracker.update(r) for r in recs]
+    assert [v.kind for v in verdicts] == [Kind.generation_bound.value] * 8
+    assert verdicts[4].step_kind == Kind.training_bound.value
+
+
+def test_sustained_change_flips_after_hold_steps():
+    recs = series([(0.9, 0.1)] * 3 + [(0.1, 0.9)] * 4)
+    tracker = BalanceTracker(BalanceContext(num_engines=1), hold=3)
+    kinds = [tracker.update(r).kind for r in recs]
+    g, t = Kind.generation_bound.value, Kind.training_bound.value
+    assert kinds == [g, g, g, g, g, t, t]  # the third training-bound step in a row flips it
+
+
+def test_interrupted_candidate_starts_counting_again():
+    recs = series([(0.9, 0.1)] * 2 + [(0.1, 0.9)] * 2 + [(0.9, 0.1)] + [(0.1, 0.9)] * 2)
+    tracker = BalanceTracker(hold=3)
+    kinds = [tracker.update(r).kind for r in recs]
+    assert set(kinds) == {Kind.generation_bound.value}
+
+
+def test_warmup_step_is_reported_but_does_not_set_the_rolling_kind():
+    recs = series([(0.1, 0.9)] + [(0.9, 0.1)] * 3)  # a slow first train step, then generation-bound
+    tracker = BalanceTracker(warmup=1, hold=3)
+    kinds = [tracker.update(r).kind for r in recs]
+    assert kinds[0] == Kind.training_bound.value
+    assert kinds[1:] == [Kind.generation_bound.value] * 3
+
+
+def test_rolling_numbers_average_the_window():
+    recs = series([(0.9, 0.1), (0.5, 0.1), (0.7, 0.1)])
+    tracker = BalanceTracker(warmup=0, window=2)
+    v = [tracker.update(r) for r in recs][-1]
+    assert v.steps == 2
+    assert v.learner_wait_s == pytest.approx((0.51 + 0.71) / 2)
+
+
+def test_run_summary_uses_medians_past_warmup():
+    recs = series([(5.0, 0.1)] + [(0.1, 0.9)] * 4 + [(3.0, 0.1)])
+    v = summarize(recs)
+    assert v.kind == Kind.training_bound.value
+    assert v.steps == 5
+    assert summarize([]) is None
+
+
+def test_async_engine_busy_counted_per_batch():
+    """With async_steps=1 the step's generation ran during the previous step's training (before its window)."""
+    tl = StepTimeline(3)
+    tl.add("engine0", Phase.generate, 9.0, 9.4)  # ran while step 2 trained
+    tl.add("engine0", Phase.sync, 9.4, 9.45)
+    tl.add("learner0", Phase.wait, 10.0, 10.01)
+    tl.add("driver", Phase.reward, 10.01, 10.02)
+    tl.add("learner0", Phase.train, 10.02, 10.92)
+    tl.add("learner0", Phase.sync, 10.92, 11.0)
+    m = measure(tl.spans, tokens=500, step=3)
+    assert m.window_s == pytest.approx(1.0)
+    assert m.producer_s == pytest.approx(0.45)
+    assert m.engine_idle_s == pytest.approx(0.55)
+    assert m.learner_wait_s == pytest.approx(0.01)
+    assert assess(m, BalanceContext(async_steps=1)).kind == Kind.training_bound.value
+
+
+def test_engine_without_spans_is_idle_all_step():
+    rec = on_policy_record(0, gen=0.5, train=0.5, engines=1)
+    m = measure_record(rec, num_engines=2)
+    assert m.num_engines == 2
+    assert m.engine_idle_s == pytest.approx(((m.window_s - 0.51) + m.window_s) / 2)
+
+
+def test_no_loop_spans_is_an_error():
+    with pytest.raises(ValueError, match="no learner or driver spans"):
+        measure([{"actor": "engine0", "phase": "generate", "start": 0.0, "end": 1.0}], tokens=1)
+
+
+def test_verdict_dict_is_json_even_when_learner_took_no_time():
+    m = StepBalance(0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 10, 1)
+    d = assess(m).to_dict()
+    assert d["kind"] == Kind.generation_bound.value
+    json.dumps(d, allow_nan=False)
+
+
+def test_context_from_plan():
+    from rlgen.compose import compose_run_config
+    from rlgen.plan import build_plan
+
+    plan = build_plan(compose_run_config(["engine=vllm_tp2", "hardware=8xh100", "algo.async_steps=2"]))
+    ctx = context_from_plan(plan)
+    assert ctx == context_from_plan(json.loads(plan.to_json()))
+    assert (ctx.num_engines, ctx.tensor_parallel_size, ctx.async_steps, ctx.device) == (2, 2, 2, "cuda")
+    v = assess(measure_record(on_policy_record(0, gen=0.9, train=0.1, engines=2)), ctx)
+    assert "engine.num_engines=" in v.advice and "engine GPUs" in v.advice
+    assert "tensor_parallel_size" in v.advice
+    assert "async_steps" not in v.advice  # already running ahead
+
+
+def test_far_off_balance_does_not_count_out_absurd_engine_numbers():
+    v = assess(measure_record(on_policy_record(0, gen=3.0, train=0.02)), BalanceContext(num_engines=2, device="cuda"))
+    assert v.kind == Kind.generation_bound.value
+    assert "add engines (it would take over 16x the 2 there are)" in v.advice
+    assert "engine.num_engines=" not in v.advice
+
+
+def test_learner_ranks_waiting_side_by_side_count_once():
+    rec = on_policy_record(0, gen=0.6, train=0.2)
+    twin = [dict(s, actor="learner1") for s in rec["timeline"] if s["actor"] == "learner0"]
+    one, two = measure_record(rec), measure_record({**rec, "timeline": rec["timeline"] + twin})
+    assert two.learner_wait_s == pytest.approx(one.learner_wait_s)
+    assert two.sync_s == pytest.approx(one.sync_s)
