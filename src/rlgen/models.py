@@ -197,7 +197,9 @@ def _build(cfg: RunConfig, out: Path, device: str) -> str:
         loss = warm_start(
             model, tok, build_task(cfg.task), cfg.model.warm_start_steps, cfg.model.warm_start_lr, cfg.seed
         )
-        note = f"{cfg.model.warm_start_steps} warm-start steps on {_plain(cfg.task.kind)}, final loss {loss:.3f}"
+        note = (
+            f"{cfg.model.warm_start_steps} warm-start steps on {_plain(cfg.task.kind)}, final loss {loss:.3f}"
+        )
     else:
         note = "random init"
     model.generation_config = GenerationConfig(

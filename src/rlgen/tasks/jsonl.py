@@ -12,18 +12,30 @@ from rlgen.tasks.rewards import resolve_reward
 ROW_SHAPE = 'each line must be {"prompt": "...", "answer": "..."}'
 
 
+def _json_type(value: object) -> str:
+    names = {
+        type(None): "null",
+        bool: "boolean",
+        int: "number",
+        float: "number",
+        str: "string",
+        list: "array",
+    }
+    return names.get(type(value), "object")
+
+
 def _parse_line(line: str, where: str) -> Prompt:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as err:
         raise TaskDataError(f"{where}: not valid JSON ({err.msg}); {ROW_SHAPE}") from err
     if not isinstance(row, dict):
-        raise TaskDataError(f"{where}: a JSON {type(row).__name__}, not an object; {ROW_SHAPE}")
+        raise TaskDataError(f"{where}: a JSON {_json_type(row)}, not an object; {ROW_SHAPE}")
     for key in ("prompt", "answer"):
         if key not in row:
             raise TaskDataError(f'{where}: "{key}" is missing; {ROW_SHAPE}')
         if not isinstance(row[key], str):
-            raise TaskDataError(f'{where}: "{key}" is a {type(row[key]).__name__}, not a string; {ROW_SHAPE}')
+            raise TaskDataError(f'{where}: "{key}" must be a string, not {_json_type(row[key])}; {ROW_SHAPE}')
     return Prompt(row["prompt"], row["answer"])
 
 
@@ -33,7 +45,9 @@ def load_rows(path: str | Path) -> list[Prompt]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError as err:
-        raise TaskDataError(f"{path}: no such file; set task.path to a JSON Lines file ({ROW_SHAPE}).") from err
+        raise TaskDataError(
+            f"{path}: no such file; set task.path to a JSON Lines file ({ROW_SHAPE})."
+        ) from err
     except UnicodeDecodeError as err:
         raise TaskDataError(f"{path}: not UTF-8 text ({err.reason}); save the file as UTF-8.") from err
     rows = [
