@@ -63,8 +63,13 @@ def main() -> int:
     log.seek(0)
     out = log.read()
     summary = next((json.loads(x) for x in reversed(out.splitlines()) if x.startswith('{"reward_first')), {})
-    result = {"command": " ".join(cmd), "returncode": proc.returncode, "wall_s": round(wall, 1),
-              "peak_rss_mib": round(peak), **summary}
+    result = {
+        "command": " ".join(cmd),
+        "returncode": proc.returncode,
+        "wall_s": round(wall, 1),
+        "peak_rss_mib": round(peak),
+        **summary,
+    }
     print(json.dumps(result, indent=2))
     return proc.returncode
 

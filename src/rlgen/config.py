@@ -217,7 +217,8 @@ class RunConfig:
     validate: ValidateConfig = field(default_factory=ValidateConfig)
     steps: int = 40
     seed: int = 0
-    timeout_s: float = 300.0  # every wait on an actor gives up after this long
+    timeout_s: float = 300.0  # every wait on an actor during the run gives up after this long
+    startup_timeout_s: float = 900.0  # reserving resources and starting actors (vLLM compiles: minutes)
     cache_dir: str = "~/.cache/rlgen"  # built tiny models and tokenizers
     progress: bool = True
 

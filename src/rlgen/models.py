@@ -114,7 +114,7 @@ def _file_digest(path: str) -> str:
 
 def _build_device(m: ModelConfig, device: str) -> str:
     """Presets sized by the character tokenizer are built on CPU (fast and device-independent)."""
-    return "cuda" if m.vocab_size > 0 and str(device).startswith("cuda") else "cpu"
+    return str(device) if m.vocab_size > 0 and str(device).startswith("cuda") else "cpu"
 
 
 def cache_key(cfg: RunConfig, device: str = "cpu") -> str:
@@ -126,7 +126,7 @@ def cache_key(cfg: RunConfig, device: str = "cpu") -> str:
         "model": _plain(cfg.model),
         "seed": cfg.seed,
         "transformers": transformers.__version__,
-        "device": _build_device(cfg.model, device),
+        "device": _build_device(cfg.model, device).split(":")[0],  # cuda and cpu draw different init
     }
     if cfg.model.warm_start_steps > 0:
         material["task"] = _plain(cfg.task)
@@ -188,20 +188,18 @@ def _build(cfg: RunConfig, out: Path, device: str) -> str:
     tok.model_max_length = cfg.model.max_position_embeddings
     config = hf_config(cfg.model, len(tok))
     big = cfg.model.vocab_size > 0
-    torch.manual_seed(cfg.seed)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if big else torch.float32)
-    if cfg.model.warm_start_steps > 0:
-        from rlgen.tasks import build_task
+    note = "random init"
+    with torch.random.fork_rng(devices=[] if device == "cpu" else None):
+        torch.manual_seed(cfg.seed)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if big else torch.float32)
+        if cfg.model.warm_start_steps > 0:
+            from rlgen.tasks import build_task
 
-        loss = warm_start(
-            model, tok, build_task(cfg.task), cfg.model.warm_start_steps, cfg.model.warm_start_lr, cfg.seed
-        )
-        note = (
-            f"{cfg.model.warm_start_steps} warm-start steps on {_plain(cfg.task.kind)}, final loss {loss:.3f}"
-        )
-    else:
-        note = "random init"
+            task = build_task(cfg.task)
+            steps, lr = cfg.model.warm_start_steps, cfg.model.warm_start_lr
+            loss = warm_start(model, tok, task, steps, lr, cfg.seed)
+            note = f"{steps} warm-start steps on {task.name}, final loss {loss:.3f}"
     model.generation_config = GenerationConfig(
         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id
     )
@@ -235,6 +233,7 @@ def prepare_model(cfg: RunConfig, device: str = "cpu") -> str:
             return str(final)
         start = time.perf_counter()
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
+        tmp.chmod(0o755)  # mkdtemp makes it private; the finished folder is an ordinary one
         try:
             note = _build(cfg, tmp, _build_device(cfg.model, device))
             os.rename(tmp, final)

@@ -8,6 +8,7 @@ so generation of step s+1 overlaps training of step s; ``async_steps=0`` is stri
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -89,10 +90,10 @@ class Orchestrator:
             ray.init(**{k: v for k, v in kwargs.items() if v is not None})
             self._started_ray = True
         self.pgs = [placement_group(list(bundles), strategy="STRICT_PACK") for bundles in placement.groups]
-        ready, _ = ray.wait([pg.ready() for pg in self.pgs], num_returns=len(self.pgs), timeout=self.cfg.timeout_s)
+        ready, _ = ray.wait([pg.ready() for pg in self.pgs], num_returns=len(self.pgs), timeout=cfg.startup_timeout_s)
         if len(ready) < len(self.pgs):
             raise RunError(
-                f"Ray could not reserve the resources of the plan within {cfg.timeout_s:.0f} s "
+                f"Ray could not reserve the resources of the plan within startup_timeout_s={cfg.startup_timeout_s:.0f} s "
                 f"(bundles: {[list(g) for g in placement.groups]}; cluster has {ray.cluster_resources()}). "
                 "Check hardware=<preset> against the machine, or set RAY_ADDRESS to a cluster that has them."
             )
@@ -118,7 +119,11 @@ class Orchestrator:
             .options(num_cpus=ap.num_cpus, num_gpus=ap.num_gpus, scheduling_strategy=strategy(ap))
             .remote(self.model_path, cfg.algo, cfg.monitor, seed=cfg.seed, device=device, rank=0, name="learner0")
         )
-        health = self._get([e.health.remote() for e in self.engines] + [self.learner.health.remote()], "actor start-up")
+        health = self._get(
+            [e.health.remote() for e in self.engines] + [self.learner.health.remote()],
+            "actor start-up",
+            timeout_s=cfg.startup_timeout_s,
+        )
         bad = [h for h in health if not h.get("ok")]
         if bad:
             raise RunError(f"actors reported unhealthy at start-up: {bad}")
@@ -147,21 +152,24 @@ class Orchestrator:
         return TorchLearner
 
     # -- helpers ----------------------------------------------------------------------------------------
-    def _get(self, refs: Any, what: str) -> Any:
+    def _get(self, refs: Any, what: str, timeout_s: float | None = None) -> Any:
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
+        timeout_s = self.cfg.timeout_s if timeout_s is None else timeout_s
+        key = "timeout_s" if timeout_s == self.cfg.timeout_s else "startup_timeout_s"
         try:
-            return ray.get(refs, timeout=self.cfg.timeout_s)
+            return ray.get(refs, timeout=timeout_s)
         except GetTimeoutError as err:
             raise RunError(
-                f"{what} did not finish within timeout_s={self.cfg.timeout_s:.0f} s; an actor may be stuck or the "
-                "step too large. Raise timeout_s=<seconds> or shrink algo.prompts_per_step."
+                f"{what} did not finish within {key}={timeout_s:.0f} s; an actor may be stuck or the "
+                f"step too large. Raise {key}=<seconds> or shrink algo.prompts_per_step."
             ) from err
         except RayActorError as err:
+            detail = re.sub(r"\x1b\[[0-9;]*m", "", str(err).splitlines()[0])[:300]
             raise RunError(
-                f"{what} failed because an actor died ({str(err).splitlines()[0]}). Metrics up to the last "
-                f"finished step are in {self.out_dir}."
+                f"{what} failed because an actor died ({detail}). Metrics up to the last finished step are in "
+                f"{self.out_dir}."
             ) from err
         except RayTaskError as err:
             raise RunError(f"{what} raised in an actor: {err.cause!r}") from err

@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rlgen import models
 from rlgen.charvocab import BOS, CHAR_VOCAB, CHAR_VOCAB_SIZE, EOS, PAD
 from rlgen.config import ModelConfig, RunConfig, TaskConfig, TaskKind
 from rlgen.models import build_tokenizer, cache_key, hf_config, load_tokenizer, prepare_model
@@ -139,7 +140,15 @@ def test_prepare_model_is_seeded(tmp_path):
     assert not torch.equal(emb[0], emb[2])
 
 
-def test_concurrent_builders_share_one_folder(tmp_path):
+def test_concurrent_builders_share_one_folder(tmp_path, monkeypatch):
+    real_build, builds = models._build, []
+
+    def slow_build(*args):
+        builds.append(1)
+        time.sleep(0.2)  # long enough for every thread to arrive while the first one builds
+        return real_build(*args)
+
+    monkeypatch.setattr(models, "_build", slow_build)
     cfg = run_cfg(tmp_path)
     paths: list[str] = []
     threads = [threading.Thread(target=lambda: paths.append(prepare_model(cfg))) for _ in range(3)]
@@ -148,6 +157,7 @@ def test_concurrent_builders_share_one_folder(tmp_path):
     for t in threads:
         t.join()
     assert len(paths) == 3 and len(set(paths)) == 1
+    assert len(builds) == 1
     assert built_models(tmp_path) == [Path(paths[0])]  # no temp folders left behind
 
 

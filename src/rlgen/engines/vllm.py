@@ -38,8 +38,9 @@ REQUIRED_ENV: dict[str, str] = {
 }
 
 # Engine arguments rlgen sets on top of EngineConfig unless the caller overrides them (``engine_args``).
-# Chosen by measurement on one H100 with the qwen2_5_1_5b preset and the RL-shaped bench workload; the
-# numbers are in docs/benchmarks.md.
+# AsyncEngineArgs alone would budget 2048 tokens per step; 16384 is what vllm.LLM picks on GPUs of 70 GB or
+# more. On the bench workload (128-token prompts) the two measured the same; the larger budget is kept for
+# longer prompts. Measurements: docs/benchmarks.md.
 TUNED_DEFAULTS: dict[str, Any] = {
     "max_num_batched_tokens": 16384,
 }
@@ -92,6 +93,9 @@ def build_engine_args(
         "seed": seed,
         "enable_sleep_mode": engine.enable_sleep_mode,
         "disable_log_stats": True,
+        # Logprobs after temperature scaling, the quantity the learner recomputes as log_softmax(logits / T)
+        # (vLLM's default, raw_logprobs, is taken before temperature).
+        "logprobs_mode": "processed_logprobs",
     }
     args.update(TUNED_DEFAULTS)
     args.update(dict(overrides or {}))
@@ -336,8 +340,9 @@ class VLLMEngine:
         """Load new weights (Hugging Face names; all of them or a subset) into the running engine, then drop
         the prefix cache, whose KV was computed with the old weights.
 
-        The tensors travel to the workers in ~1 GiB chunks through vLLM's collective_rpc, cast to the
-        engine's dtype on the way. Call pause() first for a clean version boundary while requests run.
+        The tensors travel to the workers in ~1 GiB chunks through vLLM's collective_rpc (as raw bytes, which
+        its RPC decoder passes through untouched), cast to the engine's dtype on the way. Call pause() first
+        for a clean version boundary while requests run.
         """
         if self.asleep:
             raise EngineError(f"{self.name} is asleep; wake() it before update_weights().")

@@ -1,0 +1,289 @@
+"""`rlgen bench`: one RL-shaped generation workload, run on several engines side by side in one process.
+
+The workload (``cfg.bench``): ``num_prompts`` random prompts of ``prompt_len`` token ids, ``samples_per_prompt``
+samples each, and a per-request ``max_tokens`` drawn from a seeded lognormal (median ``response_len_median``,
+sigma ``response_len_sigma``) clipped to [``response_len_min``, ``response_len_max``]. ``ignore_eos`` holds every
+response to its drawn length, so all engines do the same work and lengths vary the way RL rollouts do.
+
+Engines (``cfg.bench.engines``), each in its own Ray actor with one GPU, one after another on the same requests:
+- ``vllm``: rlgen's VLLMEngine with ``cfg.engine``, as the orchestrator runs it in production.
+- ``vllm_raw``: ``vllm.LLM(model).generate`` with vLLM's default engine settings and the same sampling params.
+- ``hf``: rlgen's HFEngine (transformers ``generate``) on a prefix of the prompts, batch after batch, until a
+  time budget is spent; its tokens/s is over the batches it finished.
+
+Useful tokens/s = generated tokens / wall time of the generate call, measured by the driver around the actor
+call (so it includes returning the completions). Results go to ``<out_dir>/bench.json`` and a table.
+
+    python -m rlgen.bench engine=vllm model=qwen2_5_1_5b hardware=1xh100 [--out DIR]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from rlgen.bench.gpu import MemorySampler, gpu_info, versions
+from rlgen.bench.sides import _env_vars, _get, run_hf_side, run_raw_side, run_vllm_side
+from rlgen.bench.workload import (  # noqa: F401
+    ACTOR_TIMEOUT_S,
+    GIB,
+    HF_BUDGET_S,
+    HF_LOGIT_BYTES,
+    HF_MEMORY_FRACTION,
+    BenchError,
+    make_workload,
+    workload_summary,
+)
+from rlgen.config import VLLM_ENV_REMOVED_IN_0_26, EngineKind, RunConfig
+
+
+def engine_env(cfg: RunConfig) -> dict[str, str]:
+    """cfg.engine.env without the variables vLLM 0.26 no longer reads (the plan drops them the same way)."""
+    return {k: str(v) for k, v in cfg.engine.env.items() if k not in VLLM_ENV_REMOVED_IN_0_26}
+
+
+def _build_model(cfg: RunConfig) -> str:
+    import ray
+
+    from rlgen.models import prepare_model
+
+    task = ray.remote(num_gpus=1, runtime_env={"env_vars": _env_vars()})(prepare_model)
+    return _get(task.remote(cfg, "cuda"), "building the model folder")
+
+
+def _load_weights_cpu(model_path: str) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    weights: dict[str, Any] = {}
+    for f in sorted(Path(model_path).glob("*.safetensors")):
+        weights.update(load_file(str(f), device="cpu"))
+    return weights
+
+
+def _check(cfg: RunConfig) -> None:
+    b, e = cfg.bench, cfg.engine
+    if not gpu_info():
+        raise BenchError("rlgen bench needs a CUDA GPU (nvidia-smi found none); run it on a GPU machine.")
+    if "vllm" in b.engines and e.kind != EngineKind.vllm:
+        raise BenchError(
+            f"bench engine 'vllm' runs rlgen's vLLM engine, but engine={e.kind.value}; add engine=vllm."
+        )
+    need = b.prompt_len + b.response_len_max
+    if "vllm" in b.engines and e.max_model_len < need:
+        raise BenchError(
+            f"engine.max_model_len={e.max_model_len} cannot hold bench.prompt_len + bench.response_len_max = {need}; "
+            f"set engine.max_model_len>={need}."
+        )
+    unknown = set(b.engines) - {"vllm", "hf", "vllm_raw"}
+    if unknown:
+        raise BenchError(f"bench.engines has {sorted(unknown)}; choose from vllm, hf, vllm_raw.")
+
+
+def run_bench(
+    cfg: RunConfig,
+    out_dir: str,
+    *,
+    engine_args: dict[str, Any] | None = None,
+    repeats: int = 1,
+    hf_budget_s: float = HF_BUDGET_S,
+    sync: bool = True,
+    command: str | None = None,
+) -> dict:
+    """Run cfg.bench's workload on each engine of cfg.bench.engines; write bench.json; print a table."""
+    import ray
+
+    from rlgen.charvocab import CHAR_VOCAB_SIZE
+
+    _check(cfg)
+    b = cfg.bench
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = cfg.model.vocab_size or CHAR_VOCAB_SIZE
+    requests = make_workload(b, vocab)
+    machine = gpu_info()
+    started_ray = False
+    if not ray.is_initialized():
+        ray.init(
+            address=os.environ.get("RAY_ADDRESS", "local"),  # a cluster of its own unless one is named
+            include_dashboard=False,
+            log_to_driver=True,
+            runtime_env={"env_vars": _env_vars()},
+        )
+        started_ray = True
+    mem = MemorySampler()
+    result: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "command": command or " ".join(sys.argv),
+        "machine": machine,
+        "versions": versions(),
+        "model": {"name": cfg.model.name, "vocab_size": vocab},
+        "bench": asdict(b),
+        "engine": {k: (v.value if hasattr(v, "value") else v) for k, v in asdict(cfg.engine).items()},
+        "workload": workload_summary(requests),
+        "results": {},
+    }
+    try:
+        t0 = time.time()
+        model_path = _build_model(cfg)
+        result["model"]["build_s"] = round(time.time() - t0, 1)
+        result["model"]["path_is_local_build"] = cfg.model.path is None
+        for side in b.engines:
+            if side == "vllm":
+                weights = _load_weights_cpu(model_path) if sync else None
+                rec = run_vllm_side(
+                    model_path,
+                    cfg.engine,
+                    requests,
+                    mem,
+                    env=engine_env(cfg),
+                    engine_args=engine_args,
+                    seed=cfg.seed,
+                    repeats=repeats,
+                    sync_weights=weights,
+                )
+                del weights
+            elif side == "vllm_raw":
+                rec = run_raw_side(model_path, requests, mem, seed=cfg.seed)
+            else:
+                rec = run_hf_side(
+                    model_path,
+                    requests,
+                    mem,
+                    vocab=vocab,
+                    batch_rows=b.hf_batch_size,
+                    gpu_gib=machine.get("gpu_memory_gib", 80.0),
+                    seed=cfg.seed,
+                    budget_s=hf_budget_s,
+                )
+            result["results"][side] = rec
+            _write(out, result)
+        result["ratios"] = ratios(result["results"])
+    finally:
+        mem.close()
+        if started_ray:
+            ray.shutdown()
+    _write(out, result)
+    print_table(result)
+    return result
+
+
+def ratios(results: dict[str, dict[str, Any]]) -> dict[str, float]:
+    tps = {k: v.get("tokens_per_s") for k, v in results.items() if v.get("tokens_per_s")}
+    out = {}
+    if "vllm" in tps and "hf" in tps:
+        out["vllm_over_hf"] = round(tps["vllm"] / tps["hf"], 2)
+    if "vllm" in tps and "vllm_raw" in tps:
+        out["vllm_over_raw"] = round(tps["vllm"] / tps["vllm_raw"], 3)
+    return out
+
+
+def _write(out: Path, result: dict) -> None:
+    (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
+
+
+def print_table(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"rlgen bench: {result['model']['name']} on {result['machine'].get('gpu', '?')}")
+    for col in (
+        "engine",
+        "tokens/s",
+        "tokens",
+        "wall s",
+        "engine start s",
+        "first batch s",
+        "peak GPU GiB",
+        "checks",
+    ):
+        t.add_column(col, justify="left" if col in ("engine", "checks") else "right")
+    for name, r in result["results"].items():
+        if "error" in r:
+            t.add_row(name, "-", "-", "-", "-", "-", "-", f"[red]{r['error'][:80]}[/]")
+            continue
+        checks = (
+            "ok"
+            if r.get("n_ok") and r.get("lengths_ok") and r.get("logprobs_ok") is not False
+            else "[red]FAILED[/]"
+        )
+        if name == "hf" and "subset" in r:
+            checks += f" ({r['subset']['prompts']}/{r['subset']['of_prompts']} prompts)"
+        t.add_row(
+            name,
+            f"{r['tokens_per_s']:,.0f}",
+            f"{r['tokens']:,}",
+            f"{r['wall_s']:.1f}",
+            f"{r['start_s']:.1f}",
+            f"{r.get('first_batch_s', 0):.1f}",
+            f"{r.get('peak_gpu_gib', 0):.1f}",
+            checks,
+        )
+    console = Console(width=max(Console().width, 130))
+    console.print(t)
+    w = result["workload"]
+    console.print(
+        f"workload: {w['prompts']} prompts x {w['samples_per_prompt']} samples, prompt {w['prompt_len']} tokens, "
+        f"max_tokens median {w['max_tokens_median']} (min {w['max_tokens_min']}, max {w['max_tokens_max']}), "
+        f"{w['response_tokens']:,} response tokens"
+    )
+    for k, v in result.get("ratios", {}).items():
+        console.print(f"{k}: {v}x")
+    sync = result["results"].get("vllm", {}).get("sync")
+    if sync:
+        console.print(
+            f"weight update (vllm): {sync['gib']} GiB in {sync['engine_s']} s in the engine, {sync['driver_s']} s from the driver"
+        )
+
+
+# -- entry points --------------------------------------------------------------------------------------------
+def bench_app(cfg: Any) -> dict:
+    """Hydra task for `rlgen bench`: results go to Hydra's run directory."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from rlgen.config import to_run_config
+
+    return run_bench(to_run_config(cfg), HydraConfig.get().runtime.output_dir)
+
+
+def compose(overrides: list[str]) -> RunConfig:
+    try:
+        from rlgen.compose import compose_run_config
+    except ImportError:
+        from hydra import compose as hydra_compose
+        from hydra import initialize_config_dir
+
+        import rlgen
+        from rlgen.config import register_configs, to_run_config
+
+        register_configs()
+        with initialize_config_dir(config_dir=str(Path(rlgen.__file__).parent / "conf"), version_base="1.3"):
+            return to_run_config(hydra_compose("config", overrides))
+    return compose_run_config(overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rlgen.compose import ConfigError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    out_dir = f"outputs/bench-{time.strftime('%Y%m%d-%H%M%S')}"
+    if "--out" in argv:
+        i = argv.index("--out")
+        if i + 1 >= len(argv):
+            print("--out needs a directory", file=sys.stderr)
+            return 2
+        out_dir = argv[i + 1]
+        argv = argv[:i] + argv[i + 2 :]
+    try:
+        run_bench(
+            compose(argv), out_dir, command=" ".join(["python -m rlgen.bench", *argv, "--out", out_dir])
+        )
+    except (BenchError, ConfigError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"bench.json written to {out_dir}")
+    return 0

@@ -1,0 +1,353 @@
+"""The engines the bench compares, each in its own Ray actor: rlgen's vllm, raw vLLM, and hf."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from rlgen.bench.gpu import MemorySampler, gpu_used_gib, wait_gpu_free
+from rlgen.bench.workload import (  # noqa: F401
+    ACTOR_TIMEOUT_S,
+    GIB,
+    HF_BUDGET_S,
+    HF_LOGIT_BYTES,
+    HF_MEMORY_FRACTION,
+    BenchError,
+    check_completions,
+)
+from rlgen.config import EngineConfig, EngineKind
+from rlgen.types import Completion, GenRequest
+
+
+class RawVLLM:
+    """``vllm.LLM`` with vLLM's defaults (only ``skip_tokenizer_init`` and ``seed`` set), as a Ray actor body."""
+
+    def __init__(self, model_path: str, seed: int = 0, llm_kwargs: dict[str, Any] | None = None):
+        t0 = time.time()
+        from vllm import LLM
+
+        self.llm = LLM(model=model_path, skip_tokenizer_init=True, seed=seed, **(llm_kwargs or {}))
+        self.start_s = time.time() - t0
+
+    def ready(self) -> float:
+        return self.start_s
+
+    def shutdown(self) -> None:
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if core is not None:
+            core.shutdown()
+
+    def generate(self, requests: list[GenRequest], logprobs: int | None = 0) -> dict[str, Any]:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
+        params = [
+            VSamplingParams(
+                n=r.sampling.n,
+                temperature=r.sampling.temperature,
+                top_p=r.sampling.top_p,
+                max_tokens=r.sampling.max_new_tokens,
+                ignore_eos=r.sampling.ignore_eos,
+                seed=r.sampling.seed,
+                logprobs=logprobs,
+                detokenize=False,
+            )
+            for r in requests
+        ]
+        t0 = time.time()
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        t1 = time.time()
+        completions = []
+        for r, out in zip(requests, outs):
+            for o in sorted(out.outputs, key=lambda o: o.index):
+                toks = list(o.token_ids)
+                lps = (
+                    [pos[t].logprob for t, pos in zip(toks, o.logprobs)]
+                    if logprobs is not None
+                    else [0.0] * len(toks)
+                )
+                completions.append(Completion(r.group_id, list(r.prompt_ids), toks, lps, o.finish_reason, 0))
+        return {"completions": completions, "spans": [("generate", t0, t1)], "version": 0}
+
+
+# -- running one side ----------------------------------------------------------------------------------------
+def _env_vars(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """What every actor's process needs from this one (import path, host-level vLLM switches)."""
+    keep = {k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "HF_", "CUDA_HOME"))}
+    if os.environ.get("PYTHONPATH"):  # absolute, since actors do not start in this directory
+        keep["PYTHONPATH"] = os.pathsep.join(
+            os.path.abspath(p) for p in os.environ["PYTHONPATH"].split(os.pathsep) if p
+        )
+    keep.update(extra or {})
+    return keep
+
+
+def _get(ref: Any, what: str, timeout: float = ACTOR_TIMEOUT_S) -> Any:
+    import ray
+    from ray.exceptions import GetTimeoutError
+
+    try:
+        return ray.get(ref, timeout=timeout)
+    except GetTimeoutError as err:
+        raise BenchError(f"{what} did not finish within {timeout:.0f} s.") from err
+
+
+def _finish_side(
+    actor: Any, mem: MemorySampler, baseline: float, rec: dict[str, Any], graceful: bool = True
+) -> dict[str, Any]:
+    import ray
+
+    rec["peak_gpu_gib"] = round(max(mem.peak() - baseline, 0.0), 2)
+    if graceful:  # stop vLLM's engine-core processes before the actor goes, so the GPU is freed
+        try:
+            ray.get(actor.shutdown.remote(), timeout=120)
+        except Exception:  # noqa: BLE001 - the actor may already be dead; it is killed next either way
+            pass
+    ray.kill(actor)
+    rec["teardown_s"] = round(wait_gpu_free(baseline), 1)
+    return rec
+
+
+def run_vllm_side(
+    model_path: str,
+    engine: EngineConfig,
+    requests: list[GenRequest],
+    mem: MemorySampler,
+    *,
+    env: dict[str, str] | None = None,
+    engine_args: dict[str, Any] | None = None,
+    seed: int = 0,
+    repeats: int = 1,
+    sync_weights: dict[str, Any] | None = None,
+    extra: dict[str, list[GenRequest]] | None = None,
+    label: str = "vllm",
+) -> dict[str, Any]:
+    """rlgen's VLLMEngine in a Ray actor with tensor_parallel_size GPUs, as in production. ``extra`` names
+    further workloads to run on the same engine afterwards (reported under "extra")."""
+    import ray
+
+    from rlgen.engines.vllm import VLLMEngine
+
+    baseline = gpu_used_gib() or 0.0
+    mem.mark()
+    t0 = time.time()
+    actor = (
+        ray.remote(VLLMEngine)
+        .options(
+            num_gpus=engine.tensor_parallel_size, max_concurrency=4, runtime_env={"env_vars": _env_vars(env)}
+        )
+        .remote(model_path, engine, device="cuda", seed=seed, name=label, env=env, engine_args=engine_args)
+    )
+    try:
+        health = _get(actor.health.remote(), f"{label}: engine start")
+        rec: dict[str, Any] = {
+            "engine": label,
+            "start_s": round(time.time() - t0, 1),
+            "engine_start_s": round(health["start_s"], 1),
+        }
+        rec["engine_args"] = {k: v for k, v in (engine_args or {}).items()}
+        runs = []
+        for i in range(max(1, repeats)):
+            t1 = time.time()
+            res = _get(actor.generate.remote(requests), f"{label}: generate")
+            wall = time.time() - t1
+            if i == 0:
+                rec["first_batch_s"] = round(time.time() - t0, 1)
+            ((phase, a, b),) = res["spans"]
+            chk = check_completions(requests, res["completions"])
+            runs.append({"wall_s": wall, "engine_s": b - a, **chk})
+        rec.update(_summarise_runs(runs))
+        for name, reqs in (extra or {}).items():
+            t1 = time.time()
+            res = _get(actor.generate.remote(reqs), f"{label}: generate ({name})")
+            wall = time.time() - t1
+            ((phase, a, b),) = res["spans"]
+            run = {"wall_s": wall, "engine_s": b - a, **check_completions(reqs, res["completions"])}
+            rec.setdefault("extra", {})[name] = _summarise_runs([run])
+        if sync_weights is not None:
+            rec["sync"] = {"error": "not finished"}
+            t1 = time.time()
+            ref = ray.put(sync_weights)
+            up = _get(actor.update_weights.remote(ref, 1), f"{label}: update_weights")
+            rec["sync"] = {
+                "engine_s": round(up["seconds"], 2),
+                "driver_s": round(time.time() - t1, 2),
+                "gib": round(up["bytes"] / GIB, 2),
+                "tensors": up["tensors"],
+                "prefix_cache_reset": up["prefix_cache_reset"],
+            }
+    except Exception as err:  # noqa: BLE001 - one side failing must not lose the others' numbers
+        msg = f"{type(err).__name__}: {err}"
+        if "rec" in locals() and rec.get("sync") == {"error": "not finished"}:
+            rec["sync"] = {"error": msg[-2000:]}  # generation finished; keep its numbers
+        else:
+            rec = {"engine": label, "error": msg[-2000:]}
+    return _finish_side(actor, mem, baseline, rec)
+
+
+def run_raw_side(
+    model_path: str,
+    requests: list[GenRequest],
+    mem: MemorySampler,
+    *,
+    seed: int = 0,
+    llm_kwargs: dict[str, Any] | None = None,
+    logprobs_variants: tuple[int | None, ...] = (0,),
+    label: str = "vllm_raw",
+) -> dict[str, Any]:
+    """vllm.LLM with default settings in a Ray actor with one GPU; one run per logprobs setting."""
+    import ray
+
+    baseline = gpu_used_gib() or 0.0
+    mem.mark()
+    t0 = time.time()
+    actor = (
+        ray.remote(RawVLLM)
+        .options(num_gpus=1, runtime_env={"env_vars": _env_vars()})
+        .remote(model_path, seed, llm_kwargs)
+    )
+    try:
+        _get(actor.ready.remote(), f"{label}: engine start")
+        rec: dict[str, Any] = {
+            "engine": label,
+            "start_s": round(time.time() - t0, 1),
+            "llm_kwargs": dict(llm_kwargs or {}),
+        }
+        for i, lp in enumerate(logprobs_variants):
+            t1 = time.time()
+            res = _get(actor.generate.remote(requests, lp), f"{label}: generate")
+            wall = time.time() - t1
+            if i == 0:
+                rec["first_batch_s"] = round(time.time() - t0, 1)
+            ((phase, a, b),) = res["spans"]
+            chk = check_completions(requests, res["completions"])
+            if lp is None:
+                chk["logprobs_ok"] = None
+            run = {"wall_s": wall, "engine_s": b - a, **chk}
+            if i == 0:
+                rec.update(_summarise_runs([run]))
+            else:
+                rec[f"logprobs_{lp}"] = _summarise_runs([run])
+    except Exception as err:  # noqa: BLE001
+        rec = {"engine": label, "error": f"{type(err).__name__}: {err}"}
+    return _finish_side(actor, mem, baseline, rec)
+
+
+def hf_chunks(
+    requests: list[GenRequest], max_rows: int, vocab: int, gpu_bytes: float
+) -> list[list[GenRequest]]:
+    """Requests in order, cut into batches HFEngine can hold: it keeps full-vocabulary float32 logits for
+    every generated token, about HF_LOGIT_BYTES x rows x longest length x vocab at its peak."""
+    budget = HF_MEMORY_FRACTION * gpu_bytes
+    chunks: list[list[GenRequest]] = []
+    cur: list[GenRequest] = []
+    rows = longest = 0
+    for r in requests:
+        n, L = r.sampling.n, r.sampling.max_new_tokens
+        fits = rows + n <= max_rows and HF_LOGIT_BYTES * (rows + n) * max(longest, L) * vocab <= budget
+        if cur and not fits:
+            chunks.append(cur)
+            cur, rows, longest = [], 0, 0
+        cur.append(r)
+        rows += n
+        longest = max(longest, L)
+    if cur:
+        chunks.append(cur)
+    return chunks
+
+
+def run_hf_side(
+    model_path: str,
+    requests: list[GenRequest],
+    mem: MemorySampler,
+    *,
+    vocab: int,
+    batch_rows: int,
+    gpu_gib: float,
+    seed: int = 0,
+    budget_s: float = HF_BUDGET_S,
+    label: str = "hf",
+) -> dict[str, Any]:
+    """rlgen's HFEngine in a Ray actor with one GPU, batch after batch until budget_s of generation."""
+    import ray
+
+    from rlgen.engines.hf import HFEngine
+
+    baseline = gpu_used_gib() or 0.0
+    mem.mark()
+    t0 = time.time()
+    cfg = EngineConfig(kind=EngineKind.hf, dtype="bfloat16", max_num_seqs=batch_rows)
+    actor = (
+        ray.remote(HFEngine)
+        .options(num_gpus=1, runtime_env={"env_vars": _env_vars()})
+        .remote(model_path, cfg, device="cuda", seed=seed, name=label)
+    )
+    try:
+        _get(actor.health.remote(), f"{label}: engine start")
+        rec: dict[str, Any] = {"engine": label, "start_s": round(time.time() - t0, 1)}
+        chunks = hf_chunks(requests, batch_rows, vocab, gpu_gib * GIB)
+        runs, done = [], []
+        spent = 0.0
+        for chunk in chunks:
+            if runs and spent >= budget_s:
+                break
+            t1 = time.time()
+            res = _get(actor.generate.remote(chunk), f"{label}: generate")
+            wall = time.time() - t1
+            if not runs:
+                rec["first_batch_s"] = round(time.time() - t0, 1)
+            spent += wall
+            ((phase, a, b),) = res["spans"]
+            runs.append({"wall_s": wall, "engine_s": b - a, **check_completions(chunk, res["completions"])})
+            done.extend(chunk)
+        rec.update(_summarise_runs(runs, combine=True))
+        rec["subset"] = {
+            "prompts": len(done),
+            "of_prompts": len(requests),
+            "batches": len(runs),
+            "rows_per_batch": [sum(r.sampling.n for r in c) for c in chunks[: len(runs)]],
+        }
+    except Exception as err:  # noqa: BLE001
+        rec = {"engine": label, "error": f"{type(err).__name__}: {err}"}
+    return _finish_side(actor, mem, baseline, rec, graceful=False)
+
+
+def _summarise_runs(runs: list[dict[str, Any]], combine: bool = False) -> dict[str, Any]:
+    """combine=True: the runs are parts of one workload (sum them); else repeats of it (report each, best)."""
+    if combine:
+        tokens = sum(r["tokens"] for r in runs)
+        wall = sum(r["wall_s"] for r in runs)
+        eng = sum(r["engine_s"] for r in runs)
+        return {
+            "tokens": tokens,
+            "wall_s": round(wall, 2),
+            "engine_s": round(eng, 2),
+            "tokens_per_s": round(tokens / wall, 1) if wall else 0.0,
+            "engine_tokens_per_s": round(tokens / eng, 1) if eng else 0.0,
+            "n_ok": all(r["n_ok"] for r in runs),
+            "lengths_ok": all(r["lengths_ok"] for r in runs),
+            "logprobs_ok": all(r["logprobs_ok"] for r in runs),
+        }
+    per = [
+        {
+            **r,
+            "wall_s": round(r["wall_s"], 2),
+            "engine_s": round(r["engine_s"], 2),
+            "tokens_per_s": round(r["tokens"] / r["wall_s"], 1),
+        }
+        for r in runs
+    ]
+    first = per[0]
+    out = {
+        k: first[k]
+        for k in ("tokens", "wall_s", "engine_s", "tokens_per_s", "n_ok", "lengths_ok", "logprobs_ok")
+    }
+    out["engine_tokens_per_s"] = round(first["tokens"] / first["engine_s"], 1) if first["engine_s"] else 0.0
+    if len(per) > 1:
+        out["runs"] = per
+    return out
+
+
+# -- the whole bench -----------------------------------------------------------------------------------------

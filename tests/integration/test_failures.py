@@ -1,0 +1,66 @@
+"""A dead or stuck actor stops the run with a clear error, and the finished steps stay on disk."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+import ray.cloudpickle
+
+from rlgen.compose import compose_run_config
+from rlgen.engines.hf import HFEngine
+from rlgen.metrics import MetricsSink, read_jsonl
+from rlgen.orchestrator import Orchestrator, RunError
+from rlgen.plan import build_plan
+
+
+# Ray workers cannot import this test module, so its engine classes travel by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class DyingEngine(HFEngine):
+    """Exits its process on the third generate call, as an OOM kill or a segfault would."""
+
+    def generate(self, requests, version=None):
+        if self.calls >= 2:
+            os._exit(1)
+        return super().generate(requests, version)
+
+
+class StuckEngine(HFEngine):
+    """Hangs on the second generate call."""
+
+    def generate(self, requests, version=None):
+        if self.calls >= 1:
+            time.sleep(60)
+        return super().generate(requests, version)
+
+
+def _run(tmp_path, engine_cls, *overrides):
+    cfg = compose_run_config(["progress=false", "steps=5", "algo.prompts_per_step=8", *overrides])
+    orch = Orchestrator(cfg, build_plan(cfg), tmp_path, engine_cls=engine_cls)
+    try:
+        orch.setup()
+        sink = MetricsSink(tmp_path, cfg, cfg.steps)
+        try:
+            orch.train(sink)
+        finally:
+            sink.progress.stop()
+    finally:
+        orch.cleanup()
+
+
+def test_dead_engine_is_reported_and_finished_steps_are_kept(tmp_path):
+    with pytest.raises(RunError, match=r"generation for step 2 failed because an actor died"):
+        _run(tmp_path, DyingEngine)
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1]
+
+
+def test_stuck_engine_times_out(tmp_path):
+    t0 = time.time()
+    with pytest.raises(RunError, match=r"did not finish within timeout_s=3 s"):
+        _run(tmp_path, StuckEngine, "timeout_s=3")
+    assert time.time() - t0 < 55  # the run gave up on its own, long before the engine would have answered
