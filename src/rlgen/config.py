@@ -190,7 +190,7 @@ class ValidateConfig:
     kl_tolerance: float = 1e-3  # per row: k3 KL(candidate || reference) at most this
     min_greedy_agreement: float = 0.9  # fraction of greedy sequences that agree
     tie_tolerance: float = 0.05  # a greedy divergence where the reference's logprobs differ by <= this is a tie
-    perturb: Perturb = Perturb.float8_e4m3fn  # engine=hf: round the candidate's weights to this format
+    perturb: Perturb = Perturb.float8_e5m2  # engine=hf: round the candidate's weights to this format
     reference_dtype: str = "float32"
     gpu_memory_utilization: float = 0.5  # cap for the candidate, which shares the GPU with the reference
     runner: Runner = Runner.auto

@@ -17,7 +17,7 @@ written to ``validate.json`` in the run folder, and the exit code is 1 on FAIL.
 
 Which candidate: ``engine=vllm`` builds VLLMEngine (in a Ray actor, as in training). ``engine=hf`` builds the
 hf engine with its weights rounded to ``validate.perturb`` (compute stays in the engine dtype); on the tiny
-model float8_e4m3fn exceeds the default tolerance while bfloat16 stays inside it, so the CPU run shows the
+model float8_e5m2 exceeds the default tolerance while bfloat16 stays inside it, so the CPU run shows the
 check can fail. ``validate.perturb=none`` compares hf with itself.
 """
 

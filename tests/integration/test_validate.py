@@ -65,7 +65,7 @@ def test_hf_against_itself_passes(cfg, tmp_path):
 
 
 def test_perturbed_precision_fails_and_bf16_rounding_passes(cfg):
-    fp8 = run_validate(cfg, _v(perturb=Perturb.float8_e4m3fn))
+    fp8 = run_validate(cfg, _v(perturb=Perturb.float8_e5m2))
     assert not fp8.passed
     assert fp8.row("all").k3_kl > 1e-3
     assert fp8.worst_case is not None and fp8.worst_case["k3_kl"] >= fp8.row("all").k3_kl
@@ -139,14 +139,14 @@ def test_noisy_engine_keeps_the_tokens_and_noises_the_logprobs(cfg, model_path):
 
 
 def _cli(args: list[str], tmp_path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "rlgen.cli", "validate", f"hydra.run.dir={tmp_path}", "++validate.cases=3", *args]
+    cmd = [sys.executable, "-m", "rlgen.cli", "validate", f"hydra.run.dir={tmp_path}", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
 
 def test_cli_fails_on_cpu_by_default_and_passes_unperturbed(tmp_path):
     failed = _cli([], tmp_path / "default")
     assert failed.returncode == 1, failed.stderr[-2000:]
-    assert "FAIL" in failed.stdout and "float8_e4m3fn" in failed.stdout
+    assert "FAIL" in failed.stdout and "float8_e5m2" in failed.stdout
     data = json.loads((tmp_path / "default" / "validate.json").read_text())
     assert data["passed"] is False and math.isfinite(data["rows"][-1]["k3_kl"])
     passed = _cli(["++validate.perturb=none"], tmp_path / "none")

@@ -44,7 +44,7 @@ def test_hand_calculation_qwen2_5_1_5b_on_8xh100():
     # KV capacity of one H100 engine: 80 GB x 0.9 - 1 GiB headroom - weights, over 28,672 bytes a token.
     kv_tokens = int((80e9 * 0.9 - 2**30 - weights) // kv)
     assert p.kv_capacity_tokens == kv_tokens == 2_366_030
-    assert p.max_concurrency == 256  # engine.max_num_seqs; KV would hold 3,696 640-token sequences
+    assert p.max_concurrency == 2048  # engine.max_num_seqs; KV would hold 3,696 640-token sequences
     # 64 prompts dealt over 4 engines: 16 groups x 8 samples = 128 sequences per engine, one wave.
     c, ctx = 128, 128 + 512 / 2
     assert p.concurrency == c

@@ -112,7 +112,7 @@ class HFEngine:
             do_sample=not greedy,
             temperature=None if greedy else s.temperature,
             top_p=None if greedy or s.top_p >= 1 else s.top_p,
-            top_k=0,  # no top-k truncation: sample from the whole distribution the logprobs describe
+            top_k=None if greedy else 0,  # no top-k cut: sample the whole distribution the logprobs describe
             max_new_tokens=max(limits),
             min_new_tokens=max(limits) if s.ignore_eos and not s.stop_token_ids else None,
             eos_token_id=stops or None,

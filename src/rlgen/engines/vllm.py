@@ -227,7 +227,12 @@ class VLLMEngine:
         self.engine_cfg = engine
         self.version = 0
         self.asleep = False
+        self.weights_on_gpu = True  # False between sleep() and a wake() that brings the weights back
         self.paused = False
+        # Set by init_weight_transfer(): prompts carry a per-version cache_salt, so a request never reuses
+        # prefix-cache blocks computed under another policy version, even when the cache could not be reset
+        # after an in-flight update (requests frozen by pause(mode="keep") still hold their blocks).
+        self.salt_prefix_cache = False
         self._calls = 0
         self._lock = threading.Lock()
         self.args = build_engine_args(model_path, engine, seed, engine_args)
@@ -271,6 +276,8 @@ class VLLMEngine:
 
         final = None
         prompt = TokensPrompt(prompt_token_ids=list(req.prompt_ids))
+        if self.salt_prefix_cache:
+            prompt["cache_salt"] = f"{self.name}-v{self.version}"
         async for out in self.llm.generate(prompt, self._sampling(req), request_id):
             final = out
         return final
@@ -383,6 +390,60 @@ class VLLMEngine:
             "prefix_cache_reset": bool(reset),
         }
 
+    # -- vLLM's native weight transfer (engine built with weight_transfer_config) ------------------------
+    def init_weight_transfer(self, init_info: dict[str, Any], timeout_s: float = CONTROL_TIMEOUT_S) -> dict[str, Any]:
+        """Join the trainer's transfer channel (NCCL: the trainer's process group; IPC: nothing to join).
+        Needs ``engine_args={"weight_transfer_config": {"backend": "nccl" | "ipc"}}`` at construction. Blocks
+        until every NCCL rank has joined, so the trainer side must be started concurrently."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        t0 = time.time()
+        self._loop.run(
+            self.llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=dict(init_info))),
+            timeout_s,
+            f"{self.name}: joining the weight-transfer channel",
+        )
+        self.salt_prefix_cache = True
+        return {"actor": self.name, "spans": [(Phase.sync.value, t0, time.time())]}
+
+    def start_weight_update(self, timeout_s: float = CONTROL_TIMEOUT_S) -> None:
+        if not self.weights_on_gpu:
+            raise EngineError(f"{self.name} is asleep; wake(['weights']) it before a weight update.")
+        self._loop.run(self.llm.start_weight_update(), timeout_s, f"{self.name}: start_weight_update")
+
+    def load_weight_chunk(self, update_info: dict[str, Any], timeout_s: float = CONTROL_TIMEOUT_S) -> int:
+        """One update_weights call of vLLM's transfer engine (NCCL: all tensors of the update, received while
+        the trainer broadcasts; IPC: one packed chunk of handles). Returns the number of tensors."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        self._loop.run(
+            self.llm.update_weights(WeightTransferUpdateRequest(update_info=dict(update_info))),
+            timeout_s,
+            f"{self.name}: receiving {len(update_info.get('names', ()))} tensors",
+        )
+        return len(update_info.get("names", ()))
+
+    def finish_weight_update(self, version: int, timeout_s: float = CONTROL_TIMEOUT_S) -> dict[str, Any]:
+        """Finalise the update, drop the prefix cache (its KV came from the old weights) and take the new
+        policy version. The reset fails while paused requests hold blocks; the per-version cache salt keeps
+        later requests off those blocks either way."""
+        self._loop.run(self.llm.finish_weight_update(), timeout_s, f"{self.name}: finish_weight_update")
+        reset = self._loop.run(self.llm.reset_prefix_cache(), timeout_s, f"{self.name}: prefix-cache reset")
+        self.version = int(version)
+        return {"actor": self.name, "version": self.version, "prefix_cache_reset": bool(reset)}
+
+    def receive_weights(
+        self, update_info: dict[str, Any], version: int, timeout_s: float = CONTROL_TIMEOUT_S
+    ) -> dict[str, Any]:
+        """A whole update in one call: start, receive (NCCL: concurrently with the trainer's broadcast),
+        finish. A timeout leaves vLLM's worker blocked in NCCL: the engine must then be restarted."""
+        t0 = time.time()
+        self.start_weight_update(timeout_s)
+        tensors = self.load_weight_chunk(update_info, timeout_s)
+        out = self.finish_weight_update(version, timeout_s)
+        out.update(tensors=tensors, spans=[(Phase.sync.value, t0, time.time())], seconds=time.time() - t0)
+        return out
+
     # -- memory and scheduling --------------------------------------------------------------------------
     def sleep(self, level: int = 1) -> None:
         """Free GPU memory: level 1 moves weights to CPU and drops the KV cache; level 2 drops the weights
@@ -391,10 +452,16 @@ class VLLMEngine:
             raise EngineError(f"{self.name} was built without sleep mode; set engine.enable_sleep_mode=true.")
         self._loop.run(self.llm.sleep(level), CONTROL_TIMEOUT_S, f"{self.name}: sleep({level})")
         self.asleep = True
+        self.weights_on_gpu = False
 
-    def wake(self) -> None:
-        self._loop.run(self.llm.wake_up(), CONTROL_TIMEOUT_S, f"{self.name}: wake()")
-        self.asleep = False
+    def wake(self, tags: list[str] | None = None) -> None:
+        """Give memory back: tags=None all of it; ["weights"] the weights only (then load new ones), then
+        ["kv_cache"]. The engine counts as asleep until its KV cache is back."""
+        self._loop.run(self.llm.wake_up(tags), CONTROL_TIMEOUT_S, f"{self.name}: wake({tags or ''})")
+        if tags is None or "weights" in tags:
+            self.weights_on_gpu = True
+        if tags is None or "kv_cache" in tags:
+            self.asleep = False
 
     def pause(self, mode: str = "keep", clear_cache: bool = False) -> None:
         """Stop scheduling. mode="keep" freezes in-flight requests with their KV cache (they go on after

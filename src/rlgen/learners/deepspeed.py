@@ -1,0 +1,338 @@
+"""A DeepSpeed ZeRO learner (stage 2 or 3) on one GPU per rank: bf16, gradient checkpointing, micro-batches.
+
+Same protocol, metrics keys and GRPO loss as ``TorchLearner``; the differences are what ZeRO forces:
+
+- The loss is divided by the whole batch's denominator *before* backward, since ZeRO reduces and partitions
+  gradients during backward and there is no full gradient to divide afterwards. With
+  ``algo.seq_mask_cap > 0`` the denominator depends on the trainer's logprobs, so a no-grad forward over the
+  batch computes it first (one extra forward).
+- Micro-batches accumulate with DeepSpeed's own boundary (``set_gradient_accumulation_boundary``) and one
+  ``engine.step()`` per batch; clipping is DeepSpeed's ``gradient_clipping``.
+- Non-finite guard: a non-finite loss poisons the last micro-batch's loss with NaN, so DeepSpeed's overflow
+  check (bf16 ``check_grad_overflow``) skips the step and clears the gradients; a non-finite gradient norm
+  is skipped the same way. Both leave parameters and optimizer state untouched, as in TorchLearner.
+  Parameters that turn non-finite *after* an applied step cannot be rolled back here (TorchLearner keeps a
+  copy; ZeRO's fp32 partitions are not copied): the step counts as skipped, the learner refuses to export
+  weights, and the run's breaker halts it after monitor.max_nonfinite_steps skipped steps.
+
+The optimizer is torch's AdamW (no DeepSpeed op is compiled), handed to ZeRO as a client optimizer.
+deepspeed is imported only when a learner is built. Untested on GPU so far: see docs/weight_sync.md.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any
+
+import torch
+
+from rlgen.algo.grpo import aggregate, kl_k3, normaliser, policy_loss, sequence_keep, token_logprobs
+from rlgen.config import AlgoConfig, LossAgg, MonitorConfig
+from rlgen.learners.torch import NonFiniteWeightsError, TorchLearner, _disable_dropout
+from rlgen.mismatch import mismatch_metrics
+from rlgen.sync import DEFAULT_BUCKET_BYTES, WeightSender, plan_buckets
+from rlgen.types import Phase, RolloutBatch
+
+
+def micro_batches(rows: int, micro_batch_size: int) -> int:
+    """How many micro-batches a batch of `rows` splits into (micro_batch_size 0: one)."""
+    if micro_batch_size <= 0:
+        return 1
+    return max(1, math.ceil(rows / micro_batch_size))
+
+
+def build_ds_config(
+    algo: AlgoConfig, *, zero_stage: int, rows_per_step: int, world_size: int = 1, bf16: bool = True
+) -> dict[str, Any]:
+    """The DeepSpeed JSON config for this learner. Pure: no deepspeed import."""
+    if zero_stage not in (2, 3):
+        raise ValueError(f"learner.zero_stage={zero_stage}: this learner runs ZeRO stage 2 or 3.")
+    if rows_per_step < 1:
+        raise ValueError(f"rows_per_step={rows_per_step} must be at least 1.")
+    micro = algo.micro_batch_size if algo.micro_batch_size > 0 else rows_per_step
+    gas = micro_batches(rows_per_step, algo.micro_batch_size)
+    zero: dict[str, Any] = {"stage": zero_stage, "overlap_comm": True, "contiguous_gradients": True,
+                            "reduce_bucket_size": int(5e8)}
+    if zero_stage == 3:
+        zero.update(stage3_prefetch_bucket_size=int(5e7), stage3_param_persistence_threshold=int(1e5),
+                    stage3_gather_16bit_weights_on_model_save=True)
+    return {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": gas,
+        "train_batch_size": micro * gas * world_size,
+        "gradient_clipping": float(algo.grad_clip) if algo.grad_clip > 0 else 0.0,
+        "bf16": {"enabled": bool(bf16), "check_grad_overflow": True},
+        "data_types": {"grad_accum_dtype": "fp32"},
+        "zero_optimization": zero,
+        "zero_allow_untested_optimizer": True,  # torch AdamW as a client optimizer: no op builds needed
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def _single_process_env(port: int | None = None) -> None:
+    """torch.distributed settings for a one-rank DeepSpeed group, unless the launcher already set them."""
+    if port is None:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(port)}.items():
+        os.environ.setdefault(key, value)
+
+
+class DeepSpeedLearner(WeightSender, TorchLearner):
+    """ZeRO-2/3 learner. Constructor arguments are plain values so the class can be wrapped in ray.remote.
+
+    zero_stage: 2 or 3. gradient_checkpointing: recompute activations in backward (HF's non-reentrant
+    checkpointing). rows_per_step: sequences per train_step on this rank (fixes DeepSpeed's batch geometry;
+    default prompts_per_step x samples_per_prompt). sync_bucket_bytes: ZeRO-3 gathers at most this many
+    bytes of parameters at once when exporting weights.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        algo: AlgoConfig,
+        monitor: MonitorConfig,
+        seed: int = 0,
+        device: str = "cuda",
+        rank: int = 0,
+        name: str = "learner0",
+        zero_stage: int = 3,
+        gradient_checkpointing: bool = True,
+        rows_per_step: int | None = None,
+        sync_bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    ) -> None:
+        if not torch.cuda.is_available():
+            raise RuntimeError("DeepSpeedLearner needs a CUDA GPU; use the torch learner (TorchLearner) on CPU.")
+        try:
+            import deepspeed
+        except ImportError as err:
+            raise RuntimeError(f"DeepSpeedLearner needs deepspeed: pip install 'rlgen[gpu]' ({err}).") from err
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(seed)
+        torch.cuda.set_device(0)  # Ray narrows CUDA_VISIBLE_DEVICES to this actor's GPU
+        self._init_state(algo, monitor, rank, name, torch.device("cuda", 0), zero_stage, sync_bucket_bytes)
+        rows = rows_per_step or algo.prompts_per_step * algo.samples_per_prompt
+        self.ds_config = build_ds_config(algo, zero_stage=self.zero_stage, rows_per_step=rows)
+
+        module = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16).to(self.device)
+        _disable_dropout(module)
+        if gradient_checkpointing:
+            module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            module.config.use_cache = False
+        if algo.kl_coef > 0:  # a full bf16 copy; fine for the sizes rlgen targets on one GPU
+            self.ref_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16)
+            self.ref_model.to(self.device).eval().requires_grad_(False)
+        params = [p for p in module.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=algo.lr, weight_decay=algo.weight_decay)
+        _single_process_env()
+        deepspeed.init_distributed(dist_backend="nccl")
+        self.engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=self.ds_config)
+        self.engine.train()
+        self.model = self.engine  # TorchLearner._response_logits calls self.model(...)
+        self.module = self.engine.module
+
+    def _init_state(self, algo, monitor, rank, name, device, zero_stage, sync_bucket_bytes) -> None:
+        """Bookkeeping shared by every construction path (tests build the learner around a stand-in engine)."""
+        self.algo, self.monitor, self.rank, self.name, self.device = algo, monitor, rank, name, device
+        self.loss_agg = LossAgg(algo.loss_agg)
+        self.zero_stage = int(zero_stage)
+        self.sync_bucket_bytes = int(sync_bucket_bytes)
+        self.ref_model = None
+        self.version = 0
+        self.calls = 0
+        self.skipped_steps = 0
+        self.consecutive_skips = 0
+        self.last_skip_reason: str | None = None
+        self.sync_blocked = None
+
+    # -- training --------------------------------------------------------------------------------------
+    def _denominator(self, ids, attn, mask, engine_logp, prompt_len: int, micro: int) -> float:
+        """The whole batch's loss denominator: from the response mask, or (sequence masking on) from the
+        mask of sequences kept after a no-grad forward."""
+        if self.algo.seq_mask_cap <= 0:
+            return normaliser(mask, self.loss_agg, self.algo.max_new_tokens)
+        total = 0.0
+        with torch.no_grad():
+            for lo in range(0, ids.shape[0], micro):
+                r = slice(lo, lo + micro)
+                logits = self._response_logits(self.model, ids[r], attn[r], mask.shape[1])  # [n, L, V]
+                logp = token_logprobs(logits, ids[r, prompt_len:])  # [n, L]
+                keep = sequence_keep(logp, engine_logp[r], mask[r], self.algo.seq_mask_cap)  # [n]
+                total += normaliser(mask[r] & keep.unsqueeze(-1), self.loss_agg, self.algo.max_new_tokens)
+        return total
+
+    def _micro_step(self, ids, attn, mask, engine_logp, advantages, prompt_len: int, scale: float, poison: bool):
+        """Forward and backward of one micro-batch; the loss is pre-divided by the batch denominator (scale =
+        1/denominator). ids, attn: [n, P+L]; mask, engine_logp: [n, L]; advantages: [n]."""
+        algo, resp_len = self.algo, mask.shape[1]
+        targets = ids[:, prompt_len:]  # [n, L]
+        logits = self._response_logits(self.model, ids, attn, resp_len)  # [n, L, V]
+        logp = token_logprobs(logits, targets)  # [n, L]
+        keep = sequence_keep(logp, engine_logp, mask, algo.seq_mask_cap)  # [n]
+        loss_mask = mask & keep.unsqueeze(-1)  # [n, L]
+        pg, metrics = policy_loss(
+            logp, engine_logp, advantages, mask, clip_low=algo.clip_low, clip_high=algo.clip_high,
+            tis_cap=algo.tis_cap, seq_mask_cap=algo.seq_mask_cap, agg=self.loss_agg,
+            max_new_tokens=algo.max_new_tokens, denominator=1.0,
+        )
+        total, kl_sum = pg, 0.0
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref_logp = token_logprobs(self._response_logits(self.ref_model, ids, attn, resp_len), targets)
+            kl = aggregate(kl_k3(logp, ref_logp), loss_mask, self.loss_agg, algo.max_new_tokens, denominator=1.0)
+            total, kl_sum = pg + algo.kl_coef * kl, float(kl.item())
+        sums_pg = float(pg.item())
+        if poison or not math.isfinite(sums_pg + kl_sum):
+            total = total * float("nan")  # DeepSpeed's overflow check then skips the step
+        self.engine.backward(total * scale, scale_wrt_gas=False)
+        with torch.no_grad():
+            probs = torch.softmax(logits, dim=-1)  # [n, L, V]
+            entropy = torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)  # [n, L]
+            del probs
+        loss_tokens, tokens = float(loss_mask.sum().item()), float(mask.sum().item())
+        seqs = float(mask.any(dim=-1).sum().item())
+        return logp.detach(), {
+            "pg": sums_pg, "kl": kl_sum, "entropy": float(entropy[mask].sum().item()), "loss_tokens": loss_tokens,
+            "clip": metrics["clip_frac"] * loss_tokens, "tis": metrics["tis_frac"] * loss_tokens,
+            "ratio": metrics["ratio_mean"] * tokens, "ratio_max": metrics["ratio_max"] if tokens else -math.inf,
+            "masked_seqs": metrics["seq_masked_frac"] * seqs,
+        }
+
+    def train_step(self, batch: RolloutBatch) -> dict[str, Any]:
+        """One optimizer step; the returned keys are TorchLearner.train_step's."""
+        start = time.time()
+        step_index = self.calls
+        self.calls += 1
+        algo, dev = self.algo, self.device
+        ids = batch.input_ids.to(dev)  # [N, P+L]
+        attn = batch.attention_mask.to(dev)  # [N, P+L]
+        mask = batch.response_mask.to(dev) > 0  # [N, L]
+        engine_logp = batch.engine_logprobs.to(dev, torch.float32)  # [N, L]
+        advantages = batch.advantages.to(dev, torch.float32)  # [N]
+        n_rows, prompt_len = ids.shape[0], batch.prompt_len
+        resp_len = ids.shape[1] - prompt_len
+        if prompt_len < 1 or resp_len < 1 or mask.shape != (n_rows, resp_len):
+            raise ValueError(
+                f"bad batch: input_ids {tuple(ids.shape)}, prompt_len {prompt_len}, response_mask {tuple(mask.shape)}"
+            )
+        micro = algo.micro_batch_size if algo.micro_batch_size > 0 else n_rows
+        denom = self._denominator(ids, attn, mask, engine_logp, prompt_len, micro)
+        scale = 1.0 / denom if denom > 0 else 0.0
+
+        trainer_logp = torch.zeros(n_rows, resp_len, device=dev)  # [N, L]
+        acc: dict[str, float] = {}
+        ratio_maxes: list[float] = []
+        starts = list(range(0, n_rows, micro))
+        for i, lo in enumerate(starts):
+            last = i == len(starts) - 1
+            self.engine.set_gradient_accumulation_boundary(last)
+            poison = last and not math.isfinite((acc.get("pg", 0.0) + algo.kl_coef * acc.get("kl", 0.0)) * scale)
+            r = slice(lo, lo + micro)
+            logp, sums = self._micro_step(ids[r], attn[r], mask[r], engine_logp[r], advantages[r], prompt_len, scale, poison)
+            trainer_logp[r] = logp
+            ratio_maxes.append(sums.pop("ratio_max"))
+            for key, value in sums.items():
+                acc[key] = acc.get(key, 0.0) + value
+        mismatch = mismatch_metrics(trainer_logp, engine_logp, mask, self.monitor.delta_threshold)
+        pg_loss, kl_value = acc["pg"] * scale, acc["kl"] * scale
+        loss = pg_loss + algo.kl_coef * kl_value
+
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        grad_norm = float(norm) if norm is not None else float("nan")
+        if not math.isfinite(loss):
+            reason = f"non-finite loss ({loss}) at step {step_index}"
+        elif not self.engine.was_step_applied():
+            reason = f"non-finite gradient norm ({grad_norm}) at step {step_index}"
+        elif not self._local_weights_finite():
+            reason = f"non-finite parameters after the update at step {step_index} (not rolled back under ZeRO)"
+            self.sync_blocked = reason
+        else:
+            reason = None
+        if reason is None:
+            self.version += 1
+            self.consecutive_skips = 0
+        else:
+            self.skipped_steps += 1
+            self.consecutive_skips += 1
+            self.last_skip_reason = reason
+
+        tokens = int(mask.sum().item())
+        loss_tokens = max(acc["loss_tokens"], 1.0)
+        seqs = max(int(mask.any(dim=-1).sum().item()), 1)
+        ratio_max = float(torch.tensor(ratio_maxes).max())
+        out: dict[str, Any] = {
+            "loss": loss, "pg_loss": pg_loss, "grad_norm": grad_norm, "entropy": acc["entropy"] / max(tokens, 1),
+            "clip_frac": acc["clip"] / loss_tokens, "tis_frac": acc["tis"] / loss_tokens,
+            "seq_masked_frac": acc["masked_seqs"] / seqs, "ratio_mean": acc["ratio"] / tokens if tokens else 1.0,
+            "ratio_max": ratio_max if tokens else 1.0, "response_tokens": tokens, "version": self.version,
+            "skipped": reason is not None,
+        }
+        if self.ref_model is not None:
+            out["kl"] = kl_value
+        if reason is not None:
+            out["skip_reason"] = reason
+        out.update({f"mismatch/{k}": v for k, v in mismatch.items()})
+        out["spans"] = [(Phase.train.value, start, time.time())]
+        return out
+
+    def _local_weights_finite(self) -> bool:
+        """This rank's parameter storage (ZeRO-3: its partitions) is all finite."""
+        for p in self.module.parameters():
+            t = getattr(p, "ds_tensor", None) if self.zero_stage == 3 else p
+            if t is not None and t.numel() and not bool(torch.isfinite(t).all()):
+                return False
+        return True
+
+    # -- weights ---------------------------------------------------------------------------------------
+    def named_weights(self) -> list[tuple[str, Any]]:
+        return list(self.module.named_parameters())
+
+    def iter_weights(self, dtype: str | None = None, bucket_bytes: int | None = None):
+        """(name, full tensor [shape]) for every parameter. ZeRO-3 gathers a bucket of parameters at a time
+        and yields copies, so the bucket can be released as soon as the consumer moves on."""
+        if self.zero_stage < 3:
+            yield from super().iter_weights(dtype)
+            return
+        import deepspeed
+
+        target = getattr(torch, dtype) if dtype else None
+        named = self.named_weights()
+        sizes = [math.prod(self.full_shape(p)) * p.element_size() for _, p in named]
+        for bucket in plan_buckets(sizes, bucket_bytes or self.sync_bucket_bytes):
+            params = [named[i][1] for i in bucket]
+            with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+                for i in bucket:
+                    name, p = named[i]
+                    yield name, p.detach().to(dtype=target or p.dtype, copy=True)
+
+    def get_weights(self, dtype: torch.dtype | str | None = None) -> dict[str, torch.Tensor]:
+        """{name: CPU tensor} of every parameter (HF names, bf16 unless dtype says otherwise), all finite."""
+        if self.sync_blocked:
+            raise NonFiniteWeightsError(f"{self.name}: {self.sync_blocked}; refusing to export weights")
+        name = str(dtype).removeprefix("torch.") if dtype is not None else None
+        out = {}
+        for key, t in self.iter_weights(name):
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                raise NonFiniteWeightsError(f"{self.name}: parameter {key!r} is non-finite at version {self.version}")
+            out[key] = t.to("cpu", copy=True).contiguous()
+        return out
+
+    def save(self, path: str) -> None:
+        """An HF checkpoint folder (full bf16 weights gathered from ZeRO) plus learner_state.pt (version)."""
+        os.makedirs(path, exist_ok=True)
+        weights = self.get_weights()
+        if self.rank == 0:
+            self.module.save_pretrained(path, state_dict=weights)
+            torch.save({"version": self.version, "calls": self.calls}, os.path.join(path, "learner_state.pt"))
+
+
+__all__ = ["DeepSpeedLearner", "build_ds_config", "micro_batches"]

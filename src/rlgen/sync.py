@@ -1,0 +1,437 @@
+"""Weight transports: the learner's new weights -> every engine, after each applied optimizer step.
+
+Three transports behind one interface (``WeightTransport``), picked by ``plan.transport``:
+
+- ``ObjectStoreTransport`` (CPU, hf engines): the learner's CPU state dict through Ray's object store into
+  ``engine.update_weights``. Returns the engines' refs without waiting, as the loop did before.
+- ``NcclTransport`` (engines and learner on separate GPUs): vLLM's NCCL weight-transfer engine. One NCCL
+  group joins learner rank 0 (rank 0) with every engine worker; each update is one packed broadcast that
+  the engines receive through ``update_weights`` while the learner runs ``trainer_send_weights``.
+- ``CudaIpcTransport`` (colocated): vLLM's IPC weight-transfer engine. Engines sleep while the learner
+  trains; for the update they wake their weights only, read the learner's packed buffer through CUDA IPC
+  handles, then wake their KV cache.
+
+Every wait has a timeout. A timeout inside NCCL or IPC cannot be undone (a blocked collective cannot be
+cancelled), so the transport marks itself broken and every later push fails at once with the reason.
+
+Learner-side helpers live in ``WeightSender``, a mixin for learner classes (GPU only: it uses vllm).
+vllm is imported lazily, inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from rlgen.plan import Plan, Transport
+from rlgen.types import Phase
+
+DEFAULT_BUCKET_BYTES = 1 << 30  # packed-buffer size; raised to the largest tensor when that is larger
+NUM_BUFFERS = 2  # NCCL double buffering: pack chunk k+1 while chunk k is on the wire
+SLACK_S = 30.0  # the driver waits this much longer than the actors it waits on
+
+
+class SyncError(RuntimeError):
+    """A weight update failed; the message says why and what to do."""
+
+
+class SyncTimeoutError(SyncError):
+    pass
+
+
+# -- pure helpers ------------------------------------------------------------------------------------------
+def plan_buckets(sizes: Sequence[int], bucket_bytes: int) -> list[range]:
+    """Split tensors (by byte size, in order) into consecutive ranges of at most bucket_bytes each; a tensor
+    larger than bucket_bytes forms a bucket of its own. Every index appears exactly once, in order."""
+    if bucket_bytes < 1:
+        raise ValueError(f"bucket_bytes={bucket_bytes} must be positive")
+    buckets: list[range] = []
+    start, used = 0, 0
+    for i, size in enumerate(sizes):
+        if i > start and used + size > bucket_bytes:
+            buckets.append(range(start, i))
+            start, used = i, 0
+        used += size
+    if start < len(sizes):
+        buckets.append(range(start, len(sizes)))
+    return buckets
+
+
+def run_with_timeout(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """fn() on a daemon thread, waited for at most timeout_s. On timeout the thread is left behind (a
+    blocked NCCL call cannot be interrupted) and SyncTimeoutError says so."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = err
+
+    thread = threading.Thread(target=target, name=f"rlgen-sync-{what[:20]}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise SyncTimeoutError(
+            f"{what} did not finish within {timeout_s:.0f} s. The transfer cannot be cancelled, so this "
+            "process is unusable for weight sync; restart the run (raise timeout_s if the model is large)."
+        )
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def get_all(
+    refs: Sequence[Any], timeout_s: float, what: str, names: Sequence[str] | None = None, *, fetch: bool = True
+) -> list[Any]:
+    """Results of Ray object refs (or concurrent futures), in order, waiting at most timeout_s in all
+    (fetch=False: only wait, return []). SyncTimeoutError names the calls that had not answered."""
+    refs = list(refs)
+    if not refs:
+        return []
+    names = list(names) if names is not None else [f"call {i}" for i in range(len(refs))]
+    if all(isinstance(r, concurrent.futures.Future) for r in refs):
+        done, _ = concurrent.futures.wait(refs, timeout=timeout_s)
+        late = [n for n, r in zip(names, refs) if r not in done]
+        if late:
+            raise SyncTimeoutError(f"{what}: no answer within {timeout_s:.0f} s from {', '.join(late)}.")
+        return [r.result() for r in refs] if fetch else []
+    import ray
+
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    if len(ready) < len(refs):
+        done = {r.hex() for r in ready}
+        late = [n for n, r in zip(names, refs) if r.hex() not in done]
+        raise SyncTimeoutError(f"{what}: no answer within {timeout_s:.0f} s from {', '.join(late)}.")
+    return ray.get(refs) if fetch else []
+
+
+def engine_args_for(transport: Transport) -> dict[str, Any]:
+    """Extra vLLM engine arguments a transport needs (VLLMEngine's ``engine_args``)."""
+    backend = {Transport.nccl: "nccl", Transport.cuda_ipc: "ipc"}.get(Transport(transport))
+    return {"weight_transfer_config": {"backend": backend}} if backend else {}
+
+
+def check_versions(results: Sequence[dict[str, Any]], version: int, what: str) -> None:
+    wrong = [(r.get("actor", "?"), r.get("version")) for r in results if r.get("version") != version]
+    if wrong:
+        raise SyncError(f"{what}: expected policy version {version} everywhere, got {wrong}.")
+
+
+# -- learner side -------------------------------------------------------------------------------------------
+class WeightSender:
+    """Learner-side half of the GPU transports. The learner class provides ``version``, ``name``, ``device``
+    and ``named_weights()``: (name, parameter) in HF checkpoint names. ``iter_weights`` yields full tensors;
+    a sharded learner (ZeRO-3) overrides it to gather bucket by bucket."""
+
+    version: int
+    name: str
+    device: Any
+    _nccl_group: Any = None
+    sync_blocked: str | None = None  # set when the learner's weights must not be exported
+
+    def named_weights(self) -> list[tuple[str, Any]]:
+        return list(self.model.named_parameters())
+
+    @staticmethod
+    def full_shape(param: Any) -> tuple[int, ...]:
+        return tuple(getattr(param, "ds_shape", None) or param.shape)  # ZeRO-3 keeps the full shape aside
+
+    def weight_meta(self, dtype: str) -> dict[str, Any]:
+        """names, dtype_names, shapes (the update info vLLM needs) and the largest tensor's bytes."""
+        import torch
+
+        item = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+        named = self.named_weights()
+        shapes = [list(self.full_shape(p)) for _, p in named]
+        return {
+            "names": [n for n, _ in named],
+            "dtype_names": [dtype] * len(named),
+            "shapes": shapes,
+            "max_tensor_bytes": max((math.prod(s) * item for s in shapes), default=0),
+            "total_bytes": sum(math.prod(s) * item for s in shapes),
+        }
+
+    def iter_weights(self, dtype: str | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Iterator[tuple[str, Any]]:
+        """(name, tensor [full shape]) in named_weights() order, cast to dtype (a view when it already is)."""
+        import torch
+
+        target = getattr(torch, dtype) if dtype else None
+        for name, p in self.named_weights():
+            t = p.detach()
+            yield name, (t.to(target) if target is not None else t)
+
+    def _check_send(self, version: int) -> None:
+        if self.sync_blocked:
+            raise SyncError(f"{self.name}: weights cannot be exported: {self.sync_blocked}")
+        if int(version) != self.version:
+            raise SyncError(
+                f"{self.name}: asked to send policy version {version}, but the learner is at version "
+                f"{self.version}; the driver and learner disagree about which update happened."
+            )
+
+    def sync_endpoint(self) -> tuple[str, int]:
+        """This host's address and a free port, for the NCCL group's rendezvous (the learner is rank 0)."""
+        from vllm.utils.network_utils import get_ip, get_open_port
+
+        return get_ip(), get_open_port()
+
+    def init_nccl_sender(self, master_address: str, master_port: int, world_size: int, timeout_s: float) -> dict:
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
+
+        t0 = time.time()
+        info = {"master_address": master_address, "master_port": master_port, "world_size": world_size}
+        self._nccl_group = run_with_timeout(
+            lambda: NCCLWeightTransferEngine.trainer_init(info), timeout_s, f"{self.name}: NCCL group set-up"
+        )
+        return {"actor": self.name, "spans": [(Phase.sync.value, t0, time.time())]}
+
+    def send_weights_nccl(self, version: int, dtype: str, bucket_bytes: int, timeout_s: float) -> dict:
+        """Broadcast every weight, packed, to the engines (which must be in receive_weights concurrently)."""
+        import torch
+        from vllm.distributed.weight_transfer.nccl_engine import (
+            NCCLTrainerSendWeightsArgs,
+            NCCLWeightTransferEngine,
+        )
+
+        self._check_send(version)
+        if self._nccl_group is None:
+            raise SyncError(f"{self.name}: send_weights_nccl() before init_nccl_sender().")
+        args = NCCLTrainerSendWeightsArgs(
+            group=self._nccl_group, packed=True, packed_buffer_size_bytes=bucket_bytes, packed_num_buffers=NUM_BUFFERS
+        )
+
+        def send() -> None:
+            torch.cuda.set_device(self.device)
+            NCCLWeightTransferEngine.trainer_send_weights(self.iter_weights(dtype, bucket_bytes), args)
+            torch.cuda.synchronize()
+
+        t0 = time.time()
+        try:
+            run_with_timeout(send, timeout_s, f"{self.name}: NCCL broadcast of version {version}")
+        except SyncTimeoutError:
+            self.sync_blocked = "an NCCL broadcast timed out and may still be blocked"
+            raise
+        return {"actor": self.name, "version": int(version), "spans": [(Phase.sync.value, t0, time.time())]}
+
+    def send_weights_ipc(self, engines: list[Any], version: int, dtype: str, bucket_bytes: int, timeout_s: float) -> dict:
+        """Drive a whole IPC update of every (awake-weights) engine on this GPU: start, one packed chunk at a
+        time through CUDA IPC handles, finish. Returns the engines' finish results under "engines"."""
+        from dataclasses import asdict
+
+        import torch
+        from vllm.distributed.weight_transfer.ipc_engine import (
+            IPCTrainerSendWeightsArgs,
+            IPCWeightTransferEngine,
+        )
+
+        self._check_send(version)
+        t0 = time.time()
+        get_all([e.start_weight_update.remote(timeout_s) for e in engines], timeout_s + SLACK_S, "start_weight_update")
+        chunks = [0]
+
+        def deliver(update_info: Any) -> None:  # the engines have read the buffer once this returns
+            info = asdict(update_info)
+            get_all([e.load_weight_chunk.remote(info, timeout_s) for e in engines], timeout_s + SLACK_S, "IPC chunk")
+            chunks[0] += 1
+
+        args = IPCTrainerSendWeightsArgs(send_mode=deliver, packed=True, packed_buffer_size_bytes=bucket_bytes)
+        IPCWeightTransferEngine.trainer_send_weights(self.iter_weights(dtype, bucket_bytes), args)
+        torch.cuda.synchronize()
+        done = get_all(
+            [e.finish_weight_update.remote(version, timeout_s) for e in engines], timeout_s + SLACK_S, "finish_weight_update"
+        )
+        return {"actor": self.name, "version": int(version), "chunks": chunks[0], "engines": done,
+                "spans": [(Phase.sync.value, t0, time.time())]}
+
+
+# -- driver side --------------------------------------------------------------------------------------------
+@dataclass
+class PushResult:
+    version: int
+    pending: list[Any] = field(default_factory=list)  # per-engine refs still running (object store only)
+    results: list[dict[str, Any]] = field(default_factory=list)  # finished: {"actor", "spans", ...}
+    seconds: float = 0.0  # driver wall time of push()
+
+
+class WeightTransport(Protocol):
+    kind: Transport
+
+    def setup(self, learner: Any, engines: Sequence[Any], engine_names: Sequence[str]) -> None: ...
+    def before_train(self) -> list[dict[str, Any]]: ...
+    def push(self, version: int, *, in_flight: bool = False) -> PushResult: ...
+    def close(self) -> None: ...
+
+
+class _Base:
+    kind: Transport
+
+    def __init__(self, timeout_s: float, dtype: str = "bfloat16", bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 tp_sizes: Sequence[int] = ()):
+        self.timeout_s, self.dtype, self.bucket_bytes = float(timeout_s), dtype, int(bucket_bytes)
+        self.tp_sizes = list(tp_sizes)
+        self.version = 0  # the last version every engine confirmed; engines start with the learner's weights
+        self.slack_s = SLACK_S
+        self.broken: str | None = None
+        self.learner: Any = None
+        self.engines: list[Any] = []
+        self.engine_names: list[str] = []
+
+    def setup(self, learner: Any, engines: Sequence[Any], engine_names: Sequence[str]) -> None:
+        self.learner, self.engines, self.engine_names = learner, list(engines), list(engine_names)
+        if not self.tp_sizes:
+            self.tp_sizes = [1] * len(self.engines)
+
+    def before_train(self) -> list[dict[str, Any]]:
+        return []
+
+    def close(self) -> None:
+        self.learner, self.engines = None, []
+
+    def _begin(self, version: int) -> float:
+        if self.broken:
+            raise SyncError(f"{self.kind.value} weight sync is broken ({self.broken}); restart the run.")
+        if int(version) <= self.version:
+            raise SyncError(f"policy version {version} is not newer than the engines' version {self.version}.")
+        return time.time()
+
+    def _get(self, refs: Sequence[Any], what: str, names: Sequence[str] | None = None) -> list[Any]:
+        try:
+            return get_all(refs, self.timeout_s + self.slack_s, what, names)
+        except SyncTimeoutError as err:
+            self.broken = str(err)
+            raise
+
+
+class ObjectStoreTransport(_Base):
+    """learner.get_weights() -> Ray object store -> engine.update_weights(ref, version) on every engine."""
+
+    kind = Transport.ray_object_store
+
+    def push(self, version: int, *, in_flight: bool = False) -> PushResult:
+        t0 = self._begin(version)
+        weights = self.learner.get_weights.remote()
+        get_all([weights], self.timeout_s, "the learner exporting its weights", ["learner0"], fetch=False)
+        t1 = time.time()
+        pending = [e.update_weights.remote(weights, version) for e in self.engines]
+        self.version = int(version)  # engines apply it in call order, before their next generate()
+        sync = {"actor": "learner0", "spans": [(Phase.sync.value, t0, t1)]}
+        return PushResult(int(version), pending=pending, results=[sync], seconds=time.time() - t0)
+
+
+class _VLLMTransport(_Base):
+    def _meta(self) -> dict[str, Any]:
+        meta = self._get([self.learner.weight_meta.remote(self.dtype)], "reading the learner's weight names")[0]
+        self.bucket_bytes = max(self.bucket_bytes, int(meta["max_tensor_bytes"]))
+        return meta
+
+    def _paused(self, in_flight: bool, body: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        """body() with every engine paused (requests frozen with their KV cache) when in_flight."""
+        if not in_flight:
+            return body()
+        self._get([e.pause.remote("keep", False) for e in self.engines], "pausing engines (in-flight update; engine "
+                  "actors need max_concurrency >= 2)", self.engine_names)
+        try:
+            return body()
+        finally:
+            if not self.broken:
+                self._get([e.resume.remote() for e in self.engines], "resuming engines", self.engine_names)
+
+
+class NcclTransport(_VLLMTransport):
+    kind = Transport.nccl
+
+    def setup(self, learner: Any, engines: Sequence[Any], engine_names: Sequence[str]) -> None:
+        super().setup(learner, engines, engine_names)
+        meta = self._meta()
+        self.update_info = {k: meta[k] for k in ("names", "dtype_names", "shapes")}
+        self.update_info.update(packed=True, packed_buffer_size_bytes=self.bucket_bytes, packed_num_buffers=NUM_BUFFERS)
+        addr, port = self._get([self.learner.sync_endpoint.remote()], "picking the NCCL rendezvous port")[0]
+        world = 1 + sum(self.tp_sizes)
+        offsets = [1 + sum(self.tp_sizes[:i]) for i in range(len(self.engines))]
+        refs = [
+            e.init_weight_transfer.remote(
+                {"master_address": addr, "master_port": port, "rank_offset": off, "world_size": world}, self.timeout_s
+            )
+            for e, off in zip(self.engines, offsets)
+        ]
+        refs.append(self.learner.init_nccl_sender.remote(addr, port, world, self.timeout_s))
+        self._get(refs, f"NCCL weight-transfer group of {world} ranks at {addr}:{port}", [*self.engine_names, "learner"])
+
+    def push(self, version: int, *, in_flight: bool = False) -> PushResult:
+        t0 = self._begin(version)
+
+        def body() -> list[dict[str, Any]]:
+            refs = [e.receive_weights.remote(self.update_info, version, self.timeout_s) for e in self.engines]
+            refs.append(self.learner.send_weights_nccl.remote(version, self.dtype, self.bucket_bytes, self.timeout_s))
+            try:
+                return self._get(refs, f"NCCL weight update to version {version}", [*self.engine_names, "learner"])
+            except Exception as err:
+                # One side failed while the other may still sit in the broadcast: the group is unusable.
+                self.broken = self.broken or f"an NCCL update failed: {err}"
+                raise
+
+        results = self._paused(in_flight, body)
+        check_versions(results, int(version), "NCCL weight update")
+        self.version = int(version)
+        return PushResult(int(version), results=results, seconds=time.time() - t0)
+
+
+class CudaIpcTransport(_VLLMTransport):
+    """Colocated engines: sleep while the learner trains; weights come back through CUDA IPC."""
+
+    kind = Transport.cuda_ipc
+
+    def __init__(self, *args: Any, sleep_level: int = 1, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.sleep_level = int(sleep_level)
+
+    def setup(self, learner: Any, engines: Sequence[Any], engine_names: Sequence[str]) -> None:
+        super().setup(learner, engines, engine_names)
+        self._meta()
+        self._get([e.init_weight_transfer.remote({}, self.timeout_s) for e in self.engines], "IPC set-up", self.engine_names)
+
+    def before_train(self) -> list[dict[str, Any]]:
+        t0 = time.time()
+        self._get([e.sleep.remote(self.sleep_level) for e in self.engines], "engines going to sleep", self.engine_names)
+        return [{"actor": n, "spans": [(Phase.idle.value, t0, time.time())]} for n in self.engine_names]
+
+    def push(self, version: int, *, in_flight: bool = False) -> PushResult:
+        if in_flight:
+            raise SyncError("colocated engines sleep while the learner trains, so updates cannot be in flight; "
+                            "set algo.async_steps=0 with a colocated plan.")
+        t0 = self._begin(version)
+        self._get([e.wake.remote(["weights"]) for e in self.engines], "waking engine weights", self.engine_names)
+        ref = self.learner.send_weights_ipc.remote(self.engines, version, self.dtype, self.bucket_bytes, self.timeout_s)
+        sent = self._get([ref], f"IPC weight update to version {version}", ["learner"])[0]
+        self._get([e.wake.remote(["kv_cache"]) for e in self.engines], "waking engine KV caches", self.engine_names)
+        engines = sent.pop("engines", [])
+        check_versions(engines, int(version), "IPC weight update")
+        self.version = int(version)
+        t1 = time.time()
+        results = [sent] + [{**r, "spans": [(Phase.sync.value, t0, t1)]} for r in engines]
+        return PushResult(int(version), results=results, seconds=t1 - t0)
+
+
+def make_transport(plan: Plan, cfg: Any, *, bucket_mb: float | None = None, sleep_level: int = 1) -> _Base:
+    """The transport for plan.transport. cfg is the RunConfig (timeout_s, engine.dtype)."""
+    bucket = int(bucket_mb * 2**20) if bucket_mb else DEFAULT_BUCKET_BYTES
+    kwargs = {"timeout_s": cfg.timeout_s, "dtype": str(cfg.engine.dtype), "bucket_bytes": bucket,
+              "tp_sizes": [e.tensor_parallel_size for e in plan.engines]}
+    if plan.transport is Transport.nccl:
+        return NcclTransport(**kwargs)
+    if plan.transport is Transport.cuda_ipc:
+        return CudaIpcTransport(**kwargs, sleep_level=sleep_level)
+    return ObjectStoreTransport(**kwargs)
+
+
+__all__ = [
+    "CudaIpcTransport", "NcclTransport", "ObjectStoreTransport", "PushResult", "SyncError", "SyncTimeoutError",
+    "WeightSender", "WeightTransport", "engine_args_for", "get_all", "make_transport", "plan_buckets",
+    "run_with_timeout",
+]

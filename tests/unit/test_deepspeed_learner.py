@@ -1,0 +1,271 @@
+"""DeepSpeedLearner on CPU: its DeepSpeed config, its GRPO step against TorchLearner's, its non-finite guard
+and its ZeRO-3 bucketed weight export.
+
+deepspeed is not needed: the step runs around ``ZeroStandIn``, which does what DeepSpeed's engine does for
+this learner (backward accumulates; step() at the boundary skips and clears non-finite gradients, else
+clips and steps), and the ZeRO-3 gather runs under a stand-in ``deepspeed.zero.GatheredParameters``. The real
+engine runs in tests/gpu/test_weight_sync.py.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import types
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from rlgen.algo.grpo import group_advantages
+from rlgen.config import AlgoConfig, LossAgg, MonitorConfig
+from rlgen.learners.deepspeed import DeepSpeedLearner, build_ds_config, micro_batches
+from rlgen.learners.torch import NonFiniteWeightsError, TorchLearner
+from rlgen.sync import SyncError
+from rlgen.types import RolloutBatch
+
+PROMPTS = [[5, 6, 7], [5, 6, 7], [9, 4, 11, 3], [9, 4, 11, 3]]
+RESPONSES = [[12, 13, 14], [15, 16], [17, 18, 19, 20], [21]]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2)
+    path = tmp_path_factory.mktemp("qwen2-ds")
+    Qwen2ForCausalLM(cfg).save_pretrained(path)
+    return str(path)
+
+
+def make_batch(engine_shift: float = -0.1, advantages=None) -> RolloutBatch:
+    """Left-padded prompts [4, P=4], right-padded responses [4, L=4]; engine logprobs a constant off."""
+    p_len, r_len = 4, 4
+    ids, attn, rmask, elp = [], [], [], []
+    for prompt, resp in zip(PROMPTS, RESPONSES):
+        left, right = p_len - len(prompt), r_len - len(resp)
+        ids.append([0] * left + prompt + resp + [0] * right)
+        attn.append([0] * left + [1] * (len(prompt) + len(resp)) + [0] * right)
+        rmask.append([1.0] * len(resp) + [0.0] * right)
+        elp.append([-3.0 + engine_shift] * len(resp) + [0.0] * right)
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    groups = torch.tensor([0, 0, 1, 1])
+    adv = group_advantages(rewards, groups, std_normalize=True) if advantages is None else torch.tensor(advantages)
+    return RolloutBatch(input_ids=torch.tensor(ids), attention_mask=torch.tensor(attn),
+                        response_mask=torch.tensor(rmask), engine_logprobs=torch.tensor(elp), rewards=rewards,
+                        advantages=adv.float(), group_ids=groups, version=0, prompt_len=p_len)
+
+
+class ZeroStandIn:
+    """The slice of DeepSpeedEngine the learner uses, with ZeRO's overflow behaviour (read from DeepSpeed
+    0.19.8): at the boundary a non-finite gradient norm skips the step and clears the gradients."""
+
+    def __init__(self, module, lr, grad_clip):
+        self.module = module
+        self.optimizer = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=0.0)
+        self.grad_clip = grad_clip
+        self.boundary, self.applied, self.norm, self.backwards, self.grads = None, False, None, [], {}
+
+    def __call__(self, **kwargs):
+        return self.module(**kwargs)
+
+    def set_gradient_accumulation_boundary(self, flag):
+        self.boundary = flag
+
+    def backward(self, loss, scale_wrt_gas=True):
+        assert scale_wrt_gas is False
+        self.backwards.append(self.boundary)
+        loss.backward()
+
+    def step(self):
+        assert self.boundary is True, "step() only at the accumulation boundary"
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        self.grads = {n: p.grad.clone() for n, p in self.module.named_parameters() if p.grad is not None}
+        norm = float(torch.nn.utils.clip_grad_norm_(params, self.grad_clip if self.grad_clip > 0 else math.inf))
+        self.applied = math.isfinite(norm)
+        self.norm = norm if self.applied else math.inf
+        if self.applied:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def get_global_grad_norm(self):
+        return self.norm
+
+    def was_step_applied(self):
+        return self.applied
+
+
+def ds_learner(model_dir: str, algo: AlgoConfig) -> DeepSpeedLearner:
+    learner = DeepSpeedLearner.__new__(DeepSpeedLearner)
+    learner._init_state(algo, MonitorConfig(), 0, "learner0", torch.device("cpu"), 2, 1 << 20)
+    module = Qwen2ForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
+    learner.engine = learner.model = ZeroStandIn(module, algo.lr, algo.grad_clip)
+    learner.module = module
+    return learner
+
+
+def params(module):
+    return {k: v.detach().clone() for k, v in module.named_parameters()}
+
+
+# -- config ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("stage", [2, 3])
+def test_ds_config_geometry_and_precision(stage):
+    cfg = build_ds_config(AlgoConfig(micro_batch_size=4, grad_clip=1.0), zero_stage=stage, rows_per_step=64)
+    assert cfg["train_micro_batch_size_per_gpu"] == 4
+    assert cfg["gradient_accumulation_steps"] == 16
+    assert cfg["train_batch_size"] == 64
+    assert cfg["gradient_clipping"] == 1.0
+    assert cfg["bf16"] == {"enabled": True, "check_grad_overflow": True}  # the non-finite guard relies on it
+    assert cfg["zero_optimization"]["stage"] == stage
+    assert ("stage3_gather_16bit_weights_on_model_save" in cfg["zero_optimization"]) == (stage == 3)
+    assert cfg["zero_allow_untested_optimizer"] is True
+
+
+def test_ds_config_whole_batch_and_no_clipping():
+    cfg = build_ds_config(AlgoConfig(micro_batch_size=0, grad_clip=0.0), zero_stage=3, rows_per_step=8, world_size=2)
+    assert cfg["train_micro_batch_size_per_gpu"] == 8 and cfg["gradient_accumulation_steps"] == 1
+    assert cfg["train_batch_size"] == 16 and cfg["gradient_clipping"] == 0.0
+    assert micro_batches(10, 4) == 3 and micro_batches(10, 0) == 1
+
+
+@pytest.mark.parametrize("stage", [0, 1, 4])
+def test_ds_config_rejects_other_stages(stage):
+    with pytest.raises(ValueError, match="zero_stage"):
+        build_ds_config(AlgoConfig(), zero_stage=stage, rows_per_step=8)
+
+
+def test_module_import_does_not_import_deepspeed():
+    assert "rlgen.learners.deepspeed" in sys.modules
+    if "deepspeed" not in sys.modules or isinstance(sys.modules["deepspeed"], types.ModuleType) is False:
+        return
+    pytest.skip("deepspeed was already imported by another test in this process")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU error path")
+def test_construction_without_cuda_says_what_to_use(model_dir):
+    with pytest.raises(RuntimeError, match="CUDA GPU"):
+        DeepSpeedLearner(model_dir, AlgoConfig(), MonitorConfig())
+
+
+# -- the step against TorchLearner's --------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "agg,micro,seq_mask_cap",
+    [(LossAgg.token_mean, 0, 0.0), (LossAgg.token_mean, 1, 0.0), (LossAgg.seq_mean_token_mean, 2, 0.0),
+     (LossAgg.seq_mean_token_sum_norm, 1, 0.0), (LossAgg.token_mean, 2, 1.05)],
+)
+def test_step_matches_torch_learner(model_dir, agg, micro, seq_mask_cap):
+    algo = AlgoConfig(lr=1e-2, loss_agg=agg, micro_batch_size=micro, seq_mask_cap=seq_mask_cap, grad_clip=0.5)
+    batch = make_batch()
+    ref = TorchLearner(model_dir, algo, MonitorConfig())
+    ref_grads = {}
+    step = ref.optimizer.step
+
+    def capture(*args, **kwargs):  # the gradient TorchLearner steps with (divided, before clipping's effect)
+        ref_grads.update({n: p.grad.clone() for n, p in ref.model.named_parameters() if p.grad is not None})
+        return step(*args, **kwargs)
+
+    ref.optimizer.step = capture
+    ds = ds_learner(model_dir, algo)
+    want, got = ref.train_step(batch), ds.train_step(batch)
+    assert set(got) == set(want)
+    for key in ("loss", "pg_loss", "grad_norm", "entropy", "clip_frac", "tis_frac", "seq_masked_frac",
+                "ratio_mean", "ratio_max", "mismatch/k3_kl"):
+        assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+    assert got["version"] == want["version"] == 1 and got["skipped"] is False
+    # Gradients, not parameters: Adam's first step is about lr * sign(g), so near-zero entries could flip.
+    # TorchLearner clips in place before stepping; the stand-in records before clipping, so clip here too.
+    clip = min(1.0, 0.5 / (got["grad_norm"] + 1e-6))
+    assert set(ref_grads) == set(ds.engine.grads)
+    for k, g in ref_grads.items():
+        assert torch.allclose(ds.engine.grads[k] * clip, g, rtol=1e-4, atol=1e-8), k
+    n_micro = 1 if micro == 0 else math.ceil(4 / micro)
+    assert ds.engine.backwards == [False] * (n_micro - 1) + [True]  # one boundary, at the last micro-batch
+
+
+def test_nan_advantage_skips_without_touching_parameters(model_dir):
+    algo = AlgoConfig(micro_batch_size=2)
+    ds = ds_learner(model_dir, algo)
+    before = params(ds.module)
+    out = ds.train_step(make_batch(advantages=[1.0, math.nan, -1.0, 0.0]))
+    assert out["skipped"] is True and out["skip_reason"].startswith("non-finite loss")
+    assert out["version"] == 0 == ds.get_version()
+    assert all(torch.equal(before[k], v) for k, v in params(ds.module).items())
+    assert len(ds.engine.optimizer.state) == 0  # the optimizer never stepped
+    assert ds.health()["consecutive_skips"] == 1
+    out = ds.train_step(make_batch())
+    assert out["skipped"] is False and out["version"] == 1 and ds.health()["consecutive_skips"] == 0
+
+
+def test_nan_gradient_skips_the_step(model_dir):
+    ds = ds_learner(model_dir, AlgoConfig())
+    hook = ds.module.model.layers[0].mlp.up_proj.weight.register_hook(lambda g: torch.full_like(g, math.nan))
+    before = params(ds.module)
+    out = ds.train_step(make_batch())
+    hook.remove()
+    assert out["skipped"] is True and out["skip_reason"].startswith("non-finite gradient norm")
+    assert all(torch.equal(before[k], v) for k, v in params(ds.module).items())
+
+
+def test_non_finite_parameters_block_export(model_dir):
+    ds = ds_learner(model_dir, AlgoConfig(lr=math.inf))  # finite loss and gradients, non-finite update
+    out = ds.train_step(make_batch())
+    assert out["skipped"] is True and "not rolled back" in out["skip_reason"]
+    assert out["version"] == 0 and ds.sync_blocked
+    with pytest.raises(NonFiniteWeightsError, match="refusing"):
+        ds.get_weights()
+    with pytest.raises(SyncError, match="cannot be exported"):
+        ds._check_send(0)
+
+
+# -- ZeRO-3 export: bucketed gather, exact round trip ---------------------------------------------------------
+class GatherLog:
+    def __init__(self):
+        self.open, self.buckets = 0, []
+
+    def ctx(self, params, modifier_rank=None):
+        log = self
+
+        class Gathered:
+            def __enter__(self):
+                assert log.open == 0, "gathers must not nest"
+                log.open += 1
+                log.buckets.append(sum(p.numel() * p.element_size() for p in params))
+
+            def __exit__(self, *exc):
+                log.open -= 1
+
+        return Gathered()
+
+
+@pytest.mark.parametrize("bucket_bytes", [1, 4096, 1 << 30])
+def test_zero3_export_round_trips_in_bounded_buckets(model_dir, monkeypatch, bucket_bytes):
+    log = GatherLog()
+    fake = types.ModuleType("deepspeed")
+    fake.zero = types.SimpleNamespace(GatheredParameters=log.ctx)
+    monkeypatch.setitem(sys.modules, "deepspeed", fake)
+    ds = ds_learner(model_dir, AlgoConfig())
+    ds.zero_stage, ds.sync_bucket_bytes = 3, bucket_bytes
+    want = dict(ds.module.named_parameters())
+    got = list(ds.iter_weights("bfloat16"))
+    assert [n for n, _ in got] == list(want)  # every parameter once, in order
+    for name, t in got:
+        assert t.dtype == torch.bfloat16 and t.shape == want[name].shape
+        assert torch.equal(t, want[name].detach().to(torch.bfloat16))
+        assert t.data_ptr() != want[name].data_ptr()  # a copy: the gathered bucket may be released
+    largest = max(p.numel() * 4 for p in want.values())
+    assert log.open == 0 and all(b <= max(bucket_bytes, largest) for b in log.buckets)
+    assert len(log.buckets) == (len(want) if bucket_bytes == 1 else len(log.buckets))
+    full = ds.get_weights()  # fp32 module here: no cast asked, so an exact copy
+    assert all(torch.equal(full[k], v.detach()) for k, v in want.items())
+
+
+def test_weight_meta_uses_the_full_shape_of_partitioned_parameters(model_dir):
+    ds = ds_learner(model_dir, AlgoConfig())
+    p = ds.module.model.embed_tokens.weight
+    p.ds_shape = p.shape  # what ZeRO-3 leaves behind when it empties p.data
+    p.data = torch.empty(0)
+    meta = ds.weight_meta("bfloat16")
+    i = meta["names"].index("model.embed_tokens.weight")
+    assert meta["shapes"][i] == [32, 32] and meta["dtype_names"][i] == "bfloat16"
+    assert meta["max_tensor_bytes"] == 32 * 64 * 2  # the MLP's [64, 32] weights are the largest
