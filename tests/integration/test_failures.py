@@ -15,7 +15,6 @@ from rlgen.metrics import MetricsSink, read_jsonl
 from rlgen.orchestrator import Orchestrator, RunError
 from rlgen.plan import build_plan
 
-
 # Ray workers cannot import this test module, so its engine classes travel by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
