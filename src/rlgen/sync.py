@@ -90,24 +90,32 @@ def get_all(
     refs: Sequence[Any], timeout_s: float, what: str, names: Sequence[str] | None = None, *, fetch: bool = True
 ) -> list[Any]:
     """Results of Ray object refs (or concurrent futures), in order, waiting at most timeout_s in all
-    (fetch=False: only wait, return []). SyncTimeoutError names the calls that had not answered."""
+    (fetch=False: only wait, return []). The first call to fail raises at once, so one side of a transfer
+    failing does not leave the driver waiting on the other; SyncTimeoutError names the calls still out."""
     refs = list(refs)
+    names = list(names) if names is not None else [f"call {i}" for i in range(len(refs))]
     if not refs:
         return []
-    names = list(names) if names is not None else [f"call {i}" for i in range(len(refs))]
     if all(isinstance(r, concurrent.futures.Future) for r in refs):
-        done, _ = concurrent.futures.wait(refs, timeout=timeout_s)
+        done, _ = concurrent.futures.wait(refs, timeout=timeout_s, return_when=concurrent.futures.FIRST_EXCEPTION)
+        for r in done:
+            if r.exception() is not None:
+                raise r.exception()
         late = [n for n, r in zip(names, refs) if r not in done]
         if late:
             raise SyncTimeoutError(f"{what}: no answer within {timeout_s:.0f} s from {', '.join(late)}.")
         return [r.result() for r in refs] if fetch else []
     import ray
 
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-    if len(ready) < len(refs):
-        done = {r.hex() for r in ready}
-        late = [n for n, r in zip(names, refs) if r.hex() not in done]
-        raise SyncTimeoutError(f"{what}: no answer within {timeout_s:.0f} s from {', '.join(late)}.")
+    deadline, remaining = time.time() + timeout_s, list(refs)
+    while remaining:
+        ready, remaining = ray.wait(remaining, num_returns=1, timeout=max(0.0, deadline - time.time()))
+        if not ready:
+            out = {r.hex() for r in remaining}
+            late = [n for n, r in zip(names, refs) if r.hex() in out]
+            raise SyncTimeoutError(f"{what}: no answer within {timeout_s:.0f} s from {', '.join(late)}.")
+        if fetch:
+            ray.get(ready)  # raises now if that call failed
     return ray.get(refs) if fetch else []
 
 

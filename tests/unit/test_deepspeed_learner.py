@@ -9,9 +9,14 @@ engine runs in tests/gpu/test_weight_sync.py.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import math
+import subprocess
 import sys
+import textwrap
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -135,11 +140,11 @@ def test_ds_config_rejects_other_stages(stage):
         build_ds_config(AlgoConfig(), zero_stage=stage, rows_per_step=8)
 
 
-def test_module_import_does_not_import_deepspeed():
-    assert "rlgen.learners.deepspeed" in sys.modules
-    if "deepspeed" not in sys.modules or isinstance(sys.modules["deepspeed"], types.ModuleType) is False:
-        return
-    pytest.skip("deepspeed was already imported by another test in this process")
+def test_importing_the_learner_and_sync_needs_neither_deepspeed_nor_vllm():
+    code = ("import sys, rlgen.learners.deepspeed, rlgen.sync; "
+            "print(sorted(m for m in ('deepspeed', 'vllm') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU error path")
@@ -269,3 +274,59 @@ def test_weight_meta_uses_the_full_shape_of_partitioned_parameters(model_dir):
     i = meta["names"].index("model.embed_tokens.weight")
     assert meta["shapes"][i] == [32, 32] and meta["dtype_names"][i] == "bfloat16"
     assert meta["max_tensor_bytes"] == 32 * 64 * 2  # the MLP's [64, 32] weights are the largest
+
+
+# -- the real DeepSpeed engine, on CPU (gloo), when deepspeed is installed -------------------------------------
+REAL_ENGINE = textwrap.dedent("""
+    import json, math, os, socket, sys
+    import torch
+    sys.path.insert(0, sys.argv[2])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import deepspeed
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from rlgen.config import AlgoConfig, MonitorConfig
+    from rlgen.learners.deepspeed import DeepSpeedLearner, build_ds_config
+    from test_deepspeed_learner import make_batch
+    stage = int(sys.argv[1])
+    deepspeed.init_distributed(dist_backend="gloo")
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2)
+    module = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
+    algo = AlgoConfig(micro_batch_size=2, lr=1e-2)
+    opt = torch.optim.AdamW(module.parameters(), lr=algo.lr)
+    engine, *_ = deepspeed.initialize(model=module, optimizer=opt,
+                                      config=build_ds_config(algo, zero_stage=stage, rows_per_step=4))
+    learner = DeepSpeedLearner.__new__(DeepSpeedLearner)
+    learner._init_state(algo, MonitorConfig(), 0, "learner0", torch.device("cpu"), stage, 4096)
+    learner.engine = learner.model = engine
+    learner.module = engine.module
+    w0 = learner.get_weights()
+    ok = learner.train_step(make_batch())
+    w1 = learner.get_weights()
+    bad = learner.train_step(make_batch(advantages=[1.0, math.nan, -1.0, 0.0]))
+    w2 = learner.get_weights()
+    print(json.dumps({
+        "ok": [ok["skipped"], ok["version"], math.isfinite(ok["grad_norm"])],
+        "bad": [bad["skipped"], bad["version"], bad.get("skip_reason", "")],
+        "changed": sum(not torch.equal(w0[k], w1[k]) for k in w0), "n": len(w0),
+        "changed_after_skip": sum(not torch.equal(w1[k], w2[k]) for k in w1),
+        "shapes": sorted({tuple(v.shape) for v in w1.values()}),
+    }))
+""")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed (pip install 'rlgen[gpu]')")
+@pytest.mark.parametrize("stage", [2, 3])
+def test_real_deepspeed_engine_on_cpu_steps_skips_and_exports(stage):
+    here = str(Path(__file__).parent)
+    run = subprocess.run([sys.executable, "-c", REAL_ENGINE, str(stage), here], capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["ok"] == [False, 1, True]
+    assert out["bad"][:2] == [True, 1] and out["bad"][2].startswith("non-finite loss")
+    assert out["changed"] == out["n"] and out["changed_after_skip"] == 0
+    assert [32, 32] in out["shapes"] and [64, 32] in out["shapes"]  # full shapes, gathered under ZeRO-3

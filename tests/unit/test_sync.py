@@ -1,0 +1,331 @@
+"""Weight transports on CPU: buckets, timeouts, version bookkeeping, and the order of every actor call.
+
+Actors are stand-ins behind ``Handle``, which gives each object Ray's calling convention
+(``handle.method.remote(...)`` returns a future; futures passed as arguments are resolved first) and runs
+each actor's calls on its own threads. NCCL's rendezvous is modelled with barriers, so a transport that
+does not run the two sides concurrently deadlocks here and fails on its timeout. The real vLLM transfer
+engines run in tests/gpu/test_weight_sync.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rlgen.compose import compose_run_config
+from rlgen.plan import Transport, build_plan
+from rlgen.sync import (
+    CudaIpcTransport,
+    NcclTransport,
+    ObjectStoreTransport,
+    SyncError,
+    SyncTimeoutError,
+    WeightSender,
+    engine_args_for,
+    get_all,
+    make_transport,
+    plan_buckets,
+    run_with_timeout,
+)
+
+
+class Handle:
+    def __init__(self, obj, concurrency: int = 2):
+        self._obj, self._pool = obj, ThreadPoolExecutor(max_workers=concurrency)
+
+    def __getattr__(self, name):
+        method, pool = getattr(self._obj, name), self._pool
+
+        class Remote:
+            @staticmethod
+            def remote(*args, **kwargs):
+                args = [a.result() if isinstance(a, Future) else a for a in args]
+                return pool.submit(method, *args, **kwargs)
+
+        return Remote()
+
+
+class FakeEngine:
+    def __init__(self, name, log, rendezvous=None, hang=False):
+        self.name, self.log, self.rendezvous, self.hang = name, log, rendezvous, hang
+        self.version, self.weights, self.joined = 0, None, None
+
+    def _note(self, what):
+        self.log.append((self.name, what))
+
+    def update_weights(self, weights, version):
+        self._note("update_weights")
+        self.weights, self.version = weights, version
+        return {"version": version, "spans": [("sync", 0.0, 1.0)]}
+
+    def init_weight_transfer(self, info, timeout_s):
+        self._note("init")
+        self.joined = info
+        if info:
+            self.rendezvous.wait(timeout=5)
+        return {"actor": self.name, "spans": []}
+
+    def receive_weights(self, update_info, version, timeout_s):
+        self._note("receive")
+        if self.hang:
+            time.sleep(3)
+        self.rendezvous.wait(timeout=5)  # the broadcast needs the learner sending at the same time
+        self.version = version
+        return {"actor": self.name, "version": version, "spans": [("sync", 0.0, 1.0)]}
+
+    def start_weight_update(self, timeout_s):
+        self._note("start")
+
+    def load_weight_chunk(self, info, timeout_s):
+        self._note("chunk")
+        return len(info["names"])
+
+    def finish_weight_update(self, version, timeout_s):
+        self._note("finish")
+        self.version = version
+        return {"actor": self.name, "version": version}
+
+    def pause(self, mode, clear_cache):
+        self._note(f"pause:{mode}")
+
+    def resume(self):
+        self._note("resume")
+
+    def sleep(self, level):
+        self._note(f"sleep:{level}")
+
+    def wake(self, tags=None):
+        self._note(f"wake:{','.join(tags or [])}")
+
+
+class FakeLearner(WeightSender):
+    """WeightSender's pure parts over a real torch model; the vllm-backed sends are stood in for."""
+
+    def __init__(self, log, rendezvous=None):
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+        self.version, self.name, self.device, self.log, self.rendezvous = 0, "learner0", "cpu", log, rendezvous
+
+    def get_weights(self):
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def sync_endpoint(self):
+        return "10.0.0.1", 12345
+
+    def init_nccl_sender(self, addr, port, world, timeout_s):
+        self.log.append(("learner0", f"init:{world}"))
+        self.rendezvous.wait(timeout=5)
+        return {"actor": "learner0", "spans": []}
+
+    def send_weights_nccl(self, version, dtype, bucket_bytes, timeout_s):
+        self._check_send(version)
+        self.log.append(("learner0", f"send:{bucket_bytes}"))
+        self.rendezvous.wait(timeout=5)
+        return {"actor": "learner0", "version": version, "spans": []}
+
+    def send_weights_ipc(self, engines, version, dtype, bucket_bytes, timeout_s):
+        self._check_send(version)
+        get_all([e.start_weight_update.remote(timeout_s) for e in engines], timeout_s, "start")
+        get_all([e.load_weight_chunk.remote({"names": ["a"]}, timeout_s) for e in engines], timeout_s, "chunk")
+        done = get_all([e.finish_weight_update.remote(version, timeout_s) for e in engines], timeout_s, "finish")
+        return {"actor": "learner0", "version": version, "engines": done, "spans": []}
+
+
+def plan_of(*overrides):
+    return build_plan(compose_run_config(list(overrides)))
+
+
+# -- pure helpers -----------------------------------------------------------------------------------------------
+@given(st.lists(st.integers(0, 100), max_size=40), st.integers(1, 120))
+def test_buckets_cover_every_tensor_once_in_order_within_the_bound(sizes, bound):
+    buckets = plan_buckets(sizes, bound)
+    assert [i for b in buckets for i in b] == list(range(len(sizes)))
+    for b in buckets:
+        total = sum(sizes[i] for i in b)
+        assert total <= bound or len(b) == 1  # only a tensor larger than the bound travels alone
+    for a, b in zip(buckets, buckets[1:]):  # greedy: the next tensor did not fit
+        assert sum(sizes[i] for i in a) + sizes[b[0]] > bound
+
+
+def test_bucket_bound_must_be_positive():
+    with pytest.raises(ValueError):
+        plan_buckets([1], 0)
+
+
+def test_run_with_timeout_returns_raises_and_gives_up():
+    assert run_with_timeout(lambda: 7, 1.0, "x") == 7
+    with pytest.raises(KeyError):
+        run_with_timeout(lambda: {}["k"], 1.0, "x")
+    stop = threading.Event()
+    t0 = time.time()
+    with pytest.raises(SyncTimeoutError, match="NCCL broadcast did not finish within 0 s.*restart the run"):
+        run_with_timeout(lambda: stop.wait(10), 0.2, "NCCL broadcast")
+    assert time.time() - t0 < 2
+    stop.set()
+
+
+def test_get_all_names_the_calls_that_did_not_answer():
+    pool = ThreadPoolExecutor(2)
+    fast, slow = pool.submit(lambda: 1), pool.submit(time.sleep, 2)
+    with pytest.raises(SyncTimeoutError, match="engine1"):
+        get_all([fast, slow], 0.2, "update", ["engine0", "engine1"])
+    assert get_all([fast], 1.0, "update") == [1]
+    assert get_all([fast], 1.0, "update", fetch=False) == []
+    failed = pool.submit(lambda: 1 / 0)
+    t0 = time.time()
+    with pytest.raises(ZeroDivisionError):
+        get_all([pool.submit(time.sleep, 1), failed], 5.0, "update")
+    assert time.time() - t0 < 0.9
+
+
+def test_engine_args_and_transport_choice_follow_the_plan():
+    assert engine_args_for(Transport.nccl) == {"weight_transfer_config": {"backend": "nccl"}}
+    assert engine_args_for(Transport.cuda_ipc) == {"weight_transfer_config": {"backend": "ipc"}}
+    assert engine_args_for(Transport.ray_object_store) == {}
+    cfg = compose_run_config(["engine=vllm", "hardware=2xh200"])
+    t = make_transport(build_plan(cfg), cfg, bucket_mb=64)
+    assert isinstance(t, NcclTransport) and t.bucket_bytes == 64 << 20 and t.dtype == "bfloat16"
+    cfg = compose_run_config(["engine=vllm", "hardware=1xh100", "engine.gpu_memory_utilization=0.4"])
+    assert isinstance(make_transport(build_plan(cfg), cfg, sleep_level=2), CudaIpcTransport)
+    cfg = compose_run_config([])
+    assert isinstance(make_transport(build_plan(cfg), cfg), ObjectStoreTransport)
+    cfg = compose_run_config(["engine=vllm_tp2", "hardware=8xh100"])
+    assert make_transport(build_plan(cfg), cfg).tp_sizes == [2] * len(build_plan(cfg).engines)
+
+
+def test_weight_meta_and_iter_weights_round_trip():
+    learner = FakeLearner([])
+    meta = learner.weight_meta("bfloat16")
+    assert meta["names"] == ["0.weight", "0.bias", "1.weight", "1.bias"]
+    assert meta["shapes"] == [[8, 4], [8], [2, 8], [2]] and set(meta["dtype_names"]) == {"bfloat16"}
+    assert meta["max_tensor_bytes"] == 64 and meta["total_bytes"] == 2 * (32 + 8 + 16 + 2)
+    state = dict(learner.model.named_parameters())
+    got = list(learner.iter_weights())
+    assert [n for n, _ in got] == list(state) and all(torch.equal(t, state[n]) for n, t in got)
+    assert all(t.dtype == torch.bfloat16 for _, t in learner.iter_weights("bfloat16"))
+
+
+def test_sender_refuses_a_version_it_does_not_hold():
+    learner = FakeLearner([])
+    learner.version = 3
+    learner._check_send(3)
+    with pytest.raises(SyncError, match="asked to send policy version 2.*at version 3"):
+        learner._check_send(2)
+
+
+# -- transports -------------------------------------------------------------------------------------------------
+def test_object_store_queues_updates_without_waiting():
+    log = []
+    learner, engines = Handle(FakeLearner(log)), [FakeEngine("engine0", log), FakeEngine("engine1", log)]
+    t = ObjectStoreTransport(timeout_s=5)
+    t.setup(learner, [Handle(e) for e in engines], ["engine0", "engine1"])
+    res = t.push(1)
+    assert res.version == 1 and len(res.pending) == 2 and res.results[0]["actor"] == "learner0"
+    assert [r["version"] for r in get_all(res.pending, 5, "updates")] == [1, 1]
+    assert all(set(e.weights) == {"0.weight", "0.bias", "1.weight", "1.bias"} for e in engines)
+    with pytest.raises(SyncError, match="not newer"):
+        t.push(1)
+
+
+def nccl_setup(tp_sizes=(1, 2), hang=False):
+    log = []
+    barrier = threading.Barrier(len(tp_sizes) + 1)
+    engines = [FakeEngine(f"engine{i}", log, barrier, hang=hang and i == 1) for i in range(len(tp_sizes))]
+    learner = FakeLearner(log, barrier)
+    t = NcclTransport(timeout_s=1.0, bucket_bytes=16, tp_sizes=tp_sizes)
+    t.slack_s = 0.5
+    t.setup(Handle(learner), [Handle(e) for e in engines], [e.name for e in engines])
+    return t, engines, learner, log
+
+
+def test_nccl_group_ranks_and_packed_update_info():
+    t, engines, _, log = nccl_setup((1, 2))
+    assert [e.joined["rank_offset"] for e in engines] == [1, 2]
+    assert {e.joined["world_size"] for e in engines} == {4} and ("learner0", "init:4") in log
+    assert t.bucket_bytes == 64  # raised from 16 to the largest tensor
+    info = t.update_info
+    assert info["packed"] is True and info["packed_buffer_size_bytes"] == 64 and info["packed_num_buffers"] == 2
+    assert info["names"] == ["0.weight", "0.bias", "1.weight", "1.bias"] and info["shapes"][0] == [8, 4]
+
+
+def test_nccl_push_runs_both_sides_together_and_tracks_versions():
+    t, engines, learner, log = nccl_setup()
+    log.clear()
+    learner.version = 1
+    res = t.push(1)
+    assert t.version == 1 and all(e.version == 1 for e in engines)
+    assert {r["actor"] for r in res.results} == {"engine0", "engine1", "learner0"}
+    assert ("learner0", "send:64") in log and "pause:keep" not in {w for _, w in log}
+
+
+def test_nccl_in_flight_update_pauses_and_resumes_every_engine():
+    t, engines, learner, log = nccl_setup()
+    log.clear()
+    learner.version = 1
+    t.push(1, in_flight=True)
+    for e in engines:
+        mine = [w for n, w in log if n == e.name]
+        assert mine == ["pause:keep", "receive", "resume"]
+
+
+def test_nccl_timeout_names_the_engine_and_breaks_the_transport():
+    t, engines, learner, _ = nccl_setup(hang=True)
+    learner.version = 1
+    with pytest.raises(SyncTimeoutError, match="engine1"):
+        t.push(1)
+    assert t.broken
+    with pytest.raises(SyncError, match="broken.*restart the run"):
+        t.push(2)
+
+
+def test_ipc_cycle_sleeps_for_training_and_wakes_weights_before_kv():
+    log = []
+    engine = FakeEngine("engine0", log)
+    learner = FakeLearner(log)
+    t = CudaIpcTransport(timeout_s=2, sleep_level=2)
+    t.setup(Handle(learner), [Handle(engine)], ["engine0"])
+    spans = t.before_train()
+    assert spans[0]["actor"] == "engine0"
+    learner.version = 1
+    res = t.push(1)
+    assert [w for n, w in log if n == "engine0"] == [
+        "init", "sleep:2", "wake:weights", "start", "chunk", "finish", "wake:kv_cache"]
+    assert engine.version == 1 == t.version and {r["actor"] for r in res.results} == {"learner0", "engine0"}
+    with pytest.raises(SyncError, match="async_steps=0"):
+        t.push(2, in_flight=True)
+
+
+def test_a_learner_at_the_wrong_version_fails_the_push():
+    t, _, learner, _ = nccl_setup()
+    learner.version = 5
+    t0 = time.time()
+    with pytest.raises(SyncError, match="asked to send policy version 1"):
+        t.push(1)
+    assert time.time() - t0 < 1.0  # the learner's failure surfaces without waiting for the engines
+    assert t.broken  # the engines may still sit in the broadcast
+
+
+def test_get_all_over_ray_refs_fails_fast_and_names_late_calls():
+    ray = pytest.importorskip("ray")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        nap = ray.remote(num_cpus=0)(lambda s: time.sleep(s) or s)
+        boom = ray.remote(num_cpus=0)(lambda: 1 / 0)
+        assert get_all([nap.remote(0), nap.remote(0.1)], 30, "naps") == [0, 0.1]
+        with pytest.raises(SyncTimeoutError, match="slow one"):
+            get_all([nap.remote(0), nap.remote(20)], 1.0, "naps", ["quick one", "slow one"])
+        t0 = time.time()
+        with pytest.raises(ray.exceptions.RayTaskError):
+            get_all([nap.remote(20), boom.remote()], 30, "mixed")
+        assert time.time() - t0 < 10
+    finally:
+        if started:
+            ray.shutdown()
