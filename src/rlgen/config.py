@@ -126,6 +126,25 @@ class ModelConfig:
     warm_start_lr: float = 3e-3
 
 
+class LearnerKind(StrEnum):
+    auto = "auto"  # torch on CPU, deepspeed on GPU
+    torch = "torch"
+    deepspeed = "deepspeed"
+
+
+@dataclass
+class LearnerConfig:
+    kind: LearnerKind = LearnerKind.auto
+    zero_stage: int = 3  # DeepSpeed ZeRO stage: 2 or 3
+    gradient_checkpointing: bool = True  # DeepSpeed learner only
+
+
+@dataclass
+class SyncConfig:
+    bucket_mb: float = 1024.0  # packed transfer buffer and ZeRO-3 gather bucket; raised to the largest tensor
+    sleep_level: int = 1  # colocated vLLM: 1 keeps a CPU copy of the weights while asleep, 2 drops them
+
+
 @dataclass
 class TaskConfig:
     kind: TaskKind = TaskKind.arith
@@ -211,6 +230,8 @@ class RunConfig:
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)

@@ -20,6 +20,7 @@ from rich.markup import escape
 from rlgen.config import BreakerAction, RunConfig
 from rlgen.monitor import CircuitBreaker
 from rlgen.plan import Plan
+from rlgen.sync import SyncError, make_transport
 from rlgen.types import Phase, StepTimeline
 
 QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
@@ -59,6 +60,7 @@ class Orchestrator:
         self.pgs: list[Any] = []
         self._started_ray = False
         self.async_steps = cfg.algo.async_steps
+        self.transport: Any = None
 
     # -- setup ------------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -107,17 +109,26 @@ class Orchestrator:
             name = f"engine{slot.index}"
             actor = (
                 ray.remote(engine_cls)
-                .options(num_cpus=ap.num_cpus, num_gpus=ap.num_gpus, scheduling_strategy=strategy(ap), name=None)
+                .options(
+                    num_cpus=ap.num_cpus,
+                    num_gpus=ap.num_gpus,
+                    scheduling_strategy=strategy(ap),
+                    # vLLM engines are threaded, so pause()/receive_weights() can run during generate().
+                    max_concurrency=4 if plan.engine_kind == "vllm" else 1,
+                )
                 .remote(self.model_path, cfg.engine, device=device, seed=cfg.seed + slot.index, name=name, **engine_kwargs)
             )
             self.engines.append(actor)
             self.engine_names.append(name)
-        learner_cls = self._learner_class()
+        learner_cls, learner_kwargs = self._learner_class()
         ap = placement.learners[0]
         self.learner = (
             ray.remote(learner_cls)
             .options(num_cpus=ap.num_cpus, num_gpus=ap.num_gpus, scheduling_strategy=strategy(ap))
-            .remote(self.model_path, cfg.algo, cfg.monitor, seed=cfg.seed, device=device, rank=0, name="learner0")
+            .remote(
+                self.model_path, cfg.algo, cfg.monitor, seed=cfg.seed, device=device, rank=0, name="learner0",
+                **learner_kwargs,
+            )
         )
         health = self._get(
             [e.health.remote() for e in self.engines] + [self.learner.health.remote()],
@@ -127,6 +138,11 @@ class Orchestrator:
         bad = [h for h in health if not h.get("ok")]
         if bad:
             raise RunError(f"actors reported unhealthy at start-up: {bad}")
+        self.transport = make_transport(plan, cfg, bucket_mb=cfg.sync.bucket_mb, sleep_level=cfg.sync.sleep_level)
+        try:
+            self.transport.setup(self.learner, self.engines, self.engine_names)
+        except SyncError as err:
+            raise RunError(f"weight sync set-up failed: {err}") from err
 
     def _engine_class(self) -> tuple[type, dict[str, Any]]:
         if self._engine_cls is not None:
@@ -136,20 +152,35 @@ class Orchestrator:
 
             return HFEngine, {}
         from rlgen.engines.vllm import VLLMEngine
+        from rlgen.sync import engine_args_for
 
-        return VLLMEngine, {"env": dict(self.plan.engine_env)}
+        return VLLMEngine, {"env": dict(self.plan.engine_env), "engine_args": engine_args_for(self.plan.transport)}
 
-    def _learner_class(self) -> type:
+    def _learner_class(self) -> tuple[type, dict[str, Any]]:
         if len(self.plan.learners) != 1:
             raise RunError(
                 f"the plan has {len(self.plan.learners)} learner ranks, but this build trains with one learner "
                 "process; set hardware.learner_ranks=1 (CPU) or hardware.learner_gpus=1."
             )
         if self._learner_cls is not None:
-            return self._learner_cls
+            return self._learner_cls, {}
+        kind = self.cfg.learner.kind.value
+        if kind == "deepspeed" or (kind == "auto" and self.plan.device == "cuda"):
+            from rlgen.learners.deepspeed import DeepSpeedLearner
+
+            return DeepSpeedLearner, {
+                "zero_stage": self.cfg.learner.zero_stage,
+                "gradient_checkpointing": self.cfg.learner.gradient_checkpointing,
+                "rows_per_step": self.plan.batch.sequences_per_rank,
+                "sync_bucket_bytes": int(self.cfg.sync.bucket_mb * 2**20),
+            }
         from rlgen.learners.torch import TorchLearner
 
-        return TorchLearner
+        if self.plan.transport.value != "ray_object_store":  # a torch learner feeding vLLM engines on GPUs
+            from rlgen.sync import WeightSender
+
+            return type("TorchSyncLearner", (WeightSender, TorchLearner), {}), {}
+        return TorchLearner, {}
 
     # -- helpers ----------------------------------------------------------------------------------------
     def _get(self, refs: Any, what: str, timeout_s: float | None = None) -> Any:
@@ -186,7 +217,6 @@ class Orchestrator:
 
     # -- train ------------------------------------------------------------------------------------------
     def train(self, sink) -> dict:
-        import ray
 
         from rlgen.balancer import BalanceTracker, context_from_plan
         from rlgen.rollout import build_batch, score
@@ -227,6 +257,9 @@ class Orchestrator:
             tl.add("driver", Phase.reward, t0, time.time())
 
             staleness = version - batch.version
+            for r in self.transport.before_train():  # colocated engines sleep while the learner trains
+                for phase, a, b in r["spans"]:
+                    tl.add(r["actor"], Phase(phase), a, b)
             metrics = self._get(self.learner.train_step.remote(batch), f"training step {step}")
             for phase, a, b in metrics.pop("spans", []):
                 tl.add("learner0", Phase(phase), a, b)
@@ -237,16 +270,21 @@ class Orchestrator:
                 sink.console.print(f"[yellow]breaker:[/] {escape(event.message)}", highlight=False)
                 if event.action is BreakerAction.tighten:
                     self.async_steps = 0
+            pushed = False
             if not metrics.get("skipped"):
                 version = int(metrics["version"])
                 if not halt:
-                    t0 = time.time()
-                    weights = self.learner.get_weights.remote()
-                    ready, _ = ray.wait([weights], timeout=cfg.timeout_s)
-                    if not ready:
-                        raise RunError(f"the learner did not export weights within timeout_s={cfg.timeout_s:.0f} s.")
-                    tl.add("learner0", Phase.sync, t0, time.time())
-                    queued_updates = [e.update_weights.remote(weights, version) for e in self.engines]
+                    try:
+                        res = self.transport.push(version, in_flight=self.async_steps > 0 and bool(pending))
+                    except SyncError as err:
+                        raise RunError(f"weight sync to version {version} failed: {err}") from err
+                    for r in res.results:
+                        for phase, a, b in r.get("spans", []):
+                            tl.add(r["actor"], Phase(phase), a, b)
+                    queued_updates = res.pending  # object store: applied before each engine's next generate
+                    pushed = True
+            if not pushed:
+                self.transport.no_update()  # colocated: wake the engines on their old weights
             metrics.update(self.breaker.metrics())
 
             rec = self._record(step, tl, batch, rewards, metrics, version, staleness, time.time() - t_step)
@@ -302,6 +340,8 @@ class Orchestrator:
     def cleanup(self) -> None:
         import ray
 
+        if self.transport is not None:
+            self.transport.close()
         if not ray.is_initialized():
             return
         for a in [*self.engines, self.learner]:

@@ -148,6 +148,10 @@ def _check_scalars(cfg: RunConfig, p: list[str]) -> None:
         p.append(f"engine.num_engines={e.num_engines} must be at least 1, or null to fill the engine GPUs.")
     if not 0 < e.gpu_memory_utilization <= 1:
         p.append(f"engine.gpu_memory_utilization={e.gpu_memory_utilization} must be in (0, 1]; 0.9 is usual.")
+    if cfg.learner.zero_stage not in (2, 3):
+        p.append(f"learner.zero_stage={cfg.learner.zero_stage} must be 2 or 3.")
+    if cfg.sync.bucket_mb <= 0 or cfg.sync.sleep_level not in (1, 2):
+        p.append(f"sync.bucket_mb={cfg.sync.bucket_mb} must be > 0 and sync.sleep_level={cfg.sync.sleep_level} 1 or 2.")
     if m.num_heads < 1 or m.hidden_size % m.num_heads:
         p.append(f"model.hidden_size={m.hidden_size} must divide by model.num_heads={m.num_heads}.")
     elif m.num_kv_heads < 1 or m.num_heads % m.num_kv_heads:
@@ -273,6 +277,11 @@ def _check_hardware(cfg: RunConfig, colocated: bool, p: list[str]) -> None:
             )
     if colocated and hw.gpus_per_node == 0:
         p.append(f"engine.colocate=true shares learner GPUs, but hardware={hw.name} has none; set engine.colocate=false.")
+    if colocated and cfg.engine.kind == EngineKind.vllm and cfg.algo.async_steps > 0:
+        p.append(
+            f"colocated engines sleep while the learner trains, so they cannot generate ahead "
+            f"(algo.async_steps={cfg.algo.async_steps}); set algo.async_steps=0, or give engines their own GPUs."
+        )
     if colocated and cfg.engine.kind == EngineKind.vllm and not cfg.engine.enable_sleep_mode:
         p.append(
             "colocated engines must free the GPU while the learner trains, which needs vLLM sleep mode; "
@@ -337,6 +346,11 @@ def build_plan(cfg: RunConfig) -> Plan:
         raise PlanError(p)
 
     hw = cfg.hardware
+    if colocated and cfg.engine.kind == EngineKind.vllm and cfg.engine.gpu_memory_utilization > 0.5:
+        warnings.append(
+            f"the learner shares the engine's GPU; engine.gpu_memory_utilization={cfg.engine.gpu_memory_utilization} "
+            "leaves it little room while the engine is awake (0.35 is a safer start)."
+        )
     if hw.gpus_per_node and not colocated:
         used = sum(len(s.gpus) for s in engines)
         if used < hw.engine_gpus:

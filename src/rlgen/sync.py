@@ -273,6 +273,7 @@ class WeightTransport(Protocol):
     def setup(self, learner: Any, engines: Sequence[Any], engine_names: Sequence[str]) -> None: ...
     def before_train(self) -> list[dict[str, Any]]: ...
     def push(self, version: int, *, in_flight: bool = False) -> PushResult: ...
+    def no_update(self) -> list[dict[str, Any]]: ...
     def close(self) -> None: ...
 
 
@@ -298,13 +299,17 @@ class _Base:
     def before_train(self) -> list[dict[str, Any]]:
         return []
 
+    def no_update(self) -> list[dict[str, Any]]:
+        """The step was skipped (or the run halts): bring engines back to generating on their old weights."""
+        return []
+
     def close(self) -> None:
         self.learner, self.engines = None, []
 
-    def _begin(self, version: int) -> float:
+    def _begin(self, version: int, *, resend: bool = False) -> float:
         if self.broken:
             raise SyncError(f"{self.kind.value} weight sync is broken ({self.broken}); restart the run.")
-        if int(version) <= self.version:
+        if int(version) < self.version or (int(version) == self.version and not resend):
             raise SyncError(f"policy version {version} is not newer than the engines' version {self.version}.")
         return time.time()
 
@@ -409,11 +414,21 @@ class CudaIpcTransport(_VLLMTransport):
         self._get([e.sleep.remote(self.sleep_level) for e in self.engines], "engines going to sleep", self.engine_names)
         return [{"actor": n, "spans": [(Phase.idle.value, t0, time.time())]} for n in self.engine_names]
 
+    def no_update(self) -> list[dict[str, Any]]:
+        """Level 1 kept the old weights on the CPU: wake everything. Level 2 dropped them: send them again."""
+        if self.sleep_level == 1:
+            self._get([e.wake.remote() for e in self.engines], "waking engines", self.engine_names)
+            return []
+        return self._cycle(self.version, resend=True).results
+
     def push(self, version: int, *, in_flight: bool = False) -> PushResult:
         if in_flight:
             raise SyncError("colocated engines sleep while the learner trains, so updates cannot be in flight; "
                             "set algo.async_steps=0 with a colocated plan.")
-        t0 = self._begin(version)
+        return self._cycle(version)
+
+    def _cycle(self, version: int, resend: bool = False) -> PushResult:
+        t0 = self._begin(version, resend=resend)
         self._get([e.wake.remote(["weights"]) for e in self.engines], "waking engine weights", self.engine_names)
         ref = self.learner.send_weights_ipc.remote(self.engines, version, self.dtype, self.bucket_bytes, self.timeout_s)
         sent = self._get([ref], f"IPC weight update to version {version}", ["learner"])[0]
@@ -437,9 +452,3 @@ def make_transport(plan: Plan, cfg: Any, *, bucket_mb: float | None = None, slee
         return CudaIpcTransport(**kwargs, sleep_level=sleep_level)
     return ObjectStoreTransport(**kwargs)
 
-
-__all__ = [
-    "CudaIpcTransport", "NcclTransport", "ObjectStoreTransport", "PushResult", "SyncError", "SyncTimeoutError",
-    "WeightSender", "WeightTransport", "engine_args_for", "get_all", "make_transport", "plan_buckets",
-    "run_with_timeout",
-]

@@ -61,6 +61,7 @@ def ray_local():
     env = {k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "HF_", "PYTHONPATH", "NCCL_"))}
     env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     env.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    env.setdefault("NCCL_CUMEM_ENABLE", "0")  # vLLM's workers run with it off; the learner side must match
     ray.init(address="local", include_dashboard=False, runtime_env={"env_vars": env})
     yield ray
     ray.shutdown()

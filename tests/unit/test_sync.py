@@ -329,3 +329,21 @@ def test_get_all_over_ray_refs_fails_fast_and_names_late_calls():
     finally:
         if started:
             ray.shutdown()
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_ipc_skipped_step_brings_engines_back(level):
+    log = []
+    engine, learner = FakeEngine("engine0", log), FakeLearner(log)
+    t = CudaIpcTransport(timeout_s=2, sleep_level=level)
+    t.setup(Handle(learner), [Handle(engine)], ["engine0"])
+    log.clear()
+    t.before_train()
+    t.no_update()  # the learner skipped its step: version stays 0
+    mine = [w for _, w in log if _ == "engine0"]
+    if level == 1:  # old weights were kept on the CPU
+        assert mine == [f"sleep:{level}", "wake:"]
+    else:  # level 2 dropped them: the learner sends the current version again
+        assert mine == [f"sleep:{level}", "wake:weights", "start", "chunk", "finish", "wake:kv_cache"]
+    assert t.version == 0 == engine.version
+    assert ObjectStoreTransport(timeout_s=1).no_update() == []
