@@ -14,7 +14,7 @@ from rich.console import Console
 from rlgen import planner
 from rlgen.balancer import Kind
 from rlgen.compose import compose_run_config
-from rlgen.plan import build_plan
+from rlgen.plan import PlanError, build_plan
 from rlgen.planner import predict, print_prediction
 
 # Qwen2.5-1.5B on 8xH100 (4 engine GPUs, 4 learner GPUs), 64 prompts x 8 samples, 128 + 512 tokens.
@@ -99,9 +99,11 @@ def test_async_overlaps_and_colocated_does_not():
     assert ahead.step_s == pytest.approx(max(sync.gen_s, sync.train_s) + sync.sync_s, rel=1e-9)
     assert ahead.verdict.learner_wait_s == pytest.approx(sync.gen_s - sync.train_s, rel=1e-9)
     assert ahead.verdict.engine_idle_s == 0
-    colo = _predict("hardware=1xh100", "engine=vllm", "model=qwen2_5_1_5b", "algo.async_steps=1",
+    colo = _predict("hardware=1xh100", "engine=vllm", "model=qwen2_5_1_5b",
                     "algo.max_new_tokens=512", "task.max_prompt_tokens=128")
     assert colo.step_s == pytest.approx(colo.gen_s + colo.train_s + colo.sync_s, rel=1e-9)
+    with pytest.raises(PlanError, match="colocated engines sleep while the learner trains"):
+        _predict("hardware=1xh100", "engine=vllm", "model=qwen2_5_1_5b", "algo.async_steps=1")
 
 
 def test_kv_capacity_limits_concurrency():
