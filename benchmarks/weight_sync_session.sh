@@ -3,7 +3,6 @@
 #   usage: benchmarks/weight_sync_session.sh OUT_DIR [STAGES]   (STAGES: comma list, default all)
 #   stages: unit (CPU tests of sync + learner), gpu (tests/gpu/test_weight_sync.py), bench_nccl (2 GPUs),
 #           bench_ipc (1 GPU), train_colocated (1 GPU), train_split (2 GPUs)
-# The train stages need the orchestrator wiring described in docs/weight_sync.md.
 set -uo pipefail
 out=${1:?usage: weight_sync_session.sh OUT_DIR [STAGES]}
 stages=${2:-unit,gpu,bench_nccl,bench_ipc,train_colocated,train_split}

@@ -19,356 +19,26 @@ Which candidate: ``engine=vllm`` builds VLLMEngine (in a Ray actor, as in traini
 hf engine with its weights rounded to ``validate.perturb`` (compute stays in the engine dtype); on the tiny
 model float8_e5m2 exceeds the default tolerance while bfloat16 stays inside it, so the CPU run shows the
 check can fail. ``validate.perturb=none`` compares hf with itself.
+
+This module runs the check and prints the report; the cases come from ``rlgen.validate_cases``, the rows
+from ``rlgen.validate_compare``, and the engines run as ``rlgen.validate_engines`` hosts them.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import inspect
 import json
 import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from rlgen.config import EngineKind, Perturb, RunConfig, Runner, ValidateConfig
-
-# -- engines -------------------------------------------------------------------------------------------
-
-
-def _hf_engine_cls():
-    from rlgen.engines.hf import HFEngine
-
-    class PerturbedHFEngine(HFEngine):
-        """The hf engine with every floating-point weight rounded through ``perturb`` (none: unchanged)."""
-
-        def __init__(self, *args: Any, perturb: str = "none", **kwargs: Any):
-            super().__init__(*args, **kwargs)
-            self.perturb = Perturb(perturb)
-            self._round()
-
-        def _round(self) -> None:
-            import torch
-
-            if self.perturb is Perturb.none:
-                return
-            fmt = getattr(torch, self.perturb.value)
-            with torch.no_grad():
-                for p in self.model.parameters():
-                    if p.is_floating_point():
-                        p.copy_(p.to(fmt).to(p.dtype))
-
-        def update_weights(self, weights, version):
-            out = super().update_weights(weights, version)
-            self._round()
-            return out
-
-    return PerturbedHFEngine
-
-
-class _Local:
-    """The engine in this process. Awaitable results run on one persistent event loop (async engines)."""
-
-    def __init__(self, cls: type, args: tuple, kwargs: dict):
-        self.engine = cls(*args, **kwargs)
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def has(self, method: str) -> bool:
-        return callable(getattr(self.engine, method, None))
-
-    def call(self, method: str, *args: Any) -> Any:
-        out = getattr(self.engine, method)(*args)
-        if inspect.isawaitable(out):
-            self._loop = self._loop or asyncio.new_event_loop()
-            out = self._loop.run_until_complete(out)
-        return out
-
-    def close(self) -> None:
-        if self._loop is not None:
-            self._loop.close()
-
-
-class _Actor:
-    """The engine in a Ray actor, created the way the orchestrator creates engine actors."""
-
-    def __init__(self, cls: type, args: tuple, kwargs: dict, num_gpus: float, timeout_s: float):
-        import ray
-
-        self.timeout_s = timeout_s
-        self._started = False
-        if not ray.is_initialized():
-            address = os.environ.get("RAY_ADDRESS")
-            init: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
-            if address:
-                init["address"] = address
-            else:
-                init.update(address="local", num_cpus=max(os.cpu_count() or 1, 2))
-            ray.init(**init)
-            self._started = True
-        self.handle = ray.remote(cls).options(num_cpus=1, num_gpus=num_gpus).remote(*args, **kwargs)
-        self.call("health")
-
-    def has(self, method: str) -> bool:
-        try:
-            getattr(self.handle, method)
-        except AttributeError:
-            return False
-        return True
-
-    def call(self, method: str, *args: Any) -> Any:
-        import ray
-
-        return ray.get(getattr(self.handle, method).remote(*args), timeout=self.timeout_s)
-
-    def close(self) -> None:
-        import ray
-
-        ray.kill(self.handle)
-        if self._started:
-            ray.shutdown()
-
-
-# -- cases ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DrawnRequest:
-    prompt_ids: tuple[int, ...]
-    n: int
-    temperature: float
-    max_new_tokens: int
-
-
-def draw_cases(v: ValidateConfig, vocab_size: int, special_ids: set[int]) -> list[list[DrawnRequest]]:
-    """v.cases batches drawn by hypothesis (its generate phase, seeded by v.seed: the same cases every run)."""
-    from hypothesis import HealthCheck, Phase, given, settings
-    from hypothesis import seed as hyp_seed
-    from hypothesis import strategies as st
-
-    if vocab_size <= len(special_ids):
-        raise ValueError(f"a vocabulary of {vocab_size} tokens has no ordinary token to build prompts from.")
-    token = st.integers(0, vocab_size - 1).filter(lambda t: t not in special_ids)
-    request = st.builds(
-        DrawnRequest,
-        prompt_ids=st.lists(token, min_size=1, max_size=max(v.max_prompt_tokens, 1)).map(tuple),
-        n=st.integers(1, max(v.max_n, 1)),
-        temperature=st.sampled_from([float(t) for t in v.temperatures]),
-        max_new_tokens=st.integers(1, max(v.max_new_tokens, 1)),
-    )
-    cases: list[list[DrawnRequest]] = []
-
-    @hyp_seed(v.seed)
-    @settings(
-        max_examples=v.cases,
-        deadline=None,
-        database=None,
-        phases=[Phase.generate],
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(st.lists(request, min_size=1, max_size=max(v.max_requests, 1)))
-    def collect(case: list[DrawnRequest]) -> None:
-        cases.append(case)
-
-    collect()
-    return cases[: v.cases]
-
-
-# -- comparison ----------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Acc:
-    """Paired per-token logprobs of one row of the table."""
-
-    ref: list[float] = field(default_factory=list)
-    cand: list[float] = field(default_factory=list)
-    sequences: int = 0
-    greedy_total: int = 0
-    greedy_agree: int = 0
-
-    def add(self, ref: list[float], cand: list[float]) -> None:
-        self.ref.extend(ref)
-        self.cand.extend(cand)
-        self.sequences += 1
-
-
-@dataclass
-class CheckRow:
-    name: str
-    sequences: int
-    tokens: int
-    k3_kl: float
-    mean_abs_delta: float
-    max_abs_delta: float
-    frac_over_threshold: float
-    greedy_agreement: float | None
-    tolerance: str
-    passed: bool
-
-
-@dataclass
-class ValidationReport:
-    engine: str
-    candidate: str
-    reference: str
-    device: str
-    settings: dict[str, Any]
-    rows: list[CheckRow]
-    cases: list[dict[str, Any]]
-    worst_case: dict[str, Any] | None
-    passed: bool
-    seconds: float
-
-    def row(self, name: str) -> CheckRow:
-        return next(r for r in self.rows if r.name == name)
-
-    def to_dict(self) -> dict[str, Any]:
-        return _jsonable(dataclasses.asdict(self))
-
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)
-    if isinstance(v, Enum):
-        return v.value
-    if isinstance(v, dict):
-        return {k: _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    return v
-
-
-def _metrics(ref: list[float], cand: list[float], threshold: float) -> dict[str, float]:
-    import torch
-
-    from rlgen.mismatch import mismatch_metrics
-
-    r = torch.tensor([ref], dtype=torch.float64)  # [1, T]
-    c = torch.tensor([cand], dtype=torch.float64)  # [1, T]
-    return mismatch_metrics(r, c, torch.ones_like(r), threshold)
-
-
-def _row(name: str, acc: _Acc, v: ValidateConfig, threshold: float, greedy: bool) -> CheckRow:
-    m = _metrics(acc.ref, acc.cand, threshold)
-    kl_ok = math.isfinite(m["k3_kl"]) and m["k3_kl"] <= v.kl_tolerance
-    agreement = acc.greedy_agree / acc.greedy_total if greedy and acc.greedy_total else None
-    greedy_ok = agreement is None or agreement >= v.min_greedy_agreement
-    tol = f"{v.kl_tolerance:.0e}" + (f"/{v.min_greedy_agreement:g}" if agreement is not None else "")
-    return CheckRow(
-        name,
-        acc.sequences,
-        int(m["tokens"]),
-        m["k3_kl"],
-        m["mean_abs_delta"],
-        m["max_abs_delta"],
-        m["frac_over_threshold"],
-        agreement,
-        tol,
-        kl_ok and greedy_ok,
-    )
-
-
-def _greedy_agrees(cand: list[int], ref: list[int], ref_own_lp: list[float], ref_on_cand: list[float], tie: float) -> bool:
-    """Equal sequences agree; otherwise they agree when the first differing token is a near-tie for the
-    reference (both prefixes are equal up to there, so the two reference logprobs share a context)."""
-    for i, (a, b) in enumerate(zip(cand, ref)):
-        if a != b:
-            return abs(ref_own_lp[i] - ref_on_cand[i]) <= tie
-    return len(cand) == len(ref)
-
-
-def _temp_label(t: float) -> str:
-    return "T=0 greedy" if t <= 0 else f"T={t:g}"
-
-
-def _score_by_temperature(engine, prompts: list[list[int]], tokens: list[list[int]], temps: list[float]) -> list[list[float]]:
-    """engine.score over rows of mixed temperatures, one call per temperature; rows come back in order."""
-    out: list[list[float]] = [[] for _ in prompts]
-    for t in sorted(set(temps)):
-        idx = [i for i, x in enumerate(temps) if x == t]
-        scored = engine.call("score", [prompts[i] for i in idx], [tokens[i] for i in idx], t)
-        for i, row in zip(idx, scored):
-            out[i] = list(row)
-    return out
-
-
-def compare(
-    reference, candidate, cases: list[list[DrawnRequest]], v: ValidateConfig, stop_ids: tuple[int, ...], threshold: float
-) -> tuple[list[CheckRow], list[dict[str, Any]]]:
-    """Run every case through both engines; the table's rows and a per-case summary."""
-    from rlgen.types import GenRequest, SamplingParams
-
-    by_temp: dict[float, _Acc] = {}
-    generated, forced = _Acc(), _Acc()
-    can_score = candidate.has("score")
-    summaries = []
-    for k, case in enumerate(cases):
-        requests = [
-            GenRequest(
-                r.prompt_ids,
-                SamplingParams(r.n, r.temperature, 1.0, r.max_new_tokens, stop_ids, seed=v.seed * 100_003 + k),
-                j,
-            )
-            for j, r in enumerate(case)
-        ]
-        comps = candidate.call("generate", requests)["completions"]
-        rows = [(r, j) for j, r in enumerate(case) for _ in range(r.n)]  # completion -> its request
-        if len(comps) != len(rows):
-            raise RuntimeError(f"case {k}: the candidate returned {len(comps)} completions for {len(rows)} samples.")
-        prompts = [list(r.prompt_ids) for r, _ in rows]
-        tokens = [list(c.token_ids) for c in comps]
-        temps = [r.temperature for r, _ in rows]
-        for c in comps:
-            if len(c.logprobs) != len(c.token_ids):
-                raise RuntimeError(f"case {k}: {len(c.logprobs)} logprobs for {len(c.token_ids)} tokens.")
-        ref_lp = _score_by_temperature(reference, prompts, tokens, temps)
-        case_acc = _Acc()
-        for c, ref, t in zip(comps, ref_lp, temps):
-            by_temp.setdefault(t, _Acc()).add(ref, c.logprobs)
-            generated.add(ref, c.logprobs)
-            case_acc.add(ref, c.logprobs)
-        if can_score:
-            for ref, cand in zip(ref_lp, _score_by_temperature(candidate, prompts, tokens, temps)):
-                forced.add(ref, cand)
-        greedy_idx = [j for j, r in enumerate(case) if r.temperature <= 0]
-        if greedy_idx:
-            ref_out = reference.call("generate", [requests[j] for j in greedy_idx])["completions"]
-            ref_first, pos = {}, 0  # n samples per request come back; greedy ones are all the same
-            for j in greedy_idx:
-                ref_first[j] = ref_out[pos]
-                pos += case[j].n
-            for i, (r, j) in enumerate(rows):
-                if r.temperature > 0:
-                    continue
-                ref_c = ref_first[j]
-                ok = int(_greedy_agrees(tokens[i], ref_c.token_ids, ref_c.logprobs, ref_lp[i], v.tie_tolerance))
-                for acc in (by_temp[r.temperature], case_acc):
-                    acc.greedy_total += 1
-                    acc.greedy_agree += ok
-        m = _metrics(case_acc.ref, case_acc.cand, threshold)
-        summaries.append(
-            {
-                "case": k,
-                "requests": [dataclasses.asdict(r) | {"prompt_len": len(r.prompt_ids)} for r in case],
-                "tokens": int(m["tokens"]),
-                "k3_kl": m["k3_kl"],
-                "max_abs_delta": m["max_abs_delta"],
-                "greedy_agree": f"{case_acc.greedy_agree}/{case_acc.greedy_total}",
-            }
-        )
-    rows_out = [_row(_temp_label(t), by_temp[t], v, threshold, greedy=t <= 0) for t in sorted(by_temp)]
-    if can_score:
-        rows_out.append(_row("teacher-forced", forced, v, threshold, greedy=False))
-    rows_out.append(_row("all", generated, v, threshold, greedy=False))
-    return rows_out, summaries
-
-
-# -- the run -------------------------------------------------------------------------------------------
+from rlgen.validate_cases import DrawnRequest, draw_cases
+from rlgen.validate_compare import CheckRow, ValidationReport, compare, jsonable
+from rlgen.validate_engines import InActor, InProcess, perturbed_hf_engine_cls
 
 
 def _candidate_spec(cfg: RunConfig, v: ValidateConfig, plan, engine_cls, engine_kwargs) -> tuple[type, dict, str]:
@@ -380,7 +50,7 @@ def _candidate_spec(cfg: RunConfig, v: ValidateConfig, plan, engine_cls, engine_
     if cfg.engine.kind == EngineKind.hf:
         perturb = Perturb(v.perturb)
         what = "unchanged" if perturb is Perturb.none else f"rounded to {perturb.value}"
-        return _hf_engine_cls(), {"perturb": perturb.value}, f"hf {cfg.engine.dtype}, weights {what}"
+        return perturbed_hf_engine_cls(), {"perturb": perturb.value}, f"hf {cfg.engine.dtype}, weights {what}"
     from rlgen.engines.vllm import VLLMEngine
 
     return VLLMEngine, {"env": dict(plan.engine_env)}, f"vllm {cfg.engine.dtype}"
@@ -413,7 +83,7 @@ def run_validate(
     cases = draw_cases(v, vocab, set(tok.all_special_ids))
 
     ref_engine = dataclasses.replace(cfg.engine, kind=EngineKind.hf, dtype=v.reference_dtype)
-    reference = _Local(HFEngine, (model_path, ref_engine), {"device": device, "seed": cfg.seed, "name": "reference", "threads": None})
+    reference = InProcess(HFEngine, (model_path, ref_engine), {"device": device, "seed": cfg.seed, "name": "reference", "threads": None})
     cls, extra, description = _candidate_spec(cfg, v, plan, engine_cls, engine_kwargs)
     cand_engine = dataclasses.replace(
         cfg.engine, gpu_memory_utilization=min(cfg.engine.gpu_memory_utilization, v.gpu_memory_utilization)
@@ -424,11 +94,11 @@ def run_validate(
     kwargs = {"device": device, "seed": cfg.seed, "name": "candidate", **extra}
     if runner is Runner.ray:
         gpus = float(cfg.engine.tensor_parallel_size) if device == "cuda" else 0.0
-        candidate: Any = _Actor(cls, (model_path, cand_engine), kwargs, gpus, cfg.timeout_s)
+        candidate: Any = InActor(cls, (model_path, cand_engine), kwargs, gpus, cfg.timeout_s)
     else:
         if issubclass(cls, HFEngine):
             kwargs["threads"] = None  # leave torch's thread count in this process alone
-        candidate = _Local(cls, (model_path, cand_engine), kwargs)
+        candidate = InProcess(cls, (model_path, cand_engine), kwargs)
     try:
         rows, summaries = compare(reference, candidate, cases, v, stop_ids, cfg.monitor.delta_threshold)
     finally:
@@ -440,7 +110,7 @@ def run_validate(
         candidate=description,
         reference=f"hf {v.reference_dtype}",
         device=device,
-        settings=_jsonable(dataclasses.asdict(v)) | {"model": cfg.model.name, "model_path": model_path},
+        settings=jsonable(dataclasses.asdict(v)) | {"model": cfg.model.name, "model_path": model_path},
         rows=rows,
         cases=summaries,
         worst_case=worst,
@@ -533,4 +203,16 @@ def validate_app(dict_cfg) -> float:
     return float(report.row("all").k3_kl)
 
 
-__all__ = ["ValidateConfig", "ValidationReport", "CheckRow", "draw_cases", "compare", "run_validate", "validate_app"]
+__all__ = [
+    "CheckRow",
+    "DrawnRequest",
+    "Perturb",
+    "ValidateConfig",
+    "ValidationReport",
+    "compare",
+    "draw_cases",
+    "print_report",
+    "run_validate",
+    "split_config",
+    "validate_app",
+]

@@ -10,7 +10,9 @@ own loop; every public method submits a coroutine to that loop and waits for it 
 actor thread, or any thread of a threaded actor (``max_concurrency > 1``), can call in, so ``health()``,
 ``pause()`` and ``update_weights()`` work while a ``generate()`` is in flight.
 
-vllm is imported only when an engine is built; importing this module costs nothing on CPU.
+vllm is imported only when an engine is built; importing this module costs nothing on CPU. The engine
+arguments and sampling seeds come from ``rlgen.engines.vllm_args``; weights travel to the workers as
+``rlgen.engines.vllm_weights`` packs and loads them.
 """
 
 from __future__ import annotations
@@ -24,31 +26,16 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rlgen.config import EngineConfig
+from rlgen.engines.vllm_args import REQUIRED_ENV, TUNED_DEFAULTS, build_engine_args, mix_seed
+from rlgen.engines.vllm_weights import WEIGHT_CHUNK_BYTES, chunk_weights, load_weights_on_worker, to_wire
 from rlgen.types import Completion, GenRequest, Phase
 
 if TYPE_CHECKING:
     import torch
 
-# Settings the engine process needs whatever the config says. update_weights() hands vLLM a function and
-# tensors to run on its workers; vLLM 0.26 only serialises those with insecure (pickle) serialisation on.
-# Engine-core processes start with spawn: a forked child cannot use CUDA once the parent has touched it.
-REQUIRED_ENV: dict[str, str] = {
-    "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
-    "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
-}
-
-# Engine arguments rlgen sets on top of EngineConfig unless the caller overrides them (``engine_args``).
-# AsyncEngineArgs alone would budget 2048 tokens per step; 16384 is what vllm.LLM picks on GPUs of 70 GB or
-# more. On the bench workload (128-token prompts) the two measured the same; the larger budget is kept for
-# longer prompts. Measurements: docs/benchmarks.md.
-TUNED_DEFAULTS: dict[str, Any] = {
-    "max_num_batched_tokens": 16384,
-}
-
 START_TIMEOUT_S = 900.0  # building the engine: weights, torch.compile, CUDA graphs
 CALL_TIMEOUT_S = 1800.0  # one generate() call
 CONTROL_TIMEOUT_S = 300.0  # sleep, wake, pause, resume, prefix-cache reset, one weight chunk
-WEIGHT_CHUNK_BYTES = 1 << 30  # weights travel to the workers in chunks of about this size
 
 _TORCH_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "float32": "float32"}
 
@@ -74,98 +61,6 @@ def require_cuda_and_vllm() -> None:
             "engine=vllm needs the vllm package (vLLM 0.26): pip install 'rlgen[gpu]'. "
             f"Importing it failed with: {err}"
         ) from err
-
-
-def build_engine_args(
-    model_path: str, engine: EngineConfig, seed: int = 0, overrides: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """The keyword arguments of vLLM's AsyncEngineArgs for this config. Pure: no vllm import."""
-    args: dict[str, Any] = {
-        "model": model_path,
-        "skip_tokenizer_init": True,
-        "tensor_parallel_size": engine.tensor_parallel_size,
-        "gpu_memory_utilization": engine.gpu_memory_utilization,
-        "enable_prefix_caching": engine.enable_prefix_caching,
-        "max_model_len": engine.max_model_len,
-        "max_num_seqs": engine.max_num_seqs,
-        "enforce_eager": engine.enforce_eager,
-        "dtype": engine.dtype,
-        "seed": seed,
-        "enable_sleep_mode": engine.enable_sleep_mode,
-        "disable_log_stats": True,
-        # Logprobs after temperature scaling, the quantity the learner recomputes as log_softmax(logits / T)
-        # (vLLM's default, raw_logprobs, is taken before temperature).
-        "logprobs_mode": "processed_logprobs",
-    }
-    args.update(TUNED_DEFAULTS)
-    args.update(dict(overrides or {}))
-    return args
-
-
-def mix_seed(seed: int | None, group_id: int) -> int | None:
-    """A request's sampling seed: the step seed mixed with the prompt's group id, so prompts that share one
-    step seed draw independent noise. vLLM then gives sample j of the request seed + j."""
-    if seed is None:
-        return None
-    return (int(seed) * 1_000_003 + int(group_id) * 7919) % (2**31 - 1)
-
-
-def chunk_weights(
-    items: Iterable[tuple[str, torch.Tensor]], chunk_bytes: int = WEIGHT_CHUNK_BYTES
-) -> Iterable[list[tuple[str, torch.Tensor]]]:
-    """Group (name, tensor) pairs into lists of about chunk_bytes each (a large tensor travels alone)."""
-    chunk: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, t in items:
-        nbytes = t.numel() * t.element_size()
-        if chunk and size + nbytes > chunk_bytes:
-            yield chunk
-            chunk, size = [], 0
-        chunk.append((name, t))
-        size += nbytes
-    if chunk:
-        yield chunk
-
-
-def _to_wire(name: str, t: torch.Tensor) -> tuple[str, str, list[int], bytes]:
-    """A tensor as (name, dtype, shape, raw bytes): vLLM's RPC decoder rebuilds plain bytes, not tensors."""
-    import torch
-
-    t = t.detach().to("cpu").contiguous()
-    raw = t.reshape(-1).view(torch.uint8).numpy().tobytes()
-    return name, str(t.dtype).removeprefix("torch."), list(t.shape), raw
-
-
-def _from_wire(dtype: str, shape: list[int], raw: bytes) -> torch.Tensor:
-    import warnings
-
-    import torch
-
-    if not raw:
-        return torch.empty(shape, dtype=getattr(torch, dtype))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # read-only buffer: the tensor is only read, then copied
-        flat = torch.frombuffer(raw, dtype=torch.uint8)
-    return flat.view(getattr(torch, dtype)).reshape(shape)
-
-
-def _load_weights_on_worker(worker: Any, weights: list[tuple[str, str, list[int], bytes]]) -> int:
-    """Runs inside each vLLM worker (through collective_rpc): copy the tensors into the live model.
-
-    The model's own load_weights maps Hugging Face names onto vLLM's fused layers (qkv, gate_up) and
-    shards them for tensor parallelism; parameters keep their storage, so captured CUDA graphs stay valid.
-    """
-    import torch
-
-    model = worker.get_model()
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        model.load_weights(
-            (name, _from_wire(dtype, shape, raw).to(device, non_blocking=True))
-            for name, dtype, shape, raw in weights
-        )
-    torch.cuda.synchronize(device)
-    return len(weights)
 
 
 class _LoopThread:
@@ -366,9 +261,9 @@ class VLLMEngine:
 
         sent = nbytes = 0
         for chunk in chunk_weights(prepared()):
-            payload = [_to_wire(name, t) for name, t in chunk]
+            payload = [to_wire(name, t) for name, t in chunk]
             self._loop.run(
-                self.llm.collective_rpc(_load_weights_on_worker, timeout=CONTROL_TIMEOUT_S, args=(payload,)),
+                self.llm.collective_rpc(load_weights_on_worker, timeout=CONTROL_TIMEOUT_S, args=(payload,)),
                 CONTROL_TIMEOUT_S,
                 f"{self.name}: loading a weight chunk",
             )
@@ -501,6 +396,7 @@ __all__ = [
     "REQUIRED_ENV",
     "TUNED_DEFAULTS",
     "VLLMEngine",
+    "WEIGHT_CHUNK_BYTES",
     "build_engine_args",
     "chunk_weights",
     "mix_seed",

@@ -28,12 +28,18 @@ from typing import Any
 
 import torch
 
-from rlgen.algo.grpo import aggregate, kl_k3, normaliser, policy_loss, sequence_keep, token_logprobs
 from rlgen.config import AlgoConfig, LossAgg, MonitorConfig
+from rlgen.learners.grpo_step import (
+    StepSums,
+    assemble_metrics,
+    batch_denominator,
+    inverse,
+    micro_loss,
+    unpack_batch,
+)
 from rlgen.learners.torch import NonFiniteWeightsError, TorchLearner, _disable_dropout
-from rlgen.mismatch import mismatch_metrics
 from rlgen.sync import DEFAULT_BUCKET_BYTES, WeightSender, plan_buckets
-from rlgen.types import Phase, RolloutBatch
+from rlgen.types import RolloutBatch
 
 
 def micro_batches(rows: int, micro_batch_size: int) -> int:
@@ -136,7 +142,7 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         deepspeed.init_distributed(dist_backend="nccl")
         self.engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=self.ds_config)
         self.engine.train()
-        self.model = self.engine  # TorchLearner._response_logits calls self.model(...)
+        self.model = self.engine  # the forward (grpo_step.response_logits) calls self.model(...)
         self.module = self.engine.module
 
     def _init_state(self, algo, monitor, rank, name, device, zero_stage, sync_bucket_bytes) -> None:
@@ -146,104 +152,40 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         self.zero_stage = int(zero_stage)
         self.sync_bucket_bytes = int(sync_bucket_bytes)
         self.ref_model = None
-        self.version = 0
-        self.calls = 0
-        self.skipped_steps = 0
-        self.consecutive_skips = 0
-        self.last_skip_reason: str | None = None
+        self._init_counters()
         self.sync_blocked = None
 
     # -- training --------------------------------------------------------------------------------------
-    def _denominator(self, ids, attn, mask, engine_logp, prompt_len: int, micro: int) -> float:
-        """The whole batch's loss denominator: from the response mask, or (sequence masking on) from the
-        mask of sequences kept after a no-grad forward."""
-        if self.algo.seq_mask_cap <= 0:
-            return normaliser(mask, self.loss_agg, self.algo.max_new_tokens)
-        total = 0.0
-        with torch.no_grad():
-            for lo in range(0, ids.shape[0], micro):
-                r = slice(lo, lo + micro)
-                logits = self._response_logits(self.model, ids[r], attn[r], mask.shape[1])  # [n, L, V]
-                logp = token_logprobs(logits, ids[r, prompt_len:])  # [n, L]
-                keep = sequence_keep(logp, engine_logp[r], mask[r], self.algo.seq_mask_cap)  # [n]
-                total += normaliser(mask[r] & keep.unsqueeze(-1), self.loss_agg, self.algo.max_new_tokens)
-        return total
-
     def _micro_step(self, ids, attn, mask, engine_logp, advantages, prompt_len: int, scale: float, poison: bool):
         """Forward and backward of one micro-batch; the loss is pre-divided by the batch denominator (scale =
-        1/denominator). ids, attn: [n, P+L]; mask, engine_logp: [n, L]; advantages: [n]."""
-        algo, resp_len = self.algo, mask.shape[1]
-        targets = ids[:, prompt_len:]  # [n, L]
-        logits = self._response_logits(self.model, ids, attn, resp_len)  # [n, L, V]
-        logp = token_logprobs(logits, targets)  # [n, L]
-        keep = sequence_keep(logp, engine_logp, mask, algo.seq_mask_cap)  # [n]
-        loss_mask = mask & keep.unsqueeze(-1)  # [n, L]
-        pg, metrics = policy_loss(
-            logp, engine_logp, advantages, mask, clip_low=algo.clip_low, clip_high=algo.clip_high,
-            tis_cap=algo.tis_cap, seq_mask_cap=algo.seq_mask_cap, agg=self.loss_agg,
-            max_new_tokens=algo.max_new_tokens, denominator=1.0,
+        1/denominator). ids, attn: [n, P+L]; mask, engine_logp: [n, L]; advantages: [n]. poison, or a
+        non-finite loss, makes the loss NaN so that DeepSpeed's overflow check skips the step."""
+        micro = micro_loss(
+            self.model, self.ref_model, ids, attn, mask, engine_logp, advantages, prompt_len, self.algo, self.loss_agg
         )
-        total, kl_sum = pg, 0.0
-        if self.ref_model is not None:
-            with torch.no_grad():
-                ref_logp = token_logprobs(self._response_logits(self.ref_model, ids, attn, resp_len), targets)
-            kl = aggregate(kl_k3(logp, ref_logp), loss_mask, self.loss_agg, algo.max_new_tokens, denominator=1.0)
-            total, kl_sum = pg + algo.kl_coef * kl, float(kl.item())
-        sums_pg = float(pg.item())
-        if poison or not math.isfinite(sums_pg + kl_sum):
-            total = total * float("nan")  # DeepSpeed's overflow check then skips the step
+        total = micro.total
+        if poison or not math.isfinite(micro.pg + micro.kl):
+            total = total * float("nan")
         self.engine.backward(total * scale, scale_wrt_gas=False)
-        with torch.no_grad():
-            probs = torch.softmax(logits, dim=-1)  # [n, L, V]
-            entropy = torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)  # [n, L]
-            del probs
-        loss_tokens, tokens = float(loss_mask.sum().item()), float(mask.sum().item())
-        seqs = float(mask.any(dim=-1).sum().item())
-        return logp.detach(), {
-            "pg": sums_pg, "kl": kl_sum, "entropy": float(entropy[mask].sum().item()), "loss_tokens": loss_tokens,
-            "clip": metrics["clip_frac"] * loss_tokens, "tis": metrics["tis_frac"] * loss_tokens,
-            "ratio": metrics["ratio_mean"] * tokens, "ratio_max": metrics["ratio_max"] if tokens else -math.inf,
-            "masked_seqs": metrics["seq_masked_frac"] * seqs,
-        }
+        return micro.logp.detach(), micro.sums()
 
     def train_step(self, batch: RolloutBatch) -> dict[str, Any]:
         """One optimizer step; the returned keys are TorchLearner.train_step's."""
         start = time.time()
         step_index = self.calls
         self.calls += 1
-        algo, dev = self.algo, self.device
-        ids = batch.input_ids.to(dev)  # [N, P+L]
-        attn = batch.attention_mask.to(dev)  # [N, P+L]
-        mask = batch.response_mask.to(dev) > 0  # [N, L]
-        engine_logp = batch.engine_logprobs.to(dev, torch.float32)  # [N, L]
-        advantages = batch.advantages.to(dev, torch.float32)  # [N]
-        n_rows, prompt_len = ids.shape[0], batch.prompt_len
-        resp_len = ids.shape[1] - prompt_len
-        if prompt_len < 1 or resp_len < 1 or mask.shape != (n_rows, resp_len):
-            raise ValueError(
-                f"bad batch: input_ids {tuple(ids.shape)}, prompt_len {prompt_len}, response_mask {tuple(mask.shape)}"
-            )
-        micro = algo.micro_batch_size if algo.micro_batch_size > 0 else n_rows
-        denom = self._denominator(ids, attn, mask, engine_logp, prompt_len, micro)
-        scale = 1.0 / denom if denom > 0 else 0.0
+        algo = self.algo
+        step = unpack_batch(batch, self.device, algo.micro_batch_size)
+        scale = inverse(batch_denominator(self.model, step, algo, self.loss_agg))
 
-        trainer_logp = torch.zeros(n_rows, resp_len, device=dev)  # [N, L]
-        acc: dict[str, float] = {}
-        ratio_maxes: list[float] = []
-        starts = list(range(0, n_rows, micro))
-        for i, lo in enumerate(starts):
-            last = i == len(starts) - 1
+        sums = StepSums(step)
+        slices = step.micro_slices()
+        for i, rows in enumerate(slices):
+            last = i == len(slices) - 1
             self.engine.set_gradient_accumulation_boundary(last)
-            poison = last and not math.isfinite((acc.get("pg", 0.0) + algo.kl_coef * acc.get("kl", 0.0)) * scale)
-            r = slice(lo, lo + micro)
-            logp, sums = self._micro_step(ids[r], attn[r], mask[r], engine_logp[r], advantages[r], prompt_len, scale, poison)
-            trainer_logp[r] = logp
-            ratio_maxes.append(sums.pop("ratio_max"))
-            for key, value in sums.items():
-                acc[key] = acc.get(key, 0.0) + value
-        mismatch = mismatch_metrics(trainer_logp, engine_logp, mask, self.monitor.delta_threshold)
-        pg_loss, kl_value = acc["pg"] * scale, acc["kl"] * scale
-        loss = pg_loss + algo.kl_coef * kl_value
+            poison = last and not math.isfinite((sums.get("pg") + algo.kl_coef * sums.get("kl")) * scale)
+            sums.add(rows, *self._micro_step(*step.rows(rows), step.prompt_len, scale, poison))
+        pg_loss, kl_value, loss = sums.losses(scale, algo.kl_coef)
 
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
@@ -257,32 +199,12 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
             self.sync_blocked = reason
         else:
             reason = None
-        if reason is None:
-            self.version += 1
-            self.consecutive_skips = 0
-        else:
-            self.skipped_steps += 1
-            self.consecutive_skips += 1
-            self.last_skip_reason = reason
-
-        tokens = int(mask.sum().item())
-        loss_tokens = max(acc["loss_tokens"], 1.0)
-        seqs = max(int(mask.any(dim=-1).sum().item()), 1)
-        ratio_max = float(torch.tensor(ratio_maxes).max())
-        out: dict[str, Any] = {
-            "loss": loss, "pg_loss": pg_loss, "grad_norm": grad_norm, "entropy": acc["entropy"] / max(tokens, 1),
-            "clip_frac": acc["clip"] / loss_tokens, "tis_frac": acc["tis"] / loss_tokens,
-            "seq_masked_frac": acc["masked_seqs"] / seqs, "ratio_mean": acc["ratio"] / tokens if tokens else 1.0,
-            "ratio_max": ratio_max if tokens else 1.0, "response_tokens": tokens, "version": self.version,
-            "skipped": reason is not None,
-        }
-        if self.ref_model is not None:
-            out["kl"] = kl_value
-        if reason is not None:
-            out["skip_reason"] = reason
-        out.update({f"mismatch/{k}": v for k, v in mismatch.items()})
-        out["spans"] = [(Phase.train.value, start, time.time())]
-        return out
+        self._record_outcome(reason)
+        return assemble_metrics(
+            step, sums, loss=loss, pg_loss=pg_loss, kl_value=kl_value if self.ref_model is not None else None,
+            grad_norm=grad_norm, version=self.version, reason=reason, delta_threshold=self.monitor.delta_threshold,
+            start=start,
+        )
 
     def _local_weights_finite(self) -> bool:
         """This rank's parameter storage (ZeRO-3: its partitions) is all finite."""

@@ -11,10 +11,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlgen.algo.grpo import aggregate, kl_k3, normaliser, policy_loss, sequence_keep, token_logprobs
 from rlgen.config import AlgoConfig, LossAgg, MonitorConfig
-from rlgen.mismatch import mismatch_metrics
-from rlgen.types import Phase, RolloutBatch
+from rlgen.learners.grpo_step import StepSums, assemble_metrics, inverse, micro_loss, unpack_batch
+from rlgen.types import RolloutBatch
 
 
 class NonFiniteWeightsError(RuntimeError):
@@ -77,36 +76,17 @@ class TorchLearner:
         self.ref_model: nn.Module | None = None
         if algo.kl_coef > 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self._init_counters()
+
+    def _init_counters(self) -> None:
+        """Step bookkeeping: version (applied updates), train_step calls, skipped steps."""
         self.version = 0
         self.calls = 0
         self.skipped_steps = 0
         self.consecutive_skips = 0
         self.last_skip_reason: str | None = None
 
-    # -- forward -------------------------------------------------------------------------------------------
-
-    def _response_logits(
-        self, model: nn.Module, ids: torch.Tensor, attn: torch.Tensor, resp_len: int
-    ) -> torch.Tensor:
-        """Logits that predict the response tokens: ids, attn [n, P+L] -> [n, L, V] float32.
-
-        Logits at column t predict token t+1, so columns P-1 .. P+L-2 are kept and the last column is not
-        fed. Position ids count real tokens only (cumsum(attn) - 1, clamped at 0), so a left-padded prompt
-        sees the positions it would see unpadded. Logits are divided by algo.temperature (when > 0), as
-        the engine's reported logprobs are of the temperature-scaled distribution it sampled from.
-        """
-        positions = (attn.cumsum(dim=-1) - 1).clamp(min=0)  # [n, P+L]
-        out = model(
-            input_ids=ids[:, :-1],
-            attention_mask=attn[:, :-1],
-            position_ids=positions[:, :-1],
-            logits_to_keep=resp_len,
-            use_cache=False,
-        )
-        logits = out.logits.float()  # [n, L, V]
-        if self.algo.temperature > 0 and self.algo.temperature != 1.0:  # <= 0 means greedy: raw logits
-            logits = logits / self.algo.temperature
-        return logits
+    # -- training ------------------------------------------------------------------------------------------
 
     def _micro_backward(
         self,
@@ -120,61 +100,22 @@ class TorchLearner:
         """Forward and backward of one micro-batch with the loss left undivided (denominator 1).
 
         ids, attn: [n, P+L]; mask, engine_logp: [n, L] (mask bool); advantages: [n]. Returns the detached
-        trainer logprobs [n, L] and sums: pg, kl, entropy, denom (this micro-batch's share of the
-        aggregate's denominator), and token/sequence-weighted metric sums.
+        trainer logprobs [n, L] and `MicroLoss.sums()`.
         """
-        algo = self.algo
-        resp_len = mask.shape[1]
-        targets = ids[:, prompt_len:]  # [n, L]
-        logits = self._response_logits(self.model, ids, attn, resp_len)  # [n, L, V]
-        logp = token_logprobs(logits, targets)  # [n, L]
-        keep = sequence_keep(logp, engine_logp, mask, algo.seq_mask_cap)  # [n]
-        loss_mask = mask & keep.unsqueeze(-1)  # [n, L]
-        pg, metrics = policy_loss(
-            logp,
+        micro = micro_loss(
+            self.model,
+            self.ref_model,
+            ids,
+            attn,
+            mask,
             engine_logp,
             advantages,
-            mask,
-            clip_low=algo.clip_low,
-            clip_high=algo.clip_high,
-            tis_cap=algo.tis_cap,
-            seq_mask_cap=algo.seq_mask_cap,
-            agg=self.loss_agg,
-            max_new_tokens=algo.max_new_tokens,
-            denominator=1.0,
+            prompt_len,
+            self.algo,
+            self.loss_agg,
         )
-        total, kl_sum = pg, 0.0
-        if self.ref_model is not None:
-            with torch.no_grad():
-                ref_logp = token_logprobs(self._response_logits(self.ref_model, ids, attn, resp_len), targets)
-            kl = aggregate(
-                kl_k3(logp, ref_logp), loss_mask, self.loss_agg, algo.max_new_tokens, denominator=1.0
-            )
-            total = pg + algo.kl_coef * kl
-            kl_sum = float(kl.item())
-        total.backward()
-
-        with torch.no_grad():
-            probs = torch.softmax(logits, dim=-1)  # [n, L, V]
-            entropy = torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)  # [n, L]
-            del probs
-        loss_tokens, tokens = float(loss_mask.sum().item()), float(mask.sum().item())
-        seqs = float(mask.any(dim=-1).sum().item())
-        sums = {
-            "pg": float(pg.item()),
-            "kl": kl_sum,
-            "entropy": float(entropy[mask].sum().item()),
-            "denom": normaliser(loss_mask, self.loss_agg, algo.max_new_tokens),
-            "loss_tokens": loss_tokens,
-            "clip": metrics["clip_frac"] * loss_tokens,
-            "tis": metrics["tis_frac"] * loss_tokens,
-            "ratio": metrics["ratio_mean"] * tokens,
-            "ratio_max": metrics["ratio_max"] if tokens else -math.inf,
-            "masked_seqs": metrics["seq_masked_frac"] * seqs,
-        }
-        return logp.detach(), sums
-
-    # -- training ------------------------------------------------------------------------------------------
+        micro.total.backward()
+        return micro.logp.detach(), micro.sums()
 
     def train_step(self, batch: RolloutBatch) -> dict[str, Any]:
         """One optimizer step. See `Learner.train_step` for the returned keys.
@@ -188,43 +129,20 @@ class TorchLearner:
         start = time.time()
         step_index = self.calls
         self.calls += 1
-        algo, dev = self.algo, self.device
-        ids = batch.input_ids.to(dev)  # [N, P+L]
-        attn = batch.attention_mask.to(dev)  # [N, P+L]
-        mask = batch.response_mask.to(dev) > 0  # [N, L]
-        engine_logp = batch.engine_logprobs.to(dev, torch.float32)  # [N, L]
-        advantages = batch.advantages.to(dev, torch.float32)  # [N]
-        n_rows, prompt_len = ids.shape[0], batch.prompt_len
-        resp_len = ids.shape[1] - prompt_len
-        if prompt_len < 1 or resp_len < 1 or mask.shape != (n_rows, resp_len):
-            raise ValueError(
-                f"bad batch: input_ids {tuple(ids.shape)}, prompt_len {prompt_len}, response_mask {tuple(mask.shape)}"
-            )
-        micro = algo.micro_batch_size if algo.micro_batch_size > 0 else n_rows
+        algo = self.algo
+        step = unpack_batch(batch, self.device, algo.micro_batch_size)
 
         self.optimizer.zero_grad(set_to_none=True)
-        trainer_logp = torch.zeros(n_rows, resp_len, device=dev)  # [N, L]
-        acc: dict[str, float] = {}
-        ratio_maxes: list[float] = []
-        for lo in range(0, n_rows, micro):
-            rows = slice(lo, lo + micro)
-            logp, sums = self._micro_backward(
-                ids[rows], attn[rows], mask[rows], engine_logp[rows], advantages[rows], prompt_len
-            )
-            trainer_logp[rows] = logp
-            ratio_maxes.append(sums.pop("ratio_max"))
-            for key, value in sums.items():
-                acc[key] = acc.get(key, 0.0) + value
+        sums = StepSums(step)
+        for rows in step.micro_slices():
+            sums.add(rows, *self._micro_backward(*step.rows(rows), step.prompt_len))
 
-        mismatch = mismatch_metrics(trainer_logp, engine_logp, mask, self.monitor.delta_threshold)
-        denom = acc["denom"]
+        denom = sums.totals["denom"]
         if denom > 0:
             for p in self.params:
                 if p.grad is not None:
                     p.grad.div_(denom)
-        scale = 1.0 / denom if denom > 0 else 0.0
-        pg_loss, kl_value = acc["pg"] * scale, acc["kl"] * scale
-        loss = pg_loss + algo.kl_coef * kl_value
+        pg_loss, kl_value, loss = sums.losses(inverse(denom), algo.kl_coef)
         max_norm = algo.grad_clip if algo.grad_clip > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm).item())
 
@@ -235,6 +153,22 @@ class TorchLearner:
         else:
             reason = self._guarded_step(step_index)
         self.optimizer.zero_grad(set_to_none=True)
+        self._record_outcome(reason)
+        return assemble_metrics(
+            step,
+            sums,
+            loss=loss,
+            pg_loss=pg_loss,
+            kl_value=kl_value if self.ref_model is not None else None,
+            grad_norm=grad_norm,
+            version=self.version,
+            reason=reason,
+            delta_threshold=self.monitor.delta_threshold,
+            start=start,
+        )
+
+    def _record_outcome(self, reason: str | None) -> None:
+        """Count the step: a new version when applied (reason None), a skip otherwise."""
         if reason is None:
             self.version += 1
             self.consecutive_skips = 0
@@ -242,32 +176,6 @@ class TorchLearner:
             self.skipped_steps += 1
             self.consecutive_skips += 1
             self.last_skip_reason = reason
-
-        tokens = int(mask.sum().item())
-        loss_tokens = max(acc["loss_tokens"], 1.0)
-        seqs = max(int(mask.any(dim=-1).sum().item()), 1)
-        ratio_max = float(torch.tensor(ratio_maxes).max())  # nan propagates
-        out: dict[str, Any] = {
-            "loss": loss,
-            "pg_loss": pg_loss,
-            "grad_norm": grad_norm,
-            "entropy": acc["entropy"] / max(tokens, 1),
-            "clip_frac": acc["clip"] / loss_tokens,
-            "tis_frac": acc["tis"] / loss_tokens,
-            "seq_masked_frac": acc["masked_seqs"] / seqs,
-            "ratio_mean": acc["ratio"] / tokens if tokens else 1.0,
-            "ratio_max": ratio_max if tokens else 1.0,
-            "response_tokens": tokens,
-            "version": self.version,
-            "skipped": reason is not None,
-        }
-        if self.ref_model is not None:
-            out["kl"] = kl_value
-        if reason is not None:
-            out["skip_reason"] = reason
-        out.update({f"mismatch/{k}": v for k, v in mismatch.items()})
-        out["spans"] = [(Phase.train.value, start, time.time())]
-        return out
 
     def _guarded_step(self, step_index: int) -> str | None:
         """optimizer.step(), undone (parameters and optimizer state) if any parameter turns non-finite.

@@ -1,0 +1,62 @@
+"""What the vllm engine is built and sampled with: the environment its processes need, the AsyncEngineArgs
+for an EngineConfig and the per-request sampling seed. Pure: importing this module imports no vllm or torch."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rlgen.config import EngineConfig
+
+# Settings the engine process needs whatever the config says. update_weights() hands vLLM a function and
+# tensors to run on its workers; vLLM 0.26 only serialises those with insecure (pickle) serialisation on.
+# Engine-core processes start with spawn: a forked child cannot use CUDA once the parent has touched it.
+REQUIRED_ENV: dict[str, str] = {
+    "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+    "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+}
+
+# Engine arguments rlgen sets on top of EngineConfig unless the caller overrides them (``engine_args``).
+# AsyncEngineArgs alone would budget 2048 tokens per step; 16384 is what vllm.LLM picks on GPUs of 70 GB or
+# more. On the bench workload (128-token prompts) the two measured the same; the larger budget is kept for
+# longer prompts. Measurements: docs/benchmarks.md.
+TUNED_DEFAULTS: dict[str, Any] = {
+    "max_num_batched_tokens": 16384,
+}
+
+
+def build_engine_args(
+    model_path: str, engine: EngineConfig, seed: int = 0, overrides: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The keyword arguments of vLLM's AsyncEngineArgs for this config. Pure: no vllm import."""
+    args: dict[str, Any] = {
+        "model": model_path,
+        "skip_tokenizer_init": True,
+        "tensor_parallel_size": engine.tensor_parallel_size,
+        "gpu_memory_utilization": engine.gpu_memory_utilization,
+        "enable_prefix_caching": engine.enable_prefix_caching,
+        "max_model_len": engine.max_model_len,
+        "max_num_seqs": engine.max_num_seqs,
+        "enforce_eager": engine.enforce_eager,
+        "dtype": engine.dtype,
+        "seed": seed,
+        "enable_sleep_mode": engine.enable_sleep_mode,
+        "disable_log_stats": True,
+        # Logprobs after temperature scaling, the quantity the learner recomputes as log_softmax(logits / T)
+        # (vLLM's default, raw_logprobs, is taken before temperature).
+        "logprobs_mode": "processed_logprobs",
+    }
+    args.update(TUNED_DEFAULTS)
+    args.update(dict(overrides or {}))
+    return args
+
+
+def mix_seed(seed: int | None, group_id: int) -> int | None:
+    """A request's sampling seed: the step seed mixed with the prompt's group id, so prompts that share one
+    step seed draw independent noise. vLLM then gives sample j of the request seed + j."""
+    if seed is None:
+        return None
+    return (int(seed) * 1_000_003 + int(group_id) * 7919) % (2**31 - 1)
+
+
+__all__ = ["REQUIRED_ENV", "TUNED_DEFAULTS", "build_engine_args", "mix_seed"]

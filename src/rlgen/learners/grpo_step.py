@@ -1,0 +1,319 @@
+"""The GRPO step shared by the learners: batch tensors, the response forward, one micro-batch's loss and
+metric sums, their accumulation over a batch, and the metrics `train_step` returns.
+
+What a learner adds is how the gradients of `MicroLoss.total` are taken and applied (plain backward and
+AdamW, or a DeepSpeed engine) and its non-finite guard.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from rlgen.algo.grpo import aggregate, kl_k3, normaliser, policy_loss, sequence_keep, token_logprobs
+from rlgen.config import AlgoConfig, LossAgg
+from rlgen.mismatch import mismatch_metrics
+from rlgen.types import Phase, RolloutBatch
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """A rollout batch's tensors on the learner's device, checked for shape."""
+
+    ids: torch.Tensor  # [N, P+L]
+    attn: torch.Tensor  # [N, P+L]
+    mask: torch.Tensor  # [N, L] bool
+    engine_logp: torch.Tensor  # [N, L] float32
+    advantages: torch.Tensor  # [N] float32
+    prompt_len: int
+    micro: int  # rows per micro-batch
+
+    @property
+    def n_rows(self) -> int:
+        return self.ids.shape[0]
+
+    @property
+    def resp_len(self) -> int:
+        return self.ids.shape[1] - self.prompt_len
+
+    def micro_slices(self) -> list[slice]:
+        """The row ranges of the micro-batches, in order."""
+        return [slice(lo, lo + self.micro) for lo in range(0, self.n_rows, self.micro)]
+
+    def rows(self, r: slice) -> tuple[torch.Tensor, ...]:
+        """(ids, attn, mask, engine_logp, advantages) of rows r."""
+        return self.ids[r], self.attn[r], self.mask[r], self.engine_logp[r], self.advantages[r]
+
+
+def unpack_batch(batch: RolloutBatch, device: torch.device, micro_batch_size: int) -> StepBatch:
+    """The batch's tensors on device; micro_batch_size 0 means one micro-batch of all rows.
+
+    Raises ValueError when the response mask does not match input_ids and prompt_len.
+    """
+    ids = batch.input_ids.to(device)  # [N, P+L]
+    attn = batch.attention_mask.to(device)  # [N, P+L]
+    mask = batch.response_mask.to(device) > 0  # [N, L]
+    engine_logp = batch.engine_logprobs.to(device, torch.float32)  # [N, L]
+    advantages = batch.advantages.to(device, torch.float32)  # [N]
+    n_rows, prompt_len = ids.shape[0], batch.prompt_len
+    resp_len = ids.shape[1] - prompt_len
+    if prompt_len < 1 or resp_len < 1 or mask.shape != (n_rows, resp_len):
+        raise ValueError(
+            f"bad batch: input_ids {tuple(ids.shape)}, prompt_len {prompt_len}, response_mask {tuple(mask.shape)}"
+        )
+    micro = micro_batch_size if micro_batch_size > 0 else n_rows
+    return StepBatch(ids, attn, mask, engine_logp, advantages, prompt_len, micro)
+
+
+# -- forward -----------------------------------------------------------------------------------------------
+
+
+def response_logits(
+    model: nn.Module, ids: torch.Tensor, attn: torch.Tensor, resp_len: int, temperature: float
+) -> torch.Tensor:
+    """Logits that predict the response tokens: ids, attn [n, P+L] -> [n, L, V] float32.
+
+    Logits at column t predict token t+1, so columns P-1 .. P+L-2 are kept and the last column is not
+    fed. Position ids count real tokens only (cumsum(attn) - 1, clamped at 0), so a left-padded prompt
+    sees the positions it would see unpadded. Logits are divided by temperature (when > 0), as the
+    engine's reported logprobs are of the temperature-scaled distribution it sampled from.
+    """
+    positions = (attn.cumsum(dim=-1) - 1).clamp(min=0)  # [n, P+L]
+    out = model(
+        input_ids=ids[:, :-1],
+        attention_mask=attn[:, :-1],
+        position_ids=positions[:, :-1],
+        logits_to_keep=resp_len,
+        use_cache=False,
+    )
+    logits = out.logits.float()  # [n, L, V]
+    if temperature > 0 and temperature != 1.0:  # <= 0 means greedy: raw logits
+        logits = logits / temperature
+    return logits
+
+
+def policy_logprobs(
+    model: nn.Module,
+    ids: torch.Tensor,
+    attn: torch.Tensor,
+    mask: torch.Tensor,
+    engine_logp: torch.Tensor,
+    prompt_len: int,
+    algo: AlgoConfig,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logits [n, L, V], trainer logprobs [n, L], loss mask [n, L]) for ids, attn [n, P+L] and mask,
+    engine_logp [n, L]. The loss mask is the response mask less the sequences that sequence masking
+    (algo.seq_mask_cap) drops."""
+    logits = response_logits(model, ids, attn, mask.shape[1], algo.temperature)  # [n, L, V]
+    logp = token_logprobs(logits, ids[:, prompt_len:])  # [n, L]
+    keep = sequence_keep(logp, engine_logp, mask, algo.seq_mask_cap)  # [n]
+    return logits, logp, mask & keep.unsqueeze(-1)
+
+
+def batch_denominator(model: nn.Module, step: StepBatch, algo: AlgoConfig, agg: LossAgg) -> float:
+    """The whole batch's loss denominator before any backward: from the response mask, or (sequence
+    masking on) from the loss mask after a no-grad forward of each micro-batch."""
+    if algo.seq_mask_cap <= 0:
+        return normaliser(step.mask, agg, algo.max_new_tokens)
+    total = 0.0
+    with torch.no_grad():
+        for r in step.micro_slices():
+            _, _, loss_mask = policy_logprobs(
+                model, step.ids[r], step.attn[r], step.mask[r], step.engine_logp[r], step.prompt_len, algo
+            )  # [n, L]
+            total += normaliser(loss_mask, agg, algo.max_new_tokens)
+    return total
+
+
+# -- one micro-batch ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class MicroLoss:
+    """One micro-batch's loss, undivided (denominator 1), before backward."""
+
+    total: torch.Tensor  # [] pg + kl_coef * kl, with grad
+    pg: float  # the policy-gradient sum
+    kl: float  # the k3 KL sum (0.0 without a reference model)
+    denom: float  # this micro-batch's share of the aggregate's denominator
+    logits: torch.Tensor  # [n, L, V]
+    logp: torch.Tensor  # [n, L], with grad
+    mask: torch.Tensor  # [n, L] bool
+    loss_mask: torch.Tensor  # [n, L] bool
+    metrics: dict[str, float]  # policy_loss's
+
+    def sums(self) -> dict[str, float]:
+        """pg, kl, entropy, denom, and token/sequence-weighted metric sums; ratio_max is this micro-batch's
+        maximum (-inf without response tokens). Call after backward: the entropy needs a [n, L, V]
+        softmax."""
+        with torch.no_grad():
+            probs = torch.softmax(self.logits, dim=-1)  # [n, L, V]
+            entropy = torch.logsumexp(self.logits, dim=-1) - (probs * self.logits).sum(dim=-1)  # [n, L]
+            del probs
+        metrics, mask = self.metrics, self.mask
+        loss_tokens, tokens = float(self.loss_mask.sum().item()), float(mask.sum().item())
+        seqs = float(mask.any(dim=-1).sum().item())
+        return {
+            "pg": self.pg,
+            "kl": self.kl,
+            "entropy": float(entropy[mask].sum().item()),
+            "denom": self.denom,
+            "loss_tokens": loss_tokens,
+            "clip": metrics["clip_frac"] * loss_tokens,
+            "tis": metrics["tis_frac"] * loss_tokens,
+            "ratio": metrics["ratio_mean"] * tokens,
+            "ratio_max": metrics["ratio_max"] if tokens else -math.inf,
+            "masked_seqs": metrics["seq_masked_frac"] * seqs,
+        }
+
+
+def micro_loss(
+    model: nn.Module,
+    ref_model: nn.Module | None,
+    ids: torch.Tensor,
+    attn: torch.Tensor,
+    mask: torch.Tensor,
+    engine_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    prompt_len: int,
+    algo: AlgoConfig,
+    agg: LossAgg,
+) -> MicroLoss:
+    """The GRPO loss of one micro-batch: policy_loss plus, with a reference model, algo.kl_coef times the
+    k3 KL to it, both summed over tokens/sequences (denominator 1).
+
+    ids, attn: [n, P+L]; mask, engine_logp: [n, L] (mask bool); advantages: [n].
+    """
+    logits, logp, loss_mask = policy_logprobs(model, ids, attn, mask, engine_logp, prompt_len, algo)
+    pg, metrics = policy_loss(
+        logp,
+        engine_logp,
+        advantages,
+        mask,
+        clip_low=algo.clip_low,
+        clip_high=algo.clip_high,
+        tis_cap=algo.tis_cap,
+        seq_mask_cap=algo.seq_mask_cap,
+        agg=agg,
+        max_new_tokens=algo.max_new_tokens,
+        denominator=1.0,
+    )
+    total, kl_sum = pg, 0.0
+    if ref_model is not None:
+        with torch.no_grad():
+            ref_logits = response_logits(ref_model, ids, attn, mask.shape[1], algo.temperature)  # [n, L, V]
+            ref_logp = token_logprobs(ref_logits, ids[:, prompt_len:])  # [n, L]
+            del ref_logits
+        kl = aggregate(kl_k3(logp, ref_logp), loss_mask, agg, algo.max_new_tokens, denominator=1.0)
+        total = pg + algo.kl_coef * kl
+        kl_sum = float(kl.item())
+    return MicroLoss(
+        total=total,
+        pg=float(pg.item()),
+        kl=kl_sum,
+        denom=normaliser(loss_mask, agg, algo.max_new_tokens),
+        logits=logits,
+        logp=logp,
+        mask=mask,
+        loss_mask=loss_mask,
+        metrics=metrics,
+    )
+
+
+# -- the batch ---------------------------------------------------------------------------------------------
+
+
+class StepSums:
+    """Micro-batch results gathered over a batch: trainer logprobs, summed metrics, ratio maxima."""
+
+    def __init__(self, step: StepBatch) -> None:
+        self.trainer_logp = torch.zeros(step.n_rows, step.resp_len, device=step.ids.device)  # [N, L]
+        self.totals: dict[str, float] = {}
+        self.ratio_maxes: list[float] = []
+
+    def add(self, rows: slice, logp: torch.Tensor, sums: dict[str, float]) -> None:
+        """Record one micro-batch: logp [n, L] (detached) and its `MicroLoss.sums()`."""
+        self.trainer_logp[rows] = logp
+        for key, value in sums.items():
+            if key == "ratio_max":
+                self.ratio_maxes.append(value)
+            else:
+                self.totals[key] = self.totals.get(key, 0.0) + value
+
+    def get(self, key: str) -> float:
+        """A running sum (0.0 before any micro-batch)."""
+        return self.totals.get(key, 0.0)
+
+    def losses(self, scale: float, kl_coef: float) -> tuple[float, float, float]:
+        """(pg_loss, kl, loss) of the batch, the sums multiplied by scale = 1 / denominator."""
+        pg_loss, kl_value = self.totals["pg"] * scale, self.totals["kl"] * scale
+        return pg_loss, kl_value, pg_loss + kl_coef * kl_value
+
+
+def inverse(denom: float) -> float:
+    """1 / denom, or 0.0 for an empty denominator (no loss tokens or sequences)."""
+    return 1.0 / denom if denom > 0 else 0.0
+
+
+def assemble_metrics(
+    step: StepBatch,
+    sums: StepSums,
+    *,
+    loss: float,
+    pg_loss: float,
+    kl_value: float | None,
+    grad_norm: float,
+    version: int,
+    reason: str | None,
+    delta_threshold: float,
+    start: float,
+) -> dict[str, Any]:
+    """The dict `Learner.train_step` returns. kl_value None: no reference model (no "kl" key). reason: why
+    the step was skipped, None when applied. Mismatch metrics compare the trainer logprobs gathered before
+    the update with the engine's."""
+    mismatch = mismatch_metrics(sums.trainer_logp, step.engine_logp, step.mask, delta_threshold)
+    acc, mask = sums.totals, step.mask
+    tokens = int(mask.sum().item())
+    loss_tokens = max(acc["loss_tokens"], 1.0)
+    seqs = max(int(mask.any(dim=-1).sum().item()), 1)
+    ratio_max = float(torch.tensor(sums.ratio_maxes).max())  # nan propagates
+    out: dict[str, Any] = {
+        "loss": loss,
+        "pg_loss": pg_loss,
+        "grad_norm": grad_norm,
+        "entropy": acc["entropy"] / max(tokens, 1),
+        "clip_frac": acc["clip"] / loss_tokens,
+        "tis_frac": acc["tis"] / loss_tokens,
+        "seq_masked_frac": acc["masked_seqs"] / seqs,
+        "ratio_mean": acc["ratio"] / tokens if tokens else 1.0,
+        "ratio_max": ratio_max if tokens else 1.0,
+        "response_tokens": tokens,
+        "version": version,
+        "skipped": reason is not None,
+    }
+    if kl_value is not None:
+        out["kl"] = kl_value
+    if reason is not None:
+        out["skip_reason"] = reason
+    out.update({f"mismatch/{k}": v for k, v in mismatch.items()})
+    out["spans"] = [(Phase.train.value, start, time.time())]
+    return out
+
+
+__all__ = [
+    "MicroLoss",
+    "StepBatch",
+    "StepSums",
+    "assemble_metrics",
+    "batch_denominator",
+    "inverse",
+    "micro_loss",
+    "policy_logprobs",
+    "response_logits",
+    "unpack_batch",
+]
