@@ -9,15 +9,6 @@ import threading
 import time
 from typing import Any
 
-from rlgen.bench.workload import (  # noqa: F401
-    ACTOR_TIMEOUT_S,
-    GIB,
-    HF_BUDGET_S,
-    HF_LOGIT_BYTES,
-    HF_MEMORY_FRACTION,
-    BenchError,
-)
-
 
 def _smi(query: str) -> list[str]:
     try:

@@ -29,12 +29,8 @@ from typing import Any
 
 from rlgen.bench.gpu import MemorySampler, gpu_info, versions
 from rlgen.bench.sides import _env_vars, _get, run_hf_side, run_raw_side, run_vllm_side
-from rlgen.bench.workload import (  # noqa: F401
-    ACTOR_TIMEOUT_S,
-    GIB,
+from rlgen.bench.workload import (
     HF_BUDGET_S,
-    HF_LOGIT_BYTES,
-    HF_MEMORY_FRACTION,
     BenchError,
     make_workload,
     workload_summary,

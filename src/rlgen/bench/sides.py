@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from rlgen.bench.gpu import MemorySampler, gpu_used_gib, wait_gpu_free
-from rlgen.bench.workload import (  # noqa: F401
+from rlgen.bench.workload import (
     ACTOR_TIMEOUT_S,
     GIB,
     HF_BUDGET_S,
