@@ -315,6 +315,17 @@ def _check_lengths(cfg: RunConfig, ms: ModelSummary, n_engine_gpus_each: int, p:
             )
 
 
+def live_vllm_env(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """engine.env without the variables vLLM 0.26 no longer reads, and a note for each one dropped."""
+    kept = {k: str(v) for k, v in env.items() if k not in VLLM_ENV_REMOVED_IN_0_26}
+    notes = [
+        f"engine.env.{name} is not passed on: vLLM 0.26 removed it ({why})."
+        for name, why in VLLM_ENV_REMOVED_IN_0_26.items()
+        if name in env
+    ]
+    return kept, notes
+
+
 def build_plan(cfg: RunConfig) -> Plan:
     """Resolve and check a RunConfig. Raises PlanError listing every problem with its fix."""
     p: list[str] = []
@@ -355,11 +366,8 @@ def build_plan(cfg: RunConfig) -> Plan:
         used = sum(len(s.gpus) for s in engines)
         if used < hw.engine_gpus:
             warnings.append(f"{hw.engine_gpus - used} of {hw.engine_gpus} engine GPUs stay idle with engine.num_engines={len(engines)}.")
-    env = dict(cfg.engine.env)
-    for name, why in VLLM_ENV_REMOVED_IN_0_26.items():
-        if name in env:
-            del env[name]
-            warnings.append(f"engine.env.{name} is not passed on: vLLM 0.26 removed it ({why}).")
+    env, dropped = live_vllm_env(cfg.engine.env)
+    warnings.extend(dropped)
     if cfg.engine.kind != EngineKind.vllm:
         env = {}
 

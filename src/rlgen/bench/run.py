@@ -35,12 +35,13 @@ from rlgen.bench.workload import (
     make_workload,
     workload_summary,
 )
-from rlgen.config import VLLM_ENV_REMOVED_IN_0_26, EngineKind, RunConfig
+from rlgen.config import EngineKind, RunConfig
+from rlgen.plan import live_vllm_env
 
 
 def engine_env(cfg: RunConfig) -> dict[str, str]:
-    """cfg.engine.env without the variables vLLM 0.26 no longer reads (the plan drops them the same way)."""
-    return {k: str(v) for k, v in cfg.engine.env.items() if k not in VLLM_ENV_REMOVED_IN_0_26}
+    """cfg.engine.env as the plan passes it to vLLM engine actors."""
+    return live_vllm_env(cfg.engine.env)[0]
 
 
 def _build_model(cfg: RunConfig) -> str:
