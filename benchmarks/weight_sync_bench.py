@@ -51,9 +51,10 @@ def main() -> None:
 
     from rlgen.compose import compose_run_config
     from rlgen.engines.vllm import VLLMEngine
+    from rlgen.learners.weight_sender import WeightSender
     from rlgen.models import prepare_model
     from rlgen.plan import Transport, build_plan
-    from rlgen.sync import WeightSender, engine_args_for, make_transport
+    from rlgen.sync import engine_args_for, make_transport
 
     overrides = ["engine=vllm", f"hardware={args.hardware}", f"model={args.model}", "engine.max_model_len=1024"]
     colocated = args.hardware.startswith("1x")

@@ -34,7 +34,6 @@ class RunError(RuntimeError):
 class InFlight:
     step: int
     refs: list[Any]  # one generate() ref per engine
-    launched_at: float
     updates: list[Any] = field(default_factory=list)  # update_weights() refs queued before this generate
 
 
@@ -73,6 +72,8 @@ class Orchestrator:
         from rlgen.tasks import build_task
 
         cfg, plan = self.cfg, self.plan
+        for var, val in QUIET_ENV.items():  # before transformers loads; actors inherit the driver's environment
+            os.environ.setdefault(var, val)
         self.task = build_task(cfg.task)
         self.model_path = prepare_model(cfg, device="cuda" if plan.device == "cuda" else "cpu")
         self.tokenizer = load_tokenizer(self.model_path)
@@ -80,8 +81,6 @@ class Orchestrator:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
         placement = plan_bundles(plan)
-        for var, val in QUIET_ENV.items():  # actors inherit the driver's environment
-            os.environ.setdefault(var, val)
         if not ray.is_initialized():
             need_cpus = sum(sum(b.get("CPU", 0) for b in g) for g in placement.groups)
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
@@ -177,7 +176,7 @@ class Orchestrator:
         from rlgen.learners.torch import TorchLearner
 
         if self.plan.transport.value != "ray_object_store":  # a torch learner feeding vLLM engines on GPUs
-            from rlgen.sync import WeightSender
+            from rlgen.learners.weight_sender import WeightSender
 
             return type("TorchSyncLearner", (WeightSender, TorchLearner), {}), {}
         return TorchLearner, {}
@@ -213,7 +212,7 @@ class Orchestrator:
         shards = split_requests(sp, sampling, len(self.engines))
         refs = [e.generate.remote(reqs) for e, reqs in zip(self.engines, shards) if reqs]
         self._prompts[step] = sp
-        return InFlight(step, refs, time.time(), updates)
+        return InFlight(step, refs, updates)
 
     # -- train ------------------------------------------------------------------------------------------
     def train(self, sink) -> dict:

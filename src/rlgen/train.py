@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -27,11 +26,9 @@ def run_dir() -> Path:
 def run_training(cfg: RunConfig, out_dir: Path, console: Console | None = None) -> dict:
     from rlgen.balancer import context_from_plan
     from rlgen.metrics import MetricsSink
-    from rlgen.orchestrator import QUIET_ENV, Orchestrator
+    from rlgen.orchestrator import Orchestrator
     from rlgen.report import balance_summary, print_summary, write_report
 
-    for var, val in QUIET_ENV.items():
-        os.environ.setdefault(var, val)
     console = console or Console()
     plan = build_plan(cfg)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,8 @@ import os
 import pytest
 
 from rlgen.config import AlgoConfig, EngineConfig, EngineKind, MonitorConfig
-from rlgen.sync import WeightSender, engine_args_for, make_transport
+from rlgen.learners.weight_sender import WeightSender
+from rlgen.sync import engine_args_for, make_transport
 from rlgen.types import GenRequest, SamplingParams
 
 pytestmark = pytest.mark.gpu

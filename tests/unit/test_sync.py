@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rlgen.compose import compose_run_config
+from rlgen.learners.weight_sender import WeightSender
 from rlgen.plan import Transport, build_plan
 from rlgen.sync import (
     CudaIpcTransport,
@@ -26,7 +27,6 @@ from rlgen.sync import (
     ObjectStoreTransport,
     SyncError,
     SyncTimeoutError,
-    WeightSender,
     engine_args_for,
     get_all,
     make_transport,

@@ -27,8 +27,4 @@ class Engine(Protocol):
         """{"ok": bool, "version": int, ...}; cheap, answers within a second."""
 
 
-def completions_per_request(requests: list[GenRequest]) -> int:
-    return sum(r.sampling.n for r in requests)
-
-
-__all__ = ["Engine", "Completion", "GenRequest", "completions_per_request"]
+__all__ = ["Engine", "Completion", "GenRequest"]

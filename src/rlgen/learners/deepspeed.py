@@ -38,7 +38,8 @@ from rlgen.learners.grpo_step import (
     unpack_batch,
 )
 from rlgen.learners.torch import NonFiniteWeightsError, TorchLearner, _disable_dropout
-from rlgen.sync import DEFAULT_BUCKET_BYTES, WeightSender, plan_buckets
+from rlgen.learners.weight_sender import WeightSender
+from rlgen.sync import DEFAULT_BUCKET_BYTES, plan_buckets
 from rlgen.types import RolloutBatch
 
 
