@@ -43,6 +43,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--sleep-level", type=int, default=1)
     ap.add_argument("--out", default="weight_sync.json")
+    ap.add_argument("--graphs", action="store_true", help="capture CUDA graphs (slower start, same transfer)")
     args = ap.parse_args()
 
     import ray
@@ -56,7 +57,8 @@ def main() -> None:
     from rlgen.plan import Transport, build_plan
     from rlgen.sync import engine_args_for, make_transport
 
-    overrides = ["engine=vllm", f"hardware={args.hardware}", f"model={args.model}", "engine.max_model_len=1024"]
+    overrides = ["engine=vllm", f"hardware={args.hardware}", f"model={args.model}", "engine.max_model_len=1024",
+                 f"engine.enforce_eager={not args.graphs}"]
     colocated = args.hardware.startswith("1x")
     if colocated:
         overrides.append("engine.gpu_memory_utilization=0.4")

@@ -135,7 +135,7 @@ class LearnerKind(StrEnum):
 @dataclass
 class LearnerConfig:
     kind: LearnerKind = LearnerKind.auto
-    zero_stage: int = 3  # DeepSpeed ZeRO stage: 2 or 3
+    zero_stage: int = 2  # DeepSpeed ZeRO stage: 2, or 3 when the weights plus optimizer states do not fit a GPU
     gradient_checkpointing: bool = True  # DeepSpeed learner only
 
 

@@ -30,6 +30,19 @@ class RunError(RuntimeError):
     """The run cannot go on; the message says why and what to do."""
 
 
+def actor_death_detail(err: BaseException, limit: int = 1500) -> str:
+    """What killed an actor: the first line of Ray's message and, for an actor whose constructor raised, the
+    exception it raised (the last lines of the creation task's traceback)."""
+    lines = [ln for ln in re.sub(r"\x1b\[[0-9;]*m", "", str(err)).splitlines() if ln.strip()]
+    if not lines:
+        return type(err).__name__
+    head = lines[0][:300]
+    frames = [i for i, ln in enumerate(lines) if ln.lstrip().startswith('File "')]
+    start = frames[-1] + 2 if frames else 1  # past the last frame and its source line: the exception itself
+    tail = [ln.strip() for ln in lines[start:]][:4]
+    return (head + (": " + " | ".join(tail) if tail else ""))[:limit]
+
+
 @dataclass
 class InFlight:
     step: int
@@ -55,7 +68,8 @@ class Orchestrator:
         self.breaker = CircuitBreaker(cfg.monitor, self.out_dir)
         self.engines: list[Any] = []
         self.engine_names: list[str] = []
-        self.learner: Any = None
+        self.learner: Any = None  # rank 0: speaks for the learner group (weights, saving)
+        self.learners: list[Any] = []  # every rank, rank 0 first
         self.pgs: list[Any] = []
         self._started_ray = False
         self.async_steps = cfg.algo.async_steps
@@ -120,17 +134,26 @@ class Orchestrator:
             self.engines.append(actor)
             self.engine_names.append(name)
         learner_cls, learner_kwargs = self._learner_class()
-        ap = placement.learners[0]
-        self.learner = (
-            ray.remote(learner_cls)
-            .options(num_cpus=ap.num_cpus, num_gpus=ap.num_gpus, scheduling_strategy=strategy(ap))
-            .remote(
-                self.model_path, cfg.algo, cfg.monitor, seed=cfg.seed, device=device, rank=0, name="learner0",
-                **learner_kwargs,
+        world = len(placement.learners)
+        if world > 1:  # rank 0's node and a free port there, for the group's torch.distributed rendezvous
+            from rlgen.learners.group import free_endpoint
+
+            ap0 = placement.learners[0]
+            where = ray.remote(free_endpoint).options(num_cpus=0, scheduling_strategy=strategy(ap0)).remote()
+            addr, port = self._get(where, "finding the learner group's rendezvous", timeout_s=cfg.startup_timeout_s)
+            learner_kwargs.update(world_size=world, master_addr=addr, master_port=port)
+        for rank, ap in enumerate(placement.learners):
+            self.learners.append(
+                ray.remote(learner_cls)
+                .options(num_cpus=ap.num_cpus, num_gpus=ap.num_gpus, scheduling_strategy=strategy(ap))
+                .remote(
+                    self.model_path, cfg.algo, cfg.monitor, seed=cfg.seed, device=device, rank=rank,
+                    name=f"learner{rank}", **learner_kwargs,
+                )
             )
-        )
+        self.learner = self.learners[0]
         health = self._get(
-            [e.health.remote() for e in self.engines] + [self.learner.health.remote()],
+            [e.health.remote() for e in self.engines] + [a.health.remote() for a in self.learners],
             "actor start-up",
             timeout_s=cfg.startup_timeout_s,
         )
@@ -138,8 +161,10 @@ class Orchestrator:
         if bad:
             raise RunError(f"actors reported unhealthy at start-up: {bad}")
         self.transport = make_transport(plan, cfg, bucket_mb=cfg.sync.bucket_mb, sleep_level=cfg.sync.sleep_level)
+        # ZeRO-3 ranks other than 0 hold only shards: they join every gather while rank 0 sends
+        gatherers = self.learners[1:] if learner_kwargs.get("zero_stage") == 3 else []
         try:
-            self.transport.setup(self.learner, self.engines, self.engine_names)
+            self.transport.setup(self.learner, self.engines, self.engine_names, gatherers=gatherers)
         except SyncError as err:
             raise RunError(f"weight sync set-up failed: {err}") from err
 
@@ -156,15 +181,22 @@ class Orchestrator:
         return VLLMEngine, {"env": dict(self.plan.engine_env), "engine_args": engine_args_for(self.plan.transport)}
 
     def _learner_class(self) -> tuple[type, dict[str, Any]]:
-        if len(self.plan.learners) != 1:
+        ranks = len(self.plan.learners)
+        kind = self.cfg.learner.kind.value
+        deepspeed = self._learner_cls is None and (kind == "deepspeed" or (kind == "auto" and self.plan.device == "cuda"))
+        if ranks > 1 and not deepspeed:
             raise RunError(
-                f"the plan has {len(self.plan.learners)} learner ranks, but this build trains with one learner "
-                "process; set hardware.learner_ranks=1 (CPU) or hardware.learner_gpus=1."
+                f"the plan has {ranks} learner ranks, but only the DeepSpeed learner (GPUs) trains with several; "
+                "set hardware.learner_ranks=1 on CPU."
+            )
+        if ranks > 1 and self.plan.colocated:
+            raise RunError(
+                f"colocated engines with {ranks} learner ranks are not supported (the IPC weight path sends from "
+                "one rank); give engines their own GPUs (hardware.colocated=false) or use one GPU."
             )
         if self._learner_cls is not None:
             return self._learner_cls, {}
-        kind = self.cfg.learner.kind.value
-        if kind == "deepspeed" or (kind == "auto" and self.plan.device == "cuda"):
+        if deepspeed:
             from rlgen.learners.deepspeed import DeepSpeedLearner
 
             return DeepSpeedLearner, {
@@ -172,6 +204,8 @@ class Orchestrator:
                 "gradient_checkpointing": self.cfg.learner.gradient_checkpointing,
                 "rows_per_step": self.plan.batch.sequences_per_rank,
                 "sync_bucket_bytes": int(self.cfg.sync.bucket_mb * 2**20),
+                "release_memory": bool(self.plan.colocated),
+                "env": {k: v for k, v in self.plan.engine_env.items() if k.startswith("NCCL_")},
             }
         from rlgen.learners.torch import TorchLearner
 
@@ -196,10 +230,9 @@ class Orchestrator:
                 f"step too large. Raise {key}=<seconds> or shrink algo.prompts_per_step."
             ) from err
         except RayActorError as err:
-            detail = re.sub(r"\x1b\[[0-9;]*m", "", str(err).splitlines()[0])[:300]
             raise RunError(
-                f"{what} failed because an actor died ({detail}). Metrics up to the last finished step are in "
-                f"{self.out_dir}."
+                f"{what} failed because an actor died ({actor_death_detail(err)}). Metrics up to the last finished "
+                f"step are in {self.out_dir}."
             ) from err
         except RayTaskError as err:
             raise RunError(f"{what} raised in an actor: {err.cause!r}") from err
@@ -259,9 +292,7 @@ class Orchestrator:
             for r in self.transport.before_train():  # colocated engines sleep while the learner trains
                 for phase, a, b in r["spans"]:
                     tl.add(r["actor"], Phase(phase), a, b)
-            metrics = self._get(self.learner.train_step.remote(batch), f"training step {step}")
-            for phase, a, b in metrics.pop("spans", []):
-                tl.add("learner0", Phase(phase), a, b)
+            metrics = self._train(batch, step, tl)
 
             event = self.breaker.update(step, metrics, batch)
             halt = event is not None and event.action is BreakerAction.halt
@@ -300,6 +331,23 @@ class Orchestrator:
             self._get(queued_updates, "final weight update")
         return sink.summary()
 
+    def _train(self, batch, step: int, tl: StepTimeline) -> dict:
+        """One optimizer step of the learner group: each rank trains on its shard of the rows; one metrics
+        dict comes back, every rank's spans go on the timeline."""
+        from rlgen.learners.group import merge_rank_metrics, shard_rows
+
+        if len(self.learners) == 1:
+            shards = [batch]
+        else:
+            import torch
+
+            shards = [batch.select(torch.arange(r.start, r.stop)) for r in shard_rows(batch.num_sequences, len(self.learners))]
+        per_rank = self._get([a.train_step.remote(b) for a, b in zip(self.learners, shards)], f"training step {step}")
+        for rank, m in enumerate(per_rank):
+            for phase, a, b in m.get("spans", []):
+                tl.add(f"learner{rank}", Phase(phase), a, b)
+        return merge_rank_metrics(per_rank)
+
     def _record(self, step, tl: StepTimeline, batch, rewards, metrics, version, staleness, step_s) -> dict:
         gen_spans = [s for s in tl.spans if s.phase == Phase.generate]
         gen_wall = (max(s.end for s in gen_spans) - min(s.start for s in gen_spans)) if gen_spans else 0.0
@@ -307,7 +355,9 @@ class Orchestrator:
         n = len(rewards)
         mean = sum(rewards) / n
         std = (sum((r - mean) ** 2 for r in rewards) / n) ** 0.5
-        sync_engine = max((s.seconds for s in tl.spans if s.phase == Phase.sync and s.actor != "learner0"), default=0.0)
+        sync_engine = max((s.seconds for s in tl.spans if s.phase == Phase.sync and not s.actor.startswith("learner")),
+                          default=0.0)
+        train_s = max((tl.total(Phase.train, f"learner{r}") for r in range(len(self.learners) or 1)), default=0.0)
         rec = {
             "step": step,
             "version": version,
@@ -319,10 +369,12 @@ class Orchestrator:
             "tokens_per_s": tokens / gen_wall if gen_wall > 0 else 0.0,
             "generate_s": gen_wall,
             "reward_s": tl.total(Phase.reward),
-            "wait_s": tl.total(Phase.wait, "learner"),
-            "train_s": tl.total(Phase.train, "learner"),
-            "sync_s": tl.total(Phase.sync, "learner") + sync_engine,
+            "wait_s": tl.total(Phase.wait, "learner0"),
+            "train_s": train_s,
+            "sync_s": tl.total(Phase.sync, "learner0") + sync_engine,
             "step_s": step_s,
+            # max(gen, train) / step: 1.0 when the shorter side hides entirely behind the longer one
+            "overlap_efficiency": max(gen_wall, train_s) / step_s if step_s > 0 else 0.0,
         }
         rec.update({k: v for k, v in metrics.items() if isinstance(v, (int, float, bool, str))})
         rec["version"] = version
@@ -332,7 +384,8 @@ class Orchestrator:
     # -- cleanup ----------------------------------------------------------------------------------------
     def save_final(self) -> Path:
         path = self.out_dir / "final_model"
-        self._get(self.learner.save.remote(str(path)), "saving the final model")
+        # every rank: ZeRO-3 gathers the full weights collectively; rank 0 writes them
+        self._get([a.save.remote(str(path)) for a in self.learners], "saving the final model")
         self.tokenizer.save_pretrained(str(path))  # a complete HF folder: the learner saves weights only
         return path
 
@@ -343,7 +396,7 @@ class Orchestrator:
             self.transport.close()
         if not ray.is_initialized():
             return
-        for a in [*self.engines, self.learner]:
+        for a in [*self.engines, *self.learners]:
             if a is not None:
                 try:
                     ray.kill(a)

@@ -34,12 +34,15 @@ def collect_run(job_dir: str | Path) -> dict[str, Any]:
     """One job's row: its overrides, status, throughput and balance verdict."""
     job_dir = Path(job_dir)
     row: dict[str, Any] = {"job_dir": str(job_dir), "overrides": _overrides(job_dir)}
+    failed = json.loads((job_dir / "status.json").read_text()) if (job_dir / "status.json").is_file() else None
+    if failed:
+        row["reason"] = failed.get("reason", "")
     if not (job_dir / "metrics.jsonl").is_file():
-        row["status"] = "no metrics"
+        row["status"] = failed["status"] if failed else "no metrics"
         return row
     records, ctx = load_run(job_dir)
     finished = (job_dir / "summary.json").is_file()
-    row["status"] = "ok" if finished else "stopped"
+    row["status"] = "ok" if finished else (failed or {}).get("status", "stopped")
     row["num_engines"] = ctx.num_engines
     row["async_steps"] = ctx.async_steps
     row.update(balance_summary(records, ctx))
@@ -120,6 +123,10 @@ def to_markdown(rows: list[dict[str, Any]], sweep_dir: Path) -> str:
     for r in rows:
         if r.get("advice"):
             lines.append(f"- `{_label(r, common)}`: {r['advice']}")
+    failed = [r for r in rows if r.get("reason")]
+    if failed:
+        lines += ["", "## Runs that did not finish", ""]
+        lines += [f"- `{_label(r, common)}` ({r['status']}): {r['reason']}" for r in failed]
     return "\n".join(lines) + "\n"
 
 

@@ -142,7 +142,8 @@ class PushResult:
 class WeightTransport(Protocol):
     kind: Transport
 
-    def setup(self, learner: Any, engines: Sequence[Any], engine_names: Sequence[str]) -> None: ...
+    def setup(self, learner: Any, engines: Sequence[Any], engine_names: Sequence[str], *,
+              gatherers: Sequence[Any] = ()) -> None: ...
     def before_train(self) -> list[dict[str, Any]]: ...
     def push(self, version: int, *, in_flight: bool = False) -> PushResult: ...
     def no_update(self) -> list[dict[str, Any]]: ...
@@ -160,13 +161,21 @@ class _Base:
         self.slack_s = SLACK_S
         self.broken: str | None = None
         self.learner: Any = None
+        self.gatherers: list[Any] = []
         self.engines: list[Any] = []
         self.engine_names: list[str] = []
 
-    def setup(self, learner: Any, engines: Sequence[Any], engine_names: Sequence[str]) -> None:
+    def setup(self, learner: Any, engines: Sequence[Any], engine_names: Sequence[str], *,
+              gatherers: Sequence[Any] = ()) -> None:
+        """learner: rank 0, which sends. gatherers: the other ranks of a ZeRO-3 group, which must join every
+        gather of the full weights (``drain_weights``) while rank 0 exports them."""
         self.learner, self.engines, self.engine_names = learner, list(engines), list(engine_names)
+        self.gatherers = list(gatherers)
         if not self.tp_sizes:
             self.tp_sizes = [1] * len(self.engines)
+
+    def _gather_refs(self, version: int) -> list[Any]:
+        return [g.drain_weights.remote(version, self.dtype, self.bucket_bytes, self.timeout_s) for g in self.gatherers]
 
     def before_train(self) -> list[dict[str, Any]]:
         return []
@@ -176,7 +185,7 @@ class _Base:
         return []
 
     def close(self) -> None:
-        self.learner, self.engines = None, []
+        self.learner, self.engines, self.gatherers = None, [], []
 
     def _begin(self, version: int, *, resend: bool = False) -> float:
         if self.broken:
@@ -201,7 +210,9 @@ class ObjectStoreTransport(_Base):
     def push(self, version: int, *, in_flight: bool = False) -> PushResult:
         t0 = self._begin(version)
         weights = self.learner.get_weights.remote()
-        get_all([weights], self.timeout_s, "the learner exporting its weights", ["learner0"], fetch=False)
+        gathers = self._gather_refs(version)
+        get_all([weights, *gathers], self.timeout_s, "the learner exporting its weights",
+                ["learner0", *[f"learner{i + 1}" for i in range(len(gathers))]], fetch=False)
         t1 = time.time()
         pending = [e.update_weights.remote(weights, version) for e in self.engines]
         self.version = int(version)  # engines apply it in call order, before their next generate()
@@ -231,8 +242,9 @@ class _VLLMTransport(_Base):
 class NcclTransport(_VLLMTransport):
     kind = Transport.nccl
 
-    def setup(self, learner: Any, engines: Sequence[Any], engine_names: Sequence[str]) -> None:
-        super().setup(learner, engines, engine_names)
+    def setup(self, learner: Any, engines: Sequence[Any], engine_names: Sequence[str], *,
+              gatherers: Sequence[Any] = ()) -> None:
+        super().setup(learner, engines, engine_names, gatherers=gatherers)
         meta = self._meta()
         self.update_info = {k: meta[k] for k in ("names", "dtype_names", "shapes")}
         self.update_info.update(packed=True, packed_buffer_size_bytes=self.bucket_bytes, packed_num_buffers=NUM_BUFFERS)
@@ -254,8 +266,10 @@ class NcclTransport(_VLLMTransport):
         def body() -> list[dict[str, Any]]:
             refs = [e.receive_weights.remote(self.update_info, version, self.timeout_s) for e in self.engines]
             refs.append(self.learner.send_weights_nccl.remote(version, self.dtype, self.bucket_bytes, self.timeout_s))
+            gathers = self._gather_refs(version)
+            names = [*self.engine_names, "learner0", *[f"learner{i + 1}" for i in range(len(gathers))]]
             try:
-                return self._get(refs, f"NCCL weight update to version {version}", [*self.engine_names, "learner"])
+                return self._get(refs + gathers, f"NCCL weight update to version {version}", names)[: len(refs)]
             except Exception as err:
                 # One side failed while the other may still sit in the broadcast: the group is unusable.
                 self.broken = self.broken or f"an NCCL update failed: {err}"
@@ -276,7 +290,10 @@ class CudaIpcTransport(_VLLMTransport):
         super().__init__(*args, **kwargs)
         self.sleep_level = int(sleep_level)
 
-    def setup(self, learner: Any, engines: Sequence[Any], engine_names: Sequence[str]) -> None:
+    def setup(self, learner: Any, engines: Sequence[Any], engine_names: Sequence[str], *,
+              gatherers: Sequence[Any] = ()) -> None:
+        if gatherers:
+            raise SyncError("the IPC weight path sends from one learner rank; colocated runs train on one rank.")
         super().setup(learner, engines, engine_names)
         self._meta()
         self._get([e.init_weight_transfer.remote({}, self.timeout_s) for e in self.engines], "IPC set-up", self.engine_names)

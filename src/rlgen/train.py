@@ -56,6 +56,28 @@ def run_training(cfg: RunConfig, out_dir: Path, console: Console | None = None) 
         orch.cleanup()
 
 
+def _in_multirun() -> bool:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        return HydraConfig.get().mode == RunMode.MULTIRUN
+    except (ImportError, ValueError):
+        return False
+
+
+def _job_failed(status: str, message: str, prefix: str, code: int) -> float:
+    """Report a job that could not run or stopped. A single run exits with `code`; a job of a multirun writes
+    its reason to status.json (the sweep summary shows it) and returns NaN, so the sweep goes on."""
+    Console(stderr=True, soft_wrap=True).print(prefix + escape(message))
+    if not _in_multirun():
+        sys.exit(code)
+    out = run_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "status.json").write_text(json.dumps({"status": status, "reason": message}) + "\n")
+    return float("nan")
+
+
 def train_app(dict_cfg) -> float:
     """Hydra entry point. Returns the last-20% mean reward, so sweeps have an objective."""
     from rlgen.orchestrator import RunError
@@ -65,10 +87,8 @@ def train_app(dict_cfg) -> float:
         cfg = to_run_config(dict_cfg)
         summary = run_training(cfg, run_dir(), console)
     except PlanError as err:
-        Console(stderr=True, soft_wrap=True).print("[bold red]error:[/] " + escape("\n".join(err.problems)))
-        sys.exit(2)
+        return _job_failed("rejected", "\n".join(err.problems), "[bold red]error:[/] ", 2)
     except RunError as err:
-        Console(stderr=True, soft_wrap=True).print(f"[bold red]run stopped:[/] {escape(str(err))}")
-        sys.exit(1)
+        return _job_failed("stopped", str(err), "[bold red]run stopped:[/] ", 1)
     console.print(json.dumps({k: summary[k] for k in ("reward_first_20pct", "reward_last_20pct")}), highlight=False)
     return float(summary["reward_last_20pct"])

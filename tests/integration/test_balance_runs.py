@@ -59,9 +59,10 @@ def test_verdict_follows_the_bottleneck(tmp_path):
 
 @pytest.mark.slow
 def test_multirun_writes_one_sweep_summary(tmp_path):
+    """Two runs, plus a third point the plan rejects: the sweep goes on and the summary says why."""
     sweep = tmp_path / "sweep"
     cmd = [
-        sys.executable, "-m", "rlgen.cli", "train", "-m", "engine.num_engines=1,2", "steps=5", "progress=false",
+        sys.executable, "-m", "rlgen.cli", "train", "-m", "engine.num_engines=1,0,2", "steps=5", "progress=false",
         f"hydra.sweep.dir={sweep}", "++hydra.callbacks.sweep_summary._target_=rlgen.sweep.SweepSummary",
     ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -69,6 +70,10 @@ def test_multirun_writes_one_sweep_summary(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((sweep / "sweep_summary.json").read_text())
     runs = summary["runs"]
+    rejected = [r for r in runs if r["status"] == "rejected"]
+    assert [r["overrides"][0] for r in rejected] == ["engine.num_engines=0"]
+    assert "must be at least 1" in rejected[0]["reason"]
+    runs = [r for r in runs if r not in rejected]
     assert sorted(r["overrides"][0] for r in runs) == ["engine.num_engines=1", "engine.num_engines=2"]
     assert all(r["status"] == "ok" and r["kind"] in {k.value for k in Kind} for r in runs)
     assert sorted(r["num_engines"] for r in runs) == [1, 2]
@@ -76,3 +81,4 @@ def test_multirun_writes_one_sweep_summary(tmp_path):
     assert all(t > 0 for t in throughputs) and throughputs[0] > throughputs[1]  # ranked, and they differ
     md = (sweep / "sweep_summary.md").read_text()
     assert "engine.num_engines=1" in md and "engine.num_engines=2" in md and "## Advice" in md
+    assert "## Runs that did not finish" in md and "engine.num_engines=0" in md

@@ -330,3 +330,55 @@ def test_real_deepspeed_engine_on_cpu_steps_skips_and_exports(stage):
     assert out["bad"][:2] == [True, 1] and out["bad"][2].startswith("non-finite loss")
     assert out["changed"] == out["n"] and out["changed_after_skip"] == 0
     assert [32, 32] in out["shapes"] and [64, 32] in out["shapes"]  # full shapes, gathered under ZeRO-3
+
+
+# -- a learner group of two ranks --------------------------------------------------------------------------
+@pytest.mark.parametrize("agg", [LossAgg.token_mean, LossAgg.seq_mean_token_mean])
+def test_two_ranks_on_shards_make_the_whole_batch_step(model_dir, agg):
+    """Rank r trains on its shard with the whole batch's denominator and scales by world_size, so DeepSpeed's
+    average of the two ranks' gradients is the one-rank gradient, and the merged metrics are the one-rank
+    metrics."""
+    from rlgen.learners.grpo_step import batch_denominator, unpack_batch
+    from rlgen.learners.group import merge_rank_metrics, shard_rows
+
+    algo = AlgoConfig(lr=1e-2, loss_agg=agg, micro_batch_size=1, grad_clip=0.0)
+    batch = make_batch()
+    whole = ds_learner(model_dir, algo)
+    want = whole.train_step(batch)
+
+    shards = [batch.select(torch.arange(r.start, r.stop)) for r in shard_rows(batch.num_sequences, 2)]
+    ranks = [ds_learner(model_dir, algo) for _ in shards]
+    total = sum(batch_denominator(r.model, unpack_batch(b, r.device, 1), algo, r.loss_agg) for r, b in zip(ranks, shards))
+    for rank in ranks:
+        rank.world_size = 2
+        calls = []
+
+        def all_reduce(value, calls=calls):  # the denominator first, then the finite-weights flag
+            calls.append(value)
+            return total if len(calls) == 1 else 0.0
+
+        rank._sum_over_ranks = all_reduce
+    got = merge_rank_metrics([r.train_step(b) for r, b in zip(ranks, shards)])
+
+    for key in ("loss", "pg_loss", "entropy", "clip_frac", "tis_frac", "ratio_mean", "ratio_max", "seq_masked_frac",
+                "response_tokens", "sequences", "mismatch/k3_kl", "mismatch/mean_abs_delta", "mismatch/max_abs_delta",
+                "mismatch/tokens"):
+        assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
+    assert got["skipped"] is False and got["version"] == 1
+    for name, g in whole.engine.grads.items():
+        averaged = (ranks[0].engine.grads[name] + ranks[1].engine.grads[name]) / 2  # DeepSpeed's data-parallel mean
+        assert torch.allclose(averaged, g, rtol=1e-4, atol=1e-8), name
+
+
+def test_merging_takes_the_worst_outcome_and_keeps_nan():
+    from rlgen.learners.group import merge_rank_metrics, shard_rows
+
+    a = {"loss": 0.5, "ratio_max": 1.1, "response_tokens": 3, "entropy": 1.0, "skipped": False, "version": 2,
+         "spans": [("train", 0.0, 1.0)]}
+    b = {"loss": 0.25, "ratio_max": math.nan, "response_tokens": 1, "entropy": 3.0, "skipped": True,
+         "skip_reason": "non-finite loss (nan) at step 4", "version": 2, "spans": [("train", 0.0, 2.0)]}
+    m = merge_rank_metrics([a, b])
+    assert m["loss"] == 0.75 and m["response_tokens"] == 4 and m["entropy"] == pytest.approx(1.5)
+    assert math.isnan(m["ratio_max"]) and m["skipped"] is True and m["skip_reason"].startswith("non-finite")
+    assert "spans" not in m
+    assert [len(r) for r in shard_rows(10, 4)] == [3, 3, 2, 2] and shard_rows(10, 4)[-1].stop == 10

@@ -1,5 +1,5 @@
 """What the vllm engine is built and sampled with: the environment its processes need, the AsyncEngineArgs
-for an EngineConfig and the per-request sampling seed. Pure: importing this module imports no vllm or torch."""
+for an EngineConfig and the per-request sampling seed. Importing this module imports no vllm or torch."""
 
 from __future__ import annotations
 
@@ -25,17 +25,34 @@ TUNED_DEFAULTS: dict[str, Any] = {
 }
 
 
+def model_context_length(model_path: str) -> int | None:
+    """max_position_embeddings from a model folder's config.json, or None when it does not say."""
+    import json
+    from pathlib import Path
+
+    path = Path(model_path) / "config.json"
+    if not path.is_file():
+        return None
+    value = json.loads(path.read_text()).get("max_position_embeddings")
+    return int(value) if value else None
+
+
 def build_engine_args(
     model_path: str, engine: EngineConfig, seed: int = 0, overrides: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
-    """The keyword arguments of vLLM's AsyncEngineArgs for this config. Pure: no vllm import."""
+    """The keyword arguments of vLLM's AsyncEngineArgs for this config. No vllm import.
+
+    engine.max_model_len is an upper bound: a model with a shorter context (the tiny preset has 128
+    positions) gets its own, since vLLM refuses a longer one. The plan has already checked that a prompt plus
+    its response fits the model's context."""
+    context = model_context_length(model_path)
     args: dict[str, Any] = {
         "model": model_path,
         "skip_tokenizer_init": True,
         "tensor_parallel_size": engine.tensor_parallel_size,
         "gpu_memory_utilization": engine.gpu_memory_utilization,
         "enable_prefix_caching": engine.enable_prefix_caching,
-        "max_model_len": engine.max_model_len,
+        "max_model_len": min(engine.max_model_len, context) if context else engine.max_model_len,
         "max_num_seqs": engine.max_num_seqs,
         "enforce_eager": engine.enforce_eager,
         "dtype": engine.dtype,

@@ -16,7 +16,7 @@ Same protocol, metrics keys and GRPO loss as ``TorchLearner``; the differences a
   weights, and the run's breaker halts it after monitor.max_nonfinite_steps skipped steps.
 
 The optimizer is torch's AdamW (no DeepSpeed op is compiled), handed to ZeRO as a client optimizer.
-deepspeed is imported only when a learner is built. Untested on GPU so far: see docs/weight_sync.md.
+deepspeed is imported only when a learner is built. Measurements on GPUs: docs/weight_sync.md and docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -79,17 +79,17 @@ def build_ds_config(
     }
 
 
-def _single_process_env(port: int | None = None) -> None:
-    """torch.distributed settings for a one-rank DeepSpeed group, unless the launcher already set them."""
-    if port is None:
-        import socket
+def _dist_env(rank: int, world_size: int, master_addr: str | None, master_port: int | None) -> None:
+    """torch.distributed settings for this rank of the learner group. Each rank is a Ray actor that sees only
+    its own GPU, so LOCAL_RANK is 0. One rank alone picks a free local port."""
+    if master_addr is None or master_port is None:
+        if world_size > 1:
+            raise ValueError("a learner group of several ranks needs master_addr and master_port from rank 0")
+        from rlgen.learners.group import free_endpoint
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(port)}.items():
-        os.environ.setdefault(key, value)
+        master_addr, master_port = free_endpoint(local=True)
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(world_size),
+                       "MASTER_ADDR": str(master_addr), "MASTER_PORT": str(master_port)})
 
 
 class DeepSpeedLearner(WeightSender, TorchLearner):
@@ -99,6 +99,12 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
     checkpointing). rows_per_step: sequences per train_step on this rank (fixes DeepSpeed's batch geometry;
     default prompts_per_step x samples_per_prompt). sync_bucket_bytes: ZeRO-3 gathers at most this many
     bytes of parameters at once when exporting weights.
+
+    Several ranks (world_size > 1, one Ray actor per GPU, rank 0's master_addr/master_port) train as one
+    data-parallel learner: each gets its shard of the batch, the loss denominator is the whole batch's (one
+    all-reduce), and DeepSpeed averages the gradients, so the update is the one-rank update of the whole batch.
+    release_memory: return cached GPU memory after each step (colocated engines need it to wake up). env:
+    variables set before NCCL starts (NCCL_*).
     """
 
     def __init__(
@@ -110,10 +116,15 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         device: str = "cuda",
         rank: int = 0,
         name: str = "learner0",
-        zero_stage: int = 3,
+        zero_stage: int = 2,
         gradient_checkpointing: bool = True,
         rows_per_step: int | None = None,
         sync_bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        world_size: int = 1,
+        master_addr: str | None = None,
+        master_port: int | None = None,
+        release_memory: bool = False,
+        env: dict[str, str] | None = None,
     ) -> None:
         if not torch.cuda.is_available():
             raise RuntimeError("DeepSpeedLearner needs a CUDA GPU; use the torch learner (TorchLearner) on CPU.")
@@ -123,11 +134,13 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
             raise RuntimeError(f"DeepSpeedLearner needs deepspeed: pip install 'rlgen[gpu]' ({err}).") from err
         from transformers import AutoModelForCausalLM
 
+        os.environ.update({k: str(v) for k, v in (env or {}).items()})
         torch.manual_seed(seed)
         torch.cuda.set_device(0)  # Ray narrows CUDA_VISIBLE_DEVICES to this actor's GPU
-        self._init_state(algo, monitor, rank, name, torch.device("cuda", 0), zero_stage, sync_bucket_bytes)
+        self._init_state(algo, monitor, rank, name, torch.device("cuda", 0), zero_stage, sync_bucket_bytes,
+                         world_size, release_memory)
         rows = rows_per_step or algo.prompts_per_step * algo.samples_per_prompt
-        self.ds_config = build_ds_config(algo, zero_stage=self.zero_stage, rows_per_step=rows)
+        self.ds_config = build_ds_config(algo, zero_stage=self.zero_stage, rows_per_step=rows, world_size=world_size)
 
         module = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16).to(self.device)
         _disable_dropout(module)
@@ -139,19 +152,22 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
             self.ref_model.to(self.device).eval().requires_grad_(False)
         params = [p for p in module.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=algo.lr, weight_decay=algo.weight_decay)
-        _single_process_env()
+        _dist_env(rank, world_size, master_addr, master_port)
         deepspeed.init_distributed(dist_backend="nccl")
         self.engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=self.ds_config)
         self.engine.train()
         self.model = self.engine  # the forward (grpo_step.response_logits) calls self.model(...)
         self.module = self.engine.module
 
-    def _init_state(self, algo, monitor, rank, name, device, zero_stage, sync_bucket_bytes) -> None:
+    def _init_state(self, algo, monitor, rank, name, device, zero_stage, sync_bucket_bytes, world_size=1,
+                    release_memory=False) -> None:
         """Bookkeeping shared by every construction path (tests build the learner around a stand-in engine)."""
         self.algo, self.monitor, self.rank, self.name, self.device = algo, monitor, rank, name, device
         self.loss_agg = LossAgg(algo.loss_agg)
         self.zero_stage = int(zero_stage)
         self.sync_bucket_bytes = int(sync_bucket_bytes)
+        self.world_size = int(world_size)
+        self.release_memory = bool(release_memory)
         self.ref_model = None
         self._init_counters()
         self.sync_blocked = None
@@ -177,7 +193,10 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         self.calls += 1
         algo = self.algo
         step = unpack_batch(batch, self.device, algo.micro_batch_size)
-        scale = inverse(batch_denominator(self.model, step, algo, self.loss_agg))
+        # The whole batch's denominator over every rank's shard; DeepSpeed then averages the ranks' gradients,
+        # so each rank scales by world_size / denominator.
+        denom = self._sum_over_ranks(batch_denominator(self.model, step, algo, self.loss_agg))
+        scale = self.world_size * inverse(denom)
 
         sums = StepSums(step)
         slices = step.micro_slices()
@@ -186,7 +205,7 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
             self.engine.set_gradient_accumulation_boundary(last)
             poison = last and not math.isfinite((sums.get("pg") + algo.kl_coef * sums.get("kl")) * scale)
             sums.add(rows, *self._micro_step(*step.rows(rows), step.prompt_len, scale, poison))
-        pg_loss, kl_value, loss = sums.losses(scale, algo.kl_coef)
+        pg_loss, kl_value, loss = sums.losses(inverse(denom), algo.kl_coef)  # this shard's share of the loss
 
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
@@ -201,6 +220,8 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         else:
             reason = None
         self._record_outcome(reason)
+        if self.release_memory:  # colocated: hand the allocator's cache back before the engines wake up
+            torch.cuda.empty_cache()
         return assemble_metrics(
             step, sums, loss=loss, pg_loss=pg_loss, kl_value=kl_value if self.ref_model is not None else None,
             grad_norm=grad_norm, version=self.version, reason=reason, delta_threshold=self.monitor.delta_threshold,
@@ -208,12 +229,24 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         )
 
     def _local_weights_finite(self) -> bool:
-        """This rank's parameter storage (ZeRO-3: its partitions) is all finite."""
+        """Every rank's parameter storage (ZeRO-3: each rank's partitions) is all finite."""
+        finite = True
         for p in self.module.parameters():
             t = getattr(p, "ds_tensor", None) if self.zero_stage == 3 else p
             if t is not None and t.numel() and not bool(torch.isfinite(t).all()):
-                return False
-        return True
+                finite = False
+                break
+        return self._sum_over_ranks(0.0 if finite else 1.0) == 0.0
+
+    def _sum_over_ranks(self, value: float) -> float:
+        """value summed over the learner group (one all-reduce; the value itself with one rank)."""
+        if self.world_size == 1:
+            return float(value)
+        import torch.distributed as dist
+
+        t = torch.tensor([float(value)], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return float(t.item())
 
     # -- weights ---------------------------------------------------------------------------------------
     def named_weights(self) -> list[tuple[str, Any]]:
@@ -236,6 +269,22 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
                 for i in bucket:
                     name, p = named[i]
                     yield name, p.detach().to(dtype=target or p.dtype, copy=True)
+
+    def drain_weights(self, version: int, dtype: str, bucket_bytes: int, timeout_s: float) -> dict:
+        """A rank other than 0 under ZeRO-3: take part in the bucketed gathers while rank 0 sends the weights
+        (each gather is a collective over the group); the tensors are dropped here."""
+        from rlgen.sync import run_with_timeout
+        from rlgen.types import Phase
+
+        self._check_send(version)
+        t0 = time.time()
+
+        def drain() -> int:
+            torch.cuda.set_device(self.device)
+            return sum(1 for _ in self.iter_weights(dtype, bucket_bytes))
+
+        n = run_with_timeout(drain, timeout_s, f"{self.name}: ZeRO-3 gather for version {version}")
+        return {"actor": self.name, "version": int(version), "tensors": n, "spans": [(Phase.sync.value, t0, time.time())]}
 
     def get_weights(self, dtype: torch.dtype | str | None = None) -> dict[str, torch.Tensor]:
         """{name: CPU tensor} of every parameter (HF names, bf16 unless dtype says otherwise), all finite."""

@@ -293,6 +293,8 @@ def assemble_metrics(
         "ratio_mean": acc["ratio"] / tokens if tokens else 1.0,
         "ratio_max": ratio_max if tokens else 1.0,
         "response_tokens": tokens,
+        "sequences": int(mask.any(dim=-1).sum().item()),  # with at least one response token
+        "loss_tokens": int(acc["loss_tokens"]),  # under the loss after sequence masking
         "version": version,
         "skipped": reason is not None,
     }

@@ -1,0 +1,86 @@
+"""A learner of several ranks, as the driver sees it: where rank 0 listens, which rows each rank trains on, and
+one metrics dict from the ranks' dicts. Imports neither torch nor Ray at module level."""
+
+from __future__ import annotations
+
+import math
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+# Keys each rank reports for its own shard, by how the group's value follows from the ranks' values.
+SUMMED = ("loss", "pg_loss", "kl", "response_tokens", "sequences", "loss_tokens", "mismatch/tokens")
+MAXED = ("ratio_max", "mismatch/max_abs_delta")
+# means, and the count each is a mean over
+MEANS = {
+    "entropy": "response_tokens", "ratio_mean": "response_tokens", "clip_frac": "loss_tokens",
+    "tis_frac": "loss_tokens", "seq_masked_frac": "sequences", "mismatch/k3_kl": "mismatch/tokens",
+    "mismatch/mean_abs_delta": "mismatch/tokens", "mismatch/frac_over_threshold": "mismatch/tokens",
+}
+
+
+def free_endpoint(local: bool = False) -> tuple[str, int]:
+    """This host's address (127.0.0.1 when local) and a port free right now, for a rendezvous."""
+    if local:
+        host = "127.0.0.1"
+    else:
+        import ray
+
+        host = ray.util.get_node_ip_address()
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return host, int(s.getsockname()[1])
+
+
+def shard_rows(n_rows: int, world_size: int) -> list[range]:
+    """Contiguous row ranges, one per rank, sizes differing by at most one. A rank may get no rows only when
+    there are fewer rows than ranks, which the caller must refuse."""
+    if world_size < 1:
+        raise ValueError(f"world_size={world_size} must be at least 1")
+    base, extra = divmod(n_rows, world_size)
+    out, start = [], 0
+    for r in range(world_size):
+        size = base + (1 if r < extra else 0)
+        out.append(range(start, start + size))
+        start += size
+    return out
+
+
+def _weighted(values: Sequence[float], weights: Sequence[float]) -> float:
+    total = sum(weights)
+    if total <= 0:
+        return values[0]
+    return sum(v * w for v, w in zip(values, weights) if w > 0) / total
+
+
+def merge_rank_metrics(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One train_step result from every rank's: each rank reports its shard with the whole batch's loss
+    denominator, so losses add up; means are weighted by the count they average over; maxima are maxima; grad_norm, version and
+    the step's outcome are the group's (DeepSpeed reduces them) and taken from rank 0. spans are left out:
+    the caller keeps each rank's."""
+    if not per_rank:
+        raise ValueError("no rank reported")
+    first = per_rank[0]
+    if len(per_rank) == 1:
+        return {k: v for k, v in first.items() if k != "spans"}
+    out = {k: v for k, v in first.items() if k != "spans"}
+    for key in SUMMED:
+        if key in first:
+            out[key] = sum(m[key] for m in per_rank)
+            if isinstance(first[key], int):
+                out[key] = int(out[key])
+    for key in MAXED:
+        if key in first:
+            vals = [float(m[key]) for m in per_rank]
+            out[key] = math.nan if any(math.isnan(v) for v in vals) else max(vals)
+    for key, count in MEANS.items():
+        if key in first:
+            out[key] = _weighted([float(m[key]) for m in per_rank], [float(m.get(count, 0)) for m in per_rank])
+    out["skipped"] = any(m.get("skipped") for m in per_rank)
+    reasons = [m["skip_reason"] for m in per_rank if m.get("skip_reason")]
+    if reasons:
+        out["skip_reason"] = reasons[0]
+    return out
+
+
+__all__ = ["free_endpoint", "merge_rank_metrics", "shard_rows"]
