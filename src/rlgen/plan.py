@@ -315,6 +315,28 @@ def _check_lengths(cfg: RunConfig, ms: ModelSummary, n_engine_gpus_each: int, p:
             )
 
 
+LOGITS_COPIES = 3  # fp32 logits, their log-softmax and its gradient live at once in a micro-batch's backward
+LOGITS_SHARE = 0.4  # of a learner GPU's memory, at most, for a micro-batch's logits
+
+
+def _check_logits(cfg: RunConfig, ms: ModelSummary, per_rank: int, p: list[str]) -> None:
+    """A learner micro-batch's fp32 logits over the whole vocabulary must fit its GPU: with large vocabularies
+    (Qwen2.5: 151,936) one pass over every row needs far more memory than the GPU has."""
+    a, hw = cfg.algo, cfg.hardware
+    seq = cfg.task.max_prompt_tokens + a.max_new_tokens
+    per_row = seq * ms.vocab_size * 4 * LOGITS_COPIES
+    budget = hw.gpu.memory_gb * 1e9 * LOGITS_SHARE
+    rows = a.micro_batch_size if a.micro_batch_size > 0 else per_rank
+    if rows * per_row > budget:
+        fits = max(1, int(budget // per_row))
+        pick = max((d for d in range(1, min(fits, per_rank) + 1) if per_rank % d == 0), default=1)
+        p.append(
+            f"a learner micro-batch of {rows} sequences x {seq} tokens x {ms.vocab_size:,} vocabulary needs about "
+            f"{rows * per_row / GIB:.0f} GiB for its logits alone, more than {LOGITS_SHARE:.0%} of a "
+            f"{hw.gpu.memory_gb:g} GB GPU; set algo.micro_batch_size={pick} (or lower)."
+        )
+
+
 def live_vllm_env(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     """engine.env without the variables vLLM 0.26 no longer reads, and a note for each one dropped."""
     kept = {k: str(v) for k, v in env.items() if k not in VLLM_ENV_REMOVED_IN_0_26}
@@ -353,6 +375,8 @@ def build_plan(cfg: RunConfig) -> Plan:
             f"algo.micro_batch_size={a.micro_batch_size} does not divide the {per_rank} sequences each learner "
             "rank trains on; pick a divisor of that, or 0 for one pass."
         )
+    if learners and cfg.hardware.gpus_per_node and per_rank:
+        _check_logits(cfg, ms, per_rank, p)
     if p:
         raise PlanError(p)
 

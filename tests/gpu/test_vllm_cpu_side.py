@@ -62,6 +62,23 @@ def test_engine_args_follow_the_config():
     assert (
         build_engine_args("/m", e, overrides={"max_num_seqs": 9, "stream_interval": 4})["max_num_seqs"] == 9
     )
+    # TP > 1: vLLM's own worker processes on the actor's GPUs, never its Ray executor inside our actor
+    assert args["distributed_executor_backend"] == "mp"
+    one = build_engine_args("/m", EngineConfig(kind=EngineKind.vllm, tensor_parallel_size=1))
+    assert "distributed_executor_backend" not in one
+
+
+def test_engine_context_is_capped_by_the_model(tmp_path):
+    """vLLM refuses a max_model_len beyond the model's positions; the tiny preset has 128."""
+    import json
+
+    from rlgen.engines.vllm import build_engine_args
+
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 128}))
+    e = EngineConfig(kind=EngineKind.vllm, max_model_len=4096)
+    assert build_engine_args(str(tmp_path), e)["max_model_len"] == 128
+    assert build_engine_args(str(tmp_path), EngineConfig(kind=EngineKind.vllm, max_model_len=64))["max_model_len"] == 64
+    assert build_engine_args("/no/such/model", e)["max_model_len"] == 4096
 
 
 def test_seed_mixing_separates_prompts():

@@ -63,6 +63,9 @@ def ray_local():
     env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     env.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     env.setdefault("NCCL_CUMEM_ENABLE", "0")  # vLLM's workers run with it off; the learner side must match
+    # the stand-in actor classes below live in this module, which Ray's workers import by name
+    here = os.path.dirname(os.path.abspath(__file__))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
     ray.init(address="local", include_dashboard=False, runtime_env={"env_vars": env})
     yield ray
     ray.shutdown()

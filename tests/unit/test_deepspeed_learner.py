@@ -338,8 +338,8 @@ def test_two_ranks_on_shards_make_the_whole_batch_step(model_dir, agg):
     """Rank r trains on its shard with the whole batch's denominator and scales by world_size, so DeepSpeed's
     average of the two ranks' gradients is the one-rank gradient, and the merged metrics are the one-rank
     metrics."""
-    from rlgen.learners.grpo_step import batch_denominator, unpack_batch
     from rlgen.learners.group import merge_rank_metrics, shard_rows
+    from rlgen.learners.grpo_step import batch_denominator, unpack_batch
 
     algo = AlgoConfig(lr=1e-2, loss_agg=agg, micro_batch_size=1, grad_clip=0.0)
     batch = make_batch()

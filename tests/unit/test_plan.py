@@ -9,7 +9,16 @@ import json
 import pytest
 
 from rlgen.compose import compose_run_config
-from rlgen.plan import BatchGeometry, EngineSlot, LearnerSlot, Plan, Transport, build_plan, count_params
+from rlgen.plan import (
+    BatchGeometry,
+    EngineSlot,
+    LearnerSlot,
+    Plan,
+    PlanError,
+    Transport,
+    build_plan,
+    count_params,
+)
 
 
 @functools.cache
@@ -253,3 +262,14 @@ def test_build_plan_is_deterministic():
     assert plan_of("engine=vllm_tp2", "hardware=2x8xh100") == build_plan(
         compose_run_config(["engine=vllm_tp2", "hardware=2x8xh100"])
     )
+
+
+def test_learner_logits_that_cannot_fit_name_a_micro_batch_that_does():
+    big = ["engine=vllm", "hardware=1xh100", "model=qwen2_5_1_5b", "algo.prompts_per_step=32", "algo.samples_per_prompt=8",
+           "algo.max_new_tokens=256", "task.max_prompt_tokens=64", "engine.max_model_len=512"]
+    with pytest.raises(PlanError) as err:
+        build_plan(compose_run_config(big))
+    (problem,) = [m for m in err.value.problems if "logits" in m]
+    assert "256 sequences x 320 tokens x 151,936 vocabulary" in problem and "algo.micro_batch_size=32" in problem
+    plan = build_plan(compose_run_config([*big, "algo.micro_batch_size=32"]))  # the suggestion is accepted
+    assert plan.batch.sequences_per_rank == 256

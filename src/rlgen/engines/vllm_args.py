@@ -63,6 +63,11 @@ def build_engine_args(
         # (vLLM's default, raw_logprobs, is taken before temperature).
         "logprobs_mode": "processed_logprobs",
     }
+    if engine.tensor_parallel_size > 1:
+        # The engine actor already holds its TP GPUs (one placement-group bundle), so vLLM's own worker
+        # processes use them. Left to itself, vLLM sees the Ray placement group and picks its Ray executor,
+        # whose engine core then fails to read that group's bundles (KeyError: 'bundles', vLLM 0.26, ray 2.60).
+        args["distributed_executor_backend"] = "mp"
     args.update(TUNED_DEFAULTS)
     args.update(dict(overrides or {}))
     return args
