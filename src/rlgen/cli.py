@@ -83,7 +83,7 @@ def _hydra_app(task_fn_path: str, argv: list[str], name: str) -> int:
 
 
 APPS = {
-    "train": "rlgen.train:train_app",
+    "train": "rlgen.commands.train:train_app",
     "bench": "rlgen.bench:bench_app",
     "validate": "rlgen.validate:validate_app",
 }

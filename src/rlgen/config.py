@@ -63,6 +63,7 @@ class EngineConfig:
     colocate: bool = False  # share the learners' GPUs; needs enable_sleep_mode
     enable_sleep_mode: bool = False
     seed: int = 0
+    max_restarts: int = 3  # an engine actor that dies is re-created this many times; once more stops the run
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -217,6 +218,15 @@ class ValidateConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """Checkpoints under <run dir>/checkpoints/step_<k>/: one every `every` steps (0: none on the way), one at
+    the end and one on a clean stop; the newest `keep` complete ones stay."""
+
+    every: int = 50
+    keep: int = 2
+
+
+@dataclass
 class WandbConfig:
     mode: WandbMode = WandbMode.disabled
     project: str = "rlgen"
@@ -234,6 +244,7 @@ class RunConfig:
     sync: SyncConfig = field(default_factory=SyncConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
     validate: ValidateConfig = field(default_factory=ValidateConfig)
     steps: int = 40
@@ -242,6 +253,9 @@ class RunConfig:
     startup_timeout_s: float = 900.0  # reserving resources and starting actors (vLLM compiles: minutes)
     cache_dir: str = "~/.cache/rlgen"  # built tiny models and tokenizers
     progress: bool = True
+    # Continue a stopped run from its newest complete checkpoint: "auto" (the newest unfinished run with these
+    # settings under the output root) or a run directory. null starts a new run.
+    resume: str | None = None
 
 
 _GROUPS: dict[str, type] = {

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +16,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from rlgen.config import RunConfig, WandbMode
+
+log = logging.getLogger("rlgen.console")
 
 
 def _jsonable(v: Any) -> Any:
@@ -30,15 +35,29 @@ def read_jsonl(path: str | Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def keep_lines(path: Path, n: int) -> list[dict]:
+    """Cut a JSONL file to its first n lines (a resumed run redoes the steps after its checkpoint); returns them."""
+    lines = path.read_text().splitlines(keepends=True) if path.is_file() else []
+    if len(lines) < n:
+        raise ValueError(f"{path} has {len(lines)} lines, but the checkpoint says {n} steps were logged.")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(lines[:n]))
+    os.replace(tmp, path)
+    return [json.loads(line) for line in lines[:n]]
+
+
 class MetricsSink:
-    def __init__(self, out_dir: Path, cfg: RunConfig, total_steps: int, console: Console | None = None):
+    def __init__(self, out_dir: Path, cfg: RunConfig, total_steps: int, console: Console | None = None, *,
+                 resume_lines: int | None = None, wall_before: float = 0.0):
+        """resume_lines: continue a run whose metrics.jsonl holds (at least) that many steps; later lines are
+        dropped, new ones appended. wall_before: wall time the run spent before this resume."""
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / "metrics.jsonl"
-        self._file = self.path.open("w")
+        self.records: list[dict] = [] if resume_lines is None else keep_lines(self.path, resume_lines)
+        self._file = self.path.open("w" if resume_lines is None else "a")
         self.console = console or Console()
-        self.records: list[dict] = []
-        self.t0 = time.time()
+        self.t0 = time.time() - wall_before
         self.progress = Progress(
             TextColumn("[bold]step"),
             MofNCompleteColumn(),
@@ -49,7 +68,9 @@ class MetricsSink:
             disable=not cfg.progress,
             transient=False,
         )
-        self.task_id = self.progress.add_task("train", total=total_steps, reward="-", toks="-", version=0)
+        done = len(self.records)
+        self.task_id = self.progress.add_task("train", total=total_steps, completed=done, reward="-", toks="-",
+                                              version=self.records[-1]["version"] if done else 0)
         self.progress.start()
         self.wandb = None
         if cfg.wandb.mode != WandbMode.disabled:
@@ -65,6 +86,9 @@ class MetricsSink:
                 mode=cfg.wandb.mode.value,
                 dir=str(self.out_dir),
                 config=OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True),
+                # one wandb run per run directory, so a resumed run continues its curves
+                id=hashlib.sha1(str(self.out_dir.resolve()).encode()).hexdigest()[:16],
+                resume="allow",
             )
 
     def log(self, record: dict) -> None:
@@ -78,12 +102,12 @@ class MetricsSink:
             toks=f"{record['tokens_per_s']:.0f}",
             version=record["version"],
         )
+        line = (f"step {record['step']}: reward {record['reward_mean']:.3f} loss {record['loss']:.4f} "
+                f"tok/s {record['tokens_per_s']:.0f} staleness {record['staleness']}")
         if not self.console.is_terminal and (record["step"] % 10 == 0):
-            self.console.print(
-                f"step {record['step']}: reward {record['reward_mean']:.3f} loss {record['loss']:.4f} "
-                f"tok/s {record['tokens_per_s']:.0f} staleness {record['staleness']}",
-                highlight=False,
-            )
+            self.console.print(line, highlight=False)  # a MirroredConsole also logs it
+        else:
+            log.info("%s", line)
         if self.wandb is not None:
             flat = {k: v for k, v in record.items() if isinstance(v, (int, float))}
             self.wandb.log(flat, step=record["step"])
@@ -113,6 +137,7 @@ class MetricsSink:
             "sync_s": mean("sync_s"),
             "max_staleness": max(r["staleness"] for r in recs),
             "skipped_steps": sum(1 for r in recs if r.get("skipped")),
+            "engine_restarts": recs[-1].get("engine_restarts", 0),
             "final_version": recs[-1]["version"],
         }
 

@@ -104,7 +104,7 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
-def _file_digest(path: str) -> str:
+def file_digest(path: str) -> str:
     h = hashlib.sha256()
     with open(Path(path).expanduser(), "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -131,7 +131,7 @@ def cache_key(cfg: RunConfig, device: str = "cpu") -> str:
     if cfg.model.warm_start_steps > 0:
         material["task"] = _plain(cfg.task)
         if cfg.task.path:
-            material["task_file"] = _file_digest(cfg.task.path)
+            material["task_file"] = file_digest(cfg.task.path)
     digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:12]
     return f"{cfg.model.name}-{digest}"
 

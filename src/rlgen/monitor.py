@@ -164,6 +164,25 @@ class CircuitBreaker:
             "monitor/trips": self.trips,
         }
 
+    def state_dict(self) -> dict[str, Any]:
+        """The breaker's counts and streaks, for a checkpoint (the streaks' batches are not kept)."""
+        return {
+            "trips": self.trips,
+            "breach": [[step, _plain(ctx)] for step, ctx, _ in self._breach],
+            "skips": [[step, _plain(ctx)] for step, ctx, _ in self._skips],
+            "events": [e.to_dict() for e in self.events],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.trips = int(state.get("trips", 0))
+        self._breach.clear()
+        self._breach.extend((int(step), ctx, None) for step, ctx in state.get("breach", []))
+        self._skips.clear()
+        self._skips.extend((int(step), ctx, None) for step, ctx in state.get("skips", []))
+        self.events = [
+            BreakerEvent(**{**e, "action": BreakerAction(e["action"])}) for e in state.get("events", [])
+        ]
+
     # -- the two checks -------------------------------------------------------------------------------
     def _check_mismatch(self, step, metrics, context, batch) -> BreakerEvent | None:
         kl = metrics.get(KL_KEY)

@@ -152,6 +152,12 @@ def _check_scalars(cfg: RunConfig, p: list[str]) -> None:
         p.append(f"learner.zero_stage={cfg.learner.zero_stage} must be 2 or 3.")
     if cfg.sync.bucket_mb <= 0 or cfg.sync.sleep_level not in (1, 2):
         p.append(f"sync.bucket_mb={cfg.sync.bucket_mb} must be > 0 and sync.sleep_level={cfg.sync.sleep_level} 1 or 2.")
+    if cfg.checkpoint.every < 0:
+        p.append(f"checkpoint.every={cfg.checkpoint.every} must be >= 0 (0: checkpoints only at the end and on a stop).")
+    if cfg.checkpoint.keep < 1:
+        p.append(f"checkpoint.keep={cfg.checkpoint.keep} must be at least 1: a run keeps its newest checkpoint.")
+    if e.max_restarts < 0:
+        p.append(f"engine.max_restarts={e.max_restarts} must be >= 0 (0: a dead engine stops the run).")
     if m.num_heads < 1 or m.hidden_size % m.num_heads:
         p.append(f"model.hidden_size={m.hidden_size} must divide by model.num_heads={m.num_heads}.")
     elif m.num_kv_heads < 1 or m.num_heads % m.num_kv_heads:
@@ -289,6 +295,27 @@ def _check_hardware(cfg: RunConfig, colocated: bool, p: list[str]) -> None:
         )
 
 
+def _check_learners(cfg: RunConfig, learners: tuple[LearnerSlot, ...], colocated: bool, p: list[str]) -> None:
+    """The learner the run would build can train the plan's ranks (the orchestrator refuses nothing later)."""
+    hw, kind = cfg.hardware, cfg.learner.kind.value
+    gpus = hw.gpus_per_node > 0
+    if kind == "deepspeed" and not gpus:
+        p.append(f"learner.kind=deepspeed needs GPUs, but hardware={hw.name} has none; use learner.kind=auto "
+                 "(the torch learner on CPU).")
+        return
+    deepspeed = kind == "deepspeed" or (kind == "auto" and gpus)
+    ranks = len(learners)
+    if ranks > 1 and not deepspeed:
+        fix = "set hardware.learner_ranks=1" if not gpus else "use learner.kind=auto (DeepSpeed) or one learner GPU"
+        p.append(f"the plan has {ranks} learner ranks, but only the DeepSpeed learner (on GPUs) trains with several; "
+                 f"{fix}.")
+    if ranks > 1 and colocated:
+        p.append(
+            f"colocated engines with {ranks} learner ranks are not supported (the IPC weight path sends from one "
+            "rank); give engines their own GPUs (hardware.colocated=false) or use one GPU."
+        )
+
+
 def _check_lengths(cfg: RunConfig, ms: ModelSummary, n_engine_gpus_each: int, p: list[str]) -> None:
     e, a, t, m, hw = cfg.engine, cfg.algo, cfg.task, cfg.model, cfg.hardware
     need = t.max_prompt_tokens + a.max_new_tokens
@@ -348,8 +375,11 @@ def live_vllm_env(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     return kept, notes
 
 
-def build_plan(cfg: RunConfig) -> Plan:
-    """Resolve and check a RunConfig. Raises PlanError listing every problem with its fix."""
+def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
+    """Resolve and check a RunConfig. Raises PlanError listing every problem with its fix.
+
+    runnable=False checks the geometry only (placement, batch, lengths), not whether today's learners can run
+    it: the placement tests use it for layouts the learners do not support yet (colocated learner groups)."""
     p: list[str] = []
     warnings: list[str] = []
     _check_scalars(cfg, p)
@@ -357,6 +387,8 @@ def build_plan(cfg: RunConfig) -> Plan:
     _check_hardware(cfg, colocated, p)
     engines = _place_engines(cfg, colocated, p)
     learners = _place_learners(cfg, colocated, p)
+    if runnable:
+        _check_learners(cfg, learners, colocated, p)
     ms = _model_summary(cfg)
     _check_lengths(cfg, ms, cfg.engine.tensor_parallel_size if engines else 0, p)
 

@@ -57,6 +57,26 @@ def split_requests(sp: StepPrompts, sampling: SamplingParams, num_engines: int) 
     return shards
 
 
+class RolloutCountError(RuntimeError):
+    """A step's completions do not cover each prompt exactly n times (a lost or doubled request)."""
+
+
+def check_complete(completions: list[Completion], sp: StepPrompts, n: int) -> None:
+    """Every prompt of the step has exactly n completions: none lost, none counted twice (an engine restart
+    re-sends requests, so this is checked on every step)."""
+    counts = [0] * len(sp.prompt_ids)
+    for c in completions:
+        if not 0 <= c.group_id < len(counts) or list(c.prompt_ids) != list(sp.prompt_ids[c.group_id]):
+            raise RolloutCountError(f"step {sp.step}: a completion belongs to no prompt of the step (group {c.group_id}).")
+        counts[c.group_id] += 1
+    wrong = {g: k for g, k in enumerate(counts) if k != n}
+    if wrong:
+        raise RolloutCountError(
+            f"step {sp.step}: prompts must have {n} completions each, but {len(wrong)} do not "
+            f"(group: count {dict(list(wrong.items())[:5])})."
+        )
+
+
 def score(completions: list[Completion], sp: StepPrompts, task: Task, tokenizer) -> list[float]:
     texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
     return [float(task.reward(t, sp.prompts[c.group_id])) for c, t in zip(completions, texts)]

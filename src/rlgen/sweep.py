@@ -31,18 +31,25 @@ def _overrides(job_dir: Path) -> list[str]:
 
 
 def collect_run(job_dir: str | Path) -> dict[str, Any]:
-    """One job's row: its overrides, status, throughput and balance verdict."""
+    """One job's row: its overrides, status, throughput and balance verdict. A job that resumed an earlier
+    run (``resumed_into``) reports that run's directory."""
+    from rlgen.runtime.status import read_status
+
     job_dir = Path(job_dir)
     row: dict[str, Any] = {"job_dir": str(job_dir), "overrides": _overrides(job_dir)}
-    failed = json.loads((job_dir / "status.json").read_text()) if (job_dir / "status.json").is_file() else None
-    if failed:
-        row["reason"] = failed.get("reason", "")
+    if (job_dir / "resumed_into").is_file():
+        job_dir = Path((job_dir / "resumed_into").read_text().strip())
+        row["job_dir"] = str(job_dir)
+    status = read_status(job_dir) or {}
+    state = status.get("state")
+    if state not in (None, "finished", "running", "starting") and status.get("reason"):
+        row["reason"] = status["reason"]
     if not (job_dir / "metrics.jsonl").is_file():
-        row["status"] = failed["status"] if failed else "no metrics"
+        row["status"] = state or "no metrics"
         return row
     records, ctx = load_run(job_dir)
     finished = (job_dir / "summary.json").is_file()
-    row["status"] = "ok" if finished else (failed or {}).get("status", "stopped")
+    row["status"] = "ok" if finished else state or "stopped"
     row["num_engines"] = ctx.num_engines
     row["async_steps"] = ctx.async_steps
     row.update(balance_summary(records, ctx))

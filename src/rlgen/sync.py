@@ -147,6 +147,7 @@ class WeightTransport(Protocol):
     def before_train(self) -> list[dict[str, Any]]: ...
     def push(self, version: int, *, in_flight: bool = False) -> PushResult: ...
     def no_update(self) -> list[dict[str, Any]]: ...
+    def replace_engine(self, index: int, actor: Any) -> None: ...
     def close(self) -> None: ...
 
 
@@ -187,6 +188,10 @@ class _Base:
     def close(self) -> None:
         self.learner, self.engines, self.gatherers = None, [], []
 
+    def replace_engine(self, index: int, actor: Any) -> None:
+        """Engine ``index`` was re-created (its predecessor died): bring the new actor to the current version."""
+        raise SyncError(f"{self.kind.value} transport cannot take a re-created engine.")
+
     def _begin(self, version: int, *, resend: bool = False) -> float:
         if self.broken:
             raise SyncError(f"{self.kind.value} weight sync is broken ({self.broken}); restart the run.")
@@ -218,6 +223,14 @@ class ObjectStoreTransport(_Base):
         self.version = int(version)  # engines apply it in call order, before their next generate()
         sync = {"actor": "learner0", "spans": [(Phase.sync.value, t0, t1)]}
         return PushResult(int(version), pending=pending, results=[sync], seconds=time.time() - t0)
+
+    def replace_engine(self, index: int, actor: Any) -> None:
+        self.engines[index] = actor
+        weights = self.learner.get_weights.remote()
+        gathers = self._gather_refs(self.version)
+        name = self.engine_names[index]
+        self._get([actor.update_weights.remote(weights, self.version), *gathers],
+                  f"bringing the re-created {name} to version {self.version}")
 
 
 class _VLLMTransport(_Base):
@@ -260,8 +273,16 @@ class NcclTransport(_VLLMTransport):
         refs.append(self.learner.init_nccl_sender.remote(addr, port, world, self.timeout_s))
         self._get(refs, f"NCCL weight-transfer group of {world} ranks at {addr}:{port}", [*self.engine_names, "learner"])
 
-    def push(self, version: int, *, in_flight: bool = False) -> PushResult:
-        t0 = self._begin(version)
+    def replace_engine(self, index: int, actor: Any) -> None:
+        """A new NCCL group of every engine and the learner (the old one lost a member), then the current
+        weights to all. Written against vLLM 0.26's weight-transfer API; not yet run on GPUs."""
+        self.engines[index] = actor
+        self.broken = None
+        self.setup(self.learner, self.engines, self.engine_names, gatherers=self.gatherers)
+        self.push(self.version, resend=True)
+
+    def push(self, version: int, *, in_flight: bool = False, resend: bool = False) -> PushResult:
+        t0 = self._begin(version, resend=resend)
 
         def body() -> list[dict[str, Any]]:
             refs = [e.receive_weights.remote(self.update_info, version, self.timeout_s) for e in self.engines]
@@ -316,12 +337,21 @@ class CudaIpcTransport(_VLLMTransport):
                             "set algo.async_steps=0 with a colocated plan.")
         return self._cycle(version)
 
-    def _cycle(self, version: int, resend: bool = False) -> PushResult:
+    def replace_engine(self, index: int, actor: Any) -> None:
+        """The re-created engine joins IPC and gets the current weights; the others are untouched. Written
+        against vLLM 0.26's weight-transfer API; not yet run on GPUs."""
+        self.engines[index] = actor
+        self._get([actor.init_weight_transfer.remote({}, self.timeout_s)], "IPC set-up", [self.engine_names[index]])
+        self._cycle(self.version, resend=True, only=[index])
+
+    def _cycle(self, version: int, resend: bool = False, only: Sequence[int] | None = None) -> PushResult:
         t0 = self._begin(version, resend=resend)
-        self._get([e.wake.remote(["weights"]) for e in self.engines], "waking engine weights", self.engine_names)
-        ref = self.learner.send_weights_ipc.remote(self.engines, version, self.dtype, self.bucket_bytes, self.timeout_s)
+        picked = list(range(len(self.engines))) if only is None else list(only)
+        engines, names = [self.engines[i] for i in picked], [self.engine_names[i] for i in picked]
+        self._get([e.wake.remote(["weights"]) for e in engines], "waking engine weights", names)
+        ref = self.learner.send_weights_ipc.remote(engines, version, self.dtype, self.bucket_bytes, self.timeout_s)
         sent = self._get([ref], f"IPC weight update to version {version}", ["learner"])[0]
-        self._get([e.wake.remote(["kv_cache"]) for e in self.engines], "waking engine KV caches", self.engine_names)
+        self._get([e.wake.remote(["kv_cache"]) for e in engines], "waking engine KV caches", names)
         engines = sent.pop("engines", [])
         check_versions(engines, int(version), "IPC weight update")
         self.version = int(version)

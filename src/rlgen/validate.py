@@ -185,8 +185,8 @@ def validate_app(dict_cfg) -> float:
     from rich.console import Console
     from rich.markup import escape
 
+    from rlgen.commands.train import run_dir
     from rlgen.plan import PlanError
-    from rlgen.train import run_dir
 
     console = Console()
     out_dir = run_dir()

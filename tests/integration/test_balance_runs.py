@@ -18,9 +18,9 @@ import sys
 import pytest
 
 from rlgen.balancer import BalanceTracker, Kind, summarize
+from rlgen.commands.train import run_training
 from rlgen.compose import compose_run_config
 from rlgen.report import load_run, write_report
-from rlgen.train import run_training
 
 BASE = ["progress=false", "steps=8"]
 STARVED_LEARNER = [*BASE, "engine.max_num_seqs=2"]

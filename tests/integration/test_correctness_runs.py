@@ -12,8 +12,8 @@ from rich.console import Console
 from rlgen.compose import compose_run_config
 from rlgen.engines.noisy import NoisyEngine
 from rlgen.metrics import MetricsSink, read_jsonl
-from rlgen.orchestrator import Orchestrator, RunError
 from rlgen.plan import build_plan
+from rlgen.runtime import Orchestrator, RunError
 
 BASE = ["progress=false", "algo.prompts_per_step=4", "algo.samples_per_prompt=4", "monitor.kl_threshold=0.05"]
 

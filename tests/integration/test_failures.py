@@ -12,8 +12,8 @@ import ray.cloudpickle
 from rlgen.compose import compose_run_config
 from rlgen.engines.hf import HFEngine
 from rlgen.metrics import MetricsSink, read_jsonl
-from rlgen.orchestrator import Orchestrator, RunError
 from rlgen.plan import build_plan
+from rlgen.runtime import Orchestrator, RunError, RunStopped
 
 # Ray workers cannot import this test module, so its engine classes travel by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -51,11 +51,14 @@ def _run(tmp_path, engine_cls, *overrides):
         orch.cleanup()
 
 
-def test_dead_engine_is_reported_and_finished_steps_are_kept(tmp_path):
-    with pytest.raises(RunError, match=r"generation for step 2 failed because an actor died"):
-        _run(tmp_path, DyingEngine)
+def test_an_engine_that_may_not_restart_stops_the_run_and_finished_steps_are_kept(tmp_path):
+    # engine.max_restarts=0: the first death stops the run cleanly (tests/integration/test_durable_runs.py
+    # covers restarts), with a checkpoint after the last finished step.
+    with pytest.raises(RunStopped, match=r"engine0 died once, more than engine.max_restarts=0 allows") as info:
+        _run(tmp_path, DyingEngine, "engine.max_restarts=0")
     records = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1]
+    assert info.value.exit_code == 1 and info.value.checkpoint.endswith("step_000002")
 
 
 def test_stuck_engine_times_out(tmp_path):

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from rlgen.commands.train import run_training
 from rlgen.compose import compose_run_config
 from rlgen.metrics import read_jsonl
-from rlgen.train import run_training
 
 # What `make smoke` runs (see the Makefile); the margin the smoke run must learn by on a [0, 1] reward.
 SMOKE_OVERRIDES = ["progress=false"]

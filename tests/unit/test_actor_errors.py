@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlgen.orchestrator import actor_death_detail
+from rlgen.runtime import actor_death_detail
 
 RAY_MESSAGE = """The actor died because of an error raised in its creation task, ray::VLLMEngine.__init__() (pid=7)
 Traceback (most recent call last):

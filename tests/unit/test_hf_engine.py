@@ -68,13 +68,22 @@ def test_sampled_logprobs_equal_teacher_forced_scores(engine, temperature):
 
 
 def test_same_seed_same_samples(engine):
+    # A seeded request gives the same samples on every call: a re-sent request (an engine restarted mid-step)
+    # or a resumed run reproduces the completions exactly.
     reqs = [_req([5, 6], 0, n=4, max_new_tokens=6, seed=7, ignore_eos=True)]
-    engine.calls = 0
     a = [c.token_ids for c in engine.generate(reqs)["completions"]]
-    engine.calls = 0
     b = [c.token_ids for c in engine.generate(reqs)["completions"]]
     assert a == b
     assert len({tuple(t) for t in a}) > 1  # the n samples differ from each other
+    other = [c.token_ids for c in engine.generate([_req([5, 6], 0, n=4, max_new_tokens=6, seed=8, ignore_eos=True)])["completions"]]
+    assert other != a
+
+
+def test_unseeded_requests_vary_from_call_to_call(engine):
+    reqs = [_req([5, 6], 0, n=4, max_new_tokens=6, seed=None, ignore_eos=True)]
+    a = [c.token_ids for c in engine.generate(reqs)["completions"]]
+    b = [c.token_ids for c in engine.generate(reqs)["completions"]]
+    assert a != b
 
 
 def test_update_weights_changes_outputs_and_version(engine):

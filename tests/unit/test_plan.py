@@ -42,11 +42,16 @@ def test_cpu_plan():
     assert plan.engine_env == {}  # vLLM settings never reach an hf engine
 
 
-def test_cpu_learner_ranks_follow_the_hardware_setting():
-    plan = plan_of("hardware.learner_ranks=2")
-    assert plan.learners == (LearnerSlot(0, 0, None), LearnerSlot(1, 0, None))
-    assert plan.batch.learner_ranks == 2
-    assert plan.batch.sequences_per_rank == plan.batch.sequences_per_step // 2
+def test_several_cpu_learner_ranks_are_refused_by_the_plan():
+    # Only the DeepSpeed learner (GPUs) trains with several ranks; the plan says so before anything starts,
+    # rather than the orchestrator after Ray and the warm start.
+    with pytest.raises(PlanError, match=r"2 learner ranks, but only the DeepSpeed learner .* set hardware.learner_ranks=1"):
+        plan_of("hardware.learner_ranks=2")
+
+
+def test_colocated_learner_group_is_refused_by_the_plan():
+    with pytest.raises(PlanError, match=r"colocated engines with 2 learner ranks are not supported"):
+        plan_of("engine=vllm", "hardware=2xh200", "hardware.colocated=true")
 
 
 def test_vllm_on_one_h100_is_colocated_over_cuda_ipc():
@@ -121,7 +126,7 @@ GPU_LAYOUTS = [
 
 @pytest.mark.parametrize("overrides", GPU_LAYOUTS, ids=[" ".join(o) for o in GPU_LAYOUTS])
 def test_gpu_slots_are_in_range_distinct_and_tp_groups_stay_on_one_node(overrides):
-    plan = plan_of(*overrides)
+    plan = build_plan(_cfg(*overrides), runnable=False)  # geometry, including layouts learners refuse today
     engine_gpus = [(e.node, g) for e in plan.engines for g in e.gpus]
     learner_gpus = [(lr.node, lr.gpu) for lr in plan.learners]
     for node, gpu in engine_gpus + learner_gpus:

@@ -6,6 +6,7 @@ token (no top-p renormalisation), the same quantity the learner recomputes.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 from typing import Any
@@ -50,7 +51,9 @@ class HFEngine:
         seed: int = 0,
         name: str = "engine0",
         threads: int | None = 1,
+        version: int = 0,
     ):
+        """version: the policy version of the weights in model_path (a resumed run starts from a checkpoint's)."""
         from transformers import AutoModelForCausalLM
 
         if threads and device == "cpu":
@@ -63,7 +66,7 @@ class HFEngine:
         gen = self.model.generation_config
         self.eos_ids = self._as_list(gen.eos_token_id) or self._as_list(self.model.config.eos_token_id)
         self.pad_id = gen.pad_token_id if gen.pad_token_id is not None else (self.eos_ids[0] if self.eos_ids else 0)
-        self.version = 0
+        self.version = int(version)
         self.calls = 0
         self.asleep = False
         self.start_s = time.time() - t0
@@ -103,8 +106,10 @@ class HFEngine:
         ids, mask = left_pad(prompts, self.pad_id)
         ids, mask = ids.to(self.device), mask.to(self.device)
         stops = list(s.stop_token_ids) + ([] if s.ignore_eos else self.eos_ids)
-        seed = (s.seed if s.seed is not None else self.seed) * 1_000_003 + self.calls * 7919 + rows[0][0]
-        torch.manual_seed(seed)
+        # A request's seed fixes its samples: the same requests give the same completions in a re-sent call (an
+        # engine restarted mid-step) or a resumed run. Without one, the engine's seed and call count vary them.
+        base = s.seed if s.seed is not None else self.seed * 1_000_003 + self.calls * 7919
+        torch.manual_seed(base * 1_000_003 + rows[0][0])
         greedy = s.temperature <= 0
         out = self.model.generate(
             input_ids=ids,
@@ -182,4 +187,5 @@ class HFEngine:
         self.asleep = False
 
     def health(self) -> dict[str, Any]:
-        return {"ok": True, "name": self.name, "version": self.version, "asleep": self.asleep, "start_s": self.start_s}
+        return {"ok": True, "name": self.name, "version": self.version, "asleep": self.asleep, "start_s": self.start_s,
+                "pid": os.getpid()}

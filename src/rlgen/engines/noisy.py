@@ -29,10 +29,11 @@ class NoisyEngine(HFEngine):
         name: str = "engine0",
         threads: int | None = 1,
         noise_std: float = 0.1,
+        version: int = 0,
     ):
         if noise_std < 0:
             raise ValueError(f"noise_std={noise_std} must be >= 0.")
-        super().__init__(model_path, engine, device=device, seed=seed, name=name, threads=threads)
+        super().__init__(model_path, engine, device=device, seed=seed, name=name, threads=threads, version=version)
         self.noise_std = float(noise_std)
         self._noise = torch.Generator().manual_seed(seed + 7_654_321)  # independent of the sampling RNG
 

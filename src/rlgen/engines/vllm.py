@@ -107,6 +107,7 @@ class VLLMEngine:
         env: dict[str, str] | None = None,
         engine_args: dict[str, Any] | None = None,
         timeout_s: float = CALL_TIMEOUT_S,
+        version: int = 0,
     ):
         t0 = time.time()
         if not str(device).startswith("cuda"):
@@ -120,7 +121,7 @@ class VLLMEngine:
 
         self.name, self.seed, self.timeout_s = name, seed, timeout_s
         self.engine_cfg = engine
-        self.version = 0
+        self.version = int(version)  # of the weights in model_path (a resumed run starts from a checkpoint's)
         self.asleep = False
         self.weights_on_gpu = True  # False between sleep() and a wake() that brings the weights back
         self.paused = False
@@ -382,6 +383,7 @@ class VLLMEngine:
             "asleep": self.asleep,
             "paused": self.paused,
             "start_s": self.start_s,
+            "pid": os.getpid(),
         }
 
     def shutdown(self) -> None:

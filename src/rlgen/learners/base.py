@@ -30,5 +30,10 @@ class Learner(Protocol):
     def save(self, path: str) -> None:
         """Write the model as an HF checkpoint folder, plus the learner's own state."""
 
+    def save_checkpoint(self, path: str) -> dict[str, Any]:
+        """Called on every rank: write the policy as an HF folder into ``path/model`` (rank 0) and this rank's
+        optimizer state, counters and RNG states into ``path/learner``. A learner built with
+        ``model_path=path/model, resume_from=path`` continues exactly from here."""
+
 
 __all__ = ["Learner"]

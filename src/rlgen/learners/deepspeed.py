@@ -42,6 +42,8 @@ from rlgen.learners.weight_sender import WeightSender
 from rlgen.sync import DEFAULT_BUCKET_BYTES, plan_buckets
 from rlgen.types import RolloutBatch
 
+DS_TAG = "zero"  # the tag of DeepSpeed's checkpoint inside a checkpoint's learner/ folder
+
 
 def micro_batches(rows: int, micro_batch_size: int) -> int:
     """How many micro-batches a batch of `rows` splits into (micro_batch_size 0: one)."""
@@ -125,6 +127,8 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         master_port: int | None = None,
         release_memory: bool = False,
         env: dict[str, str] | None = None,
+        ref_model_path: str | None = None,
+        resume_from: str | None = None,
     ) -> None:
         if not torch.cuda.is_available():
             raise RuntimeError("DeepSpeedLearner needs a CUDA GPU; use the torch learner (TorchLearner) on CPU.")
@@ -148,7 +152,7 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
             module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             module.config.use_cache = False
         if algo.kl_coef > 0:  # a full bf16 copy; fine for the sizes rlgen targets on one GPU
-            self.ref_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16)
+            self.ref_model = AutoModelForCausalLM.from_pretrained(ref_model_path or model_path, dtype=torch.bfloat16)
             self.ref_model.to(self.device).eval().requires_grad_(False)
         params = [p for p in module.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=algo.lr, weight_decay=algo.weight_decay)
@@ -158,6 +162,10 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         self.engine.train()
         self.model = self.engine  # the forward (grpo_step.response_logits) calls self.model(...)
         self.module = self.engine.module
+        if resume_from:  # DeepSpeed's own checkpoint: fp32 master weights and optimizer partitions of every rank
+            _, client = self.engine.load_checkpoint(os.path.join(resume_from, "learner"), tag=DS_TAG,
+                                                    load_optimizer_states=True, load_lr_scheduler_states=True)
+            self._restore_counters(client)
 
     def _init_state(self, algo, monitor, rank, name, device, zero_stage, sync_bucket_bytes, world_size=1,
                     release_memory=False) -> None:
@@ -305,6 +313,20 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         if self.rank == 0:
             self.module.save_pretrained(path, state_dict=weights)
             torch.save({"version": self.version, "calls": self.calls}, os.path.join(path, "learner_state.pt"))
+
+    def save_checkpoint(self, path: str) -> dict[str, Any]:
+        """Every rank: the policy as an HF folder (``model/``, bf16, gathered; rank 0 writes it) and DeepSpeed's
+        checkpoint of the engine (``learner/``: fp32 master weights, optimizer partitions, counters, RNG)."""
+        t0 = time.time()
+        weights = self.get_weights()  # a collective under ZeRO-3
+        if self.rank == 0:
+            self.module.save_pretrained(os.path.join(path, "model"), state_dict=weights)
+        del weights
+        self.engine.save_checkpoint(os.path.join(path, "learner"), tag=DS_TAG, client_state=self._counters(),
+                                    save_latest=False)
+        if self.release_memory:
+            torch.cuda.empty_cache()
+        return {"actor": self.name, "version": self.version, "seconds": time.time() - t0}
 
 
 __all__ = ["DeepSpeedLearner", "build_ds_config", "micro_batches"]

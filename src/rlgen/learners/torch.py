@@ -56,7 +56,12 @@ class TorchLearner:
         rank: int = 0,
         name: str = "learner0",
         num_threads: int | None = 1,
+        ref_model_path: str | None = None,
+        resume_from: str | None = None,
     ) -> None:
+        """ref_model_path: the frozen reference for algo.kl_coef > 0 (default: model_path). resume_from: a
+        checkpoint folder whose learner state (optimizer, counters, RNG) this learner continues from; its
+        model_path is then the checkpoint's model folder."""
         from transformers import AutoModelForCausalLM
 
         if num_threads:
@@ -75,8 +80,13 @@ class TorchLearner:
         self.optimizer = torch.optim.AdamW(self.params, lr=algo.lr, weight_decay=algo.weight_decay)
         self.ref_model: nn.Module | None = None
         if algo.kl_coef > 0:
-            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+            ref = self.model if ref_model_path is None else AutoModelForCausalLM.from_pretrained(ref_model_path, dtype=torch.float32)
+            self.ref_model = copy.deepcopy(ref).to(self.device).eval().requires_grad_(False)
         self._init_counters()
+        if resume_from:
+            state = load_learner_state(resume_from, self.rank)
+            self.optimizer.load_state_dict(state["optimizer"])
+            self._restore_counters(state)
 
     def _init_counters(self) -> None:
         """Step bookkeeping: version (applied updates), train_step calls, skipped steps."""
@@ -167,6 +177,24 @@ class TorchLearner:
             start=start,
         )
 
+    def _counters(self) -> dict[str, Any]:
+        """Counters and RNG states a checkpoint keeps (plain values and CPU tensors)."""
+        state: dict[str, Any] = {
+            "version": self.version, "calls": self.calls, "skipped_steps": self.skipped_steps,
+            "consecutive_skips": self.consecutive_skips, "last_skip_reason": self.last_skip_reason,
+            "torch_rng": torch.get_rng_state(),
+        }
+        if torch.cuda.is_available() and self.device.type == "cuda":
+            state["cuda_rng"] = torch.cuda.get_rng_state(self.device)
+        return state
+
+    def _restore_counters(self, state: dict[str, Any]) -> None:
+        for key in ("version", "calls", "skipped_steps", "consecutive_skips", "last_skip_reason"):
+            setattr(self, key, state[key])
+        torch.set_rng_state(state["torch_rng"])
+        if "cuda_rng" in state and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda_rng"], self.device)
+
     def _record_outcome(self, reason: str | None) -> None:
         """Count the step: a new version when applied (reason None), a skip otherwise."""
         if reason is None:
@@ -230,6 +258,7 @@ class TorchLearner:
             "skipped_steps": self.skipped_steps,
             "consecutive_skips": self.consecutive_skips,
             "last_skip_reason": self.last_skip_reason,
+            "pid": os.getpid(),
         }
 
     def save(self, path: str) -> None:
@@ -238,3 +267,29 @@ class TorchLearner:
         self.model.save_pretrained(path)
         state = {"version": self.version, "calls": self.calls, "optimizer": self.optimizer.state_dict()}
         torch.save(state, os.path.join(path, "learner_state.pt"))
+
+    def save_checkpoint(self, path: str) -> dict[str, Any]:
+        """Into a checkpoint folder: the policy as an HF folder (``model/``) and this rank's optimizer state,
+        counters and RNG states (``learner/``). ``resume_from=path`` continues from exactly here."""
+        t0 = time.time()
+        if self.rank == 0:
+            self.model.save_pretrained(os.path.join(path, "model"))
+        save_learner_state(path, self.rank, {**self._counters(), "optimizer": self.optimizer.state_dict()})
+        return {"actor": self.name, "version": self.version, "seconds": time.time() - t0}
+
+
+def learner_state_path(checkpoint: str, rank: int) -> str:
+    return os.path.join(checkpoint, "learner", f"rank{rank}.pt")
+
+
+def save_learner_state(checkpoint: str, rank: int, state: dict[str, Any]) -> None:
+    path = learner_state_path(checkpoint, rank)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    torch.save(state, path)
+
+
+def load_learner_state(checkpoint: str, rank: int) -> dict[str, Any]:
+    path = learner_state_path(checkpoint, rank)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: the checkpoint has no learner state for rank {rank}.")
+    return torch.load(path, map_location="cpu", weights_only=True)

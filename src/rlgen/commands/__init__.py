@@ -1,0 +1,1 @@
+"""One module per CLI command; each depends only downward (config, plan, runtime)."""

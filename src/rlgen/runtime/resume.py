@@ -1,0 +1,197 @@
+"""Which run and checkpoint ``resume=`` continues, and whether the config still fits it.
+
+``resume=<run dir>`` continues that run from its newest complete checkpoint. ``resume=auto`` looks at this
+run's own directory and then under the output root (``outputs/`` by default: the fixed part of
+``hydra.run.dir``), and continues the newest run whose checkpoint was trained with the same math; with none,
+a new run starts.
+
+Settings that change the math (model, algo, task, learner, seed, the number of learner ranks, the task
+file's contents) must match the checkpoint's; anything else (steps, logging, timeouts, checkpointing,
+engines) may change, and the changes are listed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from rlgen.config import RunConfig
+from rlgen.runtime.checkpoint import list_checkpoints, read_state, torn_checkpoints
+
+MATH_PREFIXES = ("model.", "algo.", "task.", "learner.")
+MATH_KEYS = ("seed", "learner_ranks", "task_digest")
+IGNORED = ("resume",)
+SEARCH_DEPTH = 4  # levels under the output root: outputs/<date>/<time>, multirun/<date>/<time>/<job>
+
+
+class ResumeError(ValueError):
+    """resume= cannot be honoured; the message says why and what to do."""
+
+
+@dataclass
+class ResumePoint:
+    run_dir: Path
+    checkpoint: Path
+    state: dict[str, Any]
+    changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # safe keys that differ: old, new
+    skipped_torn: list[Path] = field(default_factory=list)
+
+    @property
+    def step(self) -> int:
+        return int(self.state["step"])
+
+
+def plain_config(cfg: RunConfig) -> dict[str, Any]:
+    """The config as JSON values (enums as their names)."""
+    def plain(x: Any) -> Any:
+        if isinstance(x, Enum):
+            return x.value
+        if dataclasses.is_dataclass(x):
+            return {f.name: plain(getattr(x, f.name)) for f in dataclasses.fields(x)}
+        if isinstance(x, dict):
+            return {k: plain(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [plain(v) for v in x]
+        return x
+
+    return plain(cfg)
+
+
+def identity(cfg: RunConfig, learner_ranks: int) -> dict[str, Any]:
+    """What a checkpoint records to compare a later config with: the config, the learner ranks and the digest
+    of the task's data file."""
+    from rlgen.models import file_digest
+
+    path = cfg.task.path
+    digest = file_digest(path) if path and Path(path).expanduser().is_file() else None
+    return {"config": plain_config(cfg), "learner_ranks": int(learner_ranks), "task_digest": digest}
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v and k != "env":
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def changes(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Keys whose values differ between two identities: {key: (saved, current)}."""
+    a = {**_flatten(saved.get("config", {})), "learner_ranks": saved.get("learner_ranks"),
+         "task_digest": saved.get("task_digest")}
+    b = {**_flatten(current["config"]), "learner_ranks": current["learner_ranks"], "task_digest": current["task_digest"]}
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if k not in IGNORED and a.get(k) != b.get(k)}
+
+
+def math_keys(diff: dict[str, tuple[Any, Any]]) -> list[str]:
+    return [k for k in diff if k in MATH_KEYS or k.startswith(MATH_PREFIXES)]
+
+
+def _describe(key: str, old: Any, new: Any) -> str:
+    if key == "task_digest":
+        return "the contents of task.path"
+    if key == "learner_ranks":
+        return f"the number of learner ranks ({old} -> {new})"
+    return f"{key} ({old} -> {new})"
+
+
+def refusal(run_dir: Path, diff: dict[str, tuple[Any, Any]]) -> str:
+    keys = math_keys(diff)
+    what = ", ".join(_describe(k, *diff[k]) for k in keys)
+    return (
+        f"resume={run_dir}: the checkpoint was trained with different {what}, which change the math; resume "
+        "with the checkpoint's values, or drop resume= to start a new run."
+    )
+
+
+def _point(run_dir: Path, current: dict[str, Any]) -> tuple[ResumePoint | None, dict[str, tuple[Any, Any]]]:
+    found = list_checkpoints(run_dir)
+    if not found:
+        return None, {}
+    state = read_state(found[-1])
+    diff = changes(state, current)
+    point = ResumePoint(run_dir, found[-1], state, {k: v for k, v in diff.items() if k not in math_keys(diff)},
+                        torn_checkpoints(run_dir))
+    return point, diff
+
+
+def resolve_explicit(spec: str, current: dict[str, Any]) -> ResumePoint:
+    run_dir = Path(spec).expanduser()
+    if not run_dir.is_dir():
+        raise ResumeError(
+            f"resume={spec}: no such run directory; give the folder a stopped run printed (it holds "
+            "checkpoints/), or use resume=auto."
+        )
+    point, diff = _point(run_dir, current)
+    if point is None:
+        torn = torn_checkpoints(run_dir)
+        extra = f" ({len(torn)} torn checkpoint(s) without their COMPLETE marker were skipped)" if torn else ""
+        raise ResumeError(
+            f"resume={spec}: the run has no complete checkpoint to continue from{extra}; drop resume= to start "
+            "a new run."
+        )
+    if math_keys(diff):
+        raise ResumeError(refusal(run_dir, diff))
+    return point
+
+
+def candidates(run_dir: Path, search_root: Path | None) -> list[Path]:
+    """This run's directory, then every run directory with checkpoints under the output root."""
+    found = [run_dir]
+    if search_root is not None and search_root.is_dir():
+        for depth in range(1, SEARCH_DEPTH + 1):
+            pattern = "/".join(["*"] * depth) + "/checkpoints"
+            found += [p.parent for p in search_root.glob(pattern) if p.is_dir()]
+    seen: set[Path] = set()
+    unique = []
+    for p in found:
+        key = p.resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append(p)
+    return unique
+
+
+def resolve_auto(run_dir: Path, search_root: Path | None, current: dict[str, Any]) -> tuple[ResumePoint | None, str]:
+    """The newest run with a compatible checkpoint, or None and a note saying why a new run starts."""
+    fits: list[ResumePoint] = []
+    misfits: list[tuple[ResumePoint, dict]] = []
+    for d in candidates(run_dir, search_root):
+        point, diff = _point(d, current)
+        if point is None:
+            continue
+        (misfits.append((point, diff)) if math_keys(diff) else fits.append(point))
+    if fits:
+        return max(fits, key=lambda p: (p.checkpoint.stat().st_mtime, p.step)), ""
+    if misfits:
+        point, diff = max(misfits, key=lambda m: m[0].checkpoint.stat().st_mtime)
+        what = ", ".join(_describe(k, *diff[k]) for k in math_keys(diff)[:4])
+        return None, (
+            f"resume=auto: no earlier run has these settings (the newest, {point.run_dir}, differs in {what}); "
+            "starting a new run."
+        )
+    where = f" under {search_root}" if search_root is not None else ""
+    return None, f"resume=auto: no earlier run with a checkpoint{where}; starting a new run."
+
+
+def search_root_from_hydra() -> Path | None:
+    """The fixed prefix of hydra.run.dir (or hydra.sweep.dir in a multirun): where runs of this project live."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+        from omegaconf import OmegaConf
+
+        hc = HydraConfig.get()
+        node = hc.sweep if hc.mode == RunMode.MULTIRUN else hc.run
+        pattern = str(OmegaConf.to_container(node, resolve=False)["dir"])
+    except (ImportError, ValueError, KeyError):
+        return None
+    fixed = pattern.split("${", 1)[0].rstrip("/")
+    if "${" not in pattern:  # a fixed directory: the runs beside it
+        fixed = str(Path(pattern).parent)
+    return Path(fixed or ".").expanduser()

@@ -1,0 +1,42 @@
+"""``status.json`` in the run directory: what the run is doing or why it stopped, the last finished step,
+the newest checkpoint and how to resume. Rewritten atomically on every change."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+STATUS_FILE = "status.json"
+# running: steps are going; finished: all steps done; stopped: a clean stop (signal or fault), resumable;
+# failed: an error ended it; rejected: the plan refused the config
+STATES = ("starting", "running", "finished", "stopped", "failed", "rejected")
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def read_status(run_dir: str | Path) -> dict[str, Any] | None:
+    path = Path(run_dir) / STATUS_FILE
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class RunStatus:
+    def __init__(self, run_dir: str | Path, **fields: Any):
+        self.path = Path(run_dir) / STATUS_FILE
+        self.data: dict[str, Any] = {"state": "starting", "started": time.time(), "pid": os.getpid(), **fields}
+
+    def update(self, **fields: Any) -> None:
+        if "state" in fields and fields["state"] not in STATES:
+            raise ValueError(f"unknown run state {fields['state']!r}")
+        self.data.update(fields, updated=time.time())
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.path, self.data)

@@ -1,0 +1,129 @@
+"""`rlgen train` as a user runs it, stopped from outside: Ctrl-C and SIGTERM give one line, exit 130/143,
+a checkpoint and no Ray process left behind, and `resume=auto` finishes the run; `kill -9` of the engine
+worker mid-run ends in a finished run with one engine restart."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlgen.metrics import read_jsonl
+
+TRAIN = [sys.executable, "-m", "rlgen.cli", "train", "progress=false", "algo.prompts_per_step=8"]
+
+
+def _start(cwd: Path, *args: str) -> subprocess.Popen:
+    # A session of its own, so a signal can go to the whole process group as a terminal's Ctrl-C does.
+    return subprocess.Popen([*TRAIN, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def _run_dir(cwd: Path) -> Path:
+    found = sorted(cwd.glob("outputs/*/*/status.json"))
+    assert len(found) == 1, found
+    return found[0].parent
+
+
+def _wait_for_steps(cwd: Path, proc: subprocess.Popen, n: int, timeout_s: float = 180) -> Path:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        for path in cwd.glob("outputs/*/*/metrics.jsonl"):
+            if len(path.read_text().splitlines()) >= n:
+                return path.parent
+        time.sleep(0.1)
+    proc.kill()
+    pytest.fail(f"the run did not reach {n} steps within {timeout_s} s")
+
+
+def _finish(proc: subprocess.Popen, timeout_s: float = 240) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=timeout_s)
+    return proc.returncode, out
+
+
+def _ray_processes(session_dir: str | None) -> list[str]:
+    """Processes whose command line names the run's Ray session."""
+    if not session_dir:
+        return []
+    name, found = Path(session_dir).name, []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if name in cmd:
+            found.append(cmd[:120])
+    return found
+
+
+def _no_ray_left(status: dict) -> None:
+    deadline = time.time() + 15
+    while _ray_processes(status.get("ray_session")) and time.time() < deadline:
+        time.sleep(0.5)
+    assert _ray_processes(status.get("ray_session")) == []
+
+
+# Ctrl-C reaches the terminal's whole process group; SIGTERM comes to the driver alone, as from `kill <pid>`
+# or a container stop (a SIGTERM to the whole group would kill Ray's own processes with the learner's state).
+@pytest.mark.parametrize("sig, code, name, group", [(signal.SIGINT, 130, "Ctrl-C", True),
+                                                    (signal.SIGTERM, 143, "SIGTERM", False)])
+def test_a_signal_stops_with_one_line_and_resume_auto_finishes(tmp_path, sig, code, name, group):
+    proc = _start(tmp_path, "steps=30")
+    run = _wait_for_steps(tmp_path, proc, 5)
+    (os.killpg if group else os.kill)(proc.pid, sig)
+    rc, out = _finish(proc)
+    assert rc == code, out[-2000:]
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out
+    stop_lines = [ln for ln in out.splitlines() if "stopped at step" in ln]
+    assert len(stop_lines) == 1 and out.rstrip().endswith(stop_lines[0])
+    assert f"({name})" in stop_lines[0] and "resume with: rlgen train" in stop_lines[0]
+    status = json.loads((run / "status.json").read_text())
+    assert status["state"] == "stopped" and status["exit_code"] == code
+    assert Path(status["checkpoint"]).name == f"step_{status['step']:06d}"
+    _no_ray_left(status)
+
+    resumed = subprocess.run([*TRAIN, "steps=30", "resume=auto"], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert _run_dir(tmp_path) == run  # it continued in the same directory and left no other behind
+    records = read_jsonl(run / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(30))
+    assert json.loads((run / "status.json").read_text())["state"] == "finished"
+
+
+def test_a_second_ctrl_c_exits_at_once(tmp_path):
+    proc = _start(tmp_path, "steps=200")
+    run = _wait_for_steps(tmp_path, proc, 3)
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    t0 = time.time()
+    rc, out = _finish(proc, timeout_s=30)
+    assert rc == 130 and time.time() - t0 < 10
+    assert "Traceback" not in out
+    status = json.loads((run / "status.json").read_text())
+    assert status["state"] == "stopped" and "second Ctrl-C" in status["reason"]
+    _no_ray_left(status)
+
+
+def test_kill_9_of_the_engine_worker_at_step_5_ends_in_a_finished_run(tmp_path):
+    proc = _start(tmp_path, "steps=40")
+    run = _wait_for_steps(tmp_path, proc, 5)
+    engine_pid = json.loads((run / "status.json").read_text())["actors"]["engine0"]
+    os.kill(engine_pid, signal.SIGKILL)
+    rc, out = _finish(proc)
+    assert rc == 0, out[-3000:]
+    records = read_jsonl(run / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(40))
+    assert records[-1]["engine_restarts"] == 1
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["engine_restarts"] == 1
+    status = json.loads((run / "status.json").read_text())
+    assert status["state"] == "finished" and status["actors"]["engine0"] != engine_pid
