@@ -14,15 +14,23 @@ class ConfigError(ValueError):
     """An override or YAML value that does not fit the schema."""
 
 
-def compose_run_config(overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+def compose_run_config(overrides: list[str] | tuple[str, ...] = (), hydra_overrides: list[str] | tuple[str, ...] = ()
+                       ) -> RunConfig:
+    """The RunConfig for overrides; hydra_overrides (hydra.run.dir=... and the like) are checked too, then
+    left to Hydra. Every error becomes ConfigError with one sentence."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
+    from omegaconf import open_dict
     from omegaconf.errors import OmegaConfBaseException
 
     register_configs()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=list(overrides))
+            cfg = compose(config_name="config", overrides=[*overrides, *hydra_overrides],
+                          return_hydra_config=bool(hydra_overrides))
+        if hydra_overrides:
+            with open_dict(cfg):
+                del cfg["hydra"]
         return to_run_config(cfg)
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError(explain_config_error(err)) from err
@@ -30,9 +38,12 @@ def compose_run_config(overrides: list[str] | tuple[str, ...] = ()) -> RunConfig
         if "Config group override must be" not in str(err):
             raise
         groups = ("engine", "algo", "hardware", "model", "task")
-        bad = next((o for o in overrides if o.lstrip("+~").split("=", 1)[0] in groups), "a group override")
+        bad = next((o for o in overrides if o.lstrip("+~").split("=", 1)[0] in groups), None)
+        if bad is None:
+            raise ConfigError(f"a config group takes the name of a file in conf/<group>/ ({err}).") from err
+        group = bad.lstrip("+~").split("=", 1)[0]
         raise ConfigError(
-            f"{bad}: a config group takes the name of a file in conf/<group>/ (e.g. hardware=8xh100)."
+            f"{bad.lstrip('+~')} is not in conf/{group}/; choose one of: {', '.join(group_options(group))}."
         ) from err
 
 
@@ -50,6 +61,18 @@ def _known_keys(dotted: str) -> list[str] | None:
     return sorted(f.name for f in dataclasses.fields(node)) if node and dataclasses.is_dataclass(node) else None
 
 
+def _not_a_setting(key: str) -> str:
+    known = _known_keys(key)
+    where = key.rsplit(".", 1)[0] if "." in key else "the top level"
+    hint = f"; known keys there: {', '.join(known)}" if known else "; `rlgen train --cfg job` prints every key"
+    return f"{key} is not a setting of {where} (misspelled?){hint}."
+
+
+def group_options(group: str) -> list[str]:
+    """The presets of a config group: the YAML files in conf/<group>/."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
 def explain_config_error(err: BaseException) -> str:
     """One readable sentence from a Hydra/OmegaConf error, with what to do instead."""
     msg = str(err).strip()
@@ -57,11 +80,7 @@ def explain_config_error(err: BaseException) -> str:
     if m and ".env." in m.group(1):
         return f"{m.group(1)}: engine.env is a free-form map; add a variable with +{m.group(1)}=<value>."
     if m:
-        key = m.group(1)
-        known = _known_keys(key)
-        where = key.rsplit(".", 1)[0] if "." in key else "the top level"
-        hint = f"; known keys there: {', '.join(known)}" if known else ""
-        return f"{key} is not a setting of {where} (misspelled?){hint}."
+        return _not_a_setting(m.group(1))
     m = re.search(r"Could not find '([^/']+)/([^']+)'", msg)
     if m:
         group, name = m.groups()
@@ -72,9 +91,11 @@ def explain_config_error(err: BaseException) -> str:
         ]
         options = options[: options.index("Config search path:")] if "Config search path:" in options else options
         return f"{group}={name} is not in conf/{group}/; choose one of: {', '.join(options)}."
-    m = re.search(r"Key '([^']+)' not in '([^']+)'", msg)
+    m = re.search(r"Key '([^']+)' not in '([^']+)'(?:.*?full_key: (\S+))?", msg, re.S)
     if m:
-        return f"{m.group(1)} is not a setting of {m.group(2)} (misspelled?); `rlgen train --cfg job` prints every key."
+        key = m.group(3) or m.group(1)
+        in_file = re.search(r"In '([^']+)':", msg)  # a key in a YAML file of the tree, not an override
+        return (f"conf/{in_file.group(1)}.yaml: " if in_file else "") + _not_a_setting(key)
     m = re.search(r"In '([^']+)': \w+ raised while composing config:\n(.+?)\n\s*full_key: (\S+)", msg)
     if m:
         return f"conf/{m.group(1)}.yaml: {m.group(3)}: {m.group(2)}."

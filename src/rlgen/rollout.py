@@ -77,9 +77,29 @@ def check_complete(completions: list[Completion], sp: StepPrompts, n: int) -> No
         )
 
 
-def score(completions: list[Completion], sp: StepPrompts, task: Task, tokenizer) -> list[float]:
+class RewardError(RuntimeError):
+    """The task's reward function raised, or returned something that is not a number."""
+
+
+def score(completions: list[Completion], sp: StepPrompts, task: Task, tokenizer, reward_name: str = "?") -> list[float]:
+    """The reward of each completion. A reward function that raises or returns a non-number stops here with
+    one sentence naming it, the step and the row (the traceback rides along as the cause)."""
+    from rlgen.tasks.base import RewardValueError
+
     texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
-    return [float(task.reward(t, sp.prompts[c.group_id])) for c, t in zip(completions, texts)]
+    rewards = []
+    for c, text in zip(completions, texts):
+        prompt = sp.prompts[c.group_id]
+        try:
+            rewards.append(float(task.reward(text, prompt)))
+        except Exception as err:  # noqa: BLE001 - a user's function: whatever it raises is reported
+            what = str(err) if isinstance(err, RewardValueError) else f"raised {type(err).__name__}: {err}"
+            where = prompt.source or f"prompt {c.group_id}"
+            raise RewardError(
+                f"task.reward={reward_name} {what} at step {sp.step}, on {where} ({prompt.text[:40]!r}) with the "
+                f"completion {text[:40]!r}; it must return a number for any string."
+            ) from err
+    return rewards
 
 
 def build_batch(

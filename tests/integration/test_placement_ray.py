@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rlgen.compose import compose_run_config
-from rlgen.placement import plan_bundles
 from rlgen.plan import build_plan
+from rlgen.plan.placement import plan_bundles
 
 ray = pytest.importorskip("ray")
 
@@ -77,3 +77,19 @@ def test_one_strict_pack_group_per_node(ray_cluster):
     finally:
         for pg in pgs:
             remove_placement_group(pg)
+
+
+def test_the_two_node_cluster_holds_the_plan_and_a_bigger_plan_fails_at_once(ray_cluster):
+    from rlgen.runtime.actors import check_cluster
+    from rlgen.runtime.errors import RunError
+
+    check_cluster(plan_bundles(build_plan(compose_run_config(OVERRIDES))))  # fits exactly: no error
+    bigger = plan_bundles(build_plan(compose_run_config(["engine=vllm", "hardware=8xh100",
+                                                         "hardware.gpus_per_node=16", "hardware.engine_gpus=8",
+                                                         "hardware.learner_gpus=8"])))
+    with pytest.raises(RunError, match=r"has no node with 16 GPUs.*set hardware.gpus_per_node=8"):
+        check_cluster(bigger)
+    three_nodes = plan_bundles(build_plan(compose_run_config(["engine=vllm", "hardware=2x8xh100", "hardware.nodes=3",
+                                                              "hardware.engine_gpus=8", "hardware.learner_gpus=16"])))
+    with pytest.raises(RunError, match=r"cannot hold the plan: it needs .*24 GPU \(it has 16\)"):
+        check_cluster(three_nodes)

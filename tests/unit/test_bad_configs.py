@@ -118,12 +118,6 @@ PLAN_ERRORS = [
     ("zero-steps", ["steps=0"], ["steps=0 must be at least 1"], 1),
     ("jsonl-without-path", ["task=jsonl"], ["task=jsonl needs a file: set task.path="], 1),
     (
-        "jsonl-missing-file",
-        ["task=jsonl", "task.path={tmp}/missing.jsonl"],
-        ["missing.jsonl does not exist"],
-        1,
-    ),
-    (
         "unknown-reward",
         ["task.reward=exact_matc"],
         ["task.reward='exact_matc' is not a known reward", "exact_match"],

@@ -176,9 +176,9 @@ def test_plan_lists_every_problem(cli):
     rc, out, err = cli("plan", "algo.top_p=0", "algo.async_steps=-1")
     assert rc == 2
     lines = err.strip().splitlines()
-    assert len(lines) == 2, err
-    assert lines[0].startswith("error: - algo.top_p=0.0")
-    assert lines[1].startswith("- algo.async_steps=-1")
+    assert lines == ["error: 2 problems:", lines[1], lines[2]], err
+    assert lines[1].startswith("- algo.top_p=0.0")
+    assert lines[2].startswith("- algo.async_steps=-1")
 
 
 def test_plan_rejects_multirun(cli):

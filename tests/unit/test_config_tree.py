@@ -189,7 +189,7 @@ def scratch_tree(tmp_path, monkeypatch):
 def test_unknown_key_in_a_yaml_fails(scratch_tree):
     (scratch_tree / "engine" / "typo.yaml").write_text("defaults: [base_engine, _self_]\nmax_modl_len: 5\n")
     assert compose_run_config(["engine=vllm"]).engine.kind.value == "vllm"  # the copy itself is sound
-    with pytest.raises(ConfigError, match="max_modl_len is not a setting of EngineConfig"):
+    with pytest.raises(ConfigError, match=r"conf/engine/typo.yaml: engine.max_modl_len is not a setting of engine"):
         compose_run_config(["engine=typo"])
 
 

@@ -23,7 +23,7 @@ PROBE = textwrap.dedent(
 
     from rlgen.compose import compose_run_config
     from rlgen.plan import build_plan
-    from rlgen.placement import plan_bundles
+    from rlgen.plan.placement import plan_bundles
     plan = build_plan(compose_run_config(["engine=vllm_tp2", "hardware=2x8xh100"]))
     plan_bundles(plan)
     build_plan(compose_run_config([]))

@@ -8,8 +8,8 @@ import functools
 import pytest
 
 from rlgen.compose import compose_run_config
-from rlgen.placement import ActorPlacement, Placement, plan_bundles
 from rlgen.plan import LearnerSlot, Plan, build_plan
+from rlgen.plan.placement import ActorPlacement, Placement, plan_bundles
 
 
 @functools.cache

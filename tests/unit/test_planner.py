@@ -11,11 +11,10 @@ import sys
 import pytest
 from rich.console import Console
 
-from rlgen import planner
 from rlgen.balancer import Kind
 from rlgen.compose import compose_run_config
-from rlgen.plan import PlanError, build_plan
-from rlgen.planner import predict, print_prediction
+from rlgen.plan import PlanError, build_plan, planner
+from rlgen.plan.planner import predict, print_prediction
 
 # Qwen2.5-1.5B on 8xH100 (4 engine GPUs, 4 learner GPUs), 64 prompts x 8 samples, 128 + 512 tokens.
 GPU_RUN = (
@@ -149,7 +148,7 @@ def test_learner_mfu_interpolates_between_measured_shapes():
 
 def test_planner_and_balancer_stay_light():
     code = (
-        "import sys, rlgen.planner, rlgen.balancer; "
+        "import sys, rlgen.plan.planner, rlgen.balancer; "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'ray', 'vllm', 'matplotlib'}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

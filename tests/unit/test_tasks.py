@@ -186,8 +186,26 @@ def test_jsonl_bad_rows_name_file_and_line(tmp_path, text, line, fragment):
 def test_jsonl_missing_path_and_file(tmp_path):
     with pytest.raises(TaskDataError, match="task.path"):
         build_task(TaskConfig(kind=TaskKind.jsonl))
-    with pytest.raises(TaskDataError, match="no such file"):
+    with pytest.raises(TaskDataError, match="does not exist"):
         jsonl(tmp_path / "absent.jsonl")
+    with pytest.raises(TaskDataError, match="is a folder"):
+        jsonl(tmp_path)
+
+
+def test_jsonl_allows_a_byte_order_mark_and_names_each_rows_source(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + (GOOD * 2).encode())
+    rows = jsonl(path).rows
+    assert [r.text for r in rows] == ["1+1=", "1+1="]
+    assert [r.source for r in rows] == ["bom.jsonl:1", "bom.jsonl:2"]
+
+
+def test_every_bad_row_is_reported_not_only_the_first(tmp_path):
+    from rlgen.tasks.jsonl import read_rows
+
+    rows, problems = read_rows(write(tmp_path, GOOD + "{bad\n" + GOOD + '{"prompt": "x"}\n'))
+    assert len(rows) == 2
+    assert [p.split(":")[1] for p in problems] == ["2", "4"]
 
 
 # --- registry and rewards ----------------------------------------------------------------------------------

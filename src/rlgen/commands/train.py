@@ -88,7 +88,7 @@ def run_training(
             summary["model_path"] = str(orch.final_model())
             summary["initial_model_path"] = orch.initial_model_path
             summary["checkpoint_path"] = str(orch.last_checkpoint)
-            summary["checkpoint_s"] = max(getattr(orch, "checkpoint_seconds", [0.0]))
+            summary["checkpoint_seconds"] = list(getattr(orch, "checkpoint_seconds", []))
         finally:
             sink.progress.stop()
         ctx = context_from_plan(plan)
@@ -202,6 +202,19 @@ def _move_into(point: Any, hydra_dir: Path) -> None:
         shutil.rmtree(hydra_dir, ignore_errors=True)
 
 
+def _preflight(cfg: RunConfig, out: Path) -> None:
+    """The validation pass, unless the command line already ran it on this config (a sweep point it refused
+    is rejected here, and its job records why)."""
+    from rlgen.commands.checks import CHECKED, config_key
+    from rlgen.plan.preflight import preflight
+
+    if config_key(cfg) in CHECKED:
+        return
+    problems = preflight(cfg, run_dir=out).blocking()
+    if problems:
+        raise PlanError(problems)
+
+
 def train_app(dict_cfg) -> float:
     """Hydra entry point. Returns the last-20% mean reward, so sweeps have an objective."""
     from rlgen.runtime import RunError, RunStopped
@@ -216,6 +229,7 @@ def train_app(dict_cfg) -> float:
     steps = dict_cfg.get("steps")
     try:
         cfg = to_run_config(dict_cfg)
+        _preflight(cfg, out)
         point = _resolve_resume(cfg, out, console) if cfg.resume else None
         if point is not None:
             _move_into(point, out)
@@ -235,6 +249,10 @@ def train_app(dict_cfg) -> float:
         return _job_failed("stopped", f"stopped at step {err.step} of {steps} ({err}){where}{how}", "", err.exit_code, out)
     except RunError as err:
         return _job_failed("failed", f"{err} (details: {out / LOG_FILE})", "[bold red]run stopped:[/] ", 1, out)
+    except Exception as err:  # noqa: BLE001 - one line here, the traceback in run.log (run_training wrote it)
+        log.info("the run failed", exc_info=err)
+        return _job_failed("failed", f"unexpected {type(err).__name__}: {err} (details: {out / LOG_FILE})",
+                           "[bold red]run stopped:[/] ", 1, out)
     finally:
         stop.uninstall()
     console.print(json.dumps({k: summary[k] for k in ("reward_first_20pct", "reward_last_20pct")}), highlight=False)

@@ -31,6 +31,31 @@ def start_ray(plan: Plan, placement: Any) -> bool:
     return True
 
 
+def check_cluster(placement: Any) -> None:
+    """The cluster holds the plan's bundles: enough CPUs and GPUs in all, and a node for each node's bundles.
+    Raises RunError at once instead of waiting out startup_timeout_s for resources that will never come."""
+    import ray
+
+    need: dict[str, float] = {}
+    for group in placement.groups:
+        for bundle in group:
+            for k, v in bundle.items():
+                need[k] = need.get(k, 0.0) + v
+    have = ray.cluster_resources()
+    short = {k: (v, have.get(k, 0.0)) for k, v in need.items() if have.get(k, 0.0) < v}
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    biggest = [sum(b.get("GPU", 0.0) for b in g) for g in placement.groups]
+    per_node = max((n.get("Resources", {}).get("GPU", 0.0) for n in nodes), default=0.0)
+    where = f"at {os.environ['RAY_ADDRESS']}" if os.environ.get("RAY_ADDRESS") else "started here"
+    if short:
+        what = ", ".join(f"{v:g} {k} (it has {h:g})" for k, (v, h) in short.items())
+        raise RunError(f"the Ray cluster {where} cannot hold the plan: it needs {what}; start it on nodes that "
+                       "have them, or choose hardware=<preset> that fits the cluster.")
+    if biggest and max(biggest) > per_node:
+        raise RunError(f"the Ray cluster {where} has no node with {max(biggest):g} GPUs, which one node of the plan "
+                       f"needs (its largest node has {per_node:g}); set hardware.gpus_per_node={per_node:g}.")
+
+
 def ray_session_dir() -> str | None:
     try:
         import ray

@@ -28,6 +28,7 @@ from rlgen.plan import Plan
 from rlgen.runtime.actors import (
     QUIET_ENV,
     ActorFactory,
+    check_cluster,
     engine_class,
     learner_class,
     ray_session_dir,
@@ -45,6 +46,28 @@ from rlgen.types import Phase, StepTimeline
 
 log = logging.getLogger(__name__)
 POLL_S = 0.25  # waits wake this often to notice a stop request
+
+
+def _short(err: BaseException | None, limit: int = 300) -> str:
+    """An exception in one line: its type and the first line of its message."""
+    if err is None:
+        return "an error"
+    first = (str(err).strip().splitlines() or [""])[0]
+    return f"{type(err).__name__}: {first}"[:limit] if first else type(err).__name__
+
+
+def _culprit(refs: list[Any], names: list[str] | None) -> str | None:
+    """The name of the first actor whose call failed (refs and names in the same order)."""
+    import ray
+
+    if not names:
+        return None
+    for ref, name in zip(refs, names):
+        try:
+            ray.get(ref, timeout=0)
+        except Exception:  # noqa: BLE001 - this is the failed one
+            return name
+    return None
 
 
 class LearnerLost(RunError):
@@ -94,7 +117,7 @@ class Orchestrator:
     # -- setup ------------------------------------------------------------------------------------------
     def setup(self) -> None:
         from rlgen.models import load_tokenizer, prepare_model
-        from rlgen.placement import plan_bundles
+        from rlgen.plan.placement import plan_bundles
         from rlgen.tasks import build_task
 
         cfg, plan = self.cfg, self.plan
@@ -112,6 +135,7 @@ class Orchestrator:
 
         self.placement = plan_bundles(plan)
         self._started_ray = start_ray(plan, self.placement)
+        check_cluster(self.placement)
         self.stop.rearm()  # ray.init takes SIGTERM for itself; take it back
         self.pgs = reserve(self.placement, cfg.startup_timeout_s, lambda refs, what, t: self._get(refs, what, t))
 
@@ -186,9 +210,10 @@ class Orchestrator:
         self.next_gen = self.pending[-1].step + 1 if self.pending else self.next_step
 
     # -- waits ------------------------------------------------------------------------------------------
-    def _get(self, refs: Any, what: str, timeout_s: float | None = None, *, interruptible: bool = True) -> Any:
+    def _get(self, refs: Any, what: str, timeout_s: float | None = None, *, interruptible: bool = True,
+             names: list[str] | None = None) -> Any:
         """ray.get with a timeout, woken every POLL_S to notice a stop request (interruptible waits then raise
-        StopRequested). Errors become RunError with what failed and how to go on."""
+        StopRequested). Errors become RunError with what failed (names: the actor behind each ref)."""
         import ray
         from ray.exceptions import RayActorError, RayTaskError
 
@@ -216,15 +241,16 @@ class Orchestrator:
             ) from err
         except RayTaskError as err:
             log.info("%s raised in an actor", what, exc_info=err)
-            raise RunError(f"{what} raised in an actor: {err.cause!r}") from err
+            who = _culprit(list(refs) if many else [refs], names) or "an actor"
+            raise RunError(f"{what}: {who} raised {_short(err.cause)}") from err
         return values
 
-    def _learner_get(self, refs: Any, what: str) -> Any:
+    def _learner_get(self, refs: Any, what: str, names: list[str] | None = None) -> Any:
         """A learner call: never interrupted (the learner's state must stay whole); a dead learner ends the run."""
         from ray.exceptions import RayActorError
 
         try:
-            return self._get(refs, what, interruptible=False)
+            return self._get(refs, what, interruptible=False, names=names)
         except RunError as err:
             if isinstance(err.__cause__, RayActorError):
                 raise LearnerLost(f"{what}: {actor_death_detail(err.__cause__, limit=300)}") from err
@@ -276,7 +302,7 @@ class Orchestrator:
                     deadline = time.time() + self.cfg.timeout_s
                 except RayTaskError as err:
                     log.info("%s raised in %s", what, self.engine_names[i], exc_info=err)
-                    raise RunError(f"{what}: {self.engine_names[i]} raised {err.cause!r}") from err
+                    raise RunError(f"{what}: {self.engine_names[i]} raised {_short(err.cause)}") from err
         for i, (inc, ref) in list(flight.updates.items()):  # weights queued before this generate (object store)
             try:
                 res = ray.get(ref, timeout=self.cfg.timeout_s)
@@ -325,7 +351,7 @@ class Orchestrator:
 
     def _step(self, step: int, sink, tracker) -> str | None:
         """One step; returns the breaker's halt message when it halts the run."""
-        from rlgen.rollout import RolloutCountError, build_batch, check_complete, score
+        from rlgen.rollout import RewardError, RolloutCountError, build_batch, check_complete, score
 
         cfg = self.cfg
         t_step = time.time()
@@ -346,7 +372,10 @@ class Orchestrator:
             check_complete(completions, flight.prompts, cfg.algo.samples_per_prompt)
         except RolloutCountError as err:
             raise RunError(str(err)) from err
-        rewards = score(completions, flight.prompts, self.task, self.tokenizer)
+        try:
+            rewards = score(completions, flight.prompts, self.task, self.tokenizer, cfg.task.reward)
+        except RewardError as err:
+            raise RunError(str(err)) from err
         batch = build_batch(completions, rewards, self.pad_id, cfg.algo.std_normalize)
         tl.add("driver", Phase.reward, t0, time.time())
 
@@ -414,7 +443,8 @@ class Orchestrator:
             import torch
 
             shards = [batch.select(torch.arange(r.start, r.stop)) for r in shard_rows(batch.num_sequences, len(self.learners))]
-        per_rank = self._learner_get([a.train_step.remote(b) for a, b in zip(self.learners, shards)], f"training step {step}")
+        per_rank = self._learner_get([a.train_step.remote(b) for a, b in zip(self.learners, shards)],
+                                     f"training step {step}", [f"learner{r}" for r in range(len(self.learners))])
         for rank, m in enumerate(per_rank):
             for phase, a, b in m.get("spans", []):
                 tl.add(f"learner{rank}", Phase(phase), a, b)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+import numbers
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 
@@ -12,6 +13,7 @@ from typing import Protocol, runtime_checkable
 class Prompt:
     text: str
     answer: str
+    source: str = field(default="", compare=False)  # where it came from, for messages: "rows.jsonl:7"
 
 
 class TaskDataError(ValueError):
@@ -40,8 +42,17 @@ def step_rng(seed: int, stream: str, step: int) -> random.Random:
     return random.Random(f"{seed}/{stream}/{step}")
 
 
-def clamp_reward(value: float) -> float:
-    """Coerce a reward function's result into [0, 1]; NaN counts as 0."""
+class RewardValueError(TypeError):
+    """A reward function returned something that is not a number."""
+
+
+def clamp_reward(value: object) -> float:
+    """A reward function's result clamped into [0, 1]; NaN counts as 0. Anything but a real number (bool,
+    int, float, a NumPy scalar, a 0-d tensor) raises RewardValueError."""
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        value = value.item()
+    if not isinstance(value, numbers.Real):
+        raise RewardValueError(f"returned {value!r:.60} (a {type(value).__name__}), not a number")
     value = float(value)
     if math.isnan(value):
         return 0.0

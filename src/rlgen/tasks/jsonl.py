@@ -36,27 +36,44 @@ def _parse_line(line: str, where: str) -> Prompt:
             raise TaskDataError(f'{where}: "{key}" is missing; {ROW_SHAPE}')
         if not isinstance(row[key], str):
             raise TaskDataError(f'{where}: "{key}" must be a string, not {_json_type(row[key])}; {ROW_SHAPE}')
-    return Prompt(row["prompt"], row["answer"])
+    return Prompt(row["prompt"], row["answer"], where)
+
+
+def read_rows(path: str | Path) -> tuple[list[Prompt], list[str]]:
+    """Every row that parses, and one sentence per bad row (file:line and the fix). A UTF-8 byte-order mark
+    is allowed. A file that cannot be read at all raises TaskDataError."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise TaskDataError(f"task.path={path} is a folder; point it at a JSON Lines file ({ROW_SHAPE}).")
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except FileNotFoundError as err:
+        raise TaskDataError(
+            f"task.path={path} does not exist; point it at a JSON Lines file ({ROW_SHAPE})."
+        ) from err
+    except PermissionError as err:
+        raise TaskDataError(f"task.path={path} cannot be read (permission denied); fix its permissions.") from err
+    except UnicodeDecodeError as err:
+        raise TaskDataError(f"{path}: not UTF-8 text ({err.reason}); save the file as UTF-8.") from err
+    rows: list[Prompt] = []
+    problems: list[str] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(_parse_line(line, f"{path.name}:{number}"))
+        except TaskDataError as err:
+            problems.append(str(err))
+    if not rows and not problems:
+        problems.append(f"{path.name}:1: the file has no rows; {ROW_SHAPE}")
+    return rows, problems
 
 
 def load_rows(path: str | Path) -> list[Prompt]:
     """Read and check every row; the first bad one raises TaskDataError naming file:line."""
-    path = Path(path).expanduser()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError as err:
-        raise TaskDataError(
-            f"{path}: no such file; set task.path to a JSON Lines file ({ROW_SHAPE})."
-        ) from err
-    except UnicodeDecodeError as err:
-        raise TaskDataError(f"{path}: not UTF-8 text ({err.reason}); save the file as UTF-8.") from err
-    rows = [
-        _parse_line(line, f"{path}:{number}")
-        for number, line in enumerate(text.splitlines(), start=1)
-        if line.strip()
-    ]
-    if not rows:
-        raise TaskDataError(f"{path}:1: the file has no rows; {ROW_SHAPE}")
+    rows, problems = read_rows(path)
+    if problems:
+        raise TaskDataError(problems[0] + (f" ({len(problems) - 1} more bad rows)" if len(problems) > 1 else ""))
     return rows
 
 

@@ -58,7 +58,7 @@ def print_plan(plan: Plan, cfg: RunConfig, console: Console | None = None) -> No
 
 
 def print_plan_and_prediction(plan: Plan, cfg: RunConfig, console: Console | None = None) -> None:
-    from rlgen.planner import predict, print_prediction
+    from rlgen.plan.planner import predict, print_prediction
 
     console = console or Console(soft_wrap=True)
     print_plan(plan, cfg, console)

@@ -1,0 +1,87 @@
+"""Before a Hydra app starts: the command line is read, every job's config composed and, for `train`, the
+validation pass run. Problems print one sentence each and the command exits 2, before Ray or a model build."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+
+from rlgen.commands.args import Args, jobs, split_argv
+from rlgen.compose import ConfigError, compose_run_config
+from rlgen.config import RunConfig
+
+# Configs this process has already validated: the Hydra job skips the pass for them (a sweep point that failed
+# it is not here, so its job records why it was rejected).
+CHECKED: set[str] = set()
+
+
+def config_key(cfg: RunConfig) -> str:
+    from rlgen.runtime.resume import plain_config
+
+    return json.dumps(plain_config(cfg), sort_keys=True, default=str)
+
+
+def print_problems(problems: list[str], console: Console | None = None) -> int:
+    console = console or Console(stderr=True, soft_wrap=True)
+    if len(problems) == 1:
+        console.print(f"[bold red]error:[/] {escape(problems[0])}", highlight=False)
+    else:
+        console.print(f"[bold red]error:[/] {len(problems)} problems:", highlight=False)
+        for p in problems:
+            console.print(f"- {escape(p)}", highlight=False)
+    return 2
+
+
+def run_dir_hint(args: Args) -> Path:
+    """Where Hydra will put the run: hydra.run.dir (hydra.sweep.dir with -m) up to its first interpolation."""
+    key = "hydra.sweep.dir=" if args.multirun else "hydra.run.dir="
+    given = next((o.split("=", 1)[1] for o in args.overrides if o.lstrip("+").startswith(key)), None)
+    fixed = (given or ("multirun" if args.multirun else "outputs")).split("${", 1)[0]
+    return Path(fixed or ".").expanduser()
+
+
+def compose_jobs(command: str, argv: list[str]) -> tuple[Args, list[RunConfig]]:
+    """The command line read and every job composed; raises ConfigError."""
+    args = split_argv(command, argv)
+    if args.own_config:
+        return args, []
+    hydra_overrides = [o for o in args.overrides if o not in args.settings]
+    return args, [compose_run_config(job, hydra_overrides=hydra_overrides) for job in jobs(args)]
+
+
+def check_command(command: str, argv: list[str]) -> int | None:
+    """An exit code when the command cannot start, None to hand it to Hydra."""
+    try:
+        args, cfgs = compose_jobs(command, argv)
+    except ConfigError as err:
+        return print_problems([str(err)])
+    if args.print_only or command != "train" or not cfgs:
+        return None
+    return check_train(args, cfgs)
+
+
+def check_train(args: Args, cfgs: list[RunConfig]) -> int | None:
+    from rlgen.plan.preflight import preflight
+    from rlgen.runtime.resume import ResumeError, identity, resolve_explicit
+
+    run_dir = run_dir_hint(args)
+    reports = [preflight(cfg, run_dir=run_dir) for cfg in cfgs]
+    blocking = [r.blocking() for r in reports]
+    for cfg, problems, report in zip(cfgs, blocking, reports):
+        if not problems and cfg.resume and cfg.resume != "auto":
+            try:
+                resolve_explicit(cfg.resume, identity(cfg, len(report.plan.learners)))
+            except ResumeError as err:
+                problems.append(str(err))
+    bad = [p for p in blocking if p]
+    if bad and (not args.multirun or len(bad) == len(cfgs)):
+        return print_problems(list(dict.fromkeys(p for problems in bad for p in problems)))
+    if bad:
+        Console(stderr=True, soft_wrap=True).print(
+            f"[yellow]note:[/] {len(bad)} of {len(cfgs)} sweep points cannot run and will be recorded as rejected "
+            f"(first: {escape(bad[0][0])})", highlight=False)
+    CHECKED.update(config_key(cfg) for cfg, problems in zip(cfgs, blocking) if not problems)
+    return None

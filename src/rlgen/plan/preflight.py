@@ -1,0 +1,51 @@
+"""The validation pass every command runs before anything starts (no Ray, no model build): the plan, the
+model folder, every prompt of the task and its reward, the directories, and the machine. `rlgen plan` and
+`rlgen train` share it, so a config either fails here, with one sentence per problem, or can run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlgen.config import RunConfig
+from rlgen.plan.build import Plan, PlanError, build_plan
+
+
+@dataclass
+class Report:
+    plan: Plan | None
+    problems: list[str] = field(default_factory=list)  # the config cannot run as given, anywhere
+    machine: list[str] = field(default_factory=list)  # this machine cannot run it (GPUs, packages)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return self.plan.warnings if self.plan is not None else ()
+
+    def blocking(self, machine: bool = True) -> list[str]:
+        return self.problems + (self.machine if machine else [])
+
+
+def _unique(items: list[str]) -> list[str]:
+    return list(dict.fromkeys(items))
+
+
+def preflight(cfg: RunConfig, *, run_dir: Path | None = None, machine: bool = True) -> Report:
+    """Every problem of cfg that can be known before start. run_dir: where the run will write (checked for
+    writability); machine: also check this machine's GPUs and packages against the plan."""
+    from rlgen.plan.environment import check_environment
+    from rlgen.plan.inputs import check_dirs, check_model, check_task
+
+    problems: list[str] = []
+    plan = None
+    try:
+        plan = build_plan(cfg)
+    except PlanError as err:
+        problems += err.problems
+    before = len(problems)
+    check_model(cfg, problems)
+    check_task(cfg, problems, model_ok=len(problems) == before)
+    check_dirs(cfg, run_dir, problems)
+    on_machine: list[str] = []
+    if plan is not None and machine:
+        check_environment(cfg, plan, on_machine)
+    return Report(plan, _unique(problems), _unique(on_machine))
