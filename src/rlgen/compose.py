@@ -77,8 +77,9 @@ def explain_config_error(err: BaseException) -> str:
     """One readable sentence from a Hydra/OmegaConf error, with what to do instead."""
     msg = str(err).strip()
     m = re.search(r"Could not override '([^']+)'", msg)
-    if m and ".env." in m.group(1):
-        return f"{m.group(1)}: engine.env is a free-form map; add a variable with +{m.group(1)}=<value>."
+    if m and re.search(r"\.(env|env_vars)\.", m.group(1)):
+        where = m.group(1).rsplit(".", 1)[0]
+        return f"{m.group(1)}: {where} is a free-form map; add a variable with +{m.group(1)}=<value>."
     if m:
         return _not_a_setting(m.group(1))
     m = re.search(r"Could not find '([^/']+)/([^']+)'", msg)

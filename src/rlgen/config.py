@@ -217,6 +217,22 @@ class ValidateConfig:
     seed: int = 0
 
 
+class ShareMode(StrEnum):
+    auto = "auto"  # probe each node: read the folder where it is visible, ship it where it is not
+    path = "path"  # every node reads the same path (a shared file system)
+    object_store = "object_store"  # ship folders to the other nodes through Ray's object store
+
+
+@dataclass
+class RayConfig:
+    """Where the run's actors live. address null: a fresh local cluster (or the one RAY_ADDRESS names);
+    "auto": the cluster this machine joined with `ray start`; "host:port" or "ray://host:10001"."""
+
+    address: str | None = None
+    env_vars: dict[str, str] = field(default_factory=dict)  # set in every actor on every node (NCCL_SOCKET_IFNAME ...)
+    share: ShareMode = ShareMode.auto  # how actors on other nodes read the model and checkpoint folders
+
+
 @dataclass
 class CheckpointConfig:
     """Checkpoints under <run dir>/checkpoints/step_<k>/: one every `every` steps (0: none on the way), one at
@@ -245,6 +261,7 @@ class RunConfig:
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
     validate: ValidateConfig = field(default_factory=ValidateConfig)
     steps: int = 40

@@ -80,16 +80,17 @@ def test_one_strict_pack_group_per_node(ray_cluster):
 
 
 def test_the_two_node_cluster_holds_the_plan_and_a_bigger_plan_fails_at_once(ray_cluster):
-    from rlgen.runtime.actors import check_cluster
+    from rlgen.runtime.cluster import assign_nodes, cluster_nodes
     from rlgen.runtime.errors import RunError
 
-    check_cluster(plan_bundles(build_plan(compose_run_config(OVERRIDES))))  # fits exactly: no error
+    nodes = cluster_nodes()
+    assert len(set(assign_nodes(plan_bundles(build_plan(compose_run_config(OVERRIDES))), nodes))) == 2
     bigger = plan_bundles(build_plan(compose_run_config(["engine=vllm", "hardware=8xh100",
                                                          "hardware.gpus_per_node=16", "hardware.engine_gpus=8",
                                                          "hardware.learner_gpus=8"])))
-    with pytest.raises(RunError, match=r"has no node with 16 GPUs.*set hardware.gpus_per_node=8"):
-        check_cluster(bigger)
+    with pytest.raises(RunError, match=r"needs 1 separate node\(s\) \(node 0: 16 GPUs and 16 CPUs\)"):
+        assign_nodes(bigger, nodes)
     three_nodes = plan_bundles(build_plan(compose_run_config(["engine=vllm", "hardware=2x8xh100", "hardware.nodes=3",
                                                               "hardware.engine_gpus=8", "hardware.learner_gpus=16"])))
-    with pytest.raises(RunError, match=r"cannot hold the plan: it needs .*24 GPU \(it has 16\)"):
-        check_cluster(three_nodes)
+    with pytest.raises(RunError, match=r"needs 3 separate node\(s\)"):
+        assign_nodes(three_nodes, nodes)

@@ -75,7 +75,7 @@ def test_each_mistake_gets_one_sentence_before_anything_starts(case, tmp_path, c
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("COLUMNS", "200")
     for key, value in (case.get("env") or {}).items():
-        monkeypatch.setenv(key, value)
+        monkeypatch.setenv(key, value.replace("{tmp}", str(tmp_path)))
     argv = [a.replace("{tmp}", str(tmp_path)) for a in case["argv"]]
     t0 = time.perf_counter()
     try:

@@ -30,7 +30,7 @@ def _companions(group: str, name: str, tmp_path: Path) -> list[str]:
     """What a group option needs beside it for the plan to validate."""
     if group == "engine" and name.startswith("vllm"):
         return ["hardware=8xh100"]  # vLLM needs GPUs
-    if group == "hardware" and name != "cpu":
+    if group == "hardware" and not name.endswith("cpu"):
         return ["engine=vllm"]
     if group == "task" and name == "jsonl":
         rows = tmp_path / "rows.jsonl"

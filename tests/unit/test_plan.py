@@ -49,6 +49,14 @@ def test_several_cpu_learner_ranks_are_refused_by_the_plan():
         plan_of("hardware.learner_ranks=2")
 
 
+def test_two_cpu_nodes_put_engines_on_the_first_and_the_learner_on_the_last():
+    plan = plan_of("hardware=2xcpu", "engine.num_engines=2")
+    assert [e.node for e in plan.engines] == [0, 0] and [lr.node for lr in plan.learners] == [1]
+    three = plan_of("hardware=2xcpu", "hardware.nodes=3", "engine.num_engines=3")
+    assert [e.node for e in three.engines] == [0, 1, 0] and [lr.node for lr in three.learners] == [2]
+    assert plan_of("hardware=cpu").learners[0].node == 0  # one node: everything on it
+
+
 def test_colocated_learner_group_is_refused_by_the_plan():
     with pytest.raises(PlanError, match=r"colocated engines with 2 learner ranks are not supported"):
         plan_of("engine=vllm", "hardware=2xh200", "hardware.colocated=true")

@@ -6,7 +6,6 @@ token (no top-p renormalisation), the same quantity the learner recomputes.
 
 from __future__ import annotations
 
-import os
 import time
 from collections import defaultdict
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import torch
 
 from rlgen.config import EngineConfig
+from rlgen.hostinfo import process_info
 from rlgen.types import Completion, GenRequest, Phase, SamplingParams
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": None}
@@ -188,4 +188,4 @@ class HFEngine:
 
     def health(self) -> dict[str, Any]:
         return {"ok": True, "name": self.name, "version": self.version, "asleep": self.asleep, "start_s": self.start_s,
-                "pid": os.getpid()}
+                **process_info()}

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from rlgen.config import EngineConfig
 from rlgen.engines.vllm_args import REQUIRED_ENV, TUNED_DEFAULTS, build_engine_args, mix_seed
 from rlgen.engines.vllm_weights import WEIGHT_CHUNK_BYTES, chunk_weights, load_weights_on_worker, to_wire
+from rlgen.hostinfo import process_info
 from rlgen.types import Completion, GenRequest, Phase
 
 if TYPE_CHECKING:
@@ -383,7 +384,7 @@ class VLLMEngine:
             "asleep": self.asleep,
             "paused": self.paused,
             "start_s": self.start_s,
-            "pid": os.getpid(),
+            **process_info(),
         }
 
     def shutdown(self) -> None:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from rlgen.config import AlgoConfig, LossAgg, MonitorConfig
+from rlgen.hostinfo import process_info
 from rlgen.learners.grpo_step import StepSums, assemble_metrics, inverse, micro_loss, unpack_batch
 from rlgen.types import RolloutBatch
 
@@ -258,7 +259,7 @@ class TorchLearner:
             "skipped_steps": self.skipped_steps,
             "consecutive_skips": self.consecutive_skips,
             "last_skip_reason": self.last_skip_reason,
-            "pid": os.getpid(),
+            **process_info(),
         }
 
     def save(self, path: str) -> None:
@@ -276,6 +277,18 @@ class TorchLearner:
             self.model.save_pretrained(os.path.join(path, "model"))
         save_learner_state(path, self.rank, {**self._counters(), "optimizer": self.optimizer.state_dict()})
         return {"actor": self.name, "version": self.version, "seconds": time.time() - t0}
+
+
+    def save_checkpoint_packed(self) -> bytes:
+        """save_checkpoint into a temporary folder on this node, returned packed: for a learner on a node that
+        cannot write into the driver's run directory (rlgen.runtime.files)."""
+        import tempfile
+
+        from rlgen.runtime.files import pack
+
+        with tempfile.TemporaryDirectory(prefix="rlgen-ckpt-") as tmp:
+            self.save_checkpoint(tmp)
+            return pack(tmp)
 
 
 def learner_state_path(checkpoint: str, rank: int) -> str:

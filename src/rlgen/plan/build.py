@@ -254,7 +254,9 @@ def _place_engines(cfg: RunConfig, colocated: bool, p: list[str]) -> tuple[Engin
             p.append(f"engine.tensor_parallel_size={tp} needs GPUs; on hardware={hw.name} set it to 1.")
             return ()
         n = e.num_engines or 1
-        return tuple(EngineSlot(i, 0, (), 1) for i in range(n))
+        # Several CPU nodes: engines on all but the last node, round-robin; the learner takes the last one.
+        engine_nodes = max(1, hw.nodes - 1)
+        return tuple(EngineSlot(i, i % engine_nodes, (), 1) for i in range(n))
 
     if e.kind == EngineKind.hf and tp != 1:
         p.append(f"engine=hf does not shard across GPUs; set engine.tensor_parallel_size=1 or use engine=vllm_tp{tp}.")
@@ -318,7 +320,7 @@ def _place_learners(cfg: RunConfig, colocated: bool, p: list[str]) -> tuple[Lear
         if hw.learner_ranks < 1:
             p.append(f"hardware.learner_ranks={hw.learner_ranks} must be at least 1.")
             return ()
-        return tuple(LearnerSlot(r, 0, None) for r in range(hw.learner_ranks))
+        return tuple(LearnerSlot(r, hw.nodes - 1, None) for r in range(hw.learner_ranks))
     total = hw.nodes * hw.gpus_per_node
     if colocated:
         return tuple(LearnerSlot(r, r // hw.gpus_per_node, r % hw.gpus_per_node) for r in range(total))

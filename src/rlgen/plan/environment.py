@@ -9,11 +9,53 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import socket
 import subprocess
+import tempfile
 from importlib import metadata
 from pathlib import Path
 
 from rlgen.config import RunConfig, WandbMode
+
+
+def cluster_address(cfg: RunConfig) -> str | None:
+    """The Ray cluster the run joins: ray.address, else RAY_ADDRESS; None: a fresh local one on this machine."""
+    return cfg.ray.address or os.environ.get("RAY_ADDRESS") or None
+
+
+def bootstrap_address(address: str) -> str | None:
+    """host:port a Ray address points at: "auto" reads the file `ray start` leaves in Ray's temp dir."""
+    if address == "auto":
+        path = Path(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+        try:
+            return path.read_text().strip() or None
+        except OSError:
+            return None
+    return address.removeprefix("ray://")
+
+
+def reachable(hostport: str, timeout_s: float = 3.0) -> bool:
+    host, _, port = hostport.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def check_cluster(cfg: RunConfig, problems: list[str]) -> None:
+    """A cluster named by ray.address (or RAY_ADDRESS) answers, before anything starts."""
+    address = cluster_address(cfg)
+    if not address:
+        return
+    target = bootstrap_address(address)
+    if target is None:
+        problems.append(f"ray.address={address} finds no Ray cluster started on this machine; start one with "
+                        "ray start --head (and ray start --address=<head>:6379 on the other nodes), or give its "
+                        "address as ray.address=<host>:<port>.")
+    elif not reachable(target):
+        problems.append(f"the Ray cluster at {target} (ray.address={address}) does not answer; check that it is "
+                        "running (ray status) and reachable from here.")
 
 
 def local_gpus() -> int:
@@ -41,20 +83,21 @@ def uses_deepspeed(cfg: RunConfig, device: str) -> bool:
 
 def check_environment(cfg: RunConfig, plan, problems: list[str]) -> None:
     hw = cfg.hardware
+    check_cluster(cfg, problems)
+    if plan.nodes > 1 and not cluster_address(cfg):
+        problems.append(
+            f"hardware={hw.name} spans {plan.nodes} nodes; run it on a Ray cluster (ray start --head on one node, "
+            "ray start --address=<head>:6379 on the others) and set ray.address=auto."
+        )
     if plan.device == "cuda":
-        if not os.environ.get("RAY_ADDRESS"):  # a local cluster: this machine must hold the plan
+        if not cluster_address(cfg) and plan.nodes == 1:  # a local cluster: this machine must hold the plan
             have = local_gpus()
             need = max((g for e in plan.engines for g in e.gpus), default=-1)
             need = max([need] + [lr.gpu for lr in plan.learners if lr.gpu is not None]) + 1
-            if plan.nodes > 1:
-                problems.append(
-                    f"hardware={hw.name} spans {plan.nodes} nodes; run it on a Ray cluster (ray start --head here, "
-                    "ray start --address=<head>:6379 on the others) and set RAY_ADDRESS=auto."
-                )
-            elif have == 0:
+            if have == 0:
                 problems.append(
                     f"hardware={hw.name} needs {need} GPU(s), but this machine has none (no NVIDIA driver found); "
-                    "use hardware=cpu engine=hf here, or run on a GPU machine or a Ray cluster (RAY_ADDRESS)."
+                    "use hardware=cpu engine=hf here, or run on a GPU machine or a Ray cluster (ray.address=...)."
                 )
             elif have < need:
                 problems.append(

@@ -10,50 +10,34 @@ from typing import Any
 
 from rlgen.config import RunConfig
 from rlgen.plan import Plan
+from rlgen.plan.environment import cluster_address as ray_address
 from rlgen.runtime.errors import RunError
 
 QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def start_ray(plan: Plan, placement: Any) -> bool:
-    """Join the cluster at RAY_ADDRESS, or start a fresh local one sized for the plan. True if started here."""
+def start_ray(cfg: RunConfig, plan: Plan, placement: Any) -> bool:
+    """Join the cluster at ray.address (or RAY_ADDRESS), or start a fresh local one sized for the plan. True if
+    this process connected (and so disconnects at the end)."""
     import ray
 
     if ray.is_initialized():
         return False
-    need_cpus = sum(sum(b.get("CPU", 0) for b in g) for g in placement.groups)
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
-    if not os.environ.get("RAY_ADDRESS"):
+    address = ray_address(cfg)
+    if address:
+        kwargs["address"] = address
+    else:
+        need_cpus = sum(sum(b.get("CPU", 0) for b in g) for g in placement.groups)
         kwargs["address"] = "local"  # a fresh local cluster, never someone else's by accident
         kwargs["num_cpus"] = int(max(os.cpu_count() or 1, need_cpus + 1))
         kwargs["object_store_memory"] = 512 * 2**20 if plan.device == "cpu" else None
-    ray.init(**{k: v for k, v in kwargs.items() if v is not None})
+    try:
+        ray.init(**{k: v for k, v in kwargs.items() if v is not None})
+    except ConnectionError as err:
+        raise RunError(f"could not join the Ray cluster at {address} ({err}); start it with ray start --head, or "
+                       "fix ray.address.") from err
     return True
-
-
-def check_cluster(placement: Any) -> None:
-    """The cluster holds the plan's bundles: enough CPUs and GPUs in all, and a node for each node's bundles.
-    Raises RunError at once instead of waiting out startup_timeout_s for resources that will never come."""
-    import ray
-
-    need: dict[str, float] = {}
-    for group in placement.groups:
-        for bundle in group:
-            for k, v in bundle.items():
-                need[k] = need.get(k, 0.0) + v
-    have = ray.cluster_resources()
-    short = {k: (v, have.get(k, 0.0)) for k, v in need.items() if have.get(k, 0.0) < v}
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    biggest = [sum(b.get("GPU", 0.0) for b in g) for g in placement.groups]
-    per_node = max((n.get("Resources", {}).get("GPU", 0.0) for n in nodes), default=0.0)
-    where = f"at {os.environ['RAY_ADDRESS']}" if os.environ.get("RAY_ADDRESS") else "started here"
-    if short:
-        what = ", ".join(f"{v:g} {k} (it has {h:g})" for k, (v, h) in short.items())
-        raise RunError(f"the Ray cluster {where} cannot hold the plan: it needs {what}; start it on nodes that "
-                       "have them, or choose hardware=<preset> that fits the cluster.")
-    if biggest and max(biggest) > per_node:
-        raise RunError(f"the Ray cluster {where} has no node with {max(biggest):g} GPUs, which one node of the plan "
-                       f"needs (its largest node has {per_node:g}); set hardware.gpus_per_node={per_node:g}.")
 
 
 def ray_session_dir() -> str | None:
@@ -65,12 +49,18 @@ def ray_session_dir() -> str | None:
         return None
 
 
-def reserve(placement: Any, timeout_s: float, wait: Callable[[list[Any], str, float], Any]) -> list[Any]:
-    """One STRICT_PACK placement group per node, ready within timeout_s."""
+def reserve(placement: Any, node_ids: list[str], timeout_s: float, wait: Callable[[list[Any], str, float], Any]
+            ) -> list[Any]:
+    """One STRICT_PACK placement group per plan node, pinned to its Ray node, ready within timeout_s."""
     import ray
     from ray.util.placement_group import placement_group
 
-    pgs = [placement_group(list(bundles), strategy="STRICT_PACK") for bundles in placement.groups]
+    from rlgen.runtime.cluster import NODE_ID_LABEL
+
+    pgs = [
+        placement_group(list(bundles), strategy="STRICT_PACK", bundle_label_selector=[{NODE_ID_LABEL: node}] * len(bundles))
+        for bundles, node in zip(placement.groups, node_ids)
+    ]
     try:
         wait([pg.ready() for pg in pgs], "reserving the plan's resources", timeout_s)
     except RunError as err:
@@ -79,9 +69,21 @@ def reserve(placement: Any, timeout_s: float, wait: Callable[[list[Any], str, fl
         raise RunError(
             f"Ray could not reserve the resources of the plan within startup_timeout_s={timeout_s:.0f} s "
             f"(bundles: {[list(g) for g in placement.groups]}; cluster has {ray.cluster_resources()}). "
-            "Check hardware=<preset> against the machine, or set RAY_ADDRESS to a cluster that has them."
+            "Check hardware=<preset> against the machine, or set ray.address to a cluster that has them."
         ) from err
     return pgs
+
+
+def actor_env(cfg: RunConfig, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment variables every actor gets through its runtime env, on whatever node it runs."""
+    return {**QUIET_ENV, **{k: str(v) for k, v in cfg.ray.env_vars.items()}, **(extra or {})}
+
+
+PathByNode = str | dict[str, str]
+
+
+def _at(path: PathByNode | None, node_id: str) -> str | None:
+    return path.get(node_id) if isinstance(path, dict) else path
 
 
 @dataclass
@@ -93,6 +95,7 @@ class ActorFactory:
     plan: Plan
     placement: Any
     pgs: list[Any]
+    node_ids: list[str]  # the Ray node of each placement group
     engine_cls: type
     engine_kwargs: dict[str, Any]
     learner_cls: type
@@ -107,10 +110,18 @@ class ActorFactory:
 
         return PlacementGroupSchedulingStrategy(self.pgs[ap.group], placement_group_bundle_index=ap.bundle)
 
-    def engine(self, index: int, model_path: str, version: int) -> Any:
+    def engine_node(self, index: int) -> str:
+        return self.node_ids[self.placement.engines[index].group]
+
+    def learner_node(self, rank: int) -> str:
+        return self.node_ids[self.placement.learners[rank].group]
+
+    def engine(self, index: int, model_path: PathByNode, version: int) -> Any:
+        """Engine ``index`` in its bundle; model_path: one path, or the path on each node."""
         import ray
 
         slot, ap = self.plan.engines[index], self.placement.engines[index]
+        env = dict(self.plan.engine_env) if self.plan.engine_kind == "vllm" else {}
         return (
             ray.remote(self.engine_cls)
             .options(
@@ -119,26 +130,36 @@ class ActorFactory:
                 scheduling_strategy=self.strategy(ap),
                 # vLLM engines are threaded, so pause()/receive_weights() can run during generate().
                 max_concurrency=4 if self.plan.engine_kind == "vllm" else 1,
+                runtime_env={"env_vars": actor_env(self.cfg, env)},
             )
-            .remote(model_path, self.cfg.engine, device=self.device, seed=self.cfg.seed + slot.index,
-                    name=f"engine{slot.index}", version=version, **self.engine_kwargs)
+            .remote(_at(model_path, self.engine_node(index)), self.cfg.engine, device=self.device,
+                    seed=self.cfg.seed + slot.index, name=f"engine{slot.index}", version=version, **self.engine_kwargs)
         )
 
-    def learners(self, model_path: str, rendezvous: tuple[str, int] | None, **extra: Any) -> list[Any]:
+    def learners(self, model_path: PathByNode, rendezvous: tuple[str, int] | None,
+                 **extra: PathByNode | None) -> list[Any]:
+        """Every learner rank in its bundle; model_path and the extra path arguments (resume_from,
+        ref_model_path): one path, or the path on each node."""
         import ray
 
-        kwargs = dict(self.learner_kwargs, **extra)
+        kwargs = dict(self.learner_kwargs)
         world = len(self.placement.learners)
         if world > 1:
             assert rendezvous is not None
             kwargs.update(world_size=world, master_addr=rendezvous[0], master_port=rendezvous[1])
-        return [
-            ray.remote(self.learner_cls)
-            .options(num_cpus=ap.num_cpus, num_gpus=ap.num_gpus, scheduling_strategy=self.strategy(ap))
-            .remote(model_path, self.cfg.algo, self.cfg.monitor, seed=self.cfg.seed, device=self.device, rank=rank,
-                    name=f"learner{rank}", **kwargs)
-            for rank, ap in enumerate(self.placement.learners)
-        ]
+        nccl = {k: v for k, v in self.plan.engine_env.items() if k.startswith("NCCL_")}
+        actors = []
+        for rank, ap in enumerate(self.placement.learners):
+            node = self.learner_node(rank)
+            actors.append(
+                ray.remote(self.learner_cls)
+                .options(num_cpus=ap.num_cpus, num_gpus=ap.num_gpus, scheduling_strategy=self.strategy(ap),
+                         runtime_env={"env_vars": actor_env(self.cfg, nccl)})
+                .remote(_at(model_path, node), self.cfg.algo, self.cfg.monitor, seed=self.cfg.seed, device=self.device,
+                        rank=rank, name=f"learner{rank}", **kwargs,
+                        **{k: _at(v, node) for k, v in extra.items() if v is not None})
+            )
+        return actors
 
     def rendezvous_ref(self) -> Any:
         """A ref to (address, port) on rank 0's node, for a learner group's torch.distributed rendezvous."""

@@ -26,10 +26,12 @@ class EngineKeeper:
 
     def __init__(self, engines: list[Any], names: list[str], max_restarts: int,
                  create: Callable[[int], Any], ready: Callable[[Any, str], None],
-                 resync: Callable[[int, Any], None], say: Callable[[str], None]):
+                 resync: Callable[[int, Any], None], say: Callable[[str], None],
+                 node_of: Callable[[int], str] | None = None):
         """create(i): a new actor for engine i. ready(actor, what): wait for its health. resync(i, actor): give
-        it the current weights (the transport's job). say(msg): one line to the user."""
-        self.engines, self.names = engines, names
+        it the current weights (the transport's job). say(msg): one line to the user. node_of(i): the Ray node
+        of engine i's bundle (an engine whose node left the cluster cannot come back there)."""
+        self.engines, self.names, self.node_of = engines, names, node_of
         self.max_restarts = max_restarts
         self.incarnation = [0] * len(engines)
         self.restarts = [0] * len(engines)
@@ -44,6 +46,13 @@ class EngineKeeper:
         import ray
 
         name, detail = self.names[index], actor_death_detail(err, limit=300)
+        if self.node_of is not None:
+            from rlgen.runtime.cluster import node_alive
+
+            node = self.node_of(index)
+            if not node_alive(node):
+                raise EngineLost(f"the node holding {name} ({node[:8]}) left the Ray cluster, and its place in the "
+                                 "plan went with it")
         self.restarts[index] += 1
         if self.restarts[index] > self.max_restarts:
             raise EngineLost(

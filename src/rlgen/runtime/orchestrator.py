@@ -28,9 +28,9 @@ from rlgen.plan import Plan
 from rlgen.runtime.actors import (
     QUIET_ENV,
     ActorFactory,
-    check_cluster,
     engine_class,
     learner_class,
+    ray_address,
     ray_session_dir,
     reserve,
     start_ray,
@@ -117,11 +117,10 @@ class Orchestrator:
     # -- setup ------------------------------------------------------------------------------------------
     def setup(self) -> None:
         from rlgen.models import load_tokenizer, prepare_model
-        from rlgen.plan.placement import plan_bundles
         from rlgen.tasks import build_task
 
         cfg, plan = self.cfg, self.plan
-        for var, val in QUIET_ENV.items():  # before transformers loads; actors inherit the driver's environment
+        for var, val in QUIET_ENV.items():  # before transformers loads in this process (actors get them too)
             os.environ.setdefault(var, val)
         self.task = build_task(cfg.task)
         device = "cuda" if plan.device == "cuda" else "cpu"
@@ -133,28 +132,20 @@ class Orchestrator:
         self.eos_ids = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
-        self.placement = plan_bundles(plan)
-        self._started_ray = start_ray(plan, self.placement)
-        check_cluster(self.placement)
-        self.stop.rearm()  # ray.init takes SIGTERM for itself; take it back
-        self.pgs = reserve(self.placement, cfg.startup_timeout_s, lambda refs, what, t: self._get(refs, what, t))
+        self._connect()
+        self._place_folders()
 
         engine_cls, engine_kwargs = (self._engine_cls, dict(self._engine_kwargs)) if self._engine_cls else engine_class(plan)
         learner_cls, learner_kwargs = (self._learner_cls, {}) if self._learner_cls else learner_class(cfg, plan)
-        self.factory = ActorFactory(cfg, plan, self.placement, self.pgs, engine_cls, engine_kwargs, learner_cls,
-                                    learner_kwargs)
-        self.engines = [self.factory.engine(i, self.start_model_path, self.version) for i in range(len(plan.engines))]
+        self.factory = ActorFactory(cfg, plan, self.placement, self.pgs, self.node_ids, engine_cls, engine_kwargs,
+                                    learner_cls, learner_kwargs)
+        self.engines = [self.factory.engine(i, self.engine_paths, self.version) for i in range(len(plan.engines))]
         self.engine_names = [f"engine{s.index}" for s in plan.engines]
         rendezvous = None
         if len(self.placement.learners) > 1:
             rendezvous = self._get(self.factory.rendezvous_ref(), "finding the learner group's rendezvous",
                                    cfg.startup_timeout_s)
-        extra: dict[str, Any] = {}
-        if self.resume:
-            extra["resume_from"] = str(self.resume.checkpoint)
-            if cfg.algo.kl_coef > 0:
-                extra["ref_model_path"] = self.initial_model_path
-        self.learners = self.factory.learners(self.start_model_path, rendezvous, **extra)
+        self.learners = self.factory.learners(self.learner_paths, rendezvous, **self.learner_extra)
         self.learner = self.learners[0]
         health = self._get([a.health.remote() for a in [*self.engines, *self.learners]], "actor start-up",
                            cfg.startup_timeout_s)
@@ -173,20 +164,58 @@ class Orchestrator:
             raise RunError(f"weight sync set-up failed: {err}") from err
         self.keeper = EngineKeeper(
             self.engines, self.engine_names, cfg.engine.max_restarts,
-            create=lambda i: self.factory.engine(i, self.start_model_path, self.start_version),
+            create=lambda i: self.factory.engine(i, self.engine_paths, self.start_version),
             ready=lambda actor, what: self._note_actors(self._get([actor.health.remote()], what, cfg.startup_timeout_s)),
             resync=self._resync_engine,
             say=lambda msg: self.console.print(f"[yellow]engine restart:[/] {escape(msg)}", highlight=False),
+            node_of=self.factory.engine_node,
         )
         if self.resume:
             self._restore(self.resume)
+
+    def _connect(self) -> None:
+        """Join or start the cluster, give each plan node its own Ray node, and reserve the bundles there."""
+        from rlgen.plan.placement import plan_bundles
+        from rlgen.runtime.cluster import assign_nodes, cluster_nodes
+
+        cfg = self.cfg
+        self.placement = plan_bundles(self.plan)
+        self._started_ray = start_ray(cfg, self.plan, self.placement)
+        self.stop.rearm()  # ray.init takes SIGTERM for itself; take it back
+        self.node_ids = assign_nodes(self.placement, cluster_nodes(), ray_address(cfg) or "this machine")
+        self.pgs = reserve(self.placement, self.node_ids, cfg.startup_timeout_s,
+                           lambda refs, what, t: self._get(refs, what, t))
+
+    def _place_folders(self) -> None:
+        """Where each node's actors read the model (and, resuming, the checkpoint), and whether the learners
+        can write checkpoints into the run directory; ray.share decides what is shipped (runtime.files)."""
+        from rlgen.runtime.files import place_folder, sees_run_dir
+
+        cfg, t = self.cfg, self.cfg.startup_timeout_s
+        engine_nodes = [self.node_ids[ap.group] for ap in self.placement.engines]
+        learner_nodes = [self.node_ids[ap.group] for ap in self.placement.learners]
+        self.engine_paths = place_folder(self.start_model_path, engine_nodes, cfg.ray.share, t)
+        self.learner_extra: dict[str, Any] = {}
+        if self.resume:
+            ckpt = place_folder(str(self.resume.checkpoint), learner_nodes, cfg.ray.share, t)
+            self.learner_paths = {n: str(Path(p) / "model") for n, p in ckpt.items()}
+            self.learner_extra["resume_from"] = ckpt
+            if cfg.algo.kl_coef > 0:
+                self.learner_extra["ref_model_path"] = place_folder(self.initial_model_path, learner_nodes,
+                                                                    cfg.ray.share, t)
+        else:
+            self.learner_paths = place_folder(self.start_model_path, learner_nodes, cfg.ray.share, t)
+        self.writes_here = sees_run_dir(str(self.out_dir), learner_nodes, cfg.ray.share, t)
+        self.learner_nodes = learner_nodes
 
     def _note_actors(self, health: list[dict[str, Any]]) -> None:
         if self.status is None:
             return
         actors = dict(self.status.data.get("actors", {}))
         actors.update({h["name"]: h.get("pid") for h in health if "name" in h})
-        self.status.update(actors=actors, ray_session=ray_session_dir())
+        nodes = dict(self.status.data.get("actor_nodes", {}))
+        nodes.update({h["name"]: h.get("node") for h in health if "name" in h})
+        self.status.update(actors=actors, actor_nodes=nodes, ray_session=ray_session_dir())
 
     def _resync_engine(self, index: int, actor: Any) -> None:
         try:
@@ -253,7 +282,12 @@ class Orchestrator:
             return self._get(refs, what, interruptible=False, names=names)
         except RunError as err:
             if isinstance(err.__cause__, RayActorError):
-                raise LearnerLost(f"{what}: {actor_death_detail(err.__cause__, limit=300)}") from err
+                from rlgen.runtime.cluster import node_alive
+
+                gone = [f"learner{r}" for r, n in enumerate(getattr(self, "learner_nodes", [])) if not node_alive(n)]
+                why = f"the node of {', '.join(gone)} left the Ray cluster" if gone else \
+                    actor_death_detail(err.__cause__, limit=300)
+                raise LearnerLost(f"{what}: {why}") from err
             raise
 
     # -- generation -------------------------------------------------------------------------------------
@@ -530,7 +564,16 @@ class Orchestrator:
         rollouts = {"flights": [f.to_json() for f in kept]}
 
         def fill(tmp: Path) -> None:
-            self._learner_get([a.save_checkpoint.remote(str(tmp)) for a in self.learners], "writing a checkpoint")
+            from rlgen.runtime.files import unpack_into
+
+            # A learner on a node that cannot see the run directory sends its files back packed.
+            here = [self.writes_here.get(n, True) for n in self.learner_nodes]
+            refs = [a.save_checkpoint.remote(str(tmp)) if ok else a.save_checkpoint_packed.remote()
+                    for a, ok in zip(self.learners, here)]
+            names = [f"learner{r}" for r in range(len(self.learners))]
+            for ok, out in zip(here, self._learner_get(refs, "writing a checkpoint", names)):
+                if not ok:
+                    unpack_into(out, str(tmp))
             self.tokenizer.save_pretrained(str(tmp / "model"))  # a complete HF folder: the learner saves weights only
 
         path = write_checkpoint(self.out_dir, b, fill, state, rollouts, self.cfg.checkpoint.keep)

@@ -1,0 +1,136 @@
+"""Folders that actors on other nodes must read (the model, a checkpoint to resume) or write (checkpoints).
+
+``ray.share=path``: every node reads the driver's path (a shared file system). ``object_store``: a folder is
+packed once, put in Ray's object store, and unpacked on each other node under its temp dir; checkpoints
+come back the same way. ``auto`` (the default) probes each node: a node that sees the same folder (same
+files, same sizes, same config.json) reads it in place, the others get it shipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rlgen.config import ShareMode
+
+SHIPPED_DIR = "rlgen-shipped"  # under each node's temp dir
+
+
+def fingerprint(folder: str) -> str | None:
+    """Names and sizes of a folder's files and the hash of its config.json; None when it is not there."""
+    root = Path(folder)
+    if not root.is_dir():
+        return None
+    h = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(f"{f.relative_to(root)}:{f.stat().st_size}\n".encode())
+    config = root / "config.json"
+    if config.is_file():
+        h.update(config.read_bytes())
+    return h.hexdigest()
+
+
+def pack(folder: str) -> bytes:
+    """A folder as an uncompressed tar (weights do not compress)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(folder, arcname=".")
+    return buf.getvalue()
+
+
+def unpack(data: bytes, dest: str) -> str:
+    """Unpack a tar from ``pack`` into dest (atomically: a temp folder renamed into place); returns dest."""
+    target = Path(dest)
+    if target.is_dir():
+        return str(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
+        tar.extractall(tmp, filter="data")
+    try:
+        os.rename(tmp, target)
+    except OSError:  # another process unpacked it first
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(target)
+
+
+def unpack_into(data: bytes, dest: str) -> None:
+    """Unpack a tar from ``pack`` into an existing folder, merging with what is there."""
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
+        tar.extractall(dest, filter="data")
+
+
+def _on_node(node_id: str, fn: Any, *args: Any) -> Any:
+    """A ref to fn(*args) run on that node."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return ray.remote(fn).options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
+                                  ).remote(*args)
+
+
+def _materialize(data: bytes, key: str) -> str:
+    return unpack(data, str(Path(tempfile.gettempdir()) / SHIPPED_DIR / key))
+
+
+def place_folder(folder: str, node_ids: list[str], mode: ShareMode, timeout_s: float) -> dict[str, str]:
+    """The path each node reads ``folder`` at: the folder itself where the node sees it, else a copy shipped
+    through the object store (cached under the node's temp dir by the folder's fingerprint)."""
+    import ray
+
+    nodes = list(dict.fromkeys(node_ids))
+    here = fingerprint(folder)
+    if mode is ShareMode.path or here is None:
+        return {n: folder for n in nodes}
+    local = ray.get_runtime_context().get_node_id()
+    visible = {n: n == local for n in nodes}  # the driver's own node reads its folder in place
+    others = [n for n in nodes if n != local]
+    if mode is ShareMode.auto and others:
+        seen = ray.get([_on_node(n, fingerprint, folder) for n in others], timeout=timeout_s)
+        visible.update({n: f == here for n, f in zip(others, seen)})
+    paths = {n: folder for n in nodes if visible[n]}
+    missing = [n for n in nodes if not visible[n]]
+    if missing:
+        ref = ray.put(pack(folder))
+        key = f"{Path(folder).name}-{here[:16]}"
+        got = ray.get([_on_node(n, _materialize, ref, key) for n in missing], timeout=timeout_s)
+        paths.update(zip(missing, got))
+    return paths
+
+
+def sees_run_dir(run_dir: str, node_ids: list[str], mode: ShareMode, timeout_s: float) -> dict[str, bool]:
+    """Whether each node writes into the driver's run directory (a shared file system): a marker file the
+    driver wrote must be visible there. object_store: only the driver's own node does."""
+    import ray
+
+    nodes = list(dict.fromkeys(node_ids))
+    if mode is ShareMode.path:
+        return {n: True for n in nodes}
+    local = ray.get_runtime_context().get_node_id()
+    result = {n: n == local for n in nodes}
+    others = [n for n in nodes if n != local]
+    if mode is ShareMode.object_store or not others:
+        return result
+    marker = Path(run_dir) / f".rlgen-node-probe-{os.getpid()}"
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(marker.name)
+    try:
+        seen = ray.get([_on_node(n, _reads, str(marker), marker.name) for n in others], timeout=timeout_s)
+    finally:
+        marker.unlink(missing_ok=True)
+    result.update(zip(others, seen))
+    return result
+
+
+def _reads(path: str, text: str) -> bool:
+    try:
+        return Path(path).read_text() == text
+    except OSError:
+        return False
