@@ -11,6 +11,11 @@
 #   2 GPUs: tests2 (the two-GPU weight-sync tests), learn_split, time_split (1.5B sync), time_split_async
 #           (1.5B async_steps=1), bench_nccl (+ raw NCCL calibration)
 #   4 GPUs: run4 (engine=vllm_tp2 hardware=4xh200, 20 steps), sweep4 (num_engines x TP)
+# Durable runs and real workloads (their wheelhouse needs the data extra: wheelhouse.sh OUT datasets
+# "math-verify[antlr4_9_3]"):
+#   1 GPU : gsm8k_colo (a random 0.5B with a BPE tokenizer trained here, the task=gsm8k preset, 5 steps with eval)
+#   2 GPUs: ckpt_split (1.5B: seconds and bytes per checkpoint), resume_split (1.5B stopped with SIGINT at step 6,
+#           then resume=<run dir>: DeepSpeed's checkpoint resumed)
 set -uo pipefail
 out=${1:?usage: gpu_e2e.sh OUT_DIR STAGES [WORK_DIR]}
 stages=${2:?usage: gpu_e2e.sh OUT_DIR STAGES [WORK_DIR]}
@@ -20,7 +25,7 @@ py=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=${VLLM_USE_FLASHINFER_SAMPLER:-0}
 declare -A LIMIT=([check]=60 [tests1]=240 [validate]=200 [learn_colo]=240 [time_colo]=350 [bench_ipc]=230
                   [tests2]=180 [learn_split]=150 [time_split]=235 [time_split_async]=235 [bench_nccl]=170
-                  [run4]=220 [sweep4]=300)
+                  [run4]=220 [sweep4]=300 [gsm8k_colo]=420 [ckpt_split]=360 [resume_split]=540)
 # GRPO geometry of the timing runs: long enough responses that generation and training are comparable
 shape="algo.prompts_per_step=16 algo.samples_per_prompt=8 algo.max_new_tokens=256 algo.lr=1e-6 \
 algo.micro_batch_size=16 task.max_prompt_tokens=64 engine.max_model_len=512"
@@ -77,6 +82,15 @@ run_stage() {
         --hardware 2xh200 --model \$m --bucket-mb 1024 --repeats 4 --out $work/bench_nccl/\$m.json || exit 1; done; \
         torchrun --nproc-per-node 2 benchmarks/calibrate_nccl_broadcast.py" ;;
     run4) trainstage run4 engine=vllm_tp2 hardware=4xh200 $big ;;
+    gsm8k_colo) stage gsm8k_colo bash -c "$py -m rlgen.localmodel $work/gsm8k_colo/lm qwen2_5_0_5b 32000 cuda && \
+        $py -m rlgen.cli train engine=vllm hardware=1xh100 model.path=$work/gsm8k_colo/lm/model task=gsm8k \
+        task.path=$work/gsm8k_colo/lm/data/train.jsonl task.eval_path=$work/gsm8k_colo/lm/data/test.jsonl \
+        eval.every=5 eval.max_prompts=64 steps=5 engine.gpu_memory_utilization=0.35 algo.max_new_tokens=256 \
+        algo.micro_batch_size=16 algo.lr=1e-6 task.reward_workers=4 progress=false hydra.run.dir=$work/gsm8k_colo/run" ;;
+    ckpt_split) stage ckpt_split "$py" benchmarks/checkpoint_cost.py "$work/ckpt_split" engine=vllm hardware=2xh200 \
+        $big steps=12 checkpoint.every=4 ;;
+    resume_split) stage resume_split "$py" benchmarks/resume_check.py "$work/resume_split" 6 engine=vllm \
+        hardware=2xh200 $big steps=12 checkpoint.every=0 ;;
     sweep4) stage sweep4 "$py" -m rlgen.cli train -m engine=vllm hardware=4xh200 \
         engine.num_engines=1,2 engine.tensor_parallel_size=1,2 \
         "hydra.sweep.dir=$work/sweep4/sweep" progress=false $small ;;

@@ -61,6 +61,23 @@ def _known_keys(dotted: str) -> list[str] | None:
     return sorted(f.name for f in dataclasses.fields(node)) if node and dataclasses.is_dataclass(node) else None
 
 
+def _is_map(dotted: str) -> bool:
+    """Whether a dotted key of the schema is a dict field (a free-form map such as engine.env)."""
+    import dataclasses
+
+    node: type | None = RunConfig
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
+        fields = {f.name: f for f in dataclasses.fields(node)} if node and dataclasses.is_dataclass(node) else {}
+        f = fields.get(part)
+        if f is None:
+            return False
+        if i == len(parts) - 1:
+            return str(f.type).startswith("dict")
+        node = f.default_factory if callable(f.default_factory) else None  # type: ignore[misc]
+    return False
+
+
 def _not_a_setting(key: str) -> str:
     known = _known_keys(key)
     where = key.rsplit(".", 1)[0] if "." in key else "the top level"
@@ -77,9 +94,11 @@ def explain_config_error(err: BaseException) -> str:
     """One readable sentence from a Hydra/OmegaConf error, with what to do instead."""
     msg = str(err).strip()
     m = re.search(r"Could not override '([^']+)'", msg)
-    if m and re.search(r"\.(env|env_vars)\.", m.group(1)):
-        where = m.group(1).rsplit(".", 1)[0]
-        return f"{m.group(1)}: {where} is a free-form map; add a variable with +{m.group(1)}=<value>."
+    if m and (_is_map(m.group(1)) or _is_map(m.group(1).rsplit(".", 1)[0])):
+        key = m.group(1)
+        where = key if _is_map(key) else key.rsplit(".", 1)[0]
+        entry = key if key != where else f"{where}.<name>"
+        return f"{key}: {where} is a free-form map; add an entry with +{entry}=<value> (one override per entry)."
     if m:
         return _not_a_setting(m.group(1))
     m = re.search(r"Could not find '([^/']+)/([^']+)'", msg)

@@ -27,6 +27,25 @@ class TaskKind(StrEnum):
     arith = "arith"
     reverse = "reverse"
     jsonl = "jsonl"
+    dataset = "dataset"  # local JSONL, JSON or Parquet through Hugging Face datasets
+
+
+class PromptFormat(StrEnum):
+    auto = "auto"  # chat when the tokenizer has a chat template, else raw
+    chat = "chat"  # the tokenizer's chat template, with task.system_prompt, ending in the assistant's turn
+    raw = "raw"  # the prompt text as it is
+
+
+class AnswerFormat(StrEnum):
+    plain = "plain"  # the answer field as it is
+    gsm8k = "gsm8k"  # the part after "####" (GSM8K's solutions)
+    boxed = "boxed"  # the last \boxed{...} (MATH's solutions)
+
+
+class LongPrompts(StrEnum):
+    reject = "reject"  # a prompt over task.max_prompt_tokens stops the run before it starts
+    skip = "skip"  # such rows are left out (counted in the plan's notes)
+    truncate = "truncate"  # keep the last task.max_prompt_tokens tokens (the end of a chat prompt stays whole)
 
 
 class BreakerAction(StrEnum):
@@ -149,13 +168,40 @@ class SyncConfig:
 @dataclass
 class TaskConfig:
     kind: TaskKind = TaskKind.arith
-    path: str | None = None  # jsonl only
-    reward: str = "exact_match"  # a registered name or "module:function"
+    path: str | None = None  # jsonl and dataset: the data file (or folder of files)
+    reward: str = "exact_match"  # a registered name or "module:function"; used when rewards is empty
+    rewards: dict[str, float] = field(default_factory=dict)  # several rewards: name or module:function -> weight
     max_operand: int = 20  # arith: operands in [0, max_operand)
     length: int = 4  # reverse: letters per word
     alphabet: str = "abcdef"
     max_prompt_tokens: int = 16
+    long_prompts: LongPrompts = LongPrompts.reject
+    prompt_format: PromptFormat = PromptFormat.auto
+    system_prompt: str | None = None  # chat format: the system turn
+    stop: list[str] = field(default_factory=list)  # stop strings: a response ends after the first one it contains
+    stop_token_ids: list[int] = field(default_factory=list)  # beside the model's own end-of-sequence ids
+    # dataset: which split, which fields, how to build the prompt and read the reference answer
+    split: str = "train"
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+    template: str | None = None  # a format string over the row's fields, e.g. "{question}\nAnswer:"
+    answer_format: AnswerFormat = AnswerFormat.plain
+    eval_path: str | None = None  # held-out rows for eval: their own file ...
+    eval_fraction: float = 0.0  # ... or this fraction of task.path, set aside with task.seed
+    reward_workers: int = 0  # processes scoring rewards off the driver (0: in the driver)
+    reward_timeout_s: float = 10.0  # a reward call that takes longer scores 0 (counted as reward/timeouts)
     seed: int = 0
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation every `every` steps (0: none) and at the end: greedy with samples=1, else pass@k
+    over `samples` samples at `temperature`."""
+
+    every: int = 0
+    samples: int = 1
+    temperature: float = 0.6
+    max_prompts: int = 0  # 0: every held-out prompt
 
 
 @dataclass
@@ -262,6 +308,7 @@ class RunConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
     validate: ValidateConfig = field(default_factory=ValidateConfig)
     steps: int = 40

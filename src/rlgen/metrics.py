@@ -138,6 +138,8 @@ class MetricsSink:
             "max_staleness": max(r["staleness"] for r in recs),
             "skipped_steps": sum(1 for r in recs if r.get("skipped")),
             "engine_restarts": recs[-1].get("engine_restarts", 0),
+            # the last held-out evaluation (eval.every > 0 evaluates at the last step too)
+            **{k: v for k, v in recs[-1].items() if k.startswith("eval/")},
             "final_version": recs[-1]["version"],
         }
 

@@ -188,7 +188,8 @@ def plot_throughput(records: Sequence[Mapping[str, Any]], path: str | Path,
 
 
 def plot_reward(records: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
-    """Mean reward per step, with a band of one standard deviation."""
+    """Mean reward per step, with a band of one standard deviation, and the held-out eval (pass@k) where the
+    run evaluated."""
     if not records:
         raise ValueError("no records to plot")
     steps = [int(r.get("step", i)) for i, r in enumerate(records)]
@@ -199,6 +200,10 @@ def plot_reward(records: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
                     color="#9ecae1", alpha=0.5, linewidth=0, label="± 1 std")
     ax.plot(steps, mean, "o-", color="#08519c", markersize=3, label="mean reward")
+    for key in sorted({k for r in records for k in r if k.startswith("eval/pass@")}):
+        points = [(s, _num(r[key])) for s, r in zip(steps, records) if key in r]
+        ax.plot([p[0] for p in points], [p[1] for p in points], "s--", color="#d94801", markersize=5,
+                label=f"held-out {key.removeprefix('eval/')}")
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
     ax.set_title("reward per step", fontsize=10)

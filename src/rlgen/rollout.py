@@ -23,17 +23,22 @@ class StepPrompts:
     prompt_ids: list[list[int]]
 
 
-def encode_prompts(step: int, task: Task, tokenizer, cfg: RunConfig) -> StepPrompts:
+def encode_prompts(step: int, task: Task, renderer, cfg: RunConfig) -> StepPrompts:
+    """The step's prompts as token ids, rendered (rlgen.prompts.PromptRenderer) and held to
+    task.max_prompt_tokens by task.long_prompts; the validation pass refuses what would not fit."""
     prompts = task.prompts(step, cfg.algo.prompts_per_step)
-    ids = [tokenizer.encode(p.text, add_special_tokens=False) for p in prompts]
-    for p, row in zip(prompts, ids):
-        if len(row) > cfg.task.max_prompt_tokens:
+    ids = []
+    for p in prompts:
+        whole = renderer.ids(p.text)
+        row = renderer.fit(whole)
+        if row is None:
             raise PromptTooLongError(
-                f"prompt {p.text[:60]!r} has {len(row)} tokens, more than task.max_prompt_tokens="
+                f"prompt {p.text[:60]!r} has {len(whole)} tokens, more than task.max_prompt_tokens="
                 f"{cfg.task.max_prompt_tokens}; raise task.max_prompt_tokens (and engine.max_model_len) or shorten it."
             )
         if not row:
             raise PromptTooLongError(f"prompt {p.text!r} encodes to no tokens; every prompt needs at least one.")
+        ids.append(row)
     return StepPrompts(step, prompts, ids)
 
 
@@ -75,31 +80,6 @@ def check_complete(completions: list[Completion], sp: StepPrompts, n: int) -> No
             f"step {sp.step}: prompts must have {n} completions each, but {len(wrong)} do not "
             f"(group: count {dict(list(wrong.items())[:5])})."
         )
-
-
-class RewardError(RuntimeError):
-    """The task's reward function raised, or returned something that is not a number."""
-
-
-def score(completions: list[Completion], sp: StepPrompts, task: Task, tokenizer, reward_name: str = "?") -> list[float]:
-    """The reward of each completion. A reward function that raises or returns a non-number stops here with
-    one sentence naming it, the step and the row (the traceback rides along as the cause)."""
-    from rlgen.tasks.base import RewardValueError
-
-    texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
-    rewards = []
-    for c, text in zip(completions, texts):
-        prompt = sp.prompts[c.group_id]
-        try:
-            rewards.append(float(task.reward(text, prompt)))
-        except Exception as err:  # noqa: BLE001 - a user's function: whatever it raises is reported
-            what = str(err) if isinstance(err, RewardValueError) else f"raised {type(err).__name__}: {err}"
-            where = prompt.source or f"prompt {c.group_id}"
-            raise RewardError(
-                f"task.reward={reward_name} {what} at step {sp.step}, on {where} ({prompt.text[:40]!r}) with the "
-                f"completion {text[:40]!r}; it must return a number for any string."
-            ) from err
-    return rewards
 
 
 def build_batch(

@@ -36,6 +36,9 @@ def _companions(group: str, name: str, tmp_path: Path) -> list[str]:
         rows = tmp_path / "rows.jsonl"
         rows.write_text('{"prompt": "1+1=", "answer": "2"}\n')
         return [f"task.path={rows}"]
+    if group == "task" and name in ("dataset", "gsm8k", "math"):  # long prompts: a model with a longer context
+        return [f"task.path={tmp_path / 'rows.jsonl'}", "model.max_position_embeddings=2048",
+                "engine.max_model_len=2048"]
     return []
 
 

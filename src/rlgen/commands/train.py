@@ -172,8 +172,13 @@ def _resume_command(resume_to: Path) -> str:
         overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
     except ValueError:
         overrides = []
-    where = os.path.relpath(resume_to) if not os.path.relpath(resume_to).startswith("..") else str(resume_to)
-    return " ".join(["rlgen", "train", *map(shlex.quote, overrides), shlex.quote(f"resume={where}")])
+    return " ".join(["rlgen", "train", *map(shlex.quote, overrides), shlex.quote(f"resume={_shown(resume_to)}")])
+
+
+def _shown(path: str | Path) -> str:
+    """A path as a user would type it here: relative below the current directory, else absolute."""
+    rel = os.path.relpath(path)
+    return rel if not rel.startswith("..") else str(Path(path).resolve())
 
 
 def _resolve_resume(cfg: RunConfig, out: Path, console: Console) -> Any:
@@ -244,7 +249,7 @@ def train_app(dict_cfg) -> float:
     except ResumeError as err:
         return _job_failed("rejected", str(err), "[bold red]error:[/] ", 2)
     except RunStopped as err:
-        where = f"; checkpoint {os.path.relpath(err.checkpoint)}" if err.checkpoint else "; no checkpoint yet"
+        where = f"; checkpoint {_shown(err.checkpoint)}" if err.checkpoint else "; no checkpoint yet"
         how = f"; resume with: {_resume_command(out)}" if err.checkpoint else ""
         return _job_failed("stopped", f"stopped at step {err.step} of {steps} ({err}){where}{how}", "", err.exit_code, out)
     except RunError as err:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from enum import StrEnum
+from pathlib import Path
 
 from rlgen.charvocab import CHAR_VOCAB_SIZE
 from rlgen.config import VLLM_ENV_REMOVED_IN_0_26, EngineKind, RunConfig, TaskKind
@@ -147,6 +148,12 @@ def _check_run(cfg: RunConfig, p: list[str]) -> None:
     if not (mon.kl_threshold > 0 and mon.delta_threshold > 0):
         p.append(f"monitor.kl_threshold={mon.kl_threshold} and monitor.delta_threshold={mon.delta_threshold} must be "
                  "> 0 (0.05 and 0.5 are the defaults).")
+    ev = cfg.eval
+    if ev.every < 0 or ev.samples < 1 or ev.max_prompts < 0:
+        p.append(f"eval.every={ev.every}, eval.samples={ev.samples} and eval.max_prompts={ev.max_prompts}: need every "
+                 ">= 0 (0: no eval), samples >= 1 and max_prompts >= 0 (0: all).")
+    if ev.samples > 1 and ev.temperature <= 0:
+        p.append(f"eval.samples={ev.samples} draws several samples, which needs eval.temperature > 0 (0.6 is usual).")
     if cfg.resume is not None and not str(cfg.resume).strip():
         p.append("resume= is empty; give resume=auto or the run directory to continue, or leave it out.")
 
@@ -232,12 +239,24 @@ def _check_task(cfg: RunConfig, p: list[str]) -> None:
         p.append(f"task.max_prompt_tokens={t.max_prompt_tokens} must be at least 1.")
     if t.kind == TaskKind.jsonl and not t.path:
         p.append("task=jsonl needs a file: set task.path=/path/to/rows.jsonl (one {\"prompt\", \"answer\"} object per line).")
+    if t.kind == TaskKind.dataset and not t.path:
+        p.append(f"task={t.kind.value} needs data: set task.path=<a JSONL, JSON, Parquet or CSV file, or a folder of them>.")
+    if not 0 <= t.eval_fraction < 1:
+        p.append(f"task.eval_fraction={t.eval_fraction} must be in [0, 1); 0.05 sets aside 5% of the rows.")
+    if t.reward_workers < 0 or not t.reward_timeout_s > 0:
+        p.append(f"task.reward_workers={t.reward_workers} must be >= 0 and task.reward_timeout_s="
+                 f"{t.reward_timeout_s} > 0.")
+    if any(not s for s in t.stop):
+        p.append("task.stop holds an empty string, which would end every response at once; remove it.")
     from rlgen.tasks.rewards import RewardSpecError, resolve_reward
 
-    try:
-        resolve_reward(t.reward)
-    except RewardSpecError as err:
-        p.append(str(err))
+    for name, weight in (t.rewards or {t.reward: 1.0}).items():
+        try:
+            resolve_reward(name, "task.rewards" if t.rewards else "task.reward")
+        except RewardSpecError as err:
+            p.append(str(err))
+        if not isinstance(weight, (int, float)) or weight != weight:
+            p.append(f"task.rewards.{name}={weight} must be a number (its weight).")
 
 
 def _place_engines(cfg: RunConfig, colocated: bool, p: list[str]) -> tuple[EngineSlot, ...]:
@@ -442,11 +461,40 @@ def live_vllm_env(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     return kept, notes
 
 
+HF_FIELDS = {  # ModelConfig field <- a Hugging Face config.json key
+    "hidden_size": "hidden_size", "intermediate_size": "intermediate_size", "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads", "vocab_size": "vocab_size",
+    "max_position_embeddings": "max_position_embeddings", "tie_word_embeddings": "tie_word_embeddings",
+}
+
+
+def with_model_folder(cfg: RunConfig) -> RunConfig:
+    """cfg with model.* read from model.path's config.json when it is a local folder (the plan sizes memory,
+    lengths and TP splits from the real model, not the preset); cfg itself otherwise."""
+    import dataclasses
+
+    if not cfg.model.path:
+        return cfg
+    config = Path(cfg.model.path).expanduser() / "config.json"
+    try:
+        hf = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return cfg  # the validation pass says what is wrong with the folder
+    if not isinstance(hf, dict):
+        return cfg
+    hf = hf.get("text_config", hf) if isinstance(hf.get("text_config"), dict) else hf
+    values = {field: hf[key] for field, key in HF_FIELDS.items() if isinstance(hf.get(key), (int, bool))}
+    values["num_kv_heads"] = hf.get("num_key_value_heads") or values.get("num_heads", cfg.model.num_kv_heads)
+    values["name"] = Path(cfg.model.path).name
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **values))
+
+
 def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
     """Resolve and check a RunConfig. Raises PlanError listing every problem with its fix.
 
     runnable=False checks the geometry only (placement, batch, lengths), not whether today's learners can run
     it: the placement tests use it for layouts the learners do not support yet (colocated learner groups)."""
+    cfg = with_model_folder(cfg)
     p: list[str] = []
     warnings: list[str] = []
     _check_scalars(cfg, p)

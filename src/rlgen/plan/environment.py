@@ -118,6 +118,15 @@ def check_environment(cfg: RunConfig, plan, problems: list[str]) -> None:
     if uses_deepspeed(cfg, plan.device) and not has_package("deepspeed"):
         problems.append("the learner on GPUs is DeepSpeed, which is not installed; pip install 'rlgen[gpu]', or set "
                         "learner.kind=torch.")
+    if cfg.task.kind.value == "dataset" and not has_package("datasets"):
+        problems.append("task=dataset reads files with Hugging Face datasets, which is not installed; pip install "
+                        "'rlgen[data]'.")
+    from rlgen.tasks.rewards import NEEDS
+
+    for name in (cfg.task.rewards or {cfg.task.reward: 1.0}):
+        if name in NEEDS and not has_package(NEEDS[name]):
+            problems.append(f"the {name} reward needs {NEEDS[name].replace('_', '-')}, which is not installed; pip "
+                            "install 'rlgen[data]'.")
     if cfg.wandb.mode != WandbMode.disabled and not has_package("wandb"):
         problems.append(f"wandb.mode={cfg.wandb.mode.value} needs the wandb package, which is not installed; pip "
                         "install 'rlgen[wandb]', or set wandb.mode=disabled.")

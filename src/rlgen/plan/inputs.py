@@ -88,49 +88,63 @@ def _check_hub_id(repo: str, problems: list[str]) -> None:
 
 
 # -- prompts ----------------------------------------------------------------------------------------------
+class CharTokenizer:
+    """The presets' character tokenizer, as far as measuring prompts goes, without transformers: encode
+    gives one id per character, -1 for a character it cannot encode."""
+
+    chat_template = None
+    eos_token_id = None
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        from rlgen.charvocab import CHAR_VOCAB
+
+        index = {ch: i for i, ch in enumerate(CHAR_VOCAB)}
+        return [index.get(ch, -1) for ch in text]
+
+
 class PromptEncoder:
-    """Counts a prompt's tokens and names what the run's tokenizer cannot encode, without building the model:
-    the character vocabulary of the presets, or the tokenizer.json of model.path."""
+    """Measures prompts as the run will render them (rlgen.prompts.PromptRenderer: chat template, system
+    prompt), with the preset's character tokenizer or the tokenizer of model.path, without building a model."""
 
     def __init__(self, cfg: RunConfig):
+        from rlgen.prompts import PromptRenderer
+
         self.path = cfg.model.path
-        self._tok = None
-        self.name = "the preset's character tokenizer"
         if self.path:
             folder = Path(self.path).expanduser()
             if not folder.is_dir():
                 folder = Path(hub_snapshot(self.path) or folder)
             if not folder.is_dir():  # never the network: check_model has said what is wrong with model.path
                 raise FileNotFoundError(f"{self.path} is not a local folder")
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(folder))
             self.name = f"the tokenizer of model.path={self.path}"
-            if (folder / "tokenizer.json").is_file():
-                from tokenizers import Tokenizer
-
-                self._tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-            else:  # a tokenizer without tokenizer.json (slow tokenizers): transformers reads it
-                from transformers import AutoTokenizer
-
-                self._tok = AutoTokenizer.from_pretrained(str(folder))
+        else:
+            tokenizer = CharTokenizer()
+            self.name = "the preset's character tokenizer"
+        self.renderer = PromptRenderer(tokenizer, cfg.task)
 
     def count(self, text: str) -> int:
-        if self._tok is None:
-            return len(text)
-        enc = self._tok.encode(text, add_special_tokens=False)
-        return len(enc.ids if hasattr(enc, "ids") else enc)
+        return len(self.renderer.ids(text))
 
     def unknown(self, text: str) -> str:
         """The characters of text the tokenizer cannot encode (the character tokenizer drops them silently)."""
-        if self._tok is None:
-            from rlgen.charvocab import CHARS
-
-            return "".join(sorted(set(text) - set(CHARS)))
-        return ""
+        if not isinstance(self.renderer.tokenizer, CharTokenizer):
+            return ""
+        return "".join(sorted({ch for ch, i in zip(text, self.renderer.tokenizer.encode(text)) if i < 0}))
 
 
 def check_prompts(prompts: list, cfg: RunConfig, encoder: PromptEncoder, problems: list[str], what: str) -> None:
     """Every prompt not empty, encodable, and within task.max_prompt_tokens; bad ones named by their row."""
     limit = cfg.task.max_prompt_tokens
     bad: list[str] = []
+    system = cfg.task.system_prompt
+    if system and (unknown := encoder.unknown(system + ("" if encoder.renderer.chat else "\n\n"))):
+        shown = ", ".join(repr(c) for c in unknown[:8])
+        problems.append(f"task.system_prompt has characters {encoder.name} cannot encode ({shown}); remove them, or "
+                        "use model.path=<a model whose tokenizer has them>.")
+        return
     for i, p in enumerate(prompts):
         where = p.source or f"{what} {i}"
         text = p.text
@@ -143,11 +157,12 @@ def check_prompts(prompts: list, cfg: RunConfig, encoder: PromptEncoder, problem
             shown = ", ".join(repr(c) for c in unknown[:8])
             bad.append(f"{where}: the prompt has characters {encoder.name} cannot encode ({shown}); remove them, or "
                        "use model.path=<a model whose tokenizer has them>.")
-        else:
+        elif cfg.task.long_prompts.value == "reject":
             n = encoder.count(text)
             if n > limit:
                 bad.append(f"{where}: the prompt has {n} tokens, more than task.max_prompt_tokens={limit}; raise "
-                           "task.max_prompt_tokens (and engine.max_model_len with it) or shorten the prompt.")
+                           "task.max_prompt_tokens (and engine.max_model_len with it), shorten the prompt, or set "
+                           "task.long_prompts=skip (leave such rows out) or truncate.")
     _extend(problems, bad, "prompts")
 
 
@@ -161,27 +176,39 @@ def check_task(cfg: RunConfig, problems: list[str], model_ok: bool = True) -> ob
     from rlgen.tasks.rewards import RewardSpecError
 
     t = cfg.task
-    if t.kind == TaskKind.jsonl:
+    task = None
+    if t.kind in (TaskKind.jsonl, TaskKind.dataset):
         if not t.path:
             return None  # the plan says what to set
         try:
-            _, bad = read_rows(t.path)
-        except TaskDataError as err:
+            if t.kind == TaskKind.jsonl:
+                _, bad = read_rows(t.path)
+            else:
+                from rlgen.tasks.dataset import DatasetTask, read_dataset
+
+                rows, held, bad = read_dataset(t)
+                task = None if bad else DatasetTask.from_rows(t, rows, held)
+        except (TaskDataError, RewardSpecError) as err:
             problems.append(str(err))
             return None
         if bad:
             _extend(problems, bad, "rows")
             return None
     try:
-        task = build_task(t)
+        task = task or build_task(t)
     except (TaskDataError, RewardSpecError) as err:
         problems.append(str(err))
         return None
+    if cfg.eval.every > 0 and not task.eval_prompts():
+        problems.append(f"eval.every={cfg.eval.every} needs held-out prompts, and task={t.kind.value} has none; set "
+                        "task.eval_path=<a file of held-out rows> or task.eval_fraction=0.05, or eval.every=0.")
     rows = getattr(task, "rows", None)
     sample = rows if rows is not None else [p for s in range(4) for p in task.prompts(s, cfg.algo.prompts_per_step)]
     if model_ok:
         try:
             encoder = PromptEncoder(cfg)
+        except TaskDataError as err:  # e.g. a chat format with no template
+            problems.append(str(err))
         except Exception as err:  # noqa: BLE001 - a broken tokenizer file is reported, not raised
             problems.append(f"the tokenizer of model.path={cfg.model.path} cannot be loaded ({type(err).__name__}: "
                             f"{err}); re-save it with tokenizer.save_pretrained.")

@@ -20,10 +20,14 @@ class InFlight:
     refs: dict[int, tuple[int, Any]] = field(default_factory=dict)  # engine index -> (incarnation, generate ref)
     updates: dict[int, tuple[int, Any]] = field(default_factory=dict)  # engine index -> (incarnation, update ref)
     results: dict[int, dict[str, Any]] = field(default_factory=dict)  # engine index -> generate() result
+    update_spans: dict[int, list[Any]] = field(default_factory=dict)  # engine index -> its weight update's spans
+    prepared: list[Completion] | None = None  # the completions as trained on (cut at stop strings), once prepared
+    scoring: Any = None  # the scorer's handle, once prepared
 
     @property
-    def done(self) -> bool:
-        return not self.refs and not self.updates
+    def samples(self) -> int:
+        """Completions per prompt."""
+        return next(reqs[0].sampling.n for reqs in self.shards if reqs)
 
     def completions(self) -> list[Completion]:
         return [c for i in sorted(self.results) for c in self.results[i]["completions"]]

@@ -2,7 +2,8 @@
 
 One step: engines generate the step's rollouts (policy version v), the driver scores them, the learner trains
 (v -> v+1), and the new weights go to the engines. Up to ``async_steps`` generations run ahead of the learner,
-so generation of step s+1 overlaps training of step s; ``async_steps=0`` is strictly on-policy.
+so generation of step s+1 overlaps training of step s; ``async_steps=0`` is strictly on-policy. The engines'
+side (flights, collection, scoring, eval) is ``rlgen.runtime.rollouts``.
 
 A run is a resumable value: a checkpoint (``rlgen.runtime.checkpoint``) holds the policy, the learner's
 optimizer state, the step, the data cursor, the RNG states and the rollouts generated ahead, and
@@ -15,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -36,42 +36,18 @@ from rlgen.runtime.actors import (
     start_ray,
 )
 from rlgen.runtime.checkpoint import checkpoint_name, is_complete, newest_checkpoint, write_checkpoint
-from rlgen.runtime.errors import RunError, RunStopped, StopRequested, actor_death_detail
+from rlgen.runtime.errors import RunError, RunStopped, StopRequested
 from rlgen.runtime.faults import EngineKeeper, EngineLost
-from rlgen.runtime.flights import InFlight, results_from_json
+from rlgen.runtime.flights import InFlight
+from rlgen.runtime.records import step_record
 from rlgen.runtime.resume import ResumePoint, identity
+from rlgen.runtime.rollouts import Rollouts
 from rlgen.runtime.stop import StopFlag
+from rlgen.runtime.waits import LearnerLost, Waiter
 from rlgen.sync import SyncError, make_transport
 from rlgen.types import Phase, StepTimeline
 
 log = logging.getLogger(__name__)
-POLL_S = 0.25  # waits wake this often to notice a stop request
-
-
-def _short(err: BaseException | None, limit: int = 300) -> str:
-    """An exception in one line: its type and the first line of its message."""
-    if err is None:
-        return "an error"
-    first = (str(err).strip().splitlines() or [""])[0]
-    return f"{type(err).__name__}: {first}"[:limit] if first else type(err).__name__
-
-
-def _culprit(refs: list[Any], names: list[str] | None) -> str | None:
-    """The name of the first actor whose call failed (refs and names in the same order)."""
-    import ray
-
-    if not names:
-        return None
-    for ref, name in zip(refs, names):
-        try:
-            ray.get(ref, timeout=0)
-        except Exception:  # noqa: BLE001 - this is the failed one
-            return name
-    return None
-
-
-class LearnerLost(RunError):
-    """A learner actor died: its state is gone, so the run stops and resumes from the last checkpoint."""
 
 
 class Orchestrator:
@@ -97,44 +73,60 @@ class Orchestrator:
         self.resume, self.stop, self.status = resume, stop or StopFlag(), status
         self.console = console or Console()
         self.breaker = CircuitBreaker(cfg.monitor, self.out_dir)
+        self.waiter = Waiter(cfg.timeout_s, self.stop, self.out_dir)
         self.engines: list[Any] = []
         self.engine_names: list[str] = []
         self.learner: Any = None  # rank 0: speaks for the learner group (weights, saving)
         self.learners: list[Any] = []  # every rank, rank 0 first
+        self.learner_nodes: list[str] = []
         self.pgs: list[Any] = []
         self._started_ray = False
         self.async_steps = cfg.algo.async_steps
         self.transport: Any = None
         self.keeper: EngineKeeper | None = None
-        self.pending: deque[InFlight] = deque()
-        self.queued_updates: dict[int, tuple[int, Any]] = {}  # object store: applied before each engine's next generate
+        self.rollouts: Rollouts | None = None
         self.next_step = 0  # steps finished
-        self.next_gen = 0  # the next step to launch generation for
         self.version = 0  # the learner's policy version; engines start with the same weights
         self.last_checkpoint: Path | None = resume.checkpoint if resume else None
+        self.checkpoint_seconds: list[float] = []
         self.wall_before = float(resume.state.get("wall_s", 0.0)) if resume else 0.0
+        self.sink: Any = None
+
+    @property
+    def pending(self) -> Any:
+        return self.rollouts.pending if self.rollouts else []
 
     # -- setup ------------------------------------------------------------------------------------------
     def setup(self) -> None:
         from rlgen.models import load_tokenizer, prepare_model
+        from rlgen.prompts import PromptRenderer, model_stop_ids
+        from rlgen.scoring import Scorer
         from rlgen.tasks import build_task
 
         cfg, plan = self.cfg, self.plan
         for var, val in QUIET_ENV.items():  # before transformers loads in this process (actors get them too)
             os.environ.setdefault(var, val)
-        self.task = build_task(cfg.task)
+        task = build_task(cfg.task)
         device = "cuda" if plan.device == "cuda" else "cpu"
         self.initial_model_path = prepare_model(cfg, device=device)
         # Actors start from the checkpoint's policy when resuming; the frozen reference stays the initial model.
         self.start_model_path = str(self.resume.checkpoint / "model") if self.resume else self.initial_model_path
         self.version = self.start_version = int(self.resume.state["version"]) if self.resume else 0
         self.tokenizer = load_tokenizer(self.start_model_path)
-        self.eos_ids = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        renderer = PromptRenderer(self.tokenizer, cfg.task)
+        if cfg.task.long_prompts.value == "skip" and hasattr(task, "keep_rows"):
+            dropped = task.keep_rows(lambda p: renderer.fits(p.text))
+            if dropped:
+                self.console.print(f"left out {dropped} rows over task.max_prompt_tokens={cfg.task.max_prompt_tokens} "
+                                   "(task.long_prompts=skip)", highlight=False)
+        if hasattr(task, "rows"):
+            self.console.print(f"task {task.name}: {len(task.rows)} rows, {len(task.eval_prompts())} held out; prompts "
+                               f"as {renderer.format} text", highlight=False)
+        stop_ids = model_stop_ids(self.start_model_path, self.tokenizer, cfg.task.stop_token_ids)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else (stop_ids or [0])[0]
 
         self._connect()
         self._place_folders()
-
         engine_cls, engine_kwargs = (self._engine_cls, dict(self._engine_kwargs)) if self._engine_cls else engine_class(plan)
         learner_cls, learner_kwargs = (self._learner_cls, {}) if self._learner_cls else learner_class(cfg, plan)
         self.factory = ActorFactory(cfg, plan, self.placement, self.pgs, self.node_ids, engine_cls, engine_kwargs,
@@ -143,12 +135,12 @@ class Orchestrator:
         self.engine_names = [f"engine{s.index}" for s in plan.engines]
         rendezvous = None
         if len(self.placement.learners) > 1:
-            rendezvous = self._get(self.factory.rendezvous_ref(), "finding the learner group's rendezvous",
-                                   cfg.startup_timeout_s)
+            rendezvous = self.waiter.get(self.factory.rendezvous_ref(), "finding the learner group's rendezvous",
+                                         cfg.startup_timeout_s)
         self.learners = self.factory.learners(self.learner_paths, rendezvous, **self.learner_extra)
         self.learner = self.learners[0]
-        health = self._get([a.health.remote() for a in [*self.engines, *self.learners]], "actor start-up",
-                           cfg.startup_timeout_s)
+        health = self.waiter.get([a.health.remote() for a in [*self.engines, *self.learners]], "actor start-up",
+                                 cfg.startup_timeout_s)
         bad = [h for h in health if not h.get("ok")]
         if bad:
             raise RunError(f"actors reported unhealthy at start-up: {bad}")
@@ -165,11 +157,14 @@ class Orchestrator:
         self.keeper = EngineKeeper(
             self.engines, self.engine_names, cfg.engine.max_restarts,
             create=lambda i: self.factory.engine(i, self.engine_paths, self.start_version),
-            ready=lambda actor, what: self._note_actors(self._get([actor.health.remote()], what, cfg.startup_timeout_s)),
+            ready=lambda actor, what: self._note_actors(self.waiter.get([actor.health.remote()], what,
+                                                                        cfg.startup_timeout_s)),
             resync=self._resync_engine,
             say=lambda msg: self.console.print(f"[yellow]engine restart:[/] {escape(msg)}", highlight=False),
             node_of=self.factory.engine_node,
         )
+        self.rollouts = Rollouts(cfg, task, self.tokenizer, renderer, stop_ids, self.keeper,
+                                 Scorer(task.rewards, cfg.task, cfg.task.reward), self.stop)
         if self.resume:
             self._restore(self.resume)
 
@@ -184,7 +179,7 @@ class Orchestrator:
         self.stop.rearm()  # ray.init takes SIGTERM for itself; take it back
         self.node_ids = assign_nodes(self.placement, cluster_nodes(), ray_address(cfg) or "this machine")
         self.pgs = reserve(self.placement, self.node_ids, cfg.startup_timeout_s,
-                           lambda refs, what, t: self._get(refs, what, t))
+                           lambda refs, what, t: self.waiter.get(refs, what, t))
 
     def _place_folders(self) -> None:
         """Where each node's actors read the model (and, resuming, the checkpoint), and whether the learners
@@ -231,124 +226,10 @@ class Orchestrator:
         self.next_step = int(state["step"])
         self.async_steps = int(state["async_steps"])
         self.breaker.load_state_dict(state.get("breaker", {}))
-        saved = read_rollouts(point.checkpoint)["flights"]
-        for data in saved:
-            flight = self._new_flight(int(data["step"]), int(data["launch_version"]))
-            flight.results = results_from_json(data)
-            self.pending.append(flight)
-        self.next_gen = self.pending[-1].step + 1 if self.pending else self.next_step
-
-    # -- waits ------------------------------------------------------------------------------------------
-    def _get(self, refs: Any, what: str, timeout_s: float | None = None, *, interruptible: bool = True,
-             names: list[str] | None = None) -> Any:
-        """ray.get with a timeout, woken every POLL_S to notice a stop request (interruptible waits then raise
-        StopRequested). Errors become RunError with what failed (names: the actor behind each ref)."""
-        import ray
-        from ray.exceptions import RayActorError, RayTaskError
-
-        timeout_s = self.cfg.timeout_s if timeout_s is None else timeout_s
-        key = "timeout_s" if timeout_s == self.cfg.timeout_s else "startup_timeout_s"
-        many = isinstance(refs, list)
-        todo = list(refs) if many else [refs]
-        deadline = time.time() + timeout_s
-        while todo:
-            if interruptible and self.stop.requested:
-                raise StopRequested(what)
-            left = deadline - time.time()
-            if left <= 0:
-                raise RunError(
-                    f"{what} did not finish within {key}={timeout_s:.0f} s; an actor may be stuck or the step too "
-                    f"large. Raise {key}=<seconds> or shrink algo.prompts_per_step."
-                )
-            _, todo = ray.wait(todo, num_returns=len(todo), timeout=min(POLL_S, left))
-        try:
-            values = ray.get(list(refs) if many else refs)
-        except RayActorError as err:
-            raise RunError(
-                f"{what} failed because an actor died ({actor_death_detail(err)}). Metrics up to the last finished "
-                f"step are in {self.out_dir}."
-            ) from err
-        except RayTaskError as err:
-            log.info("%s raised in an actor", what, exc_info=err)
-            who = _culprit(list(refs) if many else [refs], names) or "an actor"
-            raise RunError(f"{what}: {who} raised {_short(err.cause)}") from err
-        return values
+        self.rollouts.restore(read_rollouts(point.checkpoint)["flights"], self.next_step)
 
     def _learner_get(self, refs: Any, what: str, names: list[str] | None = None) -> Any:
-        """A learner call: never interrupted (the learner's state must stay whole); a dead learner ends the run."""
-        from ray.exceptions import RayActorError
-
-        try:
-            return self._get(refs, what, interruptible=False, names=names)
-        except RunError as err:
-            if isinstance(err.__cause__, RayActorError):
-                from rlgen.runtime.cluster import node_alive
-
-                gone = [f"learner{r}" for r, n in enumerate(getattr(self, "learner_nodes", [])) if not node_alive(n)]
-                why = f"the node of {', '.join(gone)} left the Ray cluster" if gone else \
-                    actor_death_detail(err.__cause__, limit=300)
-                raise LearnerLost(f"{what}: {why}") from err
-            raise
-
-    # -- generation -------------------------------------------------------------------------------------
-    def _new_flight(self, step: int, launch_version: int) -> InFlight:
-        from rlgen.rollout import encode_prompts, sampling_params, split_requests
-
-        sp = encode_prompts(step, self.task, self.tokenizer, self.cfg)
-        sampling = sampling_params(self.cfg, self.eos_ids, seed=self.cfg.seed * 100_003 + step)
-        return InFlight(step, sp, split_requests(sp, sampling, len(self.engines)), launch_version)
-
-    def _launch(self, step: int) -> InFlight:
-        flight = self._new_flight(step, self.transport.version)
-        for i, reqs in enumerate(flight.shards):
-            if reqs:
-                flight.refs[i] = (self.keeper.incarnation[i], self.engines[i].generate.remote(reqs))
-        flight.updates, self.queued_updates = self.queued_updates, {}
-        return flight
-
-    def _collect(self, flight: InFlight, *, interruptible: bool = True) -> None:
-        """Wait for a flight's results. An engine that died is re-created and its requests are sent again (with
-        the same seeds: async_steps=0 gets the very same rollouts); a stop request raises StopRequested."""
-        import ray
-        from ray.exceptions import RayActorError, RayTaskError
-
-        what = f"generation for step {flight.step}"
-        deadline = time.time() + self.cfg.timeout_s
-        while flight.refs:
-            if interruptible and self.stop.requested:
-                raise StopRequested(what)
-            left = deadline - time.time()
-            if left <= 0:
-                raise RunError(
-                    f"{what} did not finish within timeout_s={self.cfg.timeout_s:.0f} s; an actor may be stuck or "
-                    "the step too large. Raise timeout_s=<seconds> or shrink algo.prompts_per_step."
-                )
-            ready, _ = ray.wait([ref for _, ref in flight.refs.values()], num_returns=1, timeout=min(POLL_S, left))
-            for i, (inc, ref) in list(flight.refs.items()):
-                if ref not in ready:
-                    continue
-                try:
-                    flight.results[i] = ray.get(ref)
-                    del flight.refs[i]
-                except RayActorError as err:
-                    self.keeper.is_dead(i, inc, err)
-                    flight.refs[i] = (self.keeper.incarnation[i], self.engines[i].generate.remote(flight.shards[i]))
-                    deadline = time.time() + self.cfg.timeout_s
-                except RayTaskError as err:
-                    log.info("%s raised in %s", what, self.engine_names[i], exc_info=err)
-                    raise RunError(f"{what}: {self.engine_names[i]} raised {_short(err.cause)}") from err
-        for i, (inc, ref) in list(flight.updates.items()):  # weights queued before this generate (object store)
-            try:
-                res = ray.get(ref, timeout=self.cfg.timeout_s)
-                flight.results.setdefault(i, {}).setdefault("update_spans", []).extend(res.get("spans", []))
-            except RayActorError as err:
-                self.keeper.is_dead(i, inc, err)  # the re-created engine got the current weights already
-            del flight.updates[i]
-
-    def _fill(self, step: int) -> None:
-        while self.next_gen < self.cfg.steps and self.next_gen <= step + self.async_steps:
-            self.pending.append(self._launch(self.next_gen))
-            self.next_gen += 1
+        return self.waiter.learner_get(refs, what, names, self.learner_nodes)
 
     # -- train ------------------------------------------------------------------------------------------
     def train(self, sink) -> dict:
@@ -385,32 +266,27 @@ class Orchestrator:
 
     def _step(self, step: int, sink, tracker) -> str | None:
         """One step; returns the breaker's halt message when it halts the run."""
-        from rlgen.rollout import RewardError, RolloutCountError, build_batch, check_complete, score
+        from rlgen.rollout import build_batch
+        from rlgen.scoring import RewardError
 
-        cfg = self.cfg
+        cfg, ro = self.cfg, self.rollouts
         t_step = time.time()
         tl = StepTimeline(step)
-        self._fill(step)
-        flight = self.pending[0]
+        ro.fill(step, self.async_steps, self.transport.version)
+        flight = ro.pending[0]
         t0 = time.time()
-        self._collect(flight)
-        self.pending.popleft()
+        ro.collect(flight)
+        ro.pending.popleft()
         tl.add("learner0", Phase.wait, t0, time.time())
-        for i, res in flight.results.items():
-            for phase, a, b in [*res.get("spans", []), *res.get("update_spans", [])]:
-                tl.add(self.engine_names[i], Phase(phase), a, b)
+        self._add_engine_spans(tl, flight)
 
         t0 = time.time()
-        completions = flight.completions()
         try:
-            check_complete(completions, flight.prompts, cfg.algo.samples_per_prompt)
-        except RolloutCountError as err:
-            raise RunError(str(err)) from err
-        try:
-            rewards = score(completions, flight.prompts, self.task, self.tokenizer, cfg.task.reward)
+            ro.prepare(flight)
+            scores = ro.scorer.result(flight.scoring)
         except RewardError as err:
             raise RunError(str(err)) from err
-        batch = build_batch(completions, rewards, self.pad_id, cfg.algo.std_normalize)
+        batch = build_batch(flight.prepared, scores.totals, self.pad_id, cfg.algo.std_normalize)
         tl.add("driver", Phase.reward, t0, time.time())
 
         staleness = self.version - batch.version
@@ -418,6 +294,7 @@ class Orchestrator:
             for phase, a, b in r["spans"]:
                 tl.add(r["actor"], Phase(phase), a, b)
         metrics = self._train(batch, step, tl)
+        metrics.update(scores.means())
 
         event = self.breaker.update(step, metrics, batch)
         halt = event is not None and event.action is BreakerAction.halt
@@ -425,25 +302,14 @@ class Orchestrator:
             sink.console.print(f"[yellow]breaker:[/] {escape(event.message)}", highlight=False)
             if event.action is BreakerAction.tighten:
                 self.async_steps = 0
-        pushed = False
-        if not metrics.get("skipped"):
-            self.version = int(metrics["version"])
-            if not halt:
-                try:
-                    res = self.transport.push(self.version, in_flight=self.async_steps > 0 and bool(self.pending))
-                except SyncError as err:
-                    raise RunError(f"weight sync to version {self.version} failed: {err}") from err
-                for r in res.results:
-                    for phase, a, b in r.get("spans", []):
-                        tl.add(r["actor"], Phase(phase), a, b)
-                self.queued_updates = {i: (self.keeper.incarnation[i], ref) for i, ref in enumerate(res.pending)}
-                pushed = True
-        if not pushed:
-            self.transport.no_update()  # colocated: wake the engines on their old weights
+        self._push(metrics, halt, tl)
         metrics.update(self.breaker.metrics())
         metrics["engine_restarts"] = self.keeper.total_restarts
+        if ro.eval_set and ((step + 1) % cfg.eval.every == 0 or step + 1 == cfg.steps):
+            metrics.update(ro.evaluate(step, self.transport.version))
 
-        rec = self._record(step, tl, batch, rewards, metrics, staleness, time.time() - t_step)
+        rec = step_record(step, tl, batch, scores.totals, metrics, self.version, staleness, time.time() - t_step,
+                          len(self.learners))
         verdict = tracker.update(rec)
         rec["balance"] = verdict.to_dict()
         self.next_step = step + 1
@@ -453,22 +319,48 @@ class Orchestrator:
         self._last_kind = verdict.kind
         return event.message if halt else None
 
+    def _add_engine_spans(self, tl: StepTimeline, flight: InFlight) -> None:
+        for i, res in flight.results.items():
+            for phase, a, b in res.get("spans", []):
+                tl.add(self.engine_names[i], Phase(phase), a, b)
+        for i, spans in flight.update_spans.items():
+            for phase, a, b in spans:
+                tl.add(self.engine_names[i], Phase(phase), a, b)
+
+    def _push(self, metrics: dict, halt: bool, tl: StepTimeline) -> None:
+        """The new version to the engines, unless the step was skipped or the breaker halts the run."""
+        if not metrics.get("skipped"):
+            self.version = int(metrics["version"])
+            if not halt:
+                in_flight = self.async_steps > 0 and bool(self.rollouts.pending)
+                try:
+                    res = self.transport.push(self.version, in_flight=in_flight)
+                except SyncError as err:
+                    raise RunError(f"weight sync to version {self.version} failed: {err}") from err
+                for r in res.results:
+                    for phase, a, b in r.get("spans", []):
+                        tl.add(r["actor"], Phase(phase), a, b)
+                self.rollouts.queued_updates = {i: (self.keeper.incarnation[i], ref) for i, ref in enumerate(res.pending)}
+                return
+        self.transport.no_update()  # colocated: wake the engines on their old weights
+
     def _finish_updates(self) -> None:
         """Surface any failure of the last weight update rather than dropping it."""
         from ray.exceptions import RayActorError
 
-        for i, (inc, ref) in list(self.queued_updates.items()):
+        for i, (inc, ref) in list(self.rollouts.queued_updates.items()):
             try:
-                self._get(ref, "final weight update", interruptible=False)
+                self.waiter.get(ref, "final weight update", interruptible=False)
             except RunError as err:
                 if not isinstance(err.__cause__, RayActorError):
                     raise
                 self.keeper.is_dead(i, inc, err.__cause__)
-        self.queued_updates = {}
+        self.rollouts.queued_updates = {}
 
     def _train(self, batch, step: int, tl: StepTimeline) -> dict:
         """One optimizer step of the learner group: each rank trains on its shard of the rows; one metrics
-        dict comes back, every rank's spans go on the timeline."""
+        dict comes back, every rank's spans go on the timeline. While it trains, the next flight's rollouts
+        are prepared and scored if they are in."""
         from rlgen.learners.group import merge_rank_metrics, shard_rows
 
         if len(self.learners) == 1:
@@ -477,46 +369,13 @@ class Orchestrator:
             import torch
 
             shards = [batch.select(torch.arange(r.start, r.stop)) for r in shard_rows(batch.num_sequences, len(self.learners))]
-        per_rank = self._learner_get([a.train_step.remote(b) for a, b in zip(self.learners, shards)],
-                                     f"training step {step}", [f"learner{r}" for r in range(len(self.learners))])
+        refs = [a.train_step.remote(b) for a, b in zip(self.learners, shards)]
+        self.rollouts.prefetch()
+        per_rank = self._learner_get(refs, f"training step {step}", [f"learner{r}" for r in range(len(self.learners))])
         for rank, m in enumerate(per_rank):
             for phase, a, b in m.get("spans", []):
                 tl.add(f"learner{rank}", Phase(phase), a, b)
         return merge_rank_metrics(per_rank)
-
-    def _record(self, step, tl: StepTimeline, batch, rewards, metrics, staleness, step_s) -> dict:
-        gen_spans = [s for s in tl.spans if s.phase == Phase.generate]
-        gen_wall = (max(s.end for s in gen_spans) - min(s.start for s in gen_spans)) if gen_spans else 0.0
-        tokens = batch.num_response_tokens
-        n = len(rewards)
-        mean = sum(rewards) / n
-        std = (sum((r - mean) ** 2 for r in rewards) / n) ** 0.5
-        sync_engine = max((s.seconds for s in tl.spans if s.phase == Phase.sync and not s.actor.startswith("learner")),
-                          default=0.0)
-        train_s = max((tl.total(Phase.train, f"learner{r}") for r in range(len(self.learners) or 1)), default=0.0)
-        rec = {
-            "step": step,
-            "version": self.version,
-            "batch_version": batch.version,
-            "staleness": staleness,
-            "reward_mean": mean,
-            "reward_std": std,
-            "response_tokens": tokens,
-            "sequences": n,
-            "tokens_per_s": tokens / gen_wall if gen_wall > 0 else 0.0,
-            "generate_s": gen_wall,
-            "reward_s": tl.total(Phase.reward),
-            "wait_s": tl.total(Phase.wait, "learner0"),
-            "train_s": train_s,
-            "sync_s": tl.total(Phase.sync, "learner0") + sync_engine,
-            "step_s": step_s,
-            # max(gen, train) / step: 1.0 when the shorter side hides entirely behind the longer one
-            "overlap_efficiency": max(gen_wall, train_s) / step_s if step_s > 0 else 0.0,
-        }
-        rec.update({k: v for k, v in metrics.items() if isinstance(v, (int, float, bool, str))})
-        rec["version"] = self.version
-        rec["timeline"] = tl.to_dict()["spans"]
-        return rec
 
     # -- checkpoints and stops --------------------------------------------------------------------------
     def checkpoint(self, reason: str) -> Path:
@@ -535,7 +394,7 @@ class Orchestrator:
             if flight.launch_version >= self.version:
                 break  # this and every later flight can be regenerated exactly
             try:
-                self._collect(flight, interruptible=False)
+                self.rollouts.collect(flight, interruptible=False)
             except RunError as err:  # an engine that cannot come back: regenerate these on resume
                 log.info("rollouts of step %d are not kept in the checkpoint: %s", flight.step, err)
                 break
@@ -545,7 +404,7 @@ class Orchestrator:
             "steps": self.cfg.steps,
             "version": self.version,
             "async_steps": self.async_steps,
-            "metrics_lines": len(self.sink.records) if getattr(self, "sink", None) else b,
+            "metrics_lines": len(self.sink.records) if self.sink else b,
             "data_cursor": {
                 "next_step": b,
                 "prompts_per_step": self.cfg.algo.prompts_per_step,
@@ -556,7 +415,7 @@ class Orchestrator:
             "engine_restarts": self.keeper.total_restarts if self.keeper else 0,
             "breaker": self.breaker.state_dict(),
             "initial_model_path": self.initial_model_path,
-            "wall_s": self.wall_before + (time.time() - self.sink.t0 if getattr(self, "sink", None) else 0.0),
+            "wall_s": self.wall_before + (time.time() - self.sink.t0 if self.sink else 0.0),
             "reason": reason,
             "created": time.time(),
             **identity(self.cfg, len(self.learners)),
@@ -580,7 +439,7 @@ class Orchestrator:
         self.last_checkpoint = path
         seconds = time.time() - t0
         log.info("checkpoint %s written in %.2f s (%s)", path, seconds, reason)
-        self.checkpoint_seconds = getattr(self, "checkpoint_seconds", []) + [seconds]
+        self.checkpoint_seconds.append(seconds)
         if self.status is not None:
             self.status.update(checkpoint=str(path), step=b)
         return path
@@ -600,12 +459,12 @@ class Orchestrator:
     # -- cleanup ----------------------------------------------------------------------------------------
     def final_model(self) -> Path:
         """final_model/: the last checkpoint's policy folder, hard-linked (no second copy on disk)."""
+        import shutil
+
         from rlgen.runtime.checkpoint import link_tree
 
         path = self.out_dir / "final_model"
         if path.exists():
-            import shutil
-
             shutil.rmtree(path)
         link_tree(self.last_checkpoint / "model", path)
         return path
@@ -613,6 +472,8 @@ class Orchestrator:
     def cleanup(self) -> None:
         import ray
 
+        if self.rollouts is not None:
+            self.rollouts.close()
         if self.transport is not None:
             self.transport.close()
         if not ray.is_initialized():

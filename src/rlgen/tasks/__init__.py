@@ -5,6 +5,7 @@ from __future__ import annotations
 from rlgen.config import TaskConfig, TaskKind
 from rlgen.tasks.arith import ArithTask
 from rlgen.tasks.base import Prompt, Task, TaskDataError
+from rlgen.tasks.dataset import DatasetTask
 from rlgen.tasks.jsonl import JsonlTask
 from rlgen.tasks.reverse import ReverseTask
 
@@ -12,6 +13,7 @@ _TASKS: dict[TaskKind, type] = {
     TaskKind.arith: ArithTask,
     TaskKind.reverse: ReverseTask,
     TaskKind.jsonl: JsonlTask,
+    TaskKind.dataset: DatasetTask,
 }
 
 
@@ -25,4 +27,4 @@ def build_task(cfg: TaskConfig) -> Task:
     return _TASKS[kind](cfg)
 
 
-__all__ = ["ArithTask", "JsonlTask", "Prompt", "ReverseTask", "Task", "TaskDataError", "build_task"]
+__all__ = ["ArithTask", "DatasetTask", "JsonlTask", "Prompt", "ReverseTask", "Task", "TaskDataError", "build_task"]

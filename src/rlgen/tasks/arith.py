@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from rlgen.config import TaskConfig
-from rlgen.tasks.base import Prompt, TaskDataError, clamp_reward, step_rng
-from rlgen.tasks.rewards import resolve_reward
+from rlgen.tasks.base import EVAL_PROMPTS_SYNTHETIC, BaseTask, Prompt, TaskDataError, step_rng
 
 
-class ArithTask:
+class ArithTask(BaseTask):
     name = "arith"
 
     def __init__(self, cfg: TaskConfig):
@@ -19,9 +18,8 @@ class ArithTask:
                 f"task.max_operand={cfg.max_operand} gives prompts of {longest} characters, more than "
                 f"task.max_prompt_tokens={cfg.max_prompt_tokens}; raise max_prompt_tokens or lower max_operand."
             )
+        super().__init__(cfg)
         self.max_operand = cfg.max_operand
-        self.seed = cfg.seed
-        self._reward = resolve_reward(cfg.reward)
 
     def _draw(self, rng, n: int) -> list[Prompt]:
         out = []
@@ -36,5 +34,5 @@ class ArithTask:
     def demonstrations(self, n: int, seed: int) -> list[Prompt]:
         return self._draw(step_rng(seed, "demos", 0), n)
 
-    def reward(self, completion: str, prompt: Prompt) -> float:
-        return clamp_reward(self._reward(completion, prompt.answer))
+    def eval_prompts(self) -> list[Prompt]:
+        return self._draw(step_rng(self.seed, "eval", 0), EVAL_PROMPTS_SYNTHETIC)

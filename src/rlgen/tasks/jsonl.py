@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 
 from rlgen.config import TaskConfig
-from rlgen.tasks.base import Prompt, TaskDataError, clamp_reward, step_rng
-from rlgen.tasks.rewards import resolve_reward
+from rlgen.tasks.base import Prompt, RowTask, TaskDataError, split_held_out
 
 ROW_SHAPE = 'each line must be {"prompt": "...", "answer": "..."}'
 
@@ -77,44 +76,16 @@ def load_rows(path: str | Path) -> list[Prompt]:
     return rows
 
 
-class JsonlTask:
+class JsonlTask(RowTask):
     name = "jsonl"
 
     def __init__(self, cfg: TaskConfig):
         if not cfg.path:
             raise TaskDataError(f"task.kind=jsonl needs task.path: a JSON Lines file where {ROW_SHAPE}.")
+        super().__init__(cfg)
         self.path = Path(cfg.path).expanduser()
-        self.rows = load_rows(self.path)
-        self.seed = cfg.seed
-        self._reward = resolve_reward(cfg.reward)
-        self._orders: dict[tuple[int, int], list[int]] = {}
-
-    def _order(self, seed: int, epoch: int) -> list[int]:
-        key = (seed, epoch)
-        if key not in self._orders:
-            order = list(range(len(self.rows)))
-            step_rng(seed, "epoch", epoch).shuffle(order)
-            if len(self._orders) >= 4:
-                self._orders.pop(next(iter(self._orders)))
-            self._orders[key] = order
-        return self._orders[key]
-
-    def _take(self, seed: int, start: int, n: int) -> list[Prompt]:
-        out: list[Prompt] = []
-        index = start
-        while len(out) < n:
-            epoch, pos = divmod(index, len(self.rows))
-            chunk = self._order(seed, epoch)[pos : pos + n - len(out)]
-            out.extend(self.rows[i] for i in chunk)
-            index += len(chunk)
-        return out
-
-    def prompts(self, step: int, n: int) -> list[Prompt]:
-        """Step s takes rows s*n .. s*n+n-1 of an endless sequence of seeded shuffles of the file."""
-        return self._take(self.seed, step * n, n)
-
-    def demonstrations(self, n: int, seed: int) -> list[Prompt]:
-        return self._take(seed, 0, n)
-
-    def reward(self, completion: str, prompt: Prompt) -> float:
-        return clamp_reward(self._reward(completion, prompt.answer))
+        rows = load_rows(self.path)
+        if cfg.eval_path:
+            self.rows, self.held_out = rows, load_rows(cfg.eval_path)
+        else:
+            self.rows, self.held_out = split_held_out(rows, cfg.eval_fraction, cfg.seed)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from rlgen.config import TaskConfig
-from rlgen.tasks.base import Prompt, TaskDataError, clamp_reward, step_rng
-from rlgen.tasks.rewards import resolve_reward
+from rlgen.tasks.base import EVAL_PROMPTS_SYNTHETIC, BaseTask, Prompt, TaskDataError, step_rng
 
 SEPARATOR = ">"
 
 
-class ReverseTask:
+class ReverseTask(BaseTask):
     name = "reverse"
 
     def __init__(self, cfg: TaskConfig):
@@ -24,10 +23,9 @@ class ReverseTask:
                 f"task.length={cfg.length} gives prompts of {cfg.length + len(SEPARATOR)} characters, more than "
                 f"task.max_prompt_tokens={cfg.max_prompt_tokens}; raise max_prompt_tokens or lower length."
             )
+        super().__init__(cfg)
         self.length = cfg.length
         self.alphabet = cfg.alphabet
-        self.seed = cfg.seed
-        self._reward = resolve_reward(cfg.reward)
 
     def _draw(self, rng, n: int) -> list[Prompt]:
         out = []
@@ -42,5 +40,5 @@ class ReverseTask:
     def demonstrations(self, n: int, seed: int) -> list[Prompt]:
         return self._draw(step_rng(seed, "demos", 0), n)
 
-    def reward(self, completion: str, prompt: Prompt) -> float:
-        return clamp_reward(self._reward(completion, prompt.answer))
+    def eval_prompts(self) -> list[Prompt]:
+        return self._draw(step_rng(self.seed, "eval", 0), EVAL_PROMPTS_SYNTHETIC)

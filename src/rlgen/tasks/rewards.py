@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 RewardFn = Callable[[str, str], float]
 
@@ -39,20 +41,75 @@ def numeric(completion: str, answer: str) -> float:
         return 0.0
 
 
+def math_reward(completion: str, answer: str) -> float:
+    """Mathematical equality of the final answer (rlgen.tasks.math_reward; needs math-verify)."""
+    from rlgen.tasks.math_reward import math_equal
+
+    return math_equal(completion, answer)
+
+
+def answer_format(completion: str, answer: str) -> float:
+    """1 when the completion states its answer in a \\boxed{} or after ####."""
+    from rlgen.tasks.math_reward import format_reward
+
+    return format_reward(completion, answer)
+
+
 REWARDS: dict[str, RewardFn] = {
     "exact_match": exact_match,
     "contains": contains,
     "char_match": char_match,
     "numeric": numeric,
+    "math": math_reward,
+    "format": answer_format,
 }
+NEEDS = {"math": "math_verify"}  # rewards that import a package of their own
 
 
-def resolve_reward(spec: str) -> RewardFn:
+class RewardCallError(RuntimeError):
+    """One reward of a RewardSet raised or returned a non-number; ``name`` says which."""
+
+    def __init__(self, name: str, cause: BaseException):
+        super().__init__(f"{name}: {cause}")
+        self.name, self.cause = name, cause
+
+
+@dataclass
+class RewardSet:
+    """The task's rewards and their weights: the total is the weighted sum, each part is clamped to [0, 1]
+    and logged on its own (reward/<name>). One reward of weight 1 is just that reward."""
+
+    parts: list[tuple[str, RewardFn, float]]
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> RewardSet:
+        spec = dict(cfg.rewards) if cfg.rewards else {cfg.reward: 1.0}
+        label = "task.rewards" if cfg.rewards else "task.reward"
+        return cls([(name, resolve_reward(name, label), float(weight)) for name, weight in spec.items()])
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _, _ in self.parts]
+
+    def score(self, completion: str, answer: str) -> tuple[float, dict[str, float]]:
+        from rlgen.tasks.base import clamp_reward
+
+        values: dict[str, float] = {}
+        for name, fn, _ in self.parts:
+            try:
+                values[name] = clamp_reward(fn(completion, answer))
+            except Exception as err:  # noqa: BLE001 - a user's function: whatever it raises is reported
+                raise RewardCallError(name, err) from err
+        return sum(w * values[name] for name, _, w in self.parts), values
+
+
+def resolve_reward(spec: str, label: str = "task.reward") -> RewardFn:
+    """The reward function a spec names (label: the setting it came from, for messages)."""
     if spec in REWARDS:
         return REWARDS[spec]
     if ":" not in spec:
         raise RewardSpecError(
-            f"task.reward={spec!r} is not a known reward; use one of {', '.join(sorted(REWARDS))}, "
+            f"{label}={spec!r} is not a known reward; use one of {', '.join(sorted(REWARDS))}, "
             "or 'package.module:function' for your own."
         )
     module, _, name = spec.partition(":")
@@ -60,8 +117,8 @@ def resolve_reward(spec: str) -> RewardFn:
         fn = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as err:
         raise RewardSpecError(
-            f"task.reward={spec!r} cannot be loaded ({err}); check that {module} is importable and defines {name}."
+            f"{label}={spec!r} cannot be loaded ({err}); check that {module} is importable and defines {name}."
         ) from err
     if not callable(fn):
-        raise RewardSpecError(f"task.reward={spec!r} is not callable; it must be f(completion: str, answer: str) -> float.")
+        raise RewardSpecError(f"{label}={spec!r} is not callable; it must be f(completion: str, answer: str) -> float.")
     return fn

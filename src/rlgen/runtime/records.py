@@ -1,0 +1,43 @@
+"""One step's line of metrics.jsonl, from its timeline, batch and the learner's metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlgen.types import Phase, StepTimeline
+
+
+def step_record(step: int, tl: StepTimeline, batch: Any, rewards: list[float], metrics: dict[str, Any],
+                version: int, staleness: int, step_s: float, learner_ranks: int) -> dict[str, Any]:
+    gen_spans = [s for s in tl.spans if s.phase == Phase.generate]
+    gen_wall = (max(s.end for s in gen_spans) - min(s.start for s in gen_spans)) if gen_spans else 0.0
+    tokens = batch.num_response_tokens
+    n = len(rewards)
+    mean = sum(rewards) / n
+    std = (sum((r - mean) ** 2 for r in rewards) / n) ** 0.5
+    sync_engine = max((s.seconds for s in tl.spans if s.phase == Phase.sync and not s.actor.startswith("learner")),
+                      default=0.0)
+    train_s = max((tl.total(Phase.train, f"learner{r}") for r in range(learner_ranks or 1)), default=0.0)
+    rec = {
+        "step": step,
+        "version": version,
+        "batch_version": batch.version,
+        "staleness": staleness,
+        "reward_mean": mean,
+        "reward_std": std,
+        "response_tokens": tokens,
+        "sequences": n,
+        "tokens_per_s": tokens / gen_wall if gen_wall > 0 else 0.0,
+        "generate_s": gen_wall,
+        "reward_s": tl.total(Phase.reward),
+        "wait_s": tl.total(Phase.wait, "learner0"),
+        "train_s": train_s,
+        "sync_s": tl.total(Phase.sync, "learner0") + sync_engine,
+        "step_s": step_s,
+        # max(gen, train) / step: 1.0 when the shorter side hides entirely behind the longer one
+        "overlap_efficiency": max(gen_wall, train_s) / step_s if step_s > 0 else 0.0,
+    }
+    rec.update({k: v for k, v in metrics.items() if isinstance(v, (int, float, bool, str))})
+    rec["version"] = version
+    rec["timeline"] = tl.to_dict()["spans"]
+    return rec

@@ -1,0 +1,191 @@
+"""The engines' side of the loop. Each step's prompts are rendered into requests (a flight), launched over the
+engines, and collected; an engine that died is re-created and sent its requests again (same seeds: the same
+rollouts). The driver then prepares them: decodes, cuts at stop strings, checks that every prompt has its n
+completions, and hands them to the scorer. A flight whose rollouts are in while the learner trains is
+prepared then, so scoring overlaps training. Held-out evaluation runs the same way, greedy or pass@k."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from typing import Any
+
+from rlgen.runtime.errors import RunError, StopRequested
+from rlgen.runtime.flights import InFlight, results_from_json
+from rlgen.runtime.waits import POLL_S, short
+from rlgen.types import SamplingParams
+
+log = logging.getLogger(__name__)
+EVAL_SEED_OFFSET = 7_919_000  # eval sampling seeds, apart from every training step's
+
+
+class Rollouts:
+    def __init__(self, cfg: Any, task: Any, tokenizer: Any, renderer: Any, stop_ids: list[int], keeper: Any,
+                 scorer: Any, stop: Any):
+        self.cfg, self.task, self.tokenizer, self.renderer = cfg, task, tokenizer, renderer
+        self.stop_ids, self.keeper, self.scorer, self.stop = stop_ids, keeper, scorer, stop
+        self.pending: deque[InFlight] = deque()
+        self.queued_updates: dict[int, tuple[int, Any]] = {}  # object store: applied before each engine's next generate
+        self.next_gen = 0  # the next step to launch generation for
+        self.eval_set = self._eval_prompts()
+
+    @property
+    def engines(self) -> list[Any]:
+        return self.keeper.engines
+
+    # -- flights ----------------------------------------------------------------------------------------
+    def new_flight(self, step: int, launch_version: int) -> InFlight:
+        from rlgen.rollout import encode_prompts, sampling_params, split_requests
+
+        sp = encode_prompts(step, self.task, self.renderer, self.cfg)
+        sampling = sampling_params(self.cfg, self.stop_ids, seed=self.cfg.seed * 100_003 + step)
+        return InFlight(step, sp, split_requests(sp, sampling, len(self.engines)), launch_version)
+
+    def _send(self, flight: InFlight) -> InFlight:
+        for i, reqs in enumerate(flight.shards):
+            if reqs:
+                flight.refs[i] = (self.keeper.incarnation[i], self.engines[i].generate.remote(reqs))
+        return flight
+
+    def fill(self, step: int, async_steps: int, version: int) -> None:
+        """Launch every step up to step + async_steps (weights queued since the last launch go first)."""
+        while self.next_gen < self.cfg.steps and self.next_gen <= step + async_steps:
+            flight = self._send(self.new_flight(self.next_gen, version))
+            flight.updates, self.queued_updates = self.queued_updates, {}
+            self.pending.append(flight)
+            self.next_gen += 1
+
+    def restore(self, saved: list[dict[str, Any]], next_step: int) -> None:
+        """Flights a checkpoint kept (generated ahead of the learner) with their results."""
+        for data in saved:
+            flight = self.new_flight(int(data["step"]), int(data["launch_version"]))
+            flight.results = results_from_json(data)
+            self.pending.append(flight)
+        self.next_gen = self.pending[-1].step + 1 if self.pending else next_step
+
+    def collect(self, flight: InFlight, *, interruptible: bool = True) -> None:
+        """Wait for a flight's results. An engine that died is re-created and its requests are sent again; a
+        stop request raises StopRequested."""
+        import ray
+        from ray.exceptions import RayActorError, RayTaskError
+
+        what = f"generation for step {flight.step}"
+        timeout = self.cfg.timeout_s
+        deadline = time.time() + timeout
+        while flight.refs:
+            if interruptible and self.stop.requested:
+                raise StopRequested(what)
+            left = deadline - time.time()
+            if left <= 0:
+                raise RunError(f"{what} did not finish within timeout_s={timeout:.0f} s; an actor may be stuck or the "
+                               "step too large. Raise timeout_s=<seconds> or shrink algo.prompts_per_step.")
+            ready, _ = ray.wait([ref for _, ref in flight.refs.values()], num_returns=1, timeout=min(POLL_S, left))
+            for i, (inc, ref) in list(flight.refs.items()):
+                if ref not in ready:
+                    continue
+                try:
+                    flight.results[i] = ray.get(ref)
+                    del flight.refs[i]
+                except RayActorError as err:
+                    self.keeper.is_dead(i, inc, err)
+                    flight.refs[i] = (self.keeper.incarnation[i], self.engines[i].generate.remote(flight.shards[i]))
+                    deadline = time.time() + timeout
+                except RayTaskError as err:
+                    name = self.keeper.names[i]
+                    log.info("%s raised in %s", what, name, exc_info=err)
+                    raise RunError(f"{what}: {name} raised {short(err.cause)}") from err
+        for i, (inc, ref) in list(flight.updates.items()):  # weights queued before this generate (object store)
+            try:
+                flight.update_spans[i] = ray.get(ref, timeout=timeout).get("spans", [])
+            except RayActorError as err:
+                self.keeper.is_dead(i, inc, err)  # the re-created engine got the current weights already
+            del flight.updates[i]
+
+    # -- on the driver ------------------------------------------------------------------------------------
+    def prepare(self, flight: InFlight) -> None:
+        """Decode, cut at stop strings, check, and hand the completions to the scorer (once per flight)."""
+        if flight.scoring is not None:
+            return
+        from rlgen.rollout import RolloutCountError, check_complete
+
+        comps, texts = self._decoded(flight)
+        try:
+            check_complete(comps, flight.prompts, flight.samples)
+        except RolloutCountError as err:
+            raise RunError(str(err)) from err
+        prompts = [flight.prompts.prompts[c.group_id] for c in comps]
+        where = [p.source or f"prompt {c.group_id} ({p.text[:40]!r})" for c, p in zip(comps, prompts)]
+        flight.prepared = comps
+        flight.scoring = self.scorer.submit(texts, [p.answer for p in prompts], where, flight.step)
+
+    def _decoded(self, flight: InFlight) -> tuple[list[Any], list[str]]:
+        from rlgen.prompts import cut_at_stop
+
+        comps = flight.completions()
+        texts = self.tokenizer.batch_decode([c.token_ids for c in comps], skip_special_tokens=True)
+        if self.cfg.task.stop:
+            pairs = [cut_at_stop(c, self.tokenizer, list(self.cfg.task.stop), t) for c, t in zip(comps, texts)]
+            comps, texts = [p[0] for p in pairs], [p[1] for p in pairs]
+        return comps, texts
+
+    def prefetch(self) -> None:
+        """While the learner trains: prepare the next flight if all its rollouts are in (its rewards then score
+        in the pool meanwhile). Anything that goes wrong is left for the step that needs the flight."""
+        import ray
+
+        if not self.pending or self.pending[0].scoring is not None:
+            flight = None
+        else:
+            flight = self.pending[0]
+        if flight is None:
+            return
+        refs = [ref for _, ref in flight.refs.values()] + [ref for _, ref in flight.updates.values()]
+        if refs and len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) < len(refs):
+            return
+        try:
+            self.collect(flight, interruptible=False)
+            self.prepare(flight)
+        except (RunError, StopRequested) as err:
+            log.info("prefetching step %d's rollouts: %s", flight.step, err)
+
+    # -- held-out evaluation ----------------------------------------------------------------------------
+    def _eval_prompts(self) -> list[Any]:
+        e = self.cfg.eval
+        if e.every <= 0:
+            return []
+        prompts = self.task.eval_prompts()
+        return prompts[: e.max_prompts] if e.max_prompts > 0 else prompts
+
+    def evaluate(self, step: int, version: int) -> dict[str, float]:
+        """The held-out prompts, greedy (eval.samples=1) or eval.samples at eval.temperature: pass@k of the first
+        reward (a prompt passes when one of its samples scores 1) and the mean reward."""
+        from rlgen.rollout import StepPrompts, split_requests
+
+        if not self.eval_set:
+            return {}
+        t0 = time.time()
+        e = self.cfg.eval
+        rendered = [(p, self.renderer.fit(self.renderer.ids(p.text))) for p in self.eval_set]
+        kept = [(p, ids) for p, ids in rendered if ids]
+        sp = StepPrompts(step, [p for p, _ in kept], [ids for _, ids in kept])
+        sampling = SamplingParams(n=e.samples, temperature=0.0 if e.samples == 1 else e.temperature, top_p=1.0,
+                                  max_new_tokens=self.cfg.algo.max_new_tokens, stop_token_ids=tuple(self.stop_ids),
+                                  seed=self.cfg.seed * 100_003 + EVAL_SEED_OFFSET + step)
+        flight = self._send(InFlight(step, sp, split_requests(sp, sampling, len(self.engines)), version))
+        self.collect(flight)
+        self.prepare(flight)
+        scores = self.scorer.result(flight.scoring)
+        first = self.scorer.rewards.names[0]
+        passed: dict[int, bool] = {}
+        for c, value in zip(flight.prepared, scores.parts[first]):
+            passed[c.group_id] = passed.get(c.group_id, False) or value >= 1.0
+        return {
+            f"eval/pass@{e.samples}": sum(passed.values()) / max(len(passed), 1),
+            "eval/reward_mean": sum(scores.totals) / max(len(scores.totals), 1),
+            "eval/prompts": float(len(passed)),
+            "eval_s": time.time() - t0,
+        }
+
+    def close(self) -> None:
+        self.scorer.close()

@@ -1,0 +1,97 @@
+"""Every wait on an actor: a timeout, a wake-up every POLL_S to notice a stop request, and an error that
+says what failed, on which actor, and how to go on."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from rlgen.runtime.errors import RunError, StopRequested, actor_death_detail
+
+log = logging.getLogger(__name__)
+POLL_S = 0.25  # waits wake this often to notice a stop request
+
+
+class LearnerLost(RunError):
+    """A learner actor died: its state is gone, so the run stops and resumes from the last checkpoint."""
+
+
+def short(err: BaseException | None, limit: int = 300) -> str:
+    """An exception in one line: its type and the first line of its message."""
+    if err is None:
+        return "an error"
+    first = (str(err).strip().splitlines() or [""])[0]
+    return f"{type(err).__name__}: {first}"[:limit] if first else type(err).__name__
+
+
+def _culprit(refs: list[Any], names: list[str] | None) -> str | None:
+    """The name of the first actor whose call failed (refs and names in the same order)."""
+    import ray
+
+    if not names:
+        return None
+    for ref, name in zip(refs, names):
+        try:
+            ray.get(ref, timeout=0)
+        except Exception:  # noqa: BLE001 - this is the failed one
+            return name
+    return None
+
+
+class Waiter:
+    def __init__(self, timeout_s: float, stop: Any, out_dir: Path):
+        self.timeout_s, self.stop, self.out_dir = float(timeout_s), stop, Path(out_dir)
+
+    def get(self, refs: Any, what: str, timeout_s: float | None = None, *, interruptible: bool = True,
+            names: list[str] | None = None) -> Any:
+        """ray.get of one ref or a list, within timeout_s (timeout_s of the run by default); interruptible
+        waits raise StopRequested once a stop is asked for. names: the actor behind each ref."""
+        import ray
+        from ray.exceptions import RayActorError, RayTaskError
+
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        key = "timeout_s" if timeout_s == self.timeout_s else "startup_timeout_s"
+        many = isinstance(refs, list)
+        todo = list(refs) if many else [refs]
+        deadline = time.time() + timeout_s
+        while todo:
+            if interruptible and self.stop.requested:
+                raise StopRequested(what)
+            left = deadline - time.time()
+            if left <= 0:
+                raise RunError(
+                    f"{what} did not finish within {key}={timeout_s:.0f} s; an actor may be stuck or the step too "
+                    f"large. Raise {key}=<seconds> or shrink algo.prompts_per_step."
+                )
+            _, todo = ray.wait(todo, num_returns=len(todo), timeout=min(POLL_S, left))
+        try:
+            return ray.get(list(refs) if many else refs)
+        except RayActorError as err:
+            raise RunError(
+                f"{what} failed because an actor died ({actor_death_detail(err)}). Metrics up to the last finished "
+                f"step are in {self.out_dir}."
+            ) from err
+        except RayTaskError as err:
+            log.info("%s raised in an actor", what, exc_info=err)
+            who = _culprit(list(refs) if many else [refs], names) or "an actor"
+            raise RunError(f"{what}: {who} raised {short(err.cause)}") from err
+
+    def learner_get(self, refs: Any, what: str, names: list[str] | None = None,
+                    nodes: list[str] | None = None) -> Any:
+        """A learner call: never interrupted (the learner's state must stay whole); a dead learner (nodes: the
+        Ray node of each rank) raises LearnerLost."""
+        from ray.exceptions import RayActorError
+
+        try:
+            return self.get(refs, what, interruptible=False, names=names)
+        except RunError as err:
+            if isinstance(err.__cause__, RayActorError):
+                from rlgen.runtime.cluster import node_alive
+
+                gone = [f"learner{r}" for r, n in enumerate(nodes or []) if not node_alive(n)]
+                why = (f"the node of {', '.join(gone)} left the Ray cluster" if gone
+                       else actor_death_detail(err.__cause__, limit=300))
+                raise LearnerLost(f"{what}: {why}") from err
+            raise

@@ -1,0 +1,24 @@
+"""Fixtures shared by unit and integration tests."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def local_model(tmp_path_factory):
+    """A Hugging Face folder made here (no hub): a BPE tokenizer trained on GSM8K-shaped rows, with a ChatML
+    chat template, and a random tiny Qwen2 model; plus those rows as train.jsonl and test.jsonl."""
+    from rlgen.compose import compose_run_config
+    from rlgen.localmodel import build_folder, gsm8k_like
+
+    root = tmp_path_factory.mktemp("local-model")
+    rows = gsm8k_like(300, seed=0)
+    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:260]))
+    (root / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[260:]))
+    preset = dataclasses.replace(compose_run_config([]).model, max_position_embeddings=1024)
+    build_folder(root / "model", preset, [r["question"] + "\n" + r["answer"] for r in rows], vocab_size=1000)
+    return root
