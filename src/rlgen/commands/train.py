@@ -78,6 +78,7 @@ def run_training(
         sink = MetricsSink(out_dir, cfg, cfg.steps, console,
                            resume_lines=int(resume.state["metrics_lines"]) if resume else None,
                            wall_before=orch.wall_before)
+
         def on_first() -> None:  # recorded at once: a process killed while stopping still says why
             status.update(state="stopped", reason=f"{stop.name}; stopping at the next safe point")
             sink.progress.update(sink.task_id, description="stopping")
@@ -88,7 +89,7 @@ def run_training(
             summary["model_path"] = str(orch.final_model())
             summary["initial_model_path"] = orch.initial_model_path
             summary["checkpoint_path"] = str(orch.last_checkpoint)
-            summary["checkpoint_seconds"] = list(getattr(orch, "checkpoint_seconds", []))
+            summary["checkpoint_seconds"] = list(orch.checkpoint_seconds)
         finally:
             sink.progress.stop()
         ctx = context_from_plan(plan)

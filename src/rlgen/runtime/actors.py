@@ -40,6 +40,18 @@ def start_ray(cfg: RunConfig, plan: Plan, placement: Any) -> bool:
     return True
 
 
+def connect(cfg: RunConfig, plan: Plan, placement: Any, stop: Any, waiter: Any) -> tuple[bool, list[str], list[Any]]:
+    """Join or start the cluster, give each plan node its own Ray node, and reserve the bundles there. Returns
+    (whether this process connected, the Ray node of each plan node, the placement groups)."""
+    from rlgen.runtime.cluster import assign_nodes, cluster_nodes
+
+    started = start_ray(cfg, plan, placement)
+    stop.rearm()  # ray.init takes SIGTERM for itself; take it back
+    node_ids = assign_nodes(placement, cluster_nodes(), ray_address(cfg) or "this machine")
+    pgs = reserve(placement, node_ids, cfg.startup_timeout_s, lambda refs, what, t: waiter.get(refs, what, t))
+    return started, node_ids, pgs
+
+
 def ray_session_dir() -> str | None:
     try:
         import ray

@@ -140,6 +140,30 @@ def write_checkpoint(
     return final
 
 
+def run_state(*, step: int, steps: int, version: int, async_steps: int, metrics_lines: int, prompts_per_step: int,
+              ahead: list[int], restarts: int, breaker: dict[str, Any], initial_model_path: str, wall_s: float,
+              reason: str, identity: dict[str, Any]) -> dict[str, Any]:
+    """state.json of a checkpoint taken after ``step`` steps (identity: the config, learner ranks and task file
+    digest that a resume is checked against)."""
+    return {
+        "step": step,
+        "steps": steps,
+        "version": version,
+        "async_steps": async_steps,
+        "metrics_lines": metrics_lines,
+        "data_cursor": {"next_step": step, "prompts_per_step": prompts_per_step,
+                        "prompts_consumed": step * prompts_per_step, "generated_ahead": ahead},
+        "engines": "sampling is seeded per step (seed * 100003 + step); engines keep no RNG state",
+        "engine_restarts": restarts,
+        "breaker": breaker,
+        "initial_model_path": initial_model_path,
+        "wall_s": wall_s,
+        "reason": reason,
+        "created": time.time(),
+        **identity,
+    }
+
+
 def prune(run_dir: str | Path, keep: int) -> list[Path]:
     """Remove all but the newest ``keep`` complete checkpoints, and every torn one. Returns what it removed."""
     complete = list_checkpoints(run_dir)
@@ -147,6 +171,15 @@ def prune(run_dir: str | Path, keep: int) -> list[Path]:
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
     return doomed
+
+
+def final_model_from(checkpoint: Path, run_dir: Path) -> Path:
+    """run_dir/final_model: the checkpoint's policy folder, hard-linked (no second copy on disk)."""
+    path = Path(run_dir) / "final_model"
+    if path.exists():
+        shutil.rmtree(path)
+    link_tree(Path(checkpoint) / "model", path)
+    return path
 
 
 def link_tree(src: Path, dst: Path) -> None:

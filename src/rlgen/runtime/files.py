@@ -13,6 +13,7 @@ import io
 import os
 import tarfile
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -134,3 +135,34 @@ def _reads(path: str, text: str) -> bool:
         return Path(path).read_text() == text
     except OSError:
         return False
+
+
+@dataclass
+class RunFolders:
+    """Where each node's actors read what they start from, and which learner nodes write the run directory."""
+
+    engine_paths: dict[str, str]  # node -> the model folder engines there load
+    learner_paths: dict[str, str]  # node -> the model folder learners there load
+    learner_nodes: list[str]  # the node of each learner rank
+    writes_here: dict[str, bool]  # learner node -> it can write checkpoints into the run directory
+    learner_extra: dict[str, dict[str, str]] = field(default_factory=dict)  # resume_from, ref_model_path by node
+
+
+def place_run_folders(cfg: Any, node_ids: list[str], placement: Any, model: str, run_dir: Path,
+                      initial_model: str, checkpoint: Path | None = None) -> RunFolders:
+    """The model (a resumed run: the checkpoint's, and the whole checkpoint for the learners; the initial model
+    as the reference when algo.kl_coef > 0) placed on every node that runs an actor."""
+    mode, t = ShareMode(cfg.ray.share), cfg.startup_timeout_s
+    engine_nodes = [node_ids[ap.group] for ap in placement.engines]
+    learner_nodes = [node_ids[ap.group] for ap in placement.learners]
+    folders = RunFolders(place_folder(model, engine_nodes, mode, t), {}, learner_nodes,
+                         sees_run_dir(str(run_dir), learner_nodes, mode, t))
+    if checkpoint is not None:
+        ckpt = place_folder(str(checkpoint), learner_nodes, mode, t)
+        folders.learner_paths = {n: str(Path(p) / "model") for n, p in ckpt.items()}
+        folders.learner_extra["resume_from"] = ckpt
+        if cfg.algo.kl_coef > 0:
+            folders.learner_extra["ref_model_path"] = place_folder(initial_model, learner_nodes, mode, t)
+    else:
+        folders.learner_paths = place_folder(model, learner_nodes, mode, t)
+    return folders

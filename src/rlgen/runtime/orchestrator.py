@@ -25,19 +25,26 @@ from rich.markup import escape
 from rlgen.config import BreakerAction, RunConfig
 from rlgen.monitor import CircuitBreaker
 from rlgen.plan import Plan
+from rlgen.plan.placement import plan_bundles
 from rlgen.runtime.actors import (
     QUIET_ENV,
     ActorFactory,
+    connect,
     engine_class,
     learner_class,
-    ray_address,
     ray_session_dir,
-    reserve,
-    start_ray,
 )
-from rlgen.runtime.checkpoint import checkpoint_name, is_complete, newest_checkpoint, write_checkpoint
+from rlgen.runtime.checkpoint import (
+    checkpoint_name,
+    final_model_from,
+    is_complete,
+    newest_checkpoint,
+    run_state,
+    write_checkpoint,
+)
 from rlgen.runtime.errors import RunError, RunStopped, StopRequested
 from rlgen.runtime.faults import EngineKeeper, EngineLost
+from rlgen.runtime.files import place_run_folders
 from rlgen.runtime.flights import InFlight
 from rlgen.runtime.records import step_record
 from rlgen.runtime.resume import ResumePoint, identity
@@ -78,7 +85,7 @@ class Orchestrator:
         self.engine_names: list[str] = []
         self.learner: Any = None  # rank 0: speaks for the learner group (weights, saving)
         self.learners: list[Any] = []  # every rank, rank 0 first
-        self.learner_nodes: list[str] = []
+        self.folders: Any = None  # runtime.files.RunFolders: where each node reads the model, who writes checkpoints
         self.pgs: list[Any] = []
         self._started_ray = False
         self.async_steps = cfg.algo.async_steps
@@ -125,19 +132,21 @@ class Orchestrator:
         stop_ids = model_stop_ids(self.start_model_path, self.tokenizer, cfg.task.stop_token_ids)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else (stop_ids or [0])[0]
 
-        self._connect()
-        self._place_folders()
+        self.placement = plan_bundles(plan)
+        self._started_ray, self.node_ids, self.pgs = connect(cfg, plan, self.placement, self.stop, self.waiter)
+        self.folders = place_run_folders(cfg, self.node_ids, self.placement, self.start_model_path, self.out_dir,
+                                         self.initial_model_path, self.resume.checkpoint if self.resume else None)
         engine_cls, engine_kwargs = (self._engine_cls, dict(self._engine_kwargs)) if self._engine_cls else engine_class(plan)
         learner_cls, learner_kwargs = (self._learner_cls, {}) if self._learner_cls else learner_class(cfg, plan)
         self.factory = ActorFactory(cfg, plan, self.placement, self.pgs, self.node_ids, engine_cls, engine_kwargs,
                                     learner_cls, learner_kwargs)
-        self.engines = [self.factory.engine(i, self.engine_paths, self.version) for i in range(len(plan.engines))]
+        self.engines = [self.factory.engine(i, self.folders.engine_paths, self.version) for i in range(len(plan.engines))]
         self.engine_names = [f"engine{s.index}" for s in plan.engines]
         rendezvous = None
         if len(self.placement.learners) > 1:
             rendezvous = self.waiter.get(self.factory.rendezvous_ref(), "finding the learner group's rendezvous",
                                          cfg.startup_timeout_s)
-        self.learners = self.factory.learners(self.learner_paths, rendezvous, **self.learner_extra)
+        self.learners = self.factory.learners(self.folders.learner_paths, rendezvous, **self.folders.learner_extra)
         self.learner = self.learners[0]
         health = self.waiter.get([a.health.remote() for a in [*self.engines, *self.learners]], "actor start-up",
                                  cfg.startup_timeout_s)
@@ -156,7 +165,7 @@ class Orchestrator:
             raise RunError(f"weight sync set-up failed: {err}") from err
         self.keeper = EngineKeeper(
             self.engines, self.engine_names, cfg.engine.max_restarts,
-            create=lambda i: self.factory.engine(i, self.engine_paths, self.start_version),
+            create=lambda i: self.factory.engine(i, self.folders.engine_paths, self.start_version),
             ready=lambda actor, what: self._note_actors(self.waiter.get([actor.health.remote()], what,
                                                                         cfg.startup_timeout_s)),
             resync=self._resync_engine,
@@ -167,41 +176,6 @@ class Orchestrator:
                                  Scorer(task.rewards, cfg.task, cfg.task.reward), self.stop)
         if self.resume:
             self._restore(self.resume)
-
-    def _connect(self) -> None:
-        """Join or start the cluster, give each plan node its own Ray node, and reserve the bundles there."""
-        from rlgen.plan.placement import plan_bundles
-        from rlgen.runtime.cluster import assign_nodes, cluster_nodes
-
-        cfg = self.cfg
-        self.placement = plan_bundles(self.plan)
-        self._started_ray = start_ray(cfg, self.plan, self.placement)
-        self.stop.rearm()  # ray.init takes SIGTERM for itself; take it back
-        self.node_ids = assign_nodes(self.placement, cluster_nodes(), ray_address(cfg) or "this machine")
-        self.pgs = reserve(self.placement, self.node_ids, cfg.startup_timeout_s,
-                           lambda refs, what, t: self.waiter.get(refs, what, t))
-
-    def _place_folders(self) -> None:
-        """Where each node's actors read the model (and, resuming, the checkpoint), and whether the learners
-        can write checkpoints into the run directory; ray.share decides what is shipped (runtime.files)."""
-        from rlgen.runtime.files import place_folder, sees_run_dir
-
-        cfg, t = self.cfg, self.cfg.startup_timeout_s
-        engine_nodes = [self.node_ids[ap.group] for ap in self.placement.engines]
-        learner_nodes = [self.node_ids[ap.group] for ap in self.placement.learners]
-        self.engine_paths = place_folder(self.start_model_path, engine_nodes, cfg.ray.share, t)
-        self.learner_extra: dict[str, Any] = {}
-        if self.resume:
-            ckpt = place_folder(str(self.resume.checkpoint), learner_nodes, cfg.ray.share, t)
-            self.learner_paths = {n: str(Path(p) / "model") for n, p in ckpt.items()}
-            self.learner_extra["resume_from"] = ckpt
-            if cfg.algo.kl_coef > 0:
-                self.learner_extra["ref_model_path"] = place_folder(self.initial_model_path, learner_nodes,
-                                                                    cfg.ray.share, t)
-        else:
-            self.learner_paths = place_folder(self.start_model_path, learner_nodes, cfg.ray.share, t)
-        self.writes_here = sees_run_dir(str(self.out_dir), learner_nodes, cfg.ray.share, t)
-        self.learner_nodes = learner_nodes
 
     def _note_actors(self, health: list[dict[str, Any]]) -> None:
         if self.status is None:
@@ -229,7 +203,7 @@ class Orchestrator:
         self.rollouts.restore(read_rollouts(point.checkpoint)["flights"], self.next_step)
 
     def _learner_get(self, refs: Any, what: str, names: list[str] | None = None) -> Any:
-        return self.waiter.learner_get(refs, what, names, self.learner_nodes)
+        return self.waiter.learner_get(refs, what, names, self.folders.learner_nodes if self.folders else [])
 
     # -- train ------------------------------------------------------------------------------------------
     def train(self, sink) -> dict:
@@ -399,34 +373,21 @@ class Orchestrator:
                 log.info("rollouts of step %d are not kept in the checkpoint: %s", flight.step, err)
                 break
             kept.append(flight)
-        state = {
-            "step": b,
-            "steps": self.cfg.steps,
-            "version": self.version,
-            "async_steps": self.async_steps,
-            "metrics_lines": len(self.sink.records) if self.sink else b,
-            "data_cursor": {
-                "next_step": b,
-                "prompts_per_step": self.cfg.algo.prompts_per_step,
-                "prompts_consumed": b * self.cfg.algo.prompts_per_step,
-                "generated_ahead": [f.step for f in kept],
-            },
-            "engines": "sampling is seeded per step (seed * 100003 + step); engines keep no RNG state",
-            "engine_restarts": self.keeper.total_restarts if self.keeper else 0,
-            "breaker": self.breaker.state_dict(),
-            "initial_model_path": self.initial_model_path,
-            "wall_s": self.wall_before + (time.time() - self.sink.t0 if self.sink else 0.0),
-            "reason": reason,
-            "created": time.time(),
-            **identity(self.cfg, len(self.learners)),
-        }
+        state = run_state(
+            step=b, steps=self.cfg.steps, version=self.version, async_steps=self.async_steps,
+            metrics_lines=len(self.sink.records) if self.sink else b, prompts_per_step=self.cfg.algo.prompts_per_step,
+            ahead=[f.step for f in kept], restarts=self.keeper.total_restarts if self.keeper else 0,
+            breaker=self.breaker.state_dict(), initial_model_path=self.initial_model_path,
+            wall_s=self.wall_before + (time.time() - self.sink.t0 if self.sink else 0.0), reason=reason,
+            identity=identity(self.cfg, len(self.learners)),
+        )
         rollouts = {"flights": [f.to_json() for f in kept]}
 
         def fill(tmp: Path) -> None:
             from rlgen.runtime.files import unpack_into
 
             # A learner on a node that cannot see the run directory sends its files back packed.
-            here = [self.writes_here.get(n, True) for n in self.learner_nodes]
+            here = [self.folders.writes_here.get(n, True) for n in self.folders.learner_nodes]
             refs = [a.save_checkpoint.remote(str(tmp)) if ok else a.save_checkpoint_packed.remote()
                     for a, ok in zip(self.learners, here)]
             names = [f"learner{r}" for r in range(len(self.learners))]
@@ -459,15 +420,7 @@ class Orchestrator:
     # -- cleanup ----------------------------------------------------------------------------------------
     def final_model(self) -> Path:
         """final_model/: the last checkpoint's policy folder, hard-linked (no second copy on disk)."""
-        import shutil
-
-        from rlgen.runtime.checkpoint import link_tree
-
-        path = self.out_dir / "final_model"
-        if path.exists():
-            shutil.rmtree(path)
-        link_tree(self.last_checkpoint / "model", path)
-        return path
+        return final_model_from(self.last_checkpoint, self.out_dir)
 
     def cleanup(self) -> None:
         import ray

@@ -1,0 +1,36 @@
+"""The shape of the model in model.path, read from its config.json, so the plan sizes memory, lengths and TP
+splits from the real model rather than the preset. Pure: JSON only, no torch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlgen.config import RunConfig
+
+HF_FIELDS = {  # ModelConfig field <- a Hugging Face config.json key
+    "hidden_size": "hidden_size", "intermediate_size": "intermediate_size", "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads", "vocab_size": "vocab_size",
+    "max_position_embeddings": "max_position_embeddings", "tie_word_embeddings": "tie_word_embeddings",
+}
+
+
+def with_model_folder(cfg: RunConfig) -> RunConfig:
+    """cfg with model.* read from model.path's config.json when it is a local folder (the plan sizes memory,
+    lengths and TP splits from the real model, not the preset); cfg itself otherwise."""
+    import dataclasses
+
+    if not cfg.model.path:
+        return cfg
+    config = Path(cfg.model.path).expanduser() / "config.json"
+    try:
+        hf = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return cfg  # the validation pass says what is wrong with the folder
+    if not isinstance(hf, dict):
+        return cfg
+    hf = hf.get("text_config", hf) if isinstance(hf.get("text_config"), dict) else hf
+    values = {field: hf[key] for field, key in HF_FIELDS.items() if isinstance(hf.get(key), (int, bool))}
+    values["num_kv_heads"] = hf.get("num_key_value_heads") or values.get("num_heads", cfg.model.num_kv_heads)
+    values["name"] = Path(cfg.model.path).name
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **values))

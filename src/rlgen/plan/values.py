@@ -1,0 +1,150 @@
+"""Every single setting in its range, before any check that spans several: each failure names the key, what
+it must be and a usual value. Pure: no torch, no Ray."""
+
+from __future__ import annotations
+
+from rlgen.config import RunConfig, TaskKind
+
+
+def check_values(cfg: RunConfig, p: list[str]) -> None:
+    """Every single value in its range; each failure names the key, the allowed range and a usual value."""
+    _check_run(cfg, p)
+    _check_algo(cfg, p)
+    _check_engine(cfg, p)
+    _check_model(cfg, p)
+    _check_task(cfg, p)
+
+
+def _check_run(cfg: RunConfig, p: list[str]) -> None:
+    if cfg.steps < 1:
+        p.append(f"steps={cfg.steps} must be at least 1; set steps=40 or more.")
+    for key in ("timeout_s", "startup_timeout_s"):
+        if not getattr(cfg, key) > 0:
+            p.append(f"{key}={getattr(cfg, key)} must be a positive number of seconds (default "
+                     f"{getattr(RunConfig(), key):g}).")
+    if cfg.hardware.cpus_per_node < 1:
+        p.append(f"hardware.cpus_per_node={cfg.hardware.cpus_per_node} must be at least 1.")
+    if cfg.learner.zero_stage not in (2, 3):
+        p.append(f"learner.zero_stage={cfg.learner.zero_stage} must be 2 or 3.")
+    if cfg.sync.bucket_mb <= 0 or cfg.sync.sleep_level not in (1, 2):
+        p.append(f"sync.bucket_mb={cfg.sync.bucket_mb} must be > 0 and sync.sleep_level={cfg.sync.sleep_level} 1 or 2.")
+    if cfg.checkpoint.every < 0:
+        p.append(f"checkpoint.every={cfg.checkpoint.every} must be >= 0 (0: checkpoints only at the end and on a stop).")
+    if cfg.checkpoint.keep < 1:
+        p.append(f"checkpoint.keep={cfg.checkpoint.keep} must be at least 1: a run keeps its newest checkpoint.")
+    mon = cfg.monitor
+    if mon.window < 1 or mon.max_nonfinite_steps < 1:
+        p.append(f"monitor.window={mon.window} and monitor.max_nonfinite_steps={mon.max_nonfinite_steps} must be at "
+                 "least 1.")
+    if not (mon.kl_threshold > 0 and mon.delta_threshold > 0):
+        p.append(f"monitor.kl_threshold={mon.kl_threshold} and monitor.delta_threshold={mon.delta_threshold} must be "
+                 "> 0 (0.05 and 0.5 are the defaults).")
+    ev = cfg.eval
+    if ev.every < 0 or ev.samples < 1 or ev.max_prompts < 0:
+        p.append(f"eval.every={ev.every}, eval.samples={ev.samples} and eval.max_prompts={ev.max_prompts}: need every "
+                 ">= 0 (0: no eval), samples >= 1 and max_prompts >= 0 (0: all).")
+    if ev.samples > 1 and ev.temperature <= 0:
+        p.append(f"eval.samples={ev.samples} draws several samples, which needs eval.temperature > 0 (0.6 is usual).")
+    if cfg.resume is not None and not str(cfg.resume).strip():
+        p.append("resume= is empty; give resume=auto or the run directory to continue, or leave it out.")
+
+
+def _check_algo(cfg: RunConfig, p: list[str]) -> None:
+    a = cfg.algo
+    if a.prompts_per_step < 1:
+        p.append(f"algo.prompts_per_step={a.prompts_per_step} must be at least 1.")
+    if a.samples_per_prompt < 2:
+        p.append(
+            f"algo.samples_per_prompt={a.samples_per_prompt}: GRPO compares samples within a group, so it "
+            "needs at least 2; set algo.samples_per_prompt=8."
+        )
+    if a.max_new_tokens < 1:
+        p.append(f"algo.max_new_tokens={a.max_new_tokens} must be at least 1.")
+    if a.temperature < 0:
+        p.append(f"algo.temperature={a.temperature} must be > 0; 1.0 samples the policy as it is.")
+    elif a.temperature == 0:
+        p.append(
+            "algo.temperature=0 samples greedily, so every sample of a prompt is the same, GRPO's group "
+            "advantages are all zero and nothing is learned; use a temperature around 1.0."
+        )
+    if not 0 < a.top_p <= 1:
+        p.append(f"algo.top_p={a.top_p} must be in (0, 1]; 1 disables nucleus sampling.")
+    if a.lr <= 0:
+        p.append(f"algo.lr={a.lr} must be > 0.")
+    if a.weight_decay < 0 or a.grad_clip < 0:
+        p.append(f"algo.weight_decay={a.weight_decay} and algo.grad_clip={a.grad_clip} must be >= 0 (grad_clip 0 "
+                 "turns clipping off).")
+    if a.clip_low < 0 or a.clip_high < 0 or a.clip_low >= 1:
+        p.append(f"algo.clip_low={a.clip_low}, algo.clip_high={a.clip_high}: need 0 <= clip_low < 1 and clip_high >= 0.")
+    if a.async_steps < 0:
+        p.append(f"algo.async_steps={a.async_steps} must be >= 0 (0 is strictly on-policy).")
+    if a.tis_cap != 0 and a.tis_cap < 1:
+        p.append(f"algo.tis_cap={a.tis_cap} must be 0 (off) or >= 1; 2 is a common choice.")
+    if a.seq_mask_cap != 0 and a.seq_mask_cap < 1:
+        p.append(f"algo.seq_mask_cap={a.seq_mask_cap} must be 0 (off) or >= 1.")
+    if a.kl_coef < 0:
+        p.append(f"algo.kl_coef={a.kl_coef} must be >= 0.")
+    if a.micro_batch_size < 0:
+        p.append(f"algo.micro_batch_size={a.micro_batch_size} must be >= 0 (0: the whole batch in one pass).")
+
+
+ENGINE_DTYPES = ("float32", "bfloat16", "float16", "half", "auto")
+
+
+def _check_engine(cfg: RunConfig, p: list[str]) -> None:
+    e = cfg.engine
+    if e.tensor_parallel_size < 1:
+        p.append(f"engine.tensor_parallel_size={e.tensor_parallel_size} must be at least 1.")
+    if e.num_engines is not None and e.num_engines < 1:
+        p.append(f"engine.num_engines={e.num_engines} must be at least 1, or null to fill the engine GPUs.")
+    if not 0 < e.gpu_memory_utilization <= 1:
+        p.append(f"engine.gpu_memory_utilization={e.gpu_memory_utilization} must be in (0, 1]; 0.9 is usual.")
+    if e.max_num_seqs < 1:
+        p.append(f"engine.max_num_seqs={e.max_num_seqs} must be at least 1.")
+    if e.dtype not in ENGINE_DTYPES:
+        p.append(f"engine.dtype={e.dtype} is not one of {', '.join(ENGINE_DTYPES)}.")
+    if e.max_restarts < 0:
+        p.append(f"engine.max_restarts={e.max_restarts} must be >= 0 (0: a dead engine stops the run).")
+
+
+def _check_model(cfg: RunConfig, p: list[str]) -> None:
+    m = cfg.model
+    sizes = {k: getattr(m, k) for k in ("hidden_size", "intermediate_size", "num_layers", "max_position_embeddings")}
+    small = [f"model.{k}={v}" for k, v in sizes.items() if v < 1]
+    if small:
+        p.append(f"{', '.join(small)}: model sizes must be at least 1; pick a preset (model=tiny) or fix the value.")
+    if m.vocab_size < 0:
+        p.append(f"model.vocab_size={m.vocab_size} must be >= 0 (0: the tokenizer's size).")
+    if m.warm_start_steps < 0 or m.warm_start_lr <= 0:
+        p.append(f"model.warm_start_steps={m.warm_start_steps} must be >= 0 and model.warm_start_lr="
+                 f"{m.warm_start_lr} > 0.")
+    if m.num_heads < 1 or m.hidden_size % m.num_heads:
+        p.append(f"model.hidden_size={m.hidden_size} must divide by model.num_heads={m.num_heads}.")
+    elif m.num_kv_heads < 1 or m.num_heads % m.num_kv_heads:
+        p.append(f"model.num_heads={m.num_heads} must divide by model.num_kv_heads={m.num_kv_heads}.")
+
+
+def _check_task(cfg: RunConfig, p: list[str]) -> None:
+    t = cfg.task
+    if t.max_prompt_tokens < 1:
+        p.append(f"task.max_prompt_tokens={t.max_prompt_tokens} must be at least 1.")
+    if t.kind == TaskKind.jsonl and not t.path:
+        p.append("task=jsonl needs a file: set task.path=/path/to/rows.jsonl (one {\"prompt\", \"answer\"} object per line).")
+    if t.kind == TaskKind.dataset and not t.path:
+        p.append(f"task={t.kind.value} needs data: set task.path=<a JSONL, JSON, Parquet or CSV file, or a folder of them>.")
+    if not 0 <= t.eval_fraction < 1:
+        p.append(f"task.eval_fraction={t.eval_fraction} must be in [0, 1); 0.05 sets aside 5% of the rows.")
+    if t.reward_workers < 0 or not t.reward_timeout_s > 0:
+        p.append(f"task.reward_workers={t.reward_workers} must be >= 0 and task.reward_timeout_s="
+                 f"{t.reward_timeout_s} > 0.")
+    if any(not s for s in t.stop):
+        p.append("task.stop holds an empty string, which would end every response at once; remove it.")
+    from rlgen.tasks.rewards import RewardSpecError, resolve_reward
+
+    for name, weight in (t.rewards or {t.reward: 1.0}).items():
+        try:
+            resolve_reward(name, "task.rewards" if t.rewards else "task.reward")
+        except RewardSpecError as err:
+            p.append(str(err))
+        if not isinstance(weight, (int, float)) or weight != weight:
+            p.append(f"task.rewards.{name}={weight} must be a number (its weight).")
