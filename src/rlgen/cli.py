@@ -53,6 +53,7 @@ APPS = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rlgen.commands.args import split_argv
     from rlgen.commands.checks import check_command, print_problems
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -68,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         code = check_command(cmd, rest)
         if code is not None:
             return code
-        return _hydra_app(APPS[cmd], rest, cmd)
+        # Hydra's argument parser wants its flags before the overrides; a user may type them anywhere.
+        args = split_argv(cmd, rest)
+        return _hydra_app(APPS[cmd], [*args.flags, *args.overrides], cmd)
     return print_problems([f"unknown command {cmd!r}; choose one of: plan, {', '.join(APPS)} (rlgen --help lists them)."])
 
 

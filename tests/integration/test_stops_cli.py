@@ -127,3 +127,19 @@ def test_kill_9_of_the_engine_worker_at_step_5_ends_in_a_finished_run(tmp_path):
     assert summary["engine_restarts"] == 1
     status = json.loads((run / "status.json").read_text())
     assert status["state"] == "finished" and status["actors"]["engine0"] != engine_pid
+
+
+def test_ctrl_c_in_a_sweep_stops_the_job_cleanly_and_ends_the_sweep(tmp_path):
+    proc = subprocess.Popen([*TRAIN, "-m", "steps=40,41", f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    job0 = tmp_path / "sweep" / "0"
+    deadline = time.time() + 180
+    while not ((job0 / "metrics.jsonl").is_file() and len((job0 / "metrics.jsonl").read_text().splitlines()) >= 3):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)
+    rc, out = _finish(proc)
+    assert rc == 130, out[-2000:]
+    assert "Traceback" not in out and len([ln for ln in out.splitlines() if "stopped at step" in ln]) == 1
+    assert json.loads((job0 / "status.json").read_text())["state"] == "stopped"
+    assert not (tmp_path / "sweep" / "1" / "metrics.jsonl").exists()  # the second point never started

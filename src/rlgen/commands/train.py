@@ -151,13 +151,15 @@ def _in_multirun() -> bool:
         return False
 
 
-def _job_failed(status: str, message: str, prefix: str, code: int, out: Path | None = None) -> float:
+def _job_failed(status: str, message: str, prefix: str, code: int, out: Path | None = None, *,
+                end_sweep: bool = False) -> float:
     """Report a job that could not run or stopped. A single run exits with `code`; a job of a multirun writes
-    its reason to status.json (the sweep summary shows it) and returns NaN, so the sweep goes on."""
+    its reason to status.json (the sweep summary shows it) and returns NaN, so the sweep goes on, unless
+    end_sweep (a stop signal: the user wants the whole sweep to stop)."""
     from rlgen.runtime.status import RunStatus, read_status
 
     Console(stderr=True, soft_wrap=True).print(prefix + escape(message), highlight=False)
-    if not _in_multirun():
+    if end_sweep or not _in_multirun():
         sys.exit(code)
     out = out or run_dir()
     if (read_status(out) or {}).get("state") not in ("stopped", "failed"):
@@ -229,8 +231,7 @@ def train_app(dict_cfg) -> float:
 
     console = MirroredConsole()
     stop = StopFlag()
-    if not _in_multirun():
-        stop.install()
+    stop.install()
     out = run_dir()
     steps = dict_cfg.get("steps")
     try:
@@ -252,7 +253,8 @@ def train_app(dict_cfg) -> float:
     except RunStopped as err:
         where = f"; checkpoint {_shown(err.checkpoint)}" if err.checkpoint else "; no checkpoint yet"
         how = f"; resume with: {_resume_command(out)}" if err.checkpoint else ""
-        return _job_failed("stopped", f"stopped at step {err.step} of {steps} ({err}){where}{how}", "", err.exit_code, out)
+        return _job_failed("stopped", f"stopped at step {err.step} of {steps} ({err}){where}{how}", "", err.exit_code, out,
+                           end_sweep=stop.requested)
     except RunError as err:
         return _job_failed("failed", f"{err} (details: {out / LOG_FILE})", "[bold red]run stopped:[/] ", 1, out)
     except Exception as err:  # noqa: BLE001 - one line here, the traceback in run.log (run_training wrote it)
