@@ -133,3 +133,22 @@ def test_an_actor_that_raises_is_named_in_one_sentence(tmp_path, hook, message):
     assert str(info.value) == message
     assert "Traceback" in (tmp_path / "run.log").read_text()
     assert read_status(tmp_path)["state"] == "failed"
+
+
+@pytest.mark.parametrize("extra", [["algo.async_steps=1"], ["task.reward_workers=1"]])
+def test_a_reward_that_raises_while_the_learner_trains_is_the_same_one_sentence(tmp_path, monkeypatch, extra):
+    # async_steps=1: the next step's rollouts are scored while the learner trains (prefetch); a worker pool: the
+    # error comes back from another process. Either way the run stops with the same sentence.
+    (tmp_path / "picky_reward2.py").write_text(
+        "def score(completion, answer):\n"
+        "    if completion and completion != answer:\n"
+        "        raise ValueError('cannot score ' + repr(completion))\n"
+        "    return float(completion == answer)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    cfg = compose_run_config(["progress=false", "steps=4", "algo.prompts_per_step=4",
+                              "task.reward=picky_reward2:score", *extra])
+    with pytest.raises(RunError, match=r"task.reward=picky_reward2:score raised ValueError: cannot score .* at step 0"):
+        run_training(cfg, tmp_path / "run", Console(quiet=True))
+    assert read_status(tmp_path / "run")["state"] == "failed"

@@ -143,10 +143,12 @@ class Rollouts:
         refs = [ref for _, ref in flight.refs.values()] + [ref for _, ref in flight.updates.values()]
         if refs and len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) < len(refs):
             return
+        from rlgen.scoring import RewardError
+
         try:
             self.collect(flight, interruptible=False)
             self.prepare(flight)
-        except (RunError, StopRequested) as err:
+        except (RunError, StopRequested, RewardError) as err:
             log.info("prefetching step %d's rollouts: %s", flight.step, err)
 
     # -- held-out evaluation ----------------------------------------------------------------------------
@@ -172,10 +174,15 @@ class Rollouts:
         sampling = SamplingParams(n=e.samples, temperature=0.0 if e.samples == 1 else e.temperature, top_p=1.0,
                                   max_new_tokens=self.cfg.algo.max_new_tokens, stop_token_ids=tuple(self.stop_ids),
                                   seed=self.cfg.seed * 100_003 + EVAL_SEED_OFFSET + step)
+        from rlgen.scoring import RewardError
+
         flight = self._send(InFlight(step, sp, split_requests(sp, sampling, len(self.engines)), version))
         self.collect(flight)
-        self.prepare(flight)
-        scores = self.scorer.result(flight.scoring)
+        try:
+            self.prepare(flight)
+            scores = self.scorer.result(flight.scoring)
+        except RewardError as err:
+            raise RunError(f"held-out evaluation: {err}") from err
         first = self.scorer.rewards.names[0]
         passed: dict[int, bool] = {}
         for c, value in zip(flight.prepared, scores.parts[first]):
