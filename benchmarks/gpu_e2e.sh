@@ -11,9 +11,12 @@
 #   2 GPUs: tests2 (the two-GPU weight-sync tests), learn_split, time_split (1.5B sync), time_split_async
 #           (1.5B async_steps=1), bench_nccl (+ raw NCCL calibration)
 #   4 GPUs: run4 (engine=vllm_tp2 hardware=4xh200, 20 steps), sweep4 (num_engines x TP)
-# Durable runs and real workloads (their wheelhouse needs the data extra: wheelhouse.sh OUT datasets
-# "math-verify[antlr4_9_3]"):
+# Durable runs and real workloads (their wheelhouse needs the data extra's wheels, named one by one since it
+# downloads without dependencies: wheelhouse.sh OUT datasets multiprocess pyarrow pandas xxhash fsspec
+# math-verify latex2sympy2_extended python-dateutil tzdata tqdm):
 #   1 GPU : gsm8k_colo (a random 0.5B with a BPE tokenizer trained here, the task=gsm8k preset, 5 steps with eval)
+#   1 GPU : resume_colo (1.5B colocated, stopped with SIGINT at step 6 and resumed; the stop and end checkpoints
+#           give seconds and bytes per checkpoint; keep=1 so two 1.5B checkpoints at most share the disk)
 #   2 GPUs: ckpt_split (1.5B: seconds and bytes per checkpoint), resume_split (1.5B stopped with SIGINT at step 6,
 #           then resume=<run dir>: DeepSpeed's checkpoint resumed)
 set -uo pipefail
@@ -25,7 +28,7 @@ py=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=${VLLM_USE_FLASHINFER_SAMPLER:-0}
 declare -A LIMIT=([check]=60 [tests1]=240 [validate]=200 [learn_colo]=240 [time_colo]=350 [bench_ipc]=230
                   [tests2]=180 [learn_split]=150 [time_split]=235 [time_split_async]=235 [bench_nccl]=170
-                  [run4]=220 [sweep4]=300 [gsm8k_colo]=420 [ckpt_split]=360 [resume_split]=540)
+                  [run4]=220 [sweep4]=300 [gsm8k_colo]=420 [ckpt_split]=360 [resume_split]=540 [resume_colo]=570)
 # GRPO geometry of the timing runs: long enough responses that generation and training are comparable
 shape="algo.prompts_per_step=16 algo.samples_per_prompt=8 algo.max_new_tokens=256 algo.lr=1e-6 \
 algo.micro_batch_size=16 task.max_prompt_tokens=64 engine.max_model_len=512"
@@ -91,6 +94,8 @@ run_stage() {
         $big steps=12 checkpoint.every=4 ;;
     resume_split) stage resume_split "$py" benchmarks/resume_check.py "$work/resume_split" 6 engine=vllm \
         hardware=2xh200 $big steps=12 checkpoint.every=0 ;;
+    resume_colo) stage resume_colo "$py" benchmarks/resume_check.py "$work/resume_colo" 6 engine=vllm \
+        hardware=1xh100 engine.gpu_memory_utilization=0.35 $big steps=12 checkpoint.every=0 checkpoint.keep=1 ;;
     sweep4) stage sweep4 "$py" -m rlgen.cli train -m engine=vllm hardware=4xh200 \
         engine.num_engines=1,2 engine.tensor_parallel_size=1,2 \
         "hydra.sweep.dir=$work/sweep4/sweep" progress=false $small ;;

@@ -382,3 +382,47 @@ def test_merging_takes_the_worst_outcome_and_keeps_nan():
     assert math.isnan(m["ratio_max"]) and m["skipped"] is True and m["skip_reason"].startswith("non-finite")
     assert "spans" not in m
     assert [len(r) for r in shard_rows(10, 4)] == [3, 3, 2, 2] and shard_rows(10, 4)[-1].stop == 10
+
+
+# -- checkpoint and resume ---------------------------------------------------------------------------------
+class CheckpointingStandIn(ZeroStandIn):
+    """ZeroStandIn plus DeepSpeed 0.19.8's checkpoint behaviour that matters here: save_checkpoint writes its own
+    keys (skipped_steps and global_steps among them) and then the client state over them; load_checkpoint hands
+    back only the keys that are not DeepSpeed's own."""
+
+    OWN_KEYS = ("module", "sparse_tensor_module_names", "skipped_steps", "global_steps", "dp_world_size",
+                "mp_world_size", "data_sampler", "random_ltd")
+
+    def save_checkpoint(self, save_dir, tag, client_state, save_latest):
+        state = {"module": self.module.state_dict(), "optimizer": self.optimizer.state_dict(), "skipped_steps": 0,
+                 "global_steps": 0, "dp_world_size": 1, "mp_world_size": 1}
+        state.update(client_state)
+        Path(save_dir, tag).mkdir(parents=True, exist_ok=True)
+        torch.save(state, Path(save_dir, tag, "state.pt"))
+
+    def load_checkpoint(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states):
+        state = torch.load(Path(load_dir, tag, "state.pt"), weights_only=False)
+        self.module.load_state_dict(state["module"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        return load_dir, {k: v for k, v in state.items() if k not in self.OWN_KEYS and k not in ("optimizer",)}
+
+
+def test_checkpoint_resume_restores_counters_and_weights(model_dir, tmp_path):
+    """The learner's counters survive DeepSpeed's client-state filter (a 'skipped_steps' of rlgen's own at the top
+    level would be dropped on load), and the resumed learner holds the saved weights."""
+    algo = AlgoConfig(lr=1e-2, micro_batch_size=2, grad_clip=1.0)
+    first = ds_learner(model_dir, algo)
+    first.engine = first.model = CheckpointingStandIn(first.module, algo.lr, algo.grad_clip)
+    first.train_step(make_batch())
+    first.skipped_steps, first.consecutive_skips, first.last_skip_reason = 3, 1, "non-finite grad norm"
+    first.save_checkpoint(str(tmp_path))
+    assert (tmp_path / "model" / "config.json").is_file()
+    saved = params(first.module)
+
+    second = ds_learner(model_dir, algo)
+    second.engine = second.model = CheckpointingStandIn(second.module, algo.lr, algo.grad_clip)
+    assert any(not torch.equal(saved[k], v) for k, v in params(second.module).items())
+    second._resume(str(tmp_path))
+    assert (second.version, second.calls) == (first.version, first.calls) == (1, 1)
+    assert (second.skipped_steps, second.consecutive_skips, second.last_skip_reason) == (3, 1, "non-finite grad norm")
+    assert all(torch.equal(saved[k], v) for k, v in params(second.module).items())

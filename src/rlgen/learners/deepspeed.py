@@ -43,6 +43,9 @@ from rlgen.sync import DEFAULT_BUCKET_BYTES, plan_buckets
 from rlgen.types import RolloutBatch
 
 DS_TAG = "zero"  # the tag of DeepSpeed's checkpoint inside a checkpoint's learner/ folder
+# rlgen's counters and RNG states ride in DeepSpeed's client state under one key of their own: DeepSpeed keeps a
+# "skipped_steps" of its own there and drops it from what load_checkpoint hands back
+CLIENT_KEY = "rlgen"
 
 
 def micro_batches(rows: int, micro_batch_size: int) -> int:
@@ -162,10 +165,8 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         self.engine.train()
         self.model = self.engine  # the forward (grpo_step.response_logits) calls self.model(...)
         self.module = self.engine.module
-        if resume_from:  # DeepSpeed's own checkpoint: fp32 master weights and optimizer partitions of every rank
-            _, client = self.engine.load_checkpoint(os.path.join(resume_from, "learner"), tag=DS_TAG,
-                                                    load_optimizer_states=True, load_lr_scheduler_states=True)
-            self._restore_counters(client)
+        if resume_from:
+            self._resume(resume_from)
 
     def _init_state(self, algo, monitor, rank, name, device, zero_stage, sync_bucket_bytes, world_size=1,
                     release_memory=False) -> None:
@@ -314,6 +315,13 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
             self.module.save_pretrained(path, state_dict=weights)
             torch.save({"version": self.version, "calls": self.calls}, os.path.join(path, "learner_state.pt"))
 
+    def _resume(self, checkpoint: str) -> None:
+        """DeepSpeed's own checkpoint: fp32 master weights, optimizer partitions of every rank, scheduler; then
+        rlgen's counters and RNG states from its client state."""
+        _, client = self.engine.load_checkpoint(os.path.join(checkpoint, "learner"), tag=DS_TAG,
+                                                load_optimizer_states=True, load_lr_scheduler_states=True)
+        self._restore_counters(client[CLIENT_KEY])
+
     def save_checkpoint(self, path: str) -> dict[str, Any]:
         """Every rank: the policy as an HF folder (``model/``, bf16, gathered; rank 0 writes it) and DeepSpeed's
         checkpoint of the engine (``learner/``: fp32 master weights, optimizer partitions, counters, RNG)."""
@@ -322,7 +330,7 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         if self.rank == 0:
             self.module.save_pretrained(os.path.join(path, "model"), state_dict=weights)
         del weights
-        self.engine.save_checkpoint(os.path.join(path, "learner"), tag=DS_TAG, client_state=self._counters(),
+        self.engine.save_checkpoint(os.path.join(path, "learner"), tag=DS_TAG, client_state={CLIENT_KEY: self._counters()},
                                     save_latest=False)
         if self.release_memory:
             torch.cuda.empty_cache()
