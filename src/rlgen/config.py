@@ -73,9 +73,10 @@ class EngineConfig:
     kind: EngineKind = EngineKind.hf
     num_engines: int | None = None  # None: as many as the engine GPUs hold (1 on CPU)
     tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.9
+    # null: the plan derives it (colocated: what the learner leaves free; own GPUs: vLLM's 0.9)
+    gpu_memory_utilization: float | None = None
     enable_prefix_caching: bool = True
-    max_model_len: int = 2048
+    max_model_len: int | None = None  # null: task.max_prompt_tokens + algo.max_new_tokens
     max_num_seqs: int = 256
     enforce_eager: bool = False
     dtype: str = "bfloat16"
@@ -91,10 +92,10 @@ class AlgoConfig:
     name: str = "grpo"
     prompts_per_step: int = 8
     samples_per_prompt: int = 8  # GRPO group size
-    max_new_tokens: int = 8
+    max_new_tokens: int | None = None  # null: the model size's recipe (rlgen plan shows the value and its source)
     temperature: float = 1.0
     top_p: float = 1.0
-    lr: float = 1e-3
+    lr: float | None = None  # null: the model size's recipe
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     clip_low: float = 0.2  # PPO ratio clip: [1 - clip_low, 1 + clip_high]
@@ -105,7 +106,8 @@ class AlgoConfig:
     seq_mask_cap: float = 0.0  # > 0: drop sequences whose mean |log ratio| exceeds log(seq_mask_cap)
     loss_agg: LossAgg = LossAgg.token_mean
     std_normalize: bool = True  # divide group-centred rewards by the group std
-    micro_batch_size: int = 0  # 0: the whole local batch in one forward
+    # 0: the whole local batch in one forward; null: the largest that fits the learner GPU (CPU: the recipe's)
+    micro_batch_size: int | None = None
 
 
 @dataclass
@@ -155,8 +157,9 @@ class LearnerKind(StrEnum):
 @dataclass
 class LearnerConfig:
     kind: LearnerKind = LearnerKind.auto
-    zero_stage: int = 2  # DeepSpeed ZeRO stage: 2, or 3 when the weights plus optimizer states do not fit a GPU
-    gradient_checkpointing: bool = True  # DeepSpeed learner only
+    # DeepSpeed ZeRO stage: 2, or 3 when the weights plus optimizer states do not fit a GPU; null: the recipe's
+    zero_stage: int | None = None
+    gradient_checkpointing: bool | None = None  # DeepSpeed learner only; null: the recipe's
 
 
 @dataclass

@@ -75,6 +75,7 @@ def run_validate(
     v = v or getattr(cfg, "validate", None) or ValidateConfig()
     start = time.time()
     plan = build_plan(cfg)
+    cfg = plan.apply(cfg)
     device = "cuda" if plan.device == "cuda" else "cpu"
     model_path = prepare_model(cfg, device=device)
     tok = load_tokenizer(model_path)
@@ -86,7 +87,7 @@ def run_validate(
     reference = InProcess(HFEngine, (model_path, ref_engine), {"device": device, "seed": cfg.seed, "name": "reference", "threads": None})
     cls, extra, description = _candidate_spec(cfg, v, plan, engine_cls, engine_kwargs)
     cand_engine = dataclasses.replace(
-        cfg.engine, gpu_memory_utilization=min(cfg.engine.gpu_memory_utilization, v.gpu_memory_utilization)
+        cfg.engine, gpu_memory_utilization=min(cfg.engine.gpu_memory_utilization or 1.0, v.gpu_memory_utilization)
     )
     runner = Runner(v.runner)
     if runner is Runner.auto:

@@ -16,7 +16,8 @@ import os
 
 import pytest
 
-from rlgen.config import AlgoConfig, EngineConfig, EngineKind, MonitorConfig
+from helpers import algo_cfg
+from rlgen.config import EngineConfig, EngineKind, MonitorConfig
 from rlgen.learners.weight_sender import WeightSender
 from rlgen.sync import engine_args_for, make_transport
 from rlgen.types import GenRequest, SamplingParams
@@ -24,6 +25,7 @@ from rlgen.types import GenRequest, SamplingParams
 pytestmark = pytest.mark.gpu
 VOCAB = 2048
 TIMEOUT_S = 300.0
+
 
 
 def _gpus() -> int:
@@ -192,7 +194,7 @@ def test_deepspeed_step_changes_parameters(ray_local, models, stage):
 
     ray = ray_local
     # lr 1e-2: a smaller step can round away in the bf16 copy of weights near 1 (the norms), spacing 2^-7
-    algo = AlgoConfig(lr=1e-2, micro_batch_size=4, prompts_per_step=2, samples_per_prompt=4)
+    algo = algo_cfg(lr=1e-2, micro_batch_size=4, prompts_per_step=2, samples_per_prompt=4)
     learner = ray.remote(DeepSpeedLearner).options(num_gpus=1).remote(models[0], algo, MonitorConfig(),
                                                                        zero_stage=stage)
     before = ray.get(learner.get_weights.remote(), timeout=TIMEOUT_S)
@@ -212,7 +214,7 @@ def test_deepspeed_zero3_weights_reach_the_engine_over_nccl(ray_local, models):
 
     ray = ray_local
     engine = _engine(ray, models[0], "nccl", 1, gpu_memory_utilization=0.5)
-    algo = AlgoConfig(lr=1e-2, prompts_per_step=2, samples_per_prompt=4)
+    algo = algo_cfg(lr=1e-2, prompts_per_step=2, samples_per_prompt=4)
     learner = ray.remote(DeepSpeedLearner).options(num_gpus=1).remote(models[0], algo, MonitorConfig(), zero_stage=3)
     transport = _transport("nccl")
     transport.setup(learner, [engine], ["engine0"])

@@ -89,7 +89,8 @@ def _learner_dying_at(call: int, marker: str) -> type:
 
 def _run(out: Path, overrides: list[str], *, stop=None, resume: bool = False, **kwargs) -> RunStopped | None:
     cfg = compose_run_config([*BASE, *overrides])
-    point = resolve_explicit(str(out), identity(cfg, len(build_plan(cfg).learners))) if resume else None
+    plan = build_plan(cfg)
+    point = resolve_explicit(str(out), identity(plan.apply(cfg), len(plan.learners))) if resume else None
     try:
         run_training(cfg, out, Console(quiet=True), resume=point, stop=stop, **kwargs)
     except RunStopped as err:

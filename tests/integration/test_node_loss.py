@@ -15,6 +15,7 @@ from rich.console import Console
 from rlgen.commands.train import run_training
 from rlgen.compose import compose_run_config
 from rlgen.metrics import read_jsonl
+from rlgen.plan import build_plan
 from rlgen.runtime import RunStopped
 from rlgen.runtime.resume import identity, resolve_explicit
 
@@ -57,7 +58,7 @@ def test_a_node_that_leaves_stops_the_run_cleanly_and_resume_finishes(tmp_path):
 
         c.add_node(num_cpus=2)  # the plan's second node comes back
         c.wait_for_nodes()
-        point = resolve_explicit(str(tmp_path), identity(cfg, 1))
+        point = resolve_explicit(str(tmp_path), identity(build_plan(cfg).apply(cfg), 1))
         run_training(cfg, tmp_path, Console(quiet=True), resume=point)
         assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(40))
     finally:

@@ -84,9 +84,29 @@ PLAN_ERRORS = [
     ),
     (
         "model-too-big-for-gpu",
-        ["engine=vllm", "hardware=1xh100", "model=qwen2_5_7b", "engine.gpu_memory_utilization=0.1"],
+        ["engine=vllm", "hardware=8xh100", "model=qwen2_5_7b", "engine.gpu_memory_utilization=0.1"],
         ["model qwen2_5_7b (7.62B params", "does not fit in 7.5 GiB", "raise engine.tensor_parallel_size"],
         1,
+    ),
+    (
+        "learner-too-big-for-one-gpu",  # 7B weights, fp32 master and AdamW states: ~100 GiB on one rank
+        ["engine=vllm", "hardware=2xh200", "model=qwen2_5_7b"],
+        ["a learner rank needs about 146 GiB at its peak", "optimizer 85.1", "more learner GPUs with "
+         "learner.zero_stage=3"],
+        1,
+    ),
+    (
+        "colocated-engine-share-too-large",  # the learner holds ~23 GiB of the H100 between steps
+        ["engine=vllm", "hardware=1xh100", "model=qwen2_5_1_5b", "engine.gpu_memory_utilization=0.9"],
+        ["engine.gpu_memory_utilization=0.9 asks for 67.1 GiB", "learner already holds about 22.6 GiB",
+         "the plan derives 0.50"],
+        1,
+    ),
+    (
+        "colocated-7b-on-one-gpu",
+        ["engine=vllm", "hardware=1xh100", "model=qwen2_5_7b"],
+        ["a learner rank needs about 146 GiB", "leaves the engine 0.0 GiB", "give engines their own GPUs"],
+        2,
     ),
     (
         "gpu-memory-utilization-zero",

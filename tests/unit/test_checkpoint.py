@@ -8,6 +8,7 @@ import random
 import pytest
 
 from rlgen.compose import compose_run_config
+from rlgen.plan import build_plan
 from rlgen.rollout import RolloutCountError, StepPrompts, check_complete
 from rlgen.runtime.checkpoint import (
     MARKER,
@@ -77,7 +78,8 @@ def test_rng_states_round_trip():
 
 # -- resume= ---------------------------------------------------------------------------------------------
 def _ident(*overrides, ranks=1):
-    return identity(compose_run_config(list(overrides)), ranks)
+    cfg = compose_run_config(list(overrides))
+    return identity(build_plan(cfg).apply(cfg), ranks)  # as a run records it: with the plan's resolved values
 
 
 def test_math_keys_are_told_from_safe_ones():

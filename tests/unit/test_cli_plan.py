@@ -53,7 +53,7 @@ def assert_clean_failure(proc: subprocess.CompletedProcess) -> str:
 
 
 def test_plan_tp2_on_8xh100(tmp_path):
-    proc, wall = rlgen("plan", "engine=vllm_tp2", "hardware=8xh100", cwd=tmp_path)
+    proc, wall = rlgen("plan", "engine=vllm_tp2", "hardware=8xh100", "+engine.env.VLLM_USE_V1=1", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     rows = table_rows(proc.stdout)
     assert rows["engine0"] == ["vllm", "0", "0,1", "2"]
@@ -64,6 +64,8 @@ def test_plan_tp2_on_8xh100(tmp_path):
     assert "2 vllm engine(s) of TP 2 on 4 GPU(s); 4 learner rank(s) on 4 GPU(s)" in proc.stdout
     assert "nccl" in proc.stdout
     assert "VLLM_USE_V1" in proc.stdout  # the dropped variable is reported as a note
+    assert re.search(r"engine\.gpu_memory_utilization\s*│ 0\.9 ", proc.stdout)  # engines on their own GPUs: vLLM's default
+    assert "recipe tiny" in proc.stdout  # where the null algo values came from
     assert wall < PLAN_WALL_LIMIT_S, (
         f"`rlgen plan` took {wall:.2f} s of wall time; it should answer in under {PLAN_WALL_LIMIT_S} s "
         "(it must not import torch, ray or vllm, or build anything)"

@@ -22,6 +22,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from helpers import algo_cfg
 from rlgen.algo.grpo import group_advantages
 from rlgen.config import AlgoConfig, LossAgg, MonitorConfig
 from rlgen.learners.deepspeed import DeepSpeedLearner, build_ds_config, micro_batches
@@ -31,6 +32,7 @@ from rlgen.types import RolloutBatch
 
 PROMPTS = [[5, 6, 7], [5, 6, 7], [9, 4, 11, 3], [9, 4, 11, 3]]
 RESPONSES = [[12, 13, 14], [15, 16], [17, 18, 19, 20], [21]]
+
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +118,7 @@ def params(module):
 # -- config ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("stage", [2, 3])
 def test_ds_config_geometry_and_precision(stage):
-    cfg = build_ds_config(AlgoConfig(micro_batch_size=4, grad_clip=1.0), zero_stage=stage, rows_per_step=64)
+    cfg = build_ds_config(algo_cfg(micro_batch_size=4, grad_clip=1.0), zero_stage=stage, rows_per_step=64)
     assert cfg["train_micro_batch_size_per_gpu"] == 4
     assert cfg["gradient_accumulation_steps"] == 16
     assert cfg["train_batch_size"] == 64
@@ -128,7 +130,7 @@ def test_ds_config_geometry_and_precision(stage):
 
 
 def test_ds_config_whole_batch_and_no_clipping():
-    cfg = build_ds_config(AlgoConfig(micro_batch_size=0, grad_clip=0.0), zero_stage=3, rows_per_step=8, world_size=2)
+    cfg = build_ds_config(algo_cfg(micro_batch_size=0, grad_clip=0.0), zero_stage=3, rows_per_step=8, world_size=2)
     assert cfg["train_micro_batch_size_per_gpu"] == 8 and cfg["gradient_accumulation_steps"] == 1
     assert cfg["train_batch_size"] == 16 and cfg["gradient_clipping"] == 0.0
     assert micro_batches(10, 4) == 3 and micro_batches(10, 0) == 1
@@ -137,7 +139,7 @@ def test_ds_config_whole_batch_and_no_clipping():
 @pytest.mark.parametrize("stage", [0, 1, 4])
 def test_ds_config_rejects_other_stages(stage):
     with pytest.raises(ValueError, match="zero_stage"):
-        build_ds_config(AlgoConfig(), zero_stage=stage, rows_per_step=8)
+        build_ds_config(algo_cfg(), zero_stage=stage, rows_per_step=8)
 
 
 def test_importing_the_learner_and_sync_needs_neither_deepspeed_nor_vllm():
@@ -150,7 +152,7 @@ def test_importing_the_learner_and_sync_needs_neither_deepspeed_nor_vllm():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU error path")
 def test_construction_without_cuda_says_what_to_use(model_dir):
     with pytest.raises(RuntimeError, match="CUDA GPU"):
-        DeepSpeedLearner(model_dir, AlgoConfig(), MonitorConfig())
+        DeepSpeedLearner(model_dir, algo_cfg(), MonitorConfig())
 
 
 # -- the step against TorchLearner's --------------------------------------------------------------------------
@@ -160,7 +162,7 @@ def test_construction_without_cuda_says_what_to_use(model_dir):
      (LossAgg.seq_mean_token_sum_norm, 1, 0.0), (LossAgg.token_mean, 2, 1.05)],
 )
 def test_step_matches_torch_learner(model_dir, agg, micro, seq_mask_cap):
-    algo = AlgoConfig(lr=1e-2, loss_agg=agg, micro_batch_size=micro, seq_mask_cap=seq_mask_cap, grad_clip=0.5)
+    algo = algo_cfg(lr=1e-2, loss_agg=agg, micro_batch_size=micro, seq_mask_cap=seq_mask_cap, grad_clip=0.5)
     batch = make_batch()
     ref = TorchLearner(model_dir, algo, MonitorConfig())
     ref_grads = {}
@@ -189,7 +191,7 @@ def test_step_matches_torch_learner(model_dir, agg, micro, seq_mask_cap):
 
 
 def test_nan_advantage_skips_without_touching_parameters(model_dir):
-    algo = AlgoConfig(micro_batch_size=2)
+    algo = algo_cfg(micro_batch_size=2)
     ds = ds_learner(model_dir, algo)
     before = params(ds.module)
     out = ds.train_step(make_batch(advantages=[1.0, math.nan, -1.0, 0.0]))
@@ -203,7 +205,7 @@ def test_nan_advantage_skips_without_touching_parameters(model_dir):
 
 
 def test_nan_gradient_skips_the_step(model_dir):
-    ds = ds_learner(model_dir, AlgoConfig())
+    ds = ds_learner(model_dir, algo_cfg())
     hook = ds.module.model.layers[0].mlp.up_proj.weight.register_hook(lambda g: torch.full_like(g, math.nan))
     before = params(ds.module)
     out = ds.train_step(make_batch())
@@ -213,7 +215,7 @@ def test_nan_gradient_skips_the_step(model_dir):
 
 
 def test_non_finite_parameters_block_export(model_dir):
-    ds = ds_learner(model_dir, AlgoConfig(lr=math.inf))  # finite loss and gradients, non-finite update
+    ds = ds_learner(model_dir, algo_cfg(lr=math.inf))  # finite loss and gradients, non-finite update
     out = ds.train_step(make_batch())
     assert out["skipped"] is True and "not rolled back" in out["skip_reason"]
     assert out["version"] == 0 and ds.sync_blocked
@@ -249,7 +251,7 @@ def test_zero3_export_round_trips_in_bounded_buckets(model_dir, monkeypatch, buc
     fake = types.ModuleType("deepspeed")
     fake.zero = types.SimpleNamespace(GatheredParameters=log.ctx)
     monkeypatch.setitem(sys.modules, "deepspeed", fake)
-    ds = ds_learner(model_dir, AlgoConfig())
+    ds = ds_learner(model_dir, algo_cfg())
     ds.zero_stage, ds.sync_bucket_bytes = 3, bucket_bytes
     want = dict(ds.module.named_parameters())
     got = list(ds.iter_weights("bfloat16"))
@@ -266,7 +268,7 @@ def test_zero3_export_round_trips_in_bounded_buckets(model_dir, monkeypatch, buc
 
 
 def test_weight_meta_uses_the_full_shape_of_partitioned_parameters(model_dir):
-    ds = ds_learner(model_dir, AlgoConfig())
+    ds = ds_learner(model_dir, algo_cfg())
     p = ds.module.model.embed_tokens.weight
     p.ds_shape = p.shape  # what ZeRO-3 leaves behind when it empties p.data
     p.data = torch.empty(0)
@@ -295,7 +297,7 @@ REAL_ENGINE = textwrap.dedent("""
     cfg = Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2)
     module = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
-    algo = AlgoConfig(micro_batch_size=2, lr=1e-2)
+    algo = algo_cfg(micro_batch_size=2, lr=1e-2)
     opt = torch.optim.AdamW(module.parameters(), lr=algo.lr)
     engine, *_ = deepspeed.initialize(model=module, optimizer=opt,
                                       config=build_ds_config(algo, zero_stage=stage, rows_per_step=4))
@@ -341,7 +343,7 @@ def test_two_ranks_on_shards_make_the_whole_batch_step(model_dir, agg):
     from rlgen.learners.group import merge_rank_metrics, shard_rows
     from rlgen.learners.grpo_step import batch_denominator, unpack_batch
 
-    algo = AlgoConfig(lr=1e-2, loss_agg=agg, micro_batch_size=1, grad_clip=0.0)
+    algo = algo_cfg(lr=1e-2, loss_agg=agg, micro_batch_size=1, grad_clip=0.0)
     batch = make_batch()
     whole = ds_learner(model_dir, algo)
     want = whole.train_step(batch)
@@ -410,7 +412,7 @@ class CheckpointingStandIn(ZeroStandIn):
 def test_checkpoint_resume_restores_counters_and_weights(model_dir, tmp_path):
     """The learner's counters survive DeepSpeed's client-state filter (a 'skipped_steps' of rlgen's own at the top
     level would be dropped on load), and the resumed learner holds the saved weights."""
-    algo = AlgoConfig(lr=1e-2, micro_batch_size=2, grad_clip=1.0)
+    algo = algo_cfg(lr=1e-2, micro_batch_size=2, grad_clip=1.0)
     first = ds_learner(model_dir, algo)
     first.engine = first.model = CheckpointingStandIn(first.module, algo.lr, algo.grad_clip)
     first.train_step(make_batch())

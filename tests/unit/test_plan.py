@@ -174,8 +174,8 @@ def test_full_engine_gpus_give_no_idle_warning():
 
 
 def test_removed_vllm_env_vars_are_dropped_with_a_warning():
-    cfg = _cfg("engine=vllm", "hardware=2xh200", "+engine.env.MY_FLAG=on")
-    assert {"VLLM_USE_V1", "VLLM_ATTENTION_BACKEND"} <= set(cfg.engine.env)  # the shipped YAML sets both
+    cfg = _cfg("engine=vllm", "hardware=2xh200", "+engine.env.MY_FLAG=on", "+engine.env.VLLM_USE_V1=1",
+               "+engine.env.VLLM_ATTENTION_BACKEND=FLASH_ATTN")  # a config written for older vLLM
     plan = build_plan(cfg)
     assert "VLLM_USE_V1" not in plan.engine_env
     assert "VLLM_ATTENTION_BACKEND" not in plan.engine_env
@@ -246,6 +246,7 @@ def test_to_json_round_trips():
         "engines": [dataclasses.asdict(e) | {"gpus": list(e.gpus)} for e in plan.engines],
         "learners": [dataclasses.asdict(lr) for lr in plan.learners],
         "warnings": list(plan.warnings),
+        "settings": [dataclasses.asdict(s) for s in plan.settings],
     }
     assert d["transport"] == "nccl"
     assert [e["gpus"] for e in d["engines"]] == [[0, 1], [2, 3]]
@@ -281,8 +282,11 @@ def test_learner_logits_that_cannot_fit_name_a_micro_batch_that_does():
     big = ["engine=vllm", "hardware=1xh100", "model=qwen2_5_1_5b", "algo.prompts_per_step=32", "algo.samples_per_prompt=8",
            "algo.max_new_tokens=256", "task.max_prompt_tokens=64", "engine.max_model_len=512"]
     with pytest.raises(PlanError) as err:
-        build_plan(compose_run_config(big))
-    (problem,) = [m for m in err.value.problems if "logits" in m]
+        build_plan(compose_run_config([*big, "algo.micro_batch_size=0"]))  # the whole batch in one pass
+    (problem,) = [m for m in err.value.problems if "for its logits alone" in m]
     assert "256 sequences x 320 tokens x 151,936 vocabulary" in problem and "algo.micro_batch_size=32" in problem
     plan = build_plan(compose_run_config([*big, "algo.micro_batch_size=32"]))  # the suggestion is accepted
     assert plan.batch.sequences_per_rank == 256
+    # left to the plan, the micro-batch is the recipe's cap for 1.5B, which fits
+    (micro,) = [s for s in build_plan(compose_run_config(big)).settings if s.key == "algo.micro_batch_size"]
+    assert micro.value == 8 and micro.source.startswith("derived: the largest micro-batch up to 8")

@@ -108,7 +108,7 @@ def test_async_overlaps_and_colocated_does_not():
 
 
 def test_kv_capacity_limits_concurrency():
-    p = _predict("hardware=8xh100", "engine=vllm", "model=qwen2_5_7b", "engine.max_num_seqs=4096",
+    p = _predict("hardware=8xh200", "engine=vllm", "model=qwen2_5_7b", "engine.max_num_seqs=4096",
                  "engine.max_model_len=32768", "algo.max_new_tokens=16384", "task.max_prompt_tokens=1024",
                  "algo.prompts_per_step=512")
     assert p.max_concurrency == p.kv_capacity_tokens // (1024 + 16384) < 4096

@@ -5,8 +5,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
+from helpers import algo_cfg
 from rlgen.algo.grpo import group_advantages
-from rlgen.config import AlgoConfig, LossAgg, MonitorConfig
+from rlgen.config import LossAgg, MonitorConfig
 from rlgen.learners.base import Learner
 from rlgen.learners.torch import NonFiniteWeightsError, TorchLearner
 from rlgen.types import RolloutBatch
@@ -17,6 +18,7 @@ PROMPTS = [[5, 6, 7], [5, 6, 7], [9, 4, 11, 3], [9, 4, 11, 3]]
 RESPONSES = [[12, 13, 14], [15, 16], [17, 18, 19, 20], [21]]
 REWARDS = [1.0, 0.0, 0.0, 1.0]
 GROUPS = [0, 0, 1, 1]
+
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +101,7 @@ def same_params(a, b):
 @pytest.mark.parametrize("kind", ["qwen2", "gpt2"])
 def test_one_step_updates_and_reports(model_dirs, kind):
     batch = make_batch(load(model_dirs[kind]))
-    learner = TorchLearner(model_dirs[kind], AlgoConfig(lr=1e-3), MonitorConfig())
+    learner = TorchLearner(model_dirs[kind], algo_cfg(lr=1e-3), MonitorConfig())
     assert isinstance(learner, Learner)
     before = params_of(learner)
     out = learner.train_step(batch)
@@ -127,7 +129,7 @@ def test_one_step_updates_and_reports(model_dirs, kind):
 
 
 def test_get_weights_are_finite_cpu_copies(model_dirs):
-    learner = TorchLearner(model_dirs["qwen2"], AlgoConfig(), MonitorConfig())
+    learner = TorchLearner(model_dirs["qwen2"], algo_cfg(), MonitorConfig())
     weights = learner.get_weights()
     assert set(weights) == set(learner.model.state_dict())
     assert all(t.device.type == "cpu" and t.dtype == torch.float32 for t in weights.values())
@@ -156,7 +158,7 @@ def test_micro_batches_match_whole_batch(model_dirs, agg, micro, drift_row):
         seq_mask_cap = 2.0
     results = []
     for micro_batch_size in (0, micro):
-        algo = AlgoConfig(lr=1e-2, loss_agg=agg, micro_batch_size=micro_batch_size, seq_mask_cap=seq_mask_cap)
+        algo = algo_cfg(lr=1e-2, loss_agg=agg, micro_batch_size=micro_batch_size, seq_mask_cap=seq_mask_cap)
         learner = TorchLearner(path, algo, MonitorConfig())
         outs = [learner.train_step(batch) for _ in range(2)]  # the second step sees ratios != 1
         results.append((outs, params_of(learner)))
@@ -183,7 +185,7 @@ def test_micro_batches_match_whole_batch(model_dirs, agg, micro, drift_row):
 def test_positive_advantage_raises_the_token_logprob(model_dirs):
     path = model_dirs["qwen2"]
     prompts, responses = [[5, 6, 7], [5, 6, 7]], [[17], [23]]
-    learner = TorchLearner(path, AlgoConfig(lr=1e-2, max_new_tokens=1), MonitorConfig())
+    learner = TorchLearner(path, algo_cfg(lr=1e-2, max_new_tokens=1), MonitorConfig())
     start_good = unpadded_logprobs(learner.model, prompts[0], responses[0])[0]
     start_bad = unpadded_logprobs(learner.model, prompts[1], responses[1])[0]
     for _ in range(8):  # on-policy: engine logprobs from the current weights each step
@@ -197,7 +199,7 @@ def test_positive_advantage_raises_the_token_logprob(model_dirs):
 
 def test_nan_gradient_skips_the_step(model_dirs):
     batch = make_batch(load(model_dirs["qwen2"]))
-    learner = TorchLearner(model_dirs["qwen2"], AlgoConfig(), MonitorConfig())
+    learner = TorchLearner(model_dirs["qwen2"], algo_cfg(), MonitorConfig())
     param = learner.model.model.layers[0].mlp.up_proj.weight
     hook = param.register_hook(lambda g: torch.full_like(g, math.nan))
     before = params_of(learner)
@@ -216,7 +218,7 @@ def test_nan_gradient_skips_the_step(model_dirs):
 
 def test_nan_advantage_skips_the_step(model_dirs):
     batch = make_batch(load(model_dirs["qwen2"]), advantages=[1.0, math.nan, -1.0, 0.0])
-    learner = TorchLearner(model_dirs["qwen2"], AlgoConfig(), MonitorConfig())
+    learner = TorchLearner(model_dirs["qwen2"], algo_cfg(), MonitorConfig())
     before = params_of(learner)
     out = learner.train_step(batch)
     assert out["skipped"] is True and out["skip_reason"].startswith("non-finite")
@@ -226,7 +228,7 @@ def test_nan_advantage_skips_the_step(model_dirs):
 
 def test_non_finite_update_is_rolled_back(model_dirs):
     batch = make_batch(load(model_dirs["qwen2"]))
-    learner = TorchLearner(model_dirs["qwen2"], AlgoConfig(), MonitorConfig())
+    learner = TorchLearner(model_dirs["qwen2"], algo_cfg(), MonitorConfig())
     learner.train_step(batch)
     before = params_of(learner)
     exp_avg = {id(p): s["exp_avg"].clone() for p, s in learner.optimizer.state.items()}
@@ -242,7 +244,7 @@ def test_non_finite_update_is_rolled_back(model_dirs):
 
 
 def test_get_weights_refuses_non_finite(model_dirs):
-    learner = TorchLearner(model_dirs["qwen2"], AlgoConfig(), MonitorConfig())
+    learner = TorchLearner(model_dirs["qwen2"], algo_cfg(), MonitorConfig())
     with torch.no_grad():
         learner.model.model.norm.weight[0] = math.inf
     with pytest.raises(NonFiniteWeightsError, match="model.norm.weight"):
@@ -251,8 +253,8 @@ def test_get_weights_refuses_non_finite(model_dirs):
 
 def test_kl_penalty_uses_a_frozen_reference(model_dirs):
     batch = make_batch(load(model_dirs["qwen2"]))
-    assert "kl" not in TorchLearner(model_dirs["qwen2"], AlgoConfig(), MonitorConfig()).train_step(batch)
-    learner = TorchLearner(model_dirs["qwen2"], AlgoConfig(lr=1e-2, kl_coef=0.5), MonitorConfig())
+    assert "kl" not in TorchLearner(model_dirs["qwen2"], algo_cfg(), MonitorConfig()).train_step(batch)
+    learner = TorchLearner(model_dirs["qwen2"], algo_cfg(lr=1e-2, kl_coef=0.5), MonitorConfig())
     first = learner.train_step(batch)
     assert first["kl"] == pytest.approx(0.0, abs=1e-9)
     second = learner.train_step(batch)
@@ -262,14 +264,14 @@ def test_kl_penalty_uses_a_frozen_reference(model_dirs):
 
 def test_temperature_matches_the_engine_distribution(model_dirs):
     model = load(model_dirs["qwen2"])
-    learner = TorchLearner(model_dirs["qwen2"], AlgoConfig(temperature=0.5), MonitorConfig())
+    learner = TorchLearner(model_dirs["qwen2"], algo_cfg(temperature=0.5), MonitorConfig())
     assert learner.train_step(make_batch(model, temperature=0.5))["mismatch/k3_kl"] < 1e-4
-    learner = TorchLearner(model_dirs["qwen2"], AlgoConfig(temperature=0.5), MonitorConfig())
+    learner = TorchLearner(model_dirs["qwen2"], algo_cfg(temperature=0.5), MonitorConfig())
     assert learner.train_step(make_batch(model, temperature=1.0))["mismatch/max_abs_delta"] > 1e-3
 
 
 def test_save_writes_a_loadable_checkpoint(model_dirs, tmp_path):
-    learner = TorchLearner(model_dirs["qwen2"], AlgoConfig(), MonitorConfig())
+    learner = TorchLearner(model_dirs["qwen2"], algo_cfg(), MonitorConfig())
     learner.train_step(make_batch(load(model_dirs["qwen2"])))
     learner.save(str(tmp_path / "ckpt"))
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt").state_dict()

@@ -71,7 +71,7 @@ def _check(cfg: RunConfig) -> None:
             f"bench engine 'vllm' runs rlgen's vLLM engine, but engine={e.kind.value}; add engine=vllm."
         )
     need = b.prompt_len + b.response_len_max
-    if "vllm" in b.engines and e.max_model_len < need:
+    if "vllm" in b.engines and e.max_model_len is not None and e.max_model_len < need:
         raise BenchError(
             f"engine.max_model_len={e.max_model_len} cannot hold bench.prompt_len + bench.response_len_max = {need}; "
             f"set engine.max_model_len>={need}."

@@ -73,7 +73,7 @@ def check_train(args: Args, cfgs: list[RunConfig]) -> int | None:
     for cfg, problems, report in zip(cfgs, blocking, reports):
         if not problems and cfg.resume and cfg.resume != "auto":
             try:
-                resolve_explicit(cfg.resume, identity(cfg, len(report.plan.learners)))
+                resolve_explicit(cfg.resume, identity(report.plan.apply(cfg), len(report.plan.learners)))
             except ResumeError as err:
                 problems.append(str(err))
     bad = [p for p in blocking if p]

@@ -49,6 +49,7 @@ def main(argv: list[str]) -> int:
         return print_problems(report.problems)
     from rlgen.plan.view import print_plan_and_prediction
 
+    cfg = report.plan.apply(cfg)
     console = Console(soft_wrap=True)
     print_plan_and_prediction(report.plan, cfg, console)
     for m in report.machine:

@@ -59,6 +59,8 @@ def run_training(
     console = console or MirroredConsole()
     stop = stop or StopFlag()
     plan = build_plan(cfg)
+    cfg = plan.apply(cfg)  # the values the config left null, as the plan resolved them
+    _print_resolved(plan, console)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     detach = attach_run_log(out_dir)
@@ -178,6 +180,18 @@ def _resume_command(resume_to: Path) -> str:
     return " ".join(["rlgen", "train", *map(shlex.quote, overrides), shlex.quote(f"resume={_shown(resume_to)}")])
 
 
+def _print_resolved(plan: Any, console: Console) -> None:
+    """What the plan chose for the values the config left null, and the GPU memory split (logged too)."""
+    from rlgen.plan.view import memory_line, resolved_lines
+
+    lines = resolved_lines(plan)
+    if lines:
+        log.info("settings chosen by the plan:\n  %s", "\n  ".join(lines))
+    line = memory_line(plan)
+    if line:
+        console.print(escape(line), highlight=False)
+
+
 def _shown(path: str | Path) -> str:
     """A path as a user would type it here: relative below the current directory, else absolute."""
     rel = os.path.relpath(path)
@@ -189,7 +203,8 @@ def _resolve_resume(cfg: RunConfig, out: Path, console: Console) -> Any:
     from rlgen.plan import build_plan
     from rlgen.runtime.resume import identity, resolve_auto, resolve_explicit, search_root_from_hydra
 
-    current = identity(cfg, len(build_plan(cfg).learners))
+    plan = build_plan(cfg)
+    current = identity(plan.apply(cfg), len(plan.learners))
     if cfg.resume == "auto":
         point, note = resolve_auto(out, search_root_from_hydra(), current)
         if note:

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rlgen.config import EngineConfig
+from rlgen.engines.startup import EngineStartError, check_free_memory, explain, own_stderr_tail
 from rlgen.engines.vllm_args import REQUIRED_ENV, TUNED_DEFAULTS, build_engine_args, mix_seed
 from rlgen.engines.vllm_weights import WEIGHT_CHUNK_BYTES, chunk_weights, load_weights_on_worker, to_wire
 from rlgen.hostinfo import process_info
@@ -133,11 +134,15 @@ class VLLMEngine:
         self._calls = 0
         self._lock = threading.Lock()
         self.args = build_engine_args(model_path, engine, seed, engine_args)
+        check_free_memory(name, self.args["gpu_memory_utilization"])
         self._loop = _LoopThread(name)
         try:
             self.llm = self._loop.run(self._build(), START_TIMEOUT_S, f"{name}: starting the vLLM engine")
-        except BaseException:
+        except BaseException as err:
             self._loop.close()
+            why = explain(own_stderr_tail()) or explain(str(err))  # vLLM's root cause is in the core's stderr
+            if why:
+                raise EngineStartError(f"{name} could not start: {why}") from err
             raise
         self.start_s = time.time() - t0
 

@@ -50,7 +50,8 @@ def build_engine_args(
         "model": model_path,
         "skip_tokenizer_init": True,
         "tensor_parallel_size": engine.tensor_parallel_size,
-        "gpu_memory_utilization": engine.gpu_memory_utilization,
+        # null outside a plan (rlgen bench): vLLM's own default, for an engine alone on its GPUs
+        "gpu_memory_utilization": engine.gpu_memory_utilization if engine.gpu_memory_utilization is not None else 0.9,
         "enable_prefix_caching": engine.enable_prefix_caching,
         "max_model_len": min(engine.max_model_len, context) if context else engine.max_model_len,
         "max_num_seqs": engine.max_num_seqs,

@@ -12,11 +12,10 @@ from enum import StrEnum
 
 from rlgen.charvocab import CHAR_VOCAB_SIZE
 from rlgen.config import VLLM_ENV_REMOVED_IN_0_26, EngineKind, RunConfig
+from rlgen.plan.memory import ENGINE_HEADROOM_GIB, GIB, LOGITS_COPIES, LOGITS_SHARE, MemorySplit, fit_memory
 from rlgen.plan.model_folder import with_model_folder
+from rlgen.plan.recipes import Setting, fill_recipe, set_key
 from rlgen.plan.values import check_values
-
-GIB = 2**30
-ENGINE_HEADROOM_GIB = 1.0  # activations, CUDA graphs and the sampler, beyond weights and KV
 
 
 class Transport(StrEnum):
@@ -85,6 +84,14 @@ class Plan:
     async_steps: int
     engine_env: dict[str, str]  # passed to vLLM engine actors
     warnings: tuple[str, ...]
+    settings: tuple[Setting, ...] = ()  # the values the config left null (auto), filled, and every one's source
+    memory: MemorySplit | None = None  # per GPU: the engine's share, the learner's idle and peak footprint
+
+    def apply(self, cfg: RunConfig) -> RunConfig:
+        """cfg with the plan's resolved settings: what actors, learners and engines run with."""
+        for s in self.settings:
+            cfg = set_key(cfg, s.key, s.value)
+        return cfg
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -272,7 +279,7 @@ def _check_lengths(cfg: RunConfig, ms: ModelSummary, n_engine_gpus_each: int, p:
             f"model {m.name} has max_position_embeddings={m.max_position_embeddings} < {need} tokens per sequence; "
             f"lower algo.max_new_tokens or raise model.max_position_embeddings."
         )
-    if hw.gpus_per_node and e.kind == EngineKind.vllm and n_engine_gpus_each:
+    if hw.gpus_per_node and e.kind == EngineKind.vllm and n_engine_gpus_each and e.gpu_memory_utilization:
         usable = hw.gpu.memory_gb * 1e9 / GIB * e.gpu_memory_utilization
         weights = ms.weight_gib_bf16 / n_engine_gpus_each
         kv_one = ms.kv_bytes_per_token * e.max_model_len / n_engine_gpus_each / GIB
@@ -283,10 +290,6 @@ def _check_lengths(cfg: RunConfig, ms: ModelSummary, n_engine_gpus_each: int, p:
                 f"{usable:.1f} GiB ({hw.gpu.memory_gb:g} GB x gpu_memory_utilization {e.gpu_memory_utilization}); "
                 "raise engine.tensor_parallel_size or engine.gpu_memory_utilization, or use a smaller model."
             )
-
-
-LOGITS_COPIES = 3  # fp32 logits, their log-softmax and its gradient live at once in a micro-batch's backward
-LOGITS_SHARE = 0.4  # of a learner GPU's memory, at most, for a micro-batch's logits
 
 
 def _check_logits(cfg: RunConfig, ms: ModelSummary, per_rank: int, p: list[str]) -> None:
@@ -324,6 +327,11 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
     runnable=False checks the geometry only (placement, batch, lengths), not whether today's learners can run
     it: the placement tests use it for layouts the learners do not support yet (colocated learner groups)."""
     cfg = with_model_folder(cfg)
+    cfg, settings = fill_recipe(cfg, count_params(cfg.model)[0])
+    if cfg.engine.max_model_len is None:
+        need = cfg.task.max_prompt_tokens + cfg.algo.max_new_tokens
+        cfg = set_key(cfg, "engine.max_model_len", need)
+        settings.append(Setting("engine.max_model_len", need, "derived: task.max_prompt_tokens + algo.max_new_tokens"))
     p: list[str] = []
     warnings: list[str] = []
     check_values(cfg, p)
@@ -334,8 +342,6 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
     if runnable:
         _check_learners(cfg, learners, colocated, p)
     ms = _model_summary(cfg)
-    _check_lengths(cfg, ms, cfg.engine.tensor_parallel_size if engines else 0, p)
-
     ranks = max(len(learners), 1)
     a = cfg.algo
     seqs = a.prompts_per_step * a.samples_per_prompt
@@ -345,23 +351,24 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
             f"algo.samples_per_prompt={a.samples_per_prompt}) does not split over {ranks} learner ranks; "
             f"make algo.prompts_per_step a multiple of {ranks}."
         )
-    per_rank = seqs // ranks
+    per_rank = seqs // ranks if learners and not seqs % ranks else 0
+    memory = None
+    if not p:  # sizes are sound: fit memory, filling micro-batch and engine share when left null
+        cfg, fitted, memory = fit_memory(cfg, ms, len(learners), per_rank, colocated, p)
+        settings += fitted
+    a = cfg.algo
+    _check_lengths(cfg, ms, cfg.engine.tensor_parallel_size if engines else 0, p)
     if a.micro_batch_size and per_rank and per_rank % a.micro_batch_size:
         p.append(
             f"algo.micro_batch_size={a.micro_batch_size} does not divide the {per_rank} sequences each learner "
             "rank trains on; pick a divisor of that, or 0 for one pass."
         )
-    if learners and cfg.hardware.gpus_per_node and per_rank:
+    if learners and cfg.hardware.gpus_per_node and per_rank and a.micro_batch_size is not None:
         _check_logits(cfg, ms, per_rank, p)
     if p:
         raise PlanError(p)
 
     hw = cfg.hardware
-    if colocated and cfg.engine.kind == EngineKind.vllm and cfg.engine.gpu_memory_utilization > 0.5:
-        warnings.append(
-            f"the learner shares the engine's GPU; engine.gpu_memory_utilization={cfg.engine.gpu_memory_utilization} "
-            "leaves it little room while the engine is awake (0.35 is a safer start)."
-        )
     if hw.gpus_per_node and not colocated:
         used = sum(len(s.gpus) for s in engines)
         if used < hw.engine_gpus:
@@ -402,4 +409,6 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
         async_steps=a.async_steps,
         engine_env=env,
         warnings=tuple(warnings),
+        settings=tuple(settings),
+        memory=memory,
     )

@@ -152,6 +152,7 @@ def predict(
     """Predicted step times and balance of a plan. On CPU, or without GPU figures, ``available`` is False."""
     if plan.device != "cuda":
         return Prediction(False, NO_CPU_ROOFLINE)
+    cfg = plan.apply(cfg)  # the values the config left null, as the plan resolved them
     gpu = cfg.hardware.gpu
     if gpu.hbm_tbps <= 0 or gpu.bf16_tflops <= 0 or gpu.memory_gb <= 0:
         return Prediction(False, f"hardware={plan.hardware} gives no GPU figures (hardware.gpu: memory_gb, "

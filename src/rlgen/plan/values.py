@@ -84,7 +84,7 @@ def _check_algo(cfg: RunConfig, p: list[str]) -> None:
         p.append(f"algo.seq_mask_cap={a.seq_mask_cap} must be 0 (off) or >= 1.")
     if a.kl_coef < 0:
         p.append(f"algo.kl_coef={a.kl_coef} must be >= 0.")
-    if a.micro_batch_size < 0:
+    if a.micro_batch_size is not None and a.micro_batch_size < 0:
         p.append(f"algo.micro_batch_size={a.micro_batch_size} must be >= 0 (0: the whole batch in one pass).")
 
 
@@ -97,7 +97,7 @@ def _check_engine(cfg: RunConfig, p: list[str]) -> None:
         p.append(f"engine.tensor_parallel_size={e.tensor_parallel_size} must be at least 1.")
     if e.num_engines is not None and e.num_engines < 1:
         p.append(f"engine.num_engines={e.num_engines} must be at least 1, or null to fill the engine GPUs.")
-    if not 0 < e.gpu_memory_utilization <= 1:
+    if e.gpu_memory_utilization is not None and not 0 < e.gpu_memory_utilization <= 1:
         p.append(f"engine.gpu_memory_utilization={e.gpu_memory_utilization} must be in (0, 1]; 0.9 is usual.")
     if e.max_num_seqs < 1:
         p.append(f"engine.max_num_seqs={e.max_num_seqs} must be at least 1.")

@@ -18,6 +18,26 @@ def _gpus(plan: Plan, gpus: tuple[int, ...] | int | None) -> str:
     return ",".join(str(g) for g in gpus)
 
 
+def memory_line(plan: Plan) -> str | None:
+    """The memory split per GPU, in one line (None on CPU)."""
+    m = plan.memory
+    if m is None:
+        return None
+    learner = f"learner {m.learner_idle_gib:.1f} GiB between steps, {m.learner_peak_gib:.1f} GiB at its peak"
+    if m.engine_fraction is None:
+        return f"memory per GPU ({m.gpu_gib:.0f} GiB): {learner}"
+    engine = f"vLLM gpu_memory_utilization {m.engine_fraction:.2f} ({m.engine_fraction * m.gpu_gib:.1f} GiB)"
+    if m.colocated:
+        return (f"memory per GPU ({m.gpu_gib:.0f} GiB), shared: {engine} while generating; {learner} (the engine "
+                "sleeps while the learner trains)")
+    return f"memory per GPU ({m.gpu_gib:.0f} GiB): engine GPUs {engine}; learner GPUs {learner}"
+
+
+def resolved_lines(plan: Plan) -> list[str]:
+    """One line per value the config left null, with what the plan chose and why."""
+    return [f"{s.key}={s.value}  ({s.source})" for s in plan.settings if s.source != "config"]
+
+
 def print_plan(plan: Plan, cfg: RunConfig, console: Console | None = None) -> None:
     console = console or Console(soft_wrap=True)
     mode = "colocated (engines sleep while learners train)" if plan.colocated else "separate"
@@ -53,6 +73,15 @@ def print_plan(plan: Plan, cfg: RunConfig, console: Console | None = None) -> No
     g.add_row("async_steps", f"{plan.async_steps} ({'on-policy' if plan.async_steps == 0 else 'engines may run ahead'})")
     g.add_row("weight sync", plan.transport.value)
     console.print(g)
+    s = Table(title="settings", title_justify="left")
+    for col in ("key", "value", "from"):
+        s.add_column(col)
+    for setting in plan.settings:
+        s.add_row(setting.key, str(setting.value), "the config" if setting.source == "config" else setting.source)
+    console.print(s)
+    line = memory_line(plan)
+    if line:
+        console.print(line, highlight=False)
     for w in plan.warnings:
         console.print(f"[yellow]note:[/] {escape(w)}", highlight=False)
 

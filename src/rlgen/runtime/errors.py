@@ -30,6 +30,9 @@ def actor_death_detail(err: BaseException, limit: int = 1500) -> str:
     lines = [ln for ln in re.sub(r"\x1b\[[0-9;]*m", "", str(err)).splitlines() if ln.strip()]
     if not lines:
         return type(err).__name__
+    start_error = next((ln.split("EngineStartError: ", 1)[1] for ln in lines if "EngineStartError: " in ln), None)
+    if start_error:  # an engine that explained why it could not start: that sentence is the whole story
+        return start_error[:limit]
     head = lines[0][:300]
     frames = [i for i, ln in enumerate(lines) if ln.lstrip().startswith('File "')]
     start = frames[-1] + 2 if frames else 1  # past the last frame and its source line: the exception itself

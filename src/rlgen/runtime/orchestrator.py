@@ -75,7 +75,8 @@ class Orchestrator:
         """engine_cls (with engine_kwargs) and learner_cls replace the classes the plan picks; tests inject
         faults with them. resume continues from a checkpoint; stop is the flag a signal sets (tests set it by
         hand); status (a RunStatus) is kept up to date with actors and checkpoints."""
-        self.cfg, self.plan, self.out_dir = cfg, plan, Path(out_dir)
+        # the values the config left null (auto), as the plan resolved them: what every actor runs with
+        self.cfg, self.plan, self.out_dir = plan.apply(cfg), plan, Path(out_dir)
         self._engine_cls, self._engine_kwargs, self._learner_cls = engine_cls, dict(engine_kwargs or {}), learner_cls
         self.resume, self.stop, self.status = resume, stop or StopFlag(), status
         self.console = console or Console()

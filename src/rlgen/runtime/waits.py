@@ -69,8 +69,11 @@ class Waiter:
         try:
             return ray.get(list(refs) if many else refs)
         except RayActorError as err:
+            detail = actor_death_detail(err)
+            if " could not start: " in detail:  # an engine that said why: no "died" around it
+                raise RunError(f"{what} failed: {detail}") from err
             raise RunError(
-                f"{what} failed because an actor died ({actor_death_detail(err)}). Metrics up to the last finished "
+                f"{what} failed because an actor died ({detail}). Metrics up to the last finished "
                 f"step are in {self.out_dir}."
             ) from err
         except RayTaskError as err:

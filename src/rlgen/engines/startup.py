@@ -1,0 +1,124 @@
+"""Why a vLLM engine could not start, in one sentence with its fix.
+
+vLLM reports a failed start as "Engine core initialization failed. See root cause above": the cause is printed
+by its engine-core process to the actor's stderr, which Ray keeps in the session's log folder. The engine actor
+checks free GPU memory before it starts vLLM, and after a failure reads its own stderr log and matches the
+errors vLLM 0.26 raises. No torch or vllm import at module level.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from collections.abc import Callable
+
+GIB = 2**30
+MARKER = "EngineStartError"
+
+
+class EngineStartError(RuntimeError):
+    """An engine that cannot start; the message is one sentence with the fix."""
+
+
+def _free_memory(m: re.Match) -> str:
+    return free_memory_sentence(*(float(x) for x in m.groups()))
+
+
+def free_memory_sentence(free: float, total: float, want: float, want_gib: float) -> str:
+    return (f"only {free:.1f} of the GPU's {total:.1f} GiB were free when vLLM started, less than the "
+            f"{want_gib:.1f} GiB that engine.gpu_memory_utilization={want:g} asks for (another process, such as a "
+            f"colocated learner, holds the rest); leave engine.gpu_memory_utilization unset so the plan derives it "
+            f"from the learner's footprint, or set it to {max(free / total - 0.05, 0.05):.2f} or less.")
+
+
+def _max_len(m: re.Match) -> str:
+    want, fits = m.group(1), m.group(2)
+    return (f"the engine's KV cache cannot hold one {want}-token sequence (about {fits} tokens fit); lower "
+            f"engine.max_model_len to {fits} or less, raise engine.gpu_memory_utilization, or use a larger "
+            "engine.tensor_parallel_size.")
+
+
+def _module(m: re.Match) -> str:
+    mod = m.group(1)
+    extra = (" or keep VLLM_USE_FLASHINFER_SAMPLER=0 in engine.env, which avoids it" if mod.startswith("flashinfer")
+             else "")
+    return f"vLLM needs the Python package {mod!r}, which is not installed where the engine runs; install it{extra}."
+
+
+# (pattern over vLLM's stderr, the sentence it becomes); the first that matches wins
+CAUSES: tuple[tuple[re.Pattern, Callable[[re.Match], str]], ...] = (
+    (re.compile(r"Free memory on device \S+ \(([\d.]+)/([\d.]+) GiB\) on startup is less than desired GPU memory "
+                r"utilization \(([\d.]+), ([\d.]+) GiB\)"), _free_memory),
+    (re.compile(r"max seq len \((\d+)\).*?estimated maximum model length is (\d+)", re.S), _max_len),
+    (re.compile(r"No available memory for the cache blocks"),
+     lambda m: ("weights and activations take all of the engine's memory share and leave nothing for the KV cache; "
+                "raise engine.gpu_memory_utilization, use a larger engine.tensor_parallel_size, or a smaller model.")),
+    (re.compile(r"OutOfMemoryError: CUDA out of memory\. Tried to allocate ([\d.]+ [GM]iB)"),
+     lambda m: (f"the GPU ran out of memory while the engine started (it asked for {m.group(1)} more); lower "
+                "engine.gpu_memory_utilization, or give engines their own GPUs (hardware.colocated=false).")),
+    (re.compile(r"Bfloat16 is only supported on GPUs with compute capability of at least 8\.0"),
+     lambda m: "this GPU cannot run bf16; set engine.dtype=float16."),
+    (re.compile(r"No module named '([\w.]+)'"), _module),
+)
+
+
+def explain(text: str) -> str | None:
+    """The sentence for the first known cause in vLLM's output, or None."""
+    for pattern, sentence in CAUSES:
+        m = pattern.search(text)
+        if m:
+            return sentence(m)
+    return None
+
+
+def own_stderr_tail(max_bytes: int = 400_000) -> str:
+    """The end of this Ray worker's stderr log (where vLLM's engine core prints), or "" outside Ray."""
+    try:
+        import ray
+
+        logs = ray._private.worker.global_worker.node.get_logs_dir_path()  # noqa: SLF001 - no public accessor
+    except Exception:  # noqa: BLE001 - not in a Ray worker, or Ray changed: no log to read
+        return ""
+    texts = []
+    for path in glob.glob(os.path.join(logs, f"worker-*-{os.getpid()}.err")):
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - max_bytes))
+            texts.append(f.read().decode("utf-8", "replace"))
+    return "\n".join(texts)
+
+
+def visible_gpus() -> list[int]:
+    """NVML indices of the GPUs this process sees (CUDA_VISIBLE_DEVICES as integers; [] when it names UUIDs)."""
+    spec = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if not spec:
+        return []
+    try:
+        return [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        return []
+
+
+def check_free_memory(name: str, utilization: float, gpus: list[int] | None = None) -> None:
+    """Raise EngineStartError when a GPU of this engine has less free memory than vLLM will ask for. Read through
+    NVML, so no CUDA context is made in this process; skipped where NVML is not importable."""
+    try:
+        from vllm.third_party import pynvml
+    except ImportError:
+        return
+    gpus = visible_gpus() if gpus is None else gpus
+    if not gpus:
+        return
+    pynvml.nvmlInit()
+    try:
+        for index in gpus:
+            info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index))
+            free, total = info.free / GIB, info.total / GIB
+            if free < utilization * total:
+                raise EngineStartError(f"{name} could not start: "
+                                       + free_memory_sentence(free, total, utilization, utilization * total))
+    finally:
+        pynvml.nvmlShutdown()
+
+
+__all__ = ["EngineStartError", "check_free_memory", "explain", "own_stderr_tail"]

@@ -1,0 +1,218 @@
+"""GPU memory: what a learner rank holds, how much of a shared GPU the engine may take, and the largest
+learner micro-batch that fits. Pure arithmetic on the model's shape: no torch.
+
+The learner's footprint per rank (bytes, P parameters, N ranks):
+- weights in bf16: 2P (ZeRO-2) or 2P/N (ZeRO-3); a frozen reference model adds 2P when algo.kl_coef > 0
+- fp32 master weights and AdamW's two moments: 12P/N
+- gradients while training: bf16 2P plus an fp32 partition 4P/N (ZeRO-2), or 6P/N (ZeRO-3)
+- activations of one micro-batch: with gradient checkpointing, each layer's input plus one layer recomputed;
+  without, every layer's
+- the micro-batch's fp32 logits over the vocabulary, three copies (logits, log-softmax, its gradient)
+- a fixed allowance for the CUDA context, NCCL and DeepSpeed's buckets
+
+Colocated, the engine is awake only while the learner is idle (the learner returns its cached memory after
+each step), and asleep while it trains; so the engine may take what the idle learner leaves, and the learner's
+peak must fit beside a sleeping engine.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rlgen.config import EngineKind, RunConfig
+from rlgen.plan.recipes import Setting, recipe_for, set_key
+
+GIB = 2**30
+ENGINE_HEADROOM_GIB = 1.0  # activations, CUDA graphs and the sampler, beyond weights and KV
+LEARNER_OVERHEAD_GIB = 2.5  # CUDA context, NCCL communicators, DeepSpeed's reduce buckets
+ENGINE_ASLEEP_GIB = 2.0  # what a sleeping vLLM engine keeps: CUDA graphs, its context
+AWAKE_SHARE = 0.85  # colocated: engine awake + idle learner stay under this share of the GPU
+TRAIN_SHARE = 0.92  # the learner's peak (+ a sleeping engine) stays under this share of the GPU
+ENGINE_MAX_SHARE = 0.9  # vLLM's own default; engines on their own GPUs use it
+LOGITS_COPIES = 3  # fp32 logits, their log-softmax and its gradient live at once in a micro-batch's backward
+LOGITS_SHARE = 0.4  # of a learner GPU's memory, at most, for a micro-batch's logits
+
+
+@dataclass(frozen=True)
+class LearnerMemory:
+    weights: float  # GiB per rank
+    optimizer: float
+    reference: float
+    overhead: float
+    gradients: float
+    activations: float
+    logits: float
+
+    @property
+    def idle(self) -> float:
+        return self.weights + self.optimizer + self.reference + self.overhead
+
+    @property
+    def peak(self) -> float:
+        return self.idle + self.gradients + self.activations + self.logits
+
+    def parts(self) -> str:
+        return (f"weights {self.weights + self.reference:.1f}, optimizer {self.optimizer:.1f}, gradients "
+                f"{self.gradients:.1f}, activations {self.activations:.1f}, logits {self.logits:.1f}, overhead "
+                f"{self.overhead:.1f} GiB")
+
+
+@dataclass(frozen=True)
+class MemorySplit:
+    """Per GPU, GiB. engine_fraction is vLLM's gpu_memory_utilization (None: no vLLM engine)."""
+
+    gpu_gib: float
+    engine_fraction: float | None
+    learner_idle_gib: float
+    learner_peak_gib: float
+    micro_batch_size: int
+    colocated: bool
+
+
+def learner_memory(cfg: RunConfig, params: int, vocab: int, ranks: int, micro: int) -> LearnerMemory:
+    m, a, lc = cfg.model, cfg.algo, cfg.learner
+    n = max(ranks, 1)
+    z3 = lc.zero_stage == 3
+    seq = cfg.task.max_prompt_tokens + (a.max_new_tokens or 0)
+    tokens = micro * seq
+    layer_token = 2 * (12 * m.hidden_size + 3 * m.intermediate_size)  # bf16 bytes of one layer's activations
+    if lc.gradient_checkpointing:
+        act = tokens * (m.num_layers * 2 * m.hidden_size + layer_token)
+    else:
+        act = tokens * m.num_layers * layer_token
+    return LearnerMemory(
+        weights=(2 * params / n if z3 else 2 * params) / GIB,
+        optimizer=12 * params / n / GIB,
+        reference=(2 * params if a.kl_coef > 0 else 0) / GIB,
+        overhead=LEARNER_OVERHEAD_GIB,
+        gradients=(6 * params / n if z3 else 2 * params + 4 * params / n) / GIB,
+        activations=act / GIB,
+        logits=tokens * vocab * 4 * LOGITS_COPIES / GIB,
+    )
+
+
+def _divisors_down(n: int) -> list[int]:
+    return [d for d in range(n, 0, -1) if n % d == 0]
+
+
+def _engine_need_gib(cfg: RunConfig, weight_gib: float, kv_bytes_per_token: int) -> float:
+    """One engine GPU's floor: its share of the weights, one max-length sequence's KV cache, and headroom."""
+    tp = cfg.engine.tensor_parallel_size
+    return (weight_gib + kv_bytes_per_token * cfg.engine.max_model_len / GIB) / tp + ENGINE_HEADROOM_GIB
+
+
+def fit_memory(cfg: RunConfig, model, ranks: int, per_rank: int, colocated: bool,
+               p: list[str]) -> tuple[RunConfig, list[Setting], MemorySplit | None]:
+    """Fill algo.micro_batch_size and engine.gpu_memory_utilization when null, check that the learner and the
+    engine fit, and describe the split. `model` is the plan's ModelSummary; problems go to p."""
+    hw, a = cfg.hardware, cfg.algo
+    recipe = recipe_for(model.params)
+    settings: list[Setting] = []
+    gpu = hw.gpus_per_node > 0
+    total = hw.gpu.memory_gb * 1e9 / GIB if gpu else 0.0
+    vllm = gpu and cfg.engine.kind == EngineKind.vllm
+    asleep = ENGINE_ASLEEP_GIB if (colocated and vllm) else 0.0
+    train_room = TRAIN_SHARE * total - asleep
+
+    def mem(micro: int) -> LearnerMemory:
+        return learner_memory(cfg, model.params, model.vocab_size, ranks, micro or per_rank)
+
+    def fits(micro: int) -> bool:
+        m = mem(micro)
+        return m.peak <= train_room and m.logits * GIB <= LOGITS_SHARE * hw.gpu.memory_gb * 1e9
+
+    # -- the learner's micro-batch
+    if a.micro_batch_size is None:
+        cap = recipe.micro_batch_cap or per_rank
+        candidates = [d for d in _divisors_down(per_rank) if d <= cap] or [1]
+        if gpu and per_rank:
+            chosen = next((d for d in candidates if fits(d)), candidates[-1])
+            why = (f"derived: the largest micro-batch up to {recipe.micro_batch_cap or 'the whole batch'} "
+                   f"(recipe {recipe.name}) that divides {per_rank} and fits the learner GPU")
+        else:
+            chosen = candidates[0]
+            why = f"recipe {recipe.name}"
+        micro = 0 if chosen == per_rank and recipe.micro_batch_cap == 0 else chosen
+        cfg = set_key(cfg, "algo.micro_batch_size", micro)
+        settings.append(Setting("algo.micro_batch_size", micro, why))
+    else:
+        settings.append(Setting("algo.micro_batch_size", a.micro_batch_size, "config"))
+    micro = cfg.algo.micro_batch_size
+    if not gpu or not per_rank:
+        return cfg, settings + _engine_setting(cfg), None
+
+    learner = mem(micro)
+    if learner.peak > train_room:
+        p.append(_learner_too_big(cfg, learner, train_room, total, ranks, per_rank, micro, colocated, fits))
+
+    # -- the engine's share of its GPU
+    fraction = cfg.engine.gpu_memory_utilization
+    if vllm:
+        need = _engine_need_gib(cfg, model.weight_gib_bf16, model.kv_bytes_per_token)
+        if colocated:
+            room = AWAKE_SHARE * total - learner.idle
+            derived = min(ENGINE_MAX_SHARE, math.floor(room / total * 20) / 20)
+            if fraction is None:
+                if derived * total < need:
+                    p.append(
+                        f"colocated, the learner holds about {learner.idle:.1f} GiB of each {hw.gpu.memory_gb:g} GB "
+                        f"GPU even between steps, which leaves the engine {max(derived, 0) * total:.1f} GiB, less "
+                        f"than the {need:.1f} GiB its weights and one {cfg.engine.max_model_len}-token sequence "
+                        "need; spread the learner over more GPUs with learner.zero_stage=3, give engines their own "
+                        "GPUs (hardware.colocated=false), or use a smaller model."
+                    )
+                    return cfg, settings, None
+                fraction = derived
+                settings.append(Setting("engine.gpu_memory_utilization", fraction,
+                                        f"derived: what the idle learner ({learner.idle:.1f} GiB) leaves of "
+                                        f"{AWAKE_SHARE:.0%} of the GPU"))
+            else:
+                settings.append(Setting("engine.gpu_memory_utilization", fraction, "config"))
+                if fraction * total + learner.idle > AWAKE_SHARE * total + 1e-9:
+                    p.append(
+                        f"engine.gpu_memory_utilization={fraction} asks for {fraction * total:.1f} GiB of a GPU where "
+                        f"the learner already holds about {learner.idle:.1f} GiB between steps; leave it unset "
+                        f"(the plan derives {max(derived, 0.05):.2f}) or set it to {max(derived, 0.05):.2f} or less."
+                    )
+        else:
+            if fraction is None:
+                fraction = ENGINE_MAX_SHARE
+                settings.append(Setting("engine.gpu_memory_utilization", fraction,
+                                        "derived: engines have their own GPUs (vLLM's default)"))
+            else:
+                settings.append(Setting("engine.gpu_memory_utilization", fraction, "config"))
+        cfg = set_key(cfg, "engine.gpu_memory_utilization", fraction)
+    else:
+        settings += _engine_setting(cfg)
+    return cfg, settings, MemorySplit(round(total, 2), fraction if vllm else None, round(learner.idle, 2),
+                                      round(learner.peak, 2), micro, colocated)
+
+
+def _engine_setting(cfg: RunConfig) -> list[Setting]:
+    """engine.gpu_memory_utilization where no vLLM engine uses it: listed only when the config set it."""
+    if cfg.engine.gpu_memory_utilization is not None:
+        return [Setting("engine.gpu_memory_utilization", cfg.engine.gpu_memory_utilization, "config")]
+    return []
+
+
+def _learner_too_big(cfg: RunConfig, learner: LearnerMemory, room: float, total: float, ranks: int,
+                     per_rank: int, micro: int, colocated: bool, fits) -> str:
+    lc = cfg.learner
+    fixes = []
+    smaller = next((d for d in _divisors_down(per_rank) if d < (micro or per_rank) and fits(d)), None)
+    if smaller:
+        fixes.append(f"algo.micro_batch_size={smaller}")
+    if not lc.gradient_checkpointing:
+        fixes.append("learner.gradient_checkpointing=true")
+    if lc.zero_stage != 3 and ranks > 1:
+        fixes.append("learner.zero_stage=3")
+    fixes.append("more learner GPUs with learner.zero_stage=3" if ranks == 1 or lc.zero_stage == 3
+                 else "more learner GPUs")
+    fixes.append("shorter responses (algo.max_new_tokens)")
+    beside = " beside a sleeping engine" if colocated else ""
+    return (f"a learner rank needs about {learner.peak:.0f} GiB at its peak ({learner.parts()}), more than the "
+            f"{room:.0f} GiB it can have of a {total:.0f} GiB GPU{beside}; use " + ", or ".join(fixes) + ".")
+
+
+__all__ = ["LearnerMemory", "MemorySplit", "fit_memory", "learner_memory"]

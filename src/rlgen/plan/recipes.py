@@ -1,0 +1,93 @@
+"""GRPO settings that fit the model's size: the values a config leaves null (auto) come from here.
+
+A recipe is chosen by the parameter count the plan computes from the model's shape (a preset, or the
+config.json of model.path), so a local Qwen2.5-7B folder gets the 7B settings whatever preset name it runs
+under. A value set in the config or on the command line always wins. Pure: no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from rlgen.config import RunConfig
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    below_params: float  # the recipe covers models with fewer parameters than this
+    max_new_tokens: int
+    lr: float
+    micro_batch_cap: int  # largest learner micro-batch (0: the whole batch); on GPU the plan also fits memory
+    gradient_checkpointing: bool
+    zero_stage: int
+
+
+# Response lengths and learning rates follow common open GRPO recipes for Qwen2.5 at these sizes (1e-6 with
+# AdamW, 0.5-1k-token answers for math); micro-batches and ZeRO stages follow from memory on 80 GB GPUs.
+RECIPES: tuple[Recipe, ...] = (
+    Recipe("tiny", 1e8, max_new_tokens=4, lr=1e-3, micro_batch_cap=0, gradient_checkpointing=False, zero_stage=2),
+    Recipe("0.5B", 1e9, max_new_tokens=512, lr=1e-6, micro_batch_cap=16, gradient_checkpointing=True, zero_stage=2),
+    Recipe("1.5B", 4e9, max_new_tokens=1024, lr=1e-6, micro_batch_cap=8, gradient_checkpointing=True, zero_stage=2),
+    Recipe("7B", 2e10, max_new_tokens=1024, lr=1e-6, micro_batch_cap=4, gradient_checkpointing=True, zero_stage=3),
+    Recipe("large", float("inf"), max_new_tokens=1024, lr=5e-7, micro_batch_cap=2, gradient_checkpointing=True,
+           zero_stage=3),
+)
+
+# (config key, Recipe field) for the values a recipe fills
+RECIPE_KEYS: tuple[tuple[str, str], ...] = (
+    ("algo.max_new_tokens", "max_new_tokens"),
+    ("algo.lr", "lr"),
+    ("learner.gradient_checkpointing", "gradient_checkpointing"),
+    ("learner.zero_stage", "zero_stage"),
+)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One value of the run and where it came from: "config" (set in a config file or on the command line),
+    "recipe <name>" or "derived: <why>"."""
+
+    key: str
+    value: Any
+    source: str
+
+
+def recipe_for(params: int) -> Recipe:
+    return next(r for r in RECIPES if params < r.below_params)
+
+
+def get_key(cfg: RunConfig, key: str) -> Any:
+    obj: Any = cfg
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def set_key(cfg: Any, key: str, value: Any) -> Any:
+    """A copy of the (frozen or not) dataclass tree cfg with the dotted key set to value."""
+    head, _, rest = key.partition(".")
+    if not rest:
+        return dataclasses.replace(cfg, **{head: value})
+    return dataclasses.replace(cfg, **{head: set_key(getattr(cfg, head), rest, value)})
+
+
+def fill_recipe(cfg: RunConfig, params: int) -> tuple[RunConfig, list[Setting]]:
+    """cfg with its null recipe keys filled for a model of `params` parameters, and one Setting per key."""
+    recipe = recipe_for(params)
+    settings: list[Setting] = []
+    for key, field in RECIPE_KEYS:
+        value = get_key(cfg, key)
+        if value is None:
+            value = getattr(recipe, field)
+            cfg = set_key(cfg, key, value)
+            size = f"{params / 1e9:.2f}B" if params >= 1e8 else f"{params / 1e6:.2f}M"
+            settings.append(Setting(key, value, f"recipe {recipe.name} ({size} params)"))
+        else:
+            settings.append(Setting(key, value, "config"))
+    return cfg, settings
+
+
+__all__ = ["RECIPES", "Recipe", "Setting", "fill_recipe", "get_key", "recipe_for", "set_key"]

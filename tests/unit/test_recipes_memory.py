@@ -1,0 +1,113 @@
+"""Values a config leaves null come from the model size's recipe or from the plan's memory arithmetic, each
+with its source; a value set in the config always wins."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlgen.compose import compose_run_config
+from rlgen.plan import PlanError, build_plan
+from rlgen.plan.build import count_params
+from rlgen.plan.memory import GIB, learner_memory
+from rlgen.plan.recipes import RECIPES, recipe_for, set_key
+
+
+def plan_of(*overrides):
+    return build_plan(compose_run_config(list(overrides)))
+
+
+def settings(plan) -> dict[str, tuple[object, str]]:
+    return {s.key: (s.value, s.source) for s in plan.settings}
+
+
+def test_the_embedded_default_keeps_its_tiny_values():
+    plan = plan_of()
+    s = settings(plan)
+    assert s["algo.max_new_tokens"][0] == 4 and s["algo.lr"][0] == 1e-3 and s["algo.micro_batch_size"][0] == 0
+    assert s["algo.lr"][1].startswith("recipe tiny")
+    cfg = plan.apply(compose_run_config([]))
+    assert (cfg.algo.max_new_tokens, cfg.algo.lr, cfg.algo.micro_batch_size) == (4, 1e-3, 0)
+    assert plan.memory is None  # CPU
+
+
+@pytest.mark.parametrize(("model", "band", "new_tokens", "micro", "engine_share"), [
+    ("qwen2_5_0_5b", "0.5B", 512, 16, 0.7),
+    ("qwen2_5_1_5b", "1.5B", 1024, 8, 0.5),
+])
+def test_one_h100_colocated_gets_the_recipe_and_a_derived_split(model, band, new_tokens, micro, engine_share):
+    plan = plan_of("engine=vllm", "hardware=1xh100", f"model={model}")
+    s = settings(plan)
+    assert s["algo.max_new_tokens"] == (new_tokens, s["algo.max_new_tokens"][1])
+    assert s["algo.lr"][0] == 1e-6 and s["algo.lr"][1].startswith(f"recipe {band}")
+    assert s["learner.gradient_checkpointing"][0] is True and s["learner.zero_stage"][0] == 2
+    assert s["algo.micro_batch_size"][0] == micro and s["algo.micro_batch_size"][1].startswith("derived")
+    assert s["engine.gpu_memory_utilization"][0] == engine_share
+    m = plan.memory
+    assert m.colocated and m.engine_fraction == engine_share
+    # awake: the engine's share and the idle learner fit in 85% of the GPU; training: the peak fits beside a
+    # sleeping engine
+    assert m.engine_fraction * m.gpu_gib + m.learner_idle_gib <= 0.85 * m.gpu_gib
+    assert m.learner_peak_gib + 2.0 <= 0.92 * m.gpu_gib
+
+
+def test_set_values_win_and_say_so():
+    plan = plan_of("engine=vllm", "hardware=1xh100", "model=qwen2_5_0_5b", "algo.lr=3e-6",
+                   "engine.gpu_memory_utilization=0.3", "algo.micro_batch_size=4")
+    s = settings(plan)
+    assert s["algo.lr"] == (3e-6, "config")
+    assert s["engine.gpu_memory_utilization"] == (0.3, "config")
+    assert s["algo.micro_batch_size"] == (4, "config")
+    assert s["algo.max_new_tokens"][0] == 512  # the rest still from the recipe
+
+
+def test_engines_on_their_own_gpus_keep_vllms_default():
+    s = settings(plan_of("engine=vllm", "hardware=2xh200", "model=qwen2_5_1_5b"))
+    assert s["engine.gpu_memory_utilization"][0] == 0.9 and "own GPUs" in s["engine.gpu_memory_utilization"][1]
+
+
+def test_a_model_folder_gets_the_recipe_of_its_size(tmp_path):
+    # the shape of Qwen2.5-7B in a local folder: only config.json is read by the plan
+    (tmp_path / "config.json").write_text(json.dumps({
+        "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+        "num_key_value_heads": 4, "vocab_size": 152064, "max_position_embeddings": 32768,
+        "tie_word_embeddings": False}))
+    s = settings(plan_of("engine=vllm", "hardware=8xh100", f"model.path={tmp_path}"))
+    assert s["learner.zero_stage"][0] == 3 and s["learner.zero_stage"][1].startswith("recipe 7B (7.62B params)")
+    assert s["algo.micro_batch_size"][0] == 4
+
+
+def test_recipe_bands_cover_every_size_in_order():
+    assert [r.name for r in RECIPES] == ["tiny", "0.5B", "1.5B", "7B", "large"]
+    assert recipe_for(80_000).name == "tiny"
+    for preset, band in (("qwen2_5_0_5b", "0.5B"), ("qwen2_5_1_5b", "1.5B"), ("qwen2_5_7b", "7B")):
+        assert recipe_for(count_params(compose_run_config([f"model={preset}"]).model)[0]).name == band
+    assert recipe_for(70e9).name == "large"
+
+
+def test_learner_memory_by_hand():
+    """1.5B, one rank, ZeRO-2, gradient checkpointing, micro-batch 8 of 8 + 1024 tokens."""
+    cfg = build_plan(c := compose_run_config(["engine=vllm", "hardware=1xh100", "model=qwen2_5_1_5b"])).apply(c)
+    p, vocab = count_params(cfg.model)
+    m = learner_memory(cfg, p, vocab, ranks=1, micro=8)
+    assert m.weights == pytest.approx(2 * p / GIB)
+    assert m.optimizer == pytest.approx(12 * p / GIB)  # fp32 master + AdamW's two moments
+    assert m.gradients == pytest.approx(6 * p / GIB)  # bf16 grads + the fp32 partition (one rank: all of it)
+    assert m.logits == pytest.approx(8 * 1032 * vocab * 4 * 3 / GIB)
+    h, i, layers = 1536, 8960, 28
+    assert m.activations == pytest.approx(8 * 1032 * (layers * 2 * h + 2 * (12 * h + 3 * i)) / GIB)
+    z3 = learner_memory(set_key(cfg, "learner.zero_stage", 3), p, vocab, ranks=4, micro=8)
+    assert z3.weights == pytest.approx(2 * p / 4 / GIB) and z3.optimizer == pytest.approx(3 * p / GIB)
+
+
+def test_a_learner_that_cannot_fit_names_the_fixes():
+    with pytest.raises(PlanError) as err:
+        plan_of("engine=vllm", "hardware=2xh200", "model=qwen2_5_7b")
+    (problem,) = err.value.problems
+    assert "a learner rank needs about 146 GiB" in problem and "more learner GPUs with learner.zero_stage=3" in problem
+    with pytest.raises(PlanError) as err:
+        plan_of("engine=vllm", "hardware=2xh200", "model=qwen2_5_1_5b", "algo.micro_batch_size=512",
+                "learner.gradient_checkpointing=false", "algo.max_new_tokens=2048", "engine.max_model_len=4096")
+    text = " ".join(err.value.problems)
+    assert "learner.gradient_checkpointing=true" in text and "algo.micro_batch_size=" in text
