@@ -14,11 +14,14 @@ import re
 from collections.abc import Callable
 
 GIB = 2**30
-MARKER = "EngineStartError"
+COULD_NOT_START = " could not start: "  # between the engine's name and why, in every EngineStartError
 
 
 class EngineStartError(RuntimeError):
     """An engine that cannot start; the message is one sentence with the fix."""
+
+    def __init__(self, name: str, why: str):
+        super().__init__(f"{name}{COULD_NOT_START}{why}")
 
 
 def _free_memory(m: re.Match) -> str:
@@ -115,8 +118,7 @@ def check_free_memory(name: str, utilization: float, gpus: list[int] | None = No
             info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index))
             free, total = info.free / GIB, info.total / GIB
             if free < utilization * total:
-                raise EngineStartError(f"{name} could not start: "
-                                       + free_memory_sentence(free, total, utilization, utilization * total))
+                raise EngineStartError(name, free_memory_sentence(free, total, utilization, utilization * total))
     finally:
         pynvml.nvmlShutdown()
 

@@ -142,7 +142,7 @@ class VLLMEngine:
             self._loop.close()
             why = explain(own_stderr_tail()) or explain(str(err))  # vLLM's root cause is in the core's stderr
             if why:
-                raise EngineStartError(f"{name} could not start: {why}") from err
+                raise EngineStartError(name, why) from err
             raise
         self.start_s = time.time() - t0
 

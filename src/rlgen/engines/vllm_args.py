@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlgen.config import EngineConfig
+from rlgen.plan.memory import ENGINE_MAX_SHARE
 
 # Settings the engine process needs whatever the config says. update_weights() hands vLLM a function and
 # tensors to run on its workers; vLLM 0.26 only serialises those with insecure (pickle) serialisation on.
@@ -51,7 +52,8 @@ def build_engine_args(
         "skip_tokenizer_init": True,
         "tensor_parallel_size": engine.tensor_parallel_size,
         # null outside a plan (rlgen bench): vLLM's own default, for an engine alone on its GPUs
-        "gpu_memory_utilization": engine.gpu_memory_utilization if engine.gpu_memory_utilization is not None else 0.9,
+        "gpu_memory_utilization": (engine.gpu_memory_utilization if engine.gpu_memory_utilization is not None
+                                   else ENGINE_MAX_SHARE),
         "enable_prefix_caching": engine.enable_prefix_caching,
         "max_model_len": min(engine.max_model_len, context) if context else engine.max_model_len,
         "max_num_seqs": engine.max_num_seqs,

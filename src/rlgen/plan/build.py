@@ -12,7 +12,16 @@ from enum import StrEnum
 
 from rlgen.charvocab import CHAR_VOCAB_SIZE
 from rlgen.config import VLLM_ENV_REMOVED_IN_0_26, EngineKind, RunConfig
-from rlgen.plan.memory import ENGINE_HEADROOM_GIB, GIB, LOGITS_COPIES, LOGITS_SHARE, MemorySplit, fit_memory
+from rlgen.plan.memory import (
+    ENGINE_HEADROOM_GIB,
+    GIB,
+    LOGITS_SHARE,
+    MemorySplit,
+    engine_floor_gib,
+    fit_memory,
+    logits_budget_bytes,
+    logits_bytes,
+)
 from rlgen.plan.model_folder import with_model_folder
 from rlgen.plan.recipes import Setting, fill_recipe, set_key
 from rlgen.plan.values import check_values
@@ -281,8 +290,7 @@ def _check_lengths(cfg: RunConfig, ms: ModelSummary, n_engine_gpus_each: int, p:
         )
     if hw.gpus_per_node and e.kind == EngineKind.vllm and n_engine_gpus_each and e.gpu_memory_utilization:
         usable = hw.gpu.memory_gb * 1e9 / GIB * e.gpu_memory_utilization
-        weights = ms.weight_gib_bf16 / n_engine_gpus_each
-        kv_one = ms.kv_bytes_per_token * e.max_model_len / n_engine_gpus_each / GIB
+        weights, kv_one = engine_floor_gib(cfg, ms.weight_gib_bf16, ms.kv_bytes_per_token)
         if weights + kv_one + ENGINE_HEADROOM_GIB > usable:
             p.append(
                 f"model {m.name} ({ms.params / 1e9:.2f}B params, {weights:.1f} GiB of bf16 weights per GPU) plus the KV "
@@ -297,8 +305,8 @@ def _check_logits(cfg: RunConfig, ms: ModelSummary, per_rank: int, p: list[str])
     (Qwen2.5: 151,936) one pass over every row needs far more memory than the GPU has."""
     a, hw = cfg.algo, cfg.hardware
     seq = cfg.task.max_prompt_tokens + a.max_new_tokens
-    per_row = seq * ms.vocab_size * 4 * LOGITS_COPIES
-    budget = hw.gpu.memory_gb * 1e9 * LOGITS_SHARE
+    per_row = logits_bytes(seq, ms.vocab_size)
+    budget = logits_budget_bytes(hw)
     rows = a.micro_batch_size if a.micro_batch_size > 0 else per_rank
     if rows * per_row > budget:
         fits = max(1, int(budget // per_row))

@@ -34,6 +34,23 @@ LOGITS_COPIES = 3  # fp32 logits, their log-softmax and its gradient live at onc
 LOGITS_SHARE = 0.4  # of a learner GPU's memory, at most, for a micro-batch's logits
 
 
+def logits_bytes(tokens: int, vocab: int) -> float:
+    """The fp32 logits of `tokens` tokens over the vocabulary, LOGITS_COPIES times."""
+    return tokens * vocab * 4 * LOGITS_COPIES
+
+
+def logits_budget_bytes(hw) -> float:
+    """What a micro-batch's logits may take of a learner GPU."""
+    return hw.gpu.memory_gb * 1e9 * LOGITS_SHARE
+
+
+def engine_floor_gib(cfg: RunConfig, weight_gib: float, kv_bytes_per_token: int) -> tuple[float, float]:
+    """Per engine GPU: its share of the bf16 weights and of one max-length sequence's KV cache. An engine
+    needs both plus ENGINE_HEADROOM_GIB."""
+    tp = cfg.engine.tensor_parallel_size
+    return weight_gib / tp, kv_bytes_per_token * cfg.engine.max_model_len / tp / GIB
+
+
 @dataclass(frozen=True)
 class LearnerMemory:
     weights: float  # GiB per rank
@@ -88,18 +105,12 @@ def learner_memory(cfg: RunConfig, params: int, vocab: int, ranks: int, micro: i
         overhead=LEARNER_OVERHEAD_GIB,
         gradients=(6 * params / n if z3 else 2 * params + 4 * params / n) / GIB,
         activations=act / GIB,
-        logits=tokens * vocab * 4 * LOGITS_COPIES / GIB,
+        logits=logits_bytes(tokens, vocab) / GIB,
     )
 
 
 def _divisors_down(n: int) -> list[int]:
     return [d for d in range(n, 0, -1) if n % d == 0]
-
-
-def _engine_need_gib(cfg: RunConfig, weight_gib: float, kv_bytes_per_token: int) -> float:
-    """One engine GPU's floor: its share of the weights, one max-length sequence's KV cache, and headroom."""
-    tp = cfg.engine.tensor_parallel_size
-    return (weight_gib + kv_bytes_per_token * cfg.engine.max_model_len / GIB) / tp + ENGINE_HEADROOM_GIB
 
 
 def fit_memory(cfg: RunConfig, model, ranks: int, per_rank: int, colocated: bool,
@@ -120,7 +131,7 @@ def fit_memory(cfg: RunConfig, model, ranks: int, per_rank: int, colocated: bool
 
     def fits(micro: int) -> bool:
         m = mem(micro)
-        return m.peak <= train_room and m.logits * GIB <= LOGITS_SHARE * hw.gpu.memory_gb * 1e9
+        return m.peak <= train_room and m.logits * GIB <= logits_budget_bytes(hw)
 
     # -- the learner's micro-batch
     if a.micro_batch_size is None:
@@ -149,7 +160,7 @@ def fit_memory(cfg: RunConfig, model, ranks: int, per_rank: int, colocated: bool
     # -- the engine's share of its GPU
     fraction = cfg.engine.gpu_memory_utilization
     if vllm:
-        need = _engine_need_gib(cfg, model.weight_gib_bf16, model.kv_bytes_per_token)
+        need = sum(engine_floor_gib(cfg, model.weight_gib_bf16, model.kv_bytes_per_token)) + ENGINE_HEADROOM_GIB
         if colocated:
             room = AWAKE_SHARE * total - learner.idle
             derived = min(ENGINE_MAX_SHARE, math.floor(room / total * 20) / 20)

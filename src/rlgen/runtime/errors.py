@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+from rlgen.engines.startup import EngineStartError
+
 
 class RunError(RuntimeError):
     """The run cannot go on; the message says why and what to do."""
@@ -30,7 +32,8 @@ def actor_death_detail(err: BaseException, limit: int = 1500) -> str:
     lines = [ln for ln in re.sub(r"\x1b\[[0-9;]*m", "", str(err)).splitlines() if ln.strip()]
     if not lines:
         return type(err).__name__
-    start_error = next((ln.split("EngineStartError: ", 1)[1] for ln in lines if "EngineStartError: " in ln), None)
+    marker = f"{EngineStartError.__name__}: "
+    start_error = next((ln.split(marker, 1)[1] for ln in lines if marker in ln), None)
     if start_error:  # an engine that explained why it could not start: that sentence is the whole story
         return start_error[:limit]
     head = lines[0][:300]

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlgen.engines.startup import COULD_NOT_START
 from rlgen.runtime.errors import RunError, StopRequested, actor_death_detail
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ class Waiter:
             return ray.get(list(refs) if many else refs)
         except RayActorError as err:
             detail = actor_death_detail(err)
-            if " could not start: " in detail:  # an engine that said why: no "died" around it
+            if COULD_NOT_START in detail:  # an engine that said why: no "died" around it
                 raise RunError(f"{what} failed: {detail}") from err
             raise RunError(
                 f"{what} failed because an actor died ({detail}). Metrics up to the last finished "
