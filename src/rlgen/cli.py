@@ -12,6 +12,7 @@ USAGE = """usage: rlgen <command> [overrides ...]
 commands:
   train     run GRPO with engine and learner actors (Hydra app: -m for sweeps, --cfg job, --help)
   plan      resolve and check the config, print where everything runs (--json PATH to save it)
+  serve     engines behind an HTTP API: generation, weight updates, sleep/wake (Hydra app)
   bench     generation benchmark on an RL-shaped workload (Hydra app)
   validate  compare an engine's logprobs against the hf reference (Hydra app)
 
@@ -20,6 +21,7 @@ examples:
   rlgen plan engine=vllm_tp2 hardware=8xh100
   rlgen train -m engine.num_engines=1,2
   rlgen train resume=auto                       # continue the newest stopped run with these settings
+  rlgen serve serve.port=8000                   # then: rlgen train engine=remote engine.url=http://127.0.0.1:8000
 """
 
 
@@ -47,6 +49,7 @@ def _hydra_app(task_fn_path: str, argv: list[str], name: str) -> int:
 
 APPS = {
     "train": "rlgen.commands.train:train_app",
+    "serve": "rlgen.serve.command:serve_app",
     "bench": "rlgen.bench:bench_app",
     "validate": "rlgen.validate:validate_app",
 }

@@ -15,6 +15,15 @@ from typing import Any
 class EngineKind(StrEnum):
     hf = "hf"
     vllm = "vllm"
+    remote = "remote"  # a running `rlgen serve`: the run starts no engines of its own
+
+
+class WeightsOver(StrEnum):
+    """How a run sends new weights to a remote server's engines."""
+
+    auto = "auto"  # nccl when the learners are on GPUs and the server runs vllm engines, else http
+    http = "http"  # safetensors bytes in an HTTP request (CPU, tests, any server)
+    nccl = "nccl"  # vLLM's NCCL weight transfer: learner rank 0 joins the server engines' group
 
 
 class LossAgg(StrEnum):
@@ -85,6 +94,10 @@ class EngineConfig:
     seed: int = 0
     max_restarts: int = 3  # an engine actor that dies is re-created this many times; once more stops the run
     env: dict[str, str] = field(default_factory=dict)
+    # engine=remote: the server's address, its bearer token (or RLGEN_SERVE_TOKEN), and the weight path
+    url: str | None = None
+    token: str | None = None
+    weights_over: WeightsOver = WeightsOver.auto
 
 
 @dataclass
@@ -266,6 +279,19 @@ class ValidateConfig:
     seed: int = 0
 
 
+@dataclass
+class ServeConfig:
+    """`rlgen serve`: engines from the engine, model and hardware groups behind HTTP."""
+
+    host: str = "127.0.0.1"  # anything but loopback needs a token
+    port: int = 8000
+    data_parallel: int = 1  # engines, each of TP engine.tensor_parallel_size
+    token: str | None = None  # bearer token clients must send; RLGEN_SERVE_TOKEN when null
+    max_sequences: int = 4096  # per request: prompts x n
+    max_body_mb: float = 64.0  # a generation request's body; weight updates have no limit
+    request_timeout_s: float = 600.0  # a generation call waits at most this long on the engines
+
+
 class ShareMode(StrEnum):
     auto = "auto"  # probe each node: read the folder where it is visible, ship it where it is not
     path = "path"  # every node reads the same path (a shared file system)
@@ -314,6 +340,7 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
     validate: ValidateConfig = field(default_factory=ValidateConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
     steps: int = 40
     seed: int = 0
     timeout_s: float = 300.0  # every wait on an actor during the run gives up after this long

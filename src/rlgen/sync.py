@@ -208,9 +208,26 @@ class _Base:
 
 
 class ObjectStoreTransport(_Base):
-    """learner.get_weights() -> Ray object store -> engine.update_weights(ref, version) on every engine."""
+    """learner.get_weights() -> Ray object store -> engine.update_weights(ref, version) on every engine. Remote
+    engines (kind http) take the same path; each engine's proxy sends the weights on to the server."""
 
     kind = Transport.ray_object_store
+
+    def __init__(self, *args: Any, kind: Transport = Transport.ray_object_store, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.kind = kind
+
+    def resend(self) -> PushResult:
+        """Every engine to the learner's current weights at the current version (a server's engines may hold
+        another run's)."""
+        t0 = time.time()
+        weights = self.learner.get_weights.remote()
+        gathers = self._gather_refs(self.version)
+        refs = [e.update_weights.remote(weights, self.version) for e in self.engines]
+        results = self._get(refs + gathers, f"sending the starting weights (version {self.version}) to the engines",
+                            [*self.engine_names, *[f"learner{i + 1}" for i in range(len(gathers))]])[: len(refs)]
+        check_versions(results, self.version, "the starting weights")
+        return PushResult(self.version, results=results, seconds=time.time() - t0)
 
     def push(self, version: int, *, in_flight: bool = False) -> PushResult:
         t0 = self._begin(version)
@@ -272,6 +289,10 @@ class NcclTransport(_VLLMTransport):
         ]
         refs.append(self.learner.init_nccl_sender.remote(addr, port, world, self.timeout_s))
         self._get(refs, f"NCCL weight-transfer group of {world} ranks at {addr}:{port}", [*self.engine_names, "learner"])
+
+    def resend(self) -> PushResult:
+        """Every engine to the learner's current weights at the current version."""
+        return self.push(self.version, resend=True)
 
     def replace_engine(self, index: int, actor: Any) -> None:
         """A new NCCL group of every engine and the learner (the old one lost a member), then the current
@@ -369,5 +390,5 @@ def make_transport(plan: Plan, cfg: Any, *, bucket_mb: float | None = None, slee
         return NcclTransport(**kwargs)
     if plan.transport is Transport.cuda_ipc:
         return CudaIpcTransport(**kwargs, sleep_level=sleep_level)
-    return ObjectStoreTransport(**kwargs)
+    return ObjectStoreTransport(**kwargs, kind=plan.transport)
 

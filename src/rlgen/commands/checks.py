@@ -58,7 +58,14 @@ def check_command(command: str, argv: list[str]) -> int | None:
         args, cfgs = compose_jobs(command, argv)
     except ConfigError as err:
         return print_problems([str(err)])
-    if args.print_only or command != "train" or not cfgs:
+    if args.print_only or not cfgs:
+        return None
+    if command == "serve":
+        from rlgen.serve.command import serve_problems
+
+        problems = [p for cfg in cfgs for p in serve_problems(cfg)]
+        return print_problems(list(dict.fromkeys(problems))) if problems else None
+    if command != "train":
         return None
     return check_train(args, cfgs)
 

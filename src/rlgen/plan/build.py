@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 
 from rlgen.charvocab import CHAR_VOCAB_SIZE
-from rlgen.config import VLLM_ENV_REMOVED_IN_0_26, EngineKind, RunConfig
+from rlgen.config import VLLM_ENV_REMOVED_IN_0_26, EngineKind, RunConfig, WeightsOver
 from rlgen.plan.memory import (
     ENGINE_HEADROOM_GIB,
     GIB,
@@ -24,6 +24,7 @@ from rlgen.plan.memory import (
 )
 from rlgen.plan.model_folder import with_model_folder
 from rlgen.plan.recipes import Setting, fill_recipe, set_key
+from rlgen.plan.remote import with_server
 from rlgen.plan.values import check_values
 
 
@@ -31,6 +32,7 @@ class Transport(StrEnum):
     ray_object_store = "ray_object_store"  # CPU, or hf engines: state dict through Ray's object store
     cuda_ipc = "cuda_ipc"  # colocated: CUDA IPC handles to the learner's tensors, engine sleeps/wakes
     nccl = "nccl"  # separate GPUs: a NCCL group from learner rank 0 to every engine
+    http = "http"  # engine=remote: safetensors bytes to the server, from the learner through each engine's proxy
 
 
 class PlanError(ValueError):
@@ -135,6 +137,10 @@ def _model_summary(cfg: RunConfig) -> ModelSummary:
 def _place_engines(cfg: RunConfig, colocated: bool, p: list[str]) -> tuple[EngineSlot, ...]:
     e, hw = cfg.engine, cfg.hardware
     tp = e.tensor_parallel_size
+    if e.kind == EngineKind.remote:
+        # The server's engines, each spoken for by a small CPU actor beside the learners (rank 0's node).
+        node = hw.nodes - 1 if hw.gpus_per_node == 0 else 0
+        return tuple(EngineSlot(i, node, (), tp) for i in range(e.num_engines or 1))
     if hw.gpus_per_node == 0:
         if e.kind == EngineKind.vllm:
             p.append(
@@ -214,7 +220,7 @@ def _place_learners(cfg: RunConfig, colocated: bool, p: list[str]) -> tuple[Lear
             return ()
         return tuple(LearnerSlot(r, hw.nodes - 1, None) for r in range(hw.learner_ranks))
     total = hw.nodes * hw.gpus_per_node
-    if colocated:
+    if colocated or cfg.engine.kind == EngineKind.remote:  # remote engines leave every GPU to the learners
         return tuple(LearnerSlot(r, r // hw.gpus_per_node, r % hw.gpus_per_node) for r in range(total))
     if hw.learner_gpus < 1:
         p.append(f"hardware.learner_gpus={hw.learner_gpus}: learners need at least one GPU; set hardware.learner_gpus.")
@@ -232,7 +238,7 @@ def _check_hardware(cfg: RunConfig, colocated: bool, p: list[str]) -> None:
         return
     if hw.gpus_per_node and hw.gpu.memory_gb <= 0:
         p.append(f"hardware {hw.name} has GPUs but hardware.gpu.memory_gb={hw.gpu.memory_gb}; give the GPU's memory in GB.")
-    if hw.gpus_per_node and not colocated:
+    if hw.gpus_per_node and not colocated and cfg.engine.kind != EngineKind.remote:
         total = hw.nodes * hw.gpus_per_node
         if hw.engine_gpus + hw.learner_gpus != total:
             p.append(
@@ -279,9 +285,11 @@ def _check_lengths(cfg: RunConfig, ms: ModelSummary, n_engine_gpus_each: int, p:
     e, a, t, m, hw = cfg.engine, cfg.algo, cfg.task, cfg.model, cfg.hardware
     need = t.max_prompt_tokens + a.max_new_tokens
     if e.max_model_len < need:
+        fix = (f"start the server with engine.max_model_len>={need}, or lower algo.max_new_tokens"
+               if e.kind == EngineKind.remote else f"set engine.max_model_len>={need}")
         p.append(
             f"engine.max_model_len={e.max_model_len} cannot hold task.max_prompt_tokens={t.max_prompt_tokens} + "
-            f"algo.max_new_tokens={a.max_new_tokens} = {need}; set engine.max_model_len>={need}."
+            f"algo.max_new_tokens={a.max_new_tokens} = {need}; {fix}."
         )
     if m.max_position_embeddings < need:
         p.append(
@@ -336,14 +344,19 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
     it: the placement tests use it for layouts the learners do not support yet (colocated learner groups)."""
     cfg = with_model_folder(cfg)
     cfg, settings = fill_recipe(cfg, count_params(cfg.model)[0])
+    p: list[str] = []
+    cfg, served = with_server(cfg, *count_params(cfg.model), p)
+    if p:
+        raise PlanError(p)
+    settings += served
     if cfg.engine.max_model_len is None:
         need = cfg.task.max_prompt_tokens + cfg.algo.max_new_tokens
         cfg = set_key(cfg, "engine.max_model_len", need)
         settings.append(Setting("engine.max_model_len", need, "derived: task.max_prompt_tokens + algo.max_new_tokens"))
-    p: list[str] = []
     warnings: list[str] = []
     check_values(cfg, p)
-    colocated = bool(cfg.engine.colocate or cfg.hardware.colocated)
+    # remote engines share nothing with the learners, whatever the hardware preset says about its own engines
+    colocated = bool(cfg.engine.colocate or cfg.hardware.colocated) and cfg.engine.kind != EngineKind.remote
     _check_hardware(cfg, colocated, p)
     engines = _place_engines(cfg, colocated, p)
     learners = _place_learners(cfg, colocated, p)
@@ -386,7 +399,9 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
     if cfg.engine.kind != EngineKind.vllm:
         env = {}
 
-    if hw.gpus_per_node == 0 or cfg.engine.kind == EngineKind.hf:
+    if cfg.engine.kind == EngineKind.remote:
+        transport = Transport.nccl if cfg.engine.weights_over == WeightsOver.nccl else Transport.http
+    elif hw.gpus_per_node == 0 or cfg.engine.kind == EngineKind.hf:
         transport = Transport.ray_object_store
     elif colocated:
         transport = Transport.cuda_ipc

@@ -29,8 +29,15 @@ def plan_bundles(plan: Plan) -> Placement:
     engines: list[ActorPlacement] = []
     learners: list[ActorPlacement] = []
 
-    if plan.device == "cpu":
+    own = plan.engines  # engines this run starts on its own hardware
+    if plan.engine_kind == "remote":  # engines live on the server: a small CPU actor each speaks for one
+        own = ()
         for e in plan.engines:
+            g = group_of[e.node]
+            bundles[g].append({"CPU": 0.5})
+            engines.append(ActorPlacement(g, len(bundles[g]) - 1, 0.5, 0.0))
+    if plan.device == "cpu":
+        for e in own:
             g = group_of[e.node]
             bundles[g].append({"CPU": 1.0})
             engines.append(ActorPlacement(g, len(bundles[g]) - 1, 1.0, 0.0))
@@ -52,7 +59,7 @@ def plan_bundles(plan: Plan) -> Placement:
             g, b = gpu_bundle[(e.node, e.gpus[0])]
             engines.append(ActorPlacement(g, b, 1.0, 0.5 if e.tensor_parallel_size == 1 else 0.0))
     else:
-        for e in plan.engines:
+        for e in own:
             g = group_of[e.node]
             tp = float(e.tensor_parallel_size)
             bundles[g].append({"CPU": tp, "GPU": tp})

@@ -117,6 +117,10 @@ class ActorFactory:
     def device(self) -> str:
         return "cuda" if self.plan.device == "cuda" else "cpu"
 
+    @property
+    def remote_nccl(self) -> bool:
+        return self.plan.engine_kind == "remote" and self.plan.transport.value == "nccl"
+
     def strategy(self, ap: Any) -> Any:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -140,8 +144,9 @@ class ActorFactory:
                 num_cpus=ap.num_cpus,
                 num_gpus=ap.num_gpus,
                 scheduling_strategy=self.strategy(ap),
-                # vLLM engines are threaded, so pause()/receive_weights() can run during generate().
-                max_concurrency=4 if self.plan.engine_kind == "vllm" else 1,
+                # vLLM engines (and remote ones fed over NCCL) are threaded, so pause()/receive_weights() can run
+                # during generate(); the others take calls in order, so weights queued before a generate apply first.
+                max_concurrency=4 if self.plan.engine_kind == "vllm" or self.remote_nccl else 1,
                 runtime_env={"env_vars": actor_env(self.cfg, env)},
             )
             .remote(_at(model_path, self.engine_node(index)), self.cfg.engine, device=self.device,
@@ -183,12 +188,16 @@ class ActorFactory:
         return ray.remote(free_endpoint).options(num_cpus=0, scheduling_strategy=self.strategy(ap0)).remote()
 
 
-def engine_class(plan: Plan) -> tuple[type, dict[str, Any]]:
+def engine_class(cfg: RunConfig, plan: Plan) -> tuple[type, dict[str, Any]]:
     """The engine class and its extra constructor kwargs for the plan's engine kind."""
     if plan.engine_kind == "hf":
         from rlgen.engines.hf import HFEngine
 
         return HFEngine, {}
+    if plan.engine_kind == "remote":
+        from rlgen.engines.remote import RemoteEngine
+
+        return RemoteEngine, {"timeout_s": cfg.timeout_s}
     from rlgen.engines.vllm import VLLMEngine
     from rlgen.sync import engine_args_for
 
@@ -212,7 +221,7 @@ def learner_class(cfg: RunConfig, plan: Plan) -> tuple[type, dict[str, Any]]:
         }
     from rlgen.learners.torch import TorchLearner
 
-    if plan.transport.value != "ray_object_store":  # a torch learner feeding vLLM engines on GPUs
+    if plan.transport.value in ("nccl", "cuda_ipc"):  # a torch learner feeding vLLM engines on GPUs
         from rlgen.learners.weight_sender import WeightSender
 
         return type("TorchSyncLearner", (WeightSender, TorchLearner), {}), {}

@@ -137,7 +137,7 @@ class Orchestrator:
         self._started_ray, self.node_ids, self.pgs = connect(cfg, plan, self.placement, self.stop, self.waiter)
         self.folders = place_run_folders(cfg, self.node_ids, self.placement, self.start_model_path, self.out_dir,
                                          self.initial_model_path, self.resume.checkpoint if self.resume else None)
-        engine_cls, engine_kwargs = (self._engine_cls, dict(self._engine_kwargs)) if self._engine_cls else engine_class(plan)
+        engine_cls, engine_kwargs = (self._engine_cls, dict(self._engine_kwargs)) if self._engine_cls else engine_class(cfg, plan)
         learner_cls, learner_kwargs = (self._learner_cls, {}) if self._learner_cls else learner_class(cfg, plan)
         self.factory = ActorFactory(cfg, plan, self.placement, self.pgs, self.node_ids, engine_cls, engine_kwargs,
                                     learner_cls, learner_kwargs)
@@ -162,6 +162,8 @@ class Orchestrator:
         gatherers = self.learners[1:] if learner_kwargs.get("zero_stage") == 3 else []
         try:
             self.transport.setup(self.learner, self.engines, self.engine_names, gatherers=gatherers)
+            if plan.engine_kind == "remote":  # the server's engines may hold another run's weights
+                self.transport.resend()
         except SyncError as err:
             raise RunError(f"weight sync set-up failed: {err}") from err
         self.keeper = EngineKeeper(

@@ -1,0 +1,81 @@
+"""engine=remote: an engine actor that forwards every call of the engine protocol to one engine of a running
+`rlgen serve` over HTTP. The run's loop, fault handling, balancer and weight transports treat it like an
+engine of their own: generate, update_weights (safetensors over HTTP), vLLM's NCCL weight transfer
+(init_weight_transfer / receive_weights, with the learner as rank 0), sleep/wake, pause/resume, health."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from rlgen.config import EngineConfig
+from rlgen.engines.startup import EngineStartError
+from rlgen.hostinfo import process_info
+from rlgen.serve.wire import TOKEN_ENV
+from rlgen.types import GenRequest
+
+START_TIMEOUT_S = 30.0
+
+
+def server_token(engine: EngineConfig) -> str | None:
+    return engine.token or os.environ.get(TOKEN_ENV) or None
+
+
+class RemoteEngine:
+    def __init__(self, model_path: str, engine: EngineConfig, device: str = "cpu", seed: int = 0,
+                 name: str = "engine0", version: int = 0, timeout_s: float = 600.0):
+        """Engine ``name`` (engineK) of the run speaks for engine K of the server at engine.url (the plan checked
+        that the server has it). model_path, device and seed belong to the server, which built its engines."""
+        from rlgen.client import GenerationClient, ServerError
+
+        t0 = time.time()
+        self.name, self.url = name, str(engine.url)
+        self.index = int(name.removeprefix("engine") or 0)
+        self.client = GenerationClient(self.url, token=server_token(engine), timeout_s=timeout_s)
+        try:
+            info = self.client.info()
+            health = self.client.health()
+        except ServerError as err:
+            raise EngineStartError(name, str(err)) from None
+        if not health.get("ok"):
+            raise EngineStartError(name, f"the rlgen server at {self.url} reports unhealthy engines ({health}).")
+        self.version = int(info["versions"][self.index])
+        self.start_s = time.time() - t0
+
+    def generate(self, requests: list[GenRequest], version: int | None = None) -> dict[str, Any]:
+        out = self.client.generate(requests, engine=self.index)
+        self.version = out.version
+        spans = [(s["phase"], s["start"], s["end"]) for s in out.spans]
+        return {"completions": out.completions, "spans": spans, "version": out.version}
+
+    def update_weights(self, weights: Any, version: int) -> dict[str, Any]:
+        return self._updated(self.client.update_weights(weights, version, engine=self.index))
+
+    def init_weight_transfer(self, init_info: dict[str, Any], timeout_s: float = 300.0) -> dict[str, Any]:
+        return self.client.init_weight_transfer(init_info, timeout_s, engine=self.index)["results"][0]
+
+    def receive_weights(self, update_info: dict[str, Any], version: int, timeout_s: float = 300.0) -> dict[str, Any]:
+        return self._updated(self.client.receive_weights(update_info, version, timeout_s, engine=self.index))
+
+    def _updated(self, out: dict[str, Any]) -> dict[str, Any]:
+        self.version = int(out["version"])
+        return {"version": self.version, "actor": self.name,
+                "spans": [(s["phase"], s["start"], s["end"]) for s in out.get("spans", [])]}
+
+    def sleep(self, level: int = 1) -> None:
+        self.client.sleep(level, engine=self.index)
+
+    def wake(self, tags: list[str] | None = None) -> None:
+        self.client.wake(tags, engine=self.index)
+
+    def pause(self, mode: str = "keep", clear_cache: bool = False) -> None:
+        self.client.pause(engine=self.index)
+
+    def resume(self) -> None:
+        self.client.resume(engine=self.index)
+
+    def health(self) -> dict[str, Any]:
+        h = self.client.health()
+        return {"ok": bool(h.get("ok")), "name": self.name, "version": self.version, "server": self.url,
+                "start_s": self.start_s, **process_info()}

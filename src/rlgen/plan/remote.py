@@ -1,0 +1,73 @@
+"""engine=remote: what the run needs to know of the server at engine.url (its /info), read once when the plan is
+built, and the checks that the server can serve this run: it answers, it serves the same model, and its
+max_model_len holds a prompt and its response. No torch or Ray import."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from rlgen.config import EngineKind, RunConfig, WeightsOver
+from rlgen.plan.recipes import Setting, set_key
+
+INFO_TIMEOUT_S = 10.0
+
+
+def fetch_info(url: str, token: str | None, timeout_s: float = INFO_TIMEOUT_S) -> dict[str, Any]:
+    """The server's /info; raises ServerError with one sentence when there is no good answer."""
+    from rlgen.client import GenerationClient
+
+    with GenerationClient(url, token=token, timeout_s=timeout_s) as client:
+        return client.info()
+
+
+def with_server(cfg: RunConfig, params: int, vocab: int, p: list[str]) -> tuple[RunConfig, list[Setting]]:
+    """cfg with the server's engine count, TP size, max_model_len and weight path filled in (each a Setting
+    whose source is the server); problems go to p."""
+    from rlgen.client import ServerError
+    from rlgen.serve.wire import TOKEN_ENV
+
+    e = cfg.engine
+    if e.kind != EngineKind.remote:
+        return cfg, []
+    if not e.url:
+        p.append("engine=remote needs the address of a running server: set engine.url=http://HOST:PORT (start one "
+                 "with `rlgen serve`).")
+        return cfg, []
+    try:
+        info = fetch_info(e.url, e.token or os.environ.get(TOKEN_ENV))
+    except ServerError as err:
+        if err.status == 401:
+            p.append(f"the server at {e.url} wants a bearer token: set {TOKEN_ENV} (or engine.token) to its token.")
+        else:
+            p.append(f"{err}")
+        return cfg, []
+    source = f"server {e.url}"
+    if int(info["params"]) != params or int(info["vocab_size"]) != vocab:
+        p.append(f"the server at {e.url} serves {info['model']} ({int(info['params']):,} parameters, vocabulary "
+                 f"{int(info['vocab_size']):,}), but this run trains model {cfg.model.name} ({params:,}, {vocab:,}); "
+                 "start the server with the same model= (or model.path=), or point engine.url at one that has it.")
+        return cfg, []
+    settings = []
+    if e.num_engines is None:
+        cfg = set_key(cfg, "engine.num_engines", int(info["data_parallel"]))
+        settings.append(Setting("engine.num_engines", int(info["data_parallel"]), f"{source} (its data_parallel)"))
+    elif e.num_engines > int(info["data_parallel"]):
+        p.append(f"engine.num_engines={e.num_engines}, but the server at {e.url} has {info['data_parallel']} engines; "
+                 "leave engine.num_engines unset to use all of them.")
+    cfg = set_key(cfg, "engine.tensor_parallel_size", int(info["tensor_parallel_size"]))
+    settings.append(Setting("engine.tensor_parallel_size", int(info["tensor_parallel_size"]), source))
+    if e.max_model_len is None or e.max_model_len > int(info["max_model_len"]):
+        cfg = set_key(cfg, "engine.max_model_len", int(info["max_model_len"]))
+        settings.append(Setting("engine.max_model_len", int(info["max_model_len"]), source))
+    over = e.weights_over
+    gpus = cfg.hardware.gpus_per_node > 0
+    if over == WeightsOver.auto:
+        over = WeightsOver.nccl if gpus and info["engine_kind"] == "vllm" else WeightsOver.http
+        why = "learners on GPUs, server engines vllm" if over == WeightsOver.nccl else "CPU learners or hf engines"
+        settings.append(Setting("engine.weights_over", over.value, f"derived: {why}"))
+    elif over == WeightsOver.nccl and (not gpus or info["engine_kind"] != "vllm"):
+        p.append(f"engine.weights_over=nccl needs learners on GPUs and a server of vllm engines (this one runs "
+                 f"{info['engine_kind']}, hardware={cfg.hardware.name}); use engine.weights_over=http.")
+    cfg = set_key(cfg, "engine.weights_over", over)
+    return cfg, settings

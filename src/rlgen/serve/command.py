@@ -1,0 +1,198 @@
+"""`rlgen serve`: the plan's engines as Ray actors, behind the HTTP API of ``rlgen.serve.app``, until Ctrl-C.
+
+The run directory (Hydra's) gets run.log and serve.json (the address, the process id and the engines), so
+scripts can find a server they started. A problem found before start (a bad value, a port in use, a
+non-loopback bind without a token) is one sentence and exit 2; engines that cannot start, one sentence and
+exit 1."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+
+from rlgen.config import RunConfig, to_run_config
+from rlgen.serve.wire import TOKEN_ENV
+
+log = logging.getLogger(__name__)
+
+
+def serve_token(cfg: RunConfig) -> str | None:
+    return cfg.serve.token or os.environ.get(TOKEN_ENV) or None
+
+
+def port_problem(host: str, port: int) -> str | None:
+    """A sentence when (host, port) cannot be bound now."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as err:
+            return f"cannot listen on {host}:{port} ({err.strerror}); choose another serve.port, or stop what uses it."
+    return None
+
+
+def serve_problems(cfg: RunConfig) -> list[str]:
+    """Everything that stops `rlgen serve` before it starts an engine."""
+    from rlgen.plan import PlanError
+    from rlgen.plan.environment import cluster_address, has_package, local_gpus
+    from rlgen.plan.serve import build_serve_plan
+
+    try:
+        plan = build_serve_plan(cfg, serve_token(cfg))
+    except PlanError as err:
+        return err.problems
+    problems = []
+    need = sum(len(e.gpus) for e in plan.engines)
+    if need and not cluster_address(cfg) and local_gpus() < need:
+        problems.append(f"the server's engines need {need} GPU(s) and this machine has {local_gpus()}; lower "
+                        "serve.data_parallel or engine.tensor_parallel_size, or serve engine=hf hardware=cpu.")
+    if plan.engine_kind == "vllm" and not has_package("vllm"):
+        problems.append("engine=vllm needs the vllm package, which is not installed; pip install 'rlgen[gpu]' on a "
+                        "CUDA machine, or serve engine=hf.")
+    bind = port_problem(cfg.serve.host, cfg.serve.port)
+    return problems + ([bind] if bind else [])
+
+
+def _served_model(cfg: RunConfig, plan: Any, model_path: str) -> Any:
+    from rlgen.models import load_tokenizer
+    from rlgen.prompts import model_stop_ids
+    from rlgen.serve.pool import ServedModel
+
+    tok = load_tokenizer(model_path)
+    return ServedModel(name=cfg.model.name if not cfg.model.path else str(cfg.model.path), path=model_path,
+                       params=plan.model.params, vocab_size=plan.model.vocab_size,
+                       max_model_len=int(cfg.engine.max_model_len), engine_kind=plan.engine_kind,
+                       tensor_parallel_size=cfg.engine.tensor_parallel_size, tokenizer=tok,
+                       stop_ids=model_stop_ids(model_path, tok))
+
+
+def serve(cfg: RunConfig, out_dir: Path, console: Any) -> None:
+    """Start the engines, serve until a signal, and take everything down."""
+    import ray
+    import uvicorn
+
+    from rlgen.models import prepare_model
+    from rlgen.plan.placement import plan_bundles
+    from rlgen.plan.serve import build_serve_plan
+    from rlgen.runtime.actors import QUIET_ENV, ActorFactory, connect, engine_class
+    from rlgen.runtime.stop import StopFlag
+    from rlgen.runtime.waits import Waiter
+    from rlgen.serve.app import make_app
+    from rlgen.serve.pool import EnginePool
+
+    token = serve_token(cfg)
+    plan = build_serve_plan(cfg, token)
+    cfg = plan.apply(cfg)
+    for var, val in QUIET_ENV.items():
+        os.environ.setdefault(var, val)
+    stop = StopFlag()
+    stop.install()
+    waiter = Waiter(cfg.timeout_s, stop, out_dir)
+    started, pgs, engines = False, [], []
+    try:
+        model_path = prepare_model(cfg, device="cuda" if plan.device == "cuda" else "cpu")
+        placement = plan_bundles(plan)
+        started, node_ids, pgs = connect(cfg, plan, placement, stop, waiter)
+        engine_cls, engine_kwargs = engine_class(cfg, plan)
+        factory = ActorFactory(cfg, plan, placement, pgs, node_ids, engine_cls, engine_kwargs, type(None), {})
+        console.print(f"starting {len(plan.engines)} {plan.engine_kind} engine(s) of TP "
+                      f"{cfg.engine.tensor_parallel_size} for {cfg.model.name}", highlight=False)
+        engines = [factory.engine(i, model_path, 0) for i in range(len(plan.engines))]
+        waiter.get([e.health.remote() for e in engines], "engine start-up", cfg.startup_timeout_s)
+        pool = EnginePool(engines, _served_model(cfg, plan, model_path), timeout_s=cfg.serve.request_timeout_s)
+        app = make_app(pool, token=token, max_sequences=cfg.serve.max_sequences, max_body_mb=cfg.serve.max_body_mb)
+        stop.uninstall()  # uvicorn takes SIGINT and SIGTERM for a graceful shutdown
+        url = f"http://{cfg.serve.host}:{cfg.serve.port}"
+        (out_dir / "serve.json").write_text(json.dumps({
+            "url": url, "pid": os.getpid(), "model": pool.model.name, "engine_kind": plan.engine_kind,
+            "data_parallel": len(engines), "tensor_parallel_size": cfg.engine.tensor_parallel_size,
+            "max_model_len": pool.model.max_model_len, "token_required": bool(token), "started": time.time()},
+            indent=2) + "\n")
+        console.print(f"serving {escape(pool.model.name)} on {url}: {len(engines)} engine(s), /generate, "
+                      "/v1/completions, /weights; Ctrl-C stops", highlight=False)
+        server = uvicorn.Server(uvicorn.Config(app, host=cfg.serve.host, port=cfg.serve.port, log_level="warning",
+                                               timeout_graceful_shutdown=5, lifespan="off"))
+        # uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again for the handlers that
+        # were there before it: these, which end the run so the engines and Ray are taken down below.
+        previous = {sig: signal.signal(sig, _signalled) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            server.run()
+        except _Signalled as sig:
+            console.print(f"server stopped ({sig})", highlight=False)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    finally:
+        stop.uninstall()
+        _take_down(engines, pgs, started, ray)
+
+
+class _Signalled(Exception):
+    pass
+
+
+def _signalled(signum: int, frame: Any) -> None:
+    raise _Signalled(signal.Signals(signum).name)
+
+
+def _take_down(engines: list[Any], pgs: list[Any], started: bool, ray: Any) -> None:
+    """The engines and their reservations go. A cluster this process started goes with ray.shutdown(), which
+    does not wait on a cluster a signal to the process group already took down; on a cluster it joined, the
+    actors and placement groups are removed one by one."""
+    if not ray.is_initialized():
+        return
+    if started:
+        ray.shutdown()
+        return
+    from ray.util.placement_group import remove_placement_group
+
+    for e in engines:
+        try:
+            ray.kill(e)
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
+    for pg in pgs:
+        try:
+            remove_placement_group(pg)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def serve_app(dict_cfg: Any) -> None:
+    """Hydra entry point of `rlgen serve`."""
+    from rlgen.commands.checks import print_problems
+    from rlgen.commands.train import run_dir
+    from rlgen.plan import PlanError
+    from rlgen.runlog import LOG_FILE, MirroredConsole, attach_run_log
+    from rlgen.runtime.errors import RunError, StopRequested
+
+    console = MirroredConsole()
+    out = run_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    detach = attach_run_log(out)
+    try:
+        serve(to_run_config(dict_cfg), out, console)
+    except PlanError as err:
+        sys.exit(print_problems(err.problems))
+    except StopRequested:
+        console.print("stopped during start-up", highlight=False)
+        sys.exit(130)
+    except RunError as err:
+        print_problems([f"{err} (details: {out / LOG_FILE})"])
+        sys.exit(1)
+    except Exception as err:  # noqa: BLE001 - one line here, the traceback in run.log
+        log.info("the server failed", exc_info=err)
+        print_problems([f"unexpected {type(err).__name__}: {err} (details: {out / LOG_FILE})"])
+        sys.exit(1)
+    finally:
+        detach()

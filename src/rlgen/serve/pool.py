@@ -1,0 +1,174 @@
+"""The server's engines: data-parallel engine actors (each of TP engine.tensor_parallel_size), which request
+goes where, and the state clients see (policy version, asleep, paused). Calls go to Ray actors, or, in tests,
+to engine objects in this process (``local=True``), through the same code."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlgen.serve.wire import BadRequest, split_by_samples
+from rlgen.types import GenRequest
+
+
+@dataclass
+class ServedModel:
+    name: str
+    path: str
+    params: int
+    vocab_size: int
+    max_model_len: int
+    engine_kind: str
+    tensor_parallel_size: int
+    tokenizer: Any = None
+    stop_ids: list[int] = field(default_factory=list)
+
+
+class EnginePool:
+    def __init__(self, engines: Sequence[Any], model: ServedModel, *, timeout_s: float, local: bool = False):
+        self.engines, self.model, self.timeout_s, self.local = list(engines), model, float(timeout_s), local
+        self.versions = [0] * len(self.engines)
+        self.asleep = [False] * len(self.engines)
+        self.paused = [False] * len(self.engines)
+        self._resumed = [asyncio.Event() for _ in self.engines]
+        for ev in self._resumed:
+            ev.set()
+        self.updates = 0
+        self.requests = 0
+        self.sequences = 0
+        self.started = time.time()
+        self._locks = [asyncio.Lock() for _ in self.engines]  # local engines run one call at a time, as actors do
+
+    # -- calls ---------------------------------------------------------------------------------------------
+    async def call(self, index: int, method: str, *args: Any, timeout_s: float | None = None) -> Any:
+        """engine ``index``.method(*args), waited for at most timeout_s (the pool's by default)."""
+        wait = self.timeout_s if timeout_s is None else timeout_s
+        engine = self.engines[index]
+        try:
+            if self.local:
+                async with self._locks[index]:
+                    return await asyncio.wait_for(asyncio.to_thread(getattr(engine, method), *args), wait)
+            return await asyncio.wait_for(getattr(engine, method).remote(*args), wait)
+        except TimeoutError as err:
+            raise BadRequest(f"engine{index} did not answer {method} within {wait:.0f} s; the server may be "
+                             "overloaded (raise serve.request_timeout_s) or the engine stuck.", status=504) from err
+
+    def pick(self, engine: int | None) -> list[int]:
+        if engine is None:
+            return list(range(len(self.engines)))
+        if not 0 <= engine < len(self.engines):
+            raise BadRequest(f"engine={engine} does not exist; this server has engines 0..{len(self.engines) - 1}.",
+                             status=404)
+        return [engine]
+
+    def info(self) -> dict[str, Any]:
+        m = self.model
+        return {"model": m.name, "model_path": m.path, "params": m.params, "vocab_size": m.vocab_size,
+                "max_model_len": m.max_model_len, "engine_kind": m.engine_kind,
+                "tensor_parallel_size": m.tensor_parallel_size, "data_parallel": len(self.engines),
+                "version": max(self.versions), "versions": list(self.versions), "asleep": list(self.asleep),
+                "paused": list(self.paused), "weight_updates": self.updates, "requests": self.requests,
+                "sequences": self.sequences, "uptime_s": time.time() - self.started}
+
+    async def health(self) -> dict[str, Any]:
+        try:
+            states = await asyncio.gather(*(self.call(i, "health", timeout_s=10.0) for i in range(len(self.engines))))
+        except Exception as err:  # noqa: BLE001 - health answers, whatever went wrong
+            return {"ok": False, "error": f"{type(err).__name__}: {err}"}
+        return {"ok": all(s.get("ok") for s in states), "engines": len(states), "version": max(self.versions)}
+
+    # -- generation ----------------------------------------------------------------------------------------
+    async def generate(self, requests: list[GenRequest], engine: int | None = None) -> dict[str, Any]:
+        """Completions in request order (n per request). Without ``engine``, the requests are spread over the
+        awake engines by sample count."""
+        chosen = [i for i in self.pick(engine) if not self.asleep[i]]
+        if not chosen:
+            which = f"engine{engine} is" if engine is not None else "every engine is"
+            raise BadRequest(f"{which} asleep; POST /wake first.", status=409)
+        for i in chosen:  # a paused engine holds new requests until it is resumed
+            try:
+                await asyncio.wait_for(self._resumed[i].wait(), self.timeout_s)
+            except TimeoutError as err:
+                raise BadRequest(f"engine{i} stayed paused for {self.timeout_s:.0f} s; POST /resume.", status=503) from err
+        shards = split_by_samples(requests, len(chosen))
+        jobs = [(i, s) for i, s in zip(chosen, shards) if s]
+        results = await asyncio.gather(*(self.call(i, "generate", s) for i, s in jobs))
+        self.requests += len(requests)
+        self.sequences += sum(r.sampling.n for r in requests)
+        completions = [c for res in results for c in res["completions"]]
+        spans = [{"engine": i, "phase": p, "start": a, "end": b} for (i, _), res in zip(jobs, results)
+                 for p, a, b in res.get("spans", [])]
+        return {"completions": completions, "spans": spans, "version": max(res["version"] for res in results)}
+
+    # -- weights and memory --------------------------------------------------------------------------------
+    async def update_weights(self, weights: dict[str, Any], version: int, engine: int | None) -> dict[str, Any]:
+        picked = self.pick(engine)
+        asleep = [i for i in picked if self.asleep[i]]
+        if asleep:
+            raise BadRequest(f"engine{asleep[0]} is asleep; POST /wake before sending weights.", status=409)
+        results = await asyncio.gather(*(self.call(i, "update_weights", weights, int(version)) for i in picked))
+        return self._updated(picked, results, version)
+
+    def _updated(self, picked: list[int], results: list[dict[str, Any]], version: int) -> dict[str, Any]:
+        for i in picked:
+            self.versions[i] = int(version)
+        self.updates += 1
+        spans = [{"engine": i, "phase": p, "start": a, "end": b} for i, r in zip(picked, results)
+                 for p, a, b in r.get("spans", [])]
+        return {"version": int(version), "engines": picked, "spans": spans}
+
+    async def init_weight_transfer(self, init_info: dict[str, Any], timeout_s: float, engine: int | None) -> list[Any]:
+        self._need_vllm("weight transfer")
+        return list(await asyncio.gather(*(self.call(i, "init_weight_transfer", init_info, timeout_s,
+                                                     timeout_s=timeout_s + 30) for i in self.pick(engine))))
+
+    async def receive_weights(self, update_info: dict[str, Any], version: int, timeout_s: float,
+                              engine: int | None) -> dict[str, Any]:
+        self._need_vllm("weight transfer")
+        picked = self.pick(engine)
+        results = await asyncio.gather(*(self.call(i, "receive_weights", update_info, int(version), timeout_s,
+                                                   timeout_s=timeout_s + 30) for i in picked))
+        return self._updated(picked, list(results), version)
+
+    def _need_vllm(self, what: str) -> None:
+        if self.model.engine_kind != "vllm":
+            raise BadRequest(f"{what} over NCCL needs vllm engines, and this server runs {self.model.engine_kind} "
+                             "engines; send weights over HTTP (engine.weights_over=http).", status=409)
+
+    async def sleep(self, level: int, engine: int | None) -> dict[str, Any]:
+        picked = self.pick(engine)
+        await asyncio.gather(*(self.call(i, "sleep", int(level)) for i in picked))
+        for i in picked:
+            self.asleep[i] = True
+        return {"asleep": list(self.asleep)}
+
+    async def wake(self, tags: list[str] | None, engine: int | None) -> dict[str, Any]:
+        picked = self.pick(engine)
+        args = (tags,) if tags else ()
+        await asyncio.gather(*(self.call(i, "wake", *args) for i in picked))
+        if not tags or "kv_cache" in tags:
+            for i in picked:
+                self.asleep[i] = False
+        return {"asleep": list(self.asleep)}
+
+    async def pause(self, engine: int | None) -> dict[str, Any]:
+        """New requests wait; vllm engines also freeze the requests they are running, with their KV cache."""
+        picked = self.pick(engine)
+        for i in picked:
+            self.paused[i] = True
+            self._resumed[i].clear()
+        if self.model.engine_kind == "vllm":
+            await asyncio.gather(*(self.call(i, "pause", "keep", False) for i in picked))
+        return {"paused": list(self.paused)}
+
+    async def resume(self, engine: int | None) -> dict[str, Any]:
+        picked = self.pick(engine)
+        if self.model.engine_kind == "vllm":
+            await asyncio.gather(*(self.call(i, "resume") for i in picked))
+        for i in picked:
+            self.paused[i] = False
+            self._resumed[i].set()
+        return {"paused": list(self.paused)}

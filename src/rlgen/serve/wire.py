@@ -1,0 +1,118 @@
+"""What travels between ``rlgen serve`` and its clients: generation requests and completions as JSON, weights
+as safetensors bytes. Shared by the server and ``rlgen.client`` so both read and write the same fields.
+No torch import at module level."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from rlgen.types import Completion, GenRequest, SamplingParams
+
+TOKEN_ENV = "RLGEN_SERVE_TOKEN"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+class BadRequest(ValueError):
+    """A request the server refuses; the message says what to change. ``status`` is the HTTP status."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+def request_to_json(r: GenRequest) -> dict[str, Any]:
+    s = r.sampling
+    return {"prompt_ids": list(r.prompt_ids), "group_id": r.group_id, "n": s.n, "max_tokens": s.max_new_tokens,
+            "temperature": s.temperature, "top_p": s.top_p, "stop_token_ids": list(s.stop_token_ids),
+            "ignore_eos": s.ignore_eos, "seed": s.seed}
+
+
+def _int_list(value: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise BadRequest(f"{what} must be a list of integer token ids.")
+    return tuple(value)
+
+
+def request_from_json(d: Any, index: int, vocab_size: int, max_model_len: int) -> GenRequest:
+    """One request of a /generate body, checked against the served model."""
+    where = f"request {index}"
+    if not isinstance(d, dict):
+        raise BadRequest(f"{where} must be an object with prompt_ids and sampling fields.")
+    known = {"prompt_ids", "group_id", "n", "max_tokens", "temperature", "top_p", "stop_token_ids", "ignore_eos", "seed"}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise BadRequest(f"{where} has unknown field(s) {unknown}; the fields are {sorted(known)}.")
+    prompt = _int_list(d.get("prompt_ids"), f"{where}: prompt_ids")
+    if not prompt:
+        raise BadRequest(f"{where}: prompt_ids is empty; send at least one token.")
+    bad = [t for t in prompt if not 0 <= t < vocab_size]
+    if bad:
+        raise BadRequest(f"{where}: token id {bad[0]} is outside the model's vocabulary of {vocab_size}.")
+    try:
+        sampling = SamplingParams(
+            n=int(d.get("n", 1)), temperature=float(d.get("temperature", 1.0)), top_p=float(d.get("top_p", 1.0)),
+            max_new_tokens=int(d.get("max_tokens", 16)),
+            stop_token_ids=_int_list(d.get("stop_token_ids", []), f"{where}: stop_token_ids"),
+            ignore_eos=bool(d.get("ignore_eos", False)), seed=None if d.get("seed") is None else int(d["seed"]))
+        group_id = int(d.get("group_id", index))
+    except (TypeError, ValueError) as err:
+        raise BadRequest(f"{where}: {err}") from err
+    check_sampling(sampling, where)
+    if len(prompt) + sampling.max_new_tokens > max_model_len:
+        raise BadRequest(
+            f"{where}: {len(prompt)} prompt tokens + max_tokens {sampling.max_new_tokens} = "
+            f"{len(prompt) + sampling.max_new_tokens} is over this server's max_model_len of {max_model_len}; shorten "
+            "it, or start the server with a larger engine.max_model_len.", status=413)
+    return GenRequest(prompt, sampling, group_id)
+
+
+def check_sampling(s: SamplingParams, where: str) -> None:
+    if s.n < 1:
+        raise BadRequest(f"{where}: n={s.n} must be at least 1.")
+    if s.max_new_tokens < 1:
+        raise BadRequest(f"{where}: max_tokens={s.max_new_tokens} must be at least 1.")
+    if s.temperature < 0:
+        raise BadRequest(f"{where}: temperature={s.temperature} must be 0 (greedy) or more.")
+    if not 0 < s.top_p <= 1:
+        raise BadRequest(f"{where}: top_p={s.top_p} must be in (0, 1].")
+
+
+def completion_to_json(c: Completion) -> dict[str, Any]:
+    return {"group_id": c.group_id, "prompt_ids": list(c.prompt_ids), "token_ids": list(c.token_ids),
+            "logprobs": [float(x) for x in c.logprobs], "finish_reason": c.finish_reason, "version": c.version}
+
+
+def completion_from_json(d: dict[str, Any]) -> Completion:
+    return Completion(group_id=int(d["group_id"]), prompt_ids=list(d["prompt_ids"]), token_ids=list(d["token_ids"]),
+                      logprobs=list(d["logprobs"]), finish_reason=str(d["finish_reason"]), version=int(d["version"]))
+
+
+def weights_to_bytes(weights: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> bytes:
+    """A name -> tensor mapping (or (name, tensor) pairs) as one safetensors blob. Tensors that share storage
+    (tied embeddings) are sent once each under their own name."""
+    from safetensors.torch import save
+
+    items = weights.items() if isinstance(weights, Mapping) else weights
+    return save({name: t.detach().to("cpu", copy=True).contiguous() for name, t in items})
+
+
+def weights_from_bytes(blob: bytes) -> dict[str, Any]:
+    from safetensors.torch import load
+
+    try:
+        return load(blob)
+    except Exception as err:  # noqa: BLE001 - safetensors raises several types for a malformed blob
+        raise BadRequest(f"the weights are not a safetensors blob ({err}).") from err
+
+
+def split_by_samples(requests: list[GenRequest], parts: int) -> list[list[GenRequest]]:
+    """Consecutive shards with about the same number of samples each (some may be empty)."""
+    total = sum(r.sampling.n for r in requests)
+    shards: list[list[GenRequest]] = [[] for _ in range(max(1, parts))]
+    seen = 0
+    for r in requests:
+        k = min(len(shards) - 1, (2 * seen + r.sampling.n) * len(shards) // max(2 * total, 1))  # by its middle
+        shards[k].append(r)
+        seen += r.sampling.n
+    return shards
