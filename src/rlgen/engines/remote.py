@@ -13,7 +13,7 @@ from rlgen.config import EngineConfig
 from rlgen.engines.startup import EngineStartError
 from rlgen.hostinfo import process_info
 from rlgen.serve.wire import TOKEN_ENV
-from rlgen.types import GenRequest
+from rlgen.types import GenRequest, Phase
 
 START_TIMEOUT_S = 30.0
 
@@ -50,18 +50,22 @@ class RemoteEngine:
         return {"completions": out.completions, "spans": spans, "version": out.version}
 
     def update_weights(self, weights: Any, version: int) -> dict[str, Any]:
-        return self._updated(self.client.update_weights(weights, version, engine=self.index))
+        t0 = time.time()
+        return self._updated(self.client.update_weights(weights, version, engine=self.index), t0)
 
     def init_weight_transfer(self, init_info: dict[str, Any], timeout_s: float = 300.0) -> dict[str, Any]:
         return self.client.init_weight_transfer(init_info, timeout_s, engine=self.index)["results"][0]
 
     def receive_weights(self, update_info: dict[str, Any], version: int, timeout_s: float = 300.0) -> dict[str, Any]:
-        return self._updated(self.client.receive_weights(update_info, version, timeout_s, engine=self.index))
+        t0 = time.time()
+        return self._updated(self.client.receive_weights(update_info, version, timeout_s, engine=self.index), t0)
 
-    def _updated(self, out: dict[str, Any]) -> dict[str, Any]:
+    def _updated(self, out: dict[str, Any], t0: float) -> dict[str, Any]:
+        """The sync span is the whole call, the transfer to the server included (the server's own span, the
+        load into its engine, is part of it)."""
         self.version = int(out["version"])
-        return {"version": self.version, "actor": self.name,
-                "spans": [(s["phase"], s["start"], s["end"]) for s in out.get("spans", [])]}
+        return {"version": self.version, "actor": self.name, "spans": [(Phase.sync.value, t0, time.time())],
+                "server_load_s": sum(s["end"] - s["start"] for s in out.get("spans", []))}
 
     def sleep(self, level: int = 1) -> None:
         self.client.sleep(level, engine=self.index)

@@ -1,0 +1,135 @@
+"""`rlgen serve` beside `rlgen train engine=remote`, timed, on a GPU host (or on CPU with the tiny default).
+
+    python benchmarks/serve_remote.py OUT SERVER_OVERRIDES -- TRAIN_OVERRIDES
+    python benchmarks/serve_remote.py /tmp/sr -- steps=20                                   # CPU, tiny
+    python benchmarks/serve_remote.py /tmp/sr engine=vllm hardware=1xh100 model=qwen2_5_0_5b \\
+        engine.gpu_memory_utilization=0.35 engine.max_model_len=512 -- hardware=1xh100 model=qwen2_5_0_5b \\
+        engine.weights_over=http steps=5 algo.max_new_tokens=256 ...
+
+Starts the server (hydra.run.dir=OUT/serve) on a free loopback port and waits for /health; measures the
+server's generation throughput through rlgen's client on an RL-shaped batch (prompts x n, lognormal response
+lengths); runs the training job against it (OUT/run); stops the server with SIGINT. Writes OUT/serve_remote.json:
+server start-up, client tok/s, the run's exit code, median step, generation tok/s and per-engine sync time
+(the whole HTTP or NCCL update, as the engine's proxy saw it), and the server's counters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def client_throughput(url: str, vocab: int, max_len: int, prompts: int = 64, n: int = 8, median: int = 128,
+                      seed: int = 0) -> dict:
+    """prompts x n sequences of 64-token prompts (fewer for a short max_model_len) and lognormal lengths."""
+    from rlgen.client import GenerationClient
+    from rlgen.types import GenRequest, SamplingParams
+
+    rng = random.Random(seed)
+    prompt_len = min(64, max_len // 4)
+    cap = min(2 * median, max_len - prompt_len)
+    median = min(median, cap)
+    reqs = [GenRequest(tuple(rng.randrange(vocab // 2, vocab) for _ in range(prompt_len)),
+                       SamplingParams(n=n, max_new_tokens=max(8, min(cap, int(rng.lognormvariate(0, 0.7) * median))),
+                                      ignore_eos=True, seed=i), i) for i in range(prompts)]
+    with GenerationClient(url) as client:
+        client.generate(reqs[:2])  # warm-up
+        t0 = time.time()
+        out = client.generate(reqs)
+        wall = time.time() - t0
+    tokens = sum(len(c.token_ids) for c in out.completions)
+    return {"sequences": len(out.completions), "tokens": tokens, "wall_s": wall, "tok_s": tokens / wall}
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0])
+    rest = argv[1:]
+    split = rest.index("--") if "--" in rest else len(rest)
+    server_over, train_over = rest[:split], rest[split + 1:]
+    out.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    t0 = time.time()
+    log = (out / "serve.out").open("w")
+    server = subprocess.Popen([sys.executable, "-m", "rlgen.cli", "serve", f"serve.port={port}",
+                               f"hydra.run.dir={out / 'serve'}", *server_over], stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    from rlgen.client import GenerationClient, ServerError
+
+    info = None
+    while server.poll() is None and time.time() - t0 < 900:
+        try:
+            with GenerationClient(url, timeout_s=5) as c:
+                if c.health()["ok"]:
+                    info = c.info()
+                    break
+        except ServerError:
+            time.sleep(1)
+    result: dict = {"server_overrides": server_over, "train_overrides": train_over, "url": url}
+    if info is None:
+        result["server_failed"] = (out / "serve.out").read_text()[-3000:]
+        (out / "serve_remote.json").write_text(json.dumps(result, indent=2))
+        return 1
+    result["server_start_s"] = time.time() - t0
+    result["server_info"] = info
+    try:
+        run_train(url, out, train_over, info, result)
+    finally:
+        os.killpg(server.pid, signal.SIGINT)
+        try:
+            result["server_rc"] = server.wait(120)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            result["server_rc"] = "killed"
+        (out / "serve_remote.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "server_info"}, indent=2)[:4000])
+    return 0 if result["train"]["rc"] == 0 else 1
+
+
+def run_train(url: str, out: Path, train_over: list[str], info: dict, result: dict) -> None:
+    from rlgen.client import GenerationClient
+
+    result["client_generate"] = client_throughput(url, int(info["vocab_size"]), int(info["max_model_len"]))
+    with GenerationClient(url) as c:  # the OpenAI-style route answers on these engines too
+        text = c.complete([[11, 12, 13, 14]], max_tokens=8, n=2, temperature=0.0, logprobs=1)
+    result["v1_completions"] = {"choices": len(text["choices"]), "usage": text["usage"],
+                                "finish": [ch["finish_reason"] for ch in text["choices"]]}
+    t1 = time.time()
+    run = out / "run"
+    train = subprocess.run([sys.executable, "-m", "rlgen.cli", "train", "progress=false", f"hydra.run.dir={run}",
+                            "engine=remote", f"engine.url={url}", *train_over], capture_output=True, text=True,
+                           timeout=1800)
+    result["train"] = {"rc": train.returncode, "wall_s": time.time() - t1, "stderr_tail": train.stderr[-2000:]}
+    metrics = run / "metrics.jsonl"
+    if metrics.is_file():
+        recs = [json.loads(line) for line in metrics.read_text().splitlines()]
+        later = recs[1:] or recs
+        syncs = [max((s["end"] - s["start"] for s in r["timeline"] if s["phase"] == "sync"
+                      and s["actor"].startswith("engine")), default=0.0) for r in later]
+        result["train"].update(
+            steps=len(recs), median_step_s=statistics.median(r["step_s"] for r in later),
+            median_generate_s=statistics.median(r["generate_s"] for r in later),
+            median_train_s=statistics.median(r["train_s"] for r in later),
+            median_tokens_per_s=statistics.median(r["tokens_per_s"] for r in later),
+            median_engine_sync_s=statistics.median(syncs), reward=[r["reward_mean"] for r in recs],
+            mismatch_k3=[r.get("mismatch/k3_kl") for r in recs])
+    with GenerationClient(url, timeout_s=10) as c:
+        result["server_after"] = c.info()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
