@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlgen.serve.wire import TOKEN_ENV, completion_from_json, request_to_json, weights_to_bytes
+from rlgen.serve.wire import TOKEN_ENV, chunks, completion_from_json, request_to_json, weights_to_bytes
 from rlgen.types import Completion, GenRequest, SamplingParams
 
 
@@ -129,8 +129,19 @@ def _headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def _send_args(call: _Call) -> dict[str, Any]:
-    args = {"json": call.json, "content": call.content, "params": call.params}
+def _send_args(call: _Call, *, asynchronous: bool = False) -> dict[str, Any]:
+    args: dict[str, Any] = {"json": call.json, "params": call.params}
+    if call.content is not None:  # a weight blob goes in pieces, with its length up front
+        pieces = chunks(call.content)
+        args["headers"] = {"content-length": str(len(call.content))}
+        if asynchronous:
+            async def stream() -> Any:
+                for piece in pieces:
+                    yield piece
+
+            args["content"] = stream()
+        else:
+            args["content"] = pieces
     if call.timeout_s is not None:  # else the client's own
         args["timeout"] = call.timeout_s
     return args
@@ -189,7 +200,7 @@ class AsyncGenerationClient:
         import httpx
 
         try:
-            response = await self._http.request(call.method, call.path, **_send_args(call))
+            response = await self._http.request(call.method, call.path, **_send_args(call, asynchronous=True))
         except httpx.HTTPError as err:
             raise _no_answer(err, call, self.url) from err
         return _answer(response, call, self.url)

@@ -163,6 +163,7 @@ def test_openai_completions(served):
     assert choice["finish_reason"] in ("stop", "length") and choice["policy_version"] == 0
     assert len(choice["logprobs"]["tokens"]) == len(choice["logprobs"]["token_logprobs"])
     assert out["usage"]["total_tokens"] == out["usage"]["prompt_tokens"] + out["usage"]["completion_tokens"]
+    assert out["choices"][1]["text"] == choice["text"]  # greedy n=2: the same text twice
     text = choice["text"]
     if text:  # a stop string cuts the text where it starts, and the choice says it stopped
         cut = client.complete("3+4=", max_tokens=4, temperature=0.0, stop=[text[-1]])["choices"][0]

@@ -5,6 +5,7 @@ to engine objects in this process (``local=True``), through the same code."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,19 @@ class ServedModel:
     tensor_parallel_size: int
     tokenizer: Any = None
     stop_ids: list[int] = field(default_factory=list)
+
+
+def _one_per_greedy_sample(requests: list[GenRequest]) -> list[GenRequest]:
+    """A greedy request with n > 1 as n requests of n=1 (vLLM refuses n > 1 without sampling); the
+    completions still come back n per request, in order."""
+    out: list[GenRequest] = []
+    for r in requests:
+        s = r.sampling
+        if s.temperature <= 0 and s.n > 1:
+            out.extend([dataclasses.replace(r, sampling=dataclasses.replace(s, n=1))] * s.n)
+        else:
+            out.append(r)
+    return out
 
 
 class EnginePool:
@@ -93,7 +107,7 @@ class EnginePool:
                 await asyncio.wait_for(self._resumed[i].wait(), self.timeout_s)
             except TimeoutError as err:
                 raise BadRequest(f"engine{i} stayed paused for {self.timeout_s:.0f} s; POST /resume.", status=503) from err
-        shards = split_by_samples(requests, len(chosen))
+        shards = split_by_samples(_one_per_greedy_sample(requests), len(chosen))
         jobs = [(i, s) for i, s in zip(chosen, shards) if s]
         results = await asyncio.gather(*(self.call(i, "generate", s) for i, s in jobs))
         self.requests += len(requests)

@@ -94,7 +94,25 @@ def weights_to_bytes(weights: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> 
     from safetensors.torch import save
 
     items = weights.items() if isinstance(weights, Mapping) else weights
-    return save({name: t.detach().to("cpu", copy=True).contiguous() for name, t in items})
+    out, seen = {}, set()
+    for name, t in items:
+        t = t.detach().to("cpu").contiguous()  # no copy for a CPU tensor that is contiguous already
+        if t.untyped_storage().data_ptr() in seen:  # safetensors refuses shared storage
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        out[name] = t
+    return save(out)
+
+
+UPLOAD_CHUNK = 4 << 20
+
+
+def chunks(blob: bytes, size: int = UPLOAD_CHUNK) -> Iterable[bytes]:
+    """A large body in pieces: handed over whole, httpx's HTTP/1.1 writer slows down with the body's size
+    (about 20 MB/s for 256 MB, against 450 MB/s in 4 MiB pieces, measured on loopback)."""
+    view = memoryview(blob)
+    for i in range(0, len(blob), size):
+        yield bytes(view[i : i + size])
 
 
 def weights_from_bytes(blob: bytes) -> dict[str, Any]:
