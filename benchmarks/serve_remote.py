@@ -2,13 +2,16 @@
 
     python benchmarks/serve_remote.py OUT SERVER_OVERRIDES -- TRAIN_OVERRIDES
     python benchmarks/serve_remote.py /tmp/sr -- steps=20                                   # CPU, tiny
+    python benchmarks/serve_remote.py /tmp/sr -- weights        # only time HTTP weight pushes of the served model
+    python benchmarks/serve_remote.py --compare /tmp/sr -- steps=40  # and the same run with engines of its own
     python benchmarks/serve_remote.py /tmp/sr engine=vllm hardware=1xh100 model=qwen2_5_0_5b \\
         engine.gpu_memory_utilization=0.35 engine.max_model_len=512 -- hardware=1xh100 model=qwen2_5_0_5b \\
         engine.weights_over=http steps=5 algo.max_new_tokens=256 ...
 
 Starts the server (hydra.run.dir=OUT/serve) on a free loopback port and waits for /health; measures the
 server's generation throughput through rlgen's client on an RL-shaped batch (prompts x n, lognormal response
-lengths); runs the training job against it (OUT/run); stops the server with SIGINT. Writes OUT/serve_remote.json:
+lengths); runs the training job against it (OUT/run); stops the server with SIGINT; with --compare, runs the
+same job with engines of its own (OUT/in_process) for a side-by-side ratio. Writes OUT/serve_remote.json:
 server start-up, client tok/s, the run's exit code, median step, generation tok/s and per-engine sync time
 (the whole HTTP or NCCL update, as the engine's proxy saw it), and the server's counters.
 """
@@ -55,7 +58,39 @@ def client_throughput(url: str, vocab: int, max_len: int, prompts: int = 64, n: 
     return {"sequences": len(out.completions), "tokens": tokens, "wall_s": wall, "tok_s": tokens / wall}
 
 
+def train_summary(run: Path) -> dict:
+    """Medians over the steps after the first, from a run's metrics.jsonl."""
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    later = recs[1:] or recs
+    syncs = [max((s["end"] - s["start"] for s in r["timeline"] if s["phase"] == "sync"
+                  and s["actor"].startswith("engine")), default=0.0) for r in later]
+    return {"steps": len(recs), "median_step_s": statistics.median(r["step_s"] for r in later),
+            "median_generate_s": statistics.median(r["generate_s"] for r in later),
+            "median_train_s": statistics.median(r["train_s"] for r in later),
+            "median_tokens_per_s": statistics.median(r["tokens_per_s"] for r in later),
+            "median_engine_sync_s": statistics.median(syncs),
+            "reward_first_last": [recs[0]["reward_mean"], recs[-1]["reward_mean"]],
+            "mismatch_k3_max": max(r.get("mismatch/k3_kl") or 0.0 for r in recs)}
+
+
+def in_process(out: Path, server_over: list[str], train_over: list[str]) -> dict:
+    """The same training job with engines of its own (the server's engine, model and hardware settings)."""
+    own = [o for o in server_over if o.split("=", 1)[0].split(".")[0] in ("engine", "model", "hardware")]
+    own = [o for o in own if not o.startswith("engine.max_model_len")]
+    run = out / "in_process"
+    t0 = time.time()
+    res = subprocess.run([sys.executable, "-m", "rlgen.cli", "train", "progress=false", f"hydra.run.dir={run}", *own,
+                          *[o for o in train_over if not o.startswith("engine.weights_over")]],
+                         capture_output=True, text=True, timeout=1800)
+    summary = {"rc": res.returncode, "wall_s": time.time() - t0, "overrides": own}
+    if (run / "metrics.jsonl").is_file():
+        summary.update(train_summary(run))
+    return summary
+
+
 def main(argv: list[str]) -> int:
+    compare = "--compare" in argv
+    argv = [a for a in argv if a != "--compare"]
     out = Path(argv[0])
     rest = argv[1:]
     split = rest.index("--") if "--" in rest else len(rest)
@@ -96,14 +131,49 @@ def main(argv: list[str]) -> int:
             os.killpg(server.pid, signal.SIGKILL)
             result["server_rc"] = "killed"
         (out / "serve_remote.json").write_text(json.dumps(result, indent=2) + "\n")
+    if compare:
+        result["in_process"] = in_process(out, server_over, train_over)
+        if "median_step_s" in result["in_process"] and "median_step_s" in result["train"]:
+            result["step_ratio_remote_over_in_process"] = (result["train"]["median_step_s"]
+                                                           / result["in_process"]["median_step_s"])
+        (out / "serve_remote.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "server_info"}, indent=2)[:4000])
     return 0 if result["train"]["rc"] == 0 else 1
+
+
+def weight_push(url: str, model_path: str, repeats: int = 3) -> dict:
+    """The server's own weights pushed back over HTTP, in parts: serialising, the whole call, and the load
+    into the engines as the server timed it."""
+    import torch
+    from safetensors.torch import load_file
+
+    from rlgen.client import GenerationClient
+    from rlgen.serve.wire import weights_to_bytes
+
+    weights = {k: v.to(torch.bfloat16) for k, v in load_file(str(Path(model_path) / "model.safetensors")).items()}
+    rows = []
+    with GenerationClient(url) as c:
+        version = int(c.info()["version"])
+        for _ in range(repeats):
+            t0 = time.time()
+            blob = weights_to_bytes(weights)
+            t1 = time.time()
+            version += 1
+            res = c.update_weights(weights, version)
+            t2 = time.time()
+            load = max((s["end"] - s["start"] for s in res["spans"]), default=0.0)
+            rows.append({"bytes": len(blob), "serialise_s": t1 - t0, "call_s": t2 - t1, "engine_load_s": load})
+    return {"rows": rows, "median_call_s": statistics.median(r["call_s"] for r in rows)}
 
 
 def run_train(url: str, out: Path, train_over: list[str], info: dict, result: dict) -> None:
     from rlgen.client import GenerationClient
 
     result["client_generate"] = client_throughput(url, int(info["vocab_size"]), int(info["max_model_len"]))
+    if train_over == ["weights"]:  # the HTTP weight path alone, no training run
+        result["weight_push"] = weight_push(url, info["model_path"])
+        result["train"] = {"rc": 0}
+        return
     with GenerationClient(url) as c:  # the OpenAI-style route answers on these engines too
         text = c.complete([[11, 12, 13, 14]], max_tokens=8, n=2, temperature=0.0, logprobs=1)
     result["v1_completions"] = {"choices": len(text["choices"]), "usage": text["usage"],
@@ -114,19 +184,8 @@ def run_train(url: str, out: Path, train_over: list[str], info: dict, result: di
                             "engine=remote", f"engine.url={url}", *train_over], capture_output=True, text=True,
                            timeout=1800)
     result["train"] = {"rc": train.returncode, "wall_s": time.time() - t1, "stderr_tail": train.stderr[-2000:]}
-    metrics = run / "metrics.jsonl"
-    if metrics.is_file():
-        recs = [json.loads(line) for line in metrics.read_text().splitlines()]
-        later = recs[1:] or recs
-        syncs = [max((s["end"] - s["start"] for s in r["timeline"] if s["phase"] == "sync"
-                      and s["actor"].startswith("engine")), default=0.0) for r in later]
-        result["train"].update(
-            steps=len(recs), median_step_s=statistics.median(r["step_s"] for r in later),
-            median_generate_s=statistics.median(r["generate_s"] for r in later),
-            median_train_s=statistics.median(r["train_s"] for r in later),
-            median_tokens_per_s=statistics.median(r["tokens_per_s"] for r in later),
-            median_engine_sync_s=statistics.median(syncs), reward=[r["reward_mean"] for r in recs],
-            mismatch_k3=[r.get("mismatch/k3_kl") for r in recs])
+    if (run / "metrics.jsonl").is_file():
+        result["train"].update(train_summary(run))
     with GenerationClient(url, timeout_s=10) as c:
         result["server_after"] = c.info()
 

@@ -117,6 +117,17 @@ def test_train_engine_remote_learns_like_the_default(server, tmp_path):
     assert info["versions"] == [cfg.steps, cfg.steps]
 
 
+def test_a_remote_run_matches_the_same_run_with_engines_of_its_own(server, tmp_path):
+    """Same seed, same two engines: the server's, or the run's own. Every step's rollouts, rewards and losses
+    agree exactly, so engine=remote changes where generation happens and nothing else."""
+    common = ["progress=false", "steps=25", "checkpoint.every=0"]
+    run_training(compose_run_config([*common, "engine=remote", f"engine.url={server.url}"]), tmp_path / "remote")
+    run_training(compose_run_config([*common, "engine.num_engines=2"]), tmp_path / "own")
+    remote, own = (read_jsonl(tmp_path / name / "metrics.jsonl") for name in ("remote", "own"))
+    keys = ("reward_mean", "loss", "response_tokens", "mismatch/k3_kl")
+    assert [[r[k] for k in keys] for r in remote] == [[r[k] for k in keys] for r in own]
+
+
 def test_a_run_whose_server_goes_away_ends_with_one_sentence(tmp_path):
     srv = Server(tmp_path / "srv")
     cfg = compose_run_config(["progress=false", "engine=remote", f"engine.url={srv.url}", "steps=2000",
