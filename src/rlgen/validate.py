@@ -51,6 +51,10 @@ def _candidate_spec(cfg: RunConfig, v: ValidateConfig, plan, engine_cls, engine_
         perturb = Perturb(v.perturb)
         what = "unchanged" if perturb is Perturb.none else f"rounded to {perturb.value}"
         return perturbed_hf_engine_cls(), {"perturb": perturb.value}, f"hf {cfg.engine.dtype}, weights {what}"
+    if cfg.engine.kind == EngineKind.remote:
+        from rlgen.engines.remote import RemoteEngine
+
+        return RemoteEngine, {"timeout_s": cfg.timeout_s}, f"engine 0 of the server at {cfg.engine.url}"
     from rlgen.engines.vllm import VLLMEngine
 
     return VLLMEngine, {"env": dict(plan.engine_env)}, f"vllm {cfg.engine.dtype}"
@@ -91,7 +95,7 @@ def run_validate(
     )
     runner = Runner(v.runner)
     if runner is Runner.auto:
-        runner = Runner.local if cfg.engine.kind == EngineKind.hf else Runner.ray
+        runner = Runner.local if cfg.engine.kind in (EngineKind.hf, EngineKind.remote) else Runner.ray
     kwargs = {"device": device, "seed": cfg.seed, "name": "candidate", **extra}
     if runner is Runner.ray:
         gpus = float(cfg.engine.tensor_parallel_size) if device == "cuda" else 0.0

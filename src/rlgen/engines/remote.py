@@ -31,7 +31,7 @@ class RemoteEngine:
 
         t0 = time.time()
         self.name, self.url = name, str(engine.url)
-        self.index = int(name.removeprefix("engine") or 0)
+        self.index = int(name.removeprefix("engine")) if name.removeprefix("engine").isdigit() else 0
         self.client = GenerationClient(self.url, token=server_token(engine), timeout_s=timeout_s)
         try:
             info = self.client.info()
