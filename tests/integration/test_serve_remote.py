@@ -178,6 +178,17 @@ def test_serve_refuses_a_public_bind_without_a_token():
     assert "Traceback" not in res.stderr
 
 
+def test_serve_refuses_a_port_in_use():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        res = subprocess.run([sys.executable, "-m", "rlgen.cli", "serve", f"serve.port={port}"], capture_output=True,
+                             text=True, timeout=120)
+    assert res.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in res.stderr and "choose another serve.port" in res.stderr
+
+
 def test_a_token_server_answers_only_with_the_token(tmp_path):
     srv = Server(tmp_path, "serve.host=0.0.0.0", env={"RLGEN_SERVE_TOKEN": "s3cret"})
     try:
