@@ -1,0 +1,154 @@
+"""One source of truth: every plan the plan accepts, over every preset combination (engine x hardware x
+colocated), is set up by the orchestrator as planned. A fake Ray cluster of two nodes with 8 fake GPUs each
+stands in for the machines, and stand-in actors for vLLM and DeepSpeed; they receive the constructor
+arguments the real classes would, and report where they landed. Plans the plan refuses are counted, so a
+preset that stops planning shows up too."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+
+import pytest
+import ray.cloudpickle
+from rich.console import Console
+
+from rlgen.compose import compose_run_config
+from rlgen.plan import PlanError, Transport, build_plan
+from rlgen.runtime import actors as actor_classes
+from rlgen.runtime.orchestrator import Orchestrator
+
+ray = pytest.importorskip("ray")
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the stand-ins travel to the workers by value
+
+ENGINES = ["hf", "vllm", "vllm_tp2", "vllm_tp4"]
+HARDWARE = ["cpu", "2xcpu", "1xh100", "1xh200", "2xh200", "4xh200", "8xh100", "8xh200", "2x8xh100"]
+COLOCATED = [False, True]
+ACCEPTED_PLANS = 23  # of the 72 combinations today; a change in either direction must be deliberate
+
+
+def _where() -> dict:
+    ctx = ray.get_runtime_context()
+    return {"pid": os.getpid(), "node": ctx.get_node_id(), "gpus": list(ctx.get_accelerator_ids().get("GPU", []))}
+
+
+class StandInEngine:
+    def __init__(self, model_path, engine, device="cpu", seed=0, name="engine0", version=0, **kwargs):
+        self.name, self.device, self.kwargs, self.transfer = name, device, sorted(kwargs), None
+
+    def health(self) -> dict:
+        return {"ok": True, "name": self.name, "device": self.device, "kwargs": self.kwargs,
+                "transfer": self.transfer, **_where()}
+
+    def init_weight_transfer(self, init_info: dict, timeout_s: float = 0.0) -> dict:
+        self.transfer = dict(init_info)
+        return {"ok": True}
+
+
+class StandInLearner:
+    def __init__(self, model_path, algo, monitor, seed=0, device="cpu", rank=0, name="learner0", **kwargs):
+        self.name, self.rank, self.kwargs, self.world = name, rank, kwargs, None
+
+    def health(self) -> dict:
+        return {"ok": True, "name": self.name, "rank": self.rank, "world_size": self.kwargs.get("world_size", 1),
+                "master_port": self.kwargs.get("master_port"), "nccl_world": self.world, **_where()}
+
+    def weight_meta(self, dtype: str) -> dict:
+        return {"names": ["w"], "dtype_names": [dtype], "shapes": [[2]], "max_tensor_bytes": 4, "total_bytes": 4}
+
+    def sync_endpoint(self) -> tuple[str, int]:
+        return "127.0.0.1", 29500
+
+    def init_nccl_sender(self, addr: str, port: int, world: int, timeout_s: float) -> dict:
+        self.world = world
+        return {"ok": True}
+
+
+def _stand_in(real, cls):
+    """The real class chooser's constructor arguments, with a stand-in class."""
+    return lambda *args: (cls, real(*args)[1])
+
+
+def _plans() -> tuple[list, list]:
+    accepted, refused = [], []
+    for engine, hardware, colocated in itertools.product(ENGINES, HARDWARE, COLOCATED):
+        overrides = [f"engine={engine}", f"hardware={hardware}", f"hardware.colocated={str(colocated).lower()}",
+                     "progress=false", "eval.every=0"]
+        try:
+            accepted.append((overrides, build_plan(compose_run_config(overrides))))
+        except PlanError:
+            refused.append(overrides)
+    return accepted, refused
+
+
+@pytest.fixture(scope="module")
+def fake_cluster():
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, connect=False, head_node_args={
+        "num_cpus": 0, "include_dashboard": False,
+        "_system_config": {"enable_worker_prestart": False, "prestart_worker_first_driver": False}})
+    for _ in range(2):
+        c.add_node(num_cpus=32, num_gpus=8)
+    c.wait_for_nodes()
+    ray.init(address=c.address, log_to_driver=False)
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+def test_every_accepted_plan_is_set_up_as_planned(fake_cluster, monkeypatch, tmp_path):
+    from rlgen.models import prepare_model
+
+    tiny = prepare_model(compose_run_config([]))  # what every stand-in is handed; no preset is built
+    monkeypatch.setattr("rlgen.models.prepare_model", lambda cfg, device="cpu": tiny)
+    monkeypatch.setattr("rlgen.runtime.orchestrator.engine_class",
+                        _stand_in(actor_classes.engine_class, StandInEngine))
+    monkeypatch.setattr("rlgen.runtime.orchestrator.learner_class",
+                        _stand_in(actor_classes.learner_class, StandInLearner))
+    accepted, refused = _plans()
+    assert len(accepted) == ACCEPTED_PLANS, [o[:3] for o, _ in accepted]
+    for n, (overrides, plan) in enumerate(accepted):
+        what = " ".join(overrides[:3])
+        cfg = compose_run_config(overrides)
+        orch = Orchestrator(cfg, plan, tmp_path / str(n), console=Console(quiet=True))
+        try:
+            orch.setup()
+            engines = ray.get([a.health.remote() for a in orch.engines], timeout=120)
+            learners = ray.get([a.health.remote() for a in orch.learners], timeout=120)
+        finally:
+            orch.cleanup()
+        _check(plan, orch.node_ids, engines, learners, what)
+
+
+def _check(plan, node_ids: list[str], engines: list[dict], learners: list[dict], what: str) -> None:
+    assert [e["name"] for e in engines] == [f"engine{s.index}" for s in plan.engines], what
+    assert [lr["rank"] for lr in learners] == [s.rank for s in plan.learners], what
+    plan_nodes = sorted({s.node for s in plan.engines} | {s.node for s in plan.learners})
+    ray_node = dict(zip(plan_nodes, node_ids))
+    for slot, e in zip(plan.engines, engines):  # on its plan node, holding its TP group's GPUs
+        assert e["node"] == ray_node[slot.node], what
+        assert len(e["gpus"]) == (0 if plan.device == "cpu" else 1 if plan.colocated else slot.tensor_parallel_size), what
+    for slot, lr in zip(plan.learners, learners):
+        assert lr["node"] == ray_node[slot.node], what
+        assert len(lr["gpus"]) == (0 if plan.device == "cpu" else 1), what
+        assert lr["world_size"] == len(plan.learners), what
+    for node in set(ray_node.values()):  # no GPU is given twice, except an engine beside its colocated learner
+        learner_gpus = [g for lr in learners if lr["node"] == node for g in lr["gpus"]]
+        engine_gpus = [g for e in engines if e["node"] == node for g in e["gpus"]]
+        assert len(set(learner_gpus)) == len(learner_gpus), what
+        if plan.colocated:
+            assert set(engine_gpus) <= set(learner_gpus), what
+        else:
+            assert len(set(engine_gpus)) == len(engine_gpus) and not set(engine_gpus) & set(learner_gpus), what
+    if plan.transport is Transport.nccl:  # one group: learner rank 0, then every engine's TP workers
+        world = 1 + sum(s.tensor_parallel_size for s in plan.engines)
+        assert learners[0]["nccl_world"] == world, what
+        offsets = [1 + sum(s.tensor_parallel_size for s in plan.engines[:i]) for i in range(len(plan.engines))]
+        assert [e["transfer"]["rank_offset"] for e in engines] == offsets, what
+        assert all(e["kwargs"] == ["engine_args", "env"] for e in engines), what
+    elif plan.transport is Transport.cuda_ipc:
+        assert all(e["transfer"] == {} for e in engines), what
+    else:
+        assert all(e["transfer"] is None for e in engines), what
