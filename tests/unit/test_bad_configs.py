@@ -198,7 +198,7 @@ CONFIG_ERRORS = [
     ("wrong-value-type", ["algo.lr=fast"], ["algo.lr=fast", "could not be converted to Float"]),
     ("float-for-int", ["algo.prompts_per_step=1.5"], ["algo.prompts_per_step=1.5", "Integer"]),
     ("bad-bool", ["engine.enable_sleep_mode=maybe"], ["engine.enable_sleep_mode=maybe", "not a valid bool"]),
-    ("bad-engine-kind", ["engine.kind=sglang"], ["engine.kind=sglang", "expected one of [hf, vllm]"]),
+    ("bad-engine-kind", ["engine.kind=sglang"], ["engine.kind=sglang", "expected one of [hf, vllm, remote]"]),
     ("bad-loss-agg", ["algo.loss_agg=mean"], ["algo.loss_agg=mean", "seq_mean_token_mean"]),
     ("null-for-required", ["engine.kind=null"], ["engine.kind", "not Optional"]),
 ]

@@ -28,6 +28,8 @@ def _composed(*overrides: str):
 
 def _companions(group: str, name: str, tmp_path: Path) -> list[str]:
     """What a group option needs beside it for the plan to validate."""
+    if group == "engine" and name == "remote":  # a server's address (its /info is stood in for by the test)
+        return ["engine.url=http://127.0.0.1:9"]
     if group == "engine" and name.startswith("vllm"):
         return ["hardware=8xh100"]  # vLLM needs GPUs
     if group == "hardware" and not name.endswith("cpu"):
@@ -81,8 +83,18 @@ def test_yaml_composes_alone_with_its_values(group, name):
     _assert_subset(_yaml_values(group, name), composed, group)
 
 
+def _server_info(url, token, timeout_s=10.0):
+    """/info of a server of the tiny default's model: one hf engine."""
+    from rlgen.plan import count_params
+
+    params, vocab = count_params(_composed().model)
+    return {"model": "tiny", "params": params, "vocab_size": vocab, "data_parallel": 1, "tensor_parallel_size": 1,
+            "max_model_len": 128, "engine_kind": "hf"}
+
+
 @pytest.mark.parametrize(("group", "name"), YAMLS, ids=YAML_IDS)
-def test_yaml_plans_with_its_companions(group, name, tmp_path):
+def test_yaml_plans_with_its_companions(group, name, tmp_path, monkeypatch):
+    monkeypatch.setattr("rlgen.plan.remote.fetch_info", _server_info)
     companions = _companions(group, name, tmp_path)
     cfg = compose_run_config([f"{group}={name}", *companions]) if companions else _composed(f"{group}={name}")
     plan = build_plan(cfg)
