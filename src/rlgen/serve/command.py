@@ -65,15 +65,12 @@ def serve_problems(cfg: RunConfig) -> list[str]:
 
 def _served_model(cfg: RunConfig, plan: Any, model_path: str) -> Any:
     from rlgen.models import load_tokenizer
-    from rlgen.prompts import model_stop_ids
     from rlgen.serve.pool import ServedModel
 
-    tok = load_tokenizer(model_path)
     return ServedModel(name=cfg.model.name if not cfg.model.path else str(cfg.model.path), path=model_path,
                        params=plan.model.params, vocab_size=plan.model.vocab_size,
                        max_model_len=int(cfg.engine.max_model_len), engine_kind=plan.engine_kind,
-                       tensor_parallel_size=cfg.engine.tensor_parallel_size, tokenizer=tok,
-                       stop_ids=model_stop_ids(model_path, tok))
+                       tensor_parallel_size=cfg.engine.tensor_parallel_size, tokenizer=load_tokenizer(model_path))
 
 
 def serve(cfg: RunConfig, out_dir: Path, console: Any) -> None:

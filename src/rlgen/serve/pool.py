@@ -8,7 +8,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from rlgen.serve.wire import BadRequest, split_by_samples
@@ -24,8 +24,7 @@ class ServedModel:
     max_model_len: int
     engine_kind: str
     tensor_parallel_size: int
-    tokenizer: Any = None
-    stop_ids: list[int] = field(default_factory=list)
+    tokenizer: Any = None  # for /v1/completions
 
 
 def _one_per_greedy_sample(requests: list[GenRequest]) -> list[GenRequest]:
