@@ -158,6 +158,35 @@ def test_a_paused_engine_holds_requests_until_resumed(served):
     assert asyncio.run(scenario()) == [True, 1]
 
 
+class _Slow:
+    """An engine that takes a second per call, one call at a time (as an hf engine actor does)."""
+
+    def generate(self, requests, version=None):
+        import time
+
+        time.sleep(1.0)
+        return {"completions": [], "spans": [], "version": 0}
+
+    def health(self):
+        return {"ok": True}
+
+
+def test_health_answers_at_once_for_a_busy_engine(served):
+    _, model = served
+    pool = EnginePool([_Slow()], model, timeout_s=30.0, local=True)
+
+    async def scenario() -> list:
+        job = asyncio.create_task(pool.generate([GenRequest(tuple(PROMPT), SamplingParams(), 0)]))
+        await asyncio.sleep(0.2)
+        t0 = asyncio.get_running_loop().time()
+        during = await pool.health()
+        waited = asyncio.get_running_loop().time() - t0
+        await job
+        return [during["ok"], during["busy"], waited < 0.5, (await pool.health())["busy"]]
+
+    assert asyncio.run(scenario()) == [True, [True], True, [False]]
+
+
 def test_openai_completions(served):
     client = _client(served)
     out = client.complete("3+4=", max_tokens=4, n=2, temperature=0.0, logprobs=1)

@@ -54,12 +54,14 @@ class EnginePool:
         self.sequences = 0
         self.started = time.time()
         self._locks = [asyncio.Lock() for _ in self.engines]  # local engines run one call at a time, as actors do
+        self.in_flight = [0] * len(self.engines)  # calls each engine is working on
 
     # -- calls ---------------------------------------------------------------------------------------------
     async def call(self, index: int, method: str, *args: Any, timeout_s: float | None = None) -> Any:
         """engine ``index``.method(*args), waited for at most timeout_s (the pool's by default)."""
         wait = self.timeout_s if timeout_s is None else timeout_s
         engine = self.engines[index]
+        self.in_flight[index] += 1
         try:
             if self.local:
                 async with self._locks[index]:
@@ -68,6 +70,8 @@ class EnginePool:
         except TimeoutError as err:
             raise BadRequest(f"engine{index} did not answer {method} within {wait:.0f} s; the server may be "
                              "overloaded (raise serve.request_timeout_s) or the engine stuck.", status=504) from err
+        finally:
+            self.in_flight[index] -= 1
 
     def pick(self, engine: int | None) -> list[int]:
         if engine is None:
@@ -87,11 +91,16 @@ class EnginePool:
                 "sequences": self.sequences, "uptime_s": time.time() - self.started}
 
     async def health(self) -> dict[str, Any]:
+        """An idle engine is asked (10 s at most); a busy one counts as healthy, since an engine that takes one
+        call at a time would answer only after its work, and its calls have their own timeouts."""
+        busy = [n > 0 for n in self.in_flight]
         try:
-            states = await asyncio.gather(*(self.call(i, "health", timeout_s=10.0) for i in range(len(self.engines))))
+            states = await asyncio.gather(*(self.call(i, "health", timeout_s=10.0) for i in range(len(self.engines))
+                                            if not busy[i]))
         except Exception as err:  # noqa: BLE001 - health answers, whatever went wrong
             return {"ok": False, "error": f"{type(err).__name__}: {err}"}
-        return {"ok": all(s.get("ok") for s in states), "engines": len(states), "version": max(self.versions)}
+        return {"ok": all(s.get("ok") for s in states), "engines": len(self.engines), "busy": busy,
+                "version": max(self.versions)}
 
     # -- generation ----------------------------------------------------------------------------------------
     async def generate(self, requests: list[GenRequest], engine: int | None = None) -> dict[str, Any]:
