@@ -282,7 +282,7 @@ def _check_learners(cfg: RunConfig, learners: tuple[LearnerSlot, ...], colocated
 
 
 def _check_lengths(cfg: RunConfig, ms: ModelSummary, n_engine_gpus_each: int, p: list[str]) -> None:
-    e, a, t, m, hw = cfg.engine, cfg.algo, cfg.task, cfg.model, cfg.hardware
+    e, a, t, m = cfg.engine, cfg.algo, cfg.task, cfg.model
     need = t.max_prompt_tokens + a.max_new_tokens
     if e.max_model_len < need:
         fix = (f"start the server with engine.max_model_len>={need}, or lower algo.max_new_tokens"
@@ -296,13 +296,20 @@ def _check_lengths(cfg: RunConfig, ms: ModelSummary, n_engine_gpus_each: int, p:
             f"model {m.name} has max_position_embeddings={m.max_position_embeddings} < {need} tokens per sequence; "
             f"lower algo.max_new_tokens or raise model.max_position_embeddings."
         )
-    if hw.gpus_per_node and e.kind == EngineKind.vllm and n_engine_gpus_each and e.gpu_memory_utilization:
+    if n_engine_gpus_each:
+        check_engine_floor(cfg, ms, p)
+
+
+def check_engine_floor(cfg: RunConfig, ms: ModelSummary, p: list[str]) -> None:
+    """A vLLM engine's share of its GPU holds its weights and one max_model_len sequence's KV cache."""
+    e, hw = cfg.engine, cfg.hardware
+    if hw.gpus_per_node and e.kind == EngineKind.vllm and e.gpu_memory_utilization:
         usable = hw.gpu.memory_gb * 1e9 / GIB * e.gpu_memory_utilization
         weights, kv_one = engine_floor_gib(cfg, ms.weight_gib_bf16, ms.kv_bytes_per_token)
         if weights + kv_one + ENGINE_HEADROOM_GIB > usable:
             p.append(
-                f"model {m.name} ({ms.params / 1e9:.2f}B params, {weights:.1f} GiB of bf16 weights per GPU) plus the KV "
-                f"cache of one {e.max_model_len}-token sequence ({kv_one:.1f} GiB) does not fit in "
+                f"model {cfg.model.name} ({ms.params / 1e9:.2f}B params, {weights:.1f} GiB of bf16 weights per GPU) "
+                f"plus the KV cache of one {e.max_model_len}-token sequence ({kv_one:.1f} GiB) does not fit in "
                 f"{usable:.1f} GiB ({hw.gpu.memory_gb:g} GB x gpu_memory_utilization {e.gpu_memory_utilization}); "
                 "raise engine.tensor_parallel_size or engine.gpu_memory_utilization, or use a smaller model."
             )
@@ -343,9 +350,10 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
     runnable=False checks the geometry only (placement, batch, lengths), not whether today's learners can run
     it: the placement tests use it for layouts the learners do not support yet (colocated learner groups)."""
     cfg = with_model_folder(cfg)
-    cfg, settings = fill_recipe(cfg, count_params(cfg.model)[0])
+    params, vocab = count_params(cfg.model)
+    cfg, settings = fill_recipe(cfg, params)
     p: list[str] = []
-    cfg, served = with_server(cfg, *count_params(cfg.model), p)
+    cfg, served = with_server(cfg, params, vocab, p)
     if p:
         raise PlanError(p)
     settings += served

@@ -14,10 +14,11 @@ from rlgen.plan.build import (
     Transport,
     _model_summary,
     _place_engines,
+    check_engine_floor,
     count_params,
     live_vllm_env,
 )
-from rlgen.plan.memory import ENGINE_HEADROOM_GIB, ENGINE_MAX_SHARE, GIB, engine_floor_gib
+from rlgen.plan.memory import ENGINE_MAX_SHARE
 from rlgen.plan.model_folder import with_model_folder
 from rlgen.plan.recipes import Setting, fill_recipe, set_key
 from rlgen.plan.values import check_values
@@ -83,14 +84,7 @@ def build_serve_plan(cfg: RunConfig, token: str | None = None) -> Plan:
     if cfg.model.max_position_embeddings < cfg.engine.max_model_len:
         p.append(f"engine.max_model_len={cfg.engine.max_model_len} is over model {cfg.model.name}'s "
                  f"max_position_embeddings={cfg.model.max_position_embeddings}; lower it.")
-    if total and cfg.engine.kind == EngineKind.vllm:
-        usable = hw.gpu.memory_gb * 1e9 / GIB * cfg.engine.gpu_memory_utilization
-        weights, kv_one = engine_floor_gib(cfg, ms.weight_gib_bf16, ms.kv_bytes_per_token)
-        if weights + kv_one + ENGINE_HEADROOM_GIB > usable:
-            p.append(f"model {cfg.model.name} ({weights:.1f} GiB of weights per GPU) plus one "
-                     f"{cfg.engine.max_model_len}-token sequence's KV cache ({kv_one:.1f} GiB) does not fit the "
-                     f"engine's {usable:.1f} GiB; raise engine.tensor_parallel_size, lower engine.max_model_len, or "
-                     "raise engine.gpu_memory_utilization.")
+    check_engine_floor(cfg, ms, p)
     if p:
         raise PlanError(p)
     env, dropped = live_vllm_env(cfg.engine.env) if cfg.engine.kind == EngineKind.vllm else ({}, [])

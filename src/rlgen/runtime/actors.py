@@ -86,6 +86,32 @@ def reserve(placement: Any, node_ids: list[str], timeout_s: float, wait: Callabl
     return pgs
 
 
+def release(actors: list[Any], pgs: list[Any], started_ray: bool) -> None:
+    """Take down what a run or a server made. A cluster this process started goes whole with ray.shutdown(),
+    which does not wait on a cluster that a signal to the process group already took down (removing a placement
+    group then blocks); on a cluster it joined, its actors and placement groups are removed one by one."""
+    import ray
+
+    if not ray.is_initialized():
+        return
+    if started_ray:
+        ray.shutdown()
+        return
+    from ray.util.placement_group import remove_placement_group
+
+    for a in actors:
+        if a is not None:
+            try:
+                ray.kill(a)
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
+    for pg in pgs:
+        try:
+            remove_placement_group(pg)
+        except Exception:  # noqa: BLE001
+            pass
+
+
 def actor_env(cfg: RunConfig, extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment variables every actor gets through its runtime env, on whatever node it runs."""
     return {**QUIET_ENV, **{k: str(v) for k, v in cfg.ray.env_vars.items()}, **(extra or {})}

@@ -33,6 +33,7 @@ from rlgen.runtime.actors import (
     engine_class,
     learner_class,
     ray_session_dir,
+    release,
 )
 from rlgen.runtime.checkpoint import (
     checkpoint_name,
@@ -426,26 +427,8 @@ class Orchestrator:
         return final_model_from(self.last_checkpoint, self.out_dir)
 
     def cleanup(self) -> None:
-        import ray
-
         if self.rollouts is not None:
             self.rollouts.close()
         if self.transport is not None:
             self.transport.close()
-        if not ray.is_initialized():
-            return
-        for a in [*self.engines, *self.learners]:
-            if a is not None:
-                try:
-                    ray.kill(a)
-                except Exception:  # noqa: BLE001 - best effort on the way out
-                    pass
-        from ray.util.placement_group import remove_placement_group
-
-        for pg in self.pgs:
-            try:
-                remove_placement_group(pg)
-            except Exception:  # noqa: BLE001
-                pass
-        if self._started_ray:
-            ray.shutdown()
+        release([*self.engines, *self.learners], self.pgs, self._started_ray)

@@ -42,7 +42,7 @@ def make_app(pool: EnginePool, *, token: str | None, max_sequences: int, max_bod
                                               "(rlgen's client reads RLGEN_SERVE_TOKEN or engine.token)."}, 401)
         size = int(request.headers.get("content-length") or 0)
         if request.url.path != "/weights" and size > max_body:
-            return too_large(size)
+            return JSONResponse({"error": too_large(size)}, 413)
         try:
             return await call_next(request)
         except BadRequest as err:
@@ -56,15 +56,14 @@ def make_app(pool: EnginePool, *, token: str | None, max_sequences: int, max_bod
     async def bad_request(_: Request, err: BadRequest) -> Any:
         return JSONResponse({"error": str(err)}, err.status)
 
-    def too_large(size: int) -> Any:
-        return JSONResponse({"error": f"the request body is {size / 2**20:.1f} MiB, over serve.max_body_mb="
-                                      f"{max_body_mb:g}; send fewer prompts per request."}, 413)
+    def too_large(size: int) -> str:
+        return (f"the request body is {size / 2**20:.1f} MiB, over serve.max_body_mb={max_body_mb:g}; send fewer "
+                "prompts per request.")
 
     async def body(request: Request) -> dict[str, Any]:
         raw = await request.body()
         if len(raw) > max_body:  # a chunked body has no Content-Length to refuse it by
-            raise BadRequest(f"the request body is {len(raw) / 2**20:.1f} MiB, over serve.max_body_mb="
-                             f"{max_body_mb:g}; send fewer prompts per request.", status=413)
+            raise BadRequest(too_large(len(raw)), status=413)
         try:
             data = json.loads(raw)
         except ValueError as err:

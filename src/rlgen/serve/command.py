@@ -75,13 +75,12 @@ def _served_model(cfg: RunConfig, plan: Any, model_path: str) -> Any:
 
 def serve(cfg: RunConfig, out_dir: Path, console: Any) -> None:
     """Start the engines, serve until a signal, and take everything down."""
-    import ray
     import uvicorn
 
     from rlgen.models import prepare_model
     from rlgen.plan.placement import plan_bundles
     from rlgen.plan.serve import build_serve_plan
-    from rlgen.runtime.actors import QUIET_ENV, ActorFactory, connect, engine_class
+    from rlgen.runtime.actors import QUIET_ENV, ActorFactory, connect, engine_class, release
     from rlgen.runtime.stop import StopFlag
     from rlgen.runtime.waits import Waiter
     from rlgen.serve.app import make_app
@@ -131,7 +130,7 @@ def serve(cfg: RunConfig, out_dir: Path, console: Any) -> None:
                 signal.signal(sig, handler)
     finally:
         stop.uninstall()
-        _take_down(engines, pgs, started, ray)
+        release(engines, pgs, started)
 
 
 class _Signalled(Exception):
@@ -140,29 +139,6 @@ class _Signalled(Exception):
 
 def _signalled(signum: int, frame: Any) -> None:
     raise _Signalled(signal.Signals(signum).name)
-
-
-def _take_down(engines: list[Any], pgs: list[Any], started: bool, ray: Any) -> None:
-    """The engines and their reservations go. A cluster this process started goes with ray.shutdown(), which
-    does not wait on a cluster a signal to the process group already took down; on a cluster it joined, the
-    actors and placement groups are removed one by one."""
-    if not ray.is_initialized():
-        return
-    if started:
-        ray.shutdown()
-        return
-    from ray.util.placement_group import remove_placement_group
-
-    for e in engines:
-        try:
-            ray.kill(e)
-        except Exception:  # noqa: BLE001 - best effort on the way out
-            pass
-    for pg in pgs:
-        try:
-            remove_placement_group(pg)
-        except Exception:  # noqa: BLE001
-            pass
 
 
 def serve_app(dict_cfg: Any) -> None:

@@ -8,7 +8,7 @@ import time
 import uuid
 from typing import Any
 
-from rlgen.serve.wire import BadRequest, check_sampling
+from rlgen.serve.wire import BadRequest, check_length, check_sampling
 from rlgen.types import Completion, GenRequest, SamplingParams
 
 FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "logprobs", "user",
@@ -58,9 +58,7 @@ def completions_request(data: dict[str, Any], model: Any) -> tuple[list[GenReque
     for i, ids in enumerate(_prompts(data.get("prompt"), model)):
         if not ids:
             raise BadRequest(f"prompt {i} is empty.")
-        if len(ids) + sampling.max_new_tokens > model.max_model_len:
-            raise BadRequest(f"prompt {i} has {len(ids)} tokens; with max_tokens {sampling.max_new_tokens} that is over "
-                             f"this server's max_model_len of {model.max_model_len}; shorten it.", status=413)
+        check_length(len(ids), sampling.max_new_tokens, model.max_model_len, f"prompt {i}")
         reqs.append(GenRequest(tuple(ids), sampling, i))
     return reqs, stops
 

@@ -40,6 +40,11 @@ def _one_per_greedy_sample(requests: list[GenRequest]) -> list[GenRequest]:
     return out
 
 
+def _engine_spans(index: int, result: dict[str, Any]) -> list[dict[str, Any]]:
+    """An engine's (phase, start, end) spans, each named with the engine that ran it."""
+    return [{"engine": index, "phase": p, "start": a, "end": b} for p, a, b in result.get("spans", [])]
+
+
 class EnginePool:
     def __init__(self, engines: Sequence[Any], model: ServedModel, *, timeout_s: float, local: bool = False):
         self.engines, self.model, self.timeout_s, self.local = list(engines), model, float(timeout_s), local
@@ -121,8 +126,7 @@ class EnginePool:
         self.requests += len(requests)
         self.sequences += sum(r.sampling.n for r in requests)
         completions = [c for res in results for c in res["completions"]]
-        spans = [{"engine": i, "phase": p, "start": a, "end": b} for (i, _), res in zip(jobs, results)
-                 for p, a, b in res.get("spans", [])]
+        spans = [span for (i, _), res in zip(jobs, results) for span in _engine_spans(i, res)]
         return {"completions": completions, "spans": spans, "version": max(res["version"] for res in results)}
 
     # -- weights and memory --------------------------------------------------------------------------------
@@ -138,8 +142,7 @@ class EnginePool:
         for i in picked:
             self.versions[i] = int(version)
         self.updates += 1
-        spans = [{"engine": i, "phase": p, "start": a, "end": b} for i, r in zip(picked, results)
-                 for p, a, b in r.get("spans", [])]
+        spans = [span for i, r in zip(picked, results) for span in _engine_spans(i, r)]
         return {"version": int(version), "engines": picked, "spans": spans}
 
     async def init_weight_transfer(self, init_info: dict[str, Any], timeout_s: float, engine: int | None) -> list[Any]:

@@ -59,12 +59,16 @@ def request_from_json(d: Any, index: int, vocab_size: int, max_model_len: int) -
     except (TypeError, ValueError) as err:
         raise BadRequest(f"{where}: {err}") from err
     check_sampling(sampling, where)
-    if len(prompt) + sampling.max_new_tokens > max_model_len:
-        raise BadRequest(
-            f"{where}: {len(prompt)} prompt tokens + max_tokens {sampling.max_new_tokens} = "
-            f"{len(prompt) + sampling.max_new_tokens} is over this server's max_model_len of {max_model_len}; shorten "
-            "it, or start the server with a larger engine.max_model_len.", status=413)
+    check_length(len(prompt), sampling.max_new_tokens, max_model_len, where)
     return GenRequest(prompt, sampling, group_id)
+
+
+def check_length(prompt_tokens: int, max_tokens: int, max_model_len: int, where: str) -> None:
+    if prompt_tokens + max_tokens > max_model_len:
+        raise BadRequest(
+            f"{where}: {prompt_tokens} prompt tokens + max_tokens {max_tokens} = {prompt_tokens + max_tokens} is over "
+            f"this server's max_model_len of {max_model_len}; shorten it, or start the server with a larger "
+            "engine.max_model_len.", status=413)
 
 
 def check_sampling(s: SamplingParams, where: str) -> None:
