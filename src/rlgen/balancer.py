@@ -57,7 +57,7 @@ class BalanceContext:
     num_engines: int | None = None
     async_steps: int = 0
     tensor_parallel_size: int = 1
-    colocated: bool = False  # engines share the learners' GPUs, so generation and training never overlap
+    colocated: bool = False  # engines share the learners' GPUs (they overlap only with async_steps > 0)
     device: str = ""  # "cpu" | "cuda" | "" (unknown): picks the words of the advice
 
 
@@ -205,7 +205,7 @@ def advise(kind: Kind, m: StepBalance, ctx: BalanceContext = NO_CONTEXT) -> str:
     window = max(m.window_s, 1e-12)
     ratio = m.ratio
     fixes: list[str] = []
-    overlap = ctx.async_steps == 0 and not ctx.colocated
+    overlap = ctx.async_steps == 0  # advise async_steps=1 (colocated: the engine then stays awake and overlaps)
     if kind == Kind.generation_bound:
         head = (
             f"generation-bound: the learner waited {m.learner_wait_s / window:.0%} of the step; generating a batch "
@@ -246,8 +246,8 @@ def advise(kind: Kind, m: StepBalance, ctx: BalanceContext = NO_CONTEXT) -> str:
     text = head + ("; " + ", or ".join(fixes) if fixes else "")
     if m.sync_s > SYNC_NOTE_FRAC * window:
         text += f". Weight sync takes {m.sync_s / window:.0%} of the step"
-    if ctx.colocated and kind != Kind.balanced:
-        text += ". Engines share the learners' GPUs here, so the two sides cannot overlap"
+    if ctx.colocated and ctx.async_steps == 0 and kind != Kind.balanced:
+        text += ". Engines share the learners' GPUs here and sleep while they train, so the two sides run in turn"
     return text + "."
 
 

@@ -114,7 +114,7 @@ class AlgoConfig:
     clip_low: float = 0.2  # PPO ratio clip: [1 - clip_low, 1 + clip_high]
     clip_high: float = 0.2
     kl_coef: float = 0.0  # > 0 loads a frozen reference model
-    async_steps: int = 0  # 0: strictly on-policy; k: engines may run k policy versions ahead
+    async_steps: int | None = None  # 0: strictly on-policy; k: engines may run k versions ahead; null: the plan picks
     tis_cap: float = 2.0  # truncated importance-sampling cap on the trainer/engine ratio; 0 disables
     seq_mask_cap: float = 0.0  # > 0: drop sequences whose mean |log ratio| exceeds log(seq_mask_cap)
     loss_agg: LossAgg = LossAgg.token_mean

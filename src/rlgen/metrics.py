@@ -135,6 +135,7 @@ class MetricsSink:
             "train_s": mean("train_s"),
             "wait_s": mean("wait_s"),
             "sync_s": mean("sync_s"),
+            "sync_pause_s": mean("sync_pause_s") if all("sync_pause_s" in r for r in recs) else None,
             "max_staleness": max(r["staleness"] for r in recs),
             "skipped_steps": sum(1 for r in recs if r.get("skipped")),
             "engine_restarts": recs[-1].get("engine_restarts", 0),

@@ -7,9 +7,15 @@ Three transports behind one interface (``WeightTransport``), picked by ``plan.tr
 - ``NcclTransport`` (engines and learner on separate GPUs): vLLM's NCCL weight-transfer engine. One NCCL
   group joins learner rank 0 (rank 0) with every engine worker; each update is one packed broadcast that
   the engines receive through ``update_weights`` while the learner runs ``trainer_send_weights``.
-- ``CudaIpcTransport`` (colocated): vLLM's IPC weight-transfer engine. Engines sleep while the learner
-  trains; for the update they wake their weights only, read the learner's packed buffer through CUDA IPC
-  handles, then wake their KV cache.
+- ``CudaIpcTransport`` (colocated): vLLM's IPC weight-transfer engine. With ``algo.async_steps=0`` engines
+  sleep while the learner trains; for the update they wake their weights only, read the learner's packed
+  buffer through CUDA IPC handles, then wake their KV cache. With ``async_steps>0`` they stay awake and
+  generate the next batch meanwhile; an update pauses them (requests keep their KV cache), loads the weights
+  over IPC and resumes them.
+
+``start()`` runs once before the first step: it sends the starting weights over the transport, so the first
+update's one-off costs (NCCL's connection set-up, CUDA IPC and vLLM's reload path warming up) fall in start-up
+rather than in step 0, and a server's engines (which may hold another run's weights) get this run's.
 
 Every wait has a timeout. A timeout inside NCCL or IPC cannot be undone (a blocked collective cannot be
 cancelled), so the transport marks itself broken and every later push fails at once with the reason.
@@ -144,6 +150,7 @@ class WeightTransport(Protocol):
 
     def setup(self, learner: Any, engines: Sequence[Any], engine_names: Sequence[str], *,
               gatherers: Sequence[Any] = ()) -> None: ...
+    def start(self) -> PushResult | None: ...
     def before_train(self) -> list[dict[str, Any]]: ...
     def push(self, version: int, *, in_flight: bool = False) -> PushResult: ...
     def no_update(self) -> list[dict[str, Any]]: ...
@@ -177,6 +184,11 @@ class _Base:
 
     def _gather_refs(self, version: int) -> list[Any]:
         return [g.drain_weights.remote(version, self.dtype, self.bucket_bytes, self.timeout_s) for g in self.gatherers]
+
+    def start(self) -> PushResult | None:
+        """Before the first step: the starting weights over this transport, where that warms it up or the
+        engines may hold other weights (None: nothing to do)."""
+        return None
 
     def before_train(self) -> list[dict[str, Any]]:
         return []
@@ -216,6 +228,9 @@ class ObjectStoreTransport(_Base):
     def __init__(self, *args: Any, kind: Transport = Transport.ray_object_store, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.kind = kind
+
+    def start(self) -> PushResult | None:
+        return self.resend() if self.kind is Transport.http else None  # a server's engines may hold another run's
 
     def resend(self) -> PushResult:
         """Every engine to the learner's current weights at the current version (a server's engines may hold
@@ -257,16 +272,21 @@ class _VLLMTransport(_Base):
         return meta
 
     def _paused(self, in_flight: bool, body: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
-        """body() with every engine paused (requests frozen with their KV cache) when in_flight."""
+        """body() with every engine paused (requests frozen with their KV cache) when in_flight. Then each
+        engine's sync span is the whole pause, the time the update kept it from generating."""
         if not in_flight:
             return body()
+        t0 = time.time()
         self._get([e.pause.remote("keep", False) for e in self.engines], "pausing engines (in-flight update; engine "
                   "actors need max_concurrency >= 2)", self.engine_names)
         try:
-            return body()
+            results = body()
         finally:
             if not self.broken:
                 self._get([e.resume.remote() for e in self.engines], "resuming engines", self.engine_names)
+        paused = [(Phase.sync.value, t0, time.time())]
+        names = set(self.engine_names)
+        return [{**r, "spans": paused} if r.get("actor") in names else r for r in results]
 
 
 class NcclTransport(_VLLMTransport):
@@ -293,6 +313,9 @@ class NcclTransport(_VLLMTransport):
     def resend(self) -> PushResult:
         """Every engine to the learner's current weights at the current version."""
         return self.push(self.version, resend=True)
+
+    def start(self) -> PushResult:
+        return self.resend()  # NCCL's first broadcast sets up its connections: seconds, kept out of step 0
 
     def replace_engine(self, index: int, actor: Any) -> None:
         """A new NCCL group of every engine and the learner (the old one lost a member), then the current
@@ -324,13 +347,15 @@ class NcclTransport(_VLLMTransport):
 
 
 class CudaIpcTransport(_VLLMTransport):
-    """Colocated engines: sleep while the learner trains; weights come back through CUDA IPC."""
+    """Colocated engines, weights through CUDA IPC. awake=False (async_steps=0): engines sleep while the learner
+    trains and wake for the update. awake=True (async_steps>0): engines stay awake and generate the next batch
+    while the learner trains; an update in flight pauses them, keeping their requests' KV cache."""
 
     kind = Transport.cuda_ipc
 
-    def __init__(self, *args: Any, sleep_level: int = 1, **kwargs: Any):
+    def __init__(self, *args: Any, sleep_level: int = 1, awake: bool = False, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.sleep_level = int(sleep_level)
+        self.sleep_level, self.awake = int(sleep_level), bool(awake)
 
     def setup(self, learner: Any, engines: Sequence[Any], engine_names: Sequence[str], *,
               gatherers: Sequence[Any] = ()) -> None:
@@ -340,23 +365,30 @@ class CudaIpcTransport(_VLLMTransport):
         self._meta()
         self._get([e.init_weight_transfer.remote({}, self.timeout_s) for e in self.engines], "IPC set-up", self.engine_names)
 
+    def start(self) -> PushResult:
+        return self._cycle(self.version, resend=True)  # engines are awake before the first step
+
     def before_train(self) -> list[dict[str, Any]]:
+        if self.awake:
+            return []
         t0 = time.time()
         self._get([e.sleep.remote(self.sleep_level) for e in self.engines], "engines going to sleep", self.engine_names)
         return [{"actor": n, "spans": [(Phase.idle.value, t0, time.time())]} for n in self.engine_names]
 
     def no_update(self) -> list[dict[str, Any]]:
         """Level 1 kept the old weights on the CPU: wake everything. Level 2 dropped them: send them again."""
+        if self.awake:
+            return []
         if self.sleep_level == 1:
             self._get([e.wake.remote() for e in self.engines], "waking engines", self.engine_names)
             return []
-        return self._cycle(self.version, resend=True).results
+        return self._cycle(self.version, resend=True, asleep=True).results
 
     def push(self, version: int, *, in_flight: bool = False) -> PushResult:
-        if in_flight:
-            raise SyncError("colocated engines sleep while the learner trains, so updates cannot be in flight; "
-                            "set algo.async_steps=0 with a colocated plan.")
-        return self._cycle(version)
+        if in_flight and not self.awake:
+            raise SyncError("colocated engines sleep while the learner trains (algo.async_steps=0), so updates "
+                            "cannot be in flight.")
+        return self._cycle(version, asleep=not self.awake, in_flight=in_flight)
 
     def replace_engine(self, index: int, actor: Any) -> None:
         """The re-created engine joins IPC and gets the current weights; the others are untouched. Written
@@ -365,20 +397,29 @@ class CudaIpcTransport(_VLLMTransport):
         self._get([actor.init_weight_transfer.remote({}, self.timeout_s)], "IPC set-up", [self.engine_names[index]])
         self._cycle(self.version, resend=True, only=[index])
 
-    def _cycle(self, version: int, resend: bool = False, only: Sequence[int] | None = None) -> PushResult:
+    def _cycle(self, version: int, resend: bool = False, only: Sequence[int] | None = None, *, asleep: bool = False,
+               in_flight: bool = False) -> PushResult:
+        """One update over IPC: wake the weights of sleeping engines, send, wake their KV cache; or, for awake
+        engines with requests in flight, pause them around the send."""
         t0 = self._begin(version, resend=resend)
         picked = list(range(len(self.engines))) if only is None else list(only)
         engines, names = [self.engines[i] for i in picked], [self.engine_names[i] for i in picked]
-        self._get([e.wake.remote(["weights"]) for e in engines], "waking engine weights", names)
-        ref = self.learner.send_weights_ipc.remote(engines, version, self.dtype, self.bucket_bytes, self.timeout_s)
-        sent = self._get([ref], f"IPC weight update to version {version}", ["learner"])[0]
-        self._get([e.wake.remote(["kv_cache"]) for e in engines], "waking engine KV caches", names)
-        engines = sent.pop("engines", [])
-        check_versions(engines, int(version), "IPC weight update")
+
+        def body() -> list[dict[str, Any]]:
+            if asleep:
+                self._get([e.wake.remote(["weights"]) for e in engines], "waking engine weights", names)
+            ref = self.learner.send_weights_ipc.remote(engines, version, self.dtype, self.bucket_bytes, self.timeout_s)
+            sent = self._get([ref], f"IPC weight update to version {version}", ["learner"])[0]
+            if asleep:
+                self._get([e.wake.remote(["kv_cache"]) for e in engines], "waking engine KV caches", names)
+            done = sent.pop("engines", [])
+            check_versions(done, int(version), "IPC weight update")
+            t1 = time.time()
+            return [sent] + [{**r, "spans": [(Phase.sync.value, t0, t1)]} for r in done]
+
+        results = self._paused(in_flight, body)
         self.version = int(version)
-        t1 = time.time()
-        results = [sent] + [{**r, "spans": [(Phase.sync.value, t0, t1)]} for r in engines]
-        return PushResult(int(version), results=results, seconds=t1 - t0)
+        return PushResult(int(version), results=results, seconds=time.time() - t0)
 
 
 def make_transport(plan: Plan, cfg: Any, *, bucket_mb: float | None = None, sleep_level: int = 1) -> _Base:
@@ -389,6 +430,6 @@ def make_transport(plan: Plan, cfg: Any, *, bucket_mb: float | None = None, slee
     if plan.transport is Transport.nccl:
         return NcclTransport(**kwargs)
     if plan.transport is Transport.cuda_ipc:
-        return CudaIpcTransport(**kwargs, sleep_level=sleep_level)
+        return CudaIpcTransport(**kwargs, sleep_level=sleep_level, awake=plan.engines_awake)
     return ObjectStoreTransport(**kwargs, kind=plan.transport)
 

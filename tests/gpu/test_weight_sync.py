@@ -121,7 +121,8 @@ def _transport(kind: str, **kw):
     from rlgen.compose import compose_run_config
     from rlgen.plan import build_plan
 
-    hw = ["hardware=2xh200"] if kind == "nccl" else ["hardware=1xh100", "engine.gpu_memory_utilization=0.3"]
+    hw = (["hardware=2xh200"] if kind == "nccl" else  # colocated: the sleep/wake cycle (async_steps=0)
+          ["hardware=1xh100", "engine.gpu_memory_utilization=0.3", "algo.async_steps=0"])
     cfg = compose_run_config(["engine=vllm", *hw, f"timeout_s={TIMEOUT_S}"])
     return make_transport(build_plan(cfg), cfg, bucket_mb=64, **kw)
 

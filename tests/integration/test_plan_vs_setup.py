@@ -36,14 +36,23 @@ def _where() -> dict:
 class StandInEngine:
     def __init__(self, model_path, engine, device="cpu", seed=0, name="engine0", version=0, **kwargs):
         self.name, self.device, self.kwargs, self.transfer = name, device, sorted(kwargs), None
+        self.received: list[int] = []  # versions that came over the weight transport
 
     def health(self) -> dict:
         return {"ok": True, "name": self.name, "device": self.device, "kwargs": self.kwargs,
-                "transfer": self.transfer, **_where()}
+                "transfer": self.transfer, "received": self.received, **_where()}
 
     def init_weight_transfer(self, init_info: dict, timeout_s: float = 0.0) -> dict:
         self.transfer = dict(init_info)
         return {"ok": True}
+
+    def receive_weights(self, update_info: dict, version: int, timeout_s: float = 0.0) -> dict:  # NCCL
+        self.received.append(version)
+        return {"actor": self.name, "version": version, "spans": []}
+
+    def finish_weight_update(self, version: int, timeout_s: float = 0.0) -> dict:  # the end of an IPC update
+        self.received.append(version)
+        return {"actor": self.name, "version": version}
 
 
 class StandInLearner:
@@ -63,6 +72,13 @@ class StandInLearner:
     def init_nccl_sender(self, addr: str, port: int, world: int, timeout_s: float) -> dict:
         self.world = world
         return {"ok": True}
+
+    def send_weights_nccl(self, version: int, dtype: str, bucket_bytes: int, timeout_s: float) -> dict:
+        return {"actor": self.name, "version": version, "spans": []}
+
+    def send_weights_ipc(self, engines: list, version: int, dtype: str, bucket_bytes: int, timeout_s: float) -> dict:
+        done = ray.get([e.finish_weight_update.remote(version) for e in engines], timeout=60)
+        return {"actor": self.name, "version": version, "engines": done, "spans": []}
 
 
 def _stand_in(real, cls):
@@ -152,3 +168,6 @@ def _check(plan, node_ids: list[str], engines: list[dict], learners: list[dict],
         assert all(e["transfer"] == {} for e in engines), what
     else:
         assert all(e["transfer"] is None for e in engines), what
+    # NCCL and IPC send the starting weights once before step 0 (their warm-up); the object store sends none
+    warmed = plan.transport in (Transport.nccl, Transport.cuda_ipc)
+    assert all(e["received"] == ([0] if warmed else []) for e in engines), what

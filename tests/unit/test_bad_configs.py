@@ -116,7 +116,7 @@ PLAN_ERRORS = [
     ),
     (
         "colocated-without-sleep-mode",
-        ["engine=vllm", "hardware=1xh100", "engine.enable_sleep_mode=false"],
+        ["engine=vllm", "hardware=1xh100", "engine.enable_sleep_mode=false", "algo.async_steps=0"],
         ["needs vLLM sleep mode", "set engine.enable_sleep_mode=true"],
         1,
     ),

@@ -37,7 +37,7 @@ def test_the_embedded_default_keeps_its_tiny_values():
     ("qwen2_5_1_5b", "1.5B", 1024, 8, 0.5),
 ])
 def test_one_h100_colocated_gets_the_recipe_and_a_derived_split(model, band, new_tokens, micro, engine_share):
-    plan = plan_of("engine=vllm", "hardware=1xh100", f"model={model}")
+    plan = plan_of("engine=vllm", "hardware=1xh100", f"model={model}", "algo.async_steps=0")
     s = settings(plan)
     assert s["algo.max_new_tokens"] == (new_tokens, s["algo.max_new_tokens"][1])
     assert s["algo.lr"][0] == 1e-6 and s["algo.lr"][1].startswith(f"recipe {band}")
@@ -50,6 +50,55 @@ def test_one_h100_colocated_gets_the_recipe_and_a_derived_split(model, band, new
     # sleeping engine
     assert m.engine_fraction * m.gpu_gib + m.learner_idle_gib <= 0.85 * m.gpu_gib
     assert m.learner_peak_gib + 2.0 <= 0.92 * m.gpu_gib
+
+
+@pytest.mark.parametrize("model", ["qwen2_5_0_5b", "qwen2_5_1_5b"])
+def test_colocated_async_keeps_the_engine_awake_beside_the_learners_peak(model):
+    asleep = plan_of("engine=vllm", "hardware=1xh100", f"model={model}", "algo.async_steps=0")
+    awake = plan_of("engine=vllm", "hardware=1xh100", f"model={model}", "algo.async_steps=1")
+    assert awake.engines_awake and not asleep.engines_awake
+    assert plan_of("engine=vllm", "hardware=1xh100", f"model={model}").engines_awake  # the default where it fits
+    m = awake.memory
+    assert m.colocated and m.engine_awake
+    # the whole engine and the learner at its peak fit 85% of the GPU at once, so the engine gets less than asleep
+    assert m.engine_fraction * m.gpu_gib + m.learner_peak_gib <= 0.85 * m.gpu_gib
+    assert 0 < m.engine_fraction < asleep.memory.engine_fraction
+    assert settings(awake)["engine.gpu_memory_utilization"][1].startswith("derived: what the learner's peak")
+
+
+def test_colocated_async_refuses_an_engine_share_that_crowds_out_the_learner():
+    with pytest.raises(PlanError) as err:
+        plan_of("engine=vllm", "hardware=1xh100", "model=qwen2_5_1_5b", "algo.async_steps=1",
+                "engine.gpu_memory_utilization=0.9")
+    text = str(err.value)
+    assert "beside an awake engine" in text and "a lower engine.gpu_memory_utilization (now 0.9)" in text
+    assert "algo.async_steps=0" in text
+    # without sleep mode an awake engine is fine; a sleeping one is not
+    assert plan_of("engine=vllm", "hardware=1xh100", "model=qwen2_5_0_5b", "algo.async_steps=1",
+                   "engine.enable_sleep_mode=false").engines_awake
+    with pytest.raises(PlanError, match="needs vLLM sleep mode"):
+        plan_of("engine=vllm", "hardware=1xh100", "model=qwen2_5_0_5b", "engine.enable_sleep_mode=false",
+                "algo.async_steps=0")
+
+
+def test_async_steps_left_null_overlaps_where_it_fits_and_says_why():
+    def chosen(*overrides):
+        plan = plan_of(*overrides)
+        value, source = settings(plan)["algo.async_steps"]
+        assert plan.async_steps == value and source.startswith("derived")
+        return value, source
+
+    assert chosen()[0] == 0  # CPU, hf engines: on-policy
+    assert chosen("engine=vllm", "hardware=2xh200")[0] == 1  # split GPUs
+    assert chosen("engine=vllm", "hardware=1xh100", "model=qwen2_5_1_5b")[0] == 1  # colocated, both fit
+    # 1.5B with 16-row micro-batches of 1k-token answers: the learner's peak leaves an awake engine too little,
+    # so the engine sleeps while the learner trains
+    big = ("engine=vllm", "hardware=1xh100", "model=qwen2_5_1_5b", "algo.micro_batch_size=16")
+    value, source = chosen(*big)
+    assert value == 0 and "do not both fit" in source
+    with pytest.raises(PlanError, match="beside an awake engine.*algo.async_steps=0"):
+        plan_of(*big, "algo.async_steps=1")
+    assert plan_of("engine=vllm", "hardware=1xh100", "algo.async_steps=0").async_steps == 0  # a set value wins
 
 
 def test_set_values_win_and_say_so():

@@ -297,8 +297,55 @@ def test_ipc_cycle_sleeps_for_training_and_wakes_weights_before_kv():
     assert [w for n, w in log if n == "engine0"] == [
         "init", "sleep:2", "wake:weights", "start", "chunk", "finish", "wake:kv_cache"]
     assert engine.version == 1 == t.version and {r["actor"] for r in res.results} == {"learner0", "engine0"}
-    with pytest.raises(SyncError, match="async_steps=0"):
+    with pytest.raises(SyncError, match="async_steps=0.*cannot be in flight"):
         t.push(2, in_flight=True)
+
+
+def test_ipc_start_sends_the_starting_weights_to_awake_engines():
+    log = []
+    engine, learner = FakeEngine("engine0", log), FakeLearner(log)
+    t = CudaIpcTransport(timeout_s=2, sleep_level=1)
+    t.setup(Handle(learner), [Handle(engine)], ["engine0"])
+    log.clear()
+    warm = t.start()  # before step 0 the engine is awake: no wake, no pause; the version stays
+    assert [w for n, w in log if n == "engine0"] == ["start", "chunk", "finish"]
+    assert warm.version == 0 == t.version and warm.seconds >= 0
+
+
+def test_awake_ipc_engines_never_sleep_and_pause_only_for_an_update_in_flight():
+    log = []
+    engines = [FakeEngine(f"engine{i}", log) for i in range(2)]
+    learner = FakeLearner(log)
+    t = CudaIpcTransport(timeout_s=2, sleep_level=1, awake=True)
+    t.setup(Handle(learner), [Handle(e) for e in engines], [e.name for e in engines])
+    log.clear()
+    assert t.before_train() == [] and t.no_update() == []
+    learner.version = 1
+    t.push(1)  # no generation running: load without pausing
+    learner.version = 2
+    t0 = time.time()
+    res = t.push(2, in_flight=True)
+    for e in engines:
+        assert [w for n, w in log if n == e.name] == ["start", "chunk", "finish", "pause:keep", "start", "chunk",
+                                                     "finish", "resume"]
+        assert e.version == 2
+    # each engine's sync span is its whole pause: the time the update kept it from generating
+    spans = {r["actor"]: r["spans"] for r in res.results}
+    for name in ("engine0", "engine1"):
+        [(phase, a, b)] = spans[name]
+        assert phase == "sync" and t0 <= a <= b <= time.time()
+    assert t.version == 2
+
+
+def test_in_flight_nccl_engine_spans_cover_the_pause():
+    t, _, learner, _ = nccl_setup()
+    learner.version = 1
+    t0 = time.time()
+    res = t.push(1, in_flight=True)
+    for r in res.results:
+        if r["actor"].startswith("engine"):  # the stand-in reports (0, 1); the pause replaced it
+            [(phase, a, b)] = r["spans"]
+            assert phase == "sync" and t0 <= a <= b <= time.time()
 
 
 def test_a_learner_at_the_wrong_version_fails_the_push():

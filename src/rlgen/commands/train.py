@@ -92,6 +92,7 @@ def run_training(
             summary["initial_model_path"] = orch.initial_model_path
             summary["checkpoint_path"] = str(orch.last_checkpoint)
             summary["checkpoint_seconds"] = list(orch.checkpoint_seconds)
+            summary.update(orch.startup)
         finally:
             sink.progress.stop()
         ctx = context_from_plan(plan)
@@ -102,6 +103,10 @@ def run_training(
         except Exception as err:  # noqa: BLE001 - a plotting problem must not fail a finished run
             console.print(f"[yellow]report not written:[/] {escape(str(err))}")
         print_summary(sink.records, ctx, console)
+        if "first_rollout_s" in orch.startup:
+            st = orch.startup
+            console.print(f"time to first rollout: {st['first_rollout_s']:.1f} s (set-up {st.get('setup_s', 0):.1f} s, "
+                          f"of which the first weight push {st.get('sync_warmup_s', 0):.2f} s)", highlight=False)
         status.update(state="finished", step=cfg.steps, checkpoint=summary["checkpoint_path"], reason=None)
         return summary
     except StopRequested:  # before the first step: nothing new to keep

@@ -326,6 +326,7 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         """Every rank: the policy as an HF folder (``model/``, bf16, gathered; rank 0 writes it) and DeepSpeed's
         checkpoint of the engine (``learner/``: fp32 master weights, optimizer partitions, counters, RNG)."""
         t0 = time.time()
+        torch.cuda.empty_cache()  # NCCL allocates outside torch's cache at its first collective (DeepSpeed's barrier)
         weights = self.get_weights()  # a collective under ZeRO-3
         if self.rank == 0:
             self.module.save_pretrained(os.path.join(path, "model"), state_dict=weights)

@@ -130,20 +130,28 @@ class WeightSender:
         self._check_send(version)
         t0 = time.time()
         get_all([e.start_weight_update.remote(timeout_s) for e in engines], timeout_s + SLACK_S, "start_weight_update")
-        chunks = [0]
+        t1 = time.time()
+        chunks, loading = [0], [0.0]
 
         def deliver(update_info: Any) -> None:  # the engines have read the buffer once this returns
             info = asdict(update_info)
+            c0 = time.time()
             get_all([e.load_weight_chunk.remote(info, timeout_s) for e in engines], timeout_s + SLACK_S, "IPC chunk")
+            loading[0] += time.time() - c0
             chunks[0] += 1
 
         args = IPCTrainerSendWeightsArgs(send_mode=deliver, packed=True, packed_buffer_size_bytes=bucket_bytes)
         IPCWeightTransferEngine.trainer_send_weights(self.iter_weights(dtype, bucket_bytes), args)
         torch.cuda.synchronize()
+        t2 = time.time()
         done = get_all(
             [e.finish_weight_update.remote(version, timeout_s) for e in engines], timeout_s + SLACK_S, "finish_weight_update"
         )
-        return {"actor": self.name, "version": int(version), "chunks": chunks[0], "engines": done,
-                "spans": [(Phase.sync.value, t0, time.time())]}
+        t3 = time.time()
+        # where an update's time goes: the engines' start and finish calls, their loading of the chunks, and the
+        # packing into the IPC buffer on this side (the rest of the send)
+        parts = {"start": t1 - t0, "load": loading[0], "pack": t2 - t1 - loading[0], "finish": t3 - t2}
+        return {"actor": self.name, "version": int(version), "chunks": chunks[0], "engines": done, "parts": parts,
+                "spans": [(Phase.sync.value, t0, t3)]}
 
 

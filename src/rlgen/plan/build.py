@@ -98,6 +98,12 @@ class Plan:
     settings: tuple[Setting, ...] = ()  # the values the config left null (auto), filled, and every one's source
     memory: MemorySplit | None = None  # per GPU: the engine's share, the learner's idle and peak footprint
 
+    @property
+    def engines_awake(self) -> bool:
+        """Colocated vLLM engines that stay awake while the learner trains (async_steps > 0): they generate the
+        next batch meanwhile and take weight updates in flight. Otherwise colocated engines sleep meanwhile."""
+        return self.colocated and self.engine_kind == "vllm" and self.async_steps > 0
+
     def apply(self, cfg: RunConfig) -> RunConfig:
         """cfg with the plan's resolved settings: what actors, learners and engines run with."""
         for s in self.settings:
@@ -248,16 +254,32 @@ def _check_hardware(cfg: RunConfig, colocated: bool, p: list[str]) -> None:
             )
     if colocated and hw.gpus_per_node == 0:
         p.append(f"engine.colocate=true shares learner GPUs, but hardware={hw.name} has none; set engine.colocate=false.")
-    if colocated and cfg.engine.kind == EngineKind.vllm and cfg.algo.async_steps > 0:
+    _check_sleep_mode(cfg, colocated, p)
+
+
+def _check_sleep_mode(cfg: RunConfig, colocated: bool, p: list[str]) -> None:
+    # Colocated with async_steps > 0, engines stay awake and generate the next batch while the learner trains
+    # (the memory fit sizes both); with async_steps=0 they sleep meanwhile, which needs vLLM's sleep mode.
+    if colocated and cfg.engine.kind == EngineKind.vllm and cfg.algo.async_steps == 0 and not cfg.engine.enable_sleep_mode:
         p.append(
-            f"colocated engines sleep while the learner trains, so they cannot generate ahead "
-            f"(algo.async_steps={cfg.algo.async_steps}); set algo.async_steps=0, or give engines their own GPUs."
+            "colocated engines with algo.async_steps=0 free the GPU while the learner trains, which needs vLLM "
+            "sleep mode; set engine.enable_sleep_mode=true, set algo.async_steps=1 (the engine stays awake and "
+            "generates the next batch meanwhile), or give engines their own GPUs (hardware.colocated=false)."
         )
-    if colocated and cfg.engine.kind == EngineKind.vllm and not cfg.engine.enable_sleep_mode:
-        p.append(
-            "colocated engines must free the GPU while the learner trains, which needs vLLM sleep mode; "
-            "set engine.enable_sleep_mode=true, or give engines their own GPUs (hardware.colocated=false)."
-        )
+
+
+def _default_async_steps(cfg: RunConfig, colocated: bool, settings: list[Setting]) -> RunConfig:
+    """algo.async_steps left null: 1 where vLLM engines run on GPUs (generation of the next batch overlaps
+    training: 1.6x the steps per hour split on 2xH200, 1.4-1.9x colocated on one H100, docs/benchmarks.md),
+    else 0 (strictly on-policy). A colocated plan goes back to 0 when the two do not fit the GPU at once."""
+    if cfg.engine.kind == EngineKind.vllm and cfg.hardware.gpus_per_node > 0:
+        value = 1
+        why = ("derived: colocated vLLM engines stay awake and generate the next batch while the learner trains"
+               if colocated else "derived: engines on their own GPUs generate the next batch while the learner trains")
+    else:
+        value, why = 0, "derived: on-policy (generation overlaps training only for vLLM engines on GPUs)"
+    settings.append(Setting("algo.async_steps", value, why))
+    return set_key(cfg, "algo.async_steps", value)
 
 
 def _check_learners(cfg: RunConfig, learners: tuple[LearnerSlot, ...], colocated: bool, p: list[str]) -> None:
@@ -365,6 +387,9 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
     check_values(cfg, p)
     # remote engines share nothing with the learners, whatever the hardware preset says about its own engines
     colocated = bool(cfg.engine.colocate or cfg.hardware.colocated) and cfg.engine.kind != EngineKind.remote
+    derived_async = cfg.algo.async_steps is None
+    if derived_async:
+        cfg = _default_async_steps(cfg, colocated, settings)
     _check_hardware(cfg, colocated, p)
     engines = _place_engines(cfg, colocated, p)
     learners = _place_learners(cfg, colocated, p)
@@ -383,7 +408,20 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
     per_rank = seqs // ranks if learners and not seqs % ranks else 0
     memory = None
     if not p:  # sizes are sound: fit memory, filling micro-batch and engine share when left null
-        cfg, fitted, memory = fit_memory(cfg, ms, len(learners), per_rank, colocated, p)
+        trial: list[str] = []
+        fitted_cfg, fitted, memory = fit_memory(cfg, ms, len(learners), per_rank, colocated, trial)
+        if trial and derived_async and colocated and cfg.algo.async_steps > 0:
+            # an awake engine and the training learner do not both fit: the engine sleeps while it trains
+            cfg = set_key(cfg, "algo.async_steps", 0)
+            settings[:] = [s for s in settings if s.key != "algo.async_steps"]
+            settings.append(Setting("algo.async_steps", 0, "derived: colocated, and an awake engine and the training "
+                                                           "learner do not both fit the GPU, so the engine sleeps while "
+                                                           "the learner trains (on-policy)"))
+            _check_sleep_mode(cfg, colocated, p)
+            fitted_cfg, fitted, memory = fit_memory(cfg, ms, len(learners), per_rank, colocated, p)
+        else:
+            p += trial
+        cfg = fitted_cfg
         settings += fitted
     a = cfg.algo
     _check_lengths(cfg, ms, cfg.engine.tensor_parallel_size if engines else 0, p)

@@ -10,9 +10,11 @@ The learner's footprint per rank (bytes, P parameters, N ranks):
 - the micro-batch's fp32 logits over the vocabulary, three copies (logits, log-softmax, its gradient)
 - a fixed allowance for the CUDA context, NCCL and DeepSpeed's buckets
 
-Colocated, the engine is awake only while the learner is idle (the learner returns its cached memory after
-each step), and asleep while it trains; so the engine may take what the idle learner leaves, and the learner's
-peak must fit beside a sleeping engine.
+Colocated with ``algo.async_steps=0``, the engine is awake only while the learner is idle (the learner returns
+its cached memory after each step), and asleep while it trains; so the engine may take what the idle learner
+leaves, and the learner's peak must fit beside a sleeping engine. Colocated with ``algo.async_steps>0``, the
+engine stays awake and generates the next batch while the learner trains, so the learner's peak and the whole
+engine must fit AWAKE_SHARE of the GPU at once: the engine gets what the learner's peak leaves.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ class MemorySplit:
     learner_peak_gib: float
     micro_batch_size: int
     colocated: bool
+    engine_awake: bool = False  # colocated, and the engine stays awake while the learner trains
 
 
 def learner_memory(cfg: RunConfig, params: int, vocab: int, ranks: int, micro: int) -> LearnerMemory:
@@ -123,8 +126,14 @@ def fit_memory(cfg: RunConfig, model, ranks: int, per_rank: int, colocated: bool
     gpu = hw.gpus_per_node > 0
     total = hw.gpu.memory_gb * 1e9 / GIB if gpu else 0.0
     vllm = gpu and cfg.engine.kind == EngineKind.vllm
-    asleep = ENGINE_ASLEEP_GIB if (colocated and vllm) else 0.0
-    train_room = TRAIN_SHARE * total - asleep
+    awake = colocated and vllm and a.async_steps > 0
+    need = (sum(engine_floor_gib(cfg, model.weight_gib_bf16, model.kv_bytes_per_token)) + ENGINE_HEADROOM_GIB
+            if vllm else 0.0)
+    if awake:  # the whole engine stays beside the training learner: what the config gives it, else its floor
+        given = cfg.engine.gpu_memory_utilization
+        train_room = AWAKE_SHARE * total - (given * total if given is not None else need)
+    else:
+        train_room = TRAIN_SHARE * total - (ENGINE_ASLEEP_GIB if (colocated and vllm) else 0.0)
 
     def mem(micro: int) -> LearnerMemory:
         return learner_memory(cfg, model.params, model.vocab_size, ranks, micro or per_rank)
@@ -155,13 +164,18 @@ def fit_memory(cfg: RunConfig, model, ranks: int, per_rank: int, colocated: bool
 
     learner = mem(micro)
     if learner.peak > train_room:
-        p.append(_learner_too_big(cfg, learner, train_room, total, ranks, per_rank, micro, colocated, fits))
+        p.append(_learner_too_big(cfg, learner, train_room, total, ranks, per_rank, micro, colocated, fits, awake))
+        if awake:
+            return cfg, settings, None
 
     # -- the engine's share of its GPU
     fraction = cfg.engine.gpu_memory_utilization
     if vllm:
-        need = sum(engine_floor_gib(cfg, model.weight_gib_bf16, model.kv_bytes_per_token)) + ENGINE_HEADROOM_GIB
-        if colocated:
+        if awake:
+            fraction = _awake_fraction(cfg, learner, total, need, settings, p)
+            if fraction is None:
+                return cfg, settings, None
+        elif colocated:
             room = AWAKE_SHARE * total - learner.idle
             derived = min(ENGINE_MAX_SHARE, math.floor(room / total * 20) / 20)
             if fraction is None:
@@ -197,7 +211,38 @@ def fit_memory(cfg: RunConfig, model, ranks: int, per_rank: int, colocated: bool
     else:
         settings += _engine_setting(cfg)
     return cfg, settings, MemorySplit(round(total, 2), fraction if vllm else None, round(learner.idle, 2),
-                                      round(learner.peak, 2), micro, colocated)
+                                      round(learner.peak, 2), micro, colocated, awake)
+
+
+def _awake_fraction(cfg: RunConfig, learner: LearnerMemory, total: float, need: float, settings: list[Setting],
+                    p: list[str]) -> float | None:
+    """Colocated with async_steps > 0: the engine's share, beside the learner at its peak. Both stay under
+    AWAKE_SHARE of the GPU: the learner's caching allocator holds its peak between steps, and NCCL allocates
+    its buffers outside it at the first collective (a checkpoint's barrier on one rank), which failed on one
+    H100 with the engine at what the peak left of TRAIN_SHARE."""
+    room = AWAKE_SHARE * total - learner.peak
+    derived = min(ENGINE_MAX_SHARE, math.floor(room / total * 20) / 20)
+    fraction = cfg.engine.gpu_memory_utilization
+    if fraction is None:
+        if derived * total < need:
+            p.append(
+                f"colocated with algo.async_steps={cfg.algo.async_steps}, the engine stays awake while the learner "
+                f"trains, and the learner's peak of about {learner.peak:.1f} GiB leaves the engine "
+                f"{max(derived, 0) * total:.1f} GiB of the {total:.0f} GiB GPU, less than the {need:.1f} GiB its "
+                "weights and one sequence need; set algo.async_steps=0 (the engine sleeps while the learner "
+                "trains), or lower algo.micro_batch_size."
+            )
+            return None
+        settings.append(Setting("engine.gpu_memory_utilization", derived,
+                                f"derived: what the learner's peak ({learner.peak:.1f} GiB) leaves of "
+                                f"{AWAKE_SHARE:.0%} of the GPU, the engine staying awake (async_steps>0)"))
+        return derived
+    settings.append(Setting("engine.gpu_memory_utilization", fraction, "config"))
+    if fraction * total < need:
+        p.append(f"engine.gpu_memory_utilization={fraction} gives the engine {fraction * total:.1f} GiB, less than the "
+                 f"{need:.1f} GiB its weights and one {cfg.engine.max_model_len}-token sequence need; raise it, or "
+                 "lower engine.max_model_len.")
+    return fraction
 
 
 def _engine_setting(cfg: RunConfig) -> list[Setting]:
@@ -208,7 +253,7 @@ def _engine_setting(cfg: RunConfig) -> list[Setting]:
 
 
 def _learner_too_big(cfg: RunConfig, learner: LearnerMemory, room: float, total: float, ranks: int,
-                     per_rank: int, micro: int, colocated: bool, fits) -> str:
+                     per_rank: int, micro: int, colocated: bool, fits, awake: bool = False) -> str:
     lc = cfg.learner
     fixes = []
     smaller = next((d for d in _divisors_down(per_rank) if d < (micro or per_rank) and fits(d)), None)
@@ -221,7 +266,11 @@ def _learner_too_big(cfg: RunConfig, learner: LearnerMemory, room: float, total:
     fixes.append("more learner GPUs with learner.zero_stage=3" if ranks == 1 or lc.zero_stage == 3
                  else "more learner GPUs")
     fixes.append("shorter responses (algo.max_new_tokens)")
-    beside = " beside a sleeping engine" if colocated else ""
+    if awake:
+        if cfg.engine.gpu_memory_utilization is not None:
+            fixes.append(f"a lower engine.gpu_memory_utilization (now {cfg.engine.gpu_memory_utilization})")
+        fixes.append("algo.async_steps=0 (the engine sleeps while the learner trains)")
+    beside = " beside an awake engine" if awake else " beside a sleeping engine" if colocated else ""
     return (f"a learner rank needs about {learner.peak:.0f} GiB at its peak ({learner.parts()}), more than the "
             f"{room:.0f} GiB it can have of a {total:.0f} GiB GPU{beside}; use " + ", or ".join(fixes) + ".")
 

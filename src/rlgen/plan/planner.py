@@ -214,12 +214,17 @@ def predict(
         notes.append("model is smaller than any measured learner shape; its learner time is a guess.")
 
     # Steady state: P = engines' time per batch, C = learner's. Overlapped (async_steps > 0, separate GPUs):
-    # the step is the longer of the two; otherwise the two run one after the other, the sync once.
+    # the step is the longer of the two; otherwise the two run one after the other, the sync once. Colocated
+    # with async_steps > 0 they overlap on one GPU, which time-slices between them: at best the longer of the
+    # two, at worst their sum; the prediction takes the best case and says so.
     producer, consumer = gen_s + sync_s, train_s + sync_s
     ctx_b: BalanceContext = context_from_plan(plan)
-    if ctx_b.async_steps > 0 and not ctx_b.colocated:
+    if ctx_b.async_steps > 0:
         window = max(producer, consumer)
         wait, idle = max(0.0, producer - consumer), max(0.0, consumer - producer)
+        if ctx_b.colocated:
+            notes.append("colocated with async_steps > 0: generation and training share each GPU, so the step "
+                         "lies between the longer of the two (predicted) and their sum.")
     else:
         window = gen_s + train_s + sync_s
         wait, idle = gen_s, train_s
@@ -294,7 +299,7 @@ def print_prediction(pred: Prediction, console=None) -> None:
          s["gen_s"]),
         ("training", f"{pred.train_s:.2f} s, needs {pred.required_tokens_per_s:,.0f} tok/s", s["train_s"]),
         ("weight sync", f"{pred.sync_s:.3f} s", s["sync_s"]),
-        ("step", f"{pred.step_s:.2f} s", "overlapped if async_steps > 0 on separate GPUs, else summed"),
+        ("step", f"{pred.step_s:.2f} s", "overlapped if async_steps > 0, else summed"),
     ]
     for row in rows:
         t.add_row(*(escape(x) for x in row))

@@ -76,7 +76,7 @@ def _check_algo(cfg: RunConfig, p: list[str]) -> None:
                  "turns clipping off).")
     if a.clip_low < 0 or a.clip_high < 0 or a.clip_low >= 1:
         p.append(f"algo.clip_low={a.clip_low}, algo.clip_high={a.clip_high}: need 0 <= clip_low < 1 and clip_high >= 0.")
-    if a.async_steps < 0:
+    if a.async_steps is not None and a.async_steps < 0:
         p.append(f"algo.async_steps={a.async_steps} must be >= 0 (0 is strictly on-policy).")
     if a.tis_cap != 0 and a.tis_cap < 1:
         p.append(f"algo.tis_cap={a.tis_cap} must be 0 (off) or >= 1; 2 is a common choice.")

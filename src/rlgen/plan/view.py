@@ -27,6 +27,9 @@ def memory_line(plan: Plan) -> str | None:
     if m.engine_fraction is None:
         return f"memory per GPU ({m.gpu_gib:.0f} GiB): {learner}"
     engine = f"vLLM gpu_memory_utilization {m.engine_fraction:.2f} ({m.engine_fraction * m.gpu_gib:.1f} GiB)"
+    if m.colocated and m.engine_awake:
+        return (f"memory per GPU ({m.gpu_gib:.0f} GiB), shared: {engine}, awake throughout; {learner} (both fit "
+                "at once: the engine generates the next batch while the learner trains)")
     if m.colocated:
         return (f"memory per GPU ({m.gpu_gib:.0f} GiB), shared: {engine} while generating; {learner} (the engine "
                 "sleeps while the learner trains)")
@@ -40,7 +43,9 @@ def resolved_lines(plan: Plan) -> list[str]:
 
 def print_plan(plan: Plan, cfg: RunConfig, console: Console | None = None) -> None:
     console = console or Console(soft_wrap=True)
-    mode = "colocated (engines sleep while learners train)" if plan.colocated else "separate"
+    mode = ("separate" if not plan.colocated else
+            "colocated (engines stay awake and generate ahead while learners train)" if plan.engines_awake else
+            "colocated (engines sleep while learners train)")
     console.print(
         f"[bold]rlgen plan[/]  hardware={plan.hardware} ({plan.nodes} node(s) x {plan.gpus_per_node} GPU)  "
         f"engine={plan.engine_kind}  model={plan.model.name} ({plan.model.params / 1e6:.1f}M params)  "

@@ -242,7 +242,7 @@ def learner_class(cfg: RunConfig, plan: Plan) -> tuple[type, dict[str, Any]]:
             "gradient_checkpointing": cfg.learner.gradient_checkpointing,
             "rows_per_step": plan.batch.sequences_per_rank,
             "sync_bucket_bytes": int(cfg.sync.bucket_mb * 2**20),
-            "release_memory": bool(plan.colocated),
+            "release_memory": bool(plan.colocated and not plan.engines_awake),  # engines that sleep wake into it
             "env": {k: v for k, v in plan.engine_env.items() if k.startswith("NCCL_")},
         }
     from rlgen.learners.torch import TorchLearner

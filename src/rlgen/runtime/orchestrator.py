@@ -22,6 +22,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from rlgen import STARTED_AT
 from rlgen.config import BreakerAction, RunConfig
 from rlgen.monitor import CircuitBreaker
 from rlgen.plan import Plan
@@ -90,7 +91,7 @@ class Orchestrator:
         self.folders: Any = None  # runtime.files.RunFolders: where each node reads the model, who writes checkpoints
         self.pgs: list[Any] = []
         self._started_ray = False
-        self.async_steps = cfg.algo.async_steps
+        self.async_steps = plan.async_steps  # resolved by the plan when the config left it null
         self.transport: Any = None
         self.keeper: EngineKeeper | None = None
         self.rollouts: Rollouts | None = None
@@ -100,6 +101,7 @@ class Orchestrator:
         self.checkpoint_seconds: list[float] = []
         self.wall_before = float(resume.state.get("wall_s", 0.0)) if resume else 0.0
         self.sink: Any = None
+        self.startup: dict[str, float] = {}  # setup_s, sync_warmup_s, first_rollout_s (from process start)
 
     @property
     def pending(self) -> Any:
@@ -113,6 +115,7 @@ class Orchestrator:
         from rlgen.tasks import build_task
 
         cfg, plan = self.cfg, self.plan
+        t_setup = time.time()
         for var, val in QUIET_ENV.items():  # before transformers loads in this process (actors get them too)
             os.environ.setdefault(var, val)
         task = build_task(cfg.task)
@@ -163,10 +166,10 @@ class Orchestrator:
         gatherers = self.learners[1:] if learner_kwargs.get("zero_stage") == 3 else []
         try:
             self.transport.setup(self.learner, self.engines, self.engine_names, gatherers=gatherers)
-            if plan.engine_kind == "remote":  # the server's engines may hold another run's weights
-                self.transport.resend()
+            warm = self.transport.start()  # the first update's one-off costs, here rather than in step 0
         except SyncError as err:
             raise RunError(f"weight sync set-up failed: {err}") from err
+        self.startup["sync_warmup_s"] = warm.seconds if warm else 0.0
         self.keeper = EngineKeeper(
             self.engines, self.engine_names, cfg.engine.max_restarts,
             create=lambda i: self.factory.engine(i, self.folders.engine_paths, self.start_version),
@@ -180,6 +183,7 @@ class Orchestrator:
                                  Scorer(task.rewards, cfg.task, cfg.task.reward), self.stop)
         if self.resume:
             self._restore(self.resume)
+        self.startup["setup_s"] = time.time() - t_setup
 
     def _note_actors(self, health: list[dict[str, Any]]) -> None:
         if self.status is None:
@@ -255,6 +259,7 @@ class Orchestrator:
         t0 = time.time()
         ro.collect(flight)
         ro.pending.popleft()
+        self.startup.setdefault("first_rollout_s", time.time() - STARTED_AT)
         tl.add("learner0", Phase.wait, t0, time.time())
         self._add_engine_spans(tl, flight)
 
@@ -318,6 +323,8 @@ class Orchestrator:
                 for r in res.results:
                     for phase, a, b in r.get("spans", []):
                         tl.add(r["actor"], Phase(phase), a, b)
+                    for part, seconds in r.get("parts", {}).items():  # the learner's breakdown of an IPC update
+                        metrics[f"sync_{part}_s"] = seconds
                 self.rollouts.queued_updates = {i: (self.keeper.incarnation[i], ref) for i, ref in enumerate(res.pending)}
                 return
         self.transport.no_update()  # colocated: wake the engines on their old weights

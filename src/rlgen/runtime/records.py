@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from rlgen.types import Phase, StepTimeline
@@ -33,7 +34,10 @@ def step_record(step: int, tl: StepTimeline, batch: Any, rewards: list[float], m
         "wait_s": tl.total(Phase.wait, "learner0"),
         "train_s": train_s,
         "sync_s": tl.total(Phase.sync, "learner0") + sync_engine,
+        # how long the update kept engines from generating (an in-flight update: its pause, else its whole span)
+        "sync_pause_s": sync_engine,
         "step_s": step_s,
+        "t_end": time.time(),  # wall clock at the step's end
         # max(gen, train) / step: 1.0 when the shorter side hides entirely behind the longer one
         "overlap_efficiency": max(gen_wall, train_s) / step_s if step_s > 0 else 0.0,
     }
