@@ -105,8 +105,9 @@ def run_training(
         print_summary(sink.records, ctx, console)
         if "first_rollout_s" in orch.startup:
             st = orch.startup
-            console.print(f"time to first rollout: {st['first_rollout_s']:.1f} s (set-up {st.get('setup_s', 0):.1f} s, "
-                          f"of which the first weight push {st.get('sync_warmup_s', 0):.2f} s)", highlight=False)
+            warm = st.get("sync_warmup_s", 0.0)
+            console.print(f"time to first rollout: {st['first_rollout_s']:.1f} s (set-up {st.get('setup_s', 0):.1f} s"
+                          + (f", of which the first weight push {warm:.2f} s)" if warm else ")"), highlight=False)
         status.update(state="finished", step=cfg.steps, checkpoint=summary["checkpoint_path"], reason=None)
         return summary
     except StopRequested:  # before the first step: nothing new to keep
