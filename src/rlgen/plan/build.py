@@ -18,11 +18,11 @@ from rlgen.plan.memory import (
     LOGITS_SHARE,
     MemorySplit,
     engine_floor_gib,
-    fit_memory,
     logits_budget_bytes,
     logits_bytes,
 )
 from rlgen.plan.model_folder import with_model_folder
+from rlgen.plan.overlap import check_sleep_mode, default_async_steps, fit_with_overlap
 from rlgen.plan.recipes import Setting, fill_recipe, set_key
 from rlgen.plan.remote import with_server
 from rlgen.plan.values import check_values
@@ -254,32 +254,7 @@ def _check_hardware(cfg: RunConfig, colocated: bool, p: list[str]) -> None:
             )
     if colocated and hw.gpus_per_node == 0:
         p.append(f"engine.colocate=true shares learner GPUs, but hardware={hw.name} has none; set engine.colocate=false.")
-    _check_sleep_mode(cfg, colocated, p)
-
-
-def _check_sleep_mode(cfg: RunConfig, colocated: bool, p: list[str]) -> None:
-    # Colocated with async_steps > 0, engines stay awake and generate the next batch while the learner trains
-    # (the memory fit sizes both); with async_steps=0 they sleep meanwhile, which needs vLLM's sleep mode.
-    if colocated and cfg.engine.kind == EngineKind.vllm and cfg.algo.async_steps == 0 and not cfg.engine.enable_sleep_mode:
-        p.append(
-            "colocated engines with algo.async_steps=0 free the GPU while the learner trains, which needs vLLM "
-            "sleep mode; set engine.enable_sleep_mode=true, set algo.async_steps=1 (the engine stays awake and "
-            "generates the next batch meanwhile), or give engines their own GPUs (hardware.colocated=false)."
-        )
-
-
-def _default_async_steps(cfg: RunConfig, colocated: bool, settings: list[Setting]) -> RunConfig:
-    """algo.async_steps left null: 1 where vLLM engines run on GPUs (generation of the next batch overlaps
-    training: 1.6x the steps per hour split on 2xH200, 1.4-1.9x colocated on one H100, docs/benchmarks.md),
-    else 0 (strictly on-policy). A colocated plan goes back to 0 when the two do not fit the GPU at once."""
-    if cfg.engine.kind == EngineKind.vllm and cfg.hardware.gpus_per_node > 0:
-        value = 1
-        why = ("derived: colocated vLLM engines stay awake and generate the next batch while the learner trains"
-               if colocated else "derived: engines on their own GPUs generate the next batch while the learner trains")
-    else:
-        value, why = 0, "derived: on-policy (generation overlaps training only for vLLM engines on GPUs)"
-    settings.append(Setting("algo.async_steps", value, why))
-    return set_key(cfg, "algo.async_steps", value)
+    check_sleep_mode(cfg, colocated, p)
 
 
 def _check_learners(cfg: RunConfig, learners: tuple[LearnerSlot, ...], colocated: bool, p: list[str]) -> None:
@@ -387,9 +362,9 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
     check_values(cfg, p)
     # remote engines share nothing with the learners, whatever the hardware preset says about its own engines
     colocated = bool(cfg.engine.colocate or cfg.hardware.colocated) and cfg.engine.kind != EngineKind.remote
-    derived_async = cfg.algo.async_steps is None
+    derived_async = default_async_steps(cfg, colocated) if cfg.algo.async_steps is None else None
     if derived_async:
-        cfg = _default_async_steps(cfg, colocated, settings)
+        cfg = set_key(cfg, "algo.async_steps", derived_async.value)
     _check_hardware(cfg, colocated, p)
     engines = _place_engines(cfg, colocated, p)
     learners = _place_learners(cfg, colocated, p)
@@ -408,20 +383,7 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
     per_rank = seqs // ranks if learners and not seqs % ranks else 0
     memory = None
     if not p:  # sizes are sound: fit memory, filling micro-batch and engine share when left null
-        trial: list[str] = []
-        fitted_cfg, fitted, memory = fit_memory(cfg, ms, len(learners), per_rank, colocated, trial)
-        if trial and derived_async and colocated and cfg.algo.async_steps > 0:
-            # an awake engine and the training learner do not both fit: the engine sleeps while it trains
-            cfg = set_key(cfg, "algo.async_steps", 0)
-            settings[:] = [s for s in settings if s.key != "algo.async_steps"]
-            settings.append(Setting("algo.async_steps", 0, "derived: colocated, and an awake engine and the training "
-                                                           "learner do not both fit the GPU, so the engine sleeps while "
-                                                           "the learner trains (on-policy)"))
-            _check_sleep_mode(cfg, colocated, p)
-            fitted_cfg, fitted, memory = fit_memory(cfg, ms, len(learners), per_rank, colocated, p)
-        else:
-            p += trial
-        cfg = fitted_cfg
+        cfg, fitted, memory = fit_with_overlap(cfg, ms, len(learners), per_rank, colocated, derived_async, p)
         settings += fitted
     a = cfg.algo
     _check_lengths(cfg, ms, cfg.engine.tensor_parallel_size if engines else 0, p)

@@ -176,8 +176,7 @@ def fit_memory(cfg: RunConfig, model, ranks: int, per_rank: int, colocated: bool
             if fraction is None:
                 return cfg, settings, None
         elif colocated:
-            room = AWAKE_SHARE * total - learner.idle
-            derived = min(ENGINE_MAX_SHARE, math.floor(room / total * 20) / 20)
+            derived = _share(AWAKE_SHARE * total - learner.idle, total)
             if fraction is None:
                 if derived * total < need:
                     p.append(
@@ -220,8 +219,7 @@ def _awake_fraction(cfg: RunConfig, learner: LearnerMemory, total: float, need: 
     AWAKE_SHARE of the GPU: the learner's caching allocator holds its peak between steps, and NCCL allocates
     its buffers outside it at the first collective (a checkpoint's barrier on one rank), which failed on one
     H100 with the engine at what the peak left of TRAIN_SHARE."""
-    room = AWAKE_SHARE * total - learner.peak
-    derived = min(ENGINE_MAX_SHARE, math.floor(room / total * 20) / 20)
+    derived = _share(AWAKE_SHARE * total - learner.peak, total)
     fraction = cfg.engine.gpu_memory_utilization
     if fraction is None:
         if derived * total < need:
@@ -243,6 +241,12 @@ def _awake_fraction(cfg: RunConfig, learner: LearnerMemory, total: float, need: 
                  f"{need:.1f} GiB its weights and one {cfg.engine.max_model_len}-token sequence need; raise it, or "
                  "lower engine.max_model_len.")
     return fraction
+
+
+def _share(room: float, total: float) -> float:
+    """An engine's gpu_memory_utilization for `room` GiB of a `total` GiB GPU: rounded down to 0.05, at most
+    vLLM's default."""
+    return min(ENGINE_MAX_SHARE, math.floor(room / total * 20) / 20)
 
 
 def _engine_setting(cfg: RunConfig) -> list[Setting]:
