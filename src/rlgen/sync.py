@@ -7,14 +7,14 @@ Three transports behind one interface (``WeightTransport``), picked by ``plan.tr
 - ``NcclTransport`` (engines and learner on separate GPUs): vLLM's NCCL weight-transfer engine. One NCCL
   group joins learner rank 0 (rank 0) with every engine worker; each update is one packed broadcast that
   the engines receive through ``update_weights`` while the learner runs ``trainer_send_weights``.
-- ``CudaIpcTransport`` (colocated): vLLM's IPC weight-transfer engine. With ``algo.async_steps=0`` engines
-  sleep while the learner trains; for the update they wake their weights only, read the learner's packed
-  buffer through CUDA IPC handles, then wake their KV cache. With ``async_steps>0`` they stay awake and
-  generate the next batch meanwhile; an update pauses them (requests keep their KV cache), loads the weights
-  over IPC and resumes them.
+- ``CudaIpcTransport`` (colocated): the learner packs its weights into a resident buffer it shared once through
+  CUDA IPC (``rlgen.engines.ipc_buffer``); each engine worker keeps the buffer open and loads from it in place.
+  With ``algo.async_steps=0`` engines sleep while the learner trains and wake their weights for the update,
+  then their KV cache. With ``async_steps>0`` they stay awake and generate the next batch meanwhile; an update
+  in flight pauses them (requests keep their KV cache) for the loads only, inside the engine actor.
 
 ``start()`` runs once before the first step: it sends the starting weights over the transport, so the first
-update's one-off costs (NCCL's connection set-up, CUDA IPC and vLLM's reload path warming up) fall in start-up
+update's one-off costs (NCCL's connection set-up, the IPC buffer and its handle, the first loads) fall in start-up
 rather than in step 0, and a server's engines (which may hold another run's weights) get this run's.
 
 Every wait has a timeout. A timeout inside NCCL or IPC cannot be undone (a blocked collective cannot be
@@ -405,21 +405,25 @@ class CudaIpcTransport(_VLLMTransport):
         picked = list(range(len(self.engines))) if only is None else list(only)
         engines, names = [self.engines[i] for i in picked], [self.engine_names[i] for i in picked]
 
-        def body() -> list[dict[str, Any]]:
-            if asleep:
-                self._get([e.wake.remote(["weights"]) for e in engines], "waking engine weights", names)
-            ref = self.learner.send_weights_ipc.remote(engines, version, self.dtype, self.bucket_bytes, self.timeout_s)
+        if asleep:
+            self._get([e.wake.remote(["weights"]) for e in engines], "waking engine weights", names)
+        # in flight, the engines pause themselves around the loads (the learner packs the first chunk first)
+        ref = self.learner.send_weights_ipc.remote(engines, version, self.dtype, self.bucket_bytes, self.timeout_s,
+                                                   in_flight)
+        try:
             sent = self._get([ref], f"IPC weight update to version {version}", ["learner"])[0]
-            if asleep:
-                self._get([e.wake.remote(["kv_cache"]) for e in engines], "waking engine KV caches", names)
-            done = sent.pop("engines", [])
-            check_versions(done, int(version), "IPC weight update")
-            t1 = time.time()
-            return [sent] + [{**r, "spans": [(Phase.sync.value, t0, t1)]} for r in done]
-
-        results = self._paused(in_flight, body)
+        except Exception:
+            if in_flight and not self.broken:  # a learner that failed between chunks left the engines paused
+                self._get([e.resume.remote() for e in engines], "resuming engines", names)
+            raise
+        if asleep:
+            self._get([e.wake.remote(["kv_cache"]) for e in engines], "waking engine KV caches", names)
+        done = sent.pop("engines", [])
+        check_versions(done, int(version), "IPC weight update")
+        if not in_flight:  # asleep or idle: the engines could not generate from the start of the cycle
+            done = [{**r, "spans": [(Phase.sync.value, t0, time.time())]} for r in done]
         self.version = int(version)
-        return PushResult(int(version), results=results, seconds=time.time() - t0)
+        return PushResult(int(version), results=[sent, *done], seconds=time.time() - t0)
 
 
 def make_transport(plan: Plan, cfg: Any, *, bucket_mb: float | None = None, sleep_level: int = 1) -> _Base:

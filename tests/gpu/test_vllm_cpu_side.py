@@ -17,6 +17,51 @@ def test_importing_the_engine_and_bench_pulls_no_vllm_or_ray():
     assert out.strip() == "[]"
 
 
+@pytest.mark.parametrize("path", ["rlgen.engines.vllm:VLLMEngine", "rlgen.engines.remote:RemoteEngine"])
+def test_threaded_engine_actors_have_no_coroutine_methods(path):
+    """Ray turns a class with any ``async def`` method (private ones too) into an asyncio actor, whose plain
+    methods run one at a time on its event loop: pause() and weight updates would wait for generate()."""
+    import importlib
+    import inspect
+
+    module, name = path.split(":")
+    cls = getattr(importlib.import_module(module), name)
+    coroutines = [n for n, f in inspect.getmembers(cls, inspect.isfunction)
+                  if inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f)]
+    assert coroutines == []
+
+
+def test_a_threaded_actor_answers_while_a_call_blocks():
+    """What the engine actors rely on, through Ray itself: with max_concurrency > 1 and no coroutine methods,
+    a second call runs while the first one blocks (an asyncio actor would make it wait)."""
+    import threading
+
+    ray = pytest.importorskip("ray")
+
+    class Blocking:
+        def __init__(self):
+            self.gate = threading.Event()
+
+        def wait(self):
+            return self.gate.wait(30)
+
+        def release(self):
+            self.gate.set()
+            return True
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        actor = ray.remote(Blocking).options(max_concurrency=4, num_cpus=0).remote()
+        blocked = actor.wait.remote()
+        assert ray.get(actor.release.remote(), timeout=20) is True  # answered while wait() still blocks
+        assert ray.get(blocked, timeout=20) is True
+    finally:
+        if started:
+            ray.shutdown()
+
+
 def test_engine_without_cuda_says_so(monkeypatch):
     import torch
 

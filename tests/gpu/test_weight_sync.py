@@ -1,8 +1,9 @@
 """Weight sync on GPUs through vLLM's transfer engines: weights really move, outputs really change.
 
 - NCCL (2 GPUs): a learner actor on one GPU broadcasts into a VLLMEngine actor on the other.
-- CUDA IPC (1 GPU): learner and engine share the GPU; the engine sleeps, wakes its weights, reads the
-  learner's buffer through IPC handles, wakes its KV cache.
+- CUDA IPC (1 GPU): learner and engine share the GPU; the engine sleeps (level 1, then 2), wakes its
+  weights, reads the learner's resident buffer through its IPC handle, wakes its KV cache; then the same
+  awake, with an update in flight.
 - DeepSpeed ZeRO-3 (1 GPU, or 2 with NCCL): a step changes parameters; the gathered weights reach an engine.
 
 Each check swaps in a second random model and then swaps the first back: greedy outputs must change, then
@@ -66,8 +67,8 @@ def ray_local():
     env.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     env.setdefault("NCCL_CUMEM_ENABLE", "0")  # vLLM's workers run with it off; the learner side must match
     # the stand-in actor classes below live in this module, which Ray's workers import by name
-    here = os.path.dirname(os.path.abspath(__file__))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
+    here = os.path.dirname(os.path.abspath(__file__))  # and tests/, for the helpers module they import
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.path.dirname(here), env.get("PYTHONPATH", "")) if p)
     ray.init(address="local", include_dashboard=False, runtime_env={"env_vars": env})
     yield ray
     ray.shutdown()
@@ -117,12 +118,12 @@ def _greedy(ray, engine) -> list[list[int]]:
     return [c.token_ids for c in out["completions"]]
 
 
-def _transport(kind: str, **kw):
+def _transport(kind: str, async_steps: int = 0, **kw):
     from rlgen.compose import compose_run_config
     from rlgen.plan import build_plan
 
-    hw = (["hardware=2xh200"] if kind == "nccl" else  # colocated: the sleep/wake cycle (async_steps=0)
-          ["hardware=1xh100", "engine.gpu_memory_utilization=0.3", "algo.async_steps=0"])
+    hw = (["hardware=2xh200"] if kind == "nccl" else  # colocated: the sleep/wake cycle, or awake engines
+          ["hardware=1xh100", "engine.gpu_memory_utilization=0.3", f"algo.async_steps={async_steps}"])
     cfg = compose_run_config(["engine=vllm", *hw, f"timeout_s={TIMEOUT_S}"])
     return make_transport(build_plan(cfg), cfg, bucket_mb=64, **kw)
 
@@ -165,9 +166,24 @@ def test_cuda_ipc_moves_weights_between_colocated_actors(ray_local, models):
     shared = _shared_gpu(ray)  # both actors on the same physical GPU, as in a colocated plan
     engine = _engine(ray, models[0], "cuda_ipc", 0.5, shared, gpu_memory_utilization=0.3, enable_sleep_mode=True)
     learner = ray.remote(SwapLearner).options(num_gpus=0.5, num_cpus=1, **shared).remote(models)
-    transport = _transport("cuda_ipc")
+    for level in (1, 2):  # level 2 drops the weights: they come back through vLLM's layerwise reload
+        transport = _transport("cuda_ipc", sleep_level=level)
+        transport.setup(learner, [engine], ["engine0"])
+        _swap_round_trip(ray, transport, learner, engine, before_train=transport.before_train)
+    # awake (async_steps>0): no sleep; an update in flight pauses the requests for the loads only
+    transport = _transport("cuda_ipc", async_steps=1)
+    assert transport.awake
     transport.setup(learner, [engine], ["engine0"])
-    _swap_round_trip(ray, transport, learner, engine, before_train=transport.before_train)
+    res = _swap_round_trip(ray, transport, learner, engine)
+    [sent] = [r for r in res.results if r["actor"] == "learner0"]
+    print(f"ipc push (awake): {res.seconds:.3f} s, learner parts {sent['parts']}, {sent['chunks']} chunk(s)")
+    ref = engine.generate.remote([GenRequest((5, 6, 7), SamplingParams(n=4, max_new_tokens=256, ignore_eos=True), 0)])
+    ray.get(learner.use.remote(1, 3))
+    res = transport.push(3, in_flight=True)
+    assert all(len(c.token_ids) == 256 for c in ray.get(ref, timeout=TIMEOUT_S)["completions"])
+    [(_, a, b)] = [r["spans"] for r in res.results if r["actor"] == "engine0"][0]
+    print(f"ipc push in flight: {res.seconds:.3f} s, engine paused {b - a:.3f} s")
+    assert ray.get(engine.health.remote())["version"] == 3 and not ray.get(engine.health.remote())["paused"]
     for actor in (engine, learner):
         ray.kill(actor)
 

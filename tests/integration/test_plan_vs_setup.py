@@ -50,9 +50,9 @@ class StandInEngine:
         self.received.append(version)
         return {"actor": self.name, "version": version, "spans": []}
 
-    def finish_weight_update(self, version: int, timeout_s: float = 0.0) -> dict:  # the end of an IPC update
+    def receive_ipc(self, handle: dict, chunk: dict, version: int, **kwargs) -> dict:  # one chunk of an IPC update
         self.received.append(version)
-        return {"actor": self.name, "version": version}
+        return {"actor": self.name, "version": version, "spans": []}
 
 
 class StandInLearner:
@@ -76,8 +76,9 @@ class StandInLearner:
     def send_weights_nccl(self, version: int, dtype: str, bucket_bytes: int, timeout_s: float) -> dict:
         return {"actor": self.name, "version": version, "spans": []}
 
-    def send_weights_ipc(self, engines: list, version: int, dtype: str, bucket_bytes: int, timeout_s: float) -> dict:
-        done = ray.get([e.finish_weight_update.remote(version) for e in engines], timeout=60)
+    def send_weights_ipc(self, engines: list, version: int, dtype: str, bucket_bytes: int, timeout_s: float,
+                         pause: bool = False) -> dict:
+        done = ray.get([e.receive_ipc.remote({}, {"names": ["w"]}, version, pause=pause) for e in engines], timeout=60)
         return {"actor": self.name, "version": version, "engines": done, "spans": []}
 
 

@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rlgen.compose import compose_run_config
+from rlgen.engines.ipc_buffer import ALIGN_BYTES, buffer_bytes, chunk_views, ipc_layout
 from rlgen.learners.weight_sender import WeightSender
 from rlgen.plan import Transport, build_plan
 from rlgen.sync import (
@@ -79,6 +80,25 @@ class FakeEngine:
         self.version = version
         return {"actor": self.name, "version": version, "spans": [("sync", 0.0, 1.0)]}
 
+    def receive_ipc(self, handle, chunk, version, *, first=True, last=True, pause=False, timeout_s=1.0):
+        """Reads the learner's buffer the way a worker does (the stand-in handle holds the tensor itself)."""
+        t0 = time.time()
+        if first and pause:
+            self.pause("keep", False)
+        self._note("ipc")
+        if self.hang:
+            raise RuntimeError("the worker failed")
+        if first:
+            self.received = {}
+        self.received.update({n: t.clone() for n, t in chunk_views(handle["buffer"], chunk)})
+        self.buffers = getattr(self, "buffers", set()) | {id(handle["buffer"])}
+        out = {"actor": self.name, "version": self.version, "spans": [("sync", t0, time.time())]}
+        if last:
+            self.version = out["version"] = version
+            if pause:
+                self.resume()
+        return out
+
     def start_weight_update(self, timeout_s):
         self._note("start")
 
@@ -129,12 +149,8 @@ class FakeLearner(WeightSender):
         self.rendezvous.wait(timeout=5)
         return {"actor": "learner0", "version": version, "spans": []}
 
-    def send_weights_ipc(self, engines, version, dtype, bucket_bytes, timeout_s):
-        self._check_send(version)
-        get_all([e.start_weight_update.remote(timeout_s) for e in engines], timeout_s, "start")
-        get_all([e.load_weight_chunk.remote({"names": ["a"]}, timeout_s) for e in engines], timeout_s, "chunk")
-        done = get_all([e.finish_weight_update.remote(version, timeout_s) for e in engines], timeout_s, "finish")
-        return {"actor": "learner0", "version": version, "engines": done, "spans": []}
+    def _share_ipc(self, buffer):
+        return {"buffer": buffer}  # in one process the "handle" can be the tensor itself
 
 
 def plan_of(*overrides):
@@ -295,7 +311,7 @@ def test_ipc_cycle_sleeps_for_training_and_wakes_weights_before_kv():
     learner.version = 1
     res = t.push(1)
     assert [w for n, w in log if n == "engine0"] == [
-        "init", "sleep:2", "wake:weights", "start", "chunk", "finish", "wake:kv_cache"]
+        "init", "sleep:2", "wake:weights", "ipc", "wake:kv_cache"]
     assert engine.version == 1 == t.version and {r["actor"] for r in res.results} == {"learner0", "engine0"}
     with pytest.raises(SyncError, match="async_steps=0.*cannot be in flight"):
         t.push(2, in_flight=True)
@@ -308,7 +324,7 @@ def test_ipc_start_sends_the_starting_weights_to_awake_engines():
     t.setup(Handle(learner), [Handle(engine)], ["engine0"])
     log.clear()
     warm = t.start()  # before step 0 the engine is awake: no wake, no pause; the version stays
-    assert [w for n, w in log if n == "engine0"] == ["start", "chunk", "finish"]
+    assert [w for n, w in log if n == "engine0"] == ["ipc"]
     assert warm.version == 0 == t.version and warm.seconds >= 0
 
 
@@ -326,8 +342,7 @@ def test_awake_ipc_engines_never_sleep_and_pause_only_for_an_update_in_flight():
     t0 = time.time()
     res = t.push(2, in_flight=True)
     for e in engines:
-        assert [w for n, w in log if n == e.name] == ["start", "chunk", "finish", "pause:keep", "start", "chunk",
-                                                     "finish", "resume"]
+        assert [w for n, w in log if n == e.name] == ["ipc", "pause:keep", "ipc", "resume"]
         assert e.version == 2
     # each engine's sync span is its whole pause: the time the update kept it from generating
     spans = {r["actor"]: r["spans"] for r in res.results}
@@ -391,6 +406,74 @@ def test_ipc_skipped_step_brings_engines_back(level):
     if level == 1:  # old weights were kept on the CPU
         assert mine == [f"sleep:{level}", "wake:"]
     else:  # level 2 dropped them: the learner sends the current version again
-        assert mine == [f"sleep:{level}", "wake:weights", "start", "chunk", "finish", "wake:kv_cache"]
+        assert mine == [f"sleep:{level}", "wake:weights", "ipc", "wake:kv_cache"]
     assert t.version == 0 == engine.version
     assert ObjectStoreTransport(timeout_s=1).no_update() == []
+
+
+# -- the resident IPC buffer ------------------------------------------------------------------------------------
+@given(st.lists(st.integers(1, 700), min_size=1, max_size=30), st.integers(1, 2000))
+def test_ipc_layout_places_every_tensor_once_aligned_and_apart(sizes, bound):
+    names = [f"w{i}" for i in range(len(sizes))]
+    layout = ipc_layout(names, [[s] for s in sizes], ["uint8"] * len(sizes), sizes, bound)
+    assert [n for c in layout for n in c["names"]] == names
+    assert buffer_bytes(layout) == max(c["nbytes"] for c in layout)
+    i = 0
+    for c in layout:
+        ends = 0
+        for off in c["offsets"]:
+            assert off % ALIGN_BYTES == 0 and off >= ends  # aligned, and after the previous tensor's end
+            ends = off + sizes[i]
+            i += 1
+        assert c["nbytes"] == ends
+        assert c["nbytes"] <= bound or len(c["names"]) == 1  # only a tensor larger than the bound goes alone
+
+
+def ipc_pair(bucket_bytes, engines=1, awake=True):
+    log = []
+    fakes = [FakeEngine(f"engine{i}", log) for i in range(engines)]
+    learner = FakeLearner(log)
+    t = CudaIpcTransport(timeout_s=2, awake=awake, bucket_bytes=bucket_bytes)
+    t.setup(Handle(learner), [Handle(e) for e in fakes], [e.name for e in fakes])
+    log.clear()
+    return t, fakes, learner, log
+
+
+def test_ipc_update_in_chunks_delivers_every_weight_and_reuses_one_buffer():
+    t, engines, learner, log = ipc_pair(bucket_bytes=64)  # the largest tensor: one chunk each or so
+    for version in (1, 2):
+        with torch.no_grad():
+            for p in learner.model.parameters():
+                p.add_(1.0)
+        learner.version = version
+        res = t.push(version, in_flight=version == 2)
+        [sent] = [r for r in res.results if r["actor"] == "learner0"]
+        assert sent["chunks"] >= 3 and set(sent["parts"]) == {"start", "pack", "load"}
+        want = {n: p.detach().to(torch.bfloat16) for n, p in learner.model.named_parameters()}
+        for e in engines:
+            assert set(e.received) == set(want) and all(torch.equal(e.received[n], want[n]) for n in want)
+            assert e.version == version
+    mine = [w for _, w in log]
+    chunks = sent["chunks"]
+    # not in flight: loads only; in flight: one pause before the first chunk, one resume after the last
+    assert mine == ["ipc"] * chunks + ["pause:keep"] + ["ipc"] * chunks + ["resume"]
+    assert len(engines[0].buffers) == 1  # the same buffer every chunk of every update
+
+
+def test_ipc_update_refuses_weights_that_no_longer_match_the_layout():
+    t, _, learner, _ = ipc_pair(bucket_bytes=1 << 20)
+    learner.version = 1
+    t.push(1)
+    learner.model.append(torch.nn.Linear(2, 2))  # a parameter the buffer's layout has no room for
+    learner.version = 2
+    with pytest.raises(SyncError, match="weight the IPC layout lacks"):
+        t.push(2)
+
+
+def test_a_failed_in_flight_ipc_update_leaves_no_engine_paused():
+    t, engines, learner, log = ipc_pair(bucket_bytes=1 << 20)
+    engines[0].hang = True  # its worker raises while loading
+    learner.version = 1
+    with pytest.raises(RuntimeError, match="worker failed"):
+        t.push(1, in_flight=True)
+    assert log[0] == ("engine0", "pause:keep") and log[-1] == ("engine0", "resume")

@@ -91,6 +91,28 @@ class _LoopThread:
         self.thread.join(timeout=10)
 
 
+# The engine's coroutines live outside the class on purpose: Ray makes any actor class with an ``async def``
+# method an asyncio actor, whose plain methods then all run on one event loop, so a generate() in progress would
+# hold back pause() and a weight update until it returned.
+async def _build(args: dict[str, Any]) -> Any:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    # Built inside the loop so AsyncLLM binds its output handler to it.
+    return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+
+
+async def _generate_one(llm: Any, prompt: Any, params: Any, request_id: str) -> Any:
+    final = None
+    async for out in llm.generate(prompt, params, request_id):
+        final = out
+    return final
+
+
+async def _generate_all(llm: Any, jobs: list[tuple[Any, Any, str]]) -> list[Any]:
+    return await asyncio.gather(*(_generate_one(llm, *job) for job in jobs))
+
+
 class VLLMEngine:
     """vLLM AsyncLLM engine speaking rlgen's engine protocol (see rlgen.engines.base.Engine).
 
@@ -125,6 +147,7 @@ class VLLMEngine:
         self.engine_cfg = engine
         self.version = int(version)  # of the weights in model_path (a resumed run starts from a checkpoint's)
         self.asleep = False
+        self.slept_level = 0  # the level of the last sleep(); 2 dropped the weights, which then need a full reload
         self.weights_on_gpu = True  # False between sleep() and a wake() that brings the weights back
         self.paused = False
         # Set by init_weight_transfer(): prompts carry a per-version cache_salt, so a request never reuses
@@ -132,12 +155,13 @@ class VLLMEngine:
         # after an in-flight update (requests frozen by pause(mode="keep") still hold their blocks).
         self.salt_prefix_cache = False
         self._calls = 0
+        self._update_t0 = 0.0  # when the IPC update under way began (its first chunk)
         self._lock = threading.Lock()
         self.args = build_engine_args(model_path, engine, seed, engine_args)
         check_free_memory(name, self.args["gpu_memory_utilization"])
         self._loop = _LoopThread(name)
         try:
-            self.llm = self._loop.run(self._build(), START_TIMEOUT_S, f"{name}: starting the vLLM engine")
+            self.llm = self._loop.run(_build(self.args), START_TIMEOUT_S, f"{name}: starting the vLLM engine")
         except BaseException as err:
             self._loop.close()
             why = explain(own_stderr_tail()) or explain(str(err))  # vLLM's root cause is in the core's stderr
@@ -145,13 +169,6 @@ class VLLMEngine:
                 raise EngineStartError(name, why) from err
             raise
         self.start_s = time.time() - t0
-
-    async def _build(self) -> Any:
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
-
-        # Built inside the loop so AsyncLLM binds its output handler to it.
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(**self.args))
 
     # -- generation -------------------------------------------------------------------------------------
     def _sampling(self, req: GenRequest) -> Any:
@@ -173,20 +190,13 @@ class VLLMEngine:
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
 
-    async def _one(self, req: GenRequest, request_id: str) -> Any:
+    def _prompt(self, req: GenRequest) -> Any:
         from vllm.inputs import TokensPrompt
 
-        final = None
         prompt = TokensPrompt(prompt_token_ids=list(req.prompt_ids))
         if self.salt_prefix_cache:
             prompt["cache_salt"] = f"{self.name}-v{self.version}"
-        async for out in self.llm.generate(prompt, self._sampling(req), request_id):
-            final = out
-        return final
-
-    async def _generate_all(self, requests: list[GenRequest], call: int) -> list[Any]:
-        tasks = [self._one(r, f"{self.name}-{call}-{i}") for i, r in enumerate(requests)]
-        return await asyncio.gather(*tasks)
+        return prompt
 
     @staticmethod
     def _sampled_logprobs(token_ids: list[int], logprobs: Any) -> list[float]:
@@ -207,8 +217,9 @@ class VLLMEngine:
             call = self._calls
         t0 = time.time()
         v = self.version
+        jobs = [(self._prompt(r), self._sampling(r), f"{self.name}-{call}-{i}") for i, r in enumerate(requests)]
         outs = self._loop.run(
-            self._generate_all(list(requests), call),
+            _generate_all(self.llm, jobs),
             self.timeout_s,
             f"{self.name}: generate() of {len(requests)} requests",
         )
@@ -334,6 +345,48 @@ class VLLMEngine:
         self.version = int(version)
         return {"actor": self.name, "version": self.version, "prefix_cache_reset": bool(reset)}
 
+    def receive_ipc(self, handle: dict[str, Any], chunk: dict[str, Any], version: int, *, first: bool = True,
+                    last: bool = True, pause: bool = False, timeout_s: float = CONTROL_TIMEOUT_S) -> dict[str, Any]:
+        """Load one chunk of a colocated learner's resident IPC buffer (rlgen.engines.ipc_buffer) into the
+        running engine. pause=True (an update while requests run): pause them, keeping their KV cache, before
+        the first chunk and resume them after the last, all inside this actor, so the pause lasts the loads
+        only. The last chunk drops the prefix cache and takes the new policy version. After sleep level 2 the
+        load goes through vLLM's layerwise reload (start/finish) with copies of the views."""
+        from rlgen.engines.ipc_buffer import load_ipc_on_worker
+
+        if not self.weights_on_gpu:
+            raise EngineError(f"{self.name} is asleep; wake(['weights']) it before a weight update.")
+        t0 = time.time()
+        if first:
+            self._update_t0 = t0
+        reload = self.asleep and self.slept_level == 2
+        if first and pause:
+            self.pause("keep")
+        try:
+            if first and reload:
+                self.start_weight_update(timeout_s)
+            self._loop.run(
+                self.llm.collective_rpc(load_ipc_on_worker, timeout=timeout_s, args=(handle, chunk, reload)),
+                timeout_s,
+                f"{self.name}: loading {len(chunk['names'])} tensors over IPC",
+            )
+            out: dict[str, Any] = {"actor": self.name, "version": self.version}
+            if last:
+                if reload:
+                    self._loop.run(self.llm.finish_weight_update(), timeout_s, f"{self.name}: finish_weight_update")
+                reset = self._loop.run(self.llm.reset_prefix_cache(), timeout_s, f"{self.name}: prefix-cache reset")
+                self.version = int(version)
+                out.update(version=self.version, prefix_cache_reset=bool(reset))
+        except BaseException:
+            if pause and self.paused:
+                self.resume()  # a failed update must not leave the requests frozen
+            raise
+        if last and pause:
+            self.resume()
+        # the last chunk's span covers the whole update: with pause, the time the engine did not generate
+        out["spans"] = [(Phase.sync.value, self._update_t0 if last else t0, time.time())]
+        return out
+
     def receive_weights(
         self, update_info: dict[str, Any], version: int, timeout_s: float = CONTROL_TIMEOUT_S
     ) -> dict[str, Any]:
@@ -353,7 +406,7 @@ class VLLMEngine:
         if not self.args.get("enable_sleep_mode"):
             raise EngineError(f"{self.name} was built without sleep mode; set engine.enable_sleep_mode=true.")
         self._loop.run(self.llm.sleep(level), CONTROL_TIMEOUT_S, f"{self.name}: sleep({level})")
-        self.asleep = True
+        self.asleep, self.slept_level = True, int(level)
         self.weights_on_gpu = False
 
     def wake(self, tags: list[str] | None = None) -> None:

@@ -116,42 +116,70 @@ class WeightSender:
             raise
         return {"actor": self.name, "version": int(version), "spans": [(Phase.sync.value, t0, time.time())]}
 
-    def send_weights_ipc(self, engines: list[Any], version: int, dtype: str, bucket_bytes: int, timeout_s: float) -> dict:
-        """Drive a whole IPC update of every (awake-weights) engine on this GPU: start, one packed chunk at a
-        time through CUDA IPC handles, finish. Returns the engines' finish results under "engines"."""
-        from dataclasses import asdict
-
+    def _ipc_buffer(self, dtype: str, bucket_bytes: int) -> tuple[Any, dict[str, Any], list[dict[str, Any]]]:
+        """The resident IPC buffer, its shared handle and its layout: made on the first update, then reused
+        (the layout follows the weights' names, shapes and dtype, which do not change during a run)."""
         import torch
-        from vllm.distributed.weight_transfer.ipc_engine import (
-            IPCTrainerSendWeightsArgs,
-            IPCWeightTransferEngine,
-        )
+
+        from rlgen.engines.ipc_buffer import buffer_bytes, ipc_layout
+
+        key = (dtype, int(bucket_bytes))
+        made = getattr(self, "_ipc", None)
+        if made is None or made[0] != key:
+            self._ipc = None  # a new layout: the old buffer goes first
+            meta = self.weight_meta(dtype)
+            item = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+            sizes = [math.prod(s) * item for s in meta["shapes"]]
+            layout = ipc_layout(meta["names"], meta["shapes"], meta["dtype_names"], sizes, bucket_bytes)
+            buffer = torch.empty(buffer_bytes(layout), dtype=torch.uint8, device=self.device)
+            self._ipc = (key, buffer, self._share_ipc(buffer), layout)
+        return self._ipc[1], self._ipc[2], self._ipc[3]
+
+    def _share_ipc(self, buffer: Any) -> dict[str, Any]:
+        from rlgen.engines.ipc_buffer import share
+
+        return share(buffer)
+
+    def send_weights_ipc(self, engines: list[Any], version: int, dtype: str, bucket_bytes: int, timeout_s: float,
+                         pause: bool = False) -> dict:
+        """A whole IPC update of every engine on this GPU: pack each chunk of the layout into the resident
+        buffer, then have the engines load it. With pause=True (an update in flight) the engines pause their
+        requests (keeping the KV cache) on the first chunk and resume after the last, so the pause covers the
+        loads only: the first chunk is packed while they still generate. Returns the engines' last results
+        under "engines"."""
+        import torch
+
+        from rlgen.engines.ipc_buffer import chunk_views
 
         self._check_send(version)
         t0 = time.time()
-        get_all([e.start_weight_update.remote(timeout_s) for e in engines], timeout_s + SLACK_S, "start_weight_update")
+        buffer, handle, layout = self._ipc_buffer(dtype, bucket_bytes)
         t1 = time.time()
-        chunks, loading = [0], [0.0]
-
-        def deliver(update_info: Any) -> None:  # the engines have read the buffer once this returns
-            info = asdict(update_info)
-            c0 = time.time()
-            get_all([e.load_weight_chunk.remote(info, timeout_s) for e in engines], timeout_s + SLACK_S, "IPC chunk")
-            loading[0] += time.time() - c0
-            chunks[0] += 1
-
-        args = IPCTrainerSendWeightsArgs(send_mode=deliver, packed=True, packed_buffer_size_bytes=bucket_bytes)
-        IPCWeightTransferEngine.trainer_send_weights(self.iter_weights(dtype, bucket_bytes), args)
-        torch.cuda.synchronize()
-        t2 = time.time()
-        done = get_all(
-            [e.finish_weight_update.remote(version, timeout_s) for e in engines], timeout_s + SLACK_S, "finish_weight_update"
-        )
-        t3 = time.time()
-        # where an update's time goes: the engines' start and finish calls, their loading of the chunks, and the
-        # packing into the IPC buffer on this side (the rest of the send)
-        parts = {"start": t1 - t0, "load": loading[0], "pack": t2 - t1 - loading[0], "finish": t3 - t2}
-        return {"actor": self.name, "version": int(version), "chunks": chunks[0], "engines": done, "parts": parts,
-                "spans": [(Phase.sync.value, t0, t3)]}
-
-
+        weights = self.iter_weights(dtype, bucket_bytes)
+        packing = loading = 0.0
+        done: list[dict] = []
+        for k, chunk in enumerate(layout):
+            p0 = time.time()
+            with torch.no_grad():
+                for name, view in chunk_views(buffer, chunk):
+                    got = next(weights, None)
+                    if got is None or got[0] != name:
+                        raise SyncError(f"{self.name}: the weights no longer match the IPC layout at {name!r} (got "
+                                        f"{got[0] if got else 'nothing'!r}); the learner's parameters changed.")
+                    view.copy_(got[1])
+            if buffer.is_cuda:
+                torch.cuda.synchronize(buffer.device)  # the engines read the buffer from other processes
+            p1 = time.time()
+            done = get_all([e.receive_ipc.remote(handle, chunk, version, first=k == 0, last=k == len(layout) - 1,
+                                                 pause=pause, timeout_s=timeout_s) for e in engines],
+                           timeout_s + SLACK_S, f"IPC chunk {k + 1} of {len(layout)}")
+            packing, loading = packing + p1 - p0, loading + time.time() - p1
+        extra = next(weights, None)
+        if extra is not None:
+            raise SyncError(f"{self.name}: the learner has a weight the IPC layout lacks ({extra[0]!r}); the "
+                            "learner's parameters changed.")
+        # where an update's time goes: making the buffer (first update only), packing it on this side, and the
+        # engines' loads (with their pause, when in flight)
+        parts = {"start": t1 - t0, "pack": packing, "load": loading}
+        return {"actor": self.name, "version": int(version), "chunks": len(layout), "engines": done, "parts": parts,
+                "spans": [(Phase.sync.value, t0, time.time())]}

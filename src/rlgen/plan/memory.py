@@ -9,6 +9,7 @@ The learner's footprint per rank (bytes, P parameters, N ranks):
   without, every layer's
 - the micro-batch's fp32 logits over the vocabulary, three copies (logits, log-softmax, its gradient)
 - a fixed allowance for the CUDA context, NCCL and DeepSpeed's buckets
+- colocated with vLLM engines, the resident IPC buffer the weights travel through (one sync bucket at most)
 
 Colocated with ``algo.async_steps=0``, the engine is awake only while the learner is idle (the learner returns
 its cached memory after each step), and asleep while it trains; so the engine may take what the idle learner
@@ -62,10 +63,11 @@ class LearnerMemory:
     gradients: float
     activations: float
     logits: float
+    ipc_buffer: float = 0.0  # colocated vLLM: the resident buffer the weights travel through to the engines
 
     @property
     def idle(self) -> float:
-        return self.weights + self.optimizer + self.reference + self.overhead
+        return self.weights + self.optimizer + self.reference + self.overhead + self.ipc_buffer
 
     @property
     def peak(self) -> float:
@@ -74,7 +76,7 @@ class LearnerMemory:
     def parts(self) -> str:
         return (f"weights {self.weights + self.reference:.1f}, optimizer {self.optimizer:.1f}, gradients "
                 f"{self.gradients:.1f}, activations {self.activations:.1f}, logits {self.logits:.1f}, overhead "
-                f"{self.overhead:.1f} GiB")
+                f"{self.overhead:.1f}" + (f", IPC buffer {self.ipc_buffer:.1f}" if self.ipc_buffer else "") + " GiB")
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,8 @@ class MemorySplit:
     engine_awake: bool = False  # colocated, and the engine stays awake while the learner trains
 
 
-def learner_memory(cfg: RunConfig, params: int, vocab: int, ranks: int, micro: int) -> LearnerMemory:
+def learner_memory(cfg: RunConfig, params: int, vocab: int, ranks: int, micro: int,
+                   ipc_gib: float = 0.0) -> LearnerMemory:
     m, a, lc = cfg.model, cfg.algo, cfg.learner
     n = max(ranks, 1)
     z3 = lc.zero_stage == 3
@@ -109,6 +112,7 @@ def learner_memory(cfg: RunConfig, params: int, vocab: int, ranks: int, micro: i
         gradients=(6 * params / n if z3 else 2 * params + 4 * params / n) / GIB,
         activations=act / GIB,
         logits=logits_bytes(tokens, vocab) / GIB,
+        ipc_buffer=ipc_gib,
     )
 
 
@@ -135,8 +139,11 @@ def fit_memory(cfg: RunConfig, model, ranks: int, per_rank: int, colocated: bool
     else:
         train_room = TRAIN_SHARE * total - (ENGINE_ASLEEP_GIB if (colocated and vllm) else 0.0)
 
+    # colocated vLLM engines take the weights from a resident buffer of at most one bucket (sync.bucket_mb)
+    ipc = min(model.weight_gib_bf16, cfg.sync.bucket_mb / 1024) if (colocated and vllm) else 0.0
+
     def mem(micro: int) -> LearnerMemory:
-        return learner_memory(cfg, model.params, model.vocab_size, ranks, micro or per_rank)
+        return learner_memory(cfg, model.params, model.vocab_size, ranks, micro or per_rank, ipc)
 
     def fits(micro: int) -> bool:
         m = mem(micro)

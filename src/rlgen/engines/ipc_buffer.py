@@ -1,0 +1,120 @@
+"""The resident CUDA IPC buffer that carries a colocated learner's weights into its vLLM engines.
+
+The learner allocates one buffer for the life of the run and shares it once; each engine worker opens it
+once and keeps it open. An update then costs the packing copies on the learner's side and, per chunk of the
+layout, one call into the engine that views the buffer and loads the weights in place: no allocation, no
+handle registered or opened again, no copy of the weights on the engine's side.
+
+The layout cuts the weights (in the learner's export order) into chunks of at most ``bucket_bytes``; a model
+that fits one bucket moves in one call. Offsets are aligned so every tensor's view keeps its dtype's alignment.
+
+``load_ipc_on_worker`` runs inside each vLLM worker through ``collective_rpc`` and is pickled by reference, so
+it stays a module-level function. torch is imported inside the functions: importing this module is free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+ALIGN_BYTES = 256  # every tensor starts on this boundary inside the buffer
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN_BYTES) * ALIGN_BYTES
+
+
+def ipc_layout(names: Sequence[str], shapes: Sequence[Sequence[int]], dtype_names: Sequence[str],
+               sizes: Sequence[int], bucket_bytes: int) -> list[dict[str, Any]]:
+    """Chunks of the buffer, in order: names, dtype_names, shapes, byte offsets and the bytes the chunk spans.
+    A tensor larger than bucket_bytes forms a chunk of its own (the buffer grows to hold it)."""
+    if bucket_bytes < 1:
+        raise ValueError(f"bucket_bytes={bucket_bytes} must be positive")
+    chunks: list[dict[str, Any]] = []
+    cur: dict[str, Any] | None = None
+    for name, shape, dtype, size in zip(names, shapes, dtype_names, sizes, strict=True):
+        start = _align(cur["nbytes"]) if cur else 0
+        if cur is None or (cur["names"] and start + size > bucket_bytes):
+            cur = {"names": [], "dtype_names": [], "shapes": [], "offsets": [], "nbytes": 0}
+            chunks.append(cur)
+            start = 0
+        cur["names"].append(name)
+        cur["dtype_names"].append(dtype)
+        cur["shapes"].append(list(shape))
+        cur["offsets"].append(start)
+        cur["nbytes"] = start + int(size)
+    return chunks
+
+
+def buffer_bytes(layout: Sequence[dict[str, Any]]) -> int:
+    """The buffer that holds the largest chunk."""
+    return max((c["nbytes"] for c in layout), default=0)
+
+
+def chunk_views(buffer: torch.Tensor, chunk: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) views of one chunk inside a flat uint8 buffer."""
+    import math
+
+    import torch
+
+    out = []
+    for name, dtype, shape, off in zip(chunk["names"], chunk["dtype_names"], chunk["shapes"], chunk["offsets"]):
+        dt = getattr(torch, dtype)
+        n = math.prod(shape) * torch.empty((), dtype=dt).element_size()
+        out.append((name, buffer[off:off + n].view(dt).view(shape)))
+    return out
+
+
+def share(buffer: torch.Tensor) -> dict[str, Any]:
+    """A CUDA buffer's IPC handle, keyed by its GPU's UUID: the arguments torch's rebuild_cuda_tensor takes."""
+    import torch
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    _, args = reduce_tensor(buffer)
+    return {"gpu": str(torch.cuda.get_device_properties(buffer.device).uuid), "args": tuple(args)}
+
+
+def _open(worker: Any, handle: dict[str, Any], device: torch.device) -> torch.Tensor:
+    """The shared buffer, opened on the first call and kept on the worker (a new handle replaces it)."""
+    import torch
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    key = (handle["args"][7], handle["args"][9])  # the memory handle and the storage's offset in it
+    cached = getattr(worker, "_rlgen_ipc_buffer", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    mine = str(torch.cuda.get_device_properties(device).uuid)
+    if handle["gpu"] != mine:
+        raise RuntimeError(
+            f"the learner's IPC buffer lives on GPU {handle['gpu']}, but this engine worker runs on {mine}; "
+            "CUDA IPC weight updates need the learner and the engine on the same GPU (hardware.colocated)."
+        )
+    args = list(handle["args"])
+    args[6] = device.index  # the sender's device index may differ from this process's numbering
+    buffer = rebuild_cuda_tensor(*args)
+    worker._rlgen_ipc_buffer = (key, buffer)
+    return buffer
+
+
+def load_ipc_on_worker(worker: Any, handle: dict[str, Any], chunk: dict[str, Any], clone: bool = False) -> int:
+    """Inside a vLLM worker: load one chunk of the shared buffer into the live model. The model's own
+    load_weights maps Hugging Face names onto vLLM's fused layers and copies into the parameters' storage
+    (captured CUDA graphs stay valid). clone=True copies the views first, for a loader that keeps them past
+    this call (vLLM's layerwise reload, after sleep level 2) while the learner reuses the buffer."""
+    import torch
+
+    model = worker.get_model()
+    device = next(model.parameters()).device
+    views = chunk_views(_open(worker, handle, device), chunk)
+    if clone:
+        views = [(name, t.clone()) for name, t in views]
+    with torch.no_grad():
+        model.load_weights(views)
+    torch.cuda.synchronize(device)
+    return len(views)
+
+
+__all__ = ["ALIGN_BYTES", "buffer_bytes", "chunk_views", "ipc_layout", "load_ipc_on_worker", "share"]
