@@ -107,11 +107,12 @@ def load_ipc_on_worker(worker: Any, handle: dict[str, Any], chunk: dict[str, Any
     import torch
 
     model = worker.get_model()
-    device = next(model.parameters()).device
+    # the worker's GPU: during vLLM's layerwise reload the parameters sit on the meta device
+    device = getattr(worker, "device", None) or torch.device("cuda", torch.cuda.current_device())
     views = chunk_views(_open(worker, handle, device), chunk)
     if clone:
         views = [(name, t.clone()) for name, t in views]
-    with torch.no_grad():
+    with torch.no_grad(), torch.device(device):  # a reload materialises its layers on the current device
         model.load_weights(views)
     torch.cuda.synchronize(device)
     return len(views)
