@@ -154,6 +154,10 @@ class WeightSender:
         self._check_send(version)
         t0 = time.time()
         buffer, handle, layout = self._ipc_buffer(dtype, bucket_bytes)
+        names = [n for n, _ in self.named_weights()]
+        if names != [n for c in layout for n in c["names"]]:  # checked before any engine loads a chunk
+            raise SyncError(f"{self.name}: the learner's {len(names)} parameters no longer match the IPC buffer's "
+                            "layout, made on the first update; the learner's parameters changed during the run.")
         t1 = time.time()
         weights = self.iter_weights(dtype, bucket_bytes)
         packing = loading = 0.0
@@ -174,10 +178,6 @@ class WeightSender:
                                                  pause=pause, timeout_s=timeout_s) for e in engines],
                            timeout_s + SLACK_S, f"IPC chunk {k + 1} of {len(layout)}")
             packing, loading = packing + p1 - p0, loading + time.time() - p1
-        extra = next(weights, None)
-        if extra is not None:
-            raise SyncError(f"{self.name}: the learner has a weight the IPC layout lacks ({extra[0]!r}); the "
-                            "learner's parameters changed.")
         # where an update's time goes: making the buffer (first update only), packing it on this side, and the
         # engines' loads (with their pause, when in flight)
         parts = {"start": t1 - t0, "pack": packing, "load": loading}
