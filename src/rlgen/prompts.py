@@ -91,5 +91,6 @@ def cut_at_stop(c: Completion, tokenizer: Any, stops: list[str], text: str) -> t
             hi = mid
         else:
             lo = mid + 1
-    cut = Completion(c.group_id, c.prompt_ids, c.token_ids[:lo], c.logprobs[:lo], "stop", c.version)
+    cut = Completion(c.group_id, c.prompt_ids, c.token_ids[:lo], c.logprobs[:lo], "stop", c.version,
+                     [(i, v) for i, v in c.version_changes if i < lo])
     return cut, tokenizer.decode(cut.token_ids, skip_special_tokens=True)

@@ -96,6 +96,7 @@ def build_batch(
     attention = torch.zeros((n, p_len + r_len), dtype=torch.long)  # [N, P+L]
     response_mask = torch.zeros((n, r_len), dtype=torch.float32)  # [N, L]
     engine_logprobs = torch.zeros((n, r_len), dtype=torch.float32)  # [N, L]
+    token_versions = torch.zeros((n, r_len), dtype=torch.long)  # [N, L]
     for row, c in enumerate(comps):
         p, t = len(c.prompt_ids), len(c.token_ids)
         input_ids[row, p_len - p : p_len] = torch.tensor(c.prompt_ids, dtype=torch.long)
@@ -105,6 +106,7 @@ def build_batch(
             attention[row, p_len : p_len + t] = 1
             response_mask[row, :t] = 1.0
             engine_logprobs[row, :t] = torch.tensor(c.logprobs, dtype=torch.float32)
+            token_versions[row, :t] = torch.tensor(c.token_versions(), dtype=torch.long)
     group_ids = torch.tensor([c.group_id for c in comps], dtype=torch.long)  # [N]
     return RolloutBatch(
         input_ids=input_ids,
@@ -116,4 +118,5 @@ def build_batch(
         group_ids=group_ids,
         version=min(c.version for c in comps),
         prompt_len=p_len,
+        token_versions=token_versions,
     )

@@ -35,7 +35,17 @@ class Completion:
     token_ids: list[int]  # sampled tokens, stop token included when one was sampled
     logprobs: list[float]  # engine logprob of each sampled token, len == len(token_ids)
     finish_reason: str  # "stop" | "length"
-    version: int  # policy version of the engine that sampled it
+    version: int  # policy version of the engine when it began sampling this completion
+    # in-flight weight updates during sampling: (index of the first token sampled after the update, the new
+    # policy version), in order; empty when every token came from `version`
+    version_changes: list[tuple[int, int]] = field(default_factory=list)
+
+    def token_versions(self) -> list[int]:
+        """The policy version that sampled each token."""
+        out = [self.version] * len(self.token_ids)
+        for start, version in self.version_changes:
+            out[start:] = [version] * max(len(out) - start, 0)
+        return out
 
 
 class Phase(StrEnum):
@@ -103,6 +113,7 @@ class RolloutBatch:
     group_ids: torch.Tensor  # [B*G] long
     version: int  # oldest policy version that sampled any row
     prompt_len: int  # P
+    token_versions: torch.Tensor | None = None  # [B*G, L] long; the policy version that sampled each token
 
     @property
     def num_sequences(self) -> int:
@@ -124,4 +135,5 @@ class RolloutBatch:
             group_ids=self.group_ids[rows],
             version=self.version,
             prompt_len=self.prompt_len,
+            token_versions=None if self.token_versions is None else self.token_versions[rows],
         )

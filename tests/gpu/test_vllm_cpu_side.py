@@ -221,3 +221,31 @@ def test_check_completions_flags_wrong_lengths():
     bad = good[:-1] + [Completion(0, [], [5], [0.5], "length", 0)]
     chk = check_completions(reqs, bad)
     assert not chk["lengths_ok"] and not chk["logprobs_ok"]
+
+
+def test_version_changes_keep_those_inside_the_completion_that_change_it():
+    from rlgen.engines.vllm import version_changes
+
+    assert version_changes([], 3, 10) == []
+    assert version_changes([(4, 4)], 3, 10) == [(4, 4)]
+    assert version_changes([(4, 4), (4, 5), (8, 6)], 3, 10) == [(4, 5), (8, 6)]  # same position: the later
+    assert version_changes([(12, 4)], 3, 10) == []  # the completion had ended: all its tokens came from 3
+    assert version_changes([(0, 4)], 3, 5) == [(0, 4)]  # not started when the update came
+
+
+def test_live_token_counts_read_the_engines_running_requests():
+    import asyncio
+    from types import SimpleNamespace
+
+    from rlgen.engines.vllm import _live_token_counts
+
+    def state(rid, index, n):
+        return SimpleNamespace(external_req_id=rid, request_index=index,
+                               detokenizer=SimpleNamespace(num_output_tokens=lambda: n))
+
+    states = {"a": state("engine0-3-0", 0, 17), "b": state("engine0-3-0", 1, 9), "c": state("engine1-3-0", 0, 4),
+              "d": SimpleNamespace(external_req_id="engine0-4-1", request_index=None, detokenizer=None)}
+    llm = SimpleNamespace(output_processor=SimpleNamespace(request_states=states))
+    counts = asyncio.run(_live_token_counts(llm, "engine0-"))
+    assert counts == {("engine0-3-0", 0): 17, ("engine0-3-0", 1): 9}
+    assert asyncio.run(_live_token_counts(SimpleNamespace(), "engine0-")) == {}  # internals missing: nothing known

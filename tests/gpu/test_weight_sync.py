@@ -184,8 +184,37 @@ def test_cuda_ipc_moves_weights_between_colocated_actors(ray_local, models):
     [(_, a, b)] = [r["spans"] for r in res.results if r["actor"] == "engine0"][0]
     print(f"ipc push in flight: {res.seconds:.3f} s, engine paused {b - a:.3f} s")
     assert ray.get(engine.health.remote())["version"] == 3 and not ray.get(engine.health.remote())["paused"]
+    _tokens_know_their_version(ray, transport, learner, engine)
     for actor in (engine, learner):
         ray.kill(actor)
+
+
+def _greedy_one(ray, engine, prompt: tuple[int, ...], n: int):
+    req = GenRequest(prompt, SamplingParams(n=1, temperature=0.0, max_new_tokens=n, ignore_eos=True), group_id=0)
+    return engine.generate.remote([req])
+
+
+def _tokens_know_their_version(ray, transport, learner, engine, new_tokens: int = 400):
+    """Greedy decoding under model A with model B pushed in flight: the completion names the first token after
+    the update, the tokens before it are A's, and the ones after are B's continuation of that prefix."""
+    import time
+
+    prompt = (5, 6, 7)
+    ray.get(learner.use.remote(0, 4))
+    transport.push(4)
+    [a] = ray.get(_greedy_one(ray, engine, prompt, new_tokens), timeout=TIMEOUT_S)["completions"]
+    ref = _greedy_one(ray, engine, prompt, new_tokens)
+    time.sleep(0.2)  # let decoding start
+    ray.get(learner.use.remote(1, 5))
+    transport.push(5, in_flight=True)
+    [mixed] = ray.get(ref, timeout=TIMEOUT_S)["completions"]
+    assert mixed.version == 4 and len(mixed.version_changes) == 1, mixed.version_changes
+    [(k, version)] = mixed.version_changes
+    print(f"in-flight update after {k} of {new_tokens} tokens")
+    assert version == 5 and 0 <= k < new_tokens
+    assert mixed.token_ids[:k] == a.token_ids[:k]
+    [b] = ray.get(_greedy_one(ray, engine, prompt + tuple(mixed.token_ids[:k]), 16), timeout=TIMEOUT_S)["completions"]
+    assert mixed.token_ids[k:k + 16] == b.token_ids, "the tokens after the marked position are not model B's"
 
 
 def _rollout_batch(seed: int = 0):

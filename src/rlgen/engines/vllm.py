@@ -91,6 +91,21 @@ class _LoopThread:
         self.thread.join(timeout=10)
 
 
+def version_changes(marks: list[tuple[int, int]], version: int, length: int) -> list[tuple[int, int]]:
+    """A completion's version changes from the marks of the in-flight updates it lived through (tokens sampled
+    before each, the new version): only those inside the completion that change its version."""
+    out: list[tuple[int, int]] = []
+    current = version
+    for n, new in marks:
+        if n >= length or new == current:
+            continue
+        if out and out[-1][0] == n:  # two updates before the next token: the later one counts
+            out.pop()
+        out.append((int(n), int(new)))
+        current = new
+    return out
+
+
 # The engine's coroutines live outside the class on purpose: Ray makes any actor class with an ``async def``
 # method an asyncio actor, whose plain methods then all run on one event loop, so a generate() in progress would
 # hold back pause() and a weight update until it returned.
@@ -111,6 +126,20 @@ async def _generate_one(llm: Any, prompt: Any, params: Any, request_id: str) -> 
 
 async def _generate_all(llm: Any, jobs: list[tuple[Any, Any, str]]) -> list[Any]:
     return await asyncio.gather(*(_generate_one(llm, *job) for job in jobs))
+
+
+async def _live_token_counts(llm: Any, prefix: str) -> dict[tuple[str, int], int]:
+    """Tokens sampled so far by each running request (request id, sample index) whose id starts with prefix.
+    Read from vLLM's output processor, where outputs that arrived before a pause have been counted once the
+    loop has turned (vLLM 0.26 internals; an engine without them reports nothing)."""
+    await asyncio.sleep(0)
+    states = getattr(getattr(llm, "output_processor", None), "request_states", None) or {}
+    counts = {}
+    for state in list(states.values()):
+        rid, tokens = getattr(state, "external_req_id", None), getattr(state, "detokenizer", None)
+        if isinstance(rid, str) and rid.startswith(prefix) and tokens is not None:
+            counts[(rid, int(getattr(state, "request_index", 0) or 0))] = int(tokens.num_output_tokens())
+    return counts
 
 
 class VLLMEngine:
@@ -156,6 +185,9 @@ class VLLMEngine:
         self.salt_prefix_cache = False
         self._calls = 0
         self._update_t0 = 0.0  # when the IPC update under way began (its first chunk)
+        # (request id, sample index) -> [(tokens sampled before an in-flight update, the new version)], filled while
+        # paused and taken by the generate() call that owns the request
+        self._version_changes: dict[tuple[str, int], list[tuple[int, int]]] = {}
         self._lock = threading.Lock()
         self.args = build_engine_args(model_path, engine, seed, engine_args)
         check_free_memory(name, self.args["gpu_memory_utilization"])
@@ -225,7 +257,10 @@ class VLLMEngine:
         )
         t1 = time.time()
         completions: list[Completion] = []
-        for req, out in zip(requests, outs):
+        with self._lock:  # this call's in-flight version changes, by request id and sample index
+            changes = {key: self._version_changes.pop(key) for key in list(self._version_changes)
+                       if key[0].startswith(f"{self.name}-{call}-")}
+        for i, (req, out) in enumerate(zip(requests, outs)):
             samples = sorted(out.outputs, key=lambda o: o.index)
             if len(samples) != req.sampling.n:
                 raise EngineError(
@@ -243,6 +278,8 @@ class VLLMEngine:
                         logprobs=self._sampled_logprobs(toks, o.logprobs),
                         finish_reason=o.finish_reason,
                         version=v,
+                        version_changes=version_changes(changes.get((f"{self.name}-{call}-{i}", o.index), []),
+                                                        v, len(toks)),
                     )
                 )
         return {"completions": completions, "spans": [(Phase.generate.value, t0, t1)], "version": v}
@@ -342,6 +379,8 @@ class VLLMEngine:
         later requests off those blocks either way."""
         self._loop.run(self.llm.finish_weight_update(), timeout_s, f"{self.name}: finish_weight_update")
         reset = self._loop.run(self.llm.reset_prefix_cache(), timeout_s, f"{self.name}: prefix-cache reset")
+        if self.paused:  # an in-flight update
+            self._mark_version(version)
         self.version = int(version)
         return {"actor": self.name, "version": self.version, "prefix_cache_reset": bool(reset)}
 
@@ -375,6 +414,8 @@ class VLLMEngine:
                 if reload:
                     self._loop.run(self.llm.finish_weight_update(), timeout_s, f"{self.name}: finish_weight_update")
                 reset = self._loop.run(self.llm.reset_prefix_cache(), timeout_s, f"{self.name}: prefix-cache reset")
+                if pause:
+                    self._mark_version(version)
                 self.version = int(version)
                 out.update(version=self.version, prefix_cache_reset=bool(reset))
         except BaseException:
@@ -386,6 +427,15 @@ class VLLMEngine:
         # the last chunk's span covers the whole update: with pause, the time the engine did not generate
         out["spans"] = [(Phase.sync.value, self._update_t0 if last else t0, time.time())]
         return out
+
+    def _mark_version(self, version: int) -> None:
+        """While paused for an in-flight update: note how many tokens each running request has sampled, so its
+        completion can say which tokens came after the update."""
+        counts = self._loop.run(_live_token_counts(self.llm, f"{self.name}-"), CONTROL_TIMEOUT_S,
+                                f"{self.name}: reading the requests' progress")
+        with self._lock:
+            for key, n in counts.items():
+                self._version_changes.setdefault(key, []).append((n, int(version)))
 
     def receive_weights(
         self, update_info: dict[str, Any], version: int, timeout_s: float = CONTROL_TIMEOUT_S

@@ -41,7 +41,21 @@ def step_record(step: int, tl: StepTimeline, batch: Any, rewards: list[float], m
         # max(gen, train) / step: 1.0 when the shorter side hides entirely behind the longer one
         "overlap_efficiency": max(gen_wall, train_s) / step_s if step_s > 0 else 0.0,
     }
+    rec.update(token_version_metrics(batch, batch.version + staleness))
     rec.update({k: v for k, v in metrics.items() if isinstance(v, (int, float, bool, str))})
     rec["version"] = version
     rec["timeline"] = tl.to_dict()["spans"]
     return rec
+
+
+def token_version_metrics(batch: Any, learner_version: int) -> dict[str, float]:
+    """Per token: how many versions behind the learner each response token was sampled, on average, and the
+    share of tokens sampled after an in-flight update changed the weights under their sequence."""
+    tv = getattr(batch, "token_versions", None)
+    mask = batch.response_mask.bool()
+    if tv is None or not bool(mask.any()):
+        return {}
+    versions = tv[mask].float()
+    first = tv[:, :1].expand_as(tv)[mask]  # each row's first token: its version when sampling began
+    return {"token_staleness_mean": float((learner_version - versions).mean()),
+            "tokens_after_update_frac": float((tv[mask] > first).float().mean())}

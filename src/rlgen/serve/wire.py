@@ -84,12 +84,14 @@ def check_sampling(s: SamplingParams, where: str) -> None:
 
 def completion_to_json(c: Completion) -> dict[str, Any]:
     return {"group_id": c.group_id, "prompt_ids": list(c.prompt_ids), "token_ids": list(c.token_ids),
-            "logprobs": [float(x) for x in c.logprobs], "finish_reason": c.finish_reason, "version": c.version}
+            "logprobs": [float(x) for x in c.logprobs], "finish_reason": c.finish_reason, "version": c.version,
+            "version_changes": [[int(i), int(v)] for i, v in c.version_changes]}
 
 
 def completion_from_json(d: dict[str, Any]) -> Completion:
     return Completion(group_id=int(d["group_id"]), prompt_ids=list(d["prompt_ids"]), token_ids=list(d["token_ids"]),
-                      logprobs=list(d["logprobs"]), finish_reason=str(d["finish_reason"]), version=int(d["version"]))
+                      logprobs=list(d["logprobs"]), finish_reason=str(d["finish_reason"]), version=int(d["version"]),
+                      version_changes=[(int(i), int(v)) for i, v in d.get("version_changes", [])])
 
 
 def weights_to_bytes(weights: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> bytes:
