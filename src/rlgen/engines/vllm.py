@@ -363,7 +363,7 @@ class VLLMEngine:
 
     def load_weight_chunk(self, update_info: dict[str, Any], timeout_s: float = CONTROL_TIMEOUT_S) -> int:
         """One update_weights call of vLLM's transfer engine (NCCL: all tensors of the update, received while
-        the trainer broadcasts; IPC: one packed chunk of handles). Returns the number of tensors."""
+        the trainer broadcasts; colocated IPC updates use receive_ipc instead). Returns the number of tensors."""
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
         self._loop.run(
