@@ -224,7 +224,7 @@ def test_check_completions_flags_wrong_lengths():
 
 
 def test_version_changes_keep_those_inside_the_completion_that_change_it():
-    from rlgen.engines.vllm import version_changes
+    from rlgen.engines.vllm_loop import version_changes
 
     assert version_changes([], 3, 10) == []
     assert version_changes([(4, 4)], 3, 10) == [(4, 4)]
@@ -237,7 +237,7 @@ def test_live_token_counts_read_the_engines_running_requests():
     import asyncio
     from types import SimpleNamespace
 
-    from rlgen.engines.vllm import _live_token_counts
+    from rlgen.engines.vllm_loop import live_token_counts
 
     def state(rid, index, n):
         return SimpleNamespace(external_req_id=rid, request_index=index,
@@ -246,6 +246,6 @@ def test_live_token_counts_read_the_engines_running_requests():
     states = {"a": state("engine0-3-0", 0, 17), "b": state("engine0-3-0", 1, 9), "c": state("engine1-3-0", 0, 4),
               "d": SimpleNamespace(external_req_id="engine0-4-1", request_index=None, detokenizer=None)}
     llm = SimpleNamespace(output_processor=SimpleNamespace(request_states=states))
-    counts = asyncio.run(_live_token_counts(llm, "engine0-"))
+    counts = asyncio.run(live_token_counts(llm, "engine0-"))
     assert counts == {("engine0-3-0", 0): 17, ("engine0-3-0", 1): 9}
-    assert asyncio.run(_live_token_counts(SimpleNamespace(), "engine0-")) == {}  # internals missing: nothing known
+    assert asyncio.run(live_token_counts(SimpleNamespace(), "engine0-")) == {}  # internals missing: nothing known

@@ -6,19 +6,16 @@ ids with the logprob of each sampled token (``logprobs=0``), the quantity the le
 Why a background event loop and a plain class, rather than an async Ray actor: AsyncLLM needs one asyncio
 loop that outlives every call, and the orchestrator, the benchmark and the GPU tests all call the engine the
 same way (plain methods, directly or through ``ray.remote``). So the engine owns a daemon thread running its
-own loop; every public method submits a coroutine to that loop and waits for it with a timeout. Ray's
-actor thread, or any thread of a threaded actor (``max_concurrency > 1``), can call in, so ``health()``,
-``pause()`` and ``update_weights()`` work while a ``generate()`` is in flight.
+own loop (``rlgen.engines.vllm_loop``, which also holds the coroutines); every public method submits a
+coroutine to it and waits with a timeout. Any thread of a threaded actor (``max_concurrency > 1``) can call
+in, so ``health()``, ``pause()`` and weight updates work while a ``generate()`` is in flight.
 
-vllm is imported only when an engine is built; importing this module costs nothing on CPU. The engine
-arguments and sampling seeds come from ``rlgen.engines.vllm_args``; weights travel to the workers as
-``rlgen.engines.vllm_weights`` packs and loads them.
+vllm is imported only when an engine is built. Engine arguments and sampling seeds: ``vllm_args``; weights
+into the workers: ``vllm_weights`` (object store) and ``ipc_buffer`` (colocated).
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import os
 import threading
 import time
@@ -28,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from rlgen.config import EngineConfig
 from rlgen.engines.startup import EngineStartError, check_free_memory, explain, own_stderr_tail
 from rlgen.engines.vllm_args import REQUIRED_ENV, TUNED_DEFAULTS, build_engine_args, mix_seed
+from rlgen.engines.vllm_loop import LoopThread, build_engine, generate_all, live_token_counts, version_changes
 from rlgen.engines.vllm_weights import WEIGHT_CHUNK_BYTES, chunk_weights, load_weights_on_worker, to_wire
 from rlgen.hostinfo import process_info
 from rlgen.types import Completion, GenRequest, Phase
@@ -63,83 +61,6 @@ def require_cuda_and_vllm() -> None:
             "engine=vllm needs the vllm package (vLLM 0.26): pip install 'rlgen[gpu]'. "
             f"Importing it failed with: {err}"
         ) from err
-
-
-class _LoopThread:
-    """An asyncio loop on a daemon thread; run() submits a coroutine and waits for it with a timeout."""
-
-    def __init__(self, name: str):
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self._serve, name=f"{name}-loop", daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-
-    def run(self, coro: Any, timeout: float, what: str) -> Any:
-        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return fut.result(timeout)
-        except concurrent.futures.TimeoutError as err:
-            fut.cancel()  # cancels the task: vLLM aborts the requests it had started
-            raise TimeoutError(f"{what} did not finish within {timeout:.0f} s") from err
-
-    def close(self) -> None:
-        if self.loop.is_running():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
-
-
-def version_changes(marks: list[tuple[int, int]], version: int, length: int) -> list[tuple[int, int]]:
-    """A completion's version changes from the marks of the in-flight updates it lived through (tokens sampled
-    before each, the new version): only those inside the completion that change its version."""
-    out: list[tuple[int, int]] = []
-    current = version
-    for n, new in marks:
-        if n >= length or new == current:
-            continue
-        if out and out[-1][0] == n:  # two updates before the next token: the later one counts
-            out.pop()
-        out.append((int(n), int(new)))
-        current = new
-    return out
-
-
-# The engine's coroutines live outside the class on purpose: Ray makes any actor class with an ``async def``
-# method an asyncio actor, whose plain methods then all run on one event loop, so a generate() in progress would
-# hold back pause() and a weight update until it returned.
-async def _build(args: dict[str, Any]) -> Any:
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.v1.engine.async_llm import AsyncLLM
-
-    # Built inside the loop so AsyncLLM binds its output handler to it.
-    return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
-
-
-async def _generate_one(llm: Any, prompt: Any, params: Any, request_id: str) -> Any:
-    final = None
-    async for out in llm.generate(prompt, params, request_id):
-        final = out
-    return final
-
-
-async def _generate_all(llm: Any, jobs: list[tuple[Any, Any, str]]) -> list[Any]:
-    return await asyncio.gather(*(_generate_one(llm, *job) for job in jobs))
-
-
-async def _live_token_counts(llm: Any, prefix: str) -> dict[tuple[str, int], int]:
-    """Tokens sampled so far by each running request (request id, sample index) whose id starts with prefix.
-    Read from vLLM's output processor, where outputs that arrived before a pause have been counted once the
-    loop has turned (vLLM 0.26 internals; an engine without them reports nothing)."""
-    await asyncio.sleep(0)
-    states = getattr(getattr(llm, "output_processor", None), "request_states", None) or {}
-    counts = {}
-    for state in list(states.values()):
-        rid, tokens = getattr(state, "external_req_id", None), getattr(state, "detokenizer", None)
-        if isinstance(rid, str) and rid.startswith(prefix) and tokens is not None:
-            counts[(rid, int(getattr(state, "request_index", 0) or 0))] = int(tokens.num_output_tokens())
-    return counts
 
 
 class VLLMEngine:
@@ -191,9 +112,9 @@ class VLLMEngine:
         self._lock = threading.Lock()
         self.args = build_engine_args(model_path, engine, seed, engine_args)
         check_free_memory(name, self.args["gpu_memory_utilization"])
-        self._loop = _LoopThread(name)
+        self._loop = LoopThread(name)
         try:
-            self.llm = self._loop.run(_build(self.args), START_TIMEOUT_S, f"{name}: starting the vLLM engine")
+            self.llm = self._loop.run(build_engine(self.args), START_TIMEOUT_S, f"{name}: starting the vLLM engine")
         except BaseException as err:
             self._loop.close()
             why = explain(own_stderr_tail()) or explain(str(err))  # vLLM's root cause is in the core's stderr
@@ -251,7 +172,7 @@ class VLLMEngine:
         v = self.version
         jobs = [(self._prompt(r), self._sampling(r), f"{self.name}-{call}-{i}") for i, r in enumerate(requests)]
         outs = self._loop.run(
-            _generate_all(self.llm, jobs),
+            generate_all(self.llm, jobs),
             self.timeout_s,
             f"{self.name}: generate() of {len(requests)} requests",
         )
@@ -378,11 +299,16 @@ class VLLMEngine:
         policy version. The reset fails while paused requests hold blocks; the per-version cache salt keeps
         later requests off those blocks either way."""
         self._loop.run(self.llm.finish_weight_update(), timeout_s, f"{self.name}: finish_weight_update")
+        return {"actor": self.name, **self._take_version(version, timeout_s)}
+
+    def _take_version(self, version: int, timeout_s: float) -> dict[str, Any]:
+        """The end of every update: drop the prefix cache, note where running requests were (an in-flight
+        update), take the new version."""
         reset = self._loop.run(self.llm.reset_prefix_cache(), timeout_s, f"{self.name}: prefix-cache reset")
-        if self.paused:  # an in-flight update
+        if self.paused:
             self._mark_version(version)
         self.version = int(version)
-        return {"actor": self.name, "version": self.version, "prefix_cache_reset": bool(reset)}
+        return {"version": self.version, "prefix_cache_reset": bool(reset)}
 
     def receive_ipc(self, handle: dict[str, Any], chunk: dict[str, Any], version: int, *, first: bool = True,
                     last: bool = True, pause: bool = False, timeout_s: float = CONTROL_TIMEOUT_S) -> dict[str, Any]:
@@ -413,11 +339,7 @@ class VLLMEngine:
             if last:
                 if reload:
                     self._loop.run(self.llm.finish_weight_update(), timeout_s, f"{self.name}: finish_weight_update")
-                reset = self._loop.run(self.llm.reset_prefix_cache(), timeout_s, f"{self.name}: prefix-cache reset")
-                if pause:
-                    self._mark_version(version)
-                self.version = int(version)
-                out.update(version=self.version, prefix_cache_reset=bool(reset))
+                out.update(self._take_version(version, timeout_s))
         except BaseException:
             if pause and self.paused:
                 self.resume()  # a failed update must not leave the requests frozen
@@ -431,7 +353,7 @@ class VLLMEngine:
     def _mark_version(self, version: int) -> None:
         """While paused for an in-flight update: note how many tokens each running request has sampled, so its
         completion can say which tokens came after the update."""
-        counts = self._loop.run(_live_token_counts(self.llm, f"{self.name}-"), CONTROL_TIMEOUT_S,
+        counts = self._loop.run(live_token_counts(self.llm, f"{self.name}-"), CONTROL_TIMEOUT_S,
                                 f"{self.name}: reading the requests' progress")
         with self._lock:
             for key, n in counts.items():

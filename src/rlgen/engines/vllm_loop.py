@@ -1,0 +1,92 @@
+"""The vllm engine's event loop: a daemon thread running one asyncio loop, and the coroutines the engine runs on
+it (building AsyncLLM, generating, reading running requests' progress), and how that progress becomes a
+completion's version changes. vllm is imported only inside the coroutines.
+
+The coroutines live here, outside ``VLLMEngine``, on purpose: Ray makes any actor class with an ``async def``
+method an asyncio actor, whose plain methods then all run on one event loop, so a generate() in progress would
+hold back pause() and a weight update until it returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from typing import Any
+
+
+class LoopThread:
+    """An asyncio loop on a daemon thread; run() submits a coroutine and waits for it with a timeout."""
+
+    def __init__(self, name: str):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._serve, name=f"{name}-loop", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coro: Any, timeout: float, what: str) -> Any:
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result(timeout)
+        except concurrent.futures.TimeoutError as err:
+            fut.cancel()  # cancels the task: vLLM aborts the requests it had started
+            raise TimeoutError(f"{what} did not finish within {timeout:.0f} s") from err
+
+    def close(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+
+async def build_engine(args: dict[str, Any]) -> Any:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    # Built inside the loop so AsyncLLM binds its output handler to it.
+    return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+
+
+async def _generate_one(llm: Any, prompt: Any, params: Any, request_id: str) -> Any:
+    final = None
+    async for out in llm.generate(prompt, params, request_id):
+        final = out
+    return final
+
+
+async def generate_all(llm: Any, jobs: list[tuple[Any, Any, str]]) -> list[Any]:
+    return await asyncio.gather(*(_generate_one(llm, *job) for job in jobs))
+
+
+async def live_token_counts(llm: Any, prefix: str) -> dict[tuple[str, int], int]:
+    """Tokens sampled so far by each running request (request id, sample index) whose id starts with prefix.
+    Read from vLLM's output processor, where outputs that arrived before a pause have been counted once the
+    loop has turned (vLLM 0.26 internals; an engine without them reports nothing)."""
+    await asyncio.sleep(0)
+    states = getattr(getattr(llm, "output_processor", None), "request_states", None) or {}
+    counts = {}
+    for state in list(states.values()):
+        rid, tokens = getattr(state, "external_req_id", None), getattr(state, "detokenizer", None)
+        if isinstance(rid, str) and rid.startswith(prefix) and tokens is not None:
+            counts[(rid, int(getattr(state, "request_index", 0) or 0))] = int(tokens.num_output_tokens())
+    return counts
+
+
+def version_changes(marks: list[tuple[int, int]], version: int, length: int) -> list[tuple[int, int]]:
+    """A completion's version changes from the marks of the in-flight updates it lived through (tokens sampled
+    before each, the new version): only those inside the completion that change its version."""
+    out: list[tuple[int, int]] = []
+    current = version
+    for n, new in marks:
+        if n >= length or new == current:
+            continue
+        if out and out[-1][0] == n:  # two updates before the next token: the later one counts
+            out.pop()
+        out.append((int(n), int(new)))
+        current = new
+    return out
+
+
+__all__ = ["LoopThread", "build_engine", "generate_all", "live_token_counts", "version_changes"]
