@@ -63,7 +63,7 @@ def chunk_views(buffer: torch.Tensor, chunk: dict[str, Any]) -> list[tuple[str, 
     out = []
     for name, dtype, shape, off in zip(chunk["names"], chunk["dtype_names"], chunk["shapes"], chunk["offsets"]):
         dt = getattr(torch, dtype)
-        n = math.prod(shape) * torch.empty((), dtype=dt).element_size()
+        n = math.prod(shape) * dt.itemsize
         out.append((name, buffer[off:off + n].view(dt).view(shape)))
     return out
 

@@ -116,23 +116,23 @@ class WeightSender:
             raise
         return {"actor": self.name, "version": int(version), "spans": [(Phase.sync.value, t0, time.time())]}
 
-    def _ipc_buffer(self, dtype: str, bucket_bytes: int) -> tuple[Any, dict[str, Any], list[dict[str, Any]]]:
-        """The resident IPC buffer, its shared handle and its layout: made on the first update, then reused
-        (the layout follows the weights' names, shapes and dtype, which do not change during a run)."""
+    def _ipc_buffer(self, dtype: str, bucket_bytes: int) -> tuple[dict[str, Any], list[dict[str, Any]], list[list]]:
+        """The resident IPC buffer's shared handle, its layout and each chunk's (name, view) pairs: made on the
+        first update, then reused (the layout follows the weights' names, shapes and dtype, which do not change
+        during a run)."""
         import torch
 
-        from rlgen.engines.ipc_buffer import buffer_bytes, ipc_layout
+        from rlgen.engines.ipc_buffer import buffer_bytes, chunk_views, ipc_layout
 
         key = (dtype, int(bucket_bytes))
         made = getattr(self, "_ipc", None)
         if made is None or made[0] != key:
             self._ipc = None  # a new layout: the old buffer goes first
             meta = self.weight_meta(dtype)
-            item = torch.empty((), dtype=getattr(torch, dtype)).element_size()
-            sizes = [math.prod(s) * item for s in meta["shapes"]]
+            sizes = [math.prod(s) * getattr(torch, dtype).itemsize for s in meta["shapes"]]
             layout = ipc_layout(meta["names"], meta["shapes"], meta["dtype_names"], sizes, bucket_bytes)
             buffer = torch.empty(buffer_bytes(layout), dtype=torch.uint8, device=self.device)
-            self._ipc = (key, buffer, self._share_ipc(buffer), layout)
+            self._ipc = (key, self._share_ipc(buffer), layout, [chunk_views(buffer, c) for c in layout])
         return self._ipc[1], self._ipc[2], self._ipc[3]
 
     def _share_ipc(self, buffer: Any) -> dict[str, Any]:
@@ -149,11 +149,9 @@ class WeightSender:
         under "engines"."""
         import torch
 
-        from rlgen.engines.ipc_buffer import chunk_views
-
         self._check_send(version)
         t0 = time.time()
-        buffer, handle, layout = self._ipc_buffer(dtype, bucket_bytes)
+        handle, layout, views = self._ipc_buffer(dtype, bucket_bytes)
         names = [n for n, _ in self.named_weights()]
         if names != [n for c in layout for n in c["names"]]:  # checked before any engine loads a chunk
             raise SyncError(f"{self.name}: the learner's {len(names)} parameters no longer match the IPC buffer's "
@@ -162,17 +160,17 @@ class WeightSender:
         weights = self.iter_weights(dtype, bucket_bytes)
         packing = loading = 0.0
         done: list[dict] = []
-        for k, chunk in enumerate(layout):
+        for k, (chunk, chunk_view) in enumerate(zip(layout, views)):
             p0 = time.time()
             with torch.no_grad():
-                for name, view in chunk_views(buffer, chunk):
+                for name, view in chunk_view:
                     got = next(weights, None)
                     if got is None or got[0] != name:
                         raise SyncError(f"{self.name}: the weights no longer match the IPC layout at {name!r} (got "
                                         f"{got[0] if got else 'nothing'!r}); the learner's parameters changed.")
                     view.copy_(got[1])
-            if buffer.is_cuda:
-                torch.cuda.synchronize(buffer.device)  # the engines read the buffer from other processes
+            if view.is_cuda:
+                torch.cuda.synchronize(view.device)  # the engines read the buffer from other processes
             p1 = time.time()
             done = get_all([e.receive_ipc.remote(handle, chunk, version, first=k == 0, last=k == len(layout) - 1,
                                                  pause=pause, timeout_s=timeout_s) for e in engines],
