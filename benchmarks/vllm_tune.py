@@ -1,10 +1,13 @@
 """Sweep vLLM settings of rlgen's VLLMEngine on the `rlgen bench` workload, one Ray actor (one GPU) per point.
 
-    python benchmarks/vllm_tune.py --out tune.json --points seqs1024,seqs2048 [hydra overrides ...]
+    python benchmarks/vllm_tune.py --out tune.json --points seqs1024,seqs2048 [--repeats N] [--seeded] [hydra overrides ...]
 
 Each point starts a fresh engine with EngineConfig fields and/or extra vLLM engine arguments changed, runs the
 bench workload once and records tokens/s (driver wall clock), engine start time and peak GPU memory. Points
-named raw_* run plain ``vllm.LLM`` instead. Results are appended to the JSON file after every point.
+named raw_* run plain ``vllm.LLM`` instead. ``--repeats`` runs the workload that many times on each engine (the
+first call warms up; every call is kept); ``--seeded`` gives every request a seed, as training does. The
+workload is the bench config's, so ``bench.*`` and ``model.*`` overrides give other shapes. Results are
+appended to the JSON file after every point.
 """
 
 from __future__ import annotations
@@ -35,6 +38,14 @@ POINTS: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {
     "seqs2048_gpu095": ({"max_num_seqs": 2048, "gpu_memory_utilization": 0.95}, {}, {}),
     # plain vllm.LLM with defaults: with logprobs=0 and without logprobs, on one engine
     "raw_logprobs_cost": ({}, {}, {"raw": True}),
+    # what one decode step costs at the small batches RL runs per engine (use with --repeats and a small
+    # bench workload): rlgen's settings, then one thing changed at a time
+    "as_configured": ({}, {}, {}),
+    "sync_sched": ({}, {"async_scheduling": False}, {}),
+    "noprefix": ({"enable_prefix_caching": False}, {}, {}),
+    "nosleep": ({"enable_sleep_mode": False}, {}, {}),
+    "raw_logprobs": ({}, {}, {"raw": True, "logprobs_only": True}),
+    "raw_inprocess": ({}, {}, {"raw": True, "logprobs_only": True, "env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}),
 }
 
 
@@ -51,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--points", required=True, help=f"comma-separated, from: {', '.join(POINTS)}")
+    ap.add_argument("--repeats", type=int, default=1, help="generate calls per point (the first warms up)")
+    ap.add_argument("--seeded", action="store_true", help="every request carries a seed, as in training")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
     names = [p for p in args.points.split(",") if p]
@@ -60,23 +73,16 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from rlgen.bench import (
-        MemorySampler,
-        _build_model,
-        _env_vars,
-        compose,
-        engine_env,
-        gpu_info,
-        make_workload,
-        run_raw_side,
-        run_vllm_side,
-        versions,
-        workload_summary,
-    )
+    from rlgen.bench import make_workload, run_raw_side, run_vllm_side, workload_summary
+    from rlgen.bench.gpu import MemorySampler, gpu_info, versions
+    from rlgen.bench.run import _build_model, compose, engine_env
+    from rlgen.bench.sides import _env_vars
     from rlgen.charvocab import CHAR_VOCAB_SIZE
 
     cfg = compose(["engine=vllm", "model=qwen2_5_1_5b", *args.overrides])
     requests = make_workload(cfg.bench, cfg.model.vocab_size or CHAR_VOCAB_SIZE)
+    if args.seeded:
+        requests = seeded(requests)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
@@ -102,7 +108,10 @@ def main(argv: list[str] | None = None) -> int:
             eng_changes, engine_args, opts = POINTS[name]
             t0 = time.time()
             if opts.get("raw"):
-                rec = run_raw_side(model_path, requests, mem, seed=cfg.seed, logprobs_variants=(0, None))
+                variants = (0,) * max(1, args.repeats) + (() if opts.get("logprobs_only") else (None,))
+                rec = run_raw_side(model_path, requests, mem, seed=cfg.seed, logprobs_variants=variants,
+                                   llm_kwargs={"gpu_memory_utilization": cfg.engine.gpu_memory_utilization}
+                                   if cfg.engine.gpu_memory_utilization else None, env=opts.get("env"))
             else:
                 engine = dataclasses.replace(cfg.engine, **eng_changes)
                 extra = {"seeded": seeded(requests)} if opts.get("seeded_extra") else None
@@ -115,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                     engine_args=engine_args,
                     seed=cfg.seed,
                     extra=extra,
+                    repeats=args.repeats,
                     label=name,
                 )
                 rec["engine_changes"] = eng_changes

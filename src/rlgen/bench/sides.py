@@ -196,8 +196,10 @@ def run_raw_side(
     llm_kwargs: dict[str, Any] | None = None,
     logprobs_variants: tuple[int | None, ...] = (0,),
     label: str = "vllm_raw",
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """vllm.LLM with default settings in a Ray actor with one GPU; one run per logprobs setting."""
+    """vllm.LLM with default settings in a Ray actor with one GPU; one run per logprobs setting (a setting
+    given again is a repeat: every run is kept under "runs")."""
     import ray
 
     baseline = gpu_used_gib() or 0.0
@@ -205,7 +207,7 @@ def run_raw_side(
     t0 = time.time()
     actor = (
         ray.remote(RawVLLM)
-        .options(num_gpus=1, runtime_env={"env_vars": _env_vars()})
+        .options(num_gpus=1, runtime_env={"env_vars": _env_vars(env)})
         .remote(model_path, seed, llm_kwargs)
     )
     try:
@@ -230,6 +232,8 @@ def run_raw_side(
                 rec.update(_summarise_runs([run]))
             else:
                 rec[f"logprobs_{lp}"] = _summarise_runs([run])
+            rec.setdefault("runs", []).append({"logprobs": lp, "wall_s": round(wall, 3),
+                                               "tokens_per_s": round(chk["tokens"] / wall, 1)})
     except Exception as err:  # noqa: BLE001
         rec = {"engine": label, "error": f"{type(err).__name__}: {err}"}
     return _finish_side(actor, mem, baseline, rec)
