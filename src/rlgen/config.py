@@ -241,6 +241,9 @@ class BenchConfig:
     response_len_min: int = 16
     response_len_max: int = 2048
     engines: list[str] = field(default_factory=lambda: ["vllm", "hf", "vllm_raw"])
+    # rlgen engine actors sharing one GPU in the vllm side (1/k of it and of the memory share each); at small
+    # models vLLM's step is bound by its engine core's CPU work, and k engine cores keep the GPU busier
+    engines_per_gpu: int = 1
     hf_batch_size: int = 256
     seed: int = 0
 

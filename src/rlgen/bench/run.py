@@ -6,13 +6,15 @@ sigma ``response_len_sigma``) clipped to [``response_len_min``, ``response_len_m
 response to its drawn length, so all engines do the same work and lengths vary the way RL rollouts do.
 
 Engines (``cfg.bench.engines``), each in its own Ray actor with one GPU, one after another on the same requests:
-- ``vllm``: rlgen's VLLMEngine with ``cfg.engine``, as the orchestrator runs it in production.
+- ``vllm``: rlgen's VLLMEngine with ``cfg.engine``, as the orchestrator runs it in production; with
+  ``bench.engines_per_gpu`` k > 1, k such engines share one GPU and split the requests (round-robin).
 - ``vllm_raw``: ``vllm.LLM(model).generate`` with vLLM's default engine settings and the same sampling params.
 - ``hf``: rlgen's HFEngine (transformers ``generate``) on a prefix of the prompts, batch after batch, until a
   time budget is spent; its tokens/s is over the batches it finished.
 
 Useful tokens/s = generated tokens / wall time of the generate call, measured by the driver around the actor
-call (so it includes returning the completions). Results go to ``<out_dir>/bench.json`` and a table.
+call (so it includes returning the completions). GPU busy % is nvidia-smi's utilization.gpu during the calls:
+well under 100 means the engine's CPU work, not the GPU, set the pace. Results go to ``<out_dir>/bench.json`` and a table.
 
     python -m rlgen.bench engine=vllm model=qwen2_5_1_5b hardware=1xh100 [--out DIR]
 """
@@ -27,7 +29,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from rlgen.bench.gpu import MemorySampler, gpu_info, versions
+from rlgen.bench.gpu import BusySampler, MemorySampler, gpu_info, versions
 from rlgen.bench.sides import _env_vars, _get, run_hf_side, run_raw_side, run_vllm_side
 from rlgen.bench.workload import (
     HF_BUDGET_S,
@@ -64,8 +66,6 @@ def _load_weights_cpu(model_path: str) -> dict[str, Any]:
 
 def _check(cfg: RunConfig) -> None:
     b, e = cfg.bench, cfg.engine
-    if not gpu_info():
-        raise BenchError("rlgen bench needs a CUDA GPU (nvidia-smi found none); run it on a GPU machine.")
     if "vllm" in b.engines and e.kind != EngineKind.vllm:
         raise BenchError(
             f"bench engine 'vllm' runs rlgen's vLLM engine, but engine={e.kind.value}; add engine=vllm."
@@ -76,9 +76,19 @@ def _check(cfg: RunConfig) -> None:
             f"engine.max_model_len={e.max_model_len} cannot hold bench.prompt_len + bench.response_len_max = {need}; "
             f"set engine.max_model_len>={need}."
         )
+    if b.engines_per_gpu < 1:
+        raise BenchError(f"bench.engines_per_gpu={b.engines_per_gpu}; it must be 1 or more.")
+    if b.engines_per_gpu > 1 and e.tensor_parallel_size != 1:
+        raise BenchError(
+            f"bench.engines_per_gpu={b.engines_per_gpu} shares one GPU between engines, but "
+            f"engine.tensor_parallel_size={e.tensor_parallel_size}; use engine.tensor_parallel_size=1 or "
+            "bench.engines_per_gpu=1."
+        )
     unknown = set(b.engines) - {"vllm", "hf", "vllm_raw"}
     if unknown:
         raise BenchError(f"bench.engines has {sorted(unknown)}; choose from vllm, hf, vllm_raw.")
+    if not gpu_info():
+        raise BenchError("rlgen bench needs a CUDA GPU (nvidia-smi found none); run it on a GPU machine.")
 
 
 def run_bench(
@@ -113,6 +123,7 @@ def run_bench(
         )
         started_ray = True
     mem = MemorySampler()
+    busy = BusySampler()
     result: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "command": command or " ".join(sys.argv),
@@ -142,10 +153,12 @@ def run_bench(
                     seed=cfg.seed,
                     repeats=repeats,
                     sync_weights=weights,
+                    per_gpu=b.engines_per_gpu,
+                    busy_gpu=busy,
                 )
                 del weights
             elif side == "vllm_raw":
-                rec = run_raw_side(model_path, requests, mem, seed=cfg.seed)
+                rec = run_raw_side(model_path, requests, mem, seed=cfg.seed, busy_gpu=busy)
             else:
                 rec = run_hf_side(
                     model_path,
@@ -162,6 +175,7 @@ def run_bench(
         result["ratios"] = ratios(result["results"])
     finally:
         mem.close()
+        busy.close()
         if started_ray:
             ray.shutdown()
     _write(out, result)
@@ -196,12 +210,15 @@ def print_table(result: dict) -> None:
         "engine start s",
         "first batch s",
         "peak GPU GiB",
+        "GPU busy %",
         "checks",
     ):
         t.add_column(col, justify="left" if col in ("engine", "checks") else "right")
     for name, r in result["results"].items():
+        if r.get("engines_per_gpu", 1) > 1:
+            name = f"{name} ({r['engines_per_gpu']} per GPU)"
         if "error" in r:
-            t.add_row(name, "-", "-", "-", "-", "-", "-", f"[red]{r['error'][:80]}[/]")
+            t.add_row(name, "-", "-", "-", "-", "-", "-", "-", f"[red]{r['error'][:80]}[/]")
             continue
         checks = (
             "ok"
@@ -218,6 +235,7 @@ def print_table(result: dict) -> None:
             f"{r['start_s']:.1f}",
             f"{r.get('first_batch_s', 0):.1f}",
             f"{r.get('peak_gpu_gib', 0):.1f}",
+            f"{r['gpu_busy_pct']:.0f}" if r.get("gpu_busy_pct") is not None else "-",
             checks,
         )
     console = Console(width=max(Console().width, 130))

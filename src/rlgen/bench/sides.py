@@ -6,7 +6,7 @@ import os
 import time
 from typing import Any
 
-from rlgen.bench.gpu import MemorySampler, gpu_used_gib, wait_gpu_free
+from rlgen.bench.gpu import BusySampler, MemorySampler, gpu_used_gib, wait_gpu_free
 from rlgen.bench.workload import (
     ACTOR_TIMEOUT_S,
     GIB,
@@ -97,17 +97,51 @@ def _get(ref: Any, what: str, timeout: float = ACTOR_TIMEOUT_S) -> Any:
 def _finish_side(
     actor: Any, mem: MemorySampler, baseline: float, rec: dict[str, Any], graceful: bool = True
 ) -> dict[str, Any]:
+    """Peak memory into rec, then the actor (or list of actors) stopped and the GPU waited for."""
     import ray
 
     rec["peak_gpu_gib"] = round(max(mem.peak() - baseline, 0.0), 2)
-    if graceful:  # stop vLLM's engine-core processes before the actor goes, so the GPU is freed
-        try:
-            ray.get(actor.shutdown.remote(), timeout=120)
-        except Exception:  # noqa: BLE001 - the actor may already be dead; it is killed next either way
-            pass
-    ray.kill(actor)
+    for a in actor if isinstance(actor, list) else [actor]:
+        if graceful:  # stop vLLM's engine-core processes before the actor goes, so the GPU is freed
+            try:
+                ray.get(a.shutdown.remote(), timeout=120)
+            except Exception:  # noqa: BLE001 - the actor may already be dead; it is killed next either way
+                pass
+        ray.kill(a)
     rec["teardown_s"] = round(wait_gpu_free(baseline), 1)
     return rec
+
+
+def split_round_robin(requests: list[GenRequest], k: int) -> list[list[GenRequest]]:
+    """Requests dealt to k engines in turn: each gets every k-th prompt, so long and short ones spread evenly."""
+    return [requests[i::k] for i in range(k)]
+
+
+def _generate_on(
+    actors: list[Any], shards: list[list[GenRequest]], what: str, busy_gpu: BusySampler | None = None
+) -> dict[str, Any]:
+    """One generate call per engine, all at once: the wall time (the slowest engine's, seen by the driver),
+    the engines' own span (first start to last end), the checks over every shard and, with busy_gpu, the
+    GPU's busy percentage during the calls."""
+    busy = [(a, s) for a, s in zip(actors, shards) if s]
+    if busy_gpu is not None:
+        busy_gpu.start()
+    t1 = time.time()
+    outs = _get([a.generate.remote(s) for a, s in busy], what)
+    wall = time.time() - t1
+    gpu_busy = busy_gpu.stop() if busy_gpu is not None else None
+    spans = [span for o in outs for span in o["spans"]]
+    chks = [check_completions(s, o["completions"]) for (_, s), o in zip(busy, outs)]
+    return {
+        "wall_s": wall,
+        "engine_s": max(b for _, _, b in spans) - min(a for _, a, _ in spans),
+        "tokens": sum(c["tokens"] for c in chks),
+        "completions": sum(c["completions"] for c in chks),
+        "n_ok": all(c["n_ok"] for c in chks),
+        "lengths_ok": all(c["lengths_ok"] for c in chks),
+        "logprobs_ok": all(c["logprobs_ok"] for c in chks),
+        **({"gpu_busy_pct": gpu_busy} if gpu_busy is not None else {}),
+    }
 
 
 def run_vllm_side(
@@ -123,60 +157,81 @@ def run_vllm_side(
     sync_weights: dict[str, Any] | None = None,
     extra: dict[str, list[GenRequest]] | None = None,
     label: str = "vllm",
+    per_gpu: int = 1,
+    engine_cls: type | None = None,
+    busy_gpu: BusySampler | None = None,
 ) -> dict[str, Any]:
     """rlgen's VLLMEngine in a Ray actor with tensor_parallel_size GPUs, as in production. ``extra`` names
-    further workloads to run on the same engine afterwards (reported under "extra")."""
+    further workloads to run on the same engine afterwards (reported under "extra").
+
+    per_gpu > 1 (tensor_parallel_size 1 only): that many engine actors share one GPU, each with 1/per_gpu of it
+    and of the memory share (engine.gpu_memory_utilization, 0.9 when unset). They start one after another,
+    since vLLM sizes its KV cache from the memory free as it starts; the requests are dealt round-robin and
+    all engines generate at once. engine_cls replaces VLLMEngine (tests run a stand-in without a GPU);
+    busy_gpu adds the GPU's busy percentage to each run."""
+    import dataclasses
+
     import ray
 
-    from rlgen.engines.vllm import VLLMEngine
+    from rlgen.plan.memory import ENGINE_MAX_SHARE
 
+    if engine_cls is None:
+        from rlgen.engines.vllm import VLLMEngine as engine_cls
+
+    k = max(1, int(per_gpu))
+    if k > 1:
+        if engine.tensor_parallel_size != 1:
+            raise BenchError("bench.engines_per_gpu > 1 needs engine.tensor_parallel_size=1.")
+        share = engine.gpu_memory_utilization or ENGINE_MAX_SHARE
+        engine = dataclasses.replace(engine, gpu_memory_utilization=round(share / k, 4))
     baseline = gpu_used_gib() or 0.0
     mem.mark()
     t0 = time.time()
-    actor = (
-        ray.remote(VLLMEngine)
-        .options(
-            num_gpus=engine.tensor_parallel_size, max_concurrency=4, runtime_env={"env_vars": _env_vars(env)}
-        )
-        .remote(model_path, engine, device="cuda", seed=seed, name=label, env=env, engine_args=engine_args)
-    )
+    actors: list[Any] = []
     try:
-        health = _get(actor.health.remote(), f"{label}: engine start")
+        health = []
+        for i in range(k):
+            name = label if k == 1 else f"{label}{i}"
+            actors.append(
+                ray.remote(engine_cls)
+                .options(
+                    num_gpus=engine.tensor_parallel_size / k, max_concurrency=4,
+                    runtime_env={"env_vars": _env_vars(env)},
+                )
+                .remote(model_path, engine, device="cuda", seed=seed + i, name=name, env=env,
+                        engine_args=engine_args)
+            )
+            health.append(_get(actors[-1].health.remote(), f"{name}: engine start"))
         rec: dict[str, Any] = {
             "engine": label,
             "start_s": round(time.time() - t0, 1),
-            "engine_start_s": round(health["start_s"], 1),
+            "engine_start_s": round(sum(h["start_s"] for h in health), 1),
         }
-        rec["engine_args"] = {k: v for k, v in (engine_args or {}).items()}
+        if k > 1:
+            rec["engines_per_gpu"] = k
+            rec["gpu_memory_utilization_each"] = engine.gpu_memory_utilization
+        rec["engine_args"] = {k2: v for k2, v in (engine_args or {}).items()}
+        shards = split_round_robin(requests, k)
         runs = []
         for i in range(max(1, repeats)):
-            t1 = time.time()
-            res = _get(actor.generate.remote(requests), f"{label}: generate")
-            wall = time.time() - t1
+            runs.append(_generate_on(actors, shards, f"{label}: generate", busy_gpu))
             if i == 0:
                 rec["first_batch_s"] = round(time.time() - t0, 1)
-            ((phase, a, b),) = res["spans"]
-            chk = check_completions(requests, res["completions"])
-            runs.append({"wall_s": wall, "engine_s": b - a, **chk})
         rec.update(_summarise_runs(runs))
         for name, reqs in (extra or {}).items():
-            t1 = time.time()
-            res = _get(actor.generate.remote(reqs), f"{label}: generate ({name})")
-            wall = time.time() - t1
-            ((phase, a, b),) = res["spans"]
-            run = {"wall_s": wall, "engine_s": b - a, **check_completions(reqs, res["completions"])}
+            run = _generate_on(actors, split_round_robin(reqs, k), f"{label}: generate ({name})")
             rec.setdefault("extra", {})[name] = _summarise_runs([run])
         if sync_weights is not None:
             rec["sync"] = {"error": "not finished"}
             t1 = time.time()
             ref = ray.put(sync_weights)
-            up = _get(actor.update_weights.remote(ref, 1), f"{label}: update_weights")
+            ups = _get([a.update_weights.remote(ref, 1) for a in actors], f"{label}: update_weights")
             rec["sync"] = {
-                "engine_s": round(up["seconds"], 2),
+                "engine_s": round(max(u["seconds"] for u in ups), 2),
                 "driver_s": round(time.time() - t1, 2),
-                "gib": round(up["bytes"] / GIB, 2),
-                "tensors": up["tensors"],
-                "prefix_cache_reset": up["prefix_cache_reset"],
+                "gib": round(ups[0]["bytes"] / GIB, 2),
+                "tensors": ups[0]["tensors"],
+                "prefix_cache_reset": all(u["prefix_cache_reset"] for u in ups),
             }
     except Exception as err:  # noqa: BLE001 - one side failing must not lose the others' numbers
         msg = f"{type(err).__name__}: {err}"
@@ -184,7 +239,7 @@ def run_vllm_side(
             rec["sync"] = {"error": msg[-2000:]}  # generation finished; keep its numbers
         else:
             rec = {"engine": label, "error": msg[-2000:]}
-    return _finish_side(actor, mem, baseline, rec)
+    return _finish_side(actors, mem, baseline, rec)
 
 
 def run_raw_side(
@@ -197,6 +252,7 @@ def run_raw_side(
     logprobs_variants: tuple[int | None, ...] = (0,),
     label: str = "vllm_raw",
     env: dict[str, str] | None = None,
+    busy_gpu: BusySampler | None = None,
 ) -> dict[str, Any]:
     """vllm.LLM with default settings in a Ray actor with one GPU; one run per logprobs setting (a setting
     given again is a repeat: every run is kept under "runs")."""
@@ -218,9 +274,12 @@ def run_raw_side(
             "llm_kwargs": dict(llm_kwargs or {}),
         }
         for i, lp in enumerate(logprobs_variants):
+            if busy_gpu is not None:
+                busy_gpu.start()
             t1 = time.time()
             res = _get(actor.generate.remote(requests, lp), f"{label}: generate")
             wall = time.time() - t1
+            gpu_busy = busy_gpu.stop() if busy_gpu is not None else None
             if i == 0:
                 rec["first_batch_s"] = round(time.time() - t0, 1)
             ((phase, a, b),) = res["spans"]
@@ -228,12 +287,15 @@ def run_raw_side(
             if lp is None:
                 chk["logprobs_ok"] = None
             run = {"wall_s": wall, "engine_s": b - a, **chk}
+            if gpu_busy is not None:
+                run["gpu_busy_pct"] = gpu_busy
             if i == 0:
                 rec.update(_summarise_runs([run]))
             else:
                 rec[f"logprobs_{lp}"] = _summarise_runs([run])
             rec.setdefault("runs", []).append({"logprobs": lp, "wall_s": round(wall, 3),
-                                               "tokens_per_s": round(chk["tokens"] / wall, 1)})
+                                               "tokens_per_s": round(chk["tokens"] / wall, 1),
+                                               **({"gpu_busy_pct": gpu_busy} if gpu_busy is not None else {})})
     except Exception as err:  # noqa: BLE001
         rec = {"engine": label, "error": f"{type(err).__name__}: {err}"}
     return _finish_side(actor, mem, baseline, rec)
@@ -346,7 +408,8 @@ def _summarise_runs(runs: list[dict[str, Any]], combine: bool = False) -> dict[s
     first = per[0]
     out = {
         k: first[k]
-        for k in ("tokens", "wall_s", "engine_s", "tokens_per_s", "n_ok", "lengths_ok", "logprobs_ok")
+        for k in ("tokens", "wall_s", "engine_s", "tokens_per_s", "n_ok", "lengths_ok", "logprobs_ok", "gpu_busy_pct")
+        if k in first
     }
     out["engine_tokens_per_s"] = round(first["tokens"] / first["engine_s"], 1) if first["engine_s"] else 0.0
     if len(per) > 1:
