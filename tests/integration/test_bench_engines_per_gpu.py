@@ -58,7 +58,10 @@ def one_pretend_gpu():
     from ray import cloudpickle
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
-    ray.init(num_cpus=4, num_gpus=1, include_dashboard=False, log_to_driver=False)
+    if ray.is_initialized():
+        ray.shutdown()
+    # a cluster of its own ("local"), whatever other tests or a `ray start` left running
+    ray.init(address="local", num_cpus=4, num_gpus=1, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
