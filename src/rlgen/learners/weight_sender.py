@@ -169,8 +169,8 @@ class WeightSender:
                         raise SyncError(f"{self.name}: the weights no longer match the IPC layout at {name!r} (got "
                                         f"{got[0] if got else 'nothing'!r}); the learner's parameters changed.")
                     view.copy_(got[1])
-            if view.is_cuda:
-                torch.cuda.synchronize(view.device)  # the engines read the buffer from other processes
+            if torch.device(self.device).type == "cuda":  # the buffer lives on the learner's device
+                torch.cuda.synchronize(self.device)  # the engines read the buffer from other processes
             p1 = time.time()
             done = get_all([e.receive_ipc.remote(handle, chunk, version, first=k == 0, last=k == len(layout) - 1,
                                                  pause=pause, timeout_s=timeout_s) for e in engines],

@@ -58,4 +58,4 @@ def token_version_metrics(batch: Any, learner_version: int) -> dict[str, float]:
     versions = tv[mask].float()
     first = tv[:, :1].expand_as(tv)[mask]  # each row's first token: its version when sampling began
     return {"token_staleness_mean": float((learner_version - versions).mean()),
-            "tokens_after_update_frac": float((tv[mask] > first).float().mean())}
+            "tokens_after_update_frac": float((versions > first).float().mean())}
