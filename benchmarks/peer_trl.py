@@ -14,7 +14,9 @@ Sides:
   learner trains (``algo.async_steps=0``).
 - ``rlgen_async``: the same with ``algo.async_steps=1``: the engine stays awake and generates the next batch
   while the learner trains; weight updates land in flight.
-- ``rlgen:<name>:<override>[,<override>...]``: another rlgen variant (e.g. ``rlgen:level2:sync.sleep_level=2``).
+- ``rlgen_async_x2``: the same with two engines on the GPU (``engine.engines_per_gpu=2``), splitting the
+  engine share and the prompts between them.
+- ``rlgen:<name>:<override>``: another rlgen variant with one more override (e.g. ``rlgen:level2:sync.sleep_level=2``).
 
 Every side runs ``--steps`` optimizer steps of ``--prompts`` x ``--samples`` sequences. A step's time is the
 wall time between the ends of two consecutive steps, so each side's logging and bookkeeping count. The report
@@ -48,6 +50,7 @@ HERE = Path(__file__).resolve()
 BUILTIN_SIDES = {
     "rlgen": ["algo.async_steps=0"],
     "rlgen_async": ["algo.async_steps=1"],
+    "rlgen_async_x2": ["algo.async_steps=1", "engine.engines_per_gpu=2"],
 }
 
 

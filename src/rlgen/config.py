@@ -81,6 +81,10 @@ VLLM_ENV_REMOVED_IN_0_26: dict[str, str] = {
 class EngineConfig:
     kind: EngineKind = EngineKind.hf
     num_engines: int | None = None  # None: as many as the engine GPUs hold (1 on CPU)
+    # colocated vLLM engines (TP 1) that share each GPU: they split the engines' memory share
+    # (gpu_memory_utilization) evenly and start one after another. At small models each engine core's CPU work,
+    # not the GPU, sets the decode pace, so k engine cores keep the GPU busier.
+    engines_per_gpu: int = 1
     tensor_parallel_size: int = 1
     # null: the plan derives it (colocated: what the learner leaves free; own GPUs: vLLM's 0.9)
     gpu_memory_utilization: float | None = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+import time
 
 import pytest
 import ray.cloudpickle
@@ -26,6 +27,7 @@ ENGINES = ["hf", "vllm", "vllm_tp2", "vllm_tp4"]
 HARDWARE = ["cpu", "2xcpu", "1xh100", "1xh200", "2xh200", "4xh200", "8xh100", "8xh200", "2x8xh100"]
 COLOCATED = [False, True]
 ACCEPTED_PLANS = 23  # of the 72 combinations today; a change in either direction must be deliberate
+SHARED_START_S = 1.5  # how long a stand-in engine that shares its GPU takes to start
 
 
 def _where() -> dict:
@@ -37,10 +39,15 @@ class StandInEngine:
     def __init__(self, model_path, engine, device="cpu", seed=0, name="engine0", version=0, **kwargs):
         self.name, self.device, self.kwargs, self.transfer = name, device, sorted(kwargs), None
         self.received: list[int] = []  # versions that came over the weight transport
+        self.share, self.born = engine.gpu_memory_utilization, time.time()
+        if engine.engines_per_gpu > 1:  # a start that takes a while, like vLLM's, to see engines start in turn
+            time.sleep(SHARED_START_S)
+        self.ready = time.time()
 
     def health(self) -> dict:
         return {"ok": True, "name": self.name, "device": self.device, "kwargs": self.kwargs,
-                "transfer": self.transfer, "received": self.received, **_where()}
+                "transfer": self.transfer, "received": self.received, "share": self.share, "born": self.born,
+                "ready": self.ready, **_where()}
 
     def init_weight_transfer(self, init_info: dict, timeout_s: float = 0.0) -> dict:
         self.transfer = dict(init_info)
@@ -115,7 +122,7 @@ def fake_cluster():
     c.shutdown()
 
 
-def test_every_accepted_plan_is_set_up_as_planned(fake_cluster, monkeypatch, tmp_path):
+def _stand_ins(monkeypatch) -> None:
     from rlgen.models import prepare_model
 
     tiny = prepare_model(compose_run_config([]))  # what every stand-in is handed; no preset is built
@@ -124,6 +131,10 @@ def test_every_accepted_plan_is_set_up_as_planned(fake_cluster, monkeypatch, tmp
                         _stand_in(actor_classes.engine_class, StandInEngine))
     monkeypatch.setattr("rlgen.runtime.orchestrator.learner_class",
                         _stand_in(actor_classes.learner_class, StandInLearner))
+
+
+def test_every_accepted_plan_is_set_up_as_planned(fake_cluster, monkeypatch, tmp_path):
+    _stand_ins(monkeypatch)
     accepted, refused = _plans()
     assert len(accepted) == ACCEPTED_PLANS, [o[:3] for o, _ in accepted]
     for n, (overrides, plan) in enumerate(accepted):
@@ -172,3 +183,24 @@ def _check(plan, node_ids: list[str], engines: list[dict], learners: list[dict],
     # NCCL and IPC send the starting weights once before step 0 (their warm-up); the object store sends none
     warmed = plan.transport in (Transport.nccl, Transport.cuda_ipc)
     assert all(e["received"] == ([0] if warmed else []) for e in engines), what
+
+
+def test_engines_sharing_a_gpu_start_in_turn_beside_the_learner_and_split_its_share(fake_cluster, monkeypatch,
+                                                                                    tmp_path):
+    _stand_ins(monkeypatch)
+    overrides = ["engine=vllm", "hardware=1xh200", "engine.engines_per_gpu=2", "progress=false", "eval.every=0"]
+    cfg = compose_run_config(overrides)
+    plan = build_plan(cfg)
+    orch = Orchestrator(cfg, plan, tmp_path, console=Console(quiet=True))
+    try:
+        orch.setup()
+        engines = ray.get([a.health.remote() for a in orch.engines], timeout=120)
+        learners = ray.get([a.health.remote() for a in orch.learners], timeout=120)
+    finally:
+        orch.cleanup()
+    _check(plan, orch.node_ids, engines, learners, "two engines per GPU")
+    assert [e["gpus"] for e in engines] == [learners[0]["gpus"]] * 2  # both on the learner's one GPU
+    share = plan.apply(cfg).engine.gpu_memory_utilization
+    assert [e["share"] for e in engines] == [round(share / 2, 4)] * 2
+    # the second engine was created only once the first had started (vLLM sizes its KV cache from free memory)
+    assert engines[1]["born"] >= engines[0]["ready"]

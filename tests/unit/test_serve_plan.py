@@ -98,6 +98,8 @@ def test_serve_plan_uses_every_gpu_for_engines():
     (["engine=vllm", "hardware=1xh100", "serve.data_parallel=2"], None, "need 2 GPUs, and hardware=1xh100 has 1"),
     (["serve.port=0"], None, "serve.port=0 is not a TCP port"),
     (["engine=remote"], None, "engine=remote uses a server"),
+    (["engine=vllm", "hardware=1xh100", "engine.engines_per_gpu=2"], None,
+     "engine.engines_per_gpu=2 is for training runs; set engine.engines_per_gpu=1"),
 ])
 def test_serve_plan_refusals(overrides, token, text):
     with pytest.raises(PlanError) as err:

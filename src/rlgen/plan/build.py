@@ -140,9 +140,32 @@ def _model_summary(cfg: RunConfig) -> ModelSummary:
     return ModelSummary(m.name, params, vocab, params * 2 / GIB, kv_per_token)
 
 
+def shared_gpu_problem(cfg: RunConfig, colocated: bool) -> str | None:
+    """Why engine.engines_per_gpu > 1 cannot run here, with the fix (None: it can, or it is 1)."""
+    e, hw, k = cfg.engine, cfg.hardware, cfg.engine.engines_per_gpu
+    if k == 1:
+        return None
+    if e.kind != EngineKind.vllm or hw.gpus_per_node == 0:
+        return (f"engine.engines_per_gpu={k} shares a GPU between vLLM engines, and engine={e.kind.value} on "
+                f"hardware={hw.name} runs one engine per device; set engine.engines_per_gpu=1.")
+    if e.tensor_parallel_size != 1:
+        return (f"engine.engines_per_gpu={k} shares one GPU between engines, but engine.tensor_parallel_size="
+                f"{e.tensor_parallel_size} spreads each engine over whole GPUs; set one of them to 1.")
+    if not colocated:
+        return (f"engine.engines_per_gpu={k} needs engines colocated with the learner (hardware.colocated=true), "
+                "where weights reach every engine on the GPU through CUDA IPC. Engines on their own GPUs take "
+                "weights over NCCL, which cannot hold two engines of one GPU in one update; set "
+                "hardware.colocated=true, or engine.engines_per_gpu=1.")
+    return None
+
+
 def _place_engines(cfg: RunConfig, colocated: bool, p: list[str]) -> tuple[EngineSlot, ...]:
     e, hw = cfg.engine, cfg.hardware
     tp = e.tensor_parallel_size
+    shared = shared_gpu_problem(cfg, colocated)
+    if shared:
+        p.append(shared)
+        return ()
     if e.kind == EngineKind.remote:
         # The server's engines, each spoken for by a small CPU actor beside the learners (rank 0's node).
         node = hw.nodes - 1 if hw.gpus_per_node == 0 else 0
@@ -201,12 +224,20 @@ def _place_engines(cfg: RunConfig, colocated: bool, p: list[str]) -> tuple[Engin
             )
             return ()
         for g in range(0, here, tp):
-            slots.append(EngineSlot(len(slots), node, tuple(range(g, g + tp)), tp))
+            for _ in range(e.engines_per_gpu):  # engines sharing a GPU sit next to each other
+                slots.append(EngineSlot(len(slots), node, tuple(range(g, g + tp)), tp))
         remaining -= here
         if remaining == 0:
             break
     want = e.num_engines
     if want is not None:
+        if want > len(slots) and e.engines_per_gpu > 1:
+            p.append(
+                f"engine.num_engines={want} is more than the {len(slots)} engines that {engine_gpus} GPU(s) hold at "
+                f"engine.engines_per_gpu={e.engines_per_gpu} on hardware={hw.name}; set engine.num_engines<="
+                f"{len(slots)}, or raise engine.engines_per_gpu."
+            )
+            return ()
         if want > len(slots):
             p.append(
                 f"engine.num_engines={want} with tensor_parallel_size={tp} needs {want * tp} GPUs, but only "
@@ -298,17 +329,21 @@ def _check_lengths(cfg: RunConfig, ms: ModelSummary, n_engine_gpus_each: int, p:
 
 
 def check_engine_floor(cfg: RunConfig, ms: ModelSummary, p: list[str]) -> None:
-    """A vLLM engine's share of its GPU holds its weights and one max_model_len sequence's KV cache."""
+    """A vLLM engine's share of its GPU holds its weights and one max_model_len sequence's KV cache (engines
+    sharing a GPU split gpu_memory_utilization evenly)."""
     e, hw = cfg.engine, cfg.hardware
     if hw.gpus_per_node and e.kind == EngineKind.vllm and e.gpu_memory_utilization:
-        usable = hw.gpu.memory_gb * 1e9 / GIB * e.gpu_memory_utilization
+        k = e.engines_per_gpu
+        usable = hw.gpu.memory_gb * 1e9 / GIB * e.gpu_memory_utilization / k
         weights, kv_one = engine_floor_gib(cfg, ms.weight_gib_bf16, ms.kv_bytes_per_token)
         if weights + kv_one + ENGINE_HEADROOM_GIB > usable:
+            split = f" / {k} engines per GPU" if k > 1 else ""
+            fixes = "lower engine.engines_per_gpu, raise" if k > 1 else "raise engine.tensor_parallel_size or"
             p.append(
                 f"model {cfg.model.name} ({ms.params / 1e9:.2f}B params, {weights:.1f} GiB of bf16 weights per GPU) "
                 f"plus the KV cache of one {e.max_model_len}-token sequence ({kv_one:.1f} GiB) does not fit in "
-                f"{usable:.1f} GiB ({hw.gpu.memory_gb:g} GB x gpu_memory_utilization {e.gpu_memory_utilization}); "
-                "raise engine.tensor_parallel_size or engine.gpu_memory_utilization, or use a smaller model."
+                f"{usable:.1f} GiB ({hw.gpu.memory_gb:g} GB x gpu_memory_utilization {e.gpu_memory_utilization}"
+                f"{split}); {fixes} engine.gpu_memory_utilization, or use a smaller model."
             )
 
 

@@ -16,6 +16,10 @@ its cached memory after each step), and asleep while it trains; so the engine ma
 leaves, and the learner's peak must fit beside a sleeping engine. Colocated with ``algo.async_steps>0``, the
 engine stays awake and generates the next batch while the learner trains, so the learner's peak and the whole
 engine must fit AWAKE_SHARE of the GPU at once: the engine gets what the learner's peak leaves.
+
+With ``engine.engines_per_gpu`` k > 1 (colocated), engine.gpu_memory_utilization is the share of all k engines on
+a GPU, split evenly between them: each engine's part must hold its weights and one sequence, and every engine
+process past the first holds ENGINE_PROCESS_GIB outside its part.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ GIB = 2**30
 ENGINE_HEADROOM_GIB = 1.0  # activations, CUDA graphs and the sampler, beyond weights and KV
 LEARNER_OVERHEAD_GIB = 2.5  # CUDA context, NCCL communicators, DeepSpeed's reduce buckets
 ENGINE_ASLEEP_GIB = 2.0  # what a sleeping vLLM engine keeps: CUDA graphs, its context
+ENGINE_PROCESS_GIB = 2.5  # a further engine process on a GPU, outside its share (2.4 GiB measured on an H100)
 AWAKE_SHARE = 0.85  # colocated: engine awake + idle learner stay under this share of the GPU
 TRAIN_SHARE = 0.92  # the learner's peak (+ a sleeping engine) stays under this share of the GPU
 ENGINE_MAX_SHARE = 0.9  # vLLM's own default; engines on their own GPUs use it
@@ -90,6 +95,7 @@ class MemorySplit:
     micro_batch_size: int
     colocated: bool
     engine_awake: bool = False  # colocated, and the engine stays awake while the learner trains
+    engines_per_gpu: int = 1  # engines splitting engine_fraction between them
 
 
 def learner_memory(cfg: RunConfig, params: int, vocab: int, ranks: int, micro: int,
@@ -131,13 +137,15 @@ def fit_memory(cfg: RunConfig, model, ranks: int, per_rank: int, colocated: bool
     total = hw.gpu.memory_gb * 1e9 / GIB if gpu else 0.0
     vllm = gpu and cfg.engine.kind == EngineKind.vllm
     awake = colocated and vllm and a.async_steps > 0
-    need = (sum(engine_floor_gib(cfg, model.weight_gib_bf16, model.kv_bytes_per_token)) + ENGINE_HEADROOM_GIB
-            if vllm else 0.0)
+    k = cfg.engine.engines_per_gpu if (colocated and vllm) else 1
+    extra = (k - 1) * ENGINE_PROCESS_GIB  # engine processes past the first, outside the engines' share
+    need = k * (sum(engine_floor_gib(cfg, model.weight_gib_bf16, model.kv_bytes_per_token)) + ENGINE_HEADROOM_GIB
+                if vllm else 0.0)
     if awake:  # the whole engine stays beside the training learner: what the config gives it, else its floor
         given = cfg.engine.gpu_memory_utilization
-        train_room = AWAKE_SHARE * total - (given * total if given is not None else need)
+        train_room = AWAKE_SHARE * total - (given * total if given is not None else need) - extra
     else:
-        train_room = TRAIN_SHARE * total - (ENGINE_ASLEEP_GIB if (colocated and vllm) else 0.0)
+        train_room = TRAIN_SHARE * total - (k * ENGINE_ASLEEP_GIB if (colocated and vllm) else 0.0)
 
     # colocated vLLM engines take the weights from a resident buffer of at most one bucket (sync.bucket_mb)
     ipc = min(model.weight_gib_bf16, cfg.sync.bucket_mb / 1024) if (colocated and vllm) else 0.0
@@ -179,28 +187,28 @@ def fit_memory(cfg: RunConfig, model, ranks: int, per_rank: int, colocated: bool
     fraction = cfg.engine.gpu_memory_utilization
     if vllm:
         if awake:
-            fraction = _awake_fraction(cfg, learner, total, need, settings, p)
+            fraction = _awake_fraction(cfg, learner, total, need, extra, settings, p)
             if fraction is None:
                 return cfg, settings, None
         elif colocated:
-            derived = _share(AWAKE_SHARE * total - learner.idle, total)
+            derived = _share(AWAKE_SHARE * total - learner.idle - extra, total)
             if fraction is None:
                 if derived * total < need:
                     p.append(
                         f"colocated, the learner holds about {learner.idle:.1f} GiB of each {hw.gpu.memory_gb:g} GB "
-                        f"GPU even between steps, which leaves the engine {max(derived, 0) * total:.1f} GiB, less "
-                        f"than the {need:.1f} GiB its weights and one {cfg.engine.max_model_len}-token sequence "
-                        "need; spread the learner over more GPUs with learner.zero_stage=3, give engines their own "
+                        f"GPU even between steps, which leaves the engine{_ks(k)} {max(derived, 0) * total:.1f} GiB, "
+                        f"less than the {need:.1f} GiB {_its(k)} weights and one {cfg.engine.max_model_len}-token "
+                        f"sequence need; {_fewer(k)}spread the learner over more GPUs with learner.zero_stage=3, give engines their own "
                         "GPUs (hardware.colocated=false), or use a smaller model."
                     )
                     return cfg, settings, None
                 fraction = derived
                 settings.append(Setting("engine.gpu_memory_utilization", fraction,
                                         f"derived: what the idle learner ({learner.idle:.1f} GiB) leaves of "
-                                        f"{AWAKE_SHARE:.0%} of the GPU"))
+                                        f"{AWAKE_SHARE:.0%} of the GPU" + _split(k, fraction)))
             else:
                 settings.append(Setting("engine.gpu_memory_utilization", fraction, "config"))
-                if fraction * total + learner.idle > AWAKE_SHARE * total + 1e-9:
+                if fraction * total + learner.idle + extra > AWAKE_SHARE * total + 1e-9:
                     p.append(
                         f"engine.gpu_memory_utilization={fraction} asks for {fraction * total:.1f} GiB of a GPU where "
                         f"the learner already holds about {learner.idle:.1f} GiB between steps; leave it unset "
@@ -217,36 +225,58 @@ def fit_memory(cfg: RunConfig, model, ranks: int, per_rank: int, colocated: bool
     else:
         settings += _engine_setting(cfg)
     return cfg, settings, MemorySplit(round(total, 2), fraction if vllm else None, round(learner.idle, 2),
-                                      round(learner.peak, 2), micro, colocated, awake)
+                                      round(learner.peak, 2), micro, colocated, awake, k)
 
 
-def _awake_fraction(cfg: RunConfig, learner: LearnerMemory, total: float, need: float, settings: list[Setting],
-                    p: list[str]) -> float | None:
+def _ks(k: int) -> str:
+    return f"s ({k} per GPU)" if k > 1 else ""
+
+
+def _its(k: int) -> str:
+    return f"their {k} sets of" if k > 1 else "its"
+
+
+def _fewer(k: int) -> str:
+    return "lower engine.engines_per_gpu, " if k > 1 else ""
+
+
+def _split(k: int, fraction: float) -> str:
+    """How a derived share is split between the engines on a GPU ("" for one engine)."""
+    if k == 1:
+        return ""
+    return (f", less {k - 1} x {ENGINE_PROCESS_GIB:g} GiB for the engine processes past the first; split between "
+            f"{k} engines, {fraction / k:.3f} each")
+
+
+def _awake_fraction(cfg: RunConfig, learner: LearnerMemory, total: float, need: float, extra: float,
+                    settings: list[Setting], p: list[str]) -> float | None:
     """Colocated with async_steps > 0: the engine's share, beside the learner at its peak. Both stay under
     AWAKE_SHARE of the GPU: the learner's caching allocator holds its peak between steps, and NCCL allocates
     its buffers outside it at the first collective (a checkpoint's barrier on one rank), which failed on one
     H100 with the engine at what the peak left of TRAIN_SHARE."""
-    derived = _share(AWAKE_SHARE * total - learner.peak, total)
+    k = cfg.engine.engines_per_gpu
+    derived = _share(AWAKE_SHARE * total - learner.peak - extra, total)
     fraction = cfg.engine.gpu_memory_utilization
     if fraction is None:
         if derived * total < need:
             p.append(
                 f"colocated with algo.async_steps={cfg.algo.async_steps}, the engine stays awake while the learner "
-                f"trains, and the learner's peak of about {learner.peak:.1f} GiB leaves the engine "
-                f"{max(derived, 0) * total:.1f} GiB of the {total:.0f} GiB GPU, less than the {need:.1f} GiB its "
-                "weights and one sequence need; set algo.async_steps=0 (the engine sleeps while the learner "
-                "trains), or lower algo.micro_batch_size."
+                f"trains, and the learner's peak of about {learner.peak:.1f} GiB leaves the engine{_ks(k)} "
+                f"{max(derived, 0) * total:.1f} GiB of the {total:.0f} GiB GPU, less than the {need:.1f} GiB "
+                f"{_its(k)} weights and one sequence need; {_fewer(k)}set algo.async_steps=0 (the engine sleeps "
+                "while the learner trains), or lower algo.micro_batch_size."
             )
             return None
         settings.append(Setting("engine.gpu_memory_utilization", derived,
                                 f"derived: what the learner's peak ({learner.peak:.1f} GiB) leaves of "
-                                f"{AWAKE_SHARE:.0%} of the GPU, the engine staying awake (async_steps>0)"))
+                                f"{AWAKE_SHARE:.0%} of the GPU, the engine staying awake (async_steps>0)"
+                                + _split(k, derived)))
         return derived
     settings.append(Setting("engine.gpu_memory_utilization", fraction, "config"))
     if fraction * total < need:
-        p.append(f"engine.gpu_memory_utilization={fraction} gives the engine {fraction * total:.1f} GiB, less than the "
-                 f"{need:.1f} GiB its weights and one {cfg.engine.max_model_len}-token sequence need; raise it, or "
-                 "lower engine.max_model_len.")
+        p.append(f"engine.gpu_memory_utilization={fraction} gives the engine{_ks(k)} {fraction * total:.1f} GiB, less "
+                 f"than the {need:.1f} GiB {_its(k)} weights and one {cfg.engine.max_model_len}-token sequence need; "
+                 f"raise it, {_fewer(k)}or lower engine.max_model_len.")
     return fraction
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from rlgen.plan import Plan
@@ -13,6 +14,7 @@ class ActorPlacement:
     bundle: int  # bundle index inside that group
     num_cpus: float
     num_gpus: float
+    per_gpu: int = 1  # engines sharing this engine's GPU (engine.engines_per_gpu), this one included
 
 
 @dataclass(frozen=True)
@@ -46,18 +48,21 @@ def plan_bundles(plan: Plan) -> Placement:
             bundles[g].append({"CPU": 1.0})
             learners.append(ActorPlacement(g, len(bundles[g]) - 1, 1.0, 0.0))
     elif plan.colocated:
-        # One bundle per GPU, held by the learner rank there. A TP-1 engine shares its GPU's bundle and
-        # asks for half the GPU; a TP>1 engine is pinned to its first GPU's bundle and asks for none, since
-        # vLLM starts its own per-GPU workers.
+        # One bundle per GPU, held by the learner rank there. TP-1 engines share their GPU's bundle and ask
+        # for half the GPU between them; a TP>1 engine is pinned to its first GPU's bundle and asks for none,
+        # since vLLM starts its own per-GPU workers.
+        sharing = Counter((e.node, e.gpus[0]) for e in plan.engines)
         gpu_bundle: dict[tuple[int, int], tuple[int, int]] = {}
         for lr in plan.learners:
             g = group_of[lr.node]
-            bundles[g].append({"CPU": 2.0, "GPU": 1.0})
+            # a CPU for the learner and one for each engine pinned here (one at least)
+            bundles[g].append({"CPU": 1.0 + max(1, sharing[(lr.node, lr.gpu)]), "GPU": 1.0})
             gpu_bundle[(lr.node, lr.gpu)] = (g, len(bundles[g]) - 1)
             learners.append(ActorPlacement(g, len(bundles[g]) - 1, 1.0, 0.5))
         for e in plan.engines:
             g, b = gpu_bundle[(e.node, e.gpus[0])]
-            engines.append(ActorPlacement(g, b, 1.0, 0.5 if e.tensor_parallel_size == 1 else 0.0))
+            k = sharing[(e.node, e.gpus[0])]
+            engines.append(ActorPlacement(g, b, 1.0, 0.5 / k if e.tensor_parallel_size == 1 else 0.0, k))
     else:
         for e in own:
             g = group_of[e.node]
@@ -71,3 +76,19 @@ def plan_bundles(plan: Plan) -> Placement:
             bundles[g].append({"CPU": 1.0, "GPU": 1.0})
             learners.append(ActorPlacement(g, len(bundles[g]) - 1, 1.0, 1.0))
     return Placement(tuple(tuple(b) for b in bundles), tuple(engines), tuple(learners))
+
+
+def start_waves(plan: Plan) -> list[list[int]]:
+    """Engine indices in the order they may start: wave j holds the j-th engine of every GPU. Engines that share
+    a GPU start one after another, since vLLM sizes each one's KV cache from the memory free as it starts; one
+    engine per GPU is a single wave."""
+    seen: Counter = Counter()
+    waves: list[list[int]] = []
+    for i, e in enumerate(plan.engines):
+        key = (e.node, e.gpus) if e.gpus else i  # engines without GPUs (CPU, remote) share nothing
+        j = seen[key]
+        seen[key] += 1
+        if j == len(waves):
+            waves.append([])
+        waves[j].append(i)
+    return waves

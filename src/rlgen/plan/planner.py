@@ -161,7 +161,11 @@ def predict(
         return Prediction(False, "the plan places no engines or no learners.")
     m, b, e = cfg.model, plan.batch, cfg.engine
     params, kvb = plan.model.params, plan.model.kv_bytes_per_token
-    n, tp = len(plan.engines), plan.engines[0].tensor_parallel_size
+    tp = plan.engines[0].tensor_parallel_size
+    # engines sharing a GPU (engine.engines_per_gpu) are drawn as one engine with the GPU's whole engine share:
+    # the roofline is the GPU's, and what parallel engine cores save in CPU work per step is not modelled
+    n = len({(e.node, e.gpus) if e.gpus else e.index for e in plan.engines})
+    shared = len(plan.engines) > n
     prompt = float(mean_prompt_tokens if mean_prompt_tokens is not None else b.max_prompt_tokens)
     resp = float(mean_response_tokens if mean_response_tokens is not None else b.max_new_tokens)
     weights = params * BF16_BYTES
@@ -208,6 +212,9 @@ def predict(
     else:
         sync_s = 0.0
         sync_src = "not modelled for this transport"
+    if shared:
+        notes.append(f"{len(plan.engines)} engines share {n} GPU(s): drawn as one engine per GPU, so the gain "
+                     "from several engine cores' CPU work in parallel is not in the prediction.")
     if plan.engine_kind != "vllm":
         notes.append(f"decode overhead is calibrated on vLLM; engine={plan.engine_kind} is likely slower.")
     if m.hidden_size < LEARNER_MFU_POINTS[0][0]:

@@ -27,6 +27,8 @@ def memory_line(plan: Plan) -> str | None:
     if m.engine_fraction is None:
         return f"memory per GPU ({m.gpu_gib:.0f} GiB): {learner}"
     engine = f"vLLM gpu_memory_utilization {m.engine_fraction:.2f} ({m.engine_fraction * m.gpu_gib:.1f} GiB)"
+    if m.engines_per_gpu > 1:
+        engine += f" split between {m.engines_per_gpu} engines ({m.engine_fraction / m.engines_per_gpu:.3f} each)"
     if m.colocated and m.engine_awake:
         return (f"memory per GPU ({m.gpu_gib:.0f} GiB), shared: {engine}, awake throughout; {learner} (both fit "
                 "at once: the engine generates the next batch while the learner trains)")
@@ -61,7 +63,7 @@ def print_plan(plan: Plan, cfg: RunConfig, console: Console | None = None) -> No
     for lr in plan.learners:
         t.add_row(f"learner{lr.rank}", learner_kind, str(lr.node), _gpus(plan, lr.gpu), "-")
     console.print(t)
-    engine_gpus = sum(len(e.gpus) for e in plan.engines)
+    engine_gpus = len({(e.node, g) for e in plan.engines for g in e.gpus})
     learner_gpus = sum(1 for lr in plan.learners if lr.gpu is not None)
     console.print(
         f"{len(plan.engines)} {plan.engine_kind} engine(s) of TP {plan.engines[0].tensor_parallel_size if plan.engines else 0} "

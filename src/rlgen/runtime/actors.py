@@ -3,6 +3,7 @@ their bundles. ``ActorFactory.engine(i)`` is also how a dead engine is re-create
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -164,6 +165,10 @@ class ActorFactory:
 
         slot, ap = self.plan.engines[index], self.placement.engines[index]
         env = dict(self.plan.engine_env) if self.plan.engine_kind == "vllm" else {}
+        engine_cfg = self.cfg.engine
+        if ap.per_gpu > 1 and engine_cfg.gpu_memory_utilization:  # engines on one GPU split its engine share
+            engine_cfg = dataclasses.replace(engine_cfg, gpu_memory_utilization=round(
+                engine_cfg.gpu_memory_utilization / ap.per_gpu, 4))
         return (
             ray.remote(self.engine_cls)
             .options(
@@ -175,7 +180,7 @@ class ActorFactory:
                 max_concurrency=4 if self.plan.engine_kind == "vllm" or self.remote_nccl else 1,
                 runtime_env={"env_vars": actor_env(self.cfg, env)},
             )
-            .remote(_at(model_path, self.engine_node(index)), self.cfg.engine, device=self.device,
+            .remote(_at(model_path, self.engine_node(index)), engine_cfg, device=self.device,
                     seed=self.cfg.seed + slot.index, name=f"engine{slot.index}", version=version, **self.engine_kwargs)
         )
 

@@ -26,7 +26,7 @@ from rlgen import STARTED_AT
 from rlgen.config import BreakerAction, RunConfig
 from rlgen.monitor import CircuitBreaker
 from rlgen.plan import Plan
-from rlgen.plan.placement import plan_bundles
+from rlgen.plan.placement import plan_bundles, start_waves
 from rlgen.runtime.actors import (
     QUIET_ENV,
     ActorFactory,
@@ -145,7 +145,6 @@ class Orchestrator:
         learner_cls, learner_kwargs = (self._learner_cls, {}) if self._learner_cls else learner_class(cfg, plan)
         self.factory = ActorFactory(cfg, plan, self.placement, self.pgs, self.node_ids, engine_cls, engine_kwargs,
                                     learner_cls, learner_kwargs)
-        self.engines = [self.factory.engine(i, self.folders.engine_paths, self.version) for i in range(len(plan.engines))]
         self.engine_names = [f"engine{s.index}" for s in plan.engines]
         rendezvous = None
         if len(self.placement.learners) > 1:
@@ -153,8 +152,8 @@ class Orchestrator:
                                          cfg.startup_timeout_s)
         self.learners = self.factory.learners(self.folders.learner_paths, rendezvous, **self.folders.learner_extra)
         self.learner = self.learners[0]
-        health = self.waiter.get([a.health.remote() for a in [*self.engines, *self.learners]], "actor start-up",
-                                 cfg.startup_timeout_s)
+        health = self._start_engines(plan)
+        health += self.waiter.get([a.health.remote() for a in self.learners], "actor start-up", cfg.startup_timeout_s)
         bad = [h for h in health if not h.get("ok")]
         if bad:
             raise RunError(f"actors reported unhealthy at start-up: {bad}")
@@ -184,6 +183,20 @@ class Orchestrator:
         if self.resume:
             self._restore(self.resume)
         self.startup["setup_s"] = time.time() - t_setup
+
+    def _start_engines(self, plan: Plan) -> list[dict[str, Any]]:
+        """Start the engines wave by wave (engines sharing a GPU one after another, beside the learners already
+        starting) and return their health reports."""
+        waves = start_waves(plan)
+        self.engines = [None] * len(plan.engines)
+        health: list[dict[str, Any]] = []
+        for j, wave in enumerate(waves):
+            for i in wave:
+                self.engines[i] = self.factory.engine(i, self.folders.engine_paths, self.version)
+            what = "actor start-up" if len(waves) == 1 else f"engine start-up, wave {j + 1} of {len(waves)}"
+            health += self.waiter.get([self.engines[i].health.remote() for i in wave], what,
+                                      self.cfg.startup_timeout_s)
+        return health
 
     def _note_actors(self, health: list[dict[str, Any]]) -> None:
         if self.status is None:

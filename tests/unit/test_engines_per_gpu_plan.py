@@ -1,0 +1,96 @@
+"""engine.engines_per_gpu: several colocated vLLM engines on one GPU. The plan places them in the learner's
+bundle, splits the engines' memory share between them, starts them one after another, and refuses the
+layouts where they cannot run, with the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlgen.compose import compose_run_config
+from rlgen.plan import PlanError, build_plan
+from rlgen.plan.memory import ENGINE_PROCESS_GIB
+from rlgen.plan.placement import ActorPlacement, plan_bundles, start_waves
+from rlgen.plan.planner import predict
+from rlgen.plan.view import memory_line
+
+ONE_GPU = ["engine=vllm", "hardware=1xh100", "model=qwen2_5_0_5b"]
+
+
+def plan_of(*overrides: str):
+    return build_plan(compose_run_config([*ONE_GPU, *overrides]))
+
+
+def settings(plan) -> dict:
+    return {s.key: (s.value, s.source) for s in plan.settings}
+
+
+def test_two_engines_share_the_learners_gpu_and_its_bundle():
+    plan = plan_of("engine.engines_per_gpu=2")
+    assert plan.colocated and [(e.node, e.gpus) for e in plan.engines] == [(0, (0,)), (0, (0,))]
+    pl = plan_bundles(plan)
+    assert pl.groups == (({"CPU": 3.0, "GPU": 1.0},),)  # a CPU for the learner and for each engine
+    # the learner holds half the GPU, the two engines a quarter each, all in the learner's bundle
+    assert pl.learners == (ActorPlacement(0, 0, 1.0, 0.5),)
+    assert pl.engines == (ActorPlacement(0, 0, 1.0, 0.25, 2),) * 2
+    assert sum(a.num_gpus for a in (*pl.engines, *pl.learners)) == 1.0
+    assert start_waves(plan) == [[0], [1]]  # one after the other
+
+
+def test_num_engines_caps_the_engines_on_a_gpu():
+    plan = plan_of("engine.engines_per_gpu=3", "engine.num_engines=2")
+    assert len(plan.engines) == 2
+    assert [a.per_gpu for a in plan_bundles(plan).engines] == [2, 2]  # those placed split the share
+    with pytest.raises(PlanError) as err:
+        plan_of("engine.engines_per_gpu=3", "engine.num_engines=4")
+    assert "engine.num_engines=4 is more than the 3 engines that 1 GPU(s) hold" in str(err.value)
+
+
+def test_one_engine_per_gpu_starts_in_one_wave():
+    assert start_waves(plan_of()) == [[0]]
+    cpu = build_plan(compose_run_config(["engine.num_engines=2"]))  # CPU engines share no GPU: no waiting
+    assert start_waves(cpu) == [[0, 1]]
+
+
+def test_the_engines_share_is_split_and_the_extra_processes_are_counted():
+    one, two = plan_of(), plan_of("engine.engines_per_gpu=2")
+    m1, m2 = one.memory, two.memory
+    assert (m1.engines_per_gpu, m2.engines_per_gpu) == (1, 2)
+    assert m2.engine_awake and m2.learner_peak_gib == m1.learner_peak_gib
+    # the second engine process holds ENGINE_PROCESS_GIB outside the share: the derived share is smaller
+    assert m2.engine_fraction < m1.engine_fraction
+    assert m2.engine_fraction * m2.gpu_gib + ENGINE_PROCESS_GIB + m2.learner_peak_gib <= 0.85 * m2.gpu_gib
+    why = settings(two)["engine.gpu_memory_utilization"][1]
+    assert f"split between 2 engines, {m2.engine_fraction / 2:.3f} each" in why
+    assert "split between 2 engines" in memory_line(two)
+
+
+def test_a_given_share_must_hold_every_engine():
+    # 0.5B: about 1 GiB of weights plus one 576-token sequence and headroom per engine, so 0.05 of an H100 (4 GiB)
+    # holds one engine but not four
+    assert plan_of("engine.gpu_memory_utilization=0.05", "engine.max_model_len=576").engines
+    with pytest.raises(PlanError) as err:
+        plan_of("engine.gpu_memory_utilization=0.05", "engine.max_model_len=576", "engine.engines_per_gpu=4")
+    assert "/ 4 engines per GPU" in str(err.value) and "lower engine.engines_per_gpu" in str(err.value)
+
+
+@pytest.mark.parametrize(("overrides", "text"), [
+    (["engine=hf", "hardware=cpu", "engine.engines_per_gpu=2"],
+     "engine=hf on hardware=cpu runs one engine per device; set engine.engines_per_gpu=1"),
+    (["engine=vllm", "hardware=2xh200", "engine.engines_per_gpu=2"],
+     "needs engines colocated with the learner (hardware.colocated=true)"),
+    (["engine=vllm_tp2", "hardware=2xh200", "hardware.colocated=true", "engine.engines_per_gpu=2"],
+     "engine.tensor_parallel_size=2 spreads each engine over whole GPUs; set one of them to 1"),
+    (["engine=vllm", "hardware=1xh100", "engine.engines_per_gpu=0"], "engine.engines_per_gpu=0 must be at least 1"),
+])
+def test_refusals_say_how_to_fix(overrides, text):
+    with pytest.raises(PlanError) as err:
+        build_plan(compose_run_config(overrides))
+    assert any(text in p for p in err.value.problems), err.value.problems
+
+
+def test_the_prediction_draws_engines_on_one_gpu_as_one():
+    one, two = predict(plan_of(), compose_run_config(ONE_GPU)), predict(
+        plan_of("engine.engines_per_gpu=2"), compose_run_config([*ONE_GPU, "engine.engines_per_gpu=2"]))
+    assert one.available and two.available and two.num_engines == 1
+    assert two.gen_s == pytest.approx(one.gen_s, rel=0.1)  # the same GPU share, drawn as one engine
+    assert any("2 engines share 1 GPU(s)" in n for n in two.notes)
