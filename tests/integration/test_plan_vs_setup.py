@@ -139,15 +139,20 @@ def test_every_accepted_plan_is_set_up_as_planned(fake_cluster, monkeypatch, tmp
     assert len(accepted) == ACCEPTED_PLANS, [o[:3] for o, _ in accepted]
     for n, (overrides, plan) in enumerate(accepted):
         what = " ".join(overrides[:3])
-        cfg = compose_run_config(overrides)
-        orch = Orchestrator(cfg, plan, tmp_path / str(n), console=Console(quiet=True))
-        try:
-            orch.setup()
-            engines = ray.get([a.health.remote() for a in orch.engines], timeout=120)
-            learners = ray.get([a.health.remote() for a in orch.learners], timeout=120)
-        finally:
-            orch.cleanup()
-        _check(plan, orch.node_ids, engines, learners, what)
+        node_ids, engines, learners = _set_up(compose_run_config(overrides), plan, tmp_path / str(n))
+        _check(plan, node_ids, engines, learners, what)
+
+
+def _set_up(cfg, plan, out) -> tuple[list[str], list[dict], list[dict]]:
+    """Set the plan up with the stand-ins; (Ray node ids, engines' and learners' health reports)."""
+    orch = Orchestrator(cfg, plan, out, console=Console(quiet=True))
+    try:
+        orch.setup()
+        engines = ray.get([a.health.remote() for a in orch.engines], timeout=120)
+        learners = ray.get([a.health.remote() for a in orch.learners], timeout=120)
+    finally:
+        orch.cleanup()
+    return orch.node_ids, engines, learners
 
 
 def _check(plan, node_ids: list[str], engines: list[dict], learners: list[dict], what: str) -> None:
@@ -191,14 +196,8 @@ def test_engines_sharing_a_gpu_start_in_turn_beside_the_learner_and_split_its_sh
     overrides = ["engine=vllm", "hardware=1xh200", "engine.engines_per_gpu=2", "progress=false", "eval.every=0"]
     cfg = compose_run_config(overrides)
     plan = build_plan(cfg)
-    orch = Orchestrator(cfg, plan, tmp_path, console=Console(quiet=True))
-    try:
-        orch.setup()
-        engines = ray.get([a.health.remote() for a in orch.engines], timeout=120)
-        learners = ray.get([a.health.remote() for a in orch.learners], timeout=120)
-    finally:
-        orch.cleanup()
-    _check(plan, orch.node_ids, engines, learners, "two engines per GPU")
+    node_ids, engines, learners = _set_up(cfg, plan, tmp_path)
+    _check(plan, node_ids, engines, learners, "two engines per GPU")
     assert [e["gpus"] for e in engines] == [learners[0]["gpus"]] * 2  # both on the learner's one GPU
     share = plan.apply(cfg).engine.gpu_memory_utilization
     assert [e["share"] for e in engines] == [round(share / 2, 4)] * 2

@@ -198,8 +198,8 @@ def fit_memory(cfg: RunConfig, model, ranks: int, per_rank: int, colocated: bool
                         f"colocated, the learner holds about {learner.idle:.1f} GiB of each {hw.gpu.memory_gb:g} GB "
                         f"GPU even between steps, which leaves the engine{_ks(k)} {max(derived, 0) * total:.1f} GiB, "
                         f"less than the {need:.1f} GiB {_its(k)} weights and one {cfg.engine.max_model_len}-token "
-                        f"sequence need; {_fewer(k)}spread the learner over more GPUs with learner.zero_stage=3, give engines their own "
-                        "GPUs (hardware.colocated=false), or use a smaller model."
+                        f"sequence need; {_fewer(k)}spread the learner over more GPUs with learner.zero_stage=3, "
+                        "give engines their own GPUs (hardware.colocated=false), or use a smaller model."
                     )
                     return cfg, settings, None
                 fraction = derived

@@ -80,8 +80,8 @@ def build_serve_plan(cfg: RunConfig, token: str | None = None) -> Plan:
                  f"{cfg.serve.data_parallel * tp} GPUs, and hardware={hw.name} has {total}; lower one of them.")
         raise PlanError(p)
     if cfg.engine.engines_per_gpu != 1:
-        p.append(f"rlgen serve runs one engine per GPU group (serve.data_parallel of them), and "
-                 f"engine.engines_per_gpu={cfg.engine.engines_per_gpu} is for training runs; set engine.engines_per_gpu=1.")
+        p.append(f"rlgen serve runs one engine per GPU group (serve.data_parallel of them), and engine.engines_per_gpu="
+                 f"{cfg.engine.engines_per_gpu} is for training runs; set engine.engines_per_gpu=1.")
         raise PlanError(p)
     engines = _place_engines(cfg, False, p)
     ms = _model_summary(cfg)

@@ -153,7 +153,6 @@ class Orchestrator:
         self.learners = self.factory.learners(self.folders.learner_paths, rendezvous, **self.folders.learner_extra)
         self.learner = self.learners[0]
         health = self._start_engines(plan)
-        health += self.waiter.get([a.health.remote() for a in self.learners], "actor start-up", cfg.startup_timeout_s)
         bad = [h for h in health if not h.get("ok")]
         if bad:
             raise RunError(f"actors reported unhealthy at start-up: {bad}")
@@ -185,17 +184,20 @@ class Orchestrator:
         self.startup["setup_s"] = time.time() - t_setup
 
     def _start_engines(self, plan: Plan) -> list[dict[str, Any]]:
-        """Start the engines wave by wave (engines sharing a GPU one after another, beside the learners already
-        starting) and return their health reports."""
-        waves = start_waves(plan)
+        """Start the engines wave by wave, beside the learners already starting: engines that share a GPU start
+        one after another. Returns every actor's health report; the last wait covers the learners too, so one
+        that fails at start is reported with the last engines at the latest."""
+        waves = start_waves(plan) or [[]]
         self.engines = [None] * len(plan.engines)
         health: list[dict[str, Any]] = []
         for j, wave in enumerate(waves):
             for i in wave:
                 self.engines[i] = self.factory.engine(i, self.folders.engine_paths, self.version)
-            what = "actor start-up" if len(waves) == 1 else f"engine start-up, wave {j + 1} of {len(waves)}"
-            health += self.waiter.get([self.engines[i].health.remote() for i in wave], what,
-                                      self.cfg.startup_timeout_s)
+            last = j == len(waves) - 1
+            refs = [self.engines[i].health.remote() for i in wave] + (
+                [a.health.remote() for a in self.learners] if last else [])
+            what = "actor start-up" if last else f"engine start-up, wave {j + 1} of {len(waves)} (engines sharing a GPU)"
+            health += self.waiter.get(refs, what, self.cfg.startup_timeout_s)
         return health
 
     def _note_actors(self, health: list[dict[str, Any]]) -> None:
