@@ -169,11 +169,9 @@ def run_vllm_side(
     since vLLM sizes its KV cache from the memory free as it starts; the requests are dealt round-robin and
     all engines generate at once. engine_cls replaces VLLMEngine (tests run a stand-in without a GPU);
     busy_gpu adds the GPU's busy percentage to each run."""
-    import dataclasses
-
     import ray
 
-    from rlgen.plan.memory import ENGINE_MAX_SHARE
+    from rlgen.plan.memory import engine_part
 
     if engine_cls is None:
         from rlgen.engines.vllm import VLLMEngine as engine_cls
@@ -182,8 +180,7 @@ def run_vllm_side(
     if k > 1:
         if engine.tensor_parallel_size != 1:
             raise BenchError("bench.engines_per_gpu > 1 needs engine.tensor_parallel_size=1.")
-        share = engine.gpu_memory_utilization or ENGINE_MAX_SHARE
-        engine = dataclasses.replace(engine, gpu_memory_utilization=round(share / k, 4))
+        engine = engine_part(engine, k)
     baseline = gpu_used_gib() or 0.0
     mem.mark()
     t0 = time.time()
@@ -210,7 +207,7 @@ def run_vllm_side(
         if k > 1:
             rec["engines_per_gpu"] = k
             rec["gpu_memory_utilization_each"] = engine.gpu_memory_utilization
-        rec["engine_args"] = {k2: v for k2, v in (engine_args or {}).items()}
+        rec["engine_args"] = dict(engine_args or {})
         shards = split_round_robin(requests, k)
         runs = []
         for i in range(max(1, repeats)):

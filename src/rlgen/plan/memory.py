@@ -24,10 +24,11 @@ process past the first holds ENGINE_PROCESS_GIB outside its part.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
-from rlgen.config import EngineKind, RunConfig
+from rlgen.config import EngineConfig, EngineKind, RunConfig
 from rlgen.plan.recipes import Setting, recipe_for, set_key
 
 GIB = 2**30
@@ -120,6 +121,14 @@ def learner_memory(cfg: RunConfig, params: int, vocab: int, ranks: int, micro: i
         logits=logits_bytes(tokens, vocab) / GIB,
         ipc_buffer=ipc_gib,
     )
+
+
+def engine_part(engine: EngineConfig, k: int) -> EngineConfig:
+    """One of k engines sharing a GPU: engine with 1/k of the engines' memory share (vLLM's 0.9 when unset)."""
+    if k <= 1:
+        return engine
+    share = engine.gpu_memory_utilization or ENGINE_MAX_SHARE
+    return dataclasses.replace(engine, gpu_memory_utilization=round(share / k, 4))
 
 
 def _divisors_down(n: int) -> list[int]:
@@ -316,4 +325,4 @@ def _learner_too_big(cfg: RunConfig, learner: LearnerMemory, room: float, total:
             f"{room:.0f} GiB it can have of a {total:.0f} GiB GPU{beside}; use " + ", or ".join(fixes) + ".")
 
 
-__all__ = ["LearnerMemory", "MemorySplit", "fit_memory", "learner_memory"]
+__all__ = ["LearnerMemory", "MemorySplit", "engine_part", "fit_memory", "learner_memory"]

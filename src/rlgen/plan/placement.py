@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from rlgen.plan import Plan
+from rlgen.plan import EngineSlot, Plan
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,11 @@ def plan_bundles(plan: Plan) -> Placement:
     return Placement(tuple(tuple(b) for b in bundles), tuple(engines), tuple(learners))
 
 
+def gpu_group(e: EngineSlot) -> tuple:
+    """What engines on the same GPU(s) have in common; engines without GPUs (CPU, remote) share nothing."""
+    return (e.node, e.gpus) if e.gpus else ("alone", e.index)
+
+
 def start_waves(plan: Plan) -> list[list[int]]:
     """Engine indices in the order they may start: wave j holds the j-th engine of every GPU. Engines that share
     a GPU start one after another, since vLLM sizes each one's KV cache from the memory free as it starts; one
@@ -85,7 +90,7 @@ def start_waves(plan: Plan) -> list[list[int]]:
     seen: Counter = Counter()
     waves: list[list[int]] = []
     for i, e in enumerate(plan.engines):
-        key = (e.node, e.gpus) if e.gpus else i  # engines without GPUs (CPU, remote) share nothing
+        key = gpu_group(e)
         j = seen[key]
         seen[key] += 1
         if j == len(waves):

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from rlgen.balancer import BalanceContext, StepBalance, Verdict, assess, context_from_plan
 from rlgen.config import RunConfig
 from rlgen.plan import ENGINE_HEADROOM_GIB, GIB, Plan, Transport
+from rlgen.plan.placement import gpu_group
 
 BF16_BYTES = 2
 
@@ -164,7 +165,7 @@ def predict(
     tp = plan.engines[0].tensor_parallel_size
     # engines sharing a GPU (engine.engines_per_gpu) are drawn as one engine with the GPU's whole engine share:
     # the roofline is the GPU's, and what parallel engine cores save in CPU work per step is not modelled
-    n = len({(e.node, e.gpus) if e.gpus else e.index for e in plan.engines})
+    n = len({gpu_group(e) for e in plan.engines})
     shared = len(plan.engines) > n
     prompt = float(mean_prompt_tokens if mean_prompt_tokens is not None else b.max_prompt_tokens)
     resp = float(mean_response_tokens if mean_response_tokens is not None else b.max_new_tokens)

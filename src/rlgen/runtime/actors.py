@@ -3,7 +3,6 @@ their bundles. ``ActorFactory.engine(i)`` is also how a dead engine is re-create
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from typing import Any
 from rlgen.config import RunConfig
 from rlgen.plan import Plan
 from rlgen.plan.environment import cluster_address as ray_address
+from rlgen.plan.memory import engine_part
 from rlgen.runtime.errors import RunError
 
 QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
@@ -165,10 +165,7 @@ class ActorFactory:
 
         slot, ap = self.plan.engines[index], self.placement.engines[index]
         env = dict(self.plan.engine_env) if self.plan.engine_kind == "vllm" else {}
-        engine_cfg = self.cfg.engine
-        if ap.per_gpu > 1 and engine_cfg.gpu_memory_utilization:  # engines on one GPU split its engine share
-            engine_cfg = dataclasses.replace(engine_cfg, gpu_memory_utilization=round(
-                engine_cfg.gpu_memory_utilization / ap.per_gpu, 4))
+        engine_cfg = engine_part(self.cfg.engine, ap.per_gpu)  # engines on one GPU split its engine share
         return (
             ray.remote(self.engine_cls)
             .options(
