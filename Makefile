@@ -6,7 +6,7 @@ RLGEN := $(VENV)/bin/rlgen
 # CPU torch: pinned so a CPU machine does not pull CUDA packages. The GPU extra brings its own torch.
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: help install train smoke test test-all lint bench clean
+.PHONY: help install train smoke test test-all layers lint bench clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -25,10 +25,13 @@ train:  ## the main job: `rlgen train` on the embedded default (CPU, tiny model)
 smoke:  ## the embedded default run, which learns (about a minute on 2 cores)
 	$(RLGEN) train hydra.run.dir=outputs/smoke
 
-test:  ## the test suite (CPU; GPU tests skip themselves)
+test: layers  ## the layer contract, then the test suite (CPU; GPU tests skip themselves)
 	$(PY) -m pytest -q -m "not gpu"
 
-lint:  ## ruff
+layers:  ## the layer contract in pyproject.toml (import-linter): no import goes up a layer or round a cycle
+	$(VENV)/bin/lint-imports --no-cache
+
+lint: layers  ## the layer contract and ruff
 	$(VENV)/bin/ruff check src tests benchmarks
 
 bench:  ## generation benchmark (needs a GPU and the gpu extra)

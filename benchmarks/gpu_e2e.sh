@@ -85,7 +85,7 @@ run_stage() {
         --hardware 2xh200 --model \$m --bucket-mb 1024 --repeats 4 --out $work/bench_nccl/\$m.json || exit 1; done; \
         torchrun --nproc-per-node 2 benchmarks/calibrate_nccl_broadcast.py" ;;
     run4) trainstage run4 engine=vllm_tp2 hardware=4xh200 $big ;;
-    gsm8k_colo) stage gsm8k_colo bash -c "$py -m rlgen.localmodel $work/gsm8k_colo/lm qwen2_5_0_5b 32000 cuda && \
+    gsm8k_colo) stage gsm8k_colo bash -c "$py -m rlgen.models.local $work/gsm8k_colo/lm qwen2_5_0_5b 32000 cuda && \
         $py -m rlgen.cli train engine=vllm hardware=1xh100 model.path=$work/gsm8k_colo/lm/model task=gsm8k \
         task.path=$work/gsm8k_colo/lm/data/train.jsonl task.eval_path=$work/gsm8k_colo/lm/data/test.jsonl \
         eval.every=5 eval.max_prompts=64 steps=5 engine.gpu_memory_utilization=0.35 algo.max_new_tokens=256 \

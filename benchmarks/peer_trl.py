@@ -64,8 +64,8 @@ def random_texts(n: int, seed: int) -> list[str]:
 
 def build_model(out: Path, preset: str, vocab: int, device: str) -> Path:
     """A model folder of the preset's shape with a `vocab`-token BPE tokenizer trained on random words."""
-    from rlgen.compose import compose_run_config
-    from rlgen.localmodel import build_folder
+    from rlgen.config.compose import compose_run_config
+    from rlgen.models.local import build_folder
 
     if (out / "config.json").is_file():
         return out

@@ -14,7 +14,7 @@ import json
 import sys
 import time
 
-from rlgen.compose import compose_run_config
+from rlgen.config.compose import compose_run_config
 from rlgen.plan import build_plan
 from rlgen.plan.planner import predict
 
@@ -49,7 +49,7 @@ def driver_costs(sequences: int = 1024, prompt: int = 512, response: int = MEAN_
     import ray
 
     from rlgen.models import build_tokenizer
-    from rlgen.rollout import StepPrompts, build_batch
+    from rlgen.runtime.batch import StepPrompts, build_batch
     from rlgen.tasks.base import Prompt
     from rlgen.tasks.rewards import exact_match
     from rlgen.types import Completion

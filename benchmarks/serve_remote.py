@@ -39,8 +39,8 @@ def free_port() -> int:
 def client_throughput(url: str, vocab: int, max_len: int, prompts: int = 64, n: int = 8, median: int = 128,
                       seed: int = 0) -> dict:
     """prompts x n sequences of 64-token prompts (fewer for a short max_model_len) and lognormal lengths."""
-    from rlgen.client import GenerationClient
     from rlgen.types import GenRequest, SamplingParams
+    from rlgen.wire.client import GenerationClient
 
     rng = random.Random(seed)
     prompt_len = min(64, max_len // 4)
@@ -103,7 +103,7 @@ def main(argv: list[str]) -> int:
     server = subprocess.Popen([sys.executable, "-m", "rlgen.cli", "serve", f"serve.port={port}",
                                f"hydra.run.dir={out / 'serve'}", *server_over], stdout=log, stderr=subprocess.STDOUT,
                               start_new_session=True)
-    from rlgen.client import GenerationClient, ServerError
+    from rlgen.wire.client import GenerationClient, ServerError
 
     info = None
     while server.poll() is None and time.time() - t0 < 900:
@@ -147,8 +147,8 @@ def weight_push(url: str, model_path: str, repeats: int = 3) -> dict:
     import torch
     from safetensors.torch import load_file
 
-    from rlgen.client import GenerationClient
-    from rlgen.serve.wire import weights_to_bytes
+    from rlgen.wire.client import GenerationClient
+    from rlgen.wire.protocol import weights_to_bytes
 
     weights = {k: v.to(torch.bfloat16) for k, v in load_file(str(Path(model_path) / "model.safetensors")).items()}
     rows = []
@@ -167,7 +167,7 @@ def weight_push(url: str, model_path: str, repeats: int = 3) -> dict:
 
 
 def run_train(url: str, out: Path, train_over: list[str], info: dict, result: dict) -> None:
-    from rlgen.client import GenerationClient
+    from rlgen.wire.client import GenerationClient
 
     result["client_generate"] = client_throughput(url, int(info["vocab_size"]), int(info["max_model_len"]))
     if train_over == ["weights"]:  # the HTTP weight path alone, no training run

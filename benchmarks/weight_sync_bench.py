@@ -50,12 +50,13 @@ def main() -> None:
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from rlgen.compose import compose_run_config
+    from rlgen.config.compose import compose_run_config
     from rlgen.engines.vllm import VLLMEngine
+    from rlgen.engines.vllm_args import engine_args_for
     from rlgen.learners.weight_sender import WeightSender
     from rlgen.models import prepare_model
     from rlgen.plan import Transport, build_plan
-    from rlgen.sync import engine_args_for, make_transport
+    from rlgen.runtime.transports import make_transport
 
     overrides = ["engine=vllm", f"hardware={args.hardware}", f"model={args.model}", "engine.max_model_len=1024",
                  f"engine.enforce_eager={not args.graphs}"]

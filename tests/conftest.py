@@ -12,8 +12,8 @@ import pytest
 def local_model(tmp_path_factory):
     """A Hugging Face folder made here (no hub): a BPE tokenizer trained on GSM8K-shaped rows, with a ChatML
     chat template, and a random tiny Qwen2 model; plus those rows as train.jsonl and test.jsonl."""
-    from rlgen.compose import compose_run_config
-    from rlgen.localmodel import build_folder, gsm8k_like
+    from rlgen.config.compose import compose_run_config
+    from rlgen.models.local import build_folder, gsm8k_like
 
     root = tmp_path_factory.mktemp("local-model")
     rows = gsm8k_like(300, seed=0)

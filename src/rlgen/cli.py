@@ -31,8 +31,10 @@ def _hydra_app(task_fn_path: str, argv: list[str], name: str) -> int:
 
     import hydra
 
-    from rlgen.compose import CONF_DIR
+    from rlgen.commands.checks import print_problems
     from rlgen.config import register_configs
+    from rlgen.config.compose import CONF_DIR
+    from rlgen.errors import UserError
 
     register_configs()
     module, _, fn_name = task_fn_path.partition(":")
@@ -40,18 +42,41 @@ def _hydra_app(task_fn_path: str, argv: list[str], name: str) -> int:
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
     def app(cfg):  # noqa: ANN001 - Hydra passes a DictConfig
         fn = getattr(importlib.import_module(module), fn_name)
-        return fn(cfg)
+        try:
+            return fn(cfg)
+        except UserError as err:  # one sentence per problem, never a traceback
+            print_problems(err.sentences())
+            sys.exit(err.exit_code)
+        except Exception as err:  # noqa: BLE001 - one line here, the traceback in the run directory
+            sys.exit(_unexpected(name, err))
 
     sys.argv = [f"rlgen-{name}", *argv]
     app()
     return 0
 
 
+def _unexpected(name: str, err: BaseException) -> int:
+    """An error no check foresaw: one line on the terminal, the traceback in <run dir>/error.log. Returns 1."""
+    import traceback
+
+    from rlgen.commands.checks import print_problems
+    from rlgen.commands.train import run_dir
+
+    path = run_dir() / "error.log"
+    try:
+        path.write_text("".join(traceback.format_exception(err)))
+        where = f" (details: {path})"
+    except OSError:
+        where = ""
+    print_problems([f"rlgen {name} failed: unexpected {type(err).__name__}: {err}{where}"])
+    return 1
+
+
 APPS = {
     "train": "rlgen.commands.train:train_app",
-    "serve": "rlgen.serve.command:serve_app",
-    "bench": "rlgen.bench:bench_app",
-    "validate": "rlgen.validate:validate_app",
+    "serve": "rlgen.commands.serve:serve_app",
+    "bench": "rlgen.commands.bench:bench_app",
+    "validate": "rlgen.commands.validate:validate_app",
 }
 
 

@@ -19,8 +19,9 @@ import pytest
 
 from helpers import algo_cfg
 from rlgen.config import EngineConfig, EngineKind, MonitorConfig
+from rlgen.engines.vllm_args import engine_args_for
 from rlgen.learners.weight_sender import WeightSender
-from rlgen.sync import engine_args_for, make_transport
+from rlgen.runtime.transports import make_transport
 from rlgen.types import GenRequest, SamplingParams
 
 pytestmark = pytest.mark.gpu
@@ -119,7 +120,7 @@ def _greedy(ray, engine) -> list[list[int]]:
 
 
 def _transport(kind: str, async_steps: int = 0, **kw):
-    from rlgen.compose import compose_run_config
+    from rlgen.config.compose import compose_run_config
     from rlgen.plan import build_plan
 
     hw = (["hardware=2xh200"] if kind == "nccl" else  # colocated: the sleep/wake cycle, or awake engines

@@ -16,7 +16,7 @@ import ray.cloudpickle
 from rich.console import Console
 
 from rlgen.commands.train import run_training
-from rlgen.compose import compose_run_config
+from rlgen.config.compose import compose_run_config
 from rlgen.engines.hf import HFEngine
 from rlgen.learners.torch import TorchLearner
 from rlgen.runtime import RunError

@@ -17,10 +17,10 @@ import sys
 
 import pytest
 
-from rlgen.balancer import BalanceTracker, Kind, summarize
 from rlgen.commands.train import run_training
-from rlgen.compose import compose_run_config
-from rlgen.report import load_run, write_report
+from rlgen.config.compose import compose_run_config
+from rlgen.metrics.balance import BalanceTracker, Kind, summarize
+from rlgen.metrics.report import load_run, write_report
 
 BASE = ["progress=false", "steps=8"]
 STARVED_LEARNER = [*BASE, "engine.max_num_seqs=2"]
@@ -63,7 +63,7 @@ def test_multirun_writes_one_sweep_summary(tmp_path):
     sweep = tmp_path / "sweep"
     cmd = [
         sys.executable, "-m", "rlgen.cli", "train", "-m", "engine.num_engines=1,0,2", "steps=5", "progress=false",
-        f"hydra.sweep.dir={sweep}", "++hydra.callbacks.sweep_summary._target_=rlgen.sweep.SweepSummary",
+        f"hydra.sweep.dir={sweep}", "++hydra.callbacks.sweep_summary._target_=rlgen.commands.sweep.SweepSummary",
     ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)

@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from rlgen.compose import compose_run_config
+from rlgen.config.compose import compose_run_config
 from rlgen.engines.noisy import NoisyEngine
-from rlgen.metrics import MetricsSink, read_jsonl
+from rlgen.metrics.sink import MetricsSink, read_jsonl
 from rlgen.plan import build_plan
 from rlgen.runtime import Orchestrator, RunError
 

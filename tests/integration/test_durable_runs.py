@@ -15,10 +15,10 @@ import ray.cloudpickle
 from rich.console import Console
 
 from rlgen.commands.train import run_training
-from rlgen.compose import compose_run_config
+from rlgen.config.compose import compose_run_config
 from rlgen.engines.hf import HFEngine
 from rlgen.learners.torch import TorchLearner
-from rlgen.metrics import read_jsonl
+from rlgen.metrics.sink import read_jsonl
 from rlgen.plan import build_plan
 from rlgen.runtime import RunStopped
 from rlgen.runtime.checkpoint import list_checkpoints

@@ -9,9 +9,9 @@ import time
 import pytest
 import ray.cloudpickle
 
-from rlgen.compose import compose_run_config
+from rlgen.config.compose import compose_run_config
 from rlgen.engines.hf import HFEngine
-from rlgen.metrics import MetricsSink, read_jsonl
+from rlgen.metrics.sink import MetricsSink, read_jsonl
 from rlgen.plan import build_plan
 from rlgen.runtime import Orchestrator, RunError, RunStopped
 

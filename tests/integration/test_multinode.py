@@ -16,7 +16,7 @@ import ray.cloudpickle
 from rich.console import Console
 
 from rlgen.commands.train import run_training
-from rlgen.compose import compose_run_config
+from rlgen.config.compose import compose_run_config
 from rlgen.plan import build_plan
 from rlgen.plan.placement import plan_bundles
 from rlgen.runtime.actors import ActorFactory, reserve

@@ -13,8 +13,8 @@ import ray
 from rich.console import Console
 
 from rlgen.commands.train import run_training
-from rlgen.compose import compose_run_config
-from rlgen.metrics import read_jsonl
+from rlgen.config.compose import compose_run_config
+from rlgen.metrics.sink import read_jsonl
 from rlgen.plan import build_plan
 from rlgen.runtime import RunStopped
 from rlgen.runtime.resume import identity, resolve_explicit

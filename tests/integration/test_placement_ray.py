@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlgen.compose import compose_run_config
+from rlgen.config.compose import compose_run_config
 from rlgen.plan import build_plan
 from rlgen.plan.placement import plan_bundles
 

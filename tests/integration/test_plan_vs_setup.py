@@ -15,7 +15,7 @@ import pytest
 import ray.cloudpickle
 from rich.console import Console
 
-from rlgen.compose import compose_run_config
+from rlgen.config.compose import compose_run_config
 from rlgen.plan import PlanError, Transport, build_plan
 from rlgen.runtime import actors as actor_classes
 from rlgen.runtime.orchestrator import Orchestrator

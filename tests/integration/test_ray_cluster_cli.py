@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from rlgen.metrics import read_jsonl
+from rlgen.metrics.sink import read_jsonl
 
 
 def _free_port() -> int:

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from rlgen.metrics import read_jsonl
+from rlgen.metrics.sink import read_jsonl
 
 pytest.importorskip("datasets")
 pytest.importorskip("math_verify")

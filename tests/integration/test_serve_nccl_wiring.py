@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from rlgen.client import GenerationClient
 from rlgen.config import EngineConfig, EngineKind
+from rlgen.runtime.transports import NcclTransport
 from rlgen.serve.app import make_app
 from rlgen.serve.pool import EnginePool, ServedModel
-from rlgen.sync import NcclTransport
+from rlgen.wire.client import GenerationClient
 
 ray = pytest.importorskip("ray")
 

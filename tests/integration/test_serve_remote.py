@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from helpers import assert_learned
-from rlgen.client import GenerationClient, ServerError
 from rlgen.commands.train import run_training
-from rlgen.compose import compose_run_config
-from rlgen.metrics import read_jsonl
+from rlgen.config.compose import compose_run_config
+from rlgen.metrics.sink import read_jsonl
 from rlgen.runtime import RunError
+from rlgen.wire.client import GenerationClient, ServerError
 
 PROMPT = [5, 6, 7, 8]
 
@@ -98,7 +98,7 @@ def test_validate_checks_a_server_against_the_reference(server):
     """rlgen validate engine=remote passes on the server's own weights and fails once they are perturbed."""
     from safetensors.torch import load_file
 
-    from rlgen.validate import run_validate
+    from rlgen.validate.run import run_validate
 
     cfg = compose_run_config(["engine=remote", f"engine.url={server.url}", "validate.cases=6"])
     assert run_validate(cfg).passed

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rlgen.metrics import read_jsonl
+from rlgen.metrics.sink import read_jsonl
 
 TRAIN = [sys.executable, "-m", "rlgen.cli", "train", "progress=false", "algo.prompts_per_step=8"]
 

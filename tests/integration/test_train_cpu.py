@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 
 from helpers import MIN_REWARD_GAIN, assert_learned
 from rlgen.commands.train import run_training
-from rlgen.compose import compose_run_config
-from rlgen.metrics import read_jsonl
+from rlgen.config.compose import compose_run_config
+from rlgen.metrics.sink import read_jsonl
 
 # What `make smoke` runs (see the Makefile)
 SMOKE_OVERRIDES = ["progress=false"]

@@ -12,13 +12,13 @@ import types
 import pytest
 import torch
 
-from rlgen.compose import compose_run_config
 from rlgen.config import EngineKind
+from rlgen.config.compose import compose_run_config
 from rlgen.engines.hf import HFEngine
 from rlgen.engines.noisy import NoisyEngine
 from rlgen.models import prepare_model
 from rlgen.types import GenRequest, SamplingParams
-from rlgen.validate import Perturb, ValidateConfig, draw_cases, run_validate
+from rlgen.validate.run import Perturb, ValidateConfig, draw_cases, run_validate
 
 CASES = 8
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rlgen.compose import ConfigError, compose_run_config
+from rlgen.config.compose import ConfigError, compose_run_config
 from rlgen.plan import PlanError, build_plan
 
 # (id, overrides, fragments every one of which some problem must contain, how many problems in all)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rlgen.balancer import (
+from rlgen.metrics.balance import (
     BalanceContext,
     BalanceTracker,
     Kind,
@@ -176,7 +176,7 @@ def test_verdict_dict_is_json_even_when_learner_took_no_time():
 
 
 def test_context_from_plan():
-    from rlgen.compose import compose_run_config
+    from rlgen.config.compose import compose_run_config
     from rlgen.plan import build_plan
 
     plan = build_plan(compose_run_config(["engine=vllm_tp2", "hardware=8xh100", "algo.async_steps=2"]))

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from rlgen.compose import compose_run_config
+from rlgen.config.compose import compose_run_config
 from rlgen.plan import build_plan
-from rlgen.rollout import RolloutCountError, StepPrompts, check_complete
+from rlgen.runtime.batch import RolloutCountError, StepPrompts, check_complete
 from rlgen.runtime.checkpoint import (
     MARKER,
     capture_rng,

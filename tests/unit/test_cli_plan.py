@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rlgen.compose import compose_run_config
+from rlgen.config.compose import compose_run_config
 from rlgen.plan import build_plan
 
 PLAN_WALL_LIMIT_S = 3.0

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-import rlgen.compose
-from rlgen.compose import CONF_DIR, ConfigError, compose_run_config
+import rlgen.config.compose
 from rlgen.config import _GROUPS
+from rlgen.config.compose import CONF_DIR, ConfigError, compose_run_config
 from rlgen.plan import build_plan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -197,7 +197,7 @@ def scratch_tree(tmp_path, monkeypatch):
     """A copy of the config tree that compose_run_config reads instead of the packaged one."""
     tree = tmp_path / "conf"
     shutil.copytree(TREE, tree)
-    monkeypatch.setattr(rlgen.compose, "CONF_DIR", tree)
+    monkeypatch.setattr(rlgen.config.compose, "CONF_DIR", tree)
     return tree
 
 

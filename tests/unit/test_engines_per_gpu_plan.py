@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlgen.compose import compose_run_config
+from rlgen.config.compose import compose_run_config
 from rlgen.plan import PlanError, build_plan
 from rlgen.plan.memory import ENGINE_PROCESS_GIB
 from rlgen.plan.placement import ActorPlacement, plan_bundles, start_waves

@@ -18,10 +18,10 @@ PROBE = textwrap.dedent(
     def heavy():
         return sorted({m.split(".")[0] for m in sys.modules} & set(HEAVY))
 
-    import rlgen.config, rlgen.plan, rlgen.compose, rlgen.cli
+    import rlgen.config, rlgen.plan, rlgen.config.compose, rlgen.cli
     stage["import"] = heavy()
 
-    from rlgen.compose import compose_run_config
+    from rlgen.config.compose import compose_run_config
     from rlgen.plan import build_plan
     from rlgen.plan.placement import plan_bundles
     plan = build_plan(compose_run_config(["engine=vllm_tp2", "hardware=2x8xh100"]))

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from rlgen.mismatch import mismatch_metrics
+from rlgen.metrics.mismatch import mismatch_metrics
 
 # masked r = trainer - engine = [0, -0.5, 1.0, -1.0]; the unmasked (1, 1) entry differs by 5 and must not count
 TRAINER = torch.tensor([[-1.0, -2.0, -0.5], [-3.0, 0.0, 0.0]])

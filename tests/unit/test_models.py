@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlgen import models
 from rlgen.charvocab import BOS, CHAR_VOCAB, CHAR_VOCAB_SIZE, EOS, PAD
 from rlgen.config import ModelConfig, RunConfig, TaskConfig, TaskKind
+from rlgen.models import build as models
 from rlgen.models import build_tokenizer, cache_key, hf_config, load_tokenizer, prepare_model
 from rlgen.tasks import build_task
 

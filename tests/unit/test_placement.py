@@ -7,7 +7,7 @@ import functools
 
 import pytest
 
-from rlgen.compose import compose_run_config
+from rlgen.config.compose import compose_run_config
 from rlgen.plan import LearnerSlot, Plan, build_plan
 from rlgen.plan.placement import ActorPlacement, Placement, plan_bundles
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from rlgen.compose import compose_run_config
+from rlgen.config.compose import compose_run_config
 from rlgen.plan import (
     BatchGeometry,
     EngineSlot,

@@ -11,8 +11,8 @@ import sys
 import pytest
 from rich.console import Console
 
-from rlgen.balancer import Kind
-from rlgen.compose import compose_run_config
+from rlgen.config.compose import compose_run_config
+from rlgen.metrics.balance import Kind
 from rlgen.plan import build_plan, planner
 from rlgen.plan.planner import predict, print_prediction
 
@@ -152,7 +152,7 @@ def test_learner_mfu_interpolates_between_measured_shapes():
 
 def test_planner_and_balancer_stay_light():
     code = (
-        "import sys, rlgen.plan.planner, rlgen.balancer; "
+        "import sys, rlgen.plan.planner, rlgen.metrics.balance; "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'ray', 'vllm', 'matplotlib'}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from rlgen.compose import compose_run_config
 from rlgen.config import TaskConfig
-from rlgen.prompts import PromptRenderer, cut_at_stop, model_stop_ids
+from rlgen.config.compose import compose_run_config
 from rlgen.tasks.base import TaskDataError
+from rlgen.tasks.prompts import PromptRenderer, cut_at_stop, model_stop_ids
 from rlgen.types import Completion
 
 pytest.importorskip("datasets")
@@ -127,8 +127,8 @@ def test_bad_dataset_settings_are_named(local_model, overrides, phrase):
 
 # -- the scorer -------------------------------------------------------------------------------------------
 def test_a_worker_pool_scores_as_the_driver_does(local_model):
-    from rlgen.scoring import Scorer
     from rlgen.tasks.rewards import RewardSet
+    from rlgen.tasks.scoring import Scorer
 
     cfg = TaskConfig(rewards={"math": 1.0, "format": 0.1})
     texts = ["#### 7", "\\boxed{7.0}", "7", "#### 8", ""]
@@ -145,8 +145,8 @@ def test_a_worker_pool_scores_as_the_driver_does(local_model):
 
 
 def test_a_reward_call_that_hangs_scores_zero_and_is_counted(tmp_path, monkeypatch):
-    from rlgen.scoring import Scorer
     from rlgen.tasks.rewards import RewardSet
+    from rlgen.tasks.scoring import Scorer
 
     (tmp_path / "sleepy_reward.py").write_text(
         "import time\n\ndef score(completion, answer):\n    if completion == 'hang':\n        time.sleep(60)\n"

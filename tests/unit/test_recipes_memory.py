@@ -7,11 +7,12 @@ import json
 
 import pytest
 
-from rlgen.compose import compose_run_config
+from rlgen.config import set_key
+from rlgen.config.compose import compose_run_config
 from rlgen.plan import PlanError, build_plan
 from rlgen.plan.build import count_params
 from rlgen.plan.memory import GIB, learner_memory
-from rlgen.plan.recipes import RECIPES, recipe_for, set_key
+from rlgen.plan.recipes import RECIPES, recipe_for
 
 
 def plan_of(*overrides):

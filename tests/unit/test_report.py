@@ -10,9 +10,9 @@ import pytest
 from omegaconf import OmegaConf
 from rich.console import Console
 
-from rlgen.balancer import BalanceContext
-from rlgen.report import balance_summary, plot_timeline, print_summary, report_run_dir, write_report
-from rlgen.sweep import SweepSummary, write_sweep_summary
+from rlgen.commands.sweep import SweepSummary, write_sweep_summary
+from rlgen.metrics.balance import BalanceContext
+from rlgen.metrics.report import balance_summary, plot_timeline, print_summary, report_run_dir, write_report
 from rlgen.types import Phase, StepTimeline
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

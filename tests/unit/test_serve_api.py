@@ -11,16 +11,16 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from rlgen.client import AsyncGenerationClient, GenerationClient, ServerError
-from rlgen.compose import compose_run_config
 from rlgen.config import EngineConfig
+from rlgen.config.compose import compose_run_config
 from rlgen.engines.hf import HFEngine
 from rlgen.models import load_tokenizer, prepare_model
 from rlgen.plan import build_plan
 from rlgen.serve.app import make_app
 from rlgen.serve.pool import EnginePool, ServedModel
-from rlgen.serve.wire import split_by_samples
 from rlgen.types import GenRequest, SamplingParams
+from rlgen.wire.client import AsyncGenerationClient, GenerationClient, ServerError
+from rlgen.wire.protocol import split_by_samples
 
 TOKEN = "s3cret"
 PROMPT = [5, 6, 7, 8]

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from rlgen.client import ServerError
-from rlgen.compose import compose_run_config
+from rlgen.config.compose import compose_run_config
 from rlgen.plan import PlanError, Transport, build_plan, count_params
 from rlgen.plan.placement import plan_bundles
 from rlgen.plan.serve import build_serve_plan, is_loopback
+from rlgen.wire.client import ServerError
 
 URL = "http://127.0.0.1:8000"
 

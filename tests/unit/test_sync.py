@@ -18,22 +18,13 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlgen.compose import compose_run_config
+from rlgen.config.compose import compose_run_config
 from rlgen.engines.ipc_buffer import ALIGN_BYTES, buffer_bytes, chunk_views, ipc_layout
+from rlgen.engines.vllm_args import engine_args_for
 from rlgen.learners.weight_sender import WeightSender
 from rlgen.plan import Transport, build_plan
-from rlgen.sync import (
-    CudaIpcTransport,
-    NcclTransport,
-    ObjectStoreTransport,
-    SyncError,
-    SyncTimeoutError,
-    engine_args_for,
-    get_all,
-    make_transport,
-    plan_buckets,
-    run_with_timeout,
-)
+from rlgen.runtime.transports import CudaIpcTransport, NcclTransport, ObjectStoreTransport, make_transport
+from rlgen.transfer import SyncError, SyncTimeoutError, get_all, plan_buckets, run_with_timeout
 
 
 class Handle:

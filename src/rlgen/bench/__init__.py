@@ -1,6 +1,6 @@
 """`rlgen bench`: one RL-shaped generation workload, run on several engines side by side in one process."""
 
-from rlgen.bench.run import bench_app, main, ratios, run_bench
+from rlgen.bench.run import main, ratios, run_bench
 from rlgen.bench.sides import RawVLLM, hf_chunks, run_hf_side, run_raw_side, run_vllm_side
 from rlgen.bench.workload import (
     HF_LOGIT_BYTES,
@@ -17,7 +17,6 @@ __all__ = [
     "HF_MEMORY_FRACTION",
     "BenchError",
     "RawVLLM",
-    "bench_app",
     "check_completions",
     "hf_chunks",
     "main",

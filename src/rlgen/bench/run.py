@@ -256,18 +256,9 @@ def print_table(result: dict) -> None:
 
 
 # -- entry points --------------------------------------------------------------------------------------------
-def bench_app(cfg: Any) -> dict:
-    """Hydra task for `rlgen bench`: results go to Hydra's run directory."""
-    from hydra.core.hydra_config import HydraConfig
-
-    from rlgen.config import to_run_config
-
-    return run_bench(to_run_config(cfg), HydraConfig.get().runtime.output_dir)
-
-
 def compose(overrides: list[str]) -> RunConfig:
     try:
-        from rlgen.compose import compose_run_config
+        from rlgen.config.compose import compose_run_config
     except ImportError:
         from hydra import compose as hydra_compose
         from hydra import initialize_config_dir
@@ -282,7 +273,7 @@ def compose(overrides: list[str]) -> RunConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rlgen.compose import ConfigError
+    from rlgen.config.compose import ConfigError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     out_dir = f"outputs/bench-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from rlgen.config import BenchConfig
+from rlgen.errors import UserError
 from rlgen.types import Completion, GenRequest, SamplingParams
 
 GIB = 2**30
@@ -15,7 +16,7 @@ HF_MEMORY_FRACTION = 0.6  # of the GPU, for the full-vocabulary logits HFEngine 
 HF_LOGIT_BYTES = 16.0  # float32 logits per (row, step, vocab entry) at HFEngine's peak: kept, stacked, scaled, log-softmaxed
 
 
-class BenchError(RuntimeError):
+class BenchError(UserError, RuntimeError):
     """The bench cannot run as configured; the message says why and what to do."""
 
 

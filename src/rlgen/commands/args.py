@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlgen.compose import ConfigError
+from rlgen.config.compose import ConfigError
 
 # Hydra's command-line flags: whether each takes a value (None: an optional one).
 FLAGS: dict[str, bool | None] = {

@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from rlgen.commands.args import Args, jobs, split_argv
-from rlgen.compose import ConfigError, compose_run_config
 from rlgen.config import RunConfig
+from rlgen.config.compose import ConfigError, compose_run_config
 
 # Configs this process has already validated: the Hydra job skips the pass for them (a sweep point that failed
 # it is not here, so its job records why it was rejected).
@@ -61,7 +61,7 @@ def check_command(command: str, argv: list[str]) -> int | None:
     if args.print_only or not cfgs:
         return None
     if command == "serve":
-        from rlgen.serve.command import serve_problems
+        from rlgen.serve.checks import serve_problems
 
         problems = [p for cfg in cfgs for p in serve_problems(cfg)]
         return print_problems(list(dict.fromkeys(problems))) if problems else None

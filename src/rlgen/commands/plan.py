@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from rlgen.commands.checks import compose_jobs, print_problems
-from rlgen.compose import ConfigError
+from rlgen.config.compose import ConfigError
 
 USAGE = """usage: rlgen plan [overrides ...] [--json PATH] [--cfg job]
 

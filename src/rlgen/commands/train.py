@@ -48,9 +48,9 @@ def run_training(
     """Train cfg.steps steps in out_dir (continuing `resume`, a ResumePoint, when given) and return the
     summary. Raises RunStopped after a clean stop (a checkpoint was written where possible), RunError when the
     run cannot go on. status.json and run.log in out_dir say what happened either way."""
-    from rlgen.balancer import context_from_plan
-    from rlgen.metrics import MetricsSink
-    from rlgen.report import balance_summary, print_summary, write_report
+    from rlgen.metrics.balance import context_from_plan
+    from rlgen.metrics.report import balance_summary, print_summary, write_report
+    from rlgen.metrics.sink import MetricsSink
     from rlgen.runtime import Orchestrator, RunError, RunStopped, StopRequested
     from rlgen.runtime.checkpoint import newest_checkpoint
     from rlgen.runtime.status import RunStatus

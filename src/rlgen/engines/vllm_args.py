@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlgen.config import EngineConfig
-from rlgen.plan.memory import ENGINE_MAX_SHARE
+
+VLLM_DEFAULT_SHARE = 0.9  # vLLM's own gpu_memory_utilization: an engine alone on its GPUs
 
 # Settings the engine process needs whatever the config says. update_weights() hands vLLM a function and
 # tensors to run on its workers; vLLM 0.26 only serialises those with insecure (pickle) serialisation on.
@@ -53,7 +54,7 @@ def build_engine_args(
         "tensor_parallel_size": engine.tensor_parallel_size,
         # null outside a plan (rlgen bench): vLLM's own default, for an engine alone on its GPUs
         "gpu_memory_utilization": (engine.gpu_memory_utilization if engine.gpu_memory_utilization is not None
-                                   else ENGINE_MAX_SHARE),
+                                   else VLLM_DEFAULT_SHARE),
         "enable_prefix_caching": engine.enable_prefix_caching,
         "max_model_len": min(engine.max_model_len, context) if context else engine.max_model_len,
         "max_num_seqs": engine.max_num_seqs,
@@ -85,3 +86,9 @@ def mix_seed(seed: int | None, group_id: int) -> int | None:
 
 
 __all__ = ["REQUIRED_ENV", "TUNED_DEFAULTS", "build_engine_args", "mix_seed"]
+
+
+def engine_args_for(transport: str) -> dict[str, Any]:
+    """Extra vLLM engine arguments a weight transport needs (VLLMEngine's ``engine_args``)."""
+    backend = {"nccl": "nccl", "cuda_ipc": "ipc"}.get(str(transport))
+    return {"weight_transfer_config": {"backend": backend}} if backend else {}

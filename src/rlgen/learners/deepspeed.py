@@ -39,7 +39,7 @@ from rlgen.learners.grpo_step import (
 )
 from rlgen.learners.torch import NonFiniteWeightsError, TorchLearner, _disable_dropout
 from rlgen.learners.weight_sender import WeightSender
-from rlgen.sync import DEFAULT_BUCKET_BYTES, plan_buckets
+from rlgen.transfer import DEFAULT_BUCKET_BYTES, plan_buckets
 from rlgen.types import RolloutBatch
 
 DS_TAG = "zero"  # the tag of DeepSpeed's checkpoint inside a checkpoint's learner/ folder
@@ -282,7 +282,7 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
     def drain_weights(self, version: int, dtype: str, bucket_bytes: int, timeout_s: float) -> dict:
         """A rank other than 0 under ZeRO-3: take part in the bucketed gathers while rank 0 sends the weights
         (each gather is a collective over the group); the tensors are dropped here."""
-        from rlgen.sync import run_with_timeout
+        from rlgen.transfer import run_with_timeout
         from rlgen.types import Phase
 
         self._check_send(version)

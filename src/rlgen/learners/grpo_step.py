@@ -17,7 +17,7 @@ from torch import nn
 
 from rlgen.algo.grpo import aggregate, kl_k3, normaliser, policy_loss, sequence_keep, token_logprobs
 from rlgen.config import AlgoConfig, LossAgg
-from rlgen.mismatch import mismatch_metrics
+from rlgen.metrics.mismatch import mismatch_metrics
 from rlgen.types import Phase, RolloutBatch
 
 

@@ -281,10 +281,10 @@ class TorchLearner:
 
     def save_checkpoint_packed(self) -> bytes:
         """save_checkpoint into a temporary folder on this node, returned packed: for a learner on a node that
-        cannot write into the driver's run directory (rlgen.runtime.files)."""
+        cannot write into the driver's run directory (see rlgen.runtime.files)."""
         import tempfile
 
-        from rlgen.runtime.files import pack
+        from rlgen.packing import pack
 
         with tempfile.TemporaryDirectory(prefix="rlgen-ckpt-") as tmp:
             self.save_checkpoint(tmp)

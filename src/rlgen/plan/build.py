@@ -8,10 +8,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from enum import StrEnum
 
 from rlgen.charvocab import CHAR_VOCAB_SIZE
-from rlgen.config import VLLM_ENV_REMOVED_IN_0_26, EngineKind, RunConfig, WeightsOver
+from rlgen.config import (
+    VLLM_ENV_REMOVED_IN_0_26,
+    EngineKind,
+    RunConfig,
+    Setting,
+    Transport,
+    WeightsOver,
+    set_key,
+)
+from rlgen.errors import UserError
 from rlgen.plan.memory import (
     ENGINE_HEADROOM_GIB,
     GIB,
@@ -23,19 +31,12 @@ from rlgen.plan.memory import (
 )
 from rlgen.plan.model_folder import with_model_folder
 from rlgen.plan.overlap import check_sleep_mode, default_async_steps, fit_with_overlap
-from rlgen.plan.recipes import Setting, fill_recipe, set_key
+from rlgen.plan.recipes import fill_recipe
 from rlgen.plan.remote import with_server
 from rlgen.plan.values import check_values
 
 
-class Transport(StrEnum):
-    ray_object_store = "ray_object_store"  # CPU, or hf engines: state dict through Ray's object store
-    cuda_ipc = "cuda_ipc"  # colocated: CUDA IPC handles to the learner's tensors, engine sleeps/wakes
-    nccl = "nccl"  # separate GPUs: a NCCL group from learner rank 0 to every engine
-    http = "http"  # engine=remote: safetensors bytes to the server, from the learner through each engine's proxy
-
-
-class PlanError(ValueError):
+class PlanError(UserError, ValueError):
     """The config cannot run. ``problems`` holds one sentence per problem, each with its fix."""
 
     def __init__(self, problems: list[str]):

@@ -103,11 +103,11 @@ class CharTokenizer:
 
 
 class PromptEncoder:
-    """Measures prompts as the run will render them (rlgen.prompts.PromptRenderer: chat template, system
+    """Measures prompts as the run will render them (rlgen.tasks.prompts.PromptRenderer: chat template, system
     prompt), with the preset's character tokenizer or the tokenizer of model.path, without building a model."""
 
     def __init__(self, cfg: RunConfig):
-        from rlgen.prompts import PromptRenderer
+        from rlgen.tasks.prompts import PromptRenderer
 
         self.path = cfg.model.path
         if self.path:

@@ -28,8 +28,9 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from rlgen.config import EngineConfig, EngineKind, RunConfig
-from rlgen.plan.recipes import Setting, recipe_for, set_key
+from rlgen.config import EngineConfig, EngineKind, RunConfig, Setting, set_key
+from rlgen.engines.vllm_args import VLLM_DEFAULT_SHARE
+from rlgen.plan.recipes import recipe_for
 
 GIB = 2**30
 ENGINE_HEADROOM_GIB = 1.0  # activations, CUDA graphs and the sampler, beyond weights and KV
@@ -38,7 +39,7 @@ ENGINE_ASLEEP_GIB = 2.0  # what a sleeping vLLM engine keeps: CUDA graphs, its c
 ENGINE_PROCESS_GIB = 2.5  # a further engine process on a GPU, outside its share (2.4 GiB measured on an H100)
 AWAKE_SHARE = 0.85  # colocated: engine awake + idle learner stay under this share of the GPU
 TRAIN_SHARE = 0.92  # the learner's peak (+ a sleeping engine) stays under this share of the GPU
-ENGINE_MAX_SHARE = 0.9  # vLLM's own default; engines on their own GPUs use it
+ENGINE_MAX_SHARE = VLLM_DEFAULT_SHARE  # engines on their own GPUs use vLLM's default
 LOGITS_COPIES = 3  # fp32 logits, their log-softmax and its gradient live at once in a micro-batch's backward
 LOGITS_SHARE = 0.4  # of a learner GPU's memory, at most, for a micro-batch's logits
 

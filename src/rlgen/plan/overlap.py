@@ -10,9 +10,8 @@ strictly on-policy.
 
 from __future__ import annotations
 
-from rlgen.config import EngineKind, RunConfig
+from rlgen.config import EngineKind, RunConfig, Setting, set_key
 from rlgen.plan.memory import MemorySplit, fit_memory
-from rlgen.plan.recipes import Setting, set_key
 
 ASLEEP_WHY = ("derived: colocated, and an awake engine and the training learner do not both fit the GPU, so the "
               "engine sleeps while the learner trains (on-policy)")

@@ -20,8 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from rlgen.balancer import BalanceContext, StepBalance, Verdict, assess, context_from_plan
 from rlgen.config import RunConfig
+from rlgen.metrics.balance import BalanceContext, StepBalance, Verdict, assess, context_from_plan
 from rlgen.plan import ENGINE_HEADROOM_GIB, GIB, Plan, Transport
 from rlgen.plan.placement import gpu_group
 

@@ -7,11 +7,9 @@ under. A value set in the config or on the command line always wins. Pure: no to
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
-from rlgen.config import RunConfig
+from rlgen.config import RunConfig, Setting, get_key, set_key
 
 
 @dataclass(frozen=True)
@@ -45,33 +43,8 @@ RECIPE_KEYS: tuple[tuple[str, str], ...] = (
 )
 
 
-@dataclass(frozen=True)
-class Setting:
-    """One value of the run and where it came from: "config" (set in a config file or on the command line),
-    "recipe <name>" or "derived: <why>"."""
-
-    key: str
-    value: Any
-    source: str
-
-
 def recipe_for(params: int) -> Recipe:
     return next(r for r in RECIPES if params < r.below_params)
-
-
-def get_key(cfg: RunConfig, key: str) -> Any:
-    obj: Any = cfg
-    for part in key.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def set_key(cfg: Any, key: str, value: Any) -> Any:
-    """A copy of the (frozen or not) dataclass tree cfg with the dotted key set to value."""
-    head, _, rest = key.partition(".")
-    if not rest:
-        return dataclasses.replace(cfg, **{head: value})
-    return dataclasses.replace(cfg, **{head: set_key(getattr(cfg, head), rest, value)})
 
 
 def fill_recipe(cfg: RunConfig, params: int) -> tuple[RunConfig, list[Setting]]:

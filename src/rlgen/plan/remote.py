@@ -7,15 +7,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from rlgen.config import EngineKind, RunConfig, WeightsOver
-from rlgen.plan.recipes import Setting, set_key
+from rlgen.config import EngineKind, RunConfig, Setting, WeightsOver, set_key
 
 INFO_TIMEOUT_S = 10.0
 
 
 def fetch_info(url: str, token: str | None, timeout_s: float = INFO_TIMEOUT_S) -> dict[str, Any]:
     """The server's /info; raises ServerError with one sentence when there is no good answer."""
-    from rlgen.client import GenerationClient
+    from rlgen.wire.client import GenerationClient
 
     with GenerationClient(url, token=token, timeout_s=timeout_s) as client:
         return client.info()
@@ -24,8 +23,8 @@ def fetch_info(url: str, token: str | None, timeout_s: float = INFO_TIMEOUT_S) -
 def with_server(cfg: RunConfig, params: int, vocab: int, p: list[str]) -> tuple[RunConfig, list[Setting]]:
     """cfg with the server's engine count, TP size, max_model_len and weight path filled in (each a Setting
     whose source is the server); problems go to p."""
-    from rlgen.client import ServerError
-    from rlgen.serve.wire import TOKEN_ENV
+    from rlgen.wire.client import ServerError
+    from rlgen.wire.protocol import TOKEN_ENV
 
     e = cfg.engine
     if e.kind != EngineKind.remote:

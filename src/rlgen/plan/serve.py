@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from rlgen.config import EngineKind, RunConfig
+from rlgen.config import EngineKind, RunConfig, Setting, set_key
 from rlgen.plan.build import (
     BatchGeometry,
     Plan,
@@ -20,7 +20,7 @@ from rlgen.plan.build import (
 )
 from rlgen.plan.memory import ENGINE_MAX_SHARE
 from rlgen.plan.model_folder import with_model_folder
-from rlgen.plan.recipes import Setting, fill_recipe, set_key
+from rlgen.plan.recipes import fill_recipe
 from rlgen.plan.values import check_values
 
 

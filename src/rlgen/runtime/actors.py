@@ -227,7 +227,7 @@ def engine_class(cfg: RunConfig, plan: Plan) -> tuple[type, dict[str, Any]]:
 
         return RemoteEngine, {"timeout_s": cfg.timeout_s}
     from rlgen.engines.vllm import VLLMEngine
-    from rlgen.sync import engine_args_for
+    from rlgen.engines.vllm_args import engine_args_for
 
     return VLLMEngine, {"env": dict(plan.engine_env), "engine_args": engine_args_for(plan.transport)}
 

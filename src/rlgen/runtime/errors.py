@@ -6,10 +6,13 @@ from __future__ import annotations
 import re
 
 from rlgen.engines.startup import EngineStartError
+from rlgen.errors import UserError
 
 
-class RunError(RuntimeError):
+class RunError(UserError, RuntimeError):
     """The run cannot go on; the message says why and what to do."""
+
+    exit_code = 1
 
 
 class RunStopped(RunError):

@@ -24,7 +24,6 @@ from rich.markup import escape
 
 from rlgen import STARTED_AT
 from rlgen.config import BreakerAction, RunConfig
-from rlgen.monitor import CircuitBreaker
 from rlgen.plan import Plan
 from rlgen.plan.placement import plan_bundles, start_waves
 from rlgen.runtime.actors import (
@@ -48,12 +47,13 @@ from rlgen.runtime.errors import RunError, RunStopped, StopRequested
 from rlgen.runtime.faults import EngineKeeper, EngineLost
 from rlgen.runtime.files import place_run_folders
 from rlgen.runtime.flights import InFlight
+from rlgen.runtime.monitor import CircuitBreaker
 from rlgen.runtime.records import step_record
 from rlgen.runtime.resume import ResumePoint, identity
 from rlgen.runtime.rollouts import Rollouts
 from rlgen.runtime.stop import StopFlag
+from rlgen.runtime.transports import SyncError, make_transport
 from rlgen.runtime.waits import LearnerLost, Waiter
-from rlgen.sync import SyncError, make_transport
 from rlgen.types import Phase, StepTimeline
 
 log = logging.getLogger(__name__)
@@ -110,9 +110,9 @@ class Orchestrator:
     # -- setup ------------------------------------------------------------------------------------------
     def setup(self) -> None:
         from rlgen.models import load_tokenizer, prepare_model
-        from rlgen.prompts import PromptRenderer, model_stop_ids
-        from rlgen.scoring import Scorer
         from rlgen.tasks import build_task
+        from rlgen.tasks.prompts import PromptRenderer, model_stop_ids
+        from rlgen.tasks.scoring import Scorer
 
         cfg, plan = self.cfg, self.plan
         t_setup = time.time()
@@ -233,7 +233,7 @@ class Orchestrator:
         """Run steps next_step .. steps-1, checkpointing every checkpoint.every steps and at the end. A stop
         request or an engine that dies too often ends it with a checkpoint (RunStopped); a dead learner ends
         it at the last checkpoint."""
-        from rlgen.balancer import BalanceTracker, context_from_plan
+        from rlgen.metrics.balance import BalanceTracker, context_from_plan
 
         cfg = self.cfg
         self.sink = sink
@@ -263,8 +263,8 @@ class Orchestrator:
 
     def _step(self, step: int, sink, tracker) -> str | None:
         """One step; returns the breaker's halt message when it halts the run."""
-        from rlgen.rollout import build_batch
-        from rlgen.scoring import RewardError
+        from rlgen.runtime.batch import build_batch
+        from rlgen.tasks.scoring import RewardError
 
         cfg, ro = self.cfg, self.rollouts
         t_step = time.time()
@@ -410,7 +410,7 @@ class Orchestrator:
         rollouts = {"flights": [f.to_json() for f in kept]}
 
         def fill(tmp: Path) -> None:
-            from rlgen.runtime.files import unpack_into
+            from rlgen.packing import unpack_into
 
             # A learner on a node that cannot see the run directory sends its files back packed.
             here = [self.folders.writes_here.get(n, True) for n in self.folders.learner_nodes]

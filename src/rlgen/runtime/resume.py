@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rlgen.config import RunConfig
+from rlgen.errors import UserError
 from rlgen.runtime.checkpoint import list_checkpoints, read_state, torn_checkpoints
 
 MATH_PREFIXES = ("model.", "algo.", "task.", "learner.")
@@ -27,7 +28,7 @@ IGNORED = ("resume",)
 SEARCH_DEPTH = 4  # levels under the output root: outputs/<date>/<time>, multirun/<date>/<time>/<job>
 
 
-class ResumeError(ValueError):
+class ResumeError(UserError, ValueError):
     """resume= cannot be honoured; the message says why and what to do."""
 
 

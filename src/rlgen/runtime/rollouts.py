@@ -36,7 +36,7 @@ class Rollouts:
 
     # -- flights ----------------------------------------------------------------------------------------
     def new_flight(self, step: int, launch_version: int) -> InFlight:
-        from rlgen.rollout import encode_prompts, sampling_params, split_requests
+        from rlgen.runtime.batch import encode_prompts, sampling_params, split_requests
 
         sp = encode_prompts(step, self.task, self.renderer, self.cfg)
         sampling = sampling_params(self.cfg, self.stop_ids, seed=self.cfg.seed * 100_003 + step)
@@ -107,7 +107,7 @@ class Rollouts:
         """Decode, cut at stop strings, check, and hand the completions to the scorer (once per flight)."""
         if flight.scoring is not None:
             return
-        from rlgen.rollout import RolloutCountError, check_complete
+        from rlgen.runtime.batch import RolloutCountError, check_complete
 
         comps, texts = self._decoded(flight)
         try:
@@ -120,7 +120,7 @@ class Rollouts:
         flight.scoring = self.scorer.submit(texts, [p.answer for p in prompts], where, flight.step)
 
     def _decoded(self, flight: InFlight) -> tuple[list[Any], list[str]]:
-        from rlgen.prompts import cut_at_stop
+        from rlgen.tasks.prompts import cut_at_stop
 
         comps = flight.completions()
         texts = self.tokenizer.batch_decode([c.token_ids for c in comps], skip_special_tokens=True)
@@ -143,7 +143,7 @@ class Rollouts:
         refs = [ref for _, ref in flight.refs.values()] + [ref for _, ref in flight.updates.values()]
         if refs and len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) < len(refs):
             return
-        from rlgen.scoring import RewardError
+        from rlgen.tasks.scoring import RewardError
 
         try:
             self.collect(flight, interruptible=False)
@@ -162,7 +162,7 @@ class Rollouts:
     def evaluate(self, step: int, version: int) -> dict[str, float]:
         """The held-out prompts, greedy (eval.samples=1) or eval.samples at eval.temperature: pass@k of the first
         reward (a prompt passes when one of its samples scores 1) and the mean reward."""
-        from rlgen.rollout import StepPrompts, split_requests
+        from rlgen.runtime.batch import StepPrompts, split_requests
 
         if not self.eval_set:
             return {}
@@ -174,7 +174,7 @@ class Rollouts:
         sampling = SamplingParams(n=e.samples, temperature=0.0 if e.samples == 1 else e.temperature, top_p=1.0,
                                   max_new_tokens=self.cfg.algo.max_new_tokens, stop_token_ids=tuple(self.stop_ids),
                                   seed=self.cfg.seed * 100_003 + EVAL_SEED_OFFSET + step)
-        from rlgen.scoring import RewardError
+        from rlgen.tasks.scoring import RewardError
 
         flight = self._send(InFlight(step, sp, split_requests(sp, sampling, len(self.engines)), version))
         self.collect(flight)

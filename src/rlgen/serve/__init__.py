@@ -1,2 +1,2 @@
 """`rlgen serve`: engines started from the plan, behind an HTTP API (``rlgen.serve.app``), and the wire format
-shared with ``rlgen.client`` (``rlgen.serve.wire``)."""
+shared with ``rlgen.wire.client`` (``rlgen.wire.protocol``)."""

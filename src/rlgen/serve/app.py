@@ -12,7 +12,7 @@ from typing import Any
 
 from rlgen.serve.openai import completions_request, completions_response
 from rlgen.serve.pool import EnginePool
-from rlgen.serve.wire import BadRequest, completion_to_json, request_from_json, weights_from_bytes
+from rlgen.wire.protocol import BadRequest, completion_to_json, request_from_json, weights_from_bytes
 
 OPEN_PATHS = {"/health"}  # answered without a token, for load balancers and readiness probes
 

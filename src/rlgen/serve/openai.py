@@ -8,8 +8,8 @@ import time
 import uuid
 from typing import Any
 
-from rlgen.serve.wire import BadRequest, check_length, check_sampling
 from rlgen.types import Completion, GenRequest, SamplingParams
+from rlgen.wire.protocol import BadRequest, check_length, check_sampling
 
 FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "logprobs", "user",
           "stream", "echo", "best_of"}

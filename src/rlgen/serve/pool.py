@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlgen.serve.wire import BadRequest, split_by_samples
 from rlgen.types import GenRequest
+from rlgen.wire.protocol import BadRequest, split_by_samples
 
 
 @dataclass

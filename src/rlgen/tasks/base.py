@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-import numbers
 import random
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -48,23 +46,6 @@ class Task(Protocol):
 def step_rng(seed: int, stream: str, step: int) -> random.Random:
     """A generator private to (task seed, stream, step), independent of any global random state."""
     return random.Random(f"{seed}/{stream}/{step}")
-
-
-class RewardValueError(TypeError):
-    """A reward function returned something that is not a number."""
-
-
-def clamp_reward(value: object) -> float:
-    """A reward function's result clamped into [0, 1]; NaN counts as 0. Anything but a real number (bool,
-    int, float, a NumPy scalar, a 0-d tensor) raises RewardValueError."""
-    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
-        value = value.item()
-    if not isinstance(value, numbers.Real):
-        raise RewardValueError(f"returned {value!r:.60} (a {type(value).__name__}), not a number")
-    value = float(value)
-    if math.isnan(value):
-        return 0.0
-    return min(1.0, max(0.0, value))
 
 
 EVAL_PROMPTS_SYNTHETIC = 64  # held-out prompts a synthetic task draws from its own "eval" stream

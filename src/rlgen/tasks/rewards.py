@@ -6,11 +6,30 @@ A task names its reward by a registered name, or as "package.module:function" fo
 from __future__ import annotations
 
 import importlib
+import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 RewardFn = Callable[[str, str], float]
+
+
+class RewardValueError(TypeError):
+    """A reward function returned something that is not a number."""
+
+
+def clamp_reward(value: object) -> float:
+    """A reward function's result clamped into [0, 1]; NaN counts as 0. Anything but a real number (bool,
+    int, float, a NumPy scalar, a 0-d tensor) raises RewardValueError."""
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        value = value.item()
+    if not isinstance(value, numbers.Real):
+        raise RewardValueError(f"returned {value!r:.60} (a {type(value).__name__}), not a number")
+    value = float(value)
+    if math.isnan(value):
+        return 0.0
+    return min(1.0, max(0.0, value))
 
 
 class RewardSpecError(ValueError):
@@ -92,8 +111,6 @@ class RewardSet:
         return [name for name, _, _ in self.parts]
 
     def score(self, completion: str, answer: str) -> tuple[float, dict[str, float]]:
-        from rlgen.tasks.base import clamp_reward
-
         values: dict[str, float] = {}
         for name, fn, _ in self.parts:
             try:

@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -20,47 +19,9 @@ from typing import Any
 from rich.markup import escape
 
 from rlgen.config import RunConfig, to_run_config
-from rlgen.serve.wire import TOKEN_ENV
+from rlgen.serve.checks import serve_token
 
 log = logging.getLogger(__name__)
-
-
-def serve_token(cfg: RunConfig) -> str | None:
-    return cfg.serve.token or os.environ.get(TOKEN_ENV) or None
-
-
-def port_problem(host: str, port: int) -> str | None:
-    """A sentence when (host, port) cannot be bound now."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as err:
-            return f"cannot listen on {host}:{port} ({err.strerror}); choose another serve.port, or stop what uses it."
-    return None
-
-
-def serve_problems(cfg: RunConfig) -> list[str]:
-    """Everything that stops `rlgen serve` before it starts an engine."""
-    from rlgen.plan import PlanError
-    from rlgen.plan.environment import cluster_address, has_package, local_gpus
-    from rlgen.plan.serve import build_serve_plan
-
-    try:
-        plan = build_serve_plan(cfg, serve_token(cfg))
-    except PlanError as err:
-        return err.problems
-    problems = []
-    need = sum(len(e.gpus) for e in plan.engines)
-    if need and not cluster_address(cfg) and local_gpus() < need:
-        problems.append(f"the server's engines need {need} GPU(s) and this machine has {local_gpus()}; lower "
-                        "serve.data_parallel or engine.tensor_parallel_size, or serve engine=hf hardware=cpu.")
-    if plan.engine_kind == "vllm" and not has_package("vllm"):
-        problems.append("engine=vllm needs the vllm package, which is not installed; pip install 'rlgen[gpu]' on a "
-                        "CUDA machine, or serve engine=hf.")
-    bind = port_problem(cfg.serve.host, cfg.serve.port)
-    return problems + ([bind] if bind else [])
 
 
 def _served_model(cfg: RunConfig, plan: Any, model_path: str) -> Any:

@@ -2,7 +2,7 @@
 same methods. Generate token-in/token-out, push weights, and drive sleep/wake and pause/resume from your own
 training loop::
 
-    from rlgen.client import GenerationClient
+    from rlgen.wire.client import GenerationClient
 
     with GenerationClient("http://127.0.0.1:8000") as client:
         out = client.generate_ids([[1, 2, 3]], n=4, max_tokens=32, temperature=1.0)
@@ -20,8 +20,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlgen.serve.wire import TOKEN_ENV, chunks, completion_from_json, request_to_json, weights_to_bytes
 from rlgen.types import Completion, GenRequest, SamplingParams
+from rlgen.wire.protocol import TOKEN_ENV, chunks, completion_from_json, request_to_json, weights_to_bytes
 
 
 class ServerError(RuntimeError):

@@ -3,7 +3,7 @@ texts with ``tokenizers``, a ChatML chat template, and a randomly initialised Qw
 It loads like any downloaded instruct model (``model.path=<folder>``), which is what offline tests and GPU
 benchmarks need. ``gsm8k_like`` writes GSM8K-shaped rows to train on.
 
-    python -m rlgen.localmodel OUT_DIR [preset] [vocab_size]      # e.g. qwen2_5_0_5b 32000; rows in OUT_DIR/data
+    python -m rlgen.models.local OUT_DIR [preset] [vocab_size]      # e.g. qwen2_5_0_5b 32000; rows in OUT_DIR/data
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def build_folder(out: str | Path, preset: ModelConfig, texts: list[str], vocab_s
 
 
 def main(argv: list[str]) -> int:
-    from rlgen.compose import compose_run_config
+    from rlgen.config.compose import compose_run_config
 
     out = Path(argv[0])
     preset = compose_run_config([f"model={argv[1]}"] if len(argv) > 1 else []).model

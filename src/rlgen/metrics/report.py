@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlgen.balancer import (
+from rlgen.metrics.balance import (
     DEFAULT_WARMUP,
     NO_CONTEXT,
     BalanceContext,

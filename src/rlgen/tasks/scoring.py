@@ -40,7 +40,7 @@ def _score_in_worker(text: str, answer: str) -> tuple:
 
 
 def _what(err: BaseException) -> str:
-    from rlgen.tasks.base import RewardValueError
+    from rlgen.tasks.rewards import RewardValueError
 
     return str(err) if isinstance(err, RewardValueError) else f"raised {type(err).__name__}: {err}"
 

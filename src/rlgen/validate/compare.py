@@ -10,7 +10,7 @@ from enum import Enum
 from typing import Any
 
 from rlgen.config import ValidateConfig
-from rlgen.validate_cases import DrawnRequest
+from rlgen.validate.cases import DrawnRequest
 
 
 @dataclass
@@ -78,7 +78,7 @@ def jsonable(v: Any) -> Any:
 def _metrics(ref: list[float], cand: list[float], threshold: float) -> dict[str, float]:
     import torch
 
-    from rlgen.mismatch import mismatch_metrics
+    from rlgen.metrics.mismatch import mismatch_metrics
 
     r = torch.tensor([ref], dtype=torch.float64)  # [1, T]
     c = torch.tensor([cand], dtype=torch.float64)  # [1, T]

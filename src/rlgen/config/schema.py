@@ -26,6 +26,13 @@ class WeightsOver(StrEnum):
     nccl = "nccl"  # vLLM's NCCL weight transfer: learner rank 0 joins the server engines' group
 
 
+class Transport(StrEnum):
+    ray_object_store = "ray_object_store"  # CPU, or hf engines: state dict through Ray's object store
+    cuda_ipc = "cuda_ipc"  # colocated: CUDA IPC handles to the learner's tensors, engine sleeps/wakes
+    nccl = "nccl"  # separate GPUs: a NCCL group from learner rank 0 to every engine
+    http = "http"  # engine=remote: safetensors bytes to the server, from the learner through each engine's proxy
+
+
 class LossAgg(StrEnum):
     token_mean = "token_mean"  # every response token of the batch weighs the same (DAPO)
     seq_mean_token_mean = "seq_mean_token_mean"  # mean over a sequence's tokens, then over sequences (GRPO)

@@ -17,7 +17,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
-from rlgen.report import balance_summary, load_run
+from rlgen.metrics.report import balance_summary, load_run
 
 
 def _overrides(job_dir: Path) -> list[str]:
@@ -168,7 +168,7 @@ def print_sweep(rows: list[dict[str, Any]], console=None) -> None:
 
 
 class SweepSummary(Callback):
-    """Hydra callback: ``hydra.callbacks.sweep_summary._target_: rlgen.sweep.SweepSummary``."""
+    """Hydra callback: ``hydra.callbacks.sweep_summary._target_: rlgen.commands.sweep.SweepSummary``."""
 
     def __init__(self, print_table: bool = True) -> None:
         self.print_table = print_table

@@ -24,7 +24,7 @@ class StepPrompts:
 
 
 def encode_prompts(step: int, task: Task, renderer, cfg: RunConfig) -> StepPrompts:
-    """The step's prompts as token ids, rendered (rlgen.prompts.PromptRenderer) and held to
+    """The step's prompts as token ids, rendered (rlgen.tasks.prompts.PromptRenderer) and held to
     task.max_prompt_tokens by task.long_prompts; the validation pass refuses what would not fit."""
     prompts = task.prompts(step, cfg.algo.prompts_per_step)
     ids = []

@@ -1,5 +1,5 @@
 """What travels between ``rlgen serve`` and its clients: generation requests and completions as JSON, weights
-as safetensors bytes. Shared by the server and ``rlgen.client`` so both read and write the same fields.
+as safetensors bytes. Shared by the server and ``rlgen.wire.client`` so both read and write the same fields.
 No torch import at module level."""
 
 from __future__ import annotations

@@ -6,11 +6,12 @@ import re
 from pathlib import Path
 
 from rlgen.config import RunConfig, register_configs, to_run_config
+from rlgen.errors import UserError
 
-CONF_DIR = Path(__file__).resolve().parent / "conf"
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """An override or YAML value that does not fit the schema."""
 
 

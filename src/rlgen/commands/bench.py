@@ -1,0 +1,13 @@
+"""`rlgen bench`: the generation benchmark as a Hydra task; results go to Hydra's run directory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def bench_app(dict_cfg: Any) -> dict:
+    from rlgen.bench.run import run_bench
+    from rlgen.commands.train import run_dir
+    from rlgen.config import to_run_config
+
+    return run_bench(to_run_config(dict_cfg), run_dir())

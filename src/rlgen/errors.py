@@ -1,0 +1,15 @@
+"""The one kind of error a command shows as it is: a problem the user can fix, said in one sentence with the fix
+(several problems: one line each). Every command prints it without a traceback and exits with ``exit_code``;
+anything else is unexpected, and its traceback goes to a file."""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """What the user asked for cannot be done as asked (2), or a run stopped for a reason it can say (1)."""
+
+    exit_code = 2
+
+    def sentences(self) -> list[str]:
+        """One line per problem, as the command prints them."""
+        return [line for line in str(self).splitlines() if line.strip()] or [type(self).__name__]
