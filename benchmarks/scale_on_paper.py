@@ -91,7 +91,7 @@ def main(out: str) -> int:
     for name, overrides in LAYOUTS.items():
         cfg = compose_run_config(overrides)
         plan = build_plan(cfg)
-        pred = predict(plan, cfg, mean_response_tokens=MEAN_RESPONSE)
+        pred = predict(plan, mean_response_tokens=MEAN_RESPONSE)
         seqs = plan.batch.sequences_per_step
         weights_gb = plan.model.params * 2 / 1e9
         driver = {k: v * seqs for k, v in per_seq.items()}

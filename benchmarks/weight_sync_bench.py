@@ -51,8 +51,8 @@ def main() -> None:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from rlgen.config.compose import compose_run_config
-    from rlgen.engines.vllm import VLLMEngine
-    from rlgen.engines.vllm_args import engine_args_for
+    from rlgen.engines.vllm.args import engine_args_for
+    from rlgen.engines.vllm.engine import VLLMEngine
     from rlgen.learners.weight_sender import WeightSender
     from rlgen.models import prepare_model
     from rlgen.plan import Transport, build_plan

@@ -6,18 +6,18 @@ import sys
 
 import pytest
 
-from rlgen.config import BenchConfig, EngineConfig, EngineKind
+from rlgen.config import BenchConfig, EngineConfig
 
 
 def test_importing_the_engine_and_bench_pulls_no_vllm_or_ray():
     import subprocess
 
-    code = "import sys, rlgen.engines.vllm, rlgen.bench; print(sorted({'vllm', 'ray'} & set(sys.modules)))"
+    code = "import sys, rlgen.engines.vllm.engine, rlgen.bench; print(sorted({'vllm', 'ray'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
-@pytest.mark.parametrize("path", ["rlgen.engines.vllm:VLLMEngine", "rlgen.engines.remote:RemoteEngine"])
+@pytest.mark.parametrize("path", ["rlgen.engines.vllm.engine:VLLMEngine", "rlgen.engines.remote.engine:RemoteEngine"])
 def test_threaded_engine_actors_have_no_coroutine_methods(path):
     """Ray turns a class with any ``async def`` method (private ones too) into an asyncio actor, whose plain
     methods run one at a time on its event loop: pause() and weight updates would wait for generate()."""
@@ -65,20 +65,20 @@ def test_a_threaded_actor_answers_while_a_call_blocks():
 def test_engine_without_cuda_says_so(monkeypatch):
     import torch
 
-    from rlgen.engines.vllm import EngineError, VLLMEngine
+    from rlgen.engines.vllm.engine import EngineError, VLLMEngine
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(EngineError, match="CUDA GPU"):
-        VLLMEngine("/nonexistent", EngineConfig(kind=EngineKind.vllm), device="cuda")
+        VLLMEngine("/nonexistent", EngineConfig(kind="vllm"), device="cuda")
     with pytest.raises(EngineError, match="engine=hf"):
-        VLLMEngine("/nonexistent", EngineConfig(kind=EngineKind.vllm), device="cpu")
+        VLLMEngine("/nonexistent", EngineConfig(kind="vllm"), device="cpu")
 
 
 def test_engine_args_follow_the_config():
-    from rlgen.engines.vllm import TUNED_DEFAULTS, build_engine_args
+    from rlgen.engines.vllm.engine import TUNED_DEFAULTS, build_engine_args
 
     e = EngineConfig(
-        kind=EngineKind.vllm,
+        kind="vllm",
         tensor_parallel_size=2,
         gpu_memory_utilization=0.8,
         enable_prefix_caching=False,
@@ -109,7 +109,7 @@ def test_engine_args_follow_the_config():
     )
     # TP > 1: vLLM's own worker processes on the actor's GPUs, never its Ray executor inside our actor
     assert args["distributed_executor_backend"] == "mp"
-    one = build_engine_args("/m", EngineConfig(kind=EngineKind.vllm, tensor_parallel_size=1))
+    one = build_engine_args("/m", EngineConfig(kind="vllm", tensor_parallel_size=1))
     assert "distributed_executor_backend" not in one
 
 
@@ -117,17 +117,17 @@ def test_engine_context_is_capped_by_the_model(tmp_path):
     """vLLM refuses a max_model_len beyond the model's positions; the tiny preset has 128."""
     import json
 
-    from rlgen.engines.vllm import build_engine_args
+    from rlgen.engines.vllm.engine import build_engine_args
 
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 128}))
-    e = EngineConfig(kind=EngineKind.vllm, max_model_len=4096)
+    e = EngineConfig(kind="vllm", max_model_len=4096)
     assert build_engine_args(str(tmp_path), e)["max_model_len"] == 128
-    assert build_engine_args(str(tmp_path), EngineConfig(kind=EngineKind.vllm, max_model_len=64))["max_model_len"] == 64
+    assert build_engine_args(str(tmp_path), EngineConfig(kind="vllm", max_model_len=64))["max_model_len"] == 64
     assert build_engine_args("/no/such/model", e)["max_model_len"] == 4096
 
 
 def test_seed_mixing_separates_prompts():
-    from rlgen.engines.vllm import mix_seed
+    from rlgen.engines.vllm.engine import mix_seed
 
     assert mix_seed(None, 3) is None
     assert mix_seed(7, 0) != mix_seed(7, 1)
@@ -138,7 +138,7 @@ def test_seed_mixing_separates_prompts():
 def test_weight_chunks_keep_order_and_size():
     import torch
 
-    from rlgen.engines.vllm import chunk_weights
+    from rlgen.engines.vllm.engine import chunk_weights
 
     items = [(f"w{i}", torch.zeros(256, dtype=torch.float32)) for i in range(10)]  # 1 KiB each
     chunks = list(chunk_weights(items, chunk_bytes=3 * 1024))
@@ -224,7 +224,7 @@ def test_check_completions_flags_wrong_lengths():
 
 
 def test_version_changes_keep_those_inside_the_completion_that_change_it():
-    from rlgen.engines.vllm_loop import version_changes
+    from rlgen.engines.vllm.loop import version_changes
 
     assert version_changes([], 3, 10) == []
     assert version_changes([(4, 4)], 3, 10) == [(4, 4)]
@@ -237,7 +237,7 @@ def test_live_token_counts_read_the_engines_running_requests():
     import asyncio
     from types import SimpleNamespace
 
-    from rlgen.engines.vllm_loop import live_token_counts
+    from rlgen.engines.vllm.loop import live_token_counts
 
     def state(rid, index, n):
         return SimpleNamespace(external_req_id=rid, request_index=index,

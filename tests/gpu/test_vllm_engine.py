@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from rlgen.config import EngineConfig, EngineKind
+from rlgen.config import EngineConfig
 from rlgen.types import GenRequest, SamplingParams
 
 pytestmark = pytest.mark.gpu
@@ -47,10 +47,10 @@ def model_path(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def engine(model_path):
-    from rlgen.engines.vllm import VLLMEngine
+    from rlgen.engines.vllm.engine import VLLMEngine
 
     cfg = EngineConfig(
-        kind=EngineKind.vllm,
+        kind="vllm",
         gpu_memory_utilization=0.4,
         max_model_len=1024,
         max_num_seqs=64,
@@ -133,7 +133,7 @@ def test_stop_token_ends_a_completion(engine):
 def test_logprobs_finite_nonpositive_and_match_hf(engine, model_path):
     import math
 
-    from rlgen.engines.hf import HFEngine
+    from rlgen.engines.hf.engine import HFEngine
 
     prompts = _prompts(8, seed=3)
     reqs = [
@@ -145,7 +145,7 @@ def test_logprobs_finite_nonpositive_and_match_hf(engine, model_path):
     assert all(len(c.logprobs) == len(c.token_ids) for c in comps)
     assert all(math.isfinite(x) and x <= 1e-6 for x in lps)
     # Teacher-forced logprobs from transformers in bf16 on the same GPU: the engine reports the same quantity.
-    ref = HFEngine(model_path, EngineConfig(kind=EngineKind.hf, dtype="bfloat16"), device="cuda")
+    ref = HFEngine(model_path, EngineConfig(kind="hf", dtype="bfloat16"), device="cuda")
     hf = ref.score([list(c.prompt_ids) for c in comps], [c.token_ids for c in comps])
     deltas = [abs(a - b) for c, h in zip(comps, hf) for a, b in zip(c.logprobs, h)]
     mean = sum(deltas) / len(deltas)

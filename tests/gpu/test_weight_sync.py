@@ -18,8 +18,8 @@ import os
 import pytest
 
 from helpers import algo_cfg
-from rlgen.config import EngineConfig, EngineKind, MonitorConfig
-from rlgen.engines.vllm_args import engine_args_for
+from rlgen.config import EngineConfig, MonitorConfig
+from rlgen.engines.vllm.args import engine_args_for
 from rlgen.learners.weight_sender import WeightSender
 from rlgen.runtime.transports import make_transport
 from rlgen.types import GenRequest, SamplingParams
@@ -91,9 +91,9 @@ class SwapLearner(WeightSender):
 
 
 def _engine(ray, path: str, transport, num_gpus: float, options=None, **cfg):
-    from rlgen.engines.vllm import VLLMEngine
+    from rlgen.engines.vllm.engine import VLLMEngine
 
-    ecfg = EngineConfig(kind=EngineKind.vllm, max_model_len=512, max_num_seqs=64, enforce_eager=True, **cfg)
+    ecfg = EngineConfig(kind="vllm", max_model_len=512, max_num_seqs=64, enforce_eager=True, **cfg)
     return ray.remote(VLLMEngine).options(num_gpus=num_gpus, max_concurrency=4, **(options or {})).remote(
         path, ecfg, device="cuda", name="engine0", engine_args=engine_args_for(transport))
 

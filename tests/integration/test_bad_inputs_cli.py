@@ -15,11 +15,12 @@ import pytest
 import ray.cloudpickle
 from rich.console import Console
 
-from rlgen.commands.train import run_training
 from rlgen.config.compose import compose_run_config
-from rlgen.engines.hf import HFEngine
+from rlgen.engines.hf.engine import HFEngine
 from rlgen.learners.torch import TorchLearner
+from rlgen.plan import build_plan
 from rlgen.runtime import RunError
+from rlgen.runtime.run import run_training
 from rlgen.runtime.status import read_status
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -129,7 +130,7 @@ class RaisingLearner(TorchLearner):
 def test_an_actor_that_raises_is_named_in_one_sentence(tmp_path, hook, message):
     cfg = compose_run_config(["progress=false", "steps=4", "algo.prompts_per_step=4"])
     with pytest.raises(RunError) as info:
-        run_training(cfg, tmp_path, Console(quiet=True), **hook)
+        run_training(build_plan(cfg), tmp_path, Console(quiet=True), **hook)
     assert str(info.value) == message
     assert "Traceback" in (tmp_path / "run.log").read_text()
     assert read_status(tmp_path)["state"] == "failed"
@@ -150,5 +151,5 @@ def test_a_reward_that_raises_while_the_learner_trains_is_the_same_one_sentence(
     cfg = compose_run_config(["progress=false", "steps=4", "algo.prompts_per_step=4",
                               "task.reward=picky_reward2:score", *extra])
     with pytest.raises(RunError, match=r"task.reward=picky_reward2:score raised ValueError: cannot score .* at step 0"):
-        run_training(cfg, tmp_path / "run", Console(quiet=True))
+        run_training(build_plan(cfg), tmp_path / "run", Console(quiet=True))
     assert read_status(tmp_path / "run")["state"] == "failed"

@@ -17,10 +17,11 @@ import sys
 
 import pytest
 
-from rlgen.commands.train import run_training
 from rlgen.config.compose import compose_run_config
 from rlgen.metrics.balance import BalanceTracker, Kind, summarize
 from rlgen.metrics.report import load_run, write_report
+from rlgen.plan import build_plan
+from rlgen.runtime.run import run_training
 
 BASE = ["progress=false", "steps=8"]
 STARVED_LEARNER = [*BASE, "engine.max_num_seqs=2"]
@@ -39,7 +40,7 @@ def test_verdict_follows_the_bottleneck(tmp_path):
     kinds = {}
     for name, overrides in (("starved", STARVED_LEARNER), ("slow", SLOW_LEARNER)):
         out = tmp_path / name
-        run_training(compose_run_config(overrides), out)
+        run_training(build_plan(compose_run_config(overrides)), out)
         records, ctx, rolling, overall = _verdicts(out)
         assert len(records) == 8
         kinds[name] = (overall, rolling[-1])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rlgen.config import BenchConfig, EngineConfig, EngineKind
+from rlgen.config import BenchConfig, EngineConfig
 from rlgen.types import Completion
 
 ray = pytest.importorskip("ray")
@@ -72,7 +72,7 @@ def test_two_engines_share_one_gpu_start_in_turn_split_the_prompts_and_run_at_on
 
     reqs = make_workload(BenchConfig(num_prompts=6, samples_per_prompt=2, prompt_len=4, response_len_min=3,
                                      response_len_max=9), 100)
-    engine = EngineConfig(kind=EngineKind.vllm, gpu_memory_utilization=0.8)
+    engine = EngineConfig(kind="vllm", gpu_memory_utilization=0.8)
     mem = sides.MemorySampler()
     try:
         rec = sides.run_vllm_side(str(tmp_path), engine, reqs, mem, per_gpu=2, repeats=2, engine_cls=StandInEngine)
@@ -99,7 +99,7 @@ def test_one_engine_per_gpu_is_the_side_as_before(one_pretend_gpu, tmp_path):
                                      response_len_max=4), 100)
     mem = sides.MemorySampler()
     try:
-        rec = sides.run_vllm_side(str(tmp_path), EngineConfig(kind=EngineKind.vllm, gpu_memory_utilization=0.8),
+        rec = sides.run_vllm_side(str(tmp_path), EngineConfig(kind="vllm", gpu_memory_utilization=0.8),
                                   reqs, mem, engine_cls=StandInEngine)
     finally:
         mem.close()
@@ -113,6 +113,6 @@ def test_a_shared_gpu_with_tensor_parallel_engines_is_refused():
     from rlgen.bench import sides
     from rlgen.bench.workload import BenchError
 
-    engine = EngineConfig(kind=EngineKind.vllm, tensor_parallel_size=2)
+    engine = EngineConfig(kind="vllm", tensor_parallel_size=2)
     with pytest.raises(BenchError, match="tensor_parallel_size=1"):
         sides.run_vllm_side("unused", engine, [], None, per_gpu=2, engine_cls=StandInEngine)

@@ -13,7 +13,9 @@ from rlgen.config.compose import compose_run_config
 from rlgen.engines.noisy import NoisyEngine
 from rlgen.metrics.sink import MetricsSink, read_jsonl
 from rlgen.plan import build_plan
-from rlgen.runtime import Orchestrator, RunError
+from rlgen.runtime import RunError
+from rlgen.runtime.loop import train
+from rlgen.runtime.setup import Hooks, set_up, tear_down
 
 BASE = ["progress=false", "algo.prompts_per_step=4", "algo.samples_per_prompt=4", "monitor.kl_threshold=0.05"]
 
@@ -21,7 +23,7 @@ BASE = ["progress=false", "algo.prompts_per_step=4", "algo.samples_per_prompt=4"
 def _spy_engine_cls():
     """An hf engine that records every weight update it receives (defined in a function, so Ray ships the
     class by value)."""
-    from rlgen.engines.hf import HFEngine
+    from rlgen.engines.hf.engine import HFEngine
 
     class SpyEngine(HFEngine):
         def __init__(self, *args, **kwargs):
@@ -58,22 +60,21 @@ def _run(overrides: list[str], out: Path, **hooks) -> tuple[list[dict], str | No
     """Run the loop like `rlgen train`, with class overrides. Returns (records, halt message or None,
     the engines' health() read before the actors are torn down)."""
     cfg = compose_run_config([*BASE, *overrides])
-    orch = Orchestrator(cfg, build_plan(cfg), out, **hooks)
+    run = set_up(build_plan(cfg), out, hooks=Hooks(**hooks))
     error, health = None, []
     try:
-        orch.setup()
         sink = MetricsSink(out, cfg, cfg.steps, Console(quiet=True))
         try:
-            orch.train(sink)
+            train(run, sink)
         except RunError as err:
             error = str(err)
         finally:
             sink.progress.stop()
         import ray
 
-        health = ray.get([e.health.remote() for e in orch.engines])
+        health = ray.get([e.health.remote() for e in run.engines])
     finally:
-        orch.cleanup()
+        tear_down(run)
     return read_jsonl(out / "metrics.jsonl"), error, health
 
 

@@ -14,15 +14,15 @@ import ray
 import ray.cloudpickle
 from rich.console import Console
 
-from rlgen.commands.train import run_training
 from rlgen.config.compose import compose_run_config
-from rlgen.engines.hf import HFEngine
+from rlgen.engines.hf.engine import HFEngine
 from rlgen.learners.torch import TorchLearner
 from rlgen.metrics.sink import read_jsonl
 from rlgen.plan import build_plan
 from rlgen.runtime import RunStopped
-from rlgen.runtime.checkpoint import list_checkpoints
+from rlgen.runtime.checkpoint_dir import list_checkpoints
 from rlgen.runtime.resume import identity, resolve_explicit
+from rlgen.runtime.run import run_training
 from rlgen.runtime.status import read_status
 from rlgen.runtime.stop import StopFlag
 
@@ -90,9 +90,9 @@ def _learner_dying_at(call: int, marker: str) -> type:
 def _run(out: Path, overrides: list[str], *, stop=None, resume: bool = False, **kwargs) -> RunStopped | None:
     cfg = compose_run_config([*BASE, *overrides])
     plan = build_plan(cfg)
-    point = resolve_explicit(str(out), identity(plan.apply(cfg), len(plan.learners))) if resume else None
+    point = resolve_explicit(str(out), identity(plan.config, len(plan.learners))) if resume else None
     try:
-        run_training(cfg, out, Console(quiet=True), resume=point, stop=stop, **kwargs)
+        run_training(plan, out, Console(quiet=True), resume=point, stop=stop, **kwargs)
     except RunStopped as err:
         return err
     return None

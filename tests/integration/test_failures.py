@@ -10,10 +10,12 @@ import pytest
 import ray.cloudpickle
 
 from rlgen.config.compose import compose_run_config
-from rlgen.engines.hf import HFEngine
+from rlgen.engines.hf.engine import HFEngine
 from rlgen.metrics.sink import MetricsSink, read_jsonl
 from rlgen.plan import build_plan
-from rlgen.runtime import Orchestrator, RunError, RunStopped
+from rlgen.runtime import RunError, RunStopped
+from rlgen.runtime.loop import train
+from rlgen.runtime.setup import Hooks, set_up, tear_down
 
 # Ray workers cannot import this test module, so its engine classes travel by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -39,16 +41,15 @@ class StuckEngine(HFEngine):
 
 def _run(tmp_path, engine_cls, *overrides):
     cfg = compose_run_config(["progress=false", "steps=5", "algo.prompts_per_step=8", *overrides])
-    orch = Orchestrator(cfg, build_plan(cfg), tmp_path, engine_cls=engine_cls)
+    run = set_up(build_plan(cfg), tmp_path, hooks=Hooks(engine_cls=engine_cls))
     try:
-        orch.setup()
         sink = MetricsSink(tmp_path, cfg, cfg.steps)
         try:
-            orch.train(sink)
+            train(run, sink)
         finally:
             sink.progress.stop()
     finally:
-        orch.cleanup()
+        tear_down(run)
 
 
 def test_an_engine_that_may_not_restart_stops_the_run_and_finished_steps_are_kept(tmp_path):

@@ -15,13 +15,13 @@ import ray
 import ray.cloudpickle
 from rich.console import Console
 
-from rlgen.commands.train import run_training
 from rlgen.config.compose import compose_run_config
 from rlgen.plan import build_plan
 from rlgen.plan.placement import plan_bundles
 from rlgen.runtime.actors import ActorFactory, reserve
 from rlgen.runtime.cluster import NodeInfo, assign_nodes, cluster_nodes
 from rlgen.runtime.errors import RunError
+from rlgen.runtime.run import run_training
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -106,7 +106,7 @@ CPU_RUN = ["hardware=2xcpu", "progress=false", "ray.share=object_store", "algo.p
 
 def test_hf_engines_on_one_node_and_the_learner_on_another_learn(cluster, tmp_path):
     cfg = compose_run_config([*CPU_RUN, "steps=60"])
-    summary = run_training(cfg, tmp_path, Console(quiet=True))
+    summary = run_training(build_plan(cfg), tmp_path, Console(quiet=True))
     status = __import__("json").loads((tmp_path / "status.json").read_text())
     assert summary["reward_gain"] >= 0.1, f"reward rose only {summary['reward_first_20pct']:.3f} -> " \
                                           f"{summary['reward_last_20pct']:.3f}"

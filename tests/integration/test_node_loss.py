@@ -12,12 +12,12 @@ import pytest
 import ray
 from rich.console import Console
 
-from rlgen.commands.train import run_training
 from rlgen.config.compose import compose_run_config
 from rlgen.metrics.sink import read_jsonl
 from rlgen.plan import build_plan
 from rlgen.runtime import RunStopped
 from rlgen.runtime.resume import identity, resolve_explicit
+from rlgen.runtime.run import run_training
 
 CPU_RUN = ["hardware=2xcpu", "progress=false", "ray.share=object_store", "algo.prompts_per_step=32"]
 
@@ -49,7 +49,7 @@ def test_a_node_that_leaves_stops_the_run_cleanly_and_resume_finishes(tmp_path):
         killer = threading.Thread(target=remove_engine_node, daemon=True)
         killer.start()
         with pytest.raises(RunStopped) as info:
-            run_training(cfg, tmp_path, Console(quiet=True))
+            run_training(build_plan(cfg), tmp_path, Console(quiet=True))
         killer.join(timeout=5)
         err = info.value
         assert err.exit_code == 1 and "left the Ray cluster" in str(err), str(err)
@@ -58,8 +58,8 @@ def test_a_node_that_leaves_stops_the_run_cleanly_and_resume_finishes(tmp_path):
 
         c.add_node(num_cpus=2)  # the plan's second node comes back
         c.wait_for_nodes()
-        point = resolve_explicit(str(tmp_path), identity(build_plan(cfg).apply(cfg), 1))
-        run_training(cfg, tmp_path, Console(quiet=True), resume=point)
+        point = resolve_explicit(str(tmp_path), identity(build_plan(cfg).config, 1))
+        run_training(build_plan(cfg), tmp_path, Console(quiet=True), resume=point)
         assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(40))
     finally:
         ray.shutdown()

@@ -1,5 +1,5 @@
 """One source of truth: every plan the plan accepts, over every preset combination (engine x hardware x
-colocated), is set up by the orchestrator as planned. A fake Ray cluster of two nodes with 8 fake GPUs each
+colocated), is set up by the run's set-up as planned. A fake Ray cluster of two nodes with 8 fake GPUs each
 stands in for the machines, and stand-in actors for vLLM and DeepSpeed; they receive the constructor
 arguments the real classes would, and report where they landed. Plans the plan refuses are counted, so a
 preset that stops planning shows up too."""
@@ -18,7 +18,7 @@ from rich.console import Console
 from rlgen.config.compose import compose_run_config
 from rlgen.plan import PlanError, Transport, build_plan
 from rlgen.runtime import actors as actor_classes
-from rlgen.runtime.orchestrator import Orchestrator
+from rlgen.runtime.setup import set_up, tear_down
 
 ray = pytest.importorskip("ray")
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the stand-ins travel to the workers by value
@@ -127,9 +127,9 @@ def _stand_ins(monkeypatch) -> None:
 
     tiny = prepare_model(compose_run_config([]))  # what every stand-in is handed; no preset is built
     monkeypatch.setattr("rlgen.models.prepare_model", lambda cfg, device="cpu": tiny)
-    monkeypatch.setattr("rlgen.runtime.orchestrator.engine_class",
+    monkeypatch.setattr("rlgen.runtime.setup.engine_class",
                         _stand_in(actor_classes.engine_class, StandInEngine))
-    monkeypatch.setattr("rlgen.runtime.orchestrator.learner_class",
+    monkeypatch.setattr("rlgen.runtime.setup.learner_class",
                         _stand_in(actor_classes.learner_class, StandInLearner))
 
 
@@ -145,14 +145,13 @@ def test_every_accepted_plan_is_set_up_as_planned(fake_cluster, monkeypatch, tmp
 
 def _set_up(cfg, plan, out) -> tuple[list[str], list[dict], list[dict]]:
     """Set the plan up with the stand-ins; (Ray node ids, engines' and learners' health reports)."""
-    orch = Orchestrator(cfg, plan, out, console=Console(quiet=True))
+    run = set_up(plan, out, console=Console(quiet=True))
     try:
-        orch.setup()
-        engines = ray.get([a.health.remote() for a in orch.engines], timeout=120)
-        learners = ray.get([a.health.remote() for a in orch.learners], timeout=120)
+        engines = ray.get([a.health.remote() for a in run.engines], timeout=120)
+        learners = ray.get([a.health.remote() for a in run.learners], timeout=120)
     finally:
-        orch.cleanup()
-    return orch.node_ids, engines, learners
+        tear_down(run)
+    return run.node_ids, engines, learners
 
 
 def _check(plan, node_ids: list[str], engines: list[dict], learners: list[dict], what: str) -> None:
@@ -199,7 +198,7 @@ def test_engines_sharing_a_gpu_start_in_turn_beside_the_learner_and_split_its_sh
     node_ids, engines, learners = _set_up(cfg, plan, tmp_path)
     _check(plan, node_ids, engines, learners, "two engines per GPU")
     assert [e["gpus"] for e in engines] == [learners[0]["gpus"]] * 2  # both on the learner's one GPU
-    share = plan.apply(cfg).engine.gpu_memory_utilization
+    share = plan.config.engine.gpu_memory_utilization
     assert [e["share"] for e in engines] == [round(share / 2, 4)] * 2
     # the second engine was created only once the first had started (vLLM sizes its KV cache from free memory)
     assert engines[1]["born"] >= engines[0]["ready"]

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from rlgen.config import EngineConfig, EngineKind
+from rlgen.config import EngineConfig
 from rlgen.runtime.transports import NcclTransport
 from rlgen.serve.app import make_app
 from rlgen.serve.pool import EnginePool, ServedModel
@@ -74,7 +74,7 @@ def server():
     import uvicorn
 
     engines = [FakeVLLMEngine(), FakeVLLMEngine()]
-    model = ServedModel("fake", "/nowhere", 1, 8, 64, "vllm", 2)
+    model = ServedModel("fake", "/nowhere", 1, 8, 64, "vllm", 2, nccl_weights=True, pauses=True)
     app = make_app(EnginePool(engines, model, timeout_s=30.0, local=True), token=None, max_sequences=8, max_body_mb=1)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -98,10 +98,10 @@ def ray_local():
 
 
 def test_nccl_transport_through_remote_engines(server, ray_local):
-    from rlgen.engines.remote import RemoteEngine
+    from rlgen.engines.remote.engine import RemoteEngine
 
     url, engines = server
-    cfg = EngineConfig(kind=EngineKind.remote, url=url)
+    cfg = EngineConfig(kind="remote", url=url)
     proxies = [ray.remote(RemoteEngine).options(max_concurrency=4).remote(None, cfg, name=f"engine{i}")
                for i in range(2)]
     learner = FakeLearner.remote()

@@ -17,10 +17,11 @@ import pytest
 import torch
 
 from helpers import assert_learned
-from rlgen.commands.train import run_training
 from rlgen.config.compose import compose_run_config
 from rlgen.metrics.sink import read_jsonl
+from rlgen.plan import build_plan
 from rlgen.runtime import RunError
+from rlgen.runtime.run import run_training
 from rlgen.wire.client import GenerationClient, ServerError
 
 PROMPT = [5, 6, 7, 8]
@@ -117,7 +118,7 @@ def test_train_engine_remote_learns_like_the_default(server, tmp_path):
     with GenerationClient(server.url) as client:
         updates_before = client.info()["weight_updates"]
     cfg = compose_run_config(["progress=false", "engine=remote", f"engine.url={server.url}"])
-    summary = run_training(cfg, tmp_path)
+    summary = run_training(build_plan(cfg), tmp_path)
     records = read_jsonl(tmp_path / "metrics.jsonl")
     assert len(records) == cfg.steps
     assert_learned(records, summary)  # the margin the embedded default must learn by
@@ -135,8 +136,8 @@ def test_a_remote_run_matches_the_same_run_with_engines_of_its_own(server, tmp_p
     """Same seed, same two engines: the server's, or the run's own. Every step's rollouts, rewards and losses
     agree exactly, so engine=remote changes where generation happens and nothing else."""
     common = ["progress=false", "steps=25", "checkpoint.every=0"]
-    run_training(compose_run_config([*common, "engine=remote", f"engine.url={server.url}"]), tmp_path / "remote")
-    run_training(compose_run_config([*common, "engine.num_engines=2"]), tmp_path / "own")
+    run_training(build_plan(compose_run_config([*common, "engine=remote", f"engine.url={server.url}"])), tmp_path / "remote")
+    run_training(build_plan(compose_run_config([*common, "engine.num_engines=2"])), tmp_path / "own")
     remote, own = (read_jsonl(tmp_path / name / "metrics.jsonl") for name in ("remote", "own"))
     keys = ("reward_mean", "loss", "response_tokens", "mismatch/k3_kl")
     assert [[r[k] for k in keys] for r in remote] == [[r[k] for k in keys] for r in own]
@@ -150,7 +151,7 @@ def test_a_run_whose_server_goes_away_ends_with_one_sentence(tmp_path):
 
     def run() -> None:
         try:
-            run_training(cfg, tmp_path / "run")
+            run_training(build_plan(cfg), tmp_path / "run")
         except BaseException as err:  # noqa: BLE001 - examined below
             box["error"] = err
 

@@ -11,9 +11,10 @@ import pytest
 from safetensors.torch import load_file
 
 from helpers import MIN_REWARD_GAIN, assert_learned
-from rlgen.commands.train import run_training
 from rlgen.config.compose import compose_run_config
 from rlgen.metrics.sink import read_jsonl
+from rlgen.plan import build_plan
+from rlgen.runtime.run import run_training
 
 # What `make smoke` runs (see the Makefile)
 SMOKE_OVERRIDES = ["progress=false"]
@@ -30,7 +31,7 @@ def _params_changed(initial: str, final: str) -> float:
 def smoke_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("smoke")
     cfg = compose_run_config(SMOKE_OVERRIDES)
-    summary = run_training(cfg, out)
+    summary = run_training(build_plan(cfg), out)
     return cfg, out, summary
 
 
@@ -62,7 +63,7 @@ def _overlaps(records: list[dict]) -> int:
 @pytest.mark.slow
 def test_async_one_step_ahead_learns_and_overlaps(tmp_path):
     cfg = compose_run_config([*SMOKE_OVERRIDES, "algo.async_steps=1"])
-    summary = run_training(cfg, tmp_path)
+    summary = run_training(build_plan(cfg), tmp_path)
     records = read_jsonl(tmp_path / "metrics.jsonl")
     assert max(r["staleness"] for r in records) == 1
     assert all(0 <= r["staleness"] <= 1 for r in records)
@@ -72,7 +73,7 @@ def test_async_one_step_ahead_learns_and_overlaps(tmp_path):
 
 def test_on_policy_never_overlaps(tmp_path):
     cfg = compose_run_config([*SMOKE_OVERRIDES, "steps=4"])
-    run_training(cfg, tmp_path)
+    run_training(build_plan(cfg), tmp_path)
     records = read_jsonl(tmp_path / "metrics.jsonl")
     assert _overlaps(records) == 0
     assert [r["version"] for r in records] == [1, 2, 3, 4]

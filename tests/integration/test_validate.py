@@ -12,9 +12,8 @@ import types
 import pytest
 import torch
 
-from rlgen.config import EngineKind
 from rlgen.config.compose import compose_run_config
-from rlgen.engines.hf import HFEngine
+from rlgen.engines.hf.engine import HFEngine
 from rlgen.engines.noisy import NoisyEngine
 from rlgen.models import prepare_model
 from rlgen.types import GenRequest, SamplingParams
@@ -100,7 +99,7 @@ def test_candidate_in_a_ray_actor_fails_the_same_way(cfg):
 
 
 def test_engine_vllm_builds_vllm_engine_with_its_env(cfg, monkeypatch):
-    """engine=vllm imports rlgen.engines.vllm.VLLMEngine lazily and passes the plan's env (a stand-in here)."""
+    """engine=vllm imports rlgen.engines.vllm.engine.VLLMEngine lazily and passes the plan's env (a stand-in here)."""
     import rlgen.plan
 
     made = []
@@ -110,12 +109,14 @@ def test_engine_vllm_builds_vllm_engine_with_its_env(cfg, monkeypatch):
             made.append({"env": env, "engine": args[1], **kwargs})
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setitem(sys.modules, "rlgen.engines.vllm", types.SimpleNamespace(VLLMEngine=FakeVLLMEngine))
+    monkeypatch.setitem(sys.modules, "rlgen.engines.vllm.engine", types.SimpleNamespace(VLLMEngine=FakeVLLMEngine))
+    from rlgen.engines.registry import engine_spec
+
     plan = rlgen.plan.build_plan(cfg)
-    monkeypatch.setattr(
-        rlgen.plan, "build_plan", lambda c: dataclasses.replace(plan, engine_kind="vllm", engine_env={"X": "1"})
-    )
-    vcfg = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, kind=EngineKind.vllm, dtype="float32"))
+    vcfg = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, kind="vllm", dtype="float32"))
+    vllm_plan = dataclasses.replace(plan, config=dataclasses.replace(plan.config, engine=vcfg.engine),
+                                    engine=engine_spec("vllm"), engine_env={"X": "1"})
+    monkeypatch.setattr(rlgen.plan, "build_plan", lambda c: vllm_plan)
     report = run_validate(vcfg, ValidateConfig(cases=3, runner="local"))
     assert report.passed and report.engine == "vllm" and report.candidate == "vllm float32"
     assert made[0]["env"] == {"X": "1"} and made[0]["name"] == "candidate"

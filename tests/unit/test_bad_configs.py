@@ -13,6 +13,19 @@ from rlgen.plan import PlanError, build_plan
 # "{tmp}" in an override is replaced by the test's tmp_path.
 PLAN_ERRORS = [
     (
+        # engine kinds are a registry (rlgen.engines.registry), so an unknown one is the plan's to refuse
+        "unknown-engine-kind",
+        ["engine.kind=sglang"],
+        ["engine.kind=sglang is not an engine kind; choose one of: hf, remote, vllm"],
+        1,
+    ),
+    (
+        "unknown-algorithm",
+        ["algo.kind=ppo2"],
+        ["algo.kind=ppo2 is not an algorithm; choose one of: grpo"],
+        1,
+    ),
+    (
         "vllm-on-cpu",
         ["engine=vllm", "hardware=cpu"],
         ["engine=vllm needs CUDA GPUs, but hardware=cpu has none", "use engine=hf on CPU"],
@@ -79,7 +92,16 @@ PLAN_ERRORS = [
     (
         "sequence-beyond-position-embeddings",
         ["algo.max_new_tokens=200", "engine.max_model_len=4096"],
-        ["max_position_embeddings=128 < 208"],
+        ["task.max_prompt_tokens=8 + algo.max_new_tokens=200 = 208 tokens per sequence",
+         "max_position_embeddings=128", "lower algo.max_new_tokens or task.max_prompt_tokens"],
+        1,
+    ),
+    (
+        # the prompt side is the larger part: the sentence says so first (a long-prompt data set, default model)
+        "long-prompts-beyond-position-embeddings",
+        ["task.max_prompt_tokens=256", "engine.max_model_len=4096"],
+        ["task.max_prompt_tokens=256 + algo.max_new_tokens=4 = 260 tokens per sequence",
+         "lower task.max_prompt_tokens (or shorten the prompts) or algo.max_new_tokens"],
         1,
     ),
     (
@@ -198,7 +220,6 @@ CONFIG_ERRORS = [
     ("wrong-value-type", ["algo.lr=fast"], ["algo.lr=fast", "could not be converted to Float"]),
     ("float-for-int", ["algo.prompts_per_step=1.5"], ["algo.prompts_per_step=1.5", "Integer"]),
     ("bad-bool", ["engine.enable_sleep_mode=maybe"], ["engine.enable_sleep_mode=maybe", "not a valid bool"]),
-    ("bad-engine-kind", ["engine.kind=sglang"], ["engine.kind=sglang", "expected one of [hf, vllm, remote]"]),
     ("bad-loss-agg", ["algo.loss_agg=mean"], ["algo.loss_agg=mean", "seq_mean_token_mean"]),
     ("null-for-required", ["engine.kind=null"], ["engine.kind", "not Optional"]),
 ]

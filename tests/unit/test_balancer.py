@@ -23,7 +23,7 @@ from rlgen.types import Phase, StepTimeline
 
 def on_policy_record(step: int, gen: float, train: float, *, t0: float = 1000.0, engine_sync: float = 0.01,
                      reward: float = 0.01, learner_sync: float = 0.01, engines: int = 1, tokens: int = 1000) -> dict:
-    """One strictly on-policy step laid out as the orchestrator records it.
+    """One strictly on-policy step laid out as the loop records it.
 
     learner wait = engine weight load + generation; then the driver scores, the learner trains and exports.
     """

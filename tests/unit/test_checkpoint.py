@@ -10,7 +10,7 @@ import pytest
 from rlgen.config.compose import compose_run_config
 from rlgen.plan import build_plan
 from rlgen.runtime.batch import RolloutCountError, StepPrompts, check_complete
-from rlgen.runtime.checkpoint import (
+from rlgen.runtime.checkpoint_dir import (
     MARKER,
     capture_rng,
     list_checkpoints,
@@ -79,7 +79,7 @@ def test_rng_states_round_trip():
 # -- resume= ---------------------------------------------------------------------------------------------
 def _ident(*overrides, ranks=1):
     cfg = compose_run_config(list(overrides))
-    return identity(build_plan(cfg).apply(cfg), ranks)  # as a run records it: with the plan's resolved values
+    return identity(build_plan(cfg).config, ranks)  # as a run records it: with the plan's resolved values
 
 
 def test_math_keys_are_told_from_safe_ones():

@@ -94,13 +94,13 @@ def _server_info(url, token, timeout_s=10.0):
 
 @pytest.mark.parametrize(("group", "name"), YAMLS, ids=YAML_IDS)
 def test_yaml_plans_with_its_companions(group, name, tmp_path, monkeypatch):
-    monkeypatch.setattr("rlgen.plan.remote.fetch_info", _server_info)
+    monkeypatch.setattr("rlgen.engines.remote.plan.fetch_info", _server_info)
     companions = _companions(group, name, tmp_path)
     cfg = compose_run_config([f"{group}={name}", *companions]) if companions else _composed(f"{group}={name}")
     plan = build_plan(cfg)
     assert plan.engines and plan.learners
     assert plan.hardware == cfg.hardware.name
-    assert plan.engine_kind == cfg.engine.kind.value
+    assert plan.engine_kind == cfg.engine.kind
     assert all(e.tensor_parallel_size == cfg.engine.tensor_parallel_size for e in plan.engines)
     assert plan.model.name == cfg.model.name
     hw = cfg.hardware
@@ -203,7 +203,7 @@ def scratch_tree(tmp_path, monkeypatch):
 
 def test_unknown_key_in_a_yaml_fails(scratch_tree):
     (scratch_tree / "engine" / "typo.yaml").write_text("defaults: [base_engine, _self_]\nmax_modl_len: 5\n")
-    assert compose_run_config(["engine=vllm"]).engine.kind.value == "vllm"  # the copy itself is sound
+    assert compose_run_config(["engine=vllm"]).engine.kind == "vllm"  # the copy itself is sound
     with pytest.raises(ConfigError, match=r"conf/engine/typo.yaml: engine.max_modl_len is not a setting of engine"):
         compose_run_config(["engine=typo"])
 

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from rlgen.engines.startup import EngineStartError, check_free_memory, explain
+from rlgen.engines.vllm.startup import EngineStartError, check_free_memory, explain
 from rlgen.runtime.errors import actor_death_detail
 
 CORE = "(VLLMEngine pid=7) (EngineCore pid=9) "
@@ -66,7 +66,7 @@ def test_the_driver_reports_the_sentence_alone():
     err = RuntimeError(
         "The actor died because of an error raised in its creation task, ray::VLLMEngine.__init__() (pid=1, "
         "ip=10.0.0.1)\n  File \"x.py\", line 3, in __init__\n    raise\n"
-        "rlgen.engines.startup.EngineStartError: engine0 could not start: this GPU cannot run bf16; set "
+        "rlgen.engines.vllm.startup.EngineStartError: engine0 could not start: this GPU cannot run bf16; set "
         "engine.dtype=float16."
     )
     assert actor_death_detail(err) == "engine0 could not start: this GPU cannot run bf16; set engine.dtype=float16."

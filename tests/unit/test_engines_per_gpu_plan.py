@@ -89,8 +89,7 @@ def test_refusals_say_how_to_fix(overrides, text):
 
 
 def test_the_prediction_draws_engines_on_one_gpu_as_one():
-    one, two = predict(plan_of(), compose_run_config(ONE_GPU)), predict(
-        plan_of("engine.engines_per_gpu=2"), compose_run_config([*ONE_GPU, "engine.engines_per_gpu=2"]))
+    one, two = predict(plan_of()), predict(plan_of("engine.engines_per_gpu=2"))
     assert one.available and two.available and two.num_engines == 1
     assert two.gen_s == pytest.approx(one.gen_s, rel=0.1)  # the same GPU share, drawn as one engine
     assert any("2 engines share 1 GPU(s)" in n for n in two.notes)

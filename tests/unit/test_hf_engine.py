@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from rlgen.config import EngineConfig
-from rlgen.engines.hf import HFEngine
+from rlgen.engines.hf.engine import HFEngine
 from rlgen.runtime.batch import build_batch
 from rlgen.types import Completion, GenRequest, SamplingParams
 

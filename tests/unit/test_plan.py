@@ -8,10 +8,12 @@ import json
 
 import pytest
 
+from rlgen.config import LearnerKind
 from rlgen.config.compose import compose_run_config
 from rlgen.plan import (
     BatchGeometry,
     EngineSlot,
+    Layout,
     LearnerSlot,
     Plan,
     PlanError,
@@ -44,7 +46,7 @@ def test_cpu_plan():
 
 def test_several_cpu_learner_ranks_are_refused_by_the_plan():
     # Only the DeepSpeed learner (GPUs) trains with several ranks; the plan says so before anything starts,
-    # rather than the orchestrator after Ray and the warm start.
+    # rather than the run's set-up after Ray and the warm start.
     with pytest.raises(PlanError, match=r"2 learner ranks, but only the DeepSpeed learner .* set hardware.learner_ranks=1"):
         plan_of("hardware.learner_ranks=2")
 
@@ -65,16 +67,19 @@ def test_colocated_learner_group_is_refused_by_the_plan():
 def test_vllm_on_one_h100_is_colocated_over_cuda_ipc():
     plan = plan_of("engine=vllm", "hardware=1xh100")
     assert plan.device == "cuda"
-    assert plan.colocated
-    assert plan.engines == (EngineSlot(0, 0, (0,), 1),)
+    assert plan.colocated and plan.layout is Layout.colocated
+    # the engine's part of the GPU is on its slot, the share the plan derived
+    share = plan.config.engine.gpu_memory_utilization
+    assert 0 < share < 0.9 and plan.engines == (EngineSlot(0, 0, (0,), 1, memory_share=share),)
     assert plan.learners == (LearnerSlot(0, 0, 0),)
     assert plan.transport is Transport.cuda_ipc
+    assert plan.learner_kind is LearnerKind.deepspeed and plan.engine.kind == "vllm"
 
 
 def test_vllm_on_two_h200_splits_engine_and_learner_over_nccl():
     plan = plan_of("engine=vllm", "hardware=2xh200")
-    assert not plan.colocated
-    assert plan.engines == (EngineSlot(0, 0, (0,), 1),)
+    assert not plan.colocated and plan.layout is Layout.split
+    assert plan.engines == (EngineSlot(0, 0, (0,), 1, memory_share=0.9),)  # own GPU: vLLM's default share
     assert plan.learners == (LearnerSlot(0, 0, 1),)
     assert plan.transport is Transport.nccl
 
@@ -88,7 +93,7 @@ def test_hf_on_gpus_moves_weights_through_the_object_store():
 
 def test_vllm_tp2_on_8xh100():
     plan = plan_of("engine=vllm_tp2", "hardware=8xh100")
-    assert plan.engines == (EngineSlot(0, 0, (0, 1), 2), EngineSlot(1, 0, (2, 3), 2))
+    assert plan.engines == (EngineSlot(0, 0, (0, 1), 2, 0.9), EngineSlot(1, 0, (2, 3), 2, 0.9))
     assert plan.learners == tuple(LearnerSlot(r, 0, 4 + r) for r in range(4))
     assert plan.transport is Transport.nccl
     assert plan.batch.learner_ranks == 4
@@ -156,14 +161,14 @@ def test_gpu_slots_are_in_range_distinct_and_tp_groups_stay_on_one_node(override
 
 def test_fewer_engines_than_gpus_leaves_gpus_idle_with_a_warning():
     plan = plan_of("engine=vllm", "hardware=8xh100", "engine.num_engines=1")
-    assert plan.engines == (EngineSlot(0, 0, (0,), 1),)
+    assert plan.engines == (EngineSlot(0, 0, (0,), 1, 0.9),)
     assert plan.learners == tuple(LearnerSlot(r, 0, 4 + r) for r in range(4))  # learners keep GPUs 4..7
     assert "3 of 4 engine GPUs stay idle with engine.num_engines=1." in plan.warnings
 
 
 def test_idle_warning_counts_tp_gpus():
     plan = plan_of("engine=vllm_tp2", "hardware=8xh100", "engine.num_engines=1")
-    assert plan.engines == (EngineSlot(0, 0, (0, 1), 2),)
+    assert plan.engines == (EngineSlot(0, 0, (0, 1), 2, 0.9),)
     assert any(w.startswith("2 of 4 engine GPUs stay idle") for w in plan.warnings)
 
 

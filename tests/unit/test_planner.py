@@ -33,7 +33,7 @@ def _predict(*overrides: str):
     # One-row micro-batches keep the learner's logits within the plan's memory check; the forecast does not
     # depend on the micro-batch size.
     cfg = compose_run_config(["algo.micro_batch_size=1", *overrides])
-    return predict(build_plan(cfg), cfg)
+    return predict(build_plan(cfg))
 
 
 def test_hand_calculation_qwen2_5_1_5b_on_8xh100():

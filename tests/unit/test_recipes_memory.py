@@ -28,7 +28,7 @@ def test_the_embedded_default_keeps_its_tiny_values():
     s = settings(plan)
     assert s["algo.max_new_tokens"][0] == 4 and s["algo.lr"][0] == 1e-3 and s["algo.micro_batch_size"][0] == 0
     assert s["algo.lr"][1].startswith("recipe tiny")
-    cfg = plan.apply(compose_run_config([]))
+    cfg = plan.config
     assert (cfg.algo.max_new_tokens, cfg.algo.lr, cfg.algo.micro_batch_size) == (4, 1e-3, 0)
     assert plan.memory is None  # CPU
 
@@ -138,7 +138,7 @@ def test_recipe_bands_cover_every_size_in_order():
 
 def test_learner_memory_by_hand():
     """1.5B, one rank, ZeRO-2, gradient checkpointing, micro-batch 8 of 8 + 1024 tokens."""
-    cfg = build_plan(c := compose_run_config(["engine=vllm", "hardware=1xh100", "model=qwen2_5_1_5b"])).apply(c)
+    cfg = build_plan(compose_run_config(["engine=vllm", "hardware=1xh100", "model=qwen2_5_1_5b"])).config
     p, vocab = count_params(cfg.model)
     m = learner_memory(cfg, p, vocab, ranks=1, micro=8)
     assert m.weights == pytest.approx(2 * p / GIB)

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from rlgen.config import EngineConfig
 from rlgen.config.compose import compose_run_config
-from rlgen.engines.hf import HFEngine
+from rlgen.engines.hf.engine import HFEngine
 from rlgen.models import load_tokenizer, prepare_model
 from rlgen.plan import build_plan
 from rlgen.serve.app import make_app

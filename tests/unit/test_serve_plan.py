@@ -31,7 +31,7 @@ def server(monkeypatch):
             raise state["info"]
         return state["info"]
 
-    monkeypatch.setattr("rlgen.plan.remote.fetch_info", fetch)
+    monkeypatch.setattr("rlgen.engines.remote.plan.fetch_info", fetch)
     return state
 
 
@@ -46,7 +46,8 @@ def test_remote_plan_places_only_learners_and_reads_the_server(server, monkeypat
 
 
 def test_remote_plan_on_gpus_gives_every_gpu_to_learners_and_picks_nccl_for_vllm(server):
-    server["info"] = _info(["model=qwen2_5_0_5b"], engine_kind="vllm", max_model_len=4096, tensor_parallel_size=2)
+    server["info"] = _info(["model=qwen2_5_0_5b"], engine_kind="vllm", max_model_len=4096, tensor_parallel_size=2,
+                           weights_over=["http", "nccl"])
     plan = build_plan(compose_run_config(["engine=remote", f"engine.url={URL}", "hardware=2xh200",
                                           "model=qwen2_5_0_5b"]))
     assert [lr.gpu for lr in plan.learners] == [0, 1] and not plan.colocated

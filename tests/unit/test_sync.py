@@ -19,8 +19,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rlgen.config.compose import compose_run_config
-from rlgen.engines.ipc_buffer import ALIGN_BYTES, buffer_bytes, chunk_views, ipc_layout
-from rlgen.engines.vllm_args import engine_args_for
+from rlgen.engines.vllm.args import engine_args_for
+from rlgen.engines.vllm.ipc_buffer import ALIGN_BYTES, buffer_bytes, chunk_views, ipc_layout
 from rlgen.learners.weight_sender import WeightSender
 from rlgen.plan import Transport, build_plan
 from rlgen.runtime.transports import CudaIpcTransport, NcclTransport, ObjectStoreTransport, make_transport

@@ -11,7 +11,8 @@ import math
 
 import torch
 
-from rlgen.config import LossAgg
+from rlgen.algo.registry import Algorithm
+from rlgen.config import AlgoConfig, LossAgg
 
 
 def group_advantages(
@@ -183,3 +184,20 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """
     d = ref_logp - logp  # [N, L]
     return torch.exp(d) - d - 1.0
+
+
+# -- GRPO as an algorithm: group-normalised advantages, the clipped surrogate with truncated IS ---------------
+def grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, algo: AlgoConfig) -> torch.Tensor:
+    """rewards [N], group_ids [N] -> [N]: centred on the group mean, divided by its std when algo.std_normalize."""
+    return group_advantages(rewards, group_ids, algo.std_normalize)
+
+
+def grpo_loss(logp: torch.Tensor, engine_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+              algo: AlgoConfig, denominator: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """policy_loss with the algo config's clip range, IS cap, sequence mask and aggregation."""
+    return policy_loss(logp, engine_logp, advantages, mask, clip_low=algo.clip_low, clip_high=algo.clip_high,
+                       tis_cap=algo.tis_cap, seq_mask_cap=algo.seq_mask_cap, agg=algo.loss_agg,
+                       max_new_tokens=algo.max_new_tokens, denominator=denominator)
+
+
+ALGORITHM = Algorithm("grpo", advantages=grpo_advantages, loss=grpo_loss)

@@ -6,7 +6,7 @@ sigma ``response_len_sigma``) clipped to [``response_len_min``, ``response_len_m
 response to its drawn length, so all engines do the same work and lengths vary the way RL rollouts do.
 
 Engines (``cfg.bench.engines``), each in its own Ray actor with one GPU, one after another on the same requests:
-- ``vllm``: rlgen's VLLMEngine with ``cfg.engine``, as the orchestrator runs it in production; with
+- ``vllm``: rlgen's VLLMEngine with ``cfg.engine``, as a training run runs it; with
   ``bench.engines_per_gpu`` k > 1, k such engines share one GPU and split the requests (round-robin).
 - ``vllm_raw``: ``vllm.LLM(model).generate`` with vLLM's default engine settings and the same sampling params.
 - ``hf``: rlgen's HFEngine (transformers ``generate``) on a prefix of the prompts, batch after batch, until a
@@ -37,8 +37,9 @@ from rlgen.bench.workload import (
     make_workload,
     workload_summary,
 )
-from rlgen.config import EngineKind, RunConfig
+from rlgen.config import RunConfig
 from rlgen.plan import live_vllm_env
+from rlgen.types import GenRequest
 
 
 def engine_env(cfg: RunConfig) -> dict[str, str]:
@@ -65,10 +66,13 @@ def _load_weights_cpu(model_path: str) -> dict[str, Any]:
 
 
 def _check(cfg: RunConfig) -> None:
+    # first: without a GPU nothing can run, whatever else the config says
+    if not gpu_info():
+        raise BenchError("rlgen bench needs a CUDA GPU (nvidia-smi found none); run it on a GPU machine.")
     b, e = cfg.bench, cfg.engine
-    if "vllm" in b.engines and e.kind != EngineKind.vllm:
+    if "vllm" in b.engines and e.kind != "vllm":
         raise BenchError(
-            f"bench engine 'vllm' runs rlgen's vLLM engine, but engine={e.kind.value}; add engine=vllm."
+            f"bench engine 'vllm' runs rlgen's vLLM engine, but engine={e.kind}; add engine=vllm."
         )
     need = b.prompt_len + b.response_len_max
     if "vllm" in b.engines and e.max_model_len is not None and e.max_model_len < need:
@@ -87,8 +91,6 @@ def _check(cfg: RunConfig) -> None:
     unknown = set(b.engines) - {"vllm", "hf", "vllm_raw"}
     if unknown:
         raise BenchError(f"bench.engines has {sorted(unknown)}; choose from vllm, hf, vllm_raw.")
-    if not gpu_info():
-        raise BenchError("rlgen bench needs a CUDA GPU (nvidia-smi found none); run it on a GPU machine.")
 
 
 def run_bench(
@@ -107,70 +109,26 @@ def run_bench(
     from rlgen.charvocab import CHAR_VOCAB_SIZE
 
     _check(cfg)
-    b = cfg.bench
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     vocab = cfg.model.vocab_size or CHAR_VOCAB_SIZE
-    requests = make_workload(b, vocab)
+    requests = make_workload(cfg.bench, vocab)
     machine = gpu_info()
-    started_ray = False
-    if not ray.is_initialized():
-        ray.init(
-            address=os.environ.get("RAY_ADDRESS", "local"),  # a cluster of its own unless one is named
-            include_dashboard=False,
-            log_to_driver=True,
-            runtime_env={"env_vars": _env_vars()},
-        )
-        started_ray = True
+    started_ray = _start_ray()
     mem = MemorySampler()
     busy = BusySampler()
-    result: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "command": command or " ".join(sys.argv),
-        "machine": machine,
-        "versions": versions(),
-        "model": {"name": cfg.model.name, "vocab_size": vocab},
-        "bench": asdict(b),
-        "engine": {k: (v.value if hasattr(v, "value") else v) for k, v in asdict(cfg.engine).items()},
-        "workload": workload_summary(requests),
-        "results": {},
-    }
+    result = _new_result(cfg, requests, machine, vocab, command)
     try:
         t0 = time.time()
         model_path = _build_model(cfg)
         result["model"]["build_s"] = round(time.time() - t0, 1)
         result["model"]["path_is_local_build"] = cfg.model.path is None
-        for side in b.engines:
-            if side == "vllm":
-                weights = _load_weights_cpu(model_path) if sync else None
-                rec = run_vllm_side(
-                    model_path,
-                    cfg.engine,
-                    requests,
-                    mem,
-                    env=engine_env(cfg),
-                    engine_args=engine_args,
-                    seed=cfg.seed,
-                    repeats=repeats,
-                    sync_weights=weights,
-                    per_gpu=b.engines_per_gpu,
-                    busy_gpu=busy,
-                )
-                del weights
-            elif side == "vllm_raw":
-                rec = run_raw_side(model_path, requests, mem, seed=cfg.seed, busy_gpu=busy)
-            else:
-                rec = run_hf_side(
-                    model_path,
-                    requests,
-                    mem,
-                    vocab=vocab,
-                    batch_rows=b.hf_batch_size,
-                    gpu_gib=machine.get("gpu_memory_gib", 80.0),
-                    seed=cfg.seed,
-                    budget_s=hf_budget_s,
-                )
-            result["results"][side] = rec
+        for side in cfg.bench.engines:  # one after another; each side frees the GPU before the next
+            result["results"][side] = _run_side(
+                side, cfg, model_path, requests, mem, busy,
+                vocab=vocab, gpu_gib=machine.get("gpu_memory_gib", 80.0),
+                engine_args=engine_args, repeats=repeats, sync=sync, hf_budget_s=hf_budget_s,
+            )
             _write(out, result)
         result["ratios"] = ratios(result["results"])
     finally:
@@ -181,6 +139,83 @@ def run_bench(
     _write(out, result)
     print_table(result)
     return result
+
+
+def _start_ray() -> bool:
+    """Ray for the engine actors, unless this process is already connected; True if it was started here."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    ray.init(
+        address=os.environ.get("RAY_ADDRESS", "local"),  # a cluster of its own unless one is named
+        include_dashboard=False,
+        log_to_driver=True,
+        runtime_env={"env_vars": _env_vars()},
+    )
+    return True
+
+
+def _new_result(
+    cfg: RunConfig, requests: list[GenRequest], machine: dict[str, Any], vocab: int, command: str | None
+) -> dict[str, Any]:
+    """bench.json before any engine runs: when, how, where, with what, and an empty "results"."""
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "command": command or " ".join(sys.argv),
+        "machine": machine,
+        "versions": versions(),
+        "model": {"name": cfg.model.name, "vocab_size": vocab},
+        "bench": asdict(cfg.bench),
+        "engine": {k: (v.value if hasattr(v, "value") else v) for k, v in asdict(cfg.engine).items()},
+        "workload": workload_summary(requests),
+        "results": {},
+    }
+
+
+def _run_side(
+    side: str,
+    cfg: RunConfig,
+    model_path: str,
+    requests: list[GenRequest],
+    mem: MemorySampler,
+    busy: BusySampler,
+    *,
+    vocab: int,
+    gpu_gib: float,
+    engine_args: dict[str, Any] | None,
+    repeats: int,
+    sync: bool,
+    hf_budget_s: float,
+) -> dict[str, Any]:
+    """One engine of cfg.bench.engines on the workload; its record."""
+    if side == "vllm":
+        weights = _load_weights_cpu(model_path) if sync else None  # for the weight update after generation
+        return run_vllm_side(
+            model_path,
+            cfg.engine,
+            requests,
+            mem,
+            env=engine_env(cfg),
+            engine_args=engine_args,
+            seed=cfg.seed,
+            repeats=repeats,
+            sync_weights=weights,
+            per_gpu=cfg.bench.engines_per_gpu,
+            busy_gpu=busy,
+        )
+    if side == "vllm_raw":
+        return run_raw_side(model_path, requests, mem, seed=cfg.seed, busy_gpu=busy)
+    return run_hf_side(
+        model_path,
+        requests,
+        mem,
+        vocab=vocab,
+        batch_rows=cfg.bench.hf_batch_size,
+        gpu_gib=gpu_gib,
+        seed=cfg.seed,
+        budget_s=hf_budget_s,
+    )
 
 
 def ratios(results: dict[str, dict[str, Any]]) -> dict[str, float]:

@@ -16,7 +16,7 @@ from rlgen.bench.workload import (
     BenchError,
     check_completions,
 )
-from rlgen.config import EngineConfig, EngineKind
+from rlgen.config import EngineConfig
 from rlgen.types import Completion, GenRequest
 
 
@@ -169,74 +169,145 @@ def run_vllm_side(
     since vLLM sizes its KV cache from the memory free as it starts; the requests are dealt round-robin and
     all engines generate at once. engine_cls replaces VLLMEngine (tests run a stand-in without a GPU);
     busy_gpu adds the GPU's busy percentage to each run."""
-    import ray
-
-    from rlgen.plan.memory import engine_part
-
     if engine_cls is None:
-        from rlgen.engines.vllm import VLLMEngine as engine_cls
+        from rlgen.engines.vllm.engine import VLLMEngine as engine_cls
 
     k = max(1, int(per_gpu))
-    if k > 1:
-        if engine.tensor_parallel_size != 1:
-            raise BenchError("bench.engines_per_gpu > 1 needs engine.tensor_parallel_size=1.")
-        engine = engine_part(engine, k)
+    engine = _engine_each(engine, k)
     baseline = gpu_used_gib() or 0.0
     mem.mark()
     t0 = time.time()
-    actors: list[Any] = []
+    actors: list[Any] = []  # filled as engines start, so a failed start still stops the ones before it
+    rec: dict[str, Any] | None = None
     try:
-        health = []
-        for i in range(k):
-            name = label if k == 1 else f"{label}{i}"
-            actors.append(
-                ray.remote(engine_cls)
-                .options(
-                    num_gpus=engine.tensor_parallel_size / k, max_concurrency=4,
-                    runtime_env={"env_vars": _env_vars(env)},
-                )
-                .remote(model_path, engine, device="cuda", seed=seed + i, name=name, env=env,
-                        engine_args=engine_args)
-            )
-            health.append(_get(actors[-1].health.remote(), f"{name}: engine start"))
-        rec: dict[str, Any] = {
-            "engine": label,
-            "start_s": round(time.time() - t0, 1),
-            "engine_start_s": round(sum(h["start_s"] for h in health), 1),
-        }
-        if k > 1:
-            rec["engines_per_gpu"] = k
-            rec["gpu_memory_utilization_each"] = engine.gpu_memory_utilization
-        rec["engine_args"] = dict(engine_args or {})
-        shards = split_round_robin(requests, k)
-        runs = []
-        for i in range(max(1, repeats)):
-            runs.append(_generate_on(actors, shards, f"{label}: generate", busy_gpu))
-            if i == 0:
-                rec["first_batch_s"] = round(time.time() - t0, 1)
-        rec.update(_summarise_runs(runs))
+        health = _start_vllm_engines(
+            actors, engine_cls, model_path, engine, k, label=label, seed=seed, env=env,
+            engine_args=engine_args,
+        )
+        rec = _vllm_record(label, t0, health, engine, k, engine_args)
+        _run_vllm_repeats(rec, actors, requests, k, label=label, repeats=repeats, t0=t0, busy_gpu=busy_gpu)
         for name, reqs in (extra or {}).items():
             run = _generate_on(actors, split_round_robin(reqs, k), f"{label}: generate ({name})")
             rec.setdefault("extra", {})[name] = _summarise_runs([run])
         if sync_weights is not None:
-            rec["sync"] = {"error": "not finished"}
-            t1 = time.time()
-            ref = ray.put(sync_weights)
-            ups = _get([a.update_weights.remote(ref, 1) for a in actors], f"{label}: update_weights")
-            rec["sync"] = {
-                "engine_s": round(max(u["seconds"] for u in ups), 2),
-                "driver_s": round(time.time() - t1, 2),
-                "gib": round(ups[0]["bytes"] / GIB, 2),
-                "tensors": ups[0]["tensors"],
-                "prefix_cache_reset": all(u["prefix_cache_reset"] for u in ups),
-            }
+            _sync_vllm_weights(rec, actors, sync_weights, label)
     except Exception as err:  # noqa: BLE001 - one side failing must not lose the others' numbers
-        msg = f"{type(err).__name__}: {err}"
-        if "rec" in locals() and rec.get("sync") == {"error": "not finished"}:
-            rec["sync"] = {"error": msg[-2000:]}  # generation finished; keep its numbers
-        else:
-            rec = {"engine": label, "error": msg[-2000:]}
+        rec = _vllm_failed(rec, label, err)
     return _finish_side(actors, mem, baseline, rec)
+
+
+def _engine_each(engine: EngineConfig, k: int) -> EngineConfig:
+    """The config of each of k engines sharing one GPU: 1/k of its memory share (k = 1: engine as given)."""
+    from rlgen.plan.memory import engine_part
+
+    if k == 1:
+        return engine
+    if engine.tensor_parallel_size != 1:
+        raise BenchError("bench.engines_per_gpu > 1 needs engine.tensor_parallel_size=1.")
+    return engine_part(engine, k)
+
+
+def _start_vllm_engines(
+    actors: list[Any],
+    engine_cls: type,
+    model_path: str,
+    engine: EngineConfig,
+    k: int,
+    *,
+    label: str,
+    seed: int,
+    env: dict[str, str] | None,
+    engine_args: dict[str, Any] | None,
+) -> list[dict[str, Any]]:
+    """k engine actors, appended to actors, each started and healthy before the next begins (vLLM sizes its
+    KV cache from the memory free as it starts); returns their health reports."""
+    import ray
+
+    health = []
+    for i in range(k):
+        name = label if k == 1 else f"{label}{i}"
+        actors.append(
+            ray.remote(engine_cls)
+            .options(
+                num_gpus=engine.tensor_parallel_size / k,
+                max_concurrency=4,
+                runtime_env={"env_vars": _env_vars(env)},
+            )
+            .remote(model_path, engine, device="cuda", seed=seed + i, name=name, env=env,
+                    engine_args=engine_args)
+        )
+        health.append(_get(actors[-1].health.remote(), f"{name}: engine start"))
+    return health
+
+
+def _vllm_record(
+    label: str,
+    t0: float,
+    health: list[dict[str, Any]],
+    engine: EngineConfig,
+    k: int,
+    engine_args: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The vllm side's record once its engines are up: start times and the settings they run with."""
+    rec: dict[str, Any] = {
+        "engine": label,
+        "start_s": round(time.time() - t0, 1),
+        "engine_start_s": round(sum(h["start_s"] for h in health), 1),
+    }
+    if k > 1:
+        rec["engines_per_gpu"] = k
+        rec["gpu_memory_utilization_each"] = engine.gpu_memory_utilization
+    rec["engine_args"] = dict(engine_args or {})
+    return rec
+
+
+def _run_vllm_repeats(
+    rec: dict[str, Any],
+    actors: list[Any],
+    requests: list[GenRequest],
+    k: int,
+    *,
+    label: str,
+    repeats: int,
+    t0: float,
+    busy_gpu: BusySampler | None,
+) -> None:
+    """The workload, dealt round-robin to the engines, repeats times (at least once); the runs go into rec,
+    and first_batch_s (from t0) once the first run is back."""
+    shards = split_round_robin(requests, k)
+    runs = []
+    for i in range(max(1, repeats)):
+        runs.append(_generate_on(actors, shards, f"{label}: generate", busy_gpu))
+        if i == 0:
+            rec["first_batch_s"] = round(time.time() - t0, 1)
+    rec.update(_summarise_runs(runs))
+
+
+def _sync_vllm_weights(rec: dict[str, Any], actors: list[Any], weights: dict[str, Any], label: str) -> None:
+    """One weight update on every engine, timed into rec["sync"]; it says "not finished" until the update is."""
+    import ray
+
+    rec["sync"] = {"error": "not finished"}
+    t1 = time.time()
+    ref = ray.put(weights)
+    ups = _get([a.update_weights.remote(ref, 1) for a in actors], f"{label}: update_weights")
+    rec["sync"] = {
+        "engine_s": round(max(u["seconds"] for u in ups), 2),
+        "driver_s": round(time.time() - t1, 2),
+        "gib": round(ups[0]["bytes"] / GIB, 2),
+        "tensors": ups[0]["tensors"],
+        "prefix_cache_reset": all(u["prefix_cache_reset"] for u in ups),
+    }
+
+
+def _vllm_failed(rec: dict[str, Any] | None, label: str, err: Exception) -> dict[str, Any]:
+    """The record after err: a failed weight update keeps the generation numbers before it; anything else
+    leaves only the error."""
+    msg = f"{type(err).__name__}: {err}"
+    if rec is not None and rec.get("sync") == {"error": "not finished"}:
+        rec["sync"] = {"error": msg[-2000:]}  # generation finished; keep its numbers
+        return rec
+    return {"engine": label, "error": msg[-2000:]}
 
 
 def run_raw_side(
@@ -336,12 +407,12 @@ def run_hf_side(
     """rlgen's HFEngine in a Ray actor with one GPU, batch after batch until budget_s of generation."""
     import ray
 
-    from rlgen.engines.hf import HFEngine
+    from rlgen.engines.hf.engine import HFEngine
 
     baseline = gpu_used_gib() or 0.0
     mem.mark()
     t0 = time.time()
-    cfg = EngineConfig(kind=EngineKind.hf, dtype="bfloat16", max_num_seqs=batch_rows)
+    cfg = EngineConfig(kind="hf", dtype="bfloat16", max_num_seqs=batch_rows)
     actor = (
         ray.remote(HFEngine)
         .options(num_gpus=1, runtime_env={"env_vars": _env_vars()})

@@ -5,23 +5,28 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 
 from rlgen.commands.args import Args, jobs, split_argv
-from rlgen.config import RunConfig
+from rlgen.config import RunConfig, plain
 from rlgen.config.compose import ConfigError, compose_run_config
 
-# Configs this process has already validated: the Hydra job skips the pass for them (a sweep point that failed
-# it is not here, so its job records why it was rejected).
-CHECKED: set[str] = set()
+# The plans of the configs this process has already validated, by config: the Hydra job takes its plan from here
+# instead of building it again (a sweep point that failed the pass is not here, so its job records why it was
+# rejected).
+PLANNED: dict[str, Any] = {}
 
 
 def config_key(cfg: RunConfig) -> str:
-    from rlgen.runtime.resume import plain_config
+    return json.dumps(plain(cfg), sort_keys=True, default=str)
 
-    return json.dumps(plain_config(cfg), sort_keys=True, default=str)
+
+def planned(cfg: RunConfig) -> Any:
+    """The plan the command line built for cfg (None when it built none)."""
+    return PLANNED.get(config_key(cfg))
 
 
 def print_problems(problems: list[str], console: Console | None = None) -> int:
@@ -63,8 +68,12 @@ def check_command(command: str, argv: list[str]) -> int | None:
     if command == "serve":
         from rlgen.serve.checks import serve_problems
 
-        problems = [p for cfg in cfgs for p in serve_problems(cfg)]
-        return print_problems(list(dict.fromkeys(problems))) if problems else None
+        checked = [(cfg, *serve_problems(cfg)) for cfg in cfgs]
+        problems = [p for _, _, found in checked for p in found]
+        if problems:
+            return print_problems(list(dict.fromkeys(problems)))
+        PLANNED.update((config_key(cfg), plan) for cfg, plan, _ in checked)
+        return None
     if command != "train":
         return None
     return check_train(args, cfgs)
@@ -80,7 +89,7 @@ def check_train(args: Args, cfgs: list[RunConfig]) -> int | None:
     for cfg, problems, report in zip(cfgs, blocking, reports):
         if not problems and cfg.resume and cfg.resume != "auto":
             try:
-                resolve_explicit(cfg.resume, identity(report.plan.apply(cfg), len(report.plan.learners)))
+                resolve_explicit(cfg.resume, identity(report.plan.config, len(report.plan.learners)))
             except ResumeError as err:
                 problems.append(str(err))
     bad = [p for p in blocking if p]
@@ -90,5 +99,6 @@ def check_train(args: Args, cfgs: list[RunConfig]) -> int | None:
         Console(stderr=True, soft_wrap=True).print(
             f"[yellow]note:[/] {len(bad)} of {len(cfgs)} sweep points cannot run and will be recorded as rejected "
             f"(first: {escape(bad[0][0])})", highlight=False)
-    CHECKED.update(config_key(cfg) for cfg, problems in zip(cfgs, blocking) if not problems)
+    PLANNED.update((config_key(cfg), report.plan) for cfg, problems, report in zip(cfgs, blocking, reports)
+                   if not problems)
     return None

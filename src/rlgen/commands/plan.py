@@ -49,9 +49,8 @@ def main(argv: list[str]) -> int:
         return print_problems(report.problems)
     from rlgen.plan.view import print_plan_and_prediction
 
-    cfg = report.plan.apply(cfg)
     console = Console(soft_wrap=True)
-    print_plan_and_prediction(report.plan, cfg, console)
+    print_plan_and_prediction(report.plan, console)
     for m in report.machine:
         console.print(f"[yellow]this machine cannot run it:[/] {escape(m)}", highlight=False)
     if json_path:
@@ -59,7 +58,7 @@ def main(argv: list[str]) -> int:
 
         path = Path(json_path).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({**report.plan.to_dict(), "prediction": predict(report.plan, cfg).to_dict()},
+        path.write_text(json.dumps({**report.plan.to_dict(), "prediction": predict(report.plan).to_dict()},
                                    indent=2) + "\n")
         print(f"plan written to {json_path}")
     return 0

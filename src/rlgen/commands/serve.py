@@ -18,7 +18,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from rlgen.config import RunConfig, to_run_config
+from rlgen.config import RunConfig, Transport, to_run_config
 from rlgen.serve.checks import serve_token
 
 log = logging.getLogger(__name__)
@@ -31,25 +31,24 @@ def _served_model(cfg: RunConfig, plan: Any, model_path: str) -> Any:
     return ServedModel(name=cfg.model.name if not cfg.model.path else str(cfg.model.path), path=model_path,
                        params=plan.model.params, vocab_size=plan.model.vocab_size,
                        max_model_len=int(cfg.engine.max_model_len), engine_kind=plan.engine_kind,
-                       tensor_parallel_size=cfg.engine.tensor_parallel_size, tokenizer=load_tokenizer(model_path))
+                       tensor_parallel_size=cfg.engine.tensor_parallel_size, tokenizer=load_tokenizer(model_path),
+                       nccl_weights=plan.transport is Transport.nccl, pauses=plan.engine.in_flight_updates)
 
 
-def serve(cfg: RunConfig, out_dir: Path, console: Any) -> None:
-    """Start the engines, serve until a signal, and take everything down."""
+def serve(plan: Any, out_dir: Path, console: Any) -> None:
+    """Start the plan's engines, serve until a signal, and take everything down."""
     import uvicorn
 
     from rlgen.models import prepare_model
     from rlgen.plan.placement import plan_bundles
-    from rlgen.plan.serve import build_serve_plan
     from rlgen.runtime.actors import QUIET_ENV, ActorFactory, connect, engine_class, release
     from rlgen.runtime.stop import StopFlag
     from rlgen.runtime.waits import Waiter
     from rlgen.serve.app import make_app
     from rlgen.serve.pool import EnginePool
 
+    cfg = plan.config
     token = serve_token(cfg)
-    plan = build_serve_plan(cfg, token)
-    cfg = plan.apply(cfg)
     for var, val in QUIET_ENV.items():
         os.environ.setdefault(var, val)
     stop = StopFlag()
@@ -60,7 +59,7 @@ def serve(cfg: RunConfig, out_dir: Path, console: Any) -> None:
         model_path = prepare_model(cfg, device="cuda" if plan.device == "cuda" else "cpu")
         placement = plan_bundles(plan)
         started, node_ids, pgs = connect(cfg, plan, placement, stop, waiter)
-        engine_cls, engine_kwargs = engine_class(cfg, plan)
+        engine_cls, engine_kwargs = engine_class(plan)
         factory = ActorFactory(cfg, plan, placement, pgs, node_ids, engine_cls, engine_kwargs, type(None), {})
         console.print(f"starting {len(plan.engines)} {plan.engine_kind} engine(s) of TP "
                       f"{cfg.engine.tensor_parallel_size} for {cfg.model.name}", highlight=False)
@@ -94,6 +93,14 @@ def serve(cfg: RunConfig, out_dir: Path, console: Any) -> None:
         release(engines, pgs, started)
 
 
+def _plan(cfg: RunConfig) -> Any:
+    """The plan the command line built, or (called without it) built here."""
+    from rlgen.commands.checks import planned
+    from rlgen.plan.serve import build_serve_plan
+
+    return planned(cfg) or build_serve_plan(cfg, serve_token(cfg))
+
+
 class _Signalled(Exception):
     pass
 
@@ -115,7 +122,7 @@ def serve_app(dict_cfg: Any) -> None:
     out.mkdir(parents=True, exist_ok=True)
     detach = attach_run_log(out)
     try:
-        serve(to_run_config(dict_cfg), out, console)
+        serve(_plan(to_run_config(dict_cfg)), out, console)
     except PlanError as err:
         sys.exit(print_problems(err.problems))
     except StopRequested:

@@ -1,8 +1,6 @@
-"""`rlgen train`: a composed config -> plan -> actors -> a GRPO run that survives stops and faults.
-
-``run_training`` is the run as a library call (tests use it); ``train_app`` is the Hydra task that resolves
-``resume=``, takes SIGINT/SIGTERM, and turns every way a run can end into one line and an exit code.
-"""
+"""`rlgen train`: the Hydra task. It takes the plan the command line built (or builds it, once), resolves
+``resume=``, takes SIGINT/SIGTERM, runs ``rlgen.runtime.run.run_training``, and turns every way a run can end
+into one line and an exit code."""
 
 from __future__ import annotations
 
@@ -19,8 +17,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from rlgen.config import RunConfig, to_run_config
-from rlgen.plan import PlanError, build_plan
-from rlgen.runlog import LOG_FILE, MirroredConsole, attach_run_log
+from rlgen.plan import PlanError
+from rlgen.runlog import LOG_FILE, MirroredConsole
+from rlgen.runtime.run import run_training
 
 log = logging.getLogger(__name__)
 
@@ -33,119 +32,6 @@ def run_dir() -> Path:
         return Path(HydraConfig.get().runtime.output_dir)
     except ValueError:
         return Path.cwd()
-
-
-def run_training(
-    cfg: RunConfig,
-    out_dir: Path,
-    console: Console | None = None,
-    *,
-    resume: Any = None,
-    stop: Any = None,
-    resume_command: str | None = None,
-    **orchestrator_kwargs: Any,
-) -> dict:
-    """Train cfg.steps steps in out_dir (continuing `resume`, a ResumePoint, when given) and return the
-    summary. Raises RunStopped after a clean stop (a checkpoint was written where possible), RunError when the
-    run cannot go on. status.json and run.log in out_dir say what happened either way."""
-    from rlgen.metrics.balance import context_from_plan
-    from rlgen.metrics.report import balance_summary, print_summary, write_report
-    from rlgen.metrics.sink import MetricsSink
-    from rlgen.runtime import Orchestrator, RunError, RunStopped, StopRequested
-    from rlgen.runtime.checkpoint import newest_checkpoint
-    from rlgen.runtime.status import RunStatus
-    from rlgen.runtime.stop import StopFlag
-
-    console = console or MirroredConsole()
-    stop = stop or StopFlag()
-    plan = build_plan(cfg)
-    cfg = plan.apply(cfg)  # the values the config left null, as the plan resolved them
-    _print_resolved(plan, console)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    detach = attach_run_log(out_dir)
-    status = RunStatus(out_dir, steps=cfg.steps, step=resume.step if resume else 0, resume_command=resume_command,
-                       resumed_from=str(resume.checkpoint) if resume else None)
-    status.update(state="starting")
-    if resume is None:
-        (out_dir / "plan.json").write_text(plan.to_json() + "\n")
-    else:
-        _note_resume(out_dir, resume, console)
-    stop.on_second = lambda signum: status.update(state="stopped", reason=f"killed by a second {stop.name}")
-    orch = Orchestrator(cfg, plan, out_dir, resume=resume, stop=stop, console=console, status=status,
-                        **orchestrator_kwargs)
-    try:
-        orch.setup()
-        status.update(state="running")
-        sink = MetricsSink(out_dir, cfg, cfg.steps, console,
-                           resume_lines=int(resume.state["metrics_lines"]) if resume else None,
-                           wall_before=orch.wall_before)
-
-        def on_first() -> None:  # recorded at once: a process killed while stopping still says why
-            status.update(state="stopped", reason=f"{stop.name}; stopping at the next safe point")
-            sink.progress.update(sink.task_id, description="stopping")
-
-        stop.on_first = on_first
-        try:
-            summary = orch.train(sink)
-            summary["model_path"] = str(orch.final_model())
-            summary["initial_model_path"] = orch.initial_model_path
-            summary["checkpoint_path"] = str(orch.last_checkpoint)
-            summary["checkpoint_seconds"] = list(orch.checkpoint_seconds)
-            summary.update(orch.startup)
-        finally:
-            sink.progress.stop()
-        ctx = context_from_plan(plan)
-        summary.update({f"balance_{k}": v for k, v in balance_summary(sink.records, ctx).items()})
-        sink.close(summary)
-        try:
-            write_report(out_dir, sink.records, ctx)
-        except Exception as err:  # noqa: BLE001 - a plotting problem must not fail a finished run
-            console.print(f"[yellow]report not written:[/] {escape(str(err))}")
-        print_summary(sink.records, ctx, console)
-        if "first_rollout_s" in orch.startup:
-            st = orch.startup
-            warm = st.get("sync_warmup_s", 0.0)
-            console.print(f"time to first rollout: {st['first_rollout_s']:.1f} s (set-up {st.get('setup_s', 0):.1f} s"
-                          + (f", of which the first weight push {warm:.2f} s)" if warm else ")"), highlight=False)
-        status.update(state="finished", step=cfg.steps, checkpoint=summary["checkpoint_path"], reason=None)
-        return summary
-    except StopRequested:  # before the first step: nothing new to keep
-        ckpt = newest_checkpoint(out_dir)
-        err = RunStopped(f"{stop.name} during start-up", exit_code=stop.exit_code, step=orch.next_step,
-                         checkpoint=str(ckpt) if ckpt else None)
-        status.update(state="stopped", reason=str(err), step=err.step, checkpoint=err.checkpoint, exit_code=err.exit_code)
-        raise err from None
-    except RunStopped as err:
-        status.update(state="stopped", reason=str(err), step=err.step, checkpoint=err.checkpoint, exit_code=err.exit_code)
-        raise
-    except BaseException as err:
-        log.info("the run failed", exc_info=err)
-        ckpt = newest_checkpoint(out_dir)
-        reason = str(err) if isinstance(err, RunError) else f"{type(err).__name__}: {err}"
-        status.update(state="failed", reason=reason, step=orch.next_step, checkpoint=str(ckpt) if ckpt else None)
-        raise
-    finally:
-        orch.cleanup()
-        detach()
-
-
-def _note_resume(out_dir: Path, point: Any, console: Console) -> None:
-    """Say what is resumed and what changed, and keep a line of it in resumes.jsonl."""
-    import time
-
-    changed = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in point.changes.items())
-    console.print(
-        f"resuming {out_dir} at step {point.step} from {point.checkpoint.name}"
-        + (f" (changed: {changed})" if changed else ""),
-        highlight=False,
-    )
-    if point.skipped_torn:
-        console.print(f"skipped {len(point.skipped_torn)} torn checkpoint(s) without their COMPLETE marker: "
-                      f"{', '.join(p.name for p in point.skipped_torn)}", highlight=False)
-    with open(out_dir / "resumes.jsonl", "a") as f:
-        f.write(json.dumps({"time": time.time(), "checkpoint": str(point.checkpoint), "step": point.step,
-                            "changes": {k: list(v) for k, v in point.changes.items()}}, default=str) + "\n")
 
 
 # -- the Hydra task -------------------------------------------------------------------------------------------
@@ -186,31 +72,19 @@ def _resume_command(resume_to: Path) -> str:
     return " ".join(["rlgen", "train", *map(shlex.quote, overrides), shlex.quote(f"resume={_shown(resume_to)}")])
 
 
-def _print_resolved(plan: Any, console: Console) -> None:
-    """What the plan chose for the values the config left null, and the GPU memory split (logged too)."""
-    from rlgen.plan.view import memory_line, resolved_lines
-
-    lines = resolved_lines(plan)
-    if lines:
-        log.info("settings chosen by the plan:\n  %s", "\n  ".join(lines))
-    line = memory_line(plan)
-    if line:
-        console.print(escape(line), highlight=False)
-
-
 def _shown(path: str | Path) -> str:
     """A path as a user would type it here: relative below the current directory, else absolute."""
     rel = os.path.relpath(path)
     return rel if not rel.startswith("..") else str(Path(path).resolve())
 
 
-def _resolve_resume(cfg: RunConfig, out: Path, console: Console) -> Any:
-    """The ResumePoint for cfg.resume (None: start a new run). Raises ResumeError when it cannot be honoured."""
-    from rlgen.plan import build_plan
+def _resolve_resume(plan: Any, out: Path, console: Console) -> Any:
+    """The ResumePoint for the config's resume= (None: start a new run). Raises ResumeError when it cannot be
+    honoured."""
     from rlgen.runtime.resume import identity, resolve_auto, resolve_explicit, search_root_from_hydra
 
-    plan = build_plan(cfg)
-    current = identity(plan.apply(cfg), len(plan.learners))
+    cfg = plan.config
+    current = identity(cfg, len(plan.learners))
     if cfg.resume == "auto":
         point, note = resolve_auto(out, search_root_from_hydra(), current)
         if note:
@@ -231,17 +105,19 @@ def _move_into(point: Any, hydra_dir: Path) -> None:
         shutil.rmtree(hydra_dir, ignore_errors=True)
 
 
-def _preflight(cfg: RunConfig, out: Path) -> None:
-    """The validation pass, unless the command line already ran it on this config (a sweep point it refused
-    is rejected here, and its job records why)."""
-    from rlgen.commands.checks import CHECKED, config_key
+def _plan(cfg: RunConfig, out: Path) -> Any:
+    """The plan the command line built with its validation pass, or (a job the command line did not see) the
+    pass run here; a config it refuses raises PlanError (a refused sweep point: its job records why)."""
+    from rlgen.commands.checks import planned
     from rlgen.plan.preflight import preflight
 
-    if config_key(cfg) in CHECKED:
-        return
-    problems = preflight(cfg, run_dir=out).blocking()
-    if problems:
-        raise PlanError(problems)
+    plan = planned(cfg)
+    if plan is not None:
+        return plan
+    report = preflight(cfg, run_dir=out)
+    if report.blocking():
+        raise PlanError(report.blocking())
+    return report.plan
 
 
 def train_app(dict_cfg) -> float:
@@ -257,8 +133,8 @@ def train_app(dict_cfg) -> float:
     steps = dict_cfg.get("steps")
     try:
         cfg = to_run_config(dict_cfg)
-        _preflight(cfg, out)
-        point = _resolve_resume(cfg, out, console) if cfg.resume else None
+        plan = _plan(cfg, out)
+        point = _resolve_resume(plan, out, console) if cfg.resume else None
         if point is not None:
             _move_into(point, out)
             out = point.run_dir
@@ -266,7 +142,7 @@ def train_app(dict_cfg) -> float:
                 console.print(f"{out} already finished its {point.step} steps; raise steps= to train it further, "
                               "or drop resume= to start a new run.", highlight=False)
                 return float("nan")
-        summary = run_training(cfg, out, console, resume=point, stop=stop, resume_command=_resume_command(out))
+        summary = run_training(plan, out, console, resume=point, stop=stop, resume_command=_resume_command(out))
     except PlanError as err:
         return _job_failed("rejected", "\n".join(err.problems), "[bold red]error:[/] ", 2)
     except ResumeError as err:

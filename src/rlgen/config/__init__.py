@@ -10,7 +10,6 @@ from rlgen.config.schema import (
     BreakerAction,
     CheckpointConfig,
     EngineConfig,
-    EngineKind,
     EvalConfig,
     GPUSpec,
     HardwareConfig,
@@ -38,11 +37,12 @@ from rlgen.config.schema import (
     register_configs,
     to_run_config,
 )
-from rlgen.config.settings import Setting, get_key, set_key
+from rlgen.config.settings import Setting, get_key, plain, set_key
 
 __all__ = [
     "Setting",
     "get_key",
+    "plain",
     "set_key",
     "_GROUPS",
     "AlgoConfig",
@@ -51,7 +51,6 @@ __all__ = [
     "BreakerAction",
     "CheckpointConfig",
     "EngineConfig",
-    "EngineKind",
     "EvalConfig",
     "GPUSpec",
     "HardwareConfig",

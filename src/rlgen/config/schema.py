@@ -12,12 +12,6 @@ from enum import StrEnum
 from typing import Any
 
 
-class EngineKind(StrEnum):
-    hf = "hf"
-    vllm = "vllm"
-    remote = "remote"  # a running `rlgen serve`: the run starts no engines of its own
-
-
 class WeightsOver(StrEnum):
     """How a run sends new weights to a remote server's engines."""
 
@@ -27,6 +21,8 @@ class WeightsOver(StrEnum):
 
 
 class Transport(StrEnum):
+    """How a run's new weights reach its engines (the plan picks it from the layout and the engine kind)."""
+
     ray_object_store = "ray_object_store"  # CPU, or hf engines: state dict through Ray's object store
     cuda_ipc = "cuda_ipc"  # colocated: CUDA IPC handles to the learner's tensors, engine sleeps/wakes
     nccl = "nccl"  # separate GPUs: a NCCL group from learner rank 0 to every engine
@@ -86,7 +82,9 @@ VLLM_ENV_REMOVED_IN_0_26: dict[str, str] = {
 
 @dataclass
 class EngineConfig:
-    kind: EngineKind = EngineKind.hf
+    # an engine kind: hf, vllm, remote (a running `rlgen serve`), or one registered with
+    # rlgen.engines.registry.register_engine; the plan checks it and reads what the kind can do from its spec
+    kind: str = "hf"
     num_engines: int | None = None  # None: as many as the engine GPUs hold (1 on CPU)
     # colocated vLLM engines (TP 1) that share each GPU: they split the engines' memory share
     # (gpu_memory_utilization) evenly and start one after another. At small models each engine core's CPU work,
@@ -113,7 +111,9 @@ class EngineConfig:
 
 @dataclass
 class AlgoConfig:
-    name: str = "grpo"
+    # the algorithm: grpo, or a module of rlgen.algo (or a registered one) that defines its advantages and loss;
+    # conf/algo/<kind>.yaml holds its settings
+    kind: str = "grpo"
     prompts_per_step: int = 8
     samples_per_prompt: int = 8  # GRPO group size
     max_new_tokens: int | None = None  # null: the model size's recipe (rlgen plan shows the value and its source)

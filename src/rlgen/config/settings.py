@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 
@@ -31,3 +32,16 @@ def set_key(cfg: Any, key: str, value: Any) -> Any:
     if not rest:
         return dataclasses.replace(cfg, **{head: value})
     return dataclasses.replace(cfg, **{head: set_key(getattr(cfg, head), rest, value)})
+
+
+def plain(x: Any) -> Any:
+    """A config (or any value in one) as JSON values: dataclasses as dicts, enums as their values."""
+    if isinstance(x, Enum):
+        return x.value
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return {f.name: plain(getattr(x, f.name)) for f in dataclasses.fields(x)}
+    if isinstance(x, dict):
+        return {k: plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [plain(v) for v in x]
+    return x

@@ -6,6 +6,15 @@ from typing import Any, Protocol, runtime_checkable
 
 from rlgen.types import Completion, GenRequest
 
+COULD_NOT_START = " could not start: "  # between the engine's name and why, in every EngineStartError
+
+
+class EngineStartError(RuntimeError):
+    """An engine that cannot start; the message is one sentence with the fix."""
+
+    def __init__(self, name: str, why: str):
+        super().__init__(f"{name}{COULD_NOT_START}{why}")
+
 
 @runtime_checkable
 class Engine(Protocol):
@@ -27,4 +36,4 @@ class Engine(Protocol):
         """{"ok": bool, "version": int, ...}; cheap, answers within a second."""
 
 
-__all__ = ["Engine", "Completion", "GenRequest"]
+__all__ = ["COULD_NOT_START", "Completion", "Engine", "EngineStartError", "GenRequest"]

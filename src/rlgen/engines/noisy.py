@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from rlgen.config import EngineConfig
-from rlgen.engines.hf import HFEngine
+from rlgen.engines.hf.engine import HFEngine
 from rlgen.types import GenRequest
 
 

@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from rlgen.algo.registry import Algorithm
+from rlgen.algo.registry import algorithm as find_algorithm
 from rlgen.config import AlgoConfig, LossAgg, MonitorConfig
 from rlgen.learners.grpo_step import (
     StepSums,
@@ -132,6 +134,7 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         env: dict[str, str] | None = None,
         ref_model_path: str | None = None,
         resume_from: str | None = None,
+        algorithm: Algorithm | None = None,
     ) -> None:
         if not torch.cuda.is_available():
             raise RuntimeError("DeepSpeedLearner needs a CUDA GPU; use the torch learner (TorchLearner) on CPU.")
@@ -145,7 +148,7 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         torch.manual_seed(seed)
         torch.cuda.set_device(0)  # Ray narrows CUDA_VISIBLE_DEVICES to this actor's GPU
         self._init_state(algo, monitor, rank, name, torch.device("cuda", 0), zero_stage, sync_bucket_bytes,
-                         world_size, release_memory)
+                         world_size, release_memory, algorithm)
         rows = rows_per_step or algo.prompts_per_step * algo.samples_per_prompt
         self.ds_config = build_ds_config(algo, zero_stage=self.zero_stage, rows_per_step=rows, world_size=world_size)
 
@@ -169,10 +172,11 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
             self._resume(resume_from)
 
     def _init_state(self, algo, monitor, rank, name, device, zero_stage, sync_bucket_bytes, world_size=1,
-                    release_memory=False) -> None:
+                    release_memory=False, algorithm: Algorithm | None = None) -> None:
         """Bookkeeping shared by every construction path (tests build the learner around a stand-in engine)."""
         self.algo, self.monitor, self.rank, self.name, self.device = algo, monitor, rank, name, device
         self.loss_agg = LossAgg(algo.loss_agg)
+        self.loss_fn = (algorithm or find_algorithm(algo.kind)).loss
         self.zero_stage = int(zero_stage)
         self.sync_bucket_bytes = int(sync_bucket_bytes)
         self.world_size = int(world_size)
@@ -187,7 +191,8 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         1/denominator). ids, attn: [n, P+L]; mask, engine_logp: [n, L]; advantages: [n]. poison, or a
         non-finite loss, makes the loss NaN so that DeepSpeed's overflow check skips the step."""
         micro = micro_loss(
-            self.model, self.ref_model, ids, attn, mask, engine_logp, advantages, prompt_len, self.algo, self.loss_agg
+            self.model, self.ref_model, ids, attn, mask, engine_logp, advantages, prompt_len, self.algo, self.loss_agg,
+            self.loss_fn,
         )
         total = micro.total
         if poison or not math.isfinite(micro.pg + micro.kl):

@@ -1,4 +1,4 @@
-"""The GRPO step shared by the learners: batch tensors, the response forward, one micro-batch's loss and
+"""The training step shared by the learners: batch tensors, the response forward, one micro-batch's loss and
 metric sums, their accumulation over a batch, and the metrics `train_step` returns.
 
 What a learner adds is how the gradients of `MicroLoss.total` are taken and applied (plain backward and
@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlgen.algo.grpo import aggregate, kl_k3, normaliser, policy_loss, sequence_keep, token_logprobs
+from rlgen.algo.grpo import aggregate, kl_k3, normaliser, sequence_keep, token_logprobs
+from rlgen.algo.registry import Loss
 from rlgen.config import AlgoConfig, LossAgg
 from rlgen.metrics.mismatch import mismatch_metrics
 from rlgen.types import Phase, RolloutBatch
@@ -145,7 +146,7 @@ class MicroLoss:
     logp: torch.Tensor  # [n, L], with grad
     mask: torch.Tensor  # [n, L] bool
     loss_mask: torch.Tensor  # [n, L] bool
-    metrics: dict[str, float]  # policy_loss's
+    metrics: dict[str, float]  # the algorithm's loss metrics (those it reports)
 
     def sums(self) -> dict[str, float]:
         """pg, kl, entropy, denom, and token/sequence-weighted metric sums; ratio_max is this micro-batch's
@@ -164,11 +165,11 @@ class MicroLoss:
             "entropy": float(entropy[mask].sum().item()),
             "denom": self.denom,
             "loss_tokens": loss_tokens,
-            "clip": metrics["clip_frac"] * loss_tokens,
-            "tis": metrics["tis_frac"] * loss_tokens,
-            "ratio": metrics["ratio_mean"] * tokens,
-            "ratio_max": metrics["ratio_max"] if tokens else -math.inf,
-            "masked_seqs": metrics["seq_masked_frac"] * seqs,
+            "clip": metrics.get("clip_frac", 0.0) * loss_tokens,
+            "tis": metrics.get("tis_frac", 0.0) * loss_tokens,
+            "ratio": metrics.get("ratio_mean", 1.0) * tokens,
+            "ratio_max": metrics.get("ratio_max", 1.0) if tokens else -math.inf,
+            "masked_seqs": metrics.get("seq_masked_frac", 0.0) * seqs,
         }
 
 
@@ -183,26 +184,15 @@ def micro_loss(
     prompt_len: int,
     algo: AlgoConfig,
     agg: LossAgg,
+    loss_fn: Loss,
 ) -> MicroLoss:
-    """The GRPO loss of one micro-batch: policy_loss plus, with a reference model, algo.kl_coef times the
-    k3 KL to it, both summed over tokens/sequences (denominator 1).
+    """The loss of one micro-batch: the algorithm's policy loss (loss_fn, rlgen.algo.registry) plus, with a
+    reference model, algo.kl_coef times the k3 KL to it, both summed over tokens/sequences (denominator 1).
 
     ids, attn: [n, P+L]; mask, engine_logp: [n, L] (mask bool); advantages: [n].
     """
     logits, logp, loss_mask = policy_logprobs(model, ids, attn, mask, engine_logp, prompt_len, algo)
-    pg, metrics = policy_loss(
-        logp,
-        engine_logp,
-        advantages,
-        mask,
-        clip_low=algo.clip_low,
-        clip_high=algo.clip_high,
-        tis_cap=algo.tis_cap,
-        seq_mask_cap=algo.seq_mask_cap,
-        agg=agg,
-        max_new_tokens=algo.max_new_tokens,
-        denominator=1.0,
-    )
+    pg, metrics = loss_fn(logp, engine_logp, advantages, mask, algo, 1.0)
     total, kl_sum = pg, 0.0
     if ref_model is not None:
         with torch.no_grad():

@@ -11,6 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlgen.algo.registry import Algorithm
+from rlgen.algo.registry import algorithm as find_algorithm
 from rlgen.config import AlgoConfig, LossAgg, MonitorConfig
 from rlgen.hostinfo import process_info
 from rlgen.learners.grpo_step import StepSums, assemble_metrics, inverse, micro_loss, unpack_batch
@@ -59,10 +61,12 @@ class TorchLearner:
         num_threads: int | None = 1,
         ref_model_path: str | None = None,
         resume_from: str | None = None,
+        algorithm: Algorithm | None = None,
     ) -> None:
         """ref_model_path: the frozen reference for algo.kl_coef > 0 (default: model_path). resume_from: a
         checkpoint folder whose learner state (optimizer, counters, RNG) this learner continues from; its
-        model_path is then the checkpoint's model folder."""
+        model_path is then the checkpoint's model folder. algorithm: the loss's algorithm (the driver passes
+        the one it resolved; None: algo.kind's)."""
         from transformers import AutoModelForCausalLM
 
         if num_threads:
@@ -74,6 +78,7 @@ class TorchLearner:
         self.rank = rank
         self.name = name
         self.loss_agg = LossAgg(algo.loss_agg)
+        self.loss_fn = (algorithm or find_algorithm(algo.kind)).loss
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
         self.model.train()
         _disable_dropout(self.model)
@@ -124,6 +129,7 @@ class TorchLearner:
             prompt_len,
             self.algo,
             self.loss_agg,
+            self.loss_fn,
         )
         micro.total.backward()
         return micro.logp.detach(), micro.sums()

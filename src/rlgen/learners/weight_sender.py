@@ -122,7 +122,7 @@ class WeightSender:
         during a run)."""
         import torch
 
-        from rlgen.engines.ipc_buffer import buffer_bytes, chunk_views, ipc_layout
+        from rlgen.engines.vllm.ipc_buffer import buffer_bytes, chunk_views, ipc_layout
 
         key = (dtype, int(bucket_bytes))
         made = getattr(self, "_ipc", None)
@@ -136,7 +136,7 @@ class WeightSender:
         return self._ipc[1], self._ipc[2], self._ipc[3]
 
     def _share_ipc(self, buffer: Any) -> dict[str, Any]:
-        from rlgen.engines.ipc_buffer import share
+        from rlgen.engines.vllm.ipc_buffer import share
 
         return share(buffer)
 

@@ -16,6 +16,7 @@ from importlib import metadata
 from pathlib import Path
 
 from rlgen.config import RunConfig, WandbMode
+from rlgen.learners.registry import LEARNERS
 
 
 def cluster_address(cfg: RunConfig) -> str | None:
@@ -76,9 +77,12 @@ def has_package(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def uses_deepspeed(cfg: RunConfig, device: str) -> bool:
-    kind = cfg.learner.kind.value
-    return kind == "deepspeed" or (kind == "auto" and device == "cuda")
+def engine_package_problem(plan, other: str, problems: list[str]) -> None:
+    """The package the plan's engine kind imports (vllm) is installed; `other` is the alternative to suggest."""
+    package = plan.engine.package
+    if package and not has_package(package):
+        problems.append(f"engine={plan.engine_kind} needs the {package} package, which is not installed; pip install "
+                        f"'rlgen[gpu]' on a CUDA machine, or {other}.")
 
 
 def check_environment(cfg: RunConfig, plan, problems: list[str]) -> None:
@@ -112,12 +116,11 @@ def check_environment(cfg: RunConfig, plan, problems: list[str]) -> None:
         if "+cpu" in torch_version:
             problems.append(f"torch {torch_version} is a CPU build, so hardware={hw.name} cannot use its GPUs; "
                             "install a CUDA build of torch (pip install 'rlgen[gpu]' brings one).")
-    if plan.engine_kind == "vllm" and not has_package("vllm"):
-        problems.append("engine=vllm needs the vllm package, which is not installed; pip install 'rlgen[gpu]' on a "
-                        "CUDA machine, or use engine=hf.")
-    if uses_deepspeed(cfg, plan.device) and not has_package("deepspeed"):
-        problems.append("the learner on GPUs is DeepSpeed, which is not installed; pip install 'rlgen[gpu]', or set "
-                        "learner.kind=torch.")
+    engine_package_problem(plan, "use engine=hf", problems)
+    learner = LEARNERS[plan.learner_kind]
+    if learner.package and not has_package(learner.package):
+        problems.append(f"the learner on GPUs is {learner.label}, which is not installed; pip install 'rlgen[gpu]', or "
+                        "set learner.kind=torch.")
     if cfg.task.kind.value == "dataset" and not has_package("datasets"):
         problems.append("task=dataset reads files with Hugging Face datasets, which is not installed; pip install "
                         "'rlgen[data]'.")

@@ -28,8 +28,9 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from rlgen.config import EngineConfig, EngineKind, RunConfig, Setting, set_key
-from rlgen.engines.vllm_args import VLLM_DEFAULT_SHARE
+from rlgen.config import EngineConfig, RunConfig, Setting, set_key
+from rlgen.engines.registry import EngineSpec
+from rlgen.engines.vllm.args import VLLM_DEFAULT_SHARE
 from rlgen.plan.recipes import recipe_for
 
 GIB = 2**30
@@ -39,7 +40,6 @@ ENGINE_ASLEEP_GIB = 2.0  # what a sleeping vLLM engine keeps: CUDA graphs, its c
 ENGINE_PROCESS_GIB = 2.5  # a further engine process on a GPU, outside its share (2.4 GiB measured on an H100)
 AWAKE_SHARE = 0.85  # colocated: engine awake + idle learner stay under this share of the GPU
 TRAIN_SHARE = 0.92  # the learner's peak (+ a sleeping engine) stays under this share of the GPU
-ENGINE_MAX_SHARE = VLLM_DEFAULT_SHARE  # engines on their own GPUs use vLLM's default
 LOGITS_COPIES = 3  # fp32 logits, their log-softmax and its gradient live at once in a micro-batch's backward
 LOGITS_SHARE = 0.4  # of a learner GPU's memory, at most, for a micro-batch's logits
 
@@ -124,118 +124,152 @@ def learner_memory(cfg: RunConfig, params: int, vocab: int, ranks: int, micro: i
     )
 
 
+def share_part(share: float, k: int) -> float:
+    """One of k engines sharing a GPU: its part of the engines' memory share."""
+    return share if k <= 1 else round(share / k, 4)
+
+
 def engine_part(engine: EngineConfig, k: int) -> EngineConfig:
-    """One of k engines sharing a GPU: engine with 1/k of the engines' memory share (vLLM's 0.9 when unset)."""
+    """engine as one of k sharing a GPU, outside a plan (rlgen bench): vLLM's own share when unset."""
     if k <= 1:
         return engine
-    share = engine.gpu_memory_utilization or ENGINE_MAX_SHARE
-    return dataclasses.replace(engine, gpu_memory_utilization=round(share / k, 4))
+    return dataclasses.replace(engine, gpu_memory_utilization=share_part(engine.gpu_memory_utilization
+                                                                          or VLLM_DEFAULT_SHARE, k))
 
 
 def _divisors_down(n: int) -> list[int]:
     return [d for d in range(n, 0, -1) if n % d == 0]
 
 
-def fit_memory(cfg: RunConfig, model, ranks: int, per_rank: int, colocated: bool,
-               p: list[str]) -> tuple[RunConfig, list[Setting], MemorySplit | None]:
-    """Fill algo.micro_batch_size and engine.gpu_memory_utilization when null, check that the learner and the
-    engine fit, and describe the split. `model` is the plan's ModelSummary; problems go to p."""
-    hw, a = cfg.hardware, cfg.algo
-    recipe = recipe_for(model.params)
-    settings: list[Setting] = []
-    gpu = hw.gpus_per_node > 0
-    total = hw.gpu.memory_gb * 1e9 / GIB if gpu else 0.0
-    vllm = gpu and cfg.engine.kind == EngineKind.vllm
-    awake = colocated and vllm and a.async_steps > 0
-    k = cfg.engine.engines_per_gpu if (colocated and vllm) else 1
-    extra = (k - 1) * ENGINE_PROCESS_GIB  # engine processes past the first, outside the engines' share
+@dataclass(frozen=True)
+class _Budget:
+    """One GPU's memory as the plan splits it, GiB. shares: the engines take a share of the GPU (vLLM)."""
+
+    total: float  # the GPU
+    shares: bool
+    colocated: bool
+    awake: bool  # colocated, the engine stays awake while the learner trains
+    k: int  # engines per GPU
+    extra: float  # engine processes past the first, outside the engines' share
+    need: float  # the engines' floor: weights, one sequence's KV cache and headroom
+    train_room: float  # what the learner's peak may take
+    ipc: float  # the resident IPC buffer colocated engines take weights from
+    cap: float  # the most of a GPU an engine gets: its own default share
+
+
+def _budget(cfg: RunConfig, spec: EngineSpec, model, colocated: bool) -> _Budget:
+    hw = cfg.hardware
+    total = hw.gpu.memory_gb * 1e9 / GIB if hw.gpus_per_node > 0 else 0.0
+    shares = hw.gpus_per_node > 0 and spec.memory_share
+    awake = colocated and shares and cfg.algo.async_steps > 0
+    k = cfg.engine.engines_per_gpu if (colocated and shares) else 1
+    extra = (k - 1) * ENGINE_PROCESS_GIB
     need = k * (sum(engine_floor_gib(cfg, model.weight_gib_bf16, model.kv_bytes_per_token)) + ENGINE_HEADROOM_GIB
-                if vllm else 0.0)
+                if shares else 0.0)
     if awake:  # the whole engine stays beside the training learner: what the config gives it, else its floor
         given = cfg.engine.gpu_memory_utilization
         train_room = AWAKE_SHARE * total - (given * total if given is not None else need) - extra
     else:
-        train_room = TRAIN_SHARE * total - (k * ENGINE_ASLEEP_GIB if (colocated and vllm) else 0.0)
+        train_room = TRAIN_SHARE * total - (k * ENGINE_ASLEEP_GIB if (colocated and shares) else 0.0)
+    # colocated engines take the weights from a resident buffer of at most one bucket (sync.bucket_mb)
+    ipc = min(model.weight_gib_bf16, cfg.sync.bucket_mb / 1024) if (colocated and shares) else 0.0
+    return _Budget(total, shares, colocated, awake, k, extra, need, train_room, ipc, spec.default_memory_share or 1.0)
 
-    # colocated vLLM engines take the weights from a resident buffer of at most one bucket (sync.bucket_mb)
-    ipc = min(model.weight_gib_bf16, cfg.sync.bucket_mb / 1024) if (colocated and vllm) else 0.0
+
+def fit_memory(cfg: RunConfig, spec: EngineSpec, model, ranks: int, per_rank: int, colocated: bool,
+               p: list[str]) -> tuple[RunConfig, list[Setting], MemorySplit | None]:
+    """Fill algo.micro_batch_size and engine.gpu_memory_utilization when null, check that the learner and the
+    engine fit, and describe the split. `model` is the plan's ModelSummary; problems go to p."""
+    b = _budget(cfg, spec, model, colocated)
 
     def mem(micro: int) -> LearnerMemory:
-        return learner_memory(cfg, model.params, model.vocab_size, ranks, micro or per_rank, ipc)
+        return learner_memory(cfg, model.params, model.vocab_size, ranks, micro or per_rank, b.ipc)
 
     def fits(micro: int) -> bool:
         m = mem(micro)
-        return m.peak <= train_room and m.logits * GIB <= logits_budget_bytes(hw)
+        return m.peak <= b.train_room and m.logits * GIB <= logits_budget_bytes(cfg.hardware)
 
-    # -- the learner's micro-batch
-    if a.micro_batch_size is None:
-        cap = recipe.micro_batch_cap or per_rank
-        candidates = [d for d in _divisors_down(per_rank) if d <= cap] or [1]
-        if gpu and per_rank:
-            chosen = next((d for d in candidates if fits(d)), candidates[-1])
-            why = (f"derived: the largest micro-batch up to {recipe.micro_batch_cap or 'the whole batch'} "
-                   f"(recipe {recipe.name}) that divides {per_rank} and fits the learner GPU")
-        else:
-            chosen = candidates[0]
-            why = f"recipe {recipe.name}"
-        micro = 0 if chosen == per_rank and recipe.micro_batch_cap == 0 else chosen
-        cfg = set_key(cfg, "algo.micro_batch_size", micro)
-        settings.append(Setting("algo.micro_batch_size", micro, why))
-    else:
-        settings.append(Setting("algo.micro_batch_size", a.micro_batch_size, "config"))
+    cfg, settings = _micro_batch(cfg, model, per_rank, fits)
     micro = cfg.algo.micro_batch_size
-    if not gpu or not per_rank:
+    if cfg.hardware.gpus_per_node == 0 or not per_rank:
         return cfg, settings + _engine_setting(cfg), None
-
     learner = mem(micro)
-    if learner.peak > train_room:
-        p.append(_learner_too_big(cfg, learner, train_room, total, ranks, per_rank, micro, colocated, fits, awake))
-        if awake:
+    if learner.peak > b.train_room:
+        p.append(_learner_too_big(cfg, learner, b.train_room, b.total, ranks, per_rank, micro, colocated, fits,
+                                  b.awake))
+        if b.awake:
             return cfg, settings, None
+    if not b.shares:
+        return cfg, settings + _engine_setting(cfg), _split_of(b, None, learner, micro)
+    fraction = _engine_share(cfg, b, learner, settings, p)
+    if fraction is None:
+        return cfg, settings, None
+    cfg = set_key(cfg, "engine.gpu_memory_utilization", fraction)
+    return cfg, settings, _split_of(b, fraction, learner, micro)
 
-    # -- the engine's share of its GPU
-    fraction = cfg.engine.gpu_memory_utilization
-    if vllm:
-        if awake:
-            fraction = _awake_fraction(cfg, learner, total, need, extra, settings, p)
-            if fraction is None:
-                return cfg, settings, None
-        elif colocated:
-            derived = _share(AWAKE_SHARE * total - learner.idle - extra, total)
-            if fraction is None:
-                if derived * total < need:
-                    p.append(
-                        f"colocated, the learner holds about {learner.idle:.1f} GiB of each {hw.gpu.memory_gb:g} GB "
-                        f"GPU even between steps, which leaves the engine{_ks(k)} {max(derived, 0) * total:.1f} GiB, "
-                        f"less than the {need:.1f} GiB {_its(k)} weights and one {cfg.engine.max_model_len}-token "
-                        f"sequence need; {_fewer(k)}spread the learner over more GPUs with learner.zero_stage=3, "
-                        "give engines their own GPUs (hardware.colocated=false), or use a smaller model."
-                    )
-                    return cfg, settings, None
-                fraction = derived
-                settings.append(Setting("engine.gpu_memory_utilization", fraction,
-                                        f"derived: what the idle learner ({learner.idle:.1f} GiB) leaves of "
-                                        f"{AWAKE_SHARE:.0%} of the GPU" + _split(k, fraction)))
-            else:
-                settings.append(Setting("engine.gpu_memory_utilization", fraction, "config"))
-                if fraction * total + learner.idle + extra > AWAKE_SHARE * total + 1e-9:
-                    p.append(
-                        f"engine.gpu_memory_utilization={fraction} asks for {fraction * total:.1f} GiB of a GPU where "
-                        f"the learner already holds about {learner.idle:.1f} GiB between steps; leave it unset "
-                        f"(the plan derives {max(derived, 0.05):.2f}) or set it to {max(derived, 0.05):.2f} or less."
-                    )
-        else:
-            if fraction is None:
-                fraction = ENGINE_MAX_SHARE
-                settings.append(Setting("engine.gpu_memory_utilization", fraction,
-                                        "derived: engines have their own GPUs (vLLM's default)"))
-            else:
-                settings.append(Setting("engine.gpu_memory_utilization", fraction, "config"))
-        cfg = set_key(cfg, "engine.gpu_memory_utilization", fraction)
+
+def _split_of(b: _Budget, fraction: float | None, learner: LearnerMemory, micro: int) -> MemorySplit:
+    return MemorySplit(round(b.total, 2), fraction, round(learner.idle, 2), round(learner.peak, 2), micro,
+                       b.colocated, b.awake, b.k)
+
+
+def _micro_batch(cfg: RunConfig, model, per_rank: int, fits) -> tuple[RunConfig, list[Setting]]:
+    """algo.micro_batch_size: the config's, or the largest that divides the rank's rows, is at most the recipe's
+    cap and (on GPUs) fits the learner."""
+    if cfg.algo.micro_batch_size is not None:
+        return cfg, [Setting("algo.micro_batch_size", cfg.algo.micro_batch_size, "config")]
+    recipe = recipe_for(model.params)
+    cap = recipe.micro_batch_cap or per_rank
+    candidates = [d for d in _divisors_down(per_rank) if d <= cap] or [1]
+    if cfg.hardware.gpus_per_node > 0 and per_rank:
+        chosen = next((d for d in candidates if fits(d)), candidates[-1])
+        why = (f"derived: the largest micro-batch up to {recipe.micro_batch_cap or 'the whole batch'} "
+               f"(recipe {recipe.name}) that divides {per_rank} and fits the learner GPU")
     else:
-        settings += _engine_setting(cfg)
-    return cfg, settings, MemorySplit(round(total, 2), fraction if vllm else None, round(learner.idle, 2),
-                                      round(learner.peak, 2), micro, colocated, awake, k)
+        chosen = candidates[0]
+        why = f"recipe {recipe.name}"
+    micro = 0 if chosen == per_rank and recipe.micro_batch_cap == 0 else chosen
+    return set_key(cfg, "algo.micro_batch_size", micro), [Setting("algo.micro_batch_size", micro, why)]
+
+
+def _engine_share(cfg: RunConfig, b: _Budget, learner: LearnerMemory, settings: list[Setting],
+                  p: list[str]) -> float | None:
+    """engine.gpu_memory_utilization: awake beside the learner's peak, colocated beside the idle learner, or the
+    engine's own default on GPUs of its own. None when the engine cannot fit (the problem is in p)."""
+    if b.awake:
+        return _awake_fraction(cfg, b, learner, settings, p)
+    fraction = cfg.engine.gpu_memory_utilization
+    if not b.colocated:
+        if fraction is None:
+            settings.append(Setting("engine.gpu_memory_utilization", b.cap,
+                                    "derived: engines have their own GPUs (the engine's default share)"))
+            return b.cap
+        settings.append(Setting("engine.gpu_memory_utilization", fraction, "config"))
+        return fraction
+    hw, k = cfg.hardware, b.k
+    derived = _share(AWAKE_SHARE * b.total - learner.idle - b.extra, b.total, b.cap)
+    if fraction is None:
+        if derived * b.total < b.need:
+            p.append(
+                f"colocated, the learner holds about {learner.idle:.1f} GiB of each {hw.gpu.memory_gb:g} GB "
+                f"GPU even between steps, which leaves the engine{_ks(k)} {max(derived, 0) * b.total:.1f} GiB, "
+                f"less than the {b.need:.1f} GiB {_its(k)} weights and one {cfg.engine.max_model_len}-token "
+                f"sequence need; {_fewer(k)}spread the learner over more GPUs with learner.zero_stage=3, "
+                "give engines their own GPUs (hardware.colocated=false), or use a smaller model."
+            )
+            return None
+        settings.append(Setting("engine.gpu_memory_utilization", derived,
+                                f"derived: what the idle learner ({learner.idle:.1f} GiB) leaves of "
+                                f"{AWAKE_SHARE:.0%} of the GPU" + _split(k, derived)))
+        return derived
+    settings.append(Setting("engine.gpu_memory_utilization", fraction, "config"))
+    if fraction * b.total + learner.idle + b.extra > AWAKE_SHARE * b.total + 1e-9:
+        p.append(
+            f"engine.gpu_memory_utilization={fraction} asks for {fraction * b.total:.1f} GiB of a GPU where "
+            f"the learner already holds about {learner.idle:.1f} GiB between steps; leave it unset "
+            f"(the plan derives {max(derived, 0.05):.2f}) or set it to {max(derived, 0.05):.2f} or less."
+        )
+    return fraction
 
 
 def _ks(k: int) -> str:
@@ -258,14 +292,14 @@ def _split(k: int, fraction: float) -> str:
             f"{k} engines, {fraction / k:.3f} each")
 
 
-def _awake_fraction(cfg: RunConfig, learner: LearnerMemory, total: float, need: float, extra: float,
-                    settings: list[Setting], p: list[str]) -> float | None:
+def _awake_fraction(cfg: RunConfig, b: _Budget, learner: LearnerMemory, settings: list[Setting],
+                    p: list[str]) -> float | None:
     """Colocated with async_steps > 0: the engine's share, beside the learner at its peak. Both stay under
     AWAKE_SHARE of the GPU: the learner's caching allocator holds its peak between steps, and NCCL allocates
     its buffers outside it at the first collective (a checkpoint's barrier on one rank), which failed on one
     H100 with the engine at what the peak left of TRAIN_SHARE."""
-    k = cfg.engine.engines_per_gpu
-    derived = _share(AWAKE_SHARE * total - learner.peak - extra, total)
+    k, total, need = b.k, b.total, b.need
+    derived = _share(AWAKE_SHARE * total - learner.peak - b.extra, total, b.cap)
     fraction = cfg.engine.gpu_memory_utilization
     if fraction is None:
         if derived * total < need:
@@ -290,10 +324,10 @@ def _awake_fraction(cfg: RunConfig, learner: LearnerMemory, total: float, need: 
     return fraction
 
 
-def _share(room: float, total: float) -> float:
-    """An engine's gpu_memory_utilization for `room` GiB of a `total` GiB GPU: rounded down to 0.05, at most
-    vLLM's default."""
-    return min(ENGINE_MAX_SHARE, math.floor(room / total * 20) / 20)
+def _share(room: float, total: float, cap: float) -> float:
+    """An engine's gpu_memory_utilization for `room` GiB of a `total` GiB GPU: rounded down to 0.05, at most the
+    engine's own default share."""
+    return min(cap, math.floor(room / total * 20) / 20)
 
 
 def _engine_setting(cfg: RunConfig) -> list[Setting]:

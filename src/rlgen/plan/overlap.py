@@ -1,7 +1,7 @@
 """Whether generation overlaps training: ``algo.async_steps`` when the config leaves it null, and the memory
 fit that decides it for colocated engines. Pure: no torch.
 
-Left null, async_steps is 1 where vLLM engines run on GPUs: the next batch is generated while the learner
+Left null, async_steps is 1 where engines that take weight updates while they generate (vLLM's) run on GPUs: the next batch is generated while the learner
 trains (1.6x the steps per hour split on 2xH200, 1.4-1.9x colocated on one H100; docs/benchmarks.md), and a
 colocated engine stays awake beside the learner. When an awake engine and the training learner do not both fit
 the GPU, a colocated plan goes back to 0: the engine sleeps while the learner trains. Elsewhere it is 0,
@@ -10,25 +10,27 @@ strictly on-policy.
 
 from __future__ import annotations
 
-from rlgen.config import EngineKind, RunConfig, Setting, set_key
+from rlgen.config import RunConfig, Setting, set_key
+from rlgen.engines.registry import EngineSpec
 from rlgen.plan.memory import MemorySplit, fit_memory
 
 ASLEEP_WHY = ("derived: colocated, and an awake engine and the training learner do not both fit the GPU, so the "
               "engine sleeps while the learner trains (on-policy)")
 
 
-def default_async_steps(cfg: RunConfig, colocated: bool) -> Setting:
+def default_async_steps(cfg: RunConfig, spec: EngineSpec, colocated: bool) -> Setting:
     """The value and reason for algo.async_steps left null, before memory is fitted."""
-    if cfg.engine.kind == EngineKind.vllm and cfg.hardware.gpus_per_node > 0:
+    if spec.in_flight_updates and cfg.hardware.gpus_per_node > 0:
         why = ("derived: colocated vLLM engines stay awake and generate the next batch while the learner trains"
                if colocated else "derived: engines on their own GPUs generate the next batch while the learner trains")
         return Setting("algo.async_steps", 1, why)
-    return Setting("algo.async_steps", 0, "derived: on-policy (generation overlaps training only for vLLM engines on GPUs)")
+    return Setting("algo.async_steps", 0, "derived: on-policy (generation overlaps training only for engines on GPUs "
+                   "that take weight updates while they generate, such as vLLM's)")
 
 
-def check_sleep_mode(cfg: RunConfig, colocated: bool, p: list[str]) -> None:
+def check_sleep_mode(cfg: RunConfig, spec: EngineSpec, colocated: bool, p: list[str]) -> None:
     """Colocated engines that sleep while the learner trains (async_steps=0) need vLLM's sleep mode."""
-    if colocated and cfg.engine.kind == EngineKind.vllm and cfg.algo.async_steps == 0 and not cfg.engine.enable_sleep_mode:
+    if colocated and spec.sleeps and cfg.algo.async_steps == 0 and not cfg.engine.enable_sleep_mode:
         p.append(
             "colocated engines with algo.async_steps=0 free the GPU while the learner trains, which needs vLLM "
             "sleep mode; set engine.enable_sleep_mode=true, set algo.async_steps=1 (the engine stays awake and "
@@ -36,19 +38,19 @@ def check_sleep_mode(cfg: RunConfig, colocated: bool, p: list[str]) -> None:
         )
 
 
-def fit_with_overlap(cfg: RunConfig, model, ranks: int, per_rank: int, colocated: bool, derived: Setting | None,
-                     p: list[str]) -> tuple[RunConfig, list[Setting], MemorySplit | None]:
+def fit_with_overlap(cfg: RunConfig, spec: EngineSpec, model, ranks: int, per_rank: int, colocated: bool,
+                     derived: Setting | None, p: list[str]) -> tuple[RunConfig, list[Setting], MemorySplit | None]:
     """fit_memory, with async_steps' derived Setting (None: the config set it) first in the settings. A derived
     awake engine that does not fit beside the learner is fitted again asleep (async_steps=0)."""
     head = [derived] if derived else []
     trial: list[str] = []
-    fitted_cfg, fitted, memory = fit_memory(cfg, model, ranks, per_rank, colocated, trial)
+    fitted_cfg, fitted, memory = fit_memory(cfg, spec, model, ranks, per_rank, colocated, trial)
     if not (trial and derived and colocated and cfg.algo.async_steps > 0):
         p += trial
         return fitted_cfg, head + fitted, memory
     cfg = set_key(cfg, "algo.async_steps", 0)
-    check_sleep_mode(cfg, colocated, p)
-    fitted_cfg, fitted, memory = fit_memory(cfg, model, ranks, per_rank, colocated, p)
+    check_sleep_mode(cfg, spec, colocated, p)
+    fitted_cfg, fitted, memory = fit_memory(cfg, spec, model, ranks, per_rank, colocated, p)
     return fitted_cfg, [Setting("algo.async_steps", 0, ASLEEP_WHY), *fitted], memory
 
 

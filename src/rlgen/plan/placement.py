@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from rlgen.plan import EngineSlot, Plan
+from rlgen.plan.layout import EngineSlot, Layout, Plan
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ def plan_bundles(plan: Plan) -> Placement:
     learners: list[ActorPlacement] = []
 
     own = plan.engines  # engines this run starts on its own hardware
-    if plan.engine_kind == "remote":  # engines live on the server: a small CPU actor each speaks for one
+    if plan.layout is Layout.served:  # engines live on the server: a small CPU actor each speaks for one
         own = ()
         for e in plan.engines:
             g = group_of[e.node]

@@ -93,6 +93,7 @@ def _calibrated_overhead() -> float:
 
 
 DECODE_OVERHEAD_S_PER_TOKEN = _calibrated_overhead()  # about 49 us
+CALIBRATED_ON = "vllm"  # the engine kind the decode overhead was measured on; others get a note
 
 
 def _count(n: float) -> str:
@@ -146,138 +147,257 @@ class Prediction:
 
 def predict(
     plan: Plan,
-    cfg: RunConfig,
     mean_response_tokens: float | None = None,
     mean_prompt_tokens: float | None = None,
 ) -> Prediction:
     """Predicted step times and balance of a plan. On CPU, or without GPU figures, ``available`` is False."""
     if plan.device != "cuda":
         return Prediction(False, NO_CPU_ROOFLINE)
-    cfg = plan.apply(cfg)  # the values the config left null, as the plan resolved them
+    cfg = plan.config  # the values the config left null, as the plan resolved them
+    if not plan.engine.memory_share:
+        return Prediction(False, f"engine={plan.engine_kind} takes no share of its GPU's memory, so its KV cache "
+                                 "and decode rate have no roofline model here.")
     gpu = cfg.hardware.gpu
     if gpu.hbm_tbps <= 0 or gpu.bf16_tflops <= 0 or gpu.memory_gb <= 0:
         return Prediction(False, f"hardware={plan.hardware} gives no GPU figures (hardware.gpu: memory_gb, "
                                  "hbm_tbps, bf16_tflops), so there is no roofline to draw.")
     if not plan.engines or not plan.learners:
         return Prediction(False, "the plan places no engines or no learners.")
-    m, b, e = cfg.model, plan.batch, cfg.engine
-    params, kvb = plan.model.params, plan.model.kv_bytes_per_token
+    b = plan.batch
+    prompt = float(mean_prompt_tokens if mean_prompt_tokens is not None else b.max_prompt_tokens)
+    resp = float(mean_response_tokens if mean_response_tokens is not None else b.max_new_tokens)
+    kv_tokens, max_conc = _engine_capacity(plan, cfg)
+    if max_conc < 1:
+        return Prediction(False, f"the KV cache of one engine holds {kv_tokens} tokens, less than one "
+                                 f"{b.max_seq_len}-token sequence.")
+    gen = _generation(plan, cfg, kv_tokens, max_conc, prompt, resp)
+    learner = _learner(plan, cfg, prompt, resp)
+    sync = _weight_sync(plan, cfg)
+    return _prediction(plan, cfg, gen, learner, sync)
+
+
+@dataclass(frozen=True)
+class _Generation:
+    """The engines' side of a step, for the busiest engine."""
+
+    num_engines: int  # GPU groups: engines sharing a GPU count as one
+    shared: bool  # several engines on one GPU
+    prompt: float
+    resp: float
+    kv_tokens: int
+    max_conc: int
+    seqs_engine: int
+    concurrency: int
+    t_mem: float
+    t_cmp: float
+    t_step: float
+    gen_s: float
+    batch_tokens: float  # response tokens of the whole batch
+
+
+@dataclass(frozen=True)
+class _Learner:
+    """The learners' side of a step."""
+
+    gpus: int
+    mfu: float
+    train_tokens: int
+    mult: int  # FLOPs per param and token: 6, or 8 with a reference model
+    train_s: float
+
+
+@dataclass(frozen=True)
+class _Sync:
+    """The weight sync of a step and where its figure comes from."""
+
+    sync_s: float
+    source: str
+
+
+@dataclass(frozen=True)
+class _Balance:
+    """The predicted step: its length, what the learner needs, the verdict."""
+
+    step_s: float
+    required_tokens_per_s: float
+    verdict: Verdict
+    shares_gpus: bool  # colocated with async_steps > 0: generation and training time-slice each GPU
+
+
+def _engine_capacity(plan: Plan, cfg: RunConfig) -> tuple[int, int]:
+    """KV capacity of one engine (all its GPUs) in tokens, and how many sequences fit at full length."""
+    gpu, e, b = cfg.hardware.gpu, cfg.engine, plan.batch
+    tp = plan.engines[0].tensor_parallel_size
+    weights = plan.model.params * BF16_BYTES
+    usable = tp * (gpu.memory_gb * 1e9 * e.gpu_memory_utilization - ENGINE_HEADROOM_GIB * GIB) - weights
+    kv_tokens = max(0, int(usable // plan.model.kv_bytes_per_token))
+    max_conc = min(e.max_num_seqs, kv_tokens // max(b.max_seq_len, 1))
+    return kv_tokens, max_conc
+
+
+def _decode_step(k: int, ctx: float, plan: Plan, cfg: RunConfig) -> tuple[float, float, float]:
+    """(memory-bound s, compute-bound s) of one engine's decode step of k sequences, and its time with the
+    per-token engine overhead."""
+    m, gpu = cfg.model, cfg.hardware.gpu
+    t_mem, t_cmp, t = _step_time(k, ctx, plan.model.params, m.num_layers, m.hidden_size,
+                                 plan.model.kv_bytes_per_token, plan.engines[0].tensor_parallel_size,
+                                 gpu.hbm_tbps, gpu.bf16_tflops)
+    return t_mem, t_cmp, t + k * DECODE_OVERHEAD_S_PER_TOKEN
+
+
+def _generation(plan: Plan, cfg: RunConfig, kv_tokens: int, max_conc: int, prompt: float,
+                resp: float) -> _Generation:
+    """Decode rate of one engine and generation time of a batch on the busiest engine."""
+    b, gpu, params = plan.batch, cfg.hardware.gpu, plan.model.params
     tp = plan.engines[0].tensor_parallel_size
     # engines sharing a GPU (engine.engines_per_gpu) are drawn as one engine with the GPU's whole engine share:
     # the roofline is the GPU's, and what parallel engine cores save in CPU work per step is not modelled
     n = len({gpu_group(e) for e in plan.engines})
-    shared = len(plan.engines) > n
-    prompt = float(mean_prompt_tokens if mean_prompt_tokens is not None else b.max_prompt_tokens)
-    resp = float(mean_response_tokens if mean_response_tokens is not None else b.max_new_tokens)
-    weights = params * BF16_BYTES
-
-    # KV capacity of one engine (all its GPUs) and how many sequences fit at full length.
-    usable = tp * (gpu.memory_gb * 1e9 * e.gpu_memory_utilization - ENGINE_HEADROOM_GIB * GIB) - weights
-    kv_tokens = max(0, int(usable // kvb))
-    max_conc = min(e.max_num_seqs, kv_tokens // max(b.max_seq_len, 1))
-    if max_conc < 1:
-        return Prediction(False, f"the KV cache of one engine holds {kv_tokens} tokens, less than one "
-                                 f"{b.max_seq_len}-token sequence.")
     seqs_engine = math.ceil(b.prompts_per_step / n) * b.samples_per_prompt  # groups are dealt round-robin
     c = min(max_conc, seqs_engine)
     ctx = prompt + resp / 2
-
-    def step_time(k: int) -> tuple[float, float, float]:
-        t_mem, t_cmp, t = _step_time(k, ctx, params, m.num_layers, m.hidden_size, kvb, tp, gpu.hbm_tbps,
-                                     gpu.bf16_tflops)
-        return t_mem, t_cmp, t + k * DECODE_OVERHEAD_S_PER_TOKEN
-
-    t_mem, t_cmp, t_step = step_time(c)
+    t_mem, t_cmp, t_step = _decode_step(c, ctx, plan, cfg)
     full, rest = divmod(seqs_engine, c)
-    decode_s = resp * (full * t_step + (step_time(rest)[2] if rest else 0.0))
+    decode_s = resp * (full * t_step + (_decode_step(rest, ctx, plan, cfg)[2] if rest else 0.0))
     prefill_s = seqs_engine * prompt * 2 * params / tp / (gpu.bf16_tflops * 1e12 * MATMUL_EFFICIENCY)
-    gen_s = decode_s + prefill_s
-    batch_tokens = b.sequences_per_step * resp
+    return _Generation(
+        num_engines=n,
+        shared=len(plan.engines) > n,
+        prompt=prompt,
+        resp=resp,
+        kv_tokens=kv_tokens,
+        max_conc=max_conc,
+        seqs_engine=seqs_engine,
+        concurrency=c,
+        t_mem=t_mem,
+        t_cmp=t_cmp,
+        t_step=t_step,
+        gen_s=decode_s + prefill_s,
+        batch_tokens=b.sequences_per_step * resp,
+    )
 
-    n_learners = len(plan.learners)
-    mfu = learner_mfu(m.hidden_size)
-    train_tokens = int(b.sequences_per_step * (prompt + resp))
+
+def _learner(plan: Plan, cfg: RunConfig, prompt: float, resp: float) -> _Learner:
+    """Training time of a batch over the learner GPUs."""
+    gpus = len(plan.learners)
+    mfu = learner_mfu(cfg.model.hidden_size)
+    train_tokens = int(plan.batch.sequences_per_step * (prompt + resp))
     mult = 8 if cfg.algo.kl_coef > 0 else 6
-    train_s = mult * params * train_tokens / (n_learners * gpu.bf16_tflops * 1e12 * mfu)
+    train_s = mult * plan.model.params * train_tokens / (gpus * cfg.hardware.gpu.bf16_tflops * 1e12 * mfu)
+    return _Learner(gpus=gpus, mfu=mfu, train_tokens=train_tokens, mult=mult, train_s=train_s)
 
-    notes: list[str] = []
+
+def _weight_sync(plan: Plan, cfg: RunConfig) -> _Sync:
+    """Time to send the bf16 weights from the learners to the engines over the plan's transport."""
+    weights = plan.model.params * BF16_BYTES
     if plan.transport == Transport.nccl:
-        sync_s = weights / (SYNC_NCCL_GBPS * 1e9)
-        sync_src = f"bf16 weights / {SYNC_NCCL_GBPS:g} GB/s NCCL broadcast (measured, H200 NVLink)"
-        if plan.nodes > 1:
-            notes.append("engines on other nodes than learner rank 0 receive weights over the network; sync is "
-                         "likely slower than predicted.")
-    elif plan.transport == Transport.cuda_ipc:
-        sync_s = weights / (gpu.hbm_tbps * 1e12 * HBM_EFFICIENCY)
-        sync_src = "one on-GPU copy of the bf16 weights; sleep/wake of the engine not included"
-    else:
-        sync_s = 0.0
-        sync_src = "not modelled for this transport"
-    if shared:
-        notes.append(f"{len(plan.engines)} engines share {n} GPU(s): drawn as one engine per GPU, so the gain "
-                     "from several engine cores' CPU work in parallel is not in the prediction.")
-    if plan.engine_kind != "vllm":
-        notes.append(f"decode overhead is calibrated on vLLM; engine={plan.engine_kind} is likely slower.")
-    if m.hidden_size < LEARNER_MFU_POINTS[0][0]:
-        notes.append("model is smaller than any measured learner shape; its learner time is a guess.")
+        return _Sync(weights / (SYNC_NCCL_GBPS * 1e9),
+                     f"bf16 weights / {SYNC_NCCL_GBPS:g} GB/s NCCL broadcast (measured, H200 NVLink)")
+    if plan.transport == Transport.cuda_ipc:
+        return _Sync(weights / (cfg.hardware.gpu.hbm_tbps * 1e12 * HBM_EFFICIENCY),
+                     "one on-GPU copy of the bf16 weights; sleep/wake of the engine not included")
+    return _Sync(0.0, "not modelled for this transport")
 
-    # Steady state: P = engines' time per batch, C = learner's. Overlapped (async_steps > 0, separate GPUs):
-    # the step is the longer of the two; otherwise the two run one after the other, the sync once. Colocated
-    # with async_steps > 0 they overlap on one GPU, which time-slices between them: at best the longer of the
-    # two, at worst their sum; the prediction takes the best case and says so.
+
+def _balance(plan: Plan, gen: _Generation, learner: _Learner, sync: _Sync) -> _Balance:
+    """The step in steady state and its verdict.
+
+    P = engines' time per batch, C = learner's. Overlapped (async_steps > 0, separate GPUs): the step is the
+    longer of the two; otherwise the two run one after the other, the sync once. Colocated with async_steps > 0
+    they overlap on one GPU, which time-slices between them: at best the longer of the two, at worst their sum;
+    the prediction takes the best case and says so.
+    """
+    gen_s, train_s, sync_s = gen.gen_s, learner.train_s, sync.sync_s
     producer, consumer = gen_s + sync_s, train_s + sync_s
     ctx_b: BalanceContext = context_from_plan(plan)
     if ctx_b.async_steps > 0:
         window = max(producer, consumer)
         wait, idle = max(0.0, producer - consumer), max(0.0, consumer - producer)
-        if ctx_b.colocated:
-            notes.append("colocated with async_steps > 0: generation and training share each GPU, so the step "
-                         "lies between the longer of the two (predicted) and their sum.")
     else:
         window = gen_s + train_s + sync_s
         wait, idle = gen_s, train_s
     sb = StepBalance(step=-1, window_s=window, learner_wait_s=wait, producer_s=producer, consumer_s=consumer,
-                     gen_s=gen_s, engine_idle_s=idle, sync_s=sync_s, tokens=batch_tokens, num_engines=n)
+                     gen_s=gen_s, engine_idle_s=idle, sync_s=sync_s, tokens=gen.batch_tokens,
+                     num_engines=gen.num_engines)
+    return _Balance(
+        step_s=window,
+        required_tokens_per_s=gen.batch_tokens / consumer if consumer > 0 else 0.0,
+        verdict=assess(sb, ctx_b),
+        shares_gpus=ctx_b.async_steps > 0 and ctx_b.colocated,
+    )
+
+
+def _notes(plan: Plan, cfg: RunConfig, gen: _Generation, bal: _Balance) -> tuple[str, ...]:
+    """What the prediction leaves out or guesses at, for this plan."""
+    notes: list[str] = []
+    if plan.transport == Transport.nccl and plan.nodes > 1:
+        notes.append("engines on other nodes than learner rank 0 receive weights over the network; sync is "
+                     "likely slower than predicted.")
+    if gen.shared:
+        notes.append(f"{len(plan.engines)} engines share {gen.num_engines} GPU(s): drawn as one engine per GPU, "
+                     "so the gain from several engine cores' CPU work in parallel is not in the prediction.")
+    if plan.engine_kind != CALIBRATED_ON:
+        notes.append(f"decode overhead is calibrated on vLLM; engine={plan.engine_kind} is likely slower.")
+    if cfg.model.hidden_size < LEARNER_MFU_POINTS[0][0]:
+        notes.append("model is smaller than any measured learner shape; its learner time is a guess.")
+    if bal.shares_gpus:
+        notes.append("colocated with async_steps > 0: generation and training share each GPU, so the step "
+                     "lies between the longer of the two (predicted) and their sum.")
+    return tuple(notes)
+
+
+def _sources(plan: Plan, cfg: RunConfig, gen: _Generation, learner: _Learner, sync: _Sync) -> dict[str, str]:
+    """Where each predicted number comes from, by Prediction field."""
+    gpu, e, b = cfg.hardware.gpu, cfg.engine, plan.batch
+    tp = plan.engines[0].tensor_parallel_size
     hbm_src = f"{gpu.hbm_tbps:g} TB/s spec x {HBM_EFFICIENCY} measured copy efficiency"
-    sources = {
-        "weights_gib_per_gpu": f"{_count(params)} params x 2 bytes / TP {tp}",
+    return {
+        "weights_gib_per_gpu": f"{_count(plan.model.params)} params x 2 bytes / TP {tp}",
         "kv_capacity_tokens": f"({gpu.memory_gb:g} GB x gpu_memory_utilization {e.gpu_memory_utilization} - "
-                              f"{ENGINE_HEADROOM_GIB:g} GiB headroom) x TP - weights, / {kvb} KV bytes a token",
+                              f"{ENGINE_HEADROOM_GIB:g} GiB headroom) x TP - weights, / "
+                              f"{plan.model.kv_bytes_per_token} KV bytes a token",
         "max_concurrency": f"min(engine.max_num_seqs={e.max_num_seqs}, KV tokens / {b.max_seq_len}-token sequences)",
         "decode_step_s": f"roofline ({hbm_src}; {gpu.bf16_tflops:g} TFLOP/s x {MATMUL_EFFICIENCY} measured matmul) "
                          f"+ {DECODE_OVERHEAD_S_PER_TOKEN * 1e6:.0f} us a token (calibrated: vLLM 0.5B on H100, "
                          f"{CALIBRATION_TOKENS_PER_S / 1e3:.1f}k tok/s)",
-        "gen_s": f"{math.ceil(seqs_engine / c)} wave(s) of <= {c} sequences x {resp:g} tokens, + prefill",
-        "train_s": f"{mult} x params x {train_tokens} tokens / ({n_learners} GPU x "
-                   f"{gpu.bf16_tflops:g} TFLOP/s x MFU {mfu:.2f}, measured bf16 AdamW steps on H100)",
-        "sync_s": sync_src,
+        "gen_s": f"{math.ceil(gen.seqs_engine / gen.concurrency)} wave(s) of <= {gen.concurrency} sequences x "
+                 f"{gen.resp:g} tokens, + prefill",
+        "train_s": f"{learner.mult} x params x {learner.train_tokens} tokens / ({learner.gpus} GPU x "
+                   f"{gpu.bf16_tflops:g} TFLOP/s x MFU {learner.mfu:.2f}, measured bf16 AdamW steps on H100)",
+        "sync_s": sync.source,
     }
+
+
+def _prediction(plan: Plan, cfg: RunConfig, gen: _Generation, learner: _Learner, sync: _Sync) -> Prediction:
+    """The Prediction of a plan from the estimates of its two sides and its weight sync."""
+    bal = _balance(plan, gen, learner, sync)
+    tp = plan.engines[0].tensor_parallel_size
     return Prediction(
         available=True,
-        num_engines=n,
+        num_engines=gen.num_engines,
         tensor_parallel_size=tp,
-        prompt_tokens=prompt,
-        response_tokens=resp,
-        weights_gib_per_gpu=weights / tp / GIB,
-        kv_capacity_tokens=kv_tokens,
-        max_concurrency=max_conc,
-        concurrency=c,
-        decode_step_s=t_step,
-        decode_bound="memory" if t_mem >= t_cmp else "compute",
-        roofline_tokens_per_s=c / max(t_mem, t_cmp),
-        engine_tokens_per_s=c / t_step,
-        gen_s=gen_s,
-        gen_tokens_per_s=batch_tokens / gen_s if gen_s > 0 else 0.0,
-        learner_gpus=n_learners,
-        learner_mfu=mfu,
-        train_tokens=train_tokens,
-        train_s=train_s,
-        sync_s=sync_s,
-        step_s=window,
-        required_tokens_per_s=batch_tokens / consumer if consumer > 0 else 0.0,
-        verdict=assess(sb, ctx_b),
-        notes=tuple(notes),
-        sources=sources,
+        prompt_tokens=gen.prompt,
+        response_tokens=gen.resp,
+        weights_gib_per_gpu=plan.model.params * BF16_BYTES / tp / GIB,
+        kv_capacity_tokens=gen.kv_tokens,
+        max_concurrency=gen.max_conc,
+        concurrency=gen.concurrency,
+        decode_step_s=gen.t_step,
+        decode_bound="memory" if gen.t_mem >= gen.t_cmp else "compute",
+        roofline_tokens_per_s=gen.concurrency / max(gen.t_mem, gen.t_cmp),
+        engine_tokens_per_s=gen.concurrency / gen.t_step,
+        gen_s=gen.gen_s,
+        gen_tokens_per_s=gen.batch_tokens / gen.gen_s if gen.gen_s > 0 else 0.0,
+        learner_gpus=learner.gpus,
+        learner_mfu=learner.mfu,
+        train_tokens=learner.train_tokens,
+        train_s=learner.train_s,
+        sync_s=sync.sync_s,
+        step_s=bal.step_s,
+        required_tokens_per_s=bal.required_tokens_per_s,
+        verdict=bal.verdict,
+        notes=_notes(plan, cfg, gen, bal),
+        sources=_sources(plan, cfg, gen, learner, sync),
     )
 
 

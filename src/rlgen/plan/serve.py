@@ -4,23 +4,17 @@ apply; a problem stops the server before it starts, with its fix."""
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 
-from rlgen.config import EngineKind, RunConfig, Setting, set_key
-from rlgen.plan.build import (
-    BatchGeometry,
-    Plan,
-    PlanError,
-    Transport,
-    _model_summary,
-    _place_engines,
-    check_engine_floor,
-    count_params,
-    live_vllm_env,
-)
-from rlgen.plan.memory import ENGINE_MAX_SHARE
+from rlgen.config import RunConfig, Setting, set_key
+from rlgen.learners.registry import resolve_learner
+from rlgen.plan.build import count_params, layout_of, model_summary, spec_of, transport_of
+from rlgen.plan.checks import check_engine_floor, live_vllm_env
+from rlgen.plan.layout import BatchGeometry, Layout, Plan, PlanError
 from rlgen.plan.model_folder import with_model_folder
 from rlgen.plan.recipes import fill_recipe
+from rlgen.plan.slots import place_engines
 from rlgen.plan.values import check_values
 
 
@@ -44,8 +38,9 @@ def check_serve_values(cfg: RunConfig, token: str | None, p: list[str]) -> None:
     if not is_loopback(s.host) and not token:
         p.append(f"serve.host={s.host} lets other machines reach the server, which then needs a bearer token: set "
                  "RLGEN_SERVE_TOKEN=<a secret> in the environment (or serve.token=), or bind serve.host=127.0.0.1.")
-    if cfg.engine.kind == EngineKind.remote:
-        p.append("engine=remote uses a server rlgen serve started elsewhere; serve engine=hf or engine=vllm here.")
+    if spec_of(cfg).served:
+        p.append(f"engine={cfg.engine.kind} uses a server rlgen serve started elsewhere; serve engine=hf or "
+                 "engine=vllm here.")
 
 
 def build_serve_plan(cfg: RunConfig, token: str | None = None) -> Plan:
@@ -54,50 +49,62 @@ def build_serve_plan(cfg: RunConfig, token: str | None = None) -> Plan:
     check_serve_values(cfg, token, p)
     if p:
         raise PlanError(p)
-    cfg = with_model_folder(cfg)
+    spec = spec_of(cfg)
+    cfg, settings = _serve_config(with_model_folder(cfg), spec)
+    check_values(cfg, p)
+    _check_serve_shape(cfg, p)
+    if p:
+        raise PlanError(p)
+    engines = place_engines(cfg, spec, Layout.split, p)
+    ms = model_summary(cfg)
+    if cfg.model.max_position_embeddings < cfg.engine.max_model_len:
+        p.append(f"engine.max_model_len={cfg.engine.max_model_len} is over model {cfg.model.name}'s "
+                 f"max_position_embeddings={cfg.model.max_position_embeddings}; lower it.")
+    check_engine_floor(cfg, spec, ms, p)
+    if p:
+        raise PlanError(p)
+    env, dropped = live_vllm_env(cfg.engine.env) if spec.passes_env else ({}, [])
+    device = "cuda" if cfg.hardware.gpus_per_node else "cpu"
+    layout = layout_of(cfg, spec)
+    share = cfg.engine.gpu_memory_utilization if spec.memory_share and device == "cuda" else None
+    return Plan(
+        config=cfg, engine=spec, learner_kind=resolve_learner(cfg.learner.kind, device).kind, layout=layout,
+        device=device, hardware=cfg.hardware.name, nodes=cfg.hardware.nodes, gpus_per_node=cfg.hardware.gpus_per_node,
+        engines=tuple(dataclasses.replace(e, memory_share=share) for e in engines), learners=(),
+        transport=transport_of(cfg, spec, layout), batch=BatchGeometry(0, 0, 0, 0, 0, 0, 0, cfg.engine.max_model_len),
+        model=ms, async_steps=0, engine_env=env, warnings=tuple(dropped),
+        settings=tuple(settings + [Setting("engine.num_engines", cfg.serve.data_parallel, "serve.data_parallel")]),
+    )
+
+
+def _serve_config(cfg: RunConfig, spec) -> tuple[RunConfig, list[Setting]]:
+    """The server's engines on every GPU of the hardware: no learners, no colocation; max_model_len the model's
+    positions and, for engines that take a share of their GPU, their own default share when unset."""
     cfg, _ = fill_recipe(cfg, count_params(cfg.model)[0])  # the algo values check_values reads; unused here
     hw, e = cfg.hardware, cfg.engine
     settings: list[Setting] = []
     total = hw.nodes * hw.gpus_per_node
-    cfg = set_key(cfg, "engine.num_engines", cfg.serve.data_parallel)
-    cfg = set_key(cfg, "engine.colocate", False)
-    cfg = set_key(cfg, "hardware.colocated", False)
-    cfg = set_key(cfg, "hardware.engine_gpus", total)
-    cfg = set_key(cfg, "hardware.learner_gpus", 0)
+    for key, value in (("engine.num_engines", cfg.serve.data_parallel), ("engine.colocate", False),
+                       ("hardware.colocated", False), ("hardware.engine_gpus", total), ("hardware.learner_gpus", 0)):
+        cfg = set_key(cfg, key, value)
     if e.max_model_len is None:
         cfg = set_key(cfg, "engine.max_model_len", cfg.model.max_position_embeddings)
         settings.append(Setting("engine.max_model_len", cfg.model.max_position_embeddings,
                                 "derived: model.max_position_embeddings"))
-    if total and e.kind == EngineKind.vllm:
-        share = e.gpu_memory_utilization or ENGINE_MAX_SHARE
-        settings.append(Setting("engine.gpu_memory_utilization", share,
-                                "config" if e.gpu_memory_utilization else "derived: engines have their GPUs (vLLM's default)"))
+    if total and spec.memory_share:
+        share = e.gpu_memory_utilization or spec.default_memory_share
+        settings.append(Setting("engine.gpu_memory_utilization", share, "config" if e.gpu_memory_utilization else
+                                "derived: engines have their GPUs (the engine's default share)"))
         cfg = set_key(cfg, "engine.gpu_memory_utilization", share)
-    check_values(cfg, p)
-    tp = cfg.engine.tensor_parallel_size
+    return cfg, settings
+
+
+def _check_serve_shape(cfg: RunConfig, p: list[str]) -> None:
+    hw, tp = cfg.hardware, cfg.engine.tensor_parallel_size
+    total = hw.nodes * hw.gpus_per_node
     if total and cfg.serve.data_parallel * tp > total:
         p.append(f"serve.data_parallel={cfg.serve.data_parallel} engines of engine.tensor_parallel_size={tp} need "
                  f"{cfg.serve.data_parallel * tp} GPUs, and hardware={hw.name} has {total}; lower one of them.")
-        raise PlanError(p)
-    if cfg.engine.engines_per_gpu != 1:
+    elif cfg.engine.engines_per_gpu != 1:
         p.append(f"rlgen serve runs one engine per GPU group (serve.data_parallel of them), and engine.engines_per_gpu="
                  f"{cfg.engine.engines_per_gpu} is for training runs; set engine.engines_per_gpu=1.")
-        raise PlanError(p)
-    engines = _place_engines(cfg, False, p)
-    ms = _model_summary(cfg)
-    if cfg.model.max_position_embeddings < cfg.engine.max_model_len:
-        p.append(f"engine.max_model_len={cfg.engine.max_model_len} is over model {cfg.model.name}'s "
-                 f"max_position_embeddings={cfg.model.max_position_embeddings}; lower it.")
-    check_engine_floor(cfg, ms, p)
-    if p:
-        raise PlanError(p)
-    env, dropped = live_vllm_env(cfg.engine.env) if cfg.engine.kind == EngineKind.vllm else ({}, [])
-    transport = Transport.nccl if total and cfg.engine.kind == EngineKind.vllm else Transport.ray_object_store
-    length = cfg.engine.max_model_len
-    return Plan(
-        engine_kind=cfg.engine.kind.value, device="cuda" if total else "cpu", hardware=hw.name, nodes=hw.nodes,
-        gpus_per_node=hw.gpus_per_node, engines=engines, learners=(), colocated=False, transport=transport,
-        batch=BatchGeometry(0, 0, 0, 0, 0, 0, 0, length), model=ms, async_steps=0, engine_env=env,
-        warnings=tuple(dropped), settings=tuple(settings + [Setting("engine.num_engines", cfg.serve.data_parallel,
-                                                                    "serve.data_parallel")]),
-    )

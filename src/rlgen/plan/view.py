@@ -6,7 +6,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rlgen.config import RunConfig
 from rlgen.plan import Plan
 
 
@@ -43,7 +42,8 @@ def resolved_lines(plan: Plan) -> list[str]:
     return [f"{s.key}={s.value}  ({s.source})" for s in plan.settings if s.source != "config"]
 
 
-def print_plan(plan: Plan, cfg: RunConfig, console: Console | None = None) -> None:
+def print_plan(plan: Plan, console: Console | None = None) -> None:
+    cfg = plan.config
     console = console or Console(soft_wrap=True)
     mode = ("separate" if not plan.colocated else
             "colocated (engines stay awake and generate ahead while learners train)" if plan.engines_awake else
@@ -59,9 +59,8 @@ def print_plan(plan: Plan, cfg: RunConfig, console: Console | None = None) -> No
         t.add_column(col)
     for e in plan.engines:
         t.add_row(f"engine{e.index}", plan.engine_kind, str(e.node), _gpus(plan, e.gpus), str(e.tensor_parallel_size))
-    learner_kind = "deepspeed" if plan.device == "cuda" else "torch"
     for lr in plan.learners:
-        t.add_row(f"learner{lr.rank}", learner_kind, str(lr.node), _gpus(plan, lr.gpu), "-")
+        t.add_row(f"learner{lr.rank}", plan.learner_kind.value, str(lr.node), _gpus(plan, lr.gpu), "-")
     console.print(t)
     engine_gpus = len({(e.node, g) for e in plan.engines for g in e.gpus})
     learner_gpus = sum(1 for lr in plan.learners if lr.gpu is not None)
@@ -93,9 +92,9 @@ def print_plan(plan: Plan, cfg: RunConfig, console: Console | None = None) -> No
         console.print(f"[yellow]note:[/] {escape(w)}", highlight=False)
 
 
-def print_plan_and_prediction(plan: Plan, cfg: RunConfig, console: Console | None = None) -> None:
+def print_plan_and_prediction(plan: Plan, console: Console | None = None) -> None:
     from rlgen.plan.planner import predict, print_prediction
 
     console = console or Console(soft_wrap=True)
-    print_plan(plan, cfg, console)
-    print_prediction(predict(plan, cfg), console)
+    print_plan(plan, console)
+    print_prediction(predict(plan), console)

@@ -3,15 +3,15 @@ their bundles. ``ActorFactory.engine(i)`` is also how a dead engine is re-create
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rlgen.config import RunConfig
+from rlgen.config import RunConfig, Transport
 from rlgen.plan import Plan
 from rlgen.plan.environment import cluster_address as ray_address
-from rlgen.plan.memory import engine_part
 from rlgen.runtime.errors import RunError
 
 QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
@@ -128,7 +128,7 @@ def _at(path: PathByNode | None, node_id: str) -> str | None:
 @dataclass
 class ActorFactory:
     """Builds engine and learner actors in the plan's bundles. engine_cls/learner_cls and their kwargs come
-    from the orchestrator (tests inject stand-ins)."""
+    from the run's set-up (tests inject stand-ins)."""
 
     cfg: RunConfig
     plan: Plan
@@ -145,8 +145,11 @@ class ActorFactory:
         return "cuda" if self.plan.device == "cuda" else "cpu"
 
     @property
-    def remote_nccl(self) -> bool:
-        return self.plan.engine_kind == "remote" and self.plan.transport.value == "nccl"
+    def threaded_engines(self) -> bool:
+        """Engines that answer calls while generate() runs: those whose kind is threaded (vLLM), and any fed over
+        NCCL, whose receive_weights() must run beside generate(). The others take calls in order, so weights
+        queued before a generate apply first."""
+        return self.plan.engine.threaded or self.plan.transport is Transport.nccl
 
     def strategy(self, ap: Any) -> Any:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -164,17 +167,16 @@ class ActorFactory:
         import ray
 
         slot, ap = self.plan.engines[index], self.placement.engines[index]
-        env = dict(self.plan.engine_env) if self.plan.engine_kind == "vllm" else {}
-        engine_cfg = engine_part(self.cfg.engine, ap.per_gpu)  # engines on one GPU split its engine share
+        env = dict(self.plan.engine_env)  # empty for kinds that take no engine.env
+        # this engine's part of its GPU's memory (engines on one GPU split the engines' share)
+        engine_cfg = dataclasses.replace(self.cfg.engine, gpu_memory_utilization=slot.memory_share)
         return (
             ray.remote(self.engine_cls)
             .options(
                 num_cpus=ap.num_cpus,
                 num_gpus=ap.num_gpus,
                 scheduling_strategy=self.strategy(ap),
-                # vLLM engines (and remote ones fed over NCCL) are threaded, so pause()/receive_weights() can run
-                # during generate(); the others take calls in order, so weights queued before a generate apply first.
-                max_concurrency=4 if self.plan.engine_kind == "vllm" or self.remote_nccl else 1,
+                max_concurrency=4 if self.threaded_engines else 1,
                 runtime_env={"env_vars": actor_env(self.cfg, env)},
             )
             .remote(_at(model_path, self.engine_node(index)), engine_cfg, device=self.device,
@@ -216,41 +218,22 @@ class ActorFactory:
         return ray.remote(free_endpoint).options(num_cpus=0, scheduling_strategy=self.strategy(ap0)).remote()
 
 
-def engine_class(cfg: RunConfig, plan: Plan) -> tuple[type, dict[str, Any]]:
-    """The engine class and its extra constructor kwargs for the plan's engine kind."""
-    if plan.engine_kind == "hf":
-        from rlgen.engines.hf import HFEngine
-
-        return HFEngine, {}
-    if plan.engine_kind == "remote":
-        from rlgen.engines.remote import RemoteEngine
-
-        return RemoteEngine, {"timeout_s": cfg.timeout_s}
-    from rlgen.engines.vllm import VLLMEngine
-    from rlgen.engines.vllm_args import engine_args_for
-
-    return VLLMEngine, {"env": dict(plan.engine_env), "engine_args": engine_args_for(plan.transport)}
+def engine_class(plan: Plan) -> tuple[type, dict[str, Any]]:
+    """The engine actor class of the plan's engine kind and its extra constructor kwargs (from the kind's spec)."""
+    spec = plan.engine
+    return spec.actor_class(), spec.actor_kwargs(plan.config, plan.transport, dict(plan.engine_env))
 
 
-def learner_class(cfg: RunConfig, plan: Plan) -> tuple[type, dict[str, Any]]:
-    """The learner class and its extra constructor kwargs: DeepSpeed on GPUs (or when asked for), torch
-    otherwise. The plan has already refused layouts the chosen learner cannot run."""
-    kind = cfg.learner.kind.value
-    if kind == "deepspeed" or (kind == "auto" and plan.device == "cuda"):
-        from rlgen.learners.deepspeed import DeepSpeedLearner
+def learner_class(plan: Plan) -> tuple[type, dict[str, Any]]:
+    """The learner class of the plan's learner kind and its extra constructor kwargs. A learner that feeds
+    engines over NCCL or CUDA IPC gets the weight sender's methods (the DeepSpeed learner has them already)."""
+    from rlgen.learners.registry import LEARNERS
 
-        return DeepSpeedLearner, {
-            "zero_stage": cfg.learner.zero_stage,
-            "gradient_checkpointing": cfg.learner.gradient_checkpointing,
-            "rows_per_step": plan.batch.sequences_per_rank,
-            "sync_bucket_bytes": int(cfg.sync.bucket_mb * 2**20),
-            "release_memory": bool(plan.colocated and not plan.engines_awake),  # engines that sleep wake into it
-            "env": {k: v for k, v in plan.engine_env.items() if k.startswith("NCCL_")},
-        }
-    from rlgen.learners.torch import TorchLearner
-
-    if plan.transport.value in ("nccl", "cuda_ipc"):  # a torch learner feeding vLLM engines on GPUs
+    spec = LEARNERS[plan.learner_kind]
+    cls = spec.actor_class()
+    if plan.transport in (Transport.nccl, Transport.cuda_ipc):
         from rlgen.learners.weight_sender import WeightSender
 
-        return type("TorchSyncLearner", (WeightSender, TorchLearner), {}), {}
-    return TorchLearner, {}
+        if not issubclass(cls, WeightSender):
+            cls = type(f"{cls.__name__}WithSender", (WeightSender, cls), {})
+    return cls, spec.actor_kwargs(plan.config, plan)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -83,9 +84,11 @@ def check_complete(completions: list[Completion], sp: StepPrompts, n: int) -> No
 
 
 def build_batch(
-    completions: list[Completion], rewards: list[float], pad_id: int, std_normalize: bool = True
+    completions: list[Completion], rewards: list[float], pad_id: int,
+    advantages: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> RolloutBatch:
-    """Completions (any order) -> RolloutBatch sorted by group. Prompts left-padded, responses right-padded."""
+    """Completions (any order) -> RolloutBatch sorted by group. Prompts left-padded, responses right-padded.
+    advantages(rewards [N], group_ids [N]) -> [N]: the algorithm's (GRPO's group-normalised ones when None)."""
     order = sorted(range(len(completions)), key=lambda i: completions[i].group_id)
     comps = [completions[i] for i in order]
     rw = torch.tensor([rewards[i] for i in order], dtype=torch.float32)  # [N]
@@ -114,7 +117,7 @@ def build_batch(
         response_mask=response_mask,
         engine_logprobs=engine_logprobs,
         rewards=rw,
-        advantages=group_advantages(rw, group_ids, std_normalize),
+        advantages=(advantages or (lambda r, g: group_advantages(r, g, True)))(rw, group_ids),
         group_ids=group_ids,
         version=min(c.version for c in comps),
         prompt_len=p_len,

@@ -1,233 +1,109 @@
-"""Checkpoint folders: ``<run dir>/checkpoints/step_<k>/`` holds everything needed to run step k next.
+"""Checkpoint and restore, as functions of a Run and its RunState. The folder's format (what each file holds,
+the COMPLETE marker, rotation, the driver's RNG) is ``rlgen.runtime.checkpoint_dir``.
 
-    model/          the policy as a plain Hugging Face folder (weights, config, generation config, tokenizer)
-    learner/        each learner rank's optimizer state, counters and RNG states (DeepSpeed's own checkpoint
-                    on GPU: fp32 master weights and optimizer partitions)
-    state.json      step, policy version, data cursor, metrics line count, breaker state, the run's config
-    rollouts.json   rollouts generated ahead of the learner (async_steps > 0) that the resumed run reuses
-    rng.json        the driver's RNG states (Python, NumPy, torch)
-    COMPLETE        written last
-
-A checkpoint is written into a temporary folder and renamed into place, so a crash mid-write leaves no folder
-that looks complete; a ``step_<k>`` folder without ``COMPLETE`` (torn) is never resumed from.
-"""
+A checkpoint taken after k steps holds everything needed to run step k next: the learners' state, the policy
+and its tokenizer, the run state, and the rollouts generated ahead of the learner with older weights. Rollouts
+launched with the current weights are not kept: the resumed run generates them again with the same seeds, and
+gets the same ones."""
 
 from __future__ import annotations
 
-import base64
-import json
-import os
-import random
-import re
-import shutil
+import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-CHECKPOINTS = "checkpoints"
-MARKER = "COMPLETE"
-STATE_FILE = "state.json"
-ROLLOUTS_FILE = "rollouts.json"
-RNG_FILE = "rng.json"
-FORMAT = 1
-_NAME = re.compile(r"^step_(\d{6,})$")
+from rlgen.runtime.checkpoint_dir import (
+    CHECKPOINTS,
+    checkpoint_name,
+    is_complete,
+    newest_checkpoint,
+    read_rollouts,
+    run_state,
+    write_checkpoint,
+)
+from rlgen.runtime.errors import RunError, RunStopped
+from rlgen.runtime.flights import InFlight
+from rlgen.runtime.resume import identity
 
-CONTENTS = {
-    "model": "the policy as a Hugging Face folder (weights, config, tokenizer)",
-    "learner": "each learner rank's optimizer state, counters and RNG states",
-    STATE_FILE: "step, version, data cursor, metrics line count, breaker state and the run's config",
-    ROLLOUTS_FILE: "rollouts generated ahead of the learner, reused on resume",
-    RNG_FILE: "the driver's RNG states",
-}
-
-
-def checkpoint_name(step: int) -> str:
-    return f"step_{step:06d}"
+log = logging.getLogger(__name__)
 
 
-def checkpoint_step(path: Path) -> int | None:
-    m = _NAME.match(path.name)
-    return int(m.group(1)) if m else None
-
-
-def is_complete(path: Path) -> bool:
-    return (path / MARKER).is_file() and (path / STATE_FILE).is_file()
-
-
-def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest step first."""
-    root = Path(run_dir) / CHECKPOINTS
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if p.is_dir() and checkpoint_step(p) is not None and is_complete(p)]
-    return sorted(found, key=lambda p: checkpoint_step(p) or 0)
-
-
-def torn_checkpoints(run_dir: str | Path) -> list[Path]:
-    """step_<k> folders without their marker, and temporary folders left by an interrupted write."""
-    root = Path(run_dir) / CHECKPOINTS
-    if not root.is_dir():
-        return []
-    return sorted(
-        p for p in root.iterdir()
-        if p.is_dir() and ((checkpoint_step(p) is not None and not is_complete(p)) or p.name.startswith(".step_"))
+def save(run: Any, reason: str) -> Path:
+    """Write checkpoint step_<state.step> (run: a runtime.setup.Run) and return its path."""
+    state = run.state
+    path = run.out_dir / CHECKPOINTS / checkpoint_name(state.step)
+    if is_complete(path) and state.last_checkpoint is not None and state.last_checkpoint.name == path.name:
+        return path  # nothing has happened since that one was written
+    t0 = time.time()
+    kept = _ahead(run)
+    saved = run_state(
+        step=state.step, steps=run.cfg.steps, version=state.version, async_steps=state.async_steps,
+        metrics_lines=len(run.sink.records) if run.sink else state.step,
+        prompts_per_step=run.cfg.algo.prompts_per_step, ahead=[f.step for f in kept],
+        restarts=run.keeper.total_restarts if run.keeper else 0, breaker=state.breaker.state_dict(),
+        initial_model_path=run.initial_model_path,
+        wall_s=state.wall_before + (time.time() - run.sink.t0 if run.sink else 0.0), reason=reason,
+        identity=identity(run.cfg, len(run.learners)),
     )
-
-
-def newest_checkpoint(run_dir: str | Path) -> Path | None:
-    found = list_checkpoints(run_dir)
-    return found[-1] if found else None
-
-
-def read_state(checkpoint: str | Path) -> dict[str, Any]:
-    return json.loads((Path(checkpoint) / STATE_FILE).read_text())
-
-
-def read_rollouts(checkpoint: str | Path) -> dict[str, Any]:
-    path = Path(checkpoint) / ROLLOUTS_FILE
-    return json.loads(path.read_text()) if path.is_file() else {"flights": []}
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write(path: Path, data: dict[str, Any]) -> None:
-    with open(path, "w") as f:
-        f.write(json.dumps(data, default=str) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def write_checkpoint(
-    run_dir: str | Path,
-    step: int,
-    fill: Callable[[Path], None],
-    state: dict[str, Any],
-    rollouts: dict[str, Any],
-    keep: int,
-) -> Path:
-    """Write checkpoint ``step``: ``fill(tmp)`` writes the model and learner files into a temporary folder,
-    then the state files and the marker go in and the folder is renamed into place. Keeps the newest
-    ``keep`` complete checkpoints and removes torn ones. Returns the checkpoint's path."""
-    root = Path(run_dir) / CHECKPOINTS
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / checkpoint_name(step)
-    tmp = root / f".{final.name}.tmp-{os.getpid()}-{time.time_ns()}"
-    tmp.mkdir()
-    try:
-        fill(tmp)
-        _write(tmp / STATE_FILE, {"format": FORMAT, "contents": CONTENTS, **state})
-        _write(tmp / ROLLOUTS_FILE, rollouts)
-        _write(tmp / RNG_FILE, capture_rng())
-        _write(tmp / MARKER, {"step": step, "written": time.time()})
-        if final.exists():  # a torn folder of the same step, or an older write of it: replace it
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        _fsync_dir(root)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    prune(run_dir, keep)
-    return final
-
-
-def run_state(*, step: int, steps: int, version: int, async_steps: int, metrics_lines: int, prompts_per_step: int,
-              ahead: list[int], restarts: int, breaker: dict[str, Any], initial_model_path: str, wall_s: float,
-              reason: str, identity: dict[str, Any]) -> dict[str, Any]:
-    """state.json of a checkpoint taken after ``step`` steps (identity: the config, learner ranks and task file
-    digest that a resume is checked against)."""
-    return {
-        "step": step,
-        "steps": steps,
-        "version": version,
-        "async_steps": async_steps,
-        "metrics_lines": metrics_lines,
-        "data_cursor": {"next_step": step, "prompts_per_step": prompts_per_step,
-                        "prompts_consumed": step * prompts_per_step, "generated_ahead": ahead},
-        "engines": "sampling is seeded per step (seed * 100003 + step); engines keep no RNG state",
-        "engine_restarts": restarts,
-        "breaker": breaker,
-        "initial_model_path": initial_model_path,
-        "wall_s": wall_s,
-        "reason": reason,
-        "created": time.time(),
-        **identity,
-    }
-
-
-def prune(run_dir: str | Path, keep: int) -> list[Path]:
-    """Remove all but the newest ``keep`` complete checkpoints, and every torn one. Returns what it removed."""
-    complete = list_checkpoints(run_dir)
-    doomed = complete[: max(0, len(complete) - max(keep, 1))] + torn_checkpoints(run_dir)
-    for path in doomed:
-        shutil.rmtree(path, ignore_errors=True)
-    return doomed
-
-
-def final_model_from(checkpoint: Path, run_dir: Path) -> Path:
-    """run_dir/final_model: the checkpoint's policy folder, hard-linked (no second copy on disk)."""
-    path = Path(run_dir) / "final_model"
-    if path.exists():
-        shutil.rmtree(path)
-    link_tree(Path(checkpoint) / "model", path)
+    path = write_checkpoint(run.out_dir, state.step, lambda tmp: _fill(run, tmp), saved,
+                            {"flights": [f.to_json() for f in kept]}, run.cfg.checkpoint.keep)
+    state.last_checkpoint = path
+    seconds = time.time() - t0
+    log.info("checkpoint %s written in %.2f s (%s)", path, seconds, reason)
+    state.checkpoint_seconds.append(seconds)
+    if run.status is not None:
+        run.status.update(checkpoint=str(path), step=state.step)
     return path
 
 
-def link_tree(src: Path, dst: Path) -> None:
-    """A copy of folder ``src`` at ``dst`` made of hard links where the file system allows (no extra disk)."""
-    def link(s: str, d: str) -> None:
+def _ahead(run: Any) -> list[InFlight]:
+    """The flights generated ahead with weights older than the learner's: their results go in the checkpoint."""
+    kept: list[InFlight] = []
+    for flight in run.rollouts.pending if run.rollouts else []:
+        if flight.launch_version >= run.state.version:
+            break  # this and every later flight can be regenerated exactly
         try:
-            os.link(s, d)
-        except OSError:
-            shutil.copy2(s, d)
-
-    shutil.copytree(src, dst, copy_function=link, dirs_exist_ok=True)
-
-
-# -- the driver's RNG states -------------------------------------------------------------------------------
-def capture_rng() -> dict[str, Any]:
-    """Python's, NumPy's (when imported) and torch's (when imported) global RNG states, as JSON values."""
-    import sys
-
-    state: dict[str, Any] = {"python": _jsonable(random.getstate())}
-    if "numpy" in sys.modules:
-        import numpy as np
-
-        kind, keys, pos, has_gauss, cached = np.random.get_state()
-        state["numpy"] = [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)]
-    if "torch" in sys.modules:
-        import torch
-
-        state["torch"] = base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()
-    return state
+            run.rollouts.collect(flight, interruptible=False)
+        except RunError as err:  # an engine that cannot come back: regenerate these on resume
+            log.info("rollouts of step %d are not kept in the checkpoint: %s", flight.step, err)
+            break
+        kept.append(flight)
+    return kept
 
 
-def restore_rng(state: dict[str, Any]) -> None:
-    random.setstate(_tupled(state["python"]))
-    if "numpy" in state:
-        import numpy as np
+def _fill(run: Any, tmp: Path) -> None:
+    """The learners' files and the tokenizer into the checkpoint's temporary folder. A learner on a node that
+    cannot see the run directory sends its files back packed."""
+    from rlgen.packing import unpack_into
 
-        kind, keys, pos, has_gauss, cached = state["numpy"]
-        np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
-    if "torch" in state:
-        import torch
-
-        raw = base64.b64decode(state["torch"])
-        torch.set_rng_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
-
-
-def _jsonable(x: Any) -> Any:
-    return [_jsonable(v) for v in x] if isinstance(x, (tuple, list)) else x
+    here = [run.folders.writes_here.get(n, True) for n in run.folders.learner_nodes]
+    refs = [a.save_checkpoint.remote(str(tmp)) if ok else a.save_checkpoint_packed.remote()
+            for a, ok in zip(run.learners, here)]
+    names = [f"learner{r}" for r in range(len(run.learners))]
+    for ok, out in zip(here, run.waiter.learner_get(refs, "writing a checkpoint", names, run.folders.learner_nodes)):
+        if not ok:
+            unpack_into(out, str(tmp))
+    run.tokenizer.save_pretrained(str(tmp / "model"))  # a complete HF folder: the learner saves weights only
 
 
-def _tupled(x: Any) -> Any:
-    return tuple(_tupled(v) for v in x) if isinstance(x, list) else x
+def stopped(run: Any, reason: str, exit_code: int, *, write: bool) -> RunStopped:
+    """The clean end of a stopped run: a checkpoint where the learner is still whole, then RunStopped."""
+    path = None
+    if write and run.learners:
+        try:
+            path = save(run, f"stop: {reason}")
+        except (RunError, OSError) as err:
+            log.info("no checkpoint at the stop", exc_info=err)
+            reason = f"{reason}; the checkpoint at the stop could not be written ({err})"
+    path = path or newest_checkpoint(run.out_dir)
+    return RunStopped(reason, exit_code=exit_code, step=run.state.step, checkpoint=str(path) if path else None)
+
+
+def restore_rollouts(run: Any, point: Any) -> None:
+    """The rollouts a checkpoint kept (generated ahead of the learner), back in flight; the run state itself was
+    read when the run was set up (RunState.resumed)."""
+    run.rollouts.restore(read_rollouts(point.checkpoint)["flights"], run.state.step)
+
+
+__all__ = ["restore_rollouts", "save", "stopped"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from rlgen.engines.startup import EngineStartError
+from rlgen.engines.base import EngineStartError
 from rlgen.errors import UserError
 
 

@@ -12,15 +12,13 @@ engines) may change, and the changes are listed.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from rlgen.config import RunConfig
+from rlgen.config import RunConfig, plain
 from rlgen.errors import UserError
-from rlgen.runtime.checkpoint import list_checkpoints, read_state, torn_checkpoints
+from rlgen.runtime.checkpoint_dir import list_checkpoints, read_state, torn_checkpoints
 
 MATH_PREFIXES = ("model.", "algo.", "task.", "learner.")
 MATH_KEYS = ("seed", "learner_ranks", "task_digest")
@@ -45,22 +43,6 @@ class ResumePoint:
         return int(self.state["step"])
 
 
-def plain_config(cfg: RunConfig) -> dict[str, Any]:
-    """The config as JSON values (enums as their names)."""
-    def plain(x: Any) -> Any:
-        if isinstance(x, Enum):
-            return x.value
-        if dataclasses.is_dataclass(x):
-            return {f.name: plain(getattr(x, f.name)) for f in dataclasses.fields(x)}
-        if isinstance(x, dict):
-            return {k: plain(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return [plain(v) for v in x]
-        return x
-
-    return plain(cfg)
-
-
 def identity(cfg: RunConfig, learner_ranks: int) -> dict[str, Any]:
     """What a checkpoint records to compare a later config with: the config, the learner ranks and the digest
     of the task's data file."""
@@ -68,7 +50,7 @@ def identity(cfg: RunConfig, learner_ranks: int) -> dict[str, Any]:
 
     path = cfg.task.path
     digest = file_digest(path) if path and Path(path).expanduser().is_file() else None
-    return {"config": plain_config(cfg), "learner_ranks": int(learner_ranks), "task_digest": digest}
+    return {"config": plain(cfg), "learner_ranks": int(learner_ranks), "task_digest": digest}
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

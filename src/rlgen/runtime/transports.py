@@ -8,7 +8,7 @@ Three transports behind one interface (``WeightTransport``), picked by ``plan.tr
   group joins learner rank 0 (rank 0) with every engine worker; each update is one packed broadcast that
   the engines receive through ``update_weights`` while the learner runs ``trainer_send_weights``.
 - ``CudaIpcTransport`` (colocated): the learner packs its weights into a resident buffer it shared once through
-  CUDA IPC (``rlgen.engines.ipc_buffer``); each engine worker keeps the buffer open and loads from it in place.
+  CUDA IPC (``rlgen.engines.vllm.ipc_buffer``); each engine worker keeps the buffer open and loads from it in place.
   With ``algo.async_steps=0`` engines sleep while the learner trains and wake their weights for the update,
   then their KV cache. With ``async_steps>0`` they stay awake and generate the next batch meanwhile; an update
   in flight pauses them (requests keep their KV cache) for the loads only, inside the engine actor.

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlgen.engines.startup import COULD_NOT_START
+from rlgen.engines.base import COULD_NOT_START
 from rlgen.runtime.errors import RunError, StopRequested, actor_death_detail
 
 log = logging.getLogger(__name__)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Any
 
 from rlgen.config import RunConfig
 from rlgen.wire.protocol import TOKEN_ENV
@@ -26,23 +27,21 @@ def port_problem(host: str, port: int) -> str | None:
     return None
 
 
-def serve_problems(cfg: RunConfig) -> list[str]:
-    """Everything that stops `rlgen serve` before it starts an engine."""
+def serve_problems(cfg: RunConfig) -> tuple[Any, list[str]]:
+    """(the server's plan, or None; everything that stops `rlgen serve` before it starts an engine)."""
     from rlgen.plan import PlanError
-    from rlgen.plan.environment import cluster_address, has_package, local_gpus
+    from rlgen.plan.environment import cluster_address, engine_package_problem, local_gpus
     from rlgen.plan.serve import build_serve_plan
 
     try:
         plan = build_serve_plan(cfg, serve_token(cfg))
     except PlanError as err:
-        return err.problems
+        return None, err.problems
     problems = []
     need = sum(len(e.gpus) for e in plan.engines)
     if need and not cluster_address(cfg) and local_gpus() < need:
         problems.append(f"the server's engines need {need} GPU(s) and this machine has {local_gpus()}; lower "
                         "serve.data_parallel or engine.tensor_parallel_size, or serve engine=hf hardware=cpu.")
-    if plan.engine_kind == "vllm" and not has_package("vllm"):
-        problems.append("engine=vllm needs the vllm package, which is not installed; pip install 'rlgen[gpu]' on a "
-                        "CUDA machine, or serve engine=hf.")
+    engine_package_problem(plan, "serve engine=hf", problems)
     bind = port_problem(cfg.serve.host, cfg.serve.port)
-    return problems + ([bind] if bind else [])
+    return plan, problems + ([bind] if bind else [])

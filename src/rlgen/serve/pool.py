@@ -22,9 +22,11 @@ class ServedModel:
     params: int
     vocab_size: int
     max_model_len: int
-    engine_kind: str
+    engine_kind: str  # its name, for people; what the pool does depends on the two flags below
     tensor_parallel_size: int
     tokenizer: Any = None  # for /v1/completions
+    nccl_weights: bool = False  # the engines take vLLM's NCCL weight transfer from a trainer's rank 0
+    pauses: bool = False  # the engines freeze running requests (and keep their KV cache) on pause()
 
 
 def _one_per_greedy_sample(requests: list[GenRequest]) -> list[GenRequest]:
@@ -90,6 +92,7 @@ class EnginePool:
         m = self.model
         return {"model": m.name, "model_path": m.path, "params": m.params, "vocab_size": m.vocab_size,
                 "max_model_len": m.max_model_len, "engine_kind": m.engine_kind,
+                "weights_over": ["http", "nccl"] if m.nccl_weights else ["http"],
                 "tensor_parallel_size": m.tensor_parallel_size, "data_parallel": len(self.engines),
                 "version": max(self.versions), "versions": list(self.versions), "asleep": list(self.asleep),
                 "paused": list(self.paused), "weight_updates": self.updates, "requests": self.requests,
@@ -159,8 +162,8 @@ class EnginePool:
         return self._updated(picked, list(results), version)
 
     def _need_vllm(self, what: str) -> None:
-        if self.model.engine_kind != "vllm":
-            raise BadRequest(f"{what} over NCCL needs vllm engines, and this server runs {self.model.engine_kind} "
+        if not self.model.nccl_weights:
+            raise BadRequest(f"{what} over NCCL needs engines that take it, and this server runs {self.model.engine_kind} "
                              "engines; send weights over HTTP (engine.weights_over=http).", status=409)
 
     async def sleep(self, level: int, engine: int | None) -> dict[str, Any]:
@@ -185,13 +188,13 @@ class EnginePool:
         for i in picked:
             self.paused[i] = True
             self._resumed[i].clear()
-        if self.model.engine_kind == "vllm":
+        if self.model.pauses:
             await asyncio.gather(*(self.call(i, "pause", "keep", False) for i in picked))
         return {"paused": list(self.paused)}
 
     async def resume(self, engine: int | None) -> dict[str, Any]:
         picked = self.pick(engine)
-        if self.model.engine_kind == "vllm":
+        if self.model.pauses:
             await asyncio.gather(*(self.call(i, "resume") for i in picked))
         for i in picked:
             self.paused[i] = False

@@ -1,6 +1,6 @@
 """Rewards for a step's completions, in the driver or in a pool of worker processes (task.reward_workers).
 
-With workers, a step's completions are scored in parallel, and the orchestrator hands a flight to the pool
+With workers, a step's completions are scored in parallel, and the loop hands a flight to the pool
 as soon as its rollouts are in, so a slow checker works while the learner trains. A call that has not come
 back within task.reward_timeout_s (per call, spread over the workers) scores 0 and is counted; the pool is
 then replaced, since its worker may be stuck. math-verify also bounds its own parses and comparisons.

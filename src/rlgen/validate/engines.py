@@ -13,7 +13,7 @@ from rlgen.config import Perturb
 
 def perturbed_hf_engine_cls() -> type:
     """PerturbedHFEngine, defined on first use so that importing this module does not import torch."""
-    from rlgen.engines.hf import HFEngine
+    from rlgen.engines.hf.engine import HFEngine
 
     class PerturbedHFEngine(HFEngine):
         """The hf engine with every floating-point weight rounded through ``perturb`` (none: unchanged)."""
@@ -65,7 +65,7 @@ class InProcess:
 
 
 class InActor:
-    """The engine in a Ray actor, created the way the orchestrator creates engine actors."""
+    """The engine in a Ray actor, created the way a run creates engine actors."""
 
     def __init__(self, cls: type, args: tuple, kwargs: dict, num_gpus: float, timeout_s: float):
         import ray

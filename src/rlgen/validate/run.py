@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlgen.config import EngineKind, Perturb, RunConfig, Runner, ValidateConfig
+from rlgen.config import Perturb, RunConfig, Runner, ValidateConfig
 from rlgen.validate.cases import DrawnRequest, draw_cases
 from rlgen.validate.compare import CheckRow, ValidationReport, compare, jsonable
 from rlgen.validate.engines import InActor, InProcess, perturbed_hf_engine_cls
@@ -45,17 +45,17 @@ def _candidate_spec(cfg: RunConfig, v: ValidateConfig, plan, engine_cls, engine_
         kwargs = dict(engine_kwargs or {})
         extra = ", ".join(f"{k}={val}" for k, val in kwargs.items())
         return engine_cls, kwargs, f"{engine_cls.__name__}({extra})" if extra else engine_cls.__name__
-    if cfg.engine.kind == EngineKind.hf:
+    spec = plan.engine
+    if spec.reference:  # the reference against itself: its weights rounded through validate.perturb
         perturb = Perturb(v.perturb)
         what = "unchanged" if perturb is Perturb.none else f"rounded to {perturb.value}"
-        return perturbed_hf_engine_cls(), {"perturb": perturb.value}, f"hf {cfg.engine.dtype}, weights {what}"
-    if cfg.engine.kind == EngineKind.remote:
-        from rlgen.engines.remote import RemoteEngine
-
-        return RemoteEngine, {"timeout_s": cfg.timeout_s}, f"engine 0 of the server at {cfg.engine.url}"
-    from rlgen.engines.vllm import VLLMEngine
-
-    return VLLMEngine, {"env": dict(plan.engine_env)}, f"vllm {cfg.engine.dtype}"
+        return (perturbed_hf_engine_cls(), {"perturb": perturb.value},
+                f"{spec.kind} {cfg.engine.dtype}, weights {what}")
+    # the engine as a run makes it, less the weight path (validate sends no weights)
+    kwargs = {k: val for k, val in spec.actor_kwargs(cfg, plan.transport, dict(plan.engine_env)).items()
+              if k != "engine_args"}
+    where = f"engine 0 of the server at {cfg.engine.url}" if spec.served else f"{spec.kind} {cfg.engine.dtype}"
+    return spec.actor_class(), kwargs, where
 
 
 def run_validate(
@@ -70,14 +70,14 @@ def run_validate(
     """Compare the candidate engine of ``cfg.engine`` (or ``engine_cls(..., **engine_kwargs)``) with the hf
     reference on hypothesis-drawn cases. Prints the table when ``console`` is given and writes
     ``validate.json`` to ``out_dir`` when given."""
-    from rlgen.engines.hf import HFEngine
+    from rlgen.engines.hf.engine import HFEngine
     from rlgen.models import load_tokenizer, prepare_model
     from rlgen.plan import build_plan
 
     v = v or getattr(cfg, "validate", None) or ValidateConfig()
     start = time.time()
     plan = build_plan(cfg)
-    cfg = plan.apply(cfg)
+    cfg = plan.config
     device = "cuda" if plan.device == "cuda" else "cpu"
     model_path = prepare_model(cfg, device=device)
     tok = load_tokenizer(model_path)
@@ -85,7 +85,7 @@ def run_validate(
     stop_ids = (tok.eos_token_id,) if tok.eos_token_id is not None else ()
     cases = draw_cases(v, vocab, set(tok.all_special_ids))
 
-    ref_engine = dataclasses.replace(cfg.engine, kind=EngineKind.hf, dtype=v.reference_dtype)
+    ref_engine = dataclasses.replace(cfg.engine, kind="hf", dtype=v.reference_dtype)
     reference = InProcess(HFEngine, (model_path, ref_engine), {"device": device, "seed": cfg.seed, "name": "reference", "threads": None})
     cls, extra, description = _candidate_spec(cfg, v, plan, engine_cls, engine_kwargs)
     cand_engine = dataclasses.replace(
@@ -93,7 +93,7 @@ def run_validate(
     )
     runner = Runner(v.runner)
     if runner is Runner.auto:
-        runner = Runner.local if cfg.engine.kind in (EngineKind.hf, EngineKind.remote) else Runner.ray
+        runner = Runner.local if plan.engine.runs_on("cpu") else Runner.ray  # vLLM needs an actor of its own
     kwargs = {"device": device, "seed": cfg.seed, "name": "candidate", **extra}
     if runner is Runner.ray:
         gpus = float(cfg.engine.tensor_parallel_size) if device == "cuda" else 0.0
@@ -109,7 +109,7 @@ def run_validate(
         reference.close()
     worst = max(summaries, key=lambda s: (not math.isfinite(s["k3_kl"]), s["k3_kl"]), default=None)
     report = ValidationReport(
-        engine=cfg.engine.kind.value,
+        engine=cfg.engine.kind,
         candidate=description,
         reference=f"hf {v.reference_dtype}",
         device=device,
@@ -154,9 +154,9 @@ def print_report(report: ValidationReport, console) -> None:
     console.print(table)
     n = len(report.cases)
     perturb = report.settings.get("perturb", "none")
-    if report.engine == EngineKind.hf.value and perturb != Perturb.none.value and "weights rounded" in report.candidate:
+    if perturb != Perturb.none.value and "weights rounded" in report.candidate:
         console.print(
-            f"engine=hf: the candidate is the reference with its weights rounded to {perturb}, a deliberately "
+            f"engine={report.engine}: the candidate is the reference with its weights rounded to {perturb}, a deliberately "
             "perturbed precision that shows the check can fail; validate.perturb=none compares hf with itself.",
             highlight=False,
         )

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from rlgen.config import EngineConfig
-from rlgen.engines.startup import EngineStartError
+from rlgen.engines.base import EngineStartError
 from rlgen.hostinfo import process_info
 from rlgen.types import GenRequest, Phase
 from rlgen.wire.protocol import TOKEN_ENV

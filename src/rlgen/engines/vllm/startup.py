@@ -13,17 +13,9 @@ import os
 import re
 from collections.abc import Callable
 
+from rlgen.engines.base import EngineStartError
+
 GIB = 2**30
-COULD_NOT_START = " could not start: "  # between the engine's name and why, in every EngineStartError
-
-
-class EngineStartError(RuntimeError):
-    """An engine that cannot start; the message is one sentence with the fix."""
-
-    def __init__(self, name: str, why: str):
-        super().__init__(f"{name}{COULD_NOT_START}{why}")
-
-
 def _free_memory(m: re.Match) -> str:
     return free_memory_sentence(*(float(x) for x in m.groups()))
 

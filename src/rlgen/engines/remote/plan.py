@@ -1,13 +1,14 @@
-"""engine=remote: what the run needs to know of the server at engine.url (its /info), read once when the plan is
-built, and the checks that the server can serve this run: it answers, it serves the same model, and its
-max_model_len holds a prompt and its response. No torch or Ray import."""
+"""engine=remote's part of the plan: what the run needs to know of the server at engine.url (its /info), read once
+when the plan is built, and the checks that the server can serve this run: it answers, it serves the same model,
+its max_model_len holds a prompt and its response, and it takes weights the way the run sends them. No torch or
+Ray import."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from rlgen.config import EngineKind, RunConfig, Setting, WeightsOver, set_key
+from rlgen.config import RunConfig, Setting, WeightsOver, set_key
 
 INFO_TIMEOUT_S = 10.0
 
@@ -27,8 +28,6 @@ def with_server(cfg: RunConfig, params: int, vocab: int, p: list[str]) -> tuple[
     from rlgen.wire.protocol import TOKEN_ENV
 
     e = cfg.engine
-    if e.kind != EngineKind.remote:
-        return cfg, []
     if not e.url:
         p.append("engine=remote needs the address of a running server: set engine.url=http://HOST:PORT (start one "
                  "with `rlgen serve`).")
@@ -61,12 +60,15 @@ def with_server(cfg: RunConfig, params: int, vocab: int, p: list[str]) -> tuple[
         settings.append(Setting("engine.max_model_len", int(info["max_model_len"]), source))
     over = e.weights_over
     gpus = cfg.hardware.gpus_per_node > 0
+    nccl = "nccl" in info.get("weights_over", ())  # the server's engines take vLLM's NCCL weight transfer
     if over == WeightsOver.auto:
-        over = WeightsOver.nccl if gpus and info["engine_kind"] == "vllm" else WeightsOver.http
-        why = "learners on GPUs, server engines vllm" if over == WeightsOver.nccl else "CPU learners or hf engines"
+        over = WeightsOver.nccl if gpus and nccl else WeightsOver.http
+        why = ("learners on GPUs, server engines take NCCL" if over == WeightsOver.nccl
+               else "CPU learners, or server engines that take weights over HTTP only")
         settings.append(Setting("engine.weights_over", over.value, f"derived: {why}"))
-    elif over == WeightsOver.nccl and (not gpus or info["engine_kind"] != "vllm"):
-        p.append(f"engine.weights_over=nccl needs learners on GPUs and a server of vllm engines (this one runs "
-                 f"{info['engine_kind']}, hardware={cfg.hardware.name}); use engine.weights_over=http.")
+    elif over == WeightsOver.nccl and (not gpus or not nccl):
+        p.append(f"engine.weights_over=nccl needs learners on GPUs and a server whose engines take NCCL weight "
+                 f"transfer (this one runs {info['engine_kind']} engines, hardware={cfg.hardware.name}); use "
+                 "engine.weights_over=http.")
     cfg = set_key(cfg, "engine.weights_over", over)
     return cfg, settings

@@ -4,9 +4,9 @@ Token-in/token-out: prompts go in as token ids (``skip_tokenizer_init=True``), c
 ids with the logprob of each sampled token (``logprobs=0``), the quantity the learner recomputes.
 
 Why a background event loop and a plain class, rather than an async Ray actor: AsyncLLM needs one asyncio
-loop that outlives every call, and the orchestrator, the benchmark and the GPU tests all call the engine the
+loop that outlives every call, and the run, the benchmark and the GPU tests all call the engine the
 same way (plain methods, directly or through ``ray.remote``). So the engine owns a daemon thread running its
-own loop (``rlgen.engines.vllm_loop``, which also holds the coroutines); every public method submits a
+own loop (``rlgen.engines.vllm.loop``, which also holds the coroutines); every public method submits a
 coroutine to it and waits with a timeout. Any thread of a threaded actor (``max_concurrency > 1``) can call
 in, so ``health()``, ``pause()`` and weight updates work while a ``generate()`` is in flight.
 
@@ -23,10 +23,10 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rlgen.config import EngineConfig
-from rlgen.engines.startup import EngineStartError, check_free_memory, explain, own_stderr_tail
-from rlgen.engines.vllm_args import REQUIRED_ENV, TUNED_DEFAULTS, build_engine_args, mix_seed
-from rlgen.engines.vllm_loop import LoopThread, build_engine, generate_all, live_token_counts, version_changes
-from rlgen.engines.vllm_weights import WEIGHT_CHUNK_BYTES, chunk_weights, load_weights_on_worker, to_wire
+from rlgen.engines.vllm.args import REQUIRED_ENV, TUNED_DEFAULTS, build_engine_args, mix_seed
+from rlgen.engines.vllm.loop import LoopThread, build_engine, generate_all, live_token_counts, version_changes
+from rlgen.engines.vllm.startup import EngineStartError, check_free_memory, explain, own_stderr_tail
+from rlgen.engines.vllm.weights import WEIGHT_CHUNK_BYTES, chunk_weights, load_weights_on_worker, to_wire
 from rlgen.hostinfo import process_info
 from rlgen.types import Completion, GenRequest, Phase
 
@@ -312,12 +312,12 @@ class VLLMEngine:
 
     def receive_ipc(self, handle: dict[str, Any], chunk: dict[str, Any], version: int, *, first: bool = True,
                     last: bool = True, pause: bool = False, timeout_s: float = CONTROL_TIMEOUT_S) -> dict[str, Any]:
-        """Load one chunk of a colocated learner's resident IPC buffer (rlgen.engines.ipc_buffer) into the
+        """Load one chunk of a colocated learner's resident IPC buffer (rlgen.engines.vllm.ipc_buffer) into the
         running engine. pause=True (an update while requests run): pause them, keeping their KV cache, before
         the first chunk and resume them after the last, all inside this actor, so the pause lasts the loads
         only. The last chunk drops the prefix cache and takes the new policy version. After sleep level 2 the
         load goes through vLLM's layerwise reload (start/finish) with copies of the views."""
-        from rlgen.engines.ipc_buffer import load_ipc_on_worker
+        from rlgen.engines.vllm.ipc_buffer import load_ipc_on_worker
 
         if not self.weights_on_gpu:
             raise EngineError(f"{self.name} is asleep; wake(['weights']) it before a weight update.")

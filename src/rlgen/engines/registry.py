@@ -1,0 +1,101 @@
+"""Engine kinds by name: what the plan, the runtime, `rlgen serve`, `rlgen bench` and `rlgen validate` know of an
+engine is its ``EngineSpec``, never its name.
+
+A kind is found in one of two places:
+- registered in this process with ``register_engine(spec)`` (an engine of your own, or a test's stand-in);
+- ``rlgen.engines.<kind>``, a module or package whose ``ENGINE`` is the spec (hf, vllm and remote live there).
+
+So a new engine kind is one new file (or folder) under ``engines/`` plus its preset in ``conf/engine/``. A spec
+module imports no torch, vllm or Ray: the plan reads specs on machines without them, and the actor class is
+imported only where an actor is made (``spec.actor_class()``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlgen.config import RunConfig, Setting, Transport
+
+
+class UnknownEngineKind(LookupError):
+    """engine.kind names no registered kind and no module of rlgen.engines with an ENGINE spec."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine kind: its actor class and what it can do. Every flag answers a question the plan or the
+    runtime would otherwise answer by comparing kind names."""
+
+    kind: str
+    actor: str  # "package.module:Class" of the Ray actor that speaks the engine protocol (rlgen.engines.base)
+    devices: tuple[str, ...] = ("cpu", "cuda")  # where its engines can run
+    package: str | None = None  # the pip package its actor imports, checked before a run starts
+    tensor_parallel: bool = False  # one engine can shard over several GPUs (engine.tensor_parallel_size)
+    memory_share: bool = False  # takes a share of its GPU's memory (engine.gpu_memory_utilization), which the plan
+    #                             sizes, and may split a GPU with other engines (engine.engines_per_gpu)
+    default_memory_share: float | None = None  # its own share when alone on its GPUs
+    sleeps: bool = False  # sleep()/wake() free and refill the GPU: can sit beside colocated learners while they train
+    in_flight_updates: bool = False  # pause()/resume() and weight updates while generating: generation overlaps
+    #                                  training by default on GPUs (algo.async_steps=1)
+    threaded: bool = False  # the actor answers calls while generate() runs (pause, weights in flight)
+    passes_env: bool = False  # engine.env reaches its processes
+    served: bool = False  # its engines belong to a running `rlgen serve`: a run starts one small proxy per engine
+    reference: bool = False  # the engine `rlgen validate` compares every other engine with
+    # The weight path to it: (colocated with the learners, the config) -> Transport.
+    transport: Callable[[bool, RunConfig], Transport] = lambda colocated, cfg: Transport.ray_object_store
+    # Extra constructor arguments of its actor: (the config, the transport, the engine env) -> kwargs.
+    actor_kwargs: Callable[[RunConfig, Transport, dict[str, str]], dict[str, Any]] = field(
+        default=lambda cfg, transport, env: {})
+    # The plan's hook for what only the engine can resolve (a server's engines, TP size and lengths):
+    # (config, parameters, vocabulary, problems) -> (config, settings). None: nothing to resolve.
+    resolve: Callable[[RunConfig, int, int, list[str]], tuple[RunConfig, list[Setting]]] | None = None
+
+    def runs_on(self, device: str) -> bool:
+        return device in self.devices
+
+    def actor_class(self) -> type:
+        """The actor class (imports its module: torch, vllm ...)."""
+        module, _, name = self.actor.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+_REGISTERED: dict[str, EngineSpec] = {}
+
+
+def register_engine(spec: EngineSpec) -> EngineSpec:
+    """Make ``spec.kind`` a kind every command knows, in this process (Ray actors get the class itself)."""
+    _REGISTERED[spec.kind] = spec
+    return spec
+
+
+def unregister_engine(kind: str) -> None:
+    _REGISTERED.pop(kind, None)
+
+
+def engine_spec(kind: str) -> EngineSpec:
+    """The spec of an engine kind; raises UnknownEngineKind with the kinds there are."""
+    kind = str(kind)
+    if kind in _REGISTERED:
+        return _REGISTERED[kind]
+    spec = None
+    if kind.isidentifier() and importlib.util.find_spec(f"{__package__}.{kind}") is not None:
+        spec = getattr(importlib.import_module(f"{__package__}.{kind}"), "ENGINE", None)
+    if not isinstance(spec, EngineSpec) or spec.kind != kind:
+        raise UnknownEngineKind(f"engine.kind={kind} is not an engine kind; choose one of: {', '.join(engine_kinds())} "
+                                "(or register your own with rlgen.engines.registry.register_engine).")
+    return spec
+
+
+def engine_kinds() -> list[str]:
+    """Every kind: the registered ones and rlgen.engines' packages (each a built-in kind)."""
+    import rlgen.engines as pkg
+
+    return sorted(set(_REGISTERED) | {m.name for m in pkgutil.iter_modules(pkg.__path__) if m.ispkg})
+
+
+__all__ = ["EngineSpec", "UnknownEngineKind", "engine_kinds", "engine_spec", "register_engine", "unregister_engine"]

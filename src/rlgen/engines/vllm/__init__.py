@@ -1,0 +1,38 @@
+"""engine=vllm: vLLM's AsyncLLM in a Ray actor (``engine.VLLMEngine``) on CUDA GPUs. It shards over GPUs (tensor
+parallelism), takes a share of its GPU's memory that the plan sizes, sleeps while colocated learners train or
+stays awake and takes weight updates while it generates, and receives weights over NCCL (own GPUs) or CUDA IPC
+(colocated). Its other modules: args (engine arguments), loop (its event loop), weights and ipc_buffer (how
+weights get in), startup (why it could not start)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlgen.config import RunConfig, Transport
+from rlgen.engines.registry import EngineSpec
+from rlgen.engines.vllm.args import VLLM_DEFAULT_SHARE, engine_args_for
+
+
+def _transport(colocated: bool, cfg: RunConfig) -> Transport:
+    return Transport.cuda_ipc if colocated else Transport.nccl
+
+
+def _actor_kwargs(cfg: RunConfig, transport: Transport, env: dict[str, str]) -> dict[str, Any]:
+    return {"env": dict(env), "engine_args": engine_args_for(transport)}
+
+
+ENGINE = EngineSpec(
+    kind="vllm",
+    actor="rlgen.engines.vllm.engine:VLLMEngine",
+    devices=("cuda",),
+    package="vllm",
+    tensor_parallel=True,
+    memory_share=True,
+    default_memory_share=VLLM_DEFAULT_SHARE,
+    sleeps=True,
+    in_flight_updates=True,
+    threaded=True,
+    passes_env=True,
+    transport=_transport,
+    actor_kwargs=_actor_kwargs,
+)

@@ -1,0 +1,59 @@
+"""Learner kinds: what the plan needs to know to choose one (where it runs, whether it trains with several ranks,
+the package it needs) and how the runtime builds its actor. ``learner.kind=auto`` is resolved by the plan, once.
+No torch import here: the plan reads these specs on machines without it."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlgen.config import LearnerKind, RunConfig
+
+
+@dataclass(frozen=True)
+class LearnerSpec:
+    kind: LearnerKind
+    actor: str  # "package.module:Class"
+    devices: tuple[str, ...]  # where it trains
+    ranks: bool  # trains with several ranks (one process per GPU)
+    label: str  # its name in sentences
+    package: str | None = None  # the pip package it needs, checked before a run starts
+    # Extra constructor arguments: (the resolved config, the plan) -> kwargs. The plan is passed as a value;
+    # this layer reads its fields and imports nothing of rlgen.plan.
+    actor_kwargs: Callable[[RunConfig, Any], dict[str, Any]] = field(default=lambda cfg, plan: {})
+
+    def actor_class(self) -> type:
+        module, _, name = self.actor.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+def _deepspeed_kwargs(cfg: RunConfig, plan: Any) -> dict[str, Any]:
+    return {
+        "zero_stage": cfg.learner.zero_stage,
+        "gradient_checkpointing": cfg.learner.gradient_checkpointing,
+        "rows_per_step": plan.batch.sequences_per_rank,
+        "sync_bucket_bytes": int(cfg.sync.bucket_mb * 2**20),
+        "release_memory": bool(plan.colocated and not plan.engines_awake),  # engines that sleep wake into it
+        "env": {k: v for k, v in plan.engine_env.items() if k.startswith("NCCL_")},
+    }
+
+
+LEARNERS: dict[LearnerKind, LearnerSpec] = {
+    LearnerKind.torch: LearnerSpec(LearnerKind.torch, "rlgen.learners.torch:TorchLearner", ("cpu", "cuda"),
+                                   ranks=False, label="the torch learner"),
+    LearnerKind.deepspeed: LearnerSpec(LearnerKind.deepspeed, "rlgen.learners.deepspeed:DeepSpeedLearner", ("cuda",),
+                                       ranks=True, label="DeepSpeed", package="deepspeed",
+                                       actor_kwargs=_deepspeed_kwargs),
+}
+
+
+def resolve_learner(kind: LearnerKind, device: str) -> LearnerSpec:
+    """auto: DeepSpeed on GPUs, torch on CPU; any other kind as given."""
+    if kind is LearnerKind.auto:
+        kind = LearnerKind.deepspeed if device == "cuda" else LearnerKind.torch
+    return LEARNERS[kind]
+
+
+__all__ = ["LEARNERS", "LearnerSpec", "resolve_learner"]

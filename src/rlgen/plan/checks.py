@@ -1,0 +1,133 @@
+"""The plan's checks that span several settings: the hardware adds up, the learner can train the ranks it gets,
+a sequence fits the engine and the model, an engine's share holds its weights, a micro-batch's logits fit. Each
+problem is one sentence that names the settings that cause it and says how to fix it. Pure: no torch."""
+
+from __future__ import annotations
+
+from rlgen.config import VLLM_ENV_REMOVED_IN_0_26, RunConfig
+from rlgen.engines.registry import EngineSpec
+from rlgen.learners.registry import LearnerSpec
+from rlgen.plan.layout import Layout, LearnerSlot, ModelSummary
+from rlgen.plan.memory import (
+    ENGINE_HEADROOM_GIB,
+    GIB,
+    LOGITS_SHARE,
+    engine_floor_gib,
+    logits_budget_bytes,
+    logits_bytes,
+)
+from rlgen.plan.overlap import check_sleep_mode
+
+
+def check_hardware(cfg: RunConfig, spec: EngineSpec, layout: Layout, p: list[str]) -> None:
+    hw = cfg.hardware
+    if hw.nodes < 1 or hw.gpus_per_node < 0:
+        p.append(f"hardware {hw.name}: nodes={hw.nodes} must be >= 1 and gpus_per_node={hw.gpus_per_node} >= 0.")
+        return
+    if hw.gpus_per_node and hw.gpu.memory_gb <= 0:
+        p.append(f"hardware {hw.name} has GPUs but hardware.gpu.memory_gb={hw.gpu.memory_gb}; give the GPU's memory in GB.")
+    if layout is Layout.split:
+        total = hw.nodes * hw.gpus_per_node
+        if hw.engine_gpus + hw.learner_gpus != total:
+            p.append(
+                f"GPUs do not add up: hardware.engine_gpus={hw.engine_gpus} + hardware.learner_gpus={hw.learner_gpus} "
+                f"= {hw.engine_gpus + hw.learner_gpus}, but hardware={hw.name} has {total} "
+                f"({hw.nodes} node(s) x {hw.gpus_per_node}); make them add up to {total}, or set engine.colocate=true."
+            )
+    if (cfg.engine.colocate or hw.colocated) and hw.gpus_per_node == 0 and layout is not Layout.served:
+        p.append(f"engine.colocate=true shares learner GPUs, but hardware={hw.name} has none; set engine.colocate=false.")
+    check_sleep_mode(cfg, spec, layout is Layout.colocated, p)
+
+
+def check_learners(cfg: RunConfig, learner: LearnerSpec, learners: tuple[LearnerSlot, ...], layout: Layout,
+                   p: list[str]) -> None:
+    """The learner the run builds can train the plan's ranks (nothing later refuses it)."""
+    hw = cfg.hardware
+    gpus = hw.gpus_per_node > 0
+    if not gpus and "cpu" not in learner.devices:
+        p.append(f"learner.kind={learner.kind.value} needs GPUs, but hardware={hw.name} has none; use learner.kind=auto "
+                 "(the torch learner on CPU).")
+        return
+    ranks = len(learners)
+    if ranks > 1 and not learner.ranks:
+        fix = "set hardware.learner_ranks=1" if not gpus else "use learner.kind=auto (DeepSpeed) or one learner GPU"
+        p.append(f"the plan has {ranks} learner ranks, but only the DeepSpeed learner (on GPUs) trains with several; "
+                 f"{fix}.")
+    if ranks > 1 and layout is Layout.colocated:
+        p.append(
+            f"colocated engines with {ranks} learner ranks are not supported (the IPC weight path sends from one "
+            "rank); give engines their own GPUs (hardware.colocated=false) or use one GPU."
+        )
+
+
+def check_lengths(cfg: RunConfig, spec: EngineSpec, ms: ModelSummary, has_engines: bool, p: list[str]) -> None:
+    """A prompt plus its response fits the engine's max_model_len and the model's positions. The sentence names
+    both parts and puts the larger first among the fixes."""
+    e, a, t, m = cfg.engine, cfg.algo, cfg.task, cfg.model
+    need = t.max_prompt_tokens + a.max_new_tokens
+    parts = f"task.max_prompt_tokens={t.max_prompt_tokens} + algo.max_new_tokens={a.max_new_tokens} = {need}"
+    shorter = ("lower task.max_prompt_tokens (or shorten the prompts) or algo.max_new_tokens"
+               if t.max_prompt_tokens >= a.max_new_tokens else
+               "lower algo.max_new_tokens or task.max_prompt_tokens")
+    if e.max_model_len < need:
+        fix = (f"start the server with engine.max_model_len>={need}, or {shorter}" if spec.served
+               else f"set engine.max_model_len>={need}")
+        p.append(f"engine.max_model_len={e.max_model_len} cannot hold {parts}; {fix}.")
+    if m.max_position_embeddings < need:
+        p.append(f"{parts} tokens per sequence is more than model {m.name}'s max_position_embeddings="
+                 f"{m.max_position_embeddings}; {shorter}, or use a model with more positions (model.path=, or raise "
+                 "model.max_position_embeddings of a preset).")
+    if has_engines:
+        check_engine_floor(cfg, spec, ms, p)
+
+
+def check_engine_floor(cfg: RunConfig, spec: EngineSpec, ms: ModelSummary, p: list[str]) -> None:
+    """An engine's share of its GPU holds its weights and one max_model_len sequence's KV cache (engines sharing a
+    GPU split gpu_memory_utilization evenly)."""
+    e, hw = cfg.engine, cfg.hardware
+    if hw.gpus_per_node and spec.memory_share and e.gpu_memory_utilization:
+        k = e.engines_per_gpu
+        usable = hw.gpu.memory_gb * 1e9 / GIB * e.gpu_memory_utilization / k
+        weights, kv_one = engine_floor_gib(cfg, ms.weight_gib_bf16, ms.kv_bytes_per_token)
+        if weights + kv_one + ENGINE_HEADROOM_GIB > usable:
+            split = f" / {k} engines per GPU" if k > 1 else ""
+            fixes = "lower engine.engines_per_gpu, raise" if k > 1 else "raise engine.tensor_parallel_size or"
+            p.append(
+                f"model {cfg.model.name} ({ms.params / 1e9:.2f}B params, {weights:.1f} GiB of bf16 weights per GPU) "
+                f"plus the KV cache of one {e.max_model_len}-token sequence ({kv_one:.1f} GiB) does not fit in "
+                f"{usable:.1f} GiB ({hw.gpu.memory_gb:g} GB x gpu_memory_utilization {e.gpu_memory_utilization}"
+                f"{split}); {fixes} engine.gpu_memory_utilization, or use a smaller model."
+            )
+
+
+def check_logits(cfg: RunConfig, ms: ModelSummary, per_rank: int, p: list[str]) -> None:
+    """A learner micro-batch's fp32 logits over the whole vocabulary must fit its GPU: with large vocabularies
+    (Qwen2.5: 151,936) one pass over every row needs far more memory than the GPU has."""
+    a, hw = cfg.algo, cfg.hardware
+    seq = cfg.task.max_prompt_tokens + a.max_new_tokens
+    per_row = logits_bytes(seq, ms.vocab_size)
+    budget = logits_budget_bytes(hw)
+    rows = a.micro_batch_size if a.micro_batch_size > 0 else per_rank
+    if rows * per_row > budget:
+        fits = max(1, int(budget // per_row))
+        pick = max((d for d in range(1, min(fits, per_rank) + 1) if per_rank % d == 0), default=1)
+        p.append(
+            f"a learner micro-batch of {rows} sequences x {seq} tokens x {ms.vocab_size:,} vocabulary needs about "
+            f"{rows * per_row / GIB:.0f} GiB for its logits alone, more than {LOGITS_SHARE:.0%} of a "
+            f"{hw.gpu.memory_gb:g} GB GPU; set algo.micro_batch_size={pick} (or lower)."
+        )
+
+
+def live_vllm_env(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """engine.env without the variables vLLM 0.26 no longer reads, and a note for each one dropped."""
+    kept = {k: str(v) for k, v in env.items() if k not in VLLM_ENV_REMOVED_IN_0_26}
+    notes = [
+        f"engine.env.{name} is not passed on: vLLM 0.26 removed it ({why})."
+        for name, why in VLLM_ENV_REMOVED_IN_0_26.items()
+        if name in env
+    ]
+    return kept, notes
+
+
+__all__ = ["check_engine_floor", "check_hardware", "check_learners", "check_lengths", "check_logits",
+           "live_vllm_env"]

@@ -1,0 +1,191 @@
+"""The GRPO loop over a set-up Run. One step: engines generate the step's rollouts (policy version v), the driver
+scores them, the learner trains (v -> v+1), and the new weights go to the engines. Up to ``state.async_steps``
+generations run ahead of the learner, so generation of step s+1 overlaps training of step s; 0 is strictly
+on-policy. The engines' side (flights, collection, scoring, eval) is ``rlgen.runtime.rollouts``.
+
+A stop request, or an engine that dies too often, ends the loop with a checkpoint (RunStopped); a dead learner
+ends it at the last checkpoint."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.markup import escape
+
+from rlgen import STARTED_AT
+from rlgen.config import BreakerAction
+from rlgen.runtime.checkpoint import save, stopped
+from rlgen.runtime.errors import RunError, StopRequested
+from rlgen.runtime.faults import EngineLost
+from rlgen.runtime.flights import InFlight
+from rlgen.runtime.records import step_record
+from rlgen.runtime.setup import Run
+from rlgen.runtime.waits import LearnerLost
+from rlgen.transfer import SyncError
+from rlgen.types import Phase, StepTimeline
+
+
+def train(run: Run, sink: Any) -> dict:
+    """Run steps state.step .. steps-1, checkpointing every checkpoint.every steps and at the end; returns the
+    sink's summary."""
+    from rlgen.metrics.balance import BalanceTracker, context_from_plan
+
+    cfg, state = run.cfg, run.state
+    run.sink = sink
+    tracker = BalanceTracker(context_from_plan(run.plan))
+    for rec in sink.records:  # a resumed run: the verdict carries on from the steps already run
+        tracker.update(rec)
+    last_kind = tracker.rolling.kind if tracker.rolling else None
+    try:
+        for step in range(state.step, cfg.steps):
+            if run.stop.requested:
+                raise StopRequested(f"step {step}")
+            halt, last_kind = _step(run, step, sink, tracker, last_kind)
+            if halt is not None:
+                raise RunError(halt)
+            every = cfg.checkpoint.every
+            if every > 0 and state.step % every == 0 and state.step < cfg.steps:
+                save(run, "every")
+        _finish_updates(run)
+        save(run, "final")
+    except StopRequested:
+        raise stopped(run, run.stop.name, run.stop.exit_code, write=True) from None
+    except EngineLost as err:
+        raise stopped(run, str(err), 1, write=True) from err
+    except LearnerLost as err:
+        raise stopped(run, f"a learner died ({err})", 1, write=False) from err
+    return sink.summary()
+
+
+def _step(run: Run, step: int, sink: Any, tracker: Any, last_kind: Any) -> tuple[str | None, Any]:
+    """One step; returns (the breaker's halt message when it halts the run, the balance verdict's kind)."""
+    cfg, state = run.cfg, run.state
+    t_step = time.time()
+    tl = StepTimeline(step)
+    batch, scores, flight = _rollouts(run, step, tl)
+    staleness = state.version - batch.version
+    for r in run.transport.before_train():  # colocated engines sleep while the learner trains
+        for phase, a, b in r["spans"]:
+            tl.add(r["actor"], Phase(phase), a, b)
+    metrics = _train(run, batch, step, tl)
+    metrics.update(scores.means())
+    event = state.breaker.update(step, metrics, batch)
+    halt = event is not None and event.action is BreakerAction.halt
+    if event is not None:
+        sink.console.print(f"[yellow]breaker:[/] {escape(event.message)}", highlight=False)
+        if event.action is BreakerAction.tighten:
+            state.async_steps = 0
+    _push(run, metrics, halt, tl)
+    metrics.update(state.breaker.metrics())
+    metrics["engine_restarts"] = run.keeper.total_restarts
+    ro = run.rollouts
+    if ro.eval_set and ((step + 1) % cfg.eval.every == 0 or step + 1 == cfg.steps):
+        metrics.update(ro.evaluate(step, run.transport.version))
+    rec = step_record(step, tl, batch, scores.totals, metrics, state.version, staleness, time.time() - t_step,
+                      len(run.learners))
+    verdict = tracker.update(rec)
+    rec["balance"] = verdict.to_dict()
+    state.step = step + 1
+    sink.log(rec)
+    if step > 0 and verdict.kind != last_kind:
+        sink.console.print(f"[cyan]balance:[/] {verdict.advice}", highlight=False)
+    return (event.message if halt else None), verdict.kind
+
+
+def _rollouts(run: Run, step: int, tl: StepTimeline) -> tuple[Any, Any, InFlight]:
+    """The step's rollouts: launched (with those up to async_steps ahead), collected, scored, and batched with
+    the algorithm's advantages."""
+    from rlgen.runtime.batch import build_batch
+    from rlgen.tasks.scoring import RewardError
+
+    ro, algo = run.rollouts, run.cfg.algo
+    ro.fill(step, run.state.async_steps, run.transport.version)
+    flight = ro.pending[0]
+    t0 = time.time()
+    ro.collect(flight)
+    ro.pending.popleft()
+    run.startup.setdefault("first_rollout_s", time.time() - STARTED_AT)
+    tl.add("learner0", Phase.wait, t0, time.time())
+    _add_engine_spans(run, tl, flight)
+    t0 = time.time()
+    try:
+        ro.prepare(flight)
+        scores = ro.scorer.result(flight.scoring)
+    except RewardError as err:
+        raise RunError(str(err)) from err
+    batch = build_batch(flight.prepared, scores.totals, run.pad_id,
+                        lambda rewards, groups: run.algorithm.advantages(rewards, groups, algo))
+    tl.add("driver", Phase.reward, t0, time.time())
+    return batch, scores, flight
+
+
+def _add_engine_spans(run: Run, tl: StepTimeline, flight: InFlight) -> None:
+    for i, res in flight.results.items():
+        for phase, a, b in res.get("spans", []):
+            tl.add(run.engine_names[i], Phase(phase), a, b)
+    for i, spans in flight.update_spans.items():
+        for phase, a, b in spans:
+            tl.add(run.engine_names[i], Phase(phase), a, b)
+
+
+def _train(run: Run, batch: Any, step: int, tl: StepTimeline) -> dict:
+    """One optimizer step of the learner group: each rank trains on its shard of the rows; one metrics dict
+    comes back, every rank's spans go on the timeline. While it trains, the next flight's rollouts are prepared
+    and scored if they are in."""
+    from rlgen.learners.group import merge_rank_metrics, shard_rows
+
+    if len(run.learners) == 1:
+        shards = [batch]
+    else:
+        import torch
+
+        shards = [batch.select(torch.arange(r.start, r.stop)) for r in shard_rows(batch.num_sequences, len(run.learners))]
+    refs = [a.train_step.remote(b) for a, b in zip(run.learners, shards)]
+    run.rollouts.prefetch()
+    names = [f"learner{r}" for r in range(len(run.learners))]
+    per_rank = run.waiter.learner_get(refs, f"training step {step}", names, run.folders.learner_nodes)
+    for rank, m in enumerate(per_rank):
+        for phase, a, b in m.get("spans", []):
+            tl.add(f"learner{rank}", Phase(phase), a, b)
+    return merge_rank_metrics(per_rank)
+
+
+def _push(run: Run, metrics: dict, halt: bool, tl: StepTimeline) -> None:
+    """The new version to the engines, unless the step was skipped or the breaker halts the run."""
+    state = run.state
+    if metrics.get("skipped"):
+        run.transport.no_update()  # colocated: wake the engines on their old weights
+        return
+    state.version = int(metrics["version"])
+    if halt:
+        run.transport.no_update()
+        return
+    in_flight = state.async_steps > 0 and bool(run.rollouts.pending)
+    try:
+        res = run.transport.push(state.version, in_flight=in_flight)
+    except SyncError as err:
+        raise RunError(f"weight sync to version {state.version} failed: {err}") from err
+    for r in res.results:
+        for phase, a, b in r.get("spans", []):
+            tl.add(r["actor"], Phase(phase), a, b)
+        for part, seconds in r.get("parts", {}).items():  # the learner's breakdown of an IPC update
+            metrics[f"sync_{part}_s"] = seconds
+    run.rollouts.queued_updates = {i: (run.keeper.incarnation[i], ref) for i, ref in enumerate(res.pending)}
+
+
+def _finish_updates(run: Run) -> None:
+    """Surface any failure of the last weight update rather than dropping it."""
+    from ray.exceptions import RayActorError
+
+    for i, (inc, ref) in list(run.rollouts.queued_updates.items()):
+        try:
+            run.waiter.get(ref, "final weight update", interruptible=False)
+        except RunError as err:
+            if not isinstance(err.__cause__, RayActorError):
+                raise
+            run.keeper.is_dead(i, inc, err.__cause__)
+    run.rollouts.queued_updates = {}
+
+
+__all__ = ["train"]

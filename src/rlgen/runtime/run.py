@@ -1,0 +1,166 @@
+"""A training run as a library call: plan -> set-up -> loop -> report, with status.json, run.log, the metrics
+sink and the final model kept up to date whichever way it ends. ``rlgen train`` (commands/train.py) calls it;
+tests call it directly."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from rlgen.plan import Plan
+from rlgen.runlog import MirroredConsole, attach_run_log
+from rlgen.runtime.checkpoint_dir import final_model_from, newest_checkpoint
+from rlgen.runtime.errors import RunError, RunStopped, StopRequested
+from rlgen.runtime.setup import Hooks, Run, set_up, tear_down
+from rlgen.runtime.status import RunStatus
+from rlgen.runtime.stop import StopFlag
+
+log = logging.getLogger(__name__)
+
+
+def run_training(
+    plan: Plan,
+    out_dir: Path,
+    console: Console | None = None,
+    *,
+    resume: Any = None,
+    stop: StopFlag | None = None,
+    resume_command: str | None = None,
+    engine_cls: type | None = None,
+    engine_kwargs: dict[str, Any] | None = None,
+    learner_cls: type | None = None,
+) -> dict:
+    """Train the plan's steps in out_dir (continuing `resume`, a ResumePoint, when given) and return the
+    summary. Raises RunStopped after a clean stop (a checkpoint was written where possible), RunError when the
+    run cannot go on. status.json and run.log in out_dir say what happened either way. engine_cls (with
+    engine_kwargs) and learner_cls replace the plan's actor classes (tests inject faults with them)."""
+    console = console or MirroredConsole()
+    stop = stop or StopFlag()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    detach = attach_run_log(out_dir)
+    _print_resolved(plan, console)
+    status = RunStatus(out_dir, steps=plan.config.steps, step=resume.step if resume else 0,
+                       resume_command=resume_command, resumed_from=str(resume.checkpoint) if resume else None)
+    status.update(state="starting")
+    if resume is None:
+        (out_dir / "plan.json").write_text(plan.to_json() + "\n")
+    else:
+        _note_resume(out_dir, resume, console)
+    stop.on_second = lambda signum: status.update(state="stopped", reason=f"killed by a second {stop.name}")
+    run: Run | None = None
+    try:
+        run = set_up(plan, out_dir, resume=resume, stop=stop, console=console, status=status,
+                     hooks=Hooks(engine_cls, dict(engine_kwargs or {}), learner_cls))
+        status.update(state="running")
+        summary = _train_and_report(run)
+        status.update(state="finished", step=plan.config.steps, checkpoint=summary["checkpoint_path"], reason=None)
+        return summary
+    except BaseException as err:
+        ended = _ended(err, out_dir, status, stop, run.state.step if run else (resume.step if resume else 0))
+        if ended is err:
+            raise
+        raise ended from None
+    finally:
+        if run is not None:
+            tear_down(run)
+        detach()
+
+
+def _train_and_report(run: Run) -> dict:
+    """The loop, then the summary, the report PNGs and the last lines on the terminal."""
+    from rlgen.metrics.balance import context_from_plan
+    from rlgen.metrics.report import balance_summary, print_summary, write_report
+    from rlgen.metrics.sink import MetricsSink
+    from rlgen.runtime.loop import train
+
+    plan, console, state = run.plan, run.console, run.state
+    sink = MetricsSink(run.out_dir, plan.config, plan.config.steps, console,
+                       resume_lines=int(run.resume.state["metrics_lines"]) if run.resume else None,
+                       wall_before=state.wall_before)
+
+    def on_first() -> None:  # recorded at once: a process killed while stopping still says why
+        run.status.update(state="stopped", reason=f"{run.stop.name}; stopping at the next safe point")
+        sink.progress.update(sink.task_id, description="stopping")
+
+    run.stop.on_first = on_first
+    try:
+        summary = train(run, sink)
+        summary.update(model_path=str(final_model_from(state.last_checkpoint, run.out_dir)),
+                       initial_model_path=run.initial_model_path, checkpoint_path=str(state.last_checkpoint),
+                       checkpoint_seconds=list(state.checkpoint_seconds), **run.startup)
+    finally:
+        sink.progress.stop()
+    ctx = context_from_plan(plan)
+    summary.update({f"balance_{k}": v for k, v in balance_summary(sink.records, ctx).items()})
+    sink.close(summary)
+    try:
+        write_report(run.out_dir, sink.records, ctx)
+    except Exception as err:  # noqa: BLE001 - a plotting problem must not fail a finished run
+        console.print(f"[yellow]report not written:[/] {escape(str(err))}")
+    print_summary(sink.records, ctx, console)
+    _print_first_rollout(run.startup, console)
+    return summary
+
+
+def _ended(err: BaseException, out_dir: Path, status: RunStatus, stop: StopFlag, step: int) -> BaseException:
+    """status.json for a run that did not finish, and the error to raise: a stop during start-up becomes
+    RunStopped (nothing new to keep); anything else goes on as it is."""
+    if isinstance(err, StopRequested):
+        ckpt = newest_checkpoint(out_dir)
+        err = RunStopped(f"{stop.name} during start-up", exit_code=stop.exit_code, step=step,
+                         checkpoint=str(ckpt) if ckpt else None)
+    if isinstance(err, RunStopped):
+        status.update(state="stopped", reason=str(err), step=err.step, checkpoint=err.checkpoint,
+                      exit_code=err.exit_code)
+        return err
+    log.info("the run failed", exc_info=err)
+    ckpt = newest_checkpoint(out_dir)
+    reason = str(err) if isinstance(err, RunError) else f"{type(err).__name__}: {err}"
+    status.update(state="failed", reason=reason, step=step, checkpoint=str(ckpt) if ckpt else None)
+    return err
+
+
+def _print_first_rollout(startup: dict[str, float], console: Console) -> None:
+    if "first_rollout_s" not in startup:
+        return
+    warm = startup.get("sync_warmup_s", 0.0)
+    console.print(f"time to first rollout: {startup['first_rollout_s']:.1f} s (set-up {startup.get('setup_s', 0):.1f} s"
+                  + (f", of which the first weight push {warm:.2f} s)" if warm else ")"), highlight=False)
+
+
+def _print_resolved(plan: Plan, console: Console) -> None:
+    """What the plan chose for the values the config left null, and the GPU memory split (logged too)."""
+    from rlgen.plan.view import memory_line, resolved_lines
+
+    lines = resolved_lines(plan)
+    if lines:
+        log.info("settings chosen by the plan:\n  %s", "\n  ".join(lines))
+    line = memory_line(plan)
+    if line:
+        console.print(escape(line), highlight=False)
+
+
+def _note_resume(out_dir: Path, point: Any, console: Console) -> None:
+    """Say what is resumed and what changed, and keep a line of it in resumes.jsonl."""
+    changed = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in point.changes.items())
+    console.print(
+        f"resuming {out_dir} at step {point.step} from {point.checkpoint.name}"
+        + (f" (changed: {changed})" if changed else ""),
+        highlight=False,
+    )
+    if point.skipped_torn:
+        console.print(f"skipped {len(point.skipped_torn)} torn checkpoint(s) without their COMPLETE marker: "
+                      f"{', '.join(p.name for p in point.skipped_torn)}", highlight=False)
+    with open(out_dir / "resumes.jsonl", "a") as f:
+        f.write(json.dumps({"time": time.time(), "checkpoint": str(point.checkpoint), "step": point.step,
+                            "changes": {k: list(v) for k, v in point.changes.items()}}, default=str) + "\n")
+
+
+__all__ = ["run_training"]

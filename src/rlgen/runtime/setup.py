@@ -1,0 +1,260 @@
+"""Set-up and tear-down: a plan becomes a Run, the actors and the objects that drive them, in this order:
+
+1. the task, the starting model (built and cached, or a checkpoint's), its tokenizer, prompts and stop ids;
+2. a Ray cluster, one placement group per plan node, the folders every node reads;
+3. the learner ranks, then the engines wave by wave (engines that share a GPU start one after another);
+4. the weight transport, which sends the starting weights once (its warm-up, kept out of step 0);
+5. the engine keeper (restarts), the rollouts (the engines' side of the loop) and the run state.
+
+Everything comes from the plan; nothing here decides what the plan already decided."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from rlgen.config import RunConfig
+from rlgen.plan import Plan
+from rlgen.plan.placement import plan_bundles, start_waves
+from rlgen.runtime.actors import (
+    QUIET_ENV,
+    ActorFactory,
+    connect,
+    engine_class,
+    learner_class,
+    ray_session_dir,
+    release,
+)
+from rlgen.runtime.errors import RunError
+from rlgen.runtime.faults import EngineKeeper, EngineLost
+from rlgen.runtime.files import place_run_folders
+from rlgen.runtime.monitor import CircuitBreaker
+from rlgen.runtime.resume import ResumePoint
+from rlgen.runtime.state import RunState
+from rlgen.runtime.stop import StopFlag
+from rlgen.runtime.waits import Waiter
+from rlgen.transfer import SyncError
+
+
+@dataclass
+class Hooks:
+    """Classes that replace the plan's engine or learner actor (tests inject faults and stand-ins with them)."""
+
+    engine_cls: type | None = None
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    learner_cls: type | None = None
+
+
+@dataclass
+class Run:
+    """A run that is set up: its plan, its actors, and what drives them. The loop (runtime.loop) and checkpoints
+    (runtime.checkpoint) work on it and on its RunState."""
+
+    plan: Plan
+    out_dir: Path
+    console: Console
+    stop: StopFlag
+    waiter: Waiter
+    state: RunState
+    status: Any = None  # runtime.status.RunStatus, kept up to date with actors and checkpoints
+    resume: ResumePoint | None = None
+    startup: dict[str, float] = field(default_factory=dict)  # setup_s, sync_warmup_s, first_rollout_s
+    learners: list[Any] = field(default_factory=list)  # every rank, rank 0 first (it speaks for the group)
+    engine_names: list[str] = field(default_factory=list)
+    pgs: list[Any] = field(default_factory=list)
+    node_ids: list[str] = field(default_factory=list)
+    started_ray: bool = False
+    folders: Any = None  # runtime.files.RunFolders: where each node reads the model, who writes checkpoints
+    factory: ActorFactory | None = None
+    transport: Any = None
+    keeper: EngineKeeper | None = None
+    rollouts: Any = None  # runtime.rollouts.Rollouts
+    tokenizer: Any = None
+    pad_id: int = 0
+    algorithm: Any = None  # rlgen.algo.registry.Algorithm of algo.kind
+    initial_model_path: str = ""  # the starting model; the frozen reference stays this one on resume
+    start_model_path: str = ""  # what the actors load: the initial model, or the checkpoint's policy
+    sink: Any = None  # the metrics sink, once the loop runs
+
+    @property
+    def cfg(self) -> RunConfig:
+        return self.plan.config
+
+    @property
+    def engines(self) -> list[Any]:
+        return self.keeper.engines if self.keeper else []
+
+    @property
+    def learner(self) -> Any:
+        return self.learners[0] if self.learners else None
+
+    def note_actors(self, health: list[dict[str, Any]]) -> None:
+        """Record the actors' pids and nodes in status.json."""
+        if self.status is None:
+            return
+        actors = dict(self.status.data.get("actors", {}))
+        actors.update({h["name"]: h.get("pid") for h in health if "name" in h})
+        nodes = dict(self.status.data.get("actor_nodes", {}))
+        nodes.update({h["name"]: h.get("node") for h in health if "name" in h})
+        self.status.update(actors=actors, actor_nodes=nodes, ray_session=ray_session_dir())
+
+
+def set_up(plan: Plan, out_dir: Path, *, resume: ResumePoint | None = None, stop: StopFlag | None = None,
+           console: Console | None = None, status: Any = None, hooks: Hooks | None = None) -> Run:
+    """The plan's actors, started and given the starting weights. On failure what was started is taken down
+    (tear_down) before the error goes on."""
+    cfg = plan.config
+    stop = stop or StopFlag()
+    breaker = CircuitBreaker(cfg.monitor, Path(out_dir))
+    state = RunState.resumed(resume, breaker) if resume else RunState.start(plan.async_steps, breaker)
+    run = Run(plan, Path(out_dir), console or Console(), stop, Waiter(cfg.timeout_s, stop, Path(out_dir)), state,
+              status=status, resume=resume)
+    t0 = time.time()
+    try:
+        task, renderer, stop_ids = _model_and_task(run)
+        _cluster(run)
+        _actors(run, hooks or Hooks())
+        _transport(run)
+        _loop_parts(run, task, renderer, stop_ids)
+    except BaseException:
+        tear_down(run)
+        raise
+    run.startup["setup_s"] = time.time() - t0
+    return run
+
+
+def _model_and_task(run: Run) -> tuple[Any, Any, list[int]]:
+    from rlgen.algo.registry import algorithm
+    from rlgen.models import load_tokenizer, prepare_model
+    from rlgen.tasks import build_task
+    from rlgen.tasks.prompts import PromptRenderer, model_stop_ids
+
+    cfg = run.cfg
+    for var, val in QUIET_ENV.items():  # before transformers loads in this process (actors get them too)
+        os.environ.setdefault(var, val)
+    run.algorithm = algorithm(cfg.algo.kind)
+    task = build_task(cfg.task)
+    run.initial_model_path = prepare_model(cfg, device=run.plan.device)
+    # Actors start from the checkpoint's policy when resuming; the frozen reference stays the initial model.
+    run.start_model_path = str(run.resume.checkpoint / "model") if run.resume else run.initial_model_path
+    run.tokenizer = load_tokenizer(run.start_model_path)
+    renderer = PromptRenderer(run.tokenizer, cfg.task)
+    if cfg.task.long_prompts.value == "skip" and hasattr(task, "keep_rows"):
+        dropped = task.keep_rows(lambda p: renderer.fits(p.text))
+        if dropped:
+            run.console.print(f"left out {dropped} rows over task.max_prompt_tokens={cfg.task.max_prompt_tokens} "
+                              "(task.long_prompts=skip)", highlight=False)
+    if hasattr(task, "rows"):
+        run.console.print(f"task {task.name}: {len(task.rows)} rows, {len(task.eval_prompts())} held out; prompts "
+                          f"as {renderer.format} text", highlight=False)
+    stop_ids = model_stop_ids(run.start_model_path, run.tokenizer, cfg.task.stop_token_ids)
+    run.pad_id = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else (stop_ids or [0])[0]
+    return task, renderer, stop_ids
+
+
+def _cluster(run: Run) -> None:
+    run.placement = plan_bundles(run.plan)
+    run.started_ray, run.node_ids, run.pgs = connect(run.cfg, run.plan, run.placement, run.stop, run.waiter)
+    run.folders = place_run_folders(run.cfg, run.node_ids, run.placement, run.start_model_path, run.out_dir,
+                                    run.initial_model_path, run.resume.checkpoint if run.resume else None)
+
+
+def _actors(run: Run, hooks: Hooks) -> None:
+    """The learner ranks, then the engines wave by wave; every actor healthy."""
+    cfg, plan = run.cfg, run.plan
+    engine_cls, engine_kwargs = (hooks.engine_cls, dict(hooks.engine_kwargs)) if hooks.engine_cls else engine_class(plan)
+    learner_cls, learner_kwargs = (hooks.learner_cls, {}) if hooks.learner_cls else learner_class(plan)
+    run.factory = ActorFactory(cfg, plan, run.placement, run.pgs, run.node_ids, engine_cls, engine_kwargs,
+                               learner_cls, {**learner_kwargs, "algorithm": run.algorithm})
+    run.engine_names = [f"engine{s.index}" for s in plan.engines]
+    rendezvous = None
+    if len(run.placement.learners) > 1:
+        rendezvous = run.waiter.get(run.factory.rendezvous_ref(), "finding the learner group's rendezvous",
+                                    cfg.startup_timeout_s)
+    run.learners = run.factory.learners(run.folders.learner_paths, rendezvous, **run.folders.learner_extra)
+    engines, health = _start_engines(run)
+    bad = [h for h in health if not h.get("ok")]
+    if bad:
+        raise RunError(f"actors reported unhealthy at start-up: {bad}")
+    run.note_actors(health)
+    run.keeper = EngineKeeper(
+        engines, run.engine_names, cfg.engine.max_restarts,
+        create=lambda i: run.factory.engine(i, run.folders.engine_paths, run.start_version),
+        ready=lambda actor, what: run.note_actors(run.waiter.get([actor.health.remote()], what, cfg.startup_timeout_s)),
+        resync=lambda i, actor: _resync_engine(run, i, actor),
+        say=lambda msg: run.console.print(f"[yellow]engine restart:[/] {escape(msg)}", highlight=False),
+        node_of=run.factory.engine_node,
+    )
+    run.zero3_gatherers = run.learners[1:] if learner_kwargs.get("zero_stage") == 3 else []
+
+
+def _start_engines(run: Run) -> tuple[list[Any], list[dict[str, Any]]]:
+    """Start the engines wave by wave, beside the learners already starting: engines that share a GPU start one
+    after another. Returns the engines and every actor's health report; the last wait covers the learners too,
+    so one that fails at start is reported with the last engines at the latest."""
+    run.start_version = run.state.version
+    waves = start_waves(run.plan) or [[]]
+    engines: list[Any] = [None] * len(run.plan.engines)
+    health: list[dict[str, Any]] = []
+    for j, wave in enumerate(waves):
+        for i in wave:
+            engines[i] = run.factory.engine(i, run.folders.engine_paths, run.state.version)
+        last = j == len(waves) - 1
+        refs = [engines[i].health.remote() for i in wave] + ([a.health.remote() for a in run.learners] if last else [])
+        what = "actor start-up" if last else f"engine start-up, wave {j + 1} of {len(waves)} (engines sharing a GPU)"
+        health += run.waiter.get(refs, what, run.cfg.startup_timeout_s)
+    return engines, health
+
+
+def _resync_engine(run: Run, index: int, actor: Any) -> None:
+    try:
+        run.transport.replace_engine(index, actor)
+    except SyncError as err:
+        raise EngineLost(f"{run.engine_names[index]} was re-created but could not get the weights: {err}") from err
+
+
+def _transport(run: Run) -> None:
+    from rlgen.runtime.transports import make_transport
+
+    cfg = run.cfg
+    run.transport = make_transport(run.plan, cfg, bucket_mb=cfg.sync.bucket_mb, sleep_level=cfg.sync.sleep_level)
+    run.transport.version = run.state.version
+    # ZeRO-3 ranks other than 0 hold only shards: they join every gather while rank 0 sends
+    try:
+        run.transport.setup(run.learner, run.engines, run.engine_names, gatherers=run.zero3_gatherers)
+        warm = run.transport.start()  # the first update's one-off costs, here rather than in step 0
+    except SyncError as err:
+        raise RunError(f"weight sync set-up failed: {err}") from err
+    run.startup["sync_warmup_s"] = warm.seconds if warm else 0.0
+
+
+def _loop_parts(run: Run, task: Any, renderer: Any, stop_ids: list[int]) -> None:
+    """The engines' side of the loop, and, resuming, the rollouts the checkpoint kept."""
+    from rlgen.runtime.checkpoint import restore_rollouts
+    from rlgen.runtime.rollouts import Rollouts
+    from rlgen.tasks.scoring import Scorer
+
+    cfg = run.cfg
+    run.rollouts = Rollouts(cfg, task, run.tokenizer, renderer, stop_ids, run.keeper,
+                            Scorer(task.rewards, cfg.task, cfg.task.reward), run.stop)
+    if run.resume:
+        restore_rollouts(run, run.resume)
+
+
+def tear_down(run: Run) -> None:
+    """Close the rollouts and the transport and take the actors down (a cluster this process started goes
+    whole)."""
+    if run.rollouts is not None:
+        run.rollouts.close()
+    if run.transport is not None:
+        run.transport.close()
+    release([*run.engines, *run.learners], run.pgs, run.started_ray)
+
+
+__all__ = ["Hooks", "Run", "set_up", "tear_down"]

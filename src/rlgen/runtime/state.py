@@ -1,0 +1,36 @@
+"""What changes while a run runs: the one value the loop updates and a checkpoint saves. The plan holds what was
+decided before the start; anything that changes later (the breaker dropping async_steps, the policy version, a
+resume) lives here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class RunState:
+    step: int = 0  # steps finished: the next step to run
+    version: int = 0  # the learner's policy version; engines start with the same weights
+    async_steps: int = 0  # how far engines may run ahead: the plan's, until the breaker tightens it to 0
+    breaker: Any = None  # the circuit breaker (runtime.monitor.CircuitBreaker); a checkpoint saves its state
+    wall_before: float = 0.0  # wall time the run spent before this resume
+    last_checkpoint: Path | None = None
+    checkpoint_seconds: list[float] = field(default_factory=list)  # what each checkpoint cost the loop
+
+    @classmethod
+    def start(cls, async_steps: int, breaker: Any) -> RunState:
+        """A new run, with the plan's async_steps."""
+        return cls(async_steps=int(async_steps), breaker=breaker)
+
+    @classmethod
+    def resumed(cls, point: Any, breaker: Any) -> RunState:
+        """The state a checkpoint saved (point: a runtime.resume.ResumePoint), the breaker loaded with its part."""
+        s = point.state
+        breaker.load_state_dict(s.get("breaker", {}))
+        return cls(step=int(s["step"]), version=int(s["version"]), async_steps=int(s["async_steps"]), breaker=breaker,
+                   wall_before=float(s.get("wall_s", 0.0)), last_checkpoint=point.checkpoint)
+
+
+__all__ = ["RunState"]
