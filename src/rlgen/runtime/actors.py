@@ -1,9 +1,12 @@
-"""Set-up, from the plan: a Ray cluster, one placement group per node, and the engine and learner actors in
-their bundles. ``ActorFactory.engine(i)`` is also how a dead engine is re-created in the same place."""
+"""Set-up, from the plan: a Ray cluster (a local one in a session of its own), one placement group per node, and
+the engine and learner actors in their bundles. ``ActorFactory.engine(i)`` is also how a dead engine is
+re-created in the same place."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,28 +16,29 @@ from rlgen.config import RunConfig, Transport
 from rlgen.plan import Plan
 from rlgen.plan.environment import cluster_address as ray_address
 from rlgen.runtime.errors import RunError
+from rlgen.runtime.localray import SHUTDOWN_S, bounded, local_cluster, ray_shutdown, start_local, stop_local
 
+log = logging.getLogger(__name__)
 QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def start_ray(cfg: RunConfig, plan: Plan, placement: Any) -> bool:
-    """Join the cluster at ray.address (or RAY_ADDRESS), or start a fresh local one sized for the plan. True if
-    this process connected (and so disconnects at the end)."""
+def start_ray(cfg: RunConfig, plan: Plan, placement: Any, stop: Any = None) -> bool:
+    """Join the cluster at ray.address (or RAY_ADDRESS), or start a fresh local one sized for the plan (after
+    stopping what runs that died left of theirs). True if this process connected (and so disconnects at the
+    end). A stop requested while the local cluster starts raises StopRequested."""
     import ray
 
     if ray.is_initialized():
         return False
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
     address = ray_address(cfg)
-    if address:
-        kwargs["address"] = address
-    else:
+    if not address:
         need_cpus = sum(sum(b.get("CPU", 0) for b in g) for g in placement.groups)
-        kwargs["address"] = "local"  # a fresh local cluster, never someone else's by accident
-        kwargs["num_cpus"] = int(max(os.cpu_count() or 1, need_cpus + 1))
-        kwargs["object_store_memory"] = 512 * 2**20 if plan.device == "cpu" else None
+        init = {"num_cpus": int(max(os.cpu_count() or 1, need_cpus + 1)),
+                "object_store_memory": 512 * 2**20 if plan.device == "cpu" else None}
+        start_local({k: v for k, v in init.items() if v is not None}, cfg.startup_timeout_s, stop)
+        return True
     try:
-        ray.init(**{k: v for k, v in kwargs.items() if v is not None})
+        ray.init(address=address, include_dashboard=False, log_to_driver=True)
     except ConnectionError as err:
         raise RunError(f"could not join the Ray cluster at {address} ({err}); start it with ray start --head, or "
                        "fix ray.address.") from err
@@ -46,7 +50,7 @@ def connect(cfg: RunConfig, plan: Plan, placement: Any, stop: Any, waiter: Any) 
     (whether this process connected, the Ray node of each plan node, the placement groups)."""
     from rlgen.runtime.cluster import assign_nodes, cluster_nodes
 
-    started = start_ray(cfg, plan, placement)
+    started = start_ray(cfg, plan, placement, stop)
     stop.rearm()  # ray.init takes SIGTERM for itself; take it back
     node_ids = assign_nodes(placement, cluster_nodes(), ray_address(cfg) or "this machine")
     pgs = reserve(placement, node_ids, cfg.startup_timeout_s, lambda refs, what, t: waiter.get(refs, what, t))
@@ -88,29 +92,33 @@ def reserve(placement: Any, node_ids: list[str], timeout_s: float, wait: Callabl
 
 
 def release(actors: list[Any], pgs: list[Any], started_ray: bool) -> None:
-    """Take down what a run or a server made. A cluster this process started goes whole with ray.shutdown(),
-    which does not wait on a cluster that a signal to the process group already took down (removing a placement
-    group then blocks); on a cluster it joined, its actors and placement groups are removed one by one."""
+    """Take down what a run or a server made. A cluster this process started goes whole (localray); one
+    it joined, it leaves (its actors go with the connection); on a cluster another part of this process
+    connected to, its actors and placement groups are removed one by one. Every wait is bounded, so a cluster
+    that is already gone does not hold the process."""
     import ray
 
+    if started_ray:
+        if local_cluster() is not None:
+            stop_local()
+        else:
+            bounded(ray_shutdown, SHUTDOWN_S, "ray.shutdown()")
+        return
     if not ray.is_initialized():
         return
-    if started_ray:
-        ray.shutdown()
-        return
-    from ray.util.placement_group import remove_placement_group
 
-    for a in actors:
-        if a is not None:
-            try:
-                ray.kill(a)
-            except Exception:  # noqa: BLE001 - best effort on the way out
-                pass
-    for pg in pgs:
-        try:
-            remove_placement_group(pg)
-        except Exception:  # noqa: BLE001
-            pass
+    def remove() -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        for a in actors:
+            if a is not None:
+                with contextlib.suppress(Exception):  # best effort on the way out
+                    ray.kill(a)
+        for pg in pgs:
+            with contextlib.suppress(Exception):
+                remove_placement_group(pg)
+
+    bounded(remove, SHUTDOWN_S, "removing the run's actors and placement groups")
 
 
 def actor_env(cfg: RunConfig, extra: dict[str, str] | None = None) -> dict[str, str]:

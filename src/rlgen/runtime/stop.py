@@ -1,8 +1,9 @@
 """Clean stops on SIGINT and SIGTERM: the first signal asks the run to stop at the next safe point (the
-driver notices it in its waits), the second exits at once."""
+driver notices it in its waits), the second exits at once, after the hooks given to ``at_hard_exit``."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -13,6 +14,20 @@ log = logging.getLogger(__name__)
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+_HARD_EXIT: list[Callable[[], None]] = []
+
+
+def at_hard_exit(hook: Callable[[], None]) -> Callable[[], None]:
+    """Run hook just before a second signal ends the process at once: for what would outlive it otherwise, such
+    as a Ray cluster in a session of its own. Hooks must be quick; their errors are ignored. Returns a function
+    that takes the hook back."""
+    _HARD_EXIT.append(hook)
+
+    def forget() -> None:
+        with contextlib.suppress(ValueError):
+            _HARD_EXIT.remove(hook)
+
+    return forget
 
 
 class StopFlag:
@@ -74,8 +89,9 @@ class StopFlag:
             self.request(signum)
             return
         if self.on_second is not None:
-            try:
+            with contextlib.suppress(BaseException):
                 self.on_second(signum)
-            finally:
-                os._exit(128 + signum)
+        for hook in list(_HARD_EXIT):
+            with contextlib.suppress(BaseException):
+                hook()
         os._exit(128 + signum)

@@ -1,0 +1,273 @@
+"""What a dead run's Ray cluster left behind, found and stopped.
+
+A local cluster that rlgen starts gets a marker, ``<session dir>/rlgen_driver.json``, naming the driver that
+asked for it (pid and start time) and the cluster's head process. When the next local cluster starts, every
+session under Ray's temp root whose marker names a driver that is gone has its processes stopped (SIGTERM, then
+SIGKILL) and its marker removed. Sessions without a marker (clusters rlgen did not start) and sessions whose
+driver still runs are never touched. It reads /proc, so it works on Linux and does nothing elsewhere."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+MARKER = "rlgen_driver.json"
+PROC = Path("/proc")
+RAY_TITLE = "ray::"  # the process title Ray gives its workers and agents (their command line no longer says more)
+TERM_WAIT_S = 5.0  # for processes to end after SIGTERM, before SIGKILL
+KILL_WAIT_S = 2.0  # for them to end after SIGKILL
+
+
+def supported() -> bool:
+    return sys.platform.startswith("linux") and (PROC / "self" / "stat").is_file()
+
+
+def ray_temp_root() -> Path:
+    """Where Ray keeps its session directories, found as Ray finds it: $RAY_TMPDIR/ray, else $TMPDIR/ray (Linux),
+    else /tmp/ray."""
+    if "RAY_TMPDIR" in os.environ:
+        base = os.environ["RAY_TMPDIR"]
+    elif sys.platform.startswith("linux") and "TMPDIR" in os.environ:
+        base = os.environ["TMPDIR"]
+    else:
+        base = "/tmp"
+    return Path(base) / "ray"
+
+
+# -- processes, from /proc ------------------------------------------------------------------------------------
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state first), or None."""
+    try:
+        text = (PROC / str(pid) / "stat").read_text()
+    except (OSError, ValueError):
+        return None
+    return text.rsplit(")", 1)[-1].split()
+
+
+def start_time(pid: int) -> int | None:
+    """When the process started (clock ticks after boot); None when there is no such process or it has
+    ended (a zombie)."""
+    fields = _stat(pid)
+    if not fields or fields[0] in ("Z", "X", "x"):
+        return None
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def boot_id() -> str | None:
+    try:
+        return (PROC / "sys" / "kernel" / "random" / "boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def identity(pid: int | None = None) -> dict[str, Any]:
+    """What tells this process (or pid) apart from a later one that gets the same pid."""
+    pid = os.getpid() if pid is None else int(pid)
+    return {"pid": pid, "start": start_time(pid), "boot": boot_id()}
+
+
+def same_process(ident: Any) -> bool:
+    """True while the process that ``ident`` (from identity()) describes still runs: its pid is alive with the
+    same start time, since the same boot."""
+    if not isinstance(ident, dict) or not isinstance(ident.get("pid"), int):
+        return False
+    boot = boot_id()
+    if ident.get("boot") and boot and ident["boot"] != boot:
+        return False
+    start = start_time(ident["pid"])
+    return start is not None and (ident.get("start") is None or start == ident["start"])
+
+
+def _pids() -> list[int]:
+    try:
+        return [int(p.name) for p in PROC.iterdir() if p.name.isdigit()]
+    except OSError:
+        return []
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        raw = (PROC / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def _open_paths(pid: int) -> list[str]:
+    try:
+        fds = list((PROC / str(pid) / "fd").iterdir())
+    except OSError:
+        return []
+    paths = []
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            paths.append(os.readlink(fd))
+    return paths
+
+
+def _spellings(session_dir: str | Path) -> set[str]:
+    """The session directory as given and with links resolved (open files show the resolved path)."""
+    path = str(session_dir).rstrip("/")
+    return {path, os.path.realpath(path)}
+
+
+def session_processes(session_dirs: Iterable[str | Path]) -> dict[str, list[int]]:
+    """The processes of each Ray session directory: those whose command line names it (GCS, raylet, monitors,
+    ...), and Ray's workers and agents (titled ``ray::...``) that hold a file open in it. This process is never
+    listed. Keys are the directories as given."""
+    dirs = {str(d): _spellings(d) for d in session_dirs}
+    if not dirs or not supported():
+        return {d: [] for d in dirs}
+    named = {d: re.compile("|".join(re.escape(s) for s in sorted(ss)) + r"(?![\w.-])") for d, ss in dirs.items()}
+    found: dict[str, list[int]] = {d: [] for d in dirs}
+    me = os.getpid()
+    for pid in _pids():
+        if pid == me:
+            continue
+        args = _cmdline(pid)
+        if not args:
+            continue  # kernel threads and zombies
+        line = " ".join(args)
+        hits = {d for d, rx in named.items() if rx.search(line)}
+        if len(hits) < len(dirs) and args[0].startswith(RAY_TITLE):
+            for path in _open_paths(pid):
+                hits.update(d for d, ss in dirs.items() if any(path == s or path.startswith(s + "/") for s in ss))
+        for d in hits:
+            found[d].append(pid)
+    return found
+
+
+def session_members(sid: int) -> list[int]:
+    """Live processes of the session (setsid) whose leader was pid ``sid``; never this process."""
+    if not supported():
+        return []
+    out = []
+    for pid in _pids():
+        fields = _stat(pid)
+        if pid != os.getpid() and fields and fields[0] not in ("Z", "X", "x") and fields[3] == str(sid):
+            out.append(pid)
+    return out
+
+
+def stop_processes(pids: Iterable[int], term_wait_s: float = TERM_WAIT_S, kill_wait_s: float = KILL_WAIT_S) -> list[int]:
+    """SIGTERM, up to term_wait_s for them to end, then SIGKILL and up to kill_wait_s more. Each is signalled only
+    while it is the process that was there when this was called (same start time). Returns those still alive."""
+    live = {pid: start for pid in set(pids) if pid != os.getpid() and (start := start_time(pid)) is not None}
+    for sig, wait_s in ((signal.SIGTERM, term_wait_s), (signal.SIGKILL, kill_wait_s)):
+        for pid, start in live.items():
+            if start_time(pid) == start:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while True:
+            live = {pid: start for pid, start in live.items() if start_time(pid) == start}
+            if not live or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        if not live:
+            break
+    return sorted(live)
+
+
+# -- markers --------------------------------------------------------------------------------------------------
+def write_marker(session_dir: str | Path, driver: dict[str, Any], head_pid: int | None = None) -> Path:
+    """Mark the session as one whose cluster rlgen started for ``driver`` (identity() of the driver), with
+    ``head_pid``, the process that holds the cluster. Written whole or not at all."""
+    path = Path(session_dir) / MARKER
+    data = {"driver": driver, "head": identity(head_pid) if head_pid else None, "written": time.time()}
+    tmp = path.with_name(f".{MARKER}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_marker(session_dir: str | Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((Path(session_dir) / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def remove_marker(session_dir: str | Path) -> None:
+    with contextlib.suppress(OSError):
+        (Path(session_dir) / MARKER).unlink()
+
+
+def orphaned_sessions(root: str | Path | None = None) -> list[tuple[Path, dict[str, Any]]]:
+    """Session directories under root (Ray's temp root by default) with a marker whose driver is gone."""
+    root = Path(root) if root is not None else ray_temp_root()
+    try:
+        markers = sorted(root.glob(f"session_*/{MARKER}"))
+    except OSError:
+        return []
+    out = []
+    for path in markers:
+        session = path.parent
+        if session.is_symlink():  # session_latest: the session it points to is listed too
+            continue
+        data = read_marker(session)
+        if data is not None and not same_process(data.get("driver")):
+            out.append((session, data))
+    return out
+
+
+def clean_leftovers(root: str | Path | None = None) -> list[Path]:
+    """Stop the processes that runs whose driver died left of their Ray clusters under root (Ray's temp root by
+    default), remove their markers, and log one line saying what was stopped. Returns the sessions cleaned."""
+    if not supported():
+        return []
+    dead = orphaned_sessions(root)
+    if not dead:
+        return []
+    found = session_processes(str(d) for d, _ in dead)
+    pids: dict[Path, set[int]] = {}
+    for session, data in dead:
+        pids[session] = set(found.get(str(session), []))
+        head = data.get("head")
+        if same_process(head):
+            pids[session].add(head["pid"])
+    every = set().union(*pids.values())
+    stubborn = set(stop_processes(every)) if every else set()
+    cleaned = []
+    for session, mine in pids.items():
+        if not mine & stubborn:
+            remove_marker(session)
+            cleaned.append(session)
+    if every:
+        names = ", ".join(s.name for s, mine in pids.items() if mine)
+        left = f"; {len(stubborn)} would not stop (pids {sorted(stubborn)})" if stubborn else ""
+        log.warning("stopped %d Ray process(es) that an earlier run left behind when its driver died (%s)%s",
+                    len(every - stubborn), names, left)
+    return cleaned
+
+
+__all__ = [
+    "MARKER",
+    "clean_leftovers",
+    "identity",
+    "orphaned_sessions",
+    "ray_temp_root",
+    "read_marker",
+    "remove_marker",
+    "same_process",
+    "session_members",
+    "session_processes",
+    "start_time",
+    "stop_processes",
+    "write_marker",
+]

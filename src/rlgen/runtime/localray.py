@@ -1,0 +1,255 @@
+"""A local Ray cluster in a session of its own. ray.init() would start Ray's processes (GCS, raylet, workers) as
+children in this process's group, so a signal to the group (a scheduler's or timeout's SIGTERM) would kill the
+learner before the stop's checkpoint. Instead a head process in a new session starts the cluster (with
+ray.init, so Ray's defaults hold), marks its session directory with this driver (runtime.leftovers), and takes
+the cluster down on SIGTERM; this process joins it and owns it: ``stop_local`` takes it down, every wait bounded."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlgen.runtime.errors import RunError
+from rlgen.runtime.stop import at_hard_exit
+
+log = logging.getLogger(__name__)
+
+HEAD_STOP_S = 20.0  # for the head to take its cluster down before what is left is killed
+SHUTDOWN_S = 30.0  # for ray.shutdown() here; leaving a cluster that is already gone can stall
+_HEAD_CODE = "import sys; from rlgen.runtime.localray import head_main; head_main(sys.argv[1:])"
+
+
+@dataclass
+class LocalCluster:
+    """The local cluster this process started: its head process and where the head said it is."""
+
+    head: subprocess.Popen
+    scratch: str  # the head's output until it answers, and the file it answers in
+    address: str = ""
+    session_dir: str = ""
+    forget: Callable[[], None] = lambda: None  # takes back the hard-exit hook
+
+
+_local: LocalCluster | None = None
+_atexit_armed = False
+
+
+def head_main(argv: list[str]) -> None:
+    """The head process: start Ray with the ray.init kwargs in argv[0], mark the session with the driver's
+    identity (argv[2]), move its output into the session's logs, write the address and session directory to the
+    file argv[1], then hold the cluster until SIGTERM or SIGINT and take it down."""
+    import threading
+
+    import ray
+
+    from rlgen.runtime.leftovers import write_marker
+
+    init, answer, driver = json.loads(argv[0]), Path(argv[1]), json.loads(argv[2])
+    done = threading.Event()
+    ray.init(address="local", include_dashboard=False, log_to_driver=False, **init)
+    session_dir = ray._private.worker._global_node.get_session_dir_path()  # noqa: SLF001 - no public accessor
+    write_marker(session_dir, driver, head_pid=os.getpid())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logs = Path(session_dir) / "logs"  # from here on the head's output is kept with the session's logs
+    logs.mkdir(parents=True, exist_ok=True)
+    fd = os.open(logs / "rlgen_head.out", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # after ray.init, which takes SIGTERM for itself
+        signal.signal(sig, lambda *_: done.set())
+    tmp = answer.with_name(answer.name + ".tmp")
+    tmp.write_text(json.dumps({"address": ray.get_runtime_context().gcs_address, "session_dir": session_dir}))
+    os.replace(tmp, answer)
+    while not done.wait(1.0):
+        pass
+    ray.shutdown()
+
+
+def start_local(init: dict[str, Any], timeout_s: float, stop: Any) -> None:
+    """Start a local cluster in a session of its own and join it (see above)."""
+    global _local, _atexit_armed
+    import ray
+
+    from rlgen.runtime.leftovers import clean_leftovers, identity
+
+    stop_local()  # one started before and never released
+    try:
+        clean_leftovers()
+    except Exception as err:  # noqa: BLE001 - tidying up after others must not stop this run
+        log.warning("could not check for Ray processes that earlier runs left behind: %s", err)
+    _token_auth_as_ray_init()
+    scratch = tempfile.mkdtemp(prefix="rlgen-ray-")
+    answer = Path(scratch) / "head.json"
+    with open(Path(scratch) / "head.log", "wb") as out:
+        head = subprocess.Popen([sys.executable, "-c", _HEAD_CODE, json.dumps(init), str(answer), json.dumps(identity())],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    cluster = _local = LocalCluster(head, scratch)
+    cluster.forget = at_hard_exit(lambda: _kill_now(cluster))
+    if not _atexit_armed:  # a process that ends without release() still takes its cluster down
+        atexit.register(stop_local)
+        _atexit_armed = True
+    try:
+        info = _await_head(cluster, answer, timeout_s, stop)
+        cluster.address, cluster.session_dir = info["address"], info["session_dir"]
+        shutil.rmtree(scratch, ignore_errors=True)  # the head writes into the session's logs now
+        with _quiet_connect():
+            ray.init(address=cluster.address, log_to_driver=True)
+    except BaseException as err:
+        stop_local()
+        if isinstance(err, (ConnectionError, RuntimeError)) and not isinstance(err, RunError):
+            raise RunError(f"could not join the local Ray cluster this run started ({err}).") from err
+        raise
+    log.info("started a local Ray cluster in a session of its own: %s (head pid %d)", cluster.session_dir, head.pid)
+
+
+def _await_head(cluster: LocalCluster, answer: Path, timeout_s: float, stop: Any) -> dict[str, str]:
+    """The head's answer (address, session_dir), within timeout_s."""
+    from rlgen.runtime.errors import StopRequested
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if answer.is_file():
+            return json.loads(answer.read_text())
+        code = cluster.head.poll()
+        if code is not None:
+            output = _head_output(cluster)
+            log.info("the local Ray cluster's head exited with %s:\n%s", code, output)
+            last = next((ln for ln in reversed(output.splitlines()) if ln.strip()), "no output")
+            raise RunError(f"the local Ray cluster did not start (its head exited with {code}: {last.strip()}).")
+        if stop is not None and stop.requested:
+            raise StopRequested("starting Ray")
+        if time.monotonic() >= deadline:
+            raise RunError(f"the local Ray cluster did not start within startup_timeout_s={timeout_s:.0f} s; raise "
+                           "startup_timeout_s=<seconds> if this machine is slow to start it.")
+        time.sleep(0.1)
+
+
+def _head_output(cluster: LocalCluster, limit: int = 20000) -> str:
+    try:
+        return (Path(cluster.scratch) / "head.log").read_bytes()[-limit:].decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _token_auth_as_ray_init() -> None:
+    """Token authentication as ray.init() sets it up for a cluster it starts (on, unless RAY_AUTH_MODE says
+    otherwise, with the token saved where Ray looks), so the head, which inherits this environment, and this
+    process agree."""
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            enable_token_auth_by_default,
+            ensure_token_if_auth_enabled,
+        )
+    except ImportError:  # a Ray without token authentication
+        return
+    enable_token_auth_by_default()
+    ensure_token_if_auth_enabled({}, create_token_if_missing=True)
+
+
+class _ConnectLines(logging.Filter):
+    """Ray's "Connecting to existing Ray cluster" lines, which would misdescribe a cluster this run started."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(("Connecting to existing Ray cluster", "Connected to Ray cluster"))
+
+
+@contextlib.contextmanager
+def _quiet_connect() -> Iterator[None]:
+    logger, quiet = logging.getLogger("ray._private.worker"), _ConnectLines()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
+
+
+def _kill_now(cluster: LocalCluster) -> None:
+    """SIGKILL to every process of the cluster's session, at once (a second signal is ending this process)."""
+    from rlgen.runtime.leftovers import remove_marker, session_members
+
+    with contextlib.suppress(OSError):
+        os.killpg(cluster.head.pid, signal.SIGKILL)
+    for pid in session_members(cluster.head.pid):  # workers move to process groups of their own
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    if cluster.session_dir:
+        remove_marker(cluster.session_dir)
+    shutil.rmtree(cluster.scratch, ignore_errors=True)
+
+
+def stop_local() -> None:
+    """Leave and take down the local cluster this process started, whatever state it is in; every wait is
+    bounded: the head gets HEAD_STOP_S to stop the cluster, then what is left of it is killed."""
+    global _local
+    from rlgen.runtime.leftovers import remove_marker, session_members, session_processes, stop_processes
+
+    cluster, _local = _local, None
+    if cluster is None:
+        return
+    bounded(ray_shutdown, SHUTDOWN_S, "ray.shutdown()")
+    cluster.forget()
+    head = cluster.head
+    if head.poll() is None:
+        with contextlib.suppress(OSError):
+            head.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            head.wait(HEAD_STOP_S)
+    # The head's pid names its session while any member lives, so this finds only the cluster's processes.
+    left = set(session_members(head.pid))
+    if cluster.session_dir:
+        left.update(session_processes([cluster.session_dir])[cluster.session_dir])
+    stubborn = stop_processes(left) if left else []
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        head.wait(1.0)
+    if stubborn:
+        log.warning("%d process(es) of the local Ray cluster would not stop (pids %s)", len(stubborn), stubborn)
+    elif cluster.session_dir:
+        remove_marker(cluster.session_dir)
+    shutil.rmtree(cluster.scratch, ignore_errors=True)
+
+
+def ray_shutdown() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def bounded(fn: Callable[[], None], timeout_s: float, what: str) -> None:
+    """fn() in a thread, waited for at most timeout_s; its errors are logged (this runs on the way out)."""
+    def run() -> None:
+        try:
+            fn()
+        except Exception as err:  # noqa: BLE001 - best effort on the way out
+            log.info("%s failed: %s", what, err)
+
+    thread = threading.Thread(target=run, name=f"rlgen {what}", daemon=True)
+    try:
+        thread.start()
+    except RuntimeError:  # no new threads at interpreter exit (atexit): wait as long as it takes
+        run()
+        return
+    thread.join(timeout_s)
+    if thread.is_alive():
+        log.warning("%s did not return within %.0f s; going on without it", what, timeout_s)
+
+
+def local_cluster() -> LocalCluster | None:
+    """The local cluster this process started and still owns, if any."""
+    return _local

@@ -1,0 +1,231 @@
+"""runtime.leftovers: the marker a local cluster's session gets, whether its driver still runs, and the scan
+that stops the processes of sessions whose driver died, and only those."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlgen.runtime import leftovers
+from rlgen.runtime.leftovers import (
+    MARKER,
+    clean_leftovers,
+    identity,
+    read_marker,
+    remove_marker,
+    same_process,
+    session_members,
+    session_processes,
+    start_time,
+    stop_processes,
+    write_marker,
+)
+
+pytestmark = pytest.mark.skipif(not leftovers.supported(), reason="reads /proc (Linux)")
+SLEEPER = "import sys, time; print('up', flush=True); time.sleep(60)"
+
+
+@pytest.fixture
+def spawn():
+    """Start a process (its first line of output says it is up); every one is killed at the end."""
+    procs: list[subprocess.Popen] = []
+
+    def start(args: list[str], **kwargs) -> subprocess.Popen:
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, **kwargs)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+
+
+def _sleeper(spawn, *args: str) -> subprocess.Popen:
+    proc = spawn([sys.executable, "-c", SLEEPER, *args])
+    assert proc.stdout.readline().strip() == "up"
+    return proc
+
+
+def _dead_identity(spawn) -> dict:
+    proc = _sleeper(spawn)
+    ident = identity(proc.pid)
+    proc.kill()
+    proc.wait(timeout=10)
+    return ident
+
+
+def _session(root: Path, name: str = "session_2026-01-01_00-00-00_000001_1") -> Path:
+    path = root / name
+    (path / "logs").mkdir(parents=True)
+    return path
+
+
+def _gone(proc: subprocess.Popen, timeout_s: float = 15) -> bool:
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+# -- markers and liveness -------------------------------------------------------------------------------------
+def test_a_marker_round_trips_and_goes(tmp_path):
+    session = _session(tmp_path)
+    write_marker(session, identity(), head_pid=os.getpid())
+    data = read_marker(session)
+    assert data["driver"]["pid"] == os.getpid() and data["driver"]["start"] == start_time(os.getpid())
+    assert data["head"]["pid"] == os.getpid()
+    assert [p.name for p in session.iterdir() if p.name.startswith(".")] == []  # no temporary file left
+    remove_marker(session)
+    assert read_marker(session) is None and not (session / MARKER).exists()
+    remove_marker(session)  # a second time is fine
+
+
+def test_an_unreadable_marker_reads_as_none(tmp_path):
+    session = _session(tmp_path)
+    (session / MARKER).write_text("{not json")
+    assert read_marker(session) is None
+
+
+def test_this_process_is_alive(tmp_path):
+    assert same_process(identity())
+
+
+def test_a_dead_pid_is_dead(spawn):
+    ident = _dead_identity(spawn)
+    assert start_time(ident["pid"]) is None
+    assert not same_process(ident)
+
+
+def test_a_reused_pid_with_another_start_time_is_dead():
+    ident = identity()
+    assert not same_process({**ident, "start": ident["start"] + 1})
+
+
+def test_another_boot_is_dead():
+    assert not same_process({**identity(), "boot": "not-this-boot"})
+
+
+def test_a_zombie_is_dead(spawn):
+    proc = spawn([sys.executable, "-c", "pass"])
+    deadline = time.time() + 10
+    while start_time(proc.pid) is not None and time.time() < deadline:  # ended, not yet reaped
+        time.sleep(0.05)
+    assert proc.returncode is None and start_time(proc.pid) is None
+
+
+def test_nonsense_is_dead():
+    assert not same_process(None) and not same_process({}) and not same_process({"pid": "12"})
+
+
+# -- the scan -------------------------------------------------------------------------------------------------
+def test_a_dead_drivers_session_is_cleaned_and_only_its_processes_stop(tmp_path, spawn, caplog):
+    root = tmp_path / "ray"
+    session = _session(root)
+    longer = _session(root, session.name + "2")  # a name that starts with the other's: not the same session
+    inside = _sleeper(spawn, str(session / "logs"))
+    beside = _sleeper(spawn, str(longer))
+    write_marker(session, _dead_identity(spawn))
+
+    with caplog.at_level("WARNING", logger="rlgen.runtime.leftovers"):
+        assert clean_leftovers(root) == [session]
+    assert _gone(inside) and inside.returncode == -signal.SIGTERM
+    assert beside.poll() is None
+    assert read_marker(session) is None
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "stopped 1 Ray process" in lines[0] and session.name in lines[0]
+    assert clean_leftovers(root) == []  # nothing left to do
+
+
+def test_a_live_drivers_session_is_kept(tmp_path, spawn):
+    root = tmp_path / "ray"
+    session = _session(root)
+    proc = _sleeper(spawn, str(session))
+    write_marker(session, identity())
+    assert clean_leftovers(root) == []
+    time.sleep(0.5)
+    assert proc.poll() is None and read_marker(session) is not None
+
+
+def test_a_session_without_a_marker_is_kept(tmp_path, spawn):
+    root = tmp_path / "ray"
+    session = _session(root)
+    proc = _sleeper(spawn, str(session))
+    assert clean_leftovers(root) == []
+    time.sleep(0.5)
+    assert proc.poll() is None
+
+
+def test_ray_titled_processes_with_a_file_open_in_the_session_count(tmp_path, spawn):
+    """Ray's workers and agents show only a title (ray::...); the files they hold open say which session."""
+    root = tmp_path / "ray"
+    session = _session(root)
+    sleep = shutil.which("sleep")
+    with open(session / "logs" / "worker.out", "w") as log:
+        worker = spawn(["ray::FakeWorker", "60"], executable=sleep, pass_fds=[log.fileno()])
+        reader = spawn(["sleep", "60"], executable=sleep, pass_fds=[log.fileno()])  # not a Ray process
+    deadline = time.time() + 10
+    while not session_processes([session])[str(session)] and time.time() < deadline:
+        time.sleep(0.05)
+    assert session_processes([session])[str(session)] == [worker.pid]
+    write_marker(session, _dead_identity(spawn))
+    assert clean_leftovers(root) == [session]
+    assert _gone(worker) and reader.poll() is None
+
+
+def test_the_recorded_head_stops_too(tmp_path, spawn):
+    root = tmp_path / "ray"
+    session = _session(root)
+    head = _sleeper(spawn)  # its command line does not name the session
+    write_marker(session, _dead_identity(spawn), head_pid=head.pid)
+    assert clean_leftovers(root) == [session]
+    assert _gone(head)
+
+
+def test_nothing_happens_where_proc_is_missing(tmp_path, spawn, monkeypatch):
+    root = tmp_path / "ray"
+    session = _session(root)
+    proc = _sleeper(spawn, str(session))
+    write_marker(session, _dead_identity(spawn))
+    monkeypatch.setattr(leftovers, "supported", lambda: False)
+    assert clean_leftovers(root) == []
+    assert proc.poll() is None and read_marker(session) is not None
+
+
+def test_the_default_root_follows_ray(monkeypatch, tmp_path):
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    assert leftovers.ray_temp_root() == tmp_path / "ray"
+    monkeypatch.delenv("RAY_TMPDIR")
+    monkeypatch.delenv("TMPDIR", raising=False)
+    assert leftovers.ray_temp_root() == Path("/tmp/ray")
+
+
+# -- stopping -------------------------------------------------------------------------------------------------
+def test_a_process_that_ignores_sigterm_gets_sigkill_in_bounded_time(spawn):
+    proc = spawn([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                  "print('up', flush=True); time.sleep(60)"])
+    assert proc.stdout.readline().strip() == "up"
+    t0 = time.monotonic()
+    assert stop_processes([proc.pid], term_wait_s=0.5, kill_wait_s=5) == []
+    assert time.monotonic() - t0 < 5
+    assert _gone(proc) and proc.returncode == -signal.SIGKILL
+
+
+def test_stop_processes_never_signals_this_process():
+    assert stop_processes([os.getpid()], term_wait_s=0.1, kill_wait_s=0.1) == []
+
+
+def test_session_members_lists_a_new_session(spawn):
+    proc = spawn([sys.executable, "-c", SLEEPER], start_new_session=True)
+    assert proc.stdout.readline().strip() == "up"
+    assert session_members(proc.pid) == [proc.pid]
+    assert os.getpid() not in session_members(os.getsid(0))
