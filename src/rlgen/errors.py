@@ -4,6 +4,8 @@ anything else is unexpected, and its traceback goes to a file."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 
 class UserError(Exception):
     """What the user asked for cannot be done as asked (2), or a run stopped for a reason it can say (1)."""
@@ -13,3 +15,13 @@ class UserError(Exception):
     def sentences(self) -> list[str]:
         """One line per problem, as the command prints them."""
         return [line for line in str(self).splitlines() if line.strip()] or [type(self).__name__]
+
+
+def causes(err: BaseException | None, depth: int = 8) -> Iterator[BaseException]:
+    """err, then what caused it, a few levels deep: a Ray task error's original exception (``.cause``) and
+    chained exceptions (``raise ... from``, or raised while handling another)."""
+    for _ in range(depth):
+        if err is None:
+            return
+        yield err
+        err = getattr(err, "cause", None) or err.__cause__ or err.__context__

@@ -1,6 +1,7 @@
 """Runs that survive, on a local Ray cluster on CPU: a run stopped at any step and resumed is exactly the run
-that was never stopped; a dead engine is re-created and its prompts scored once; a dead learner or an engine
-that keeps dying stops the run cleanly at a checkpoint that resume continues."""
+that was never stopped; a dead engine (its actor, or the engine inside a live actor) is re-created and its
+prompts scored once; a dead learner or an engine that keeps dying stops the run cleanly at a checkpoint that
+resume continues; a learner out of GPU memory stops the run with the fix, keeping its last checkpoint."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import ray.cloudpickle
 from rich.console import Console
 
 from rlgen.config.compose import compose_run_config
+from rlgen.engines.base import EngineDead
 from rlgen.engines.hf.engine import HFEngine
 from rlgen.learners.torch import TorchLearner
 from rlgen.metrics.sink import read_jsonl
@@ -65,6 +67,35 @@ class DiesOnce(HFEngine):
             Path(self.marker).write_text(str(self.calls))
             os._exit(1)
         return super().generate(requests, version)
+
+
+class CoreDiesOnce(HFEngine):
+    """The engine inside the live actor dies (as vLLM's engine core exiting would) on its `at`-th generate call,
+    or on its `at`-th weight update when `in_update`, once per marker file: that call and every later one raise
+    EngineDead, and health() says so; the actor itself stays up."""
+
+    def __init__(self, *args, marker: str, at: int = 3, in_update: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.marker, self.at, self.in_update, self.dead, self.updates = marker, at, in_update, False, 0
+
+    def _die_now(self, count: int) -> None:
+        if not self.dead and count >= self.at and not os.path.exists(self.marker):
+            Path(self.marker).write_text(str(count))
+            self.dead = True
+        if self.dead:
+            raise EngineDead(f"{self.name}: the engine core died")
+
+    def generate(self, requests, version=None):
+        self._die_now(self.calls + 1 if not self.in_update else 0)
+        return super().generate(requests, version)
+
+    def update_weights(self, weights, version):
+        self.updates += 1
+        self._die_now(self.updates if self.in_update else 0)
+        return super().update_weights(weights, version)
+
+    def health(self):
+        return {**super().health(), "ok": not self.dead}
 
 
 class AlwaysDies(HFEngine):
@@ -144,6 +175,50 @@ def test_a_dead_engine_is_recreated_and_the_run_is_unchanged(tmp_path):
     assert all(r["sequences"] == 8 * 8 for r in records)
 
 
+@pytest.mark.parametrize("in_update", [False, True], ids=["in-generate", "in-weight-update"])
+def test_an_engine_whose_core_dies_inside_a_live_actor_is_recreated_and_the_run_is_unchanged(tmp_path, in_update):
+    overrides = ["steps=6"]
+    assert _run(tmp_path / "whole", overrides) is None
+    reference = read_jsonl(tmp_path / "whole" / "metrics.jsonl")
+
+    marker = tmp_path / "core-died"
+    out = tmp_path / "faulty"
+    kwargs = {"marker": str(marker), "at": 3, "in_update": in_update}
+    assert _run(out, overrides, engine_cls=CoreDiesOnce, engine_kwargs=kwargs) is None
+    assert marker.read_text() == "3"
+    records = read_jsonl(out / "metrics.jsonl")
+    _assert_same_steps(records, reference)  # the same rollouts, every prompt scored once
+    restarts = [r["engine_restarts"] for r in records]
+    assert restarts[-1] == 1 and restarts[0] == 0 and restarts == sorted(restarts)
+    log = (out / "run.log").read_text()
+    assert "engine0 died (engine0: the engine core died); re-creating it" in log
+
+
+def test_a_learner_out_of_gpu_memory_stops_the_run_with_the_fix_and_keeps_its_checkpoint(tmp_path):
+    from rlgen.runtime import RunError
+
+    class OutOfMemoryAt5(TorchLearner):
+        def train_step(self, batch):
+            if self.calls == 4:
+                import torch
+
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+            return super().train_step(batch)
+
+    cfg = compose_run_config([*BASE, "steps=8", "checkpoint.every=2"])
+    with pytest.raises(RunError) as info:
+        run_training(build_plan(cfg), tmp_path, Console(quiet=True), learner_cls=OutOfMemoryAt5)
+    message = str(info.value)
+    assert message.startswith("training step 4 ran out of GPU memory on the learner (micro-batches of 64 sequences")
+    assert "lower algo.micro_batch_size (now 64 of the 64 sequences a rank trains on)" in message
+    assert "\n" not in message and "Traceback" not in message
+    assert read_status(tmp_path)["state"] == "failed"
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000002", "step_000004"]  # untouched
+    # the micro-batch changes memory only, so the run resumes with a smaller one, from its last checkpoint
+    assert _run(tmp_path, ["steps=8", "checkpoint.every=2", "algo.micro_batch_size=16"], resume=True) is None
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(8))
+
+
 def test_an_engine_that_keeps_dying_stops_the_run_cleanly_and_resume_finishes_it(tmp_path):
     err = _run(tmp_path, ["steps=6", "engine.max_restarts=1"], engine_cls=AlwaysDies)
     assert err is not None and err.exit_code == 1
@@ -176,3 +251,76 @@ def test_a_torn_checkpoint_is_skipped_on_resume(tmp_path):
     assert [r["step"] for r in records] == list(range(8))
     resumes = (tmp_path / "resumes.jsonl").read_text()
     assert '"step": 3' in resumes  # it went back to step 3, the newest complete checkpoint
+
+
+def test_background_checkpoints_resume_to_the_same_metrics_as_synchronous_ones(tmp_path):
+    overrides = ["steps=8", "checkpoint.every=2", "algo.async_steps=1"]
+    assert _run(tmp_path / "whole", overrides) is None
+    reference = read_jsonl(tmp_path / "whole" / "metrics.jsonl")
+
+    out = tmp_path / "background"
+    background = [*overrides, "checkpoint.background=true"]
+    err = _run(out, background, stop=StopAtStep(5, out))
+    assert err is not None and err.step == 5
+    assert not list((out / "checkpoints").glob(".step_*"))  # every background write completed or was removed
+    assert _run(out, background, resume=True) is None
+    _assert_same_steps(read_jsonl(out / "metrics.jsonl"), reference)
+    status = read_status(out)
+    assert status["state"] == "finished" and status["checkpoint"].endswith("step_000008")
+    log = (out / "run.log").read_text()
+    assert "cost the loop" in log and "completed in the background" in log and "written in the background" in log
+
+
+class SaveFailsOnce(TorchLearner):
+    """Its second checkpoint write fails as a full disk would."""
+
+    def save_checkpoint(self, path, background=False):
+        self.saves = getattr(self, "saves", 0) + 1
+        if self.saves == 2:
+            Path(path, "learner").mkdir(parents=True, exist_ok=True)
+            Path(path, "learner", "rank0.pt").write_bytes(b"half a file")
+            raise OSError(28, "No space left on device")
+        return super().save_checkpoint(path, background)
+
+
+def test_a_failed_checkpoint_write_leaves_the_previous_one_usable(tmp_path):
+    from rlgen.runtime import RunError
+
+    cfg = compose_run_config([*BASE, "steps=6", "checkpoint.every=2"])
+    with pytest.raises(RunError) as info:
+        run_training(build_plan(cfg), tmp_path, Console(quiet=True), learner_cls=SaveFailsOnce)
+    message = str(info.value)
+    assert message.startswith(f"checkpoint step_000004 could not be written under {tmp_path / 'checkpoints'} "
+                              "(the disk is full); the newest complete checkpoint, step_000002, is kept.")
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000002"]
+    assert not list((tmp_path / "checkpoints").glob(".step_*"))  # the half-written folder is gone
+    assert _run(tmp_path, ["steps=6", "checkpoint.every=2"], resume=True) is None
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(6))
+
+
+def test_too_little_disk_for_a_checkpoint_is_one_sentence_before_writing(tmp_path, monkeypatch):
+    from rlgen.runtime.diskspace import DiskFull
+
+    monkeypatch.setattr("rlgen.runtime.diskspace.free_bytes_at", lambda path: 10 * 2**20)
+    cfg = compose_run_config([*BASE, "steps=6", "checkpoint.every=2"])
+    with pytest.raises(DiskFull) as info:
+        run_training(build_plan(cfg), tmp_path, Console(quiet=True))
+    message = str(info.value)
+    assert str(tmp_path / "checkpoints") in message and "checkpoint.keep=2" in message and "GB" in message
+    assert "\n" not in message
+    assert not (tmp_path / "checkpoints").is_dir() or not list((tmp_path / "checkpoints").iterdir())
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and read_status(tmp_path)["state"] == "failed"  # whole lines; the run says why
+
+
+def test_a_checkpoint_folder_that_cannot_be_made_is_one_sentence_naming_it(tmp_path):
+    from rlgen.runtime import RunError
+
+    (tmp_path / "checkpoints").write_text("not a folder")  # as a folder without write permission would fail
+    cfg = compose_run_config([*BASE, "steps=4", "checkpoint.every=2"])
+    with pytest.raises(RunError) as info:
+        run_training(build_plan(cfg), tmp_path, Console(quiet=True))
+    message = str(info.value)
+    assert message.startswith(f"checkpoint step_000002 could not be written under {tmp_path / 'checkpoints'} (")
+    assert "no earlier checkpoint exists" in message and "\n" not in message
+    assert read_status(tmp_path)["state"] == "failed"

@@ -387,10 +387,21 @@ def test_merging_takes_the_worst_outcome_and_keeps_nan():
 
 
 # -- checkpoint and resume ---------------------------------------------------------------------------------
+class TorchFiles:
+    """DeepSpeed's TorchCheckpointEngine, as far as saving and loading go."""
+
+    def save(self, state_dict, path):
+        torch.save(state_dict, path)
+
+
 class CheckpointingStandIn(ZeroStandIn):
     """ZeroStandIn plus DeepSpeed 0.19.8's checkpoint behaviour that matters here: save_checkpoint writes its own
-    keys (skipped_steps and global_steps among them) and then the client state over them; load_checkpoint hands
-    back only the keys that are not DeepSpeed's own."""
+    keys (skipped_steps and global_steps among them) and then the client state over them, through its checkpoint
+    engine (the learner's wrapper of it); load_checkpoint hands back only the keys that are not DeepSpeed's own."""
+
+    def __init__(self, module, lr, grad_clip, files):
+        super().__init__(module, lr, grad_clip)
+        self.files = files
 
     OWN_KEYS = ("module", "sparse_tensor_module_names", "skipped_steps", "global_steps", "dp_world_size",
                 "mp_world_size", "data_sampler", "random_ltd")
@@ -400,7 +411,7 @@ class CheckpointingStandIn(ZeroStandIn):
                  "global_steps": 0, "dp_world_size": 1, "mp_world_size": 1}
         state.update(client_state)
         Path(save_dir, tag).mkdir(parents=True, exist_ok=True)
-        torch.save(state, Path(save_dir, tag, "state.pt"))
+        self.files.save(state, str(Path(save_dir, tag, "state.pt")))
 
     def load_checkpoint(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states):
         state = torch.load(Path(load_dir, tag, "state.pt"), weights_only=False)
@@ -409,22 +420,34 @@ class CheckpointingStandIn(ZeroStandIn):
         return load_dir, {k: v for k, v in state.items() if k not in self.OWN_KEYS and k not in ("optimizer",)}
 
 
-def test_checkpoint_resume_restores_counters_and_weights(model_dir, tmp_path):
+def _checkpointing(learner, algo) -> None:
+    learner._ckpt_files.inner = TorchFiles()
+    learner.engine = learner.model = CheckpointingStandIn(learner.module, algo.lr, algo.grad_clip, learner._ckpt_files)
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["at-once", "in-the-background"])
+def test_checkpoint_resume_restores_counters_and_weights(model_dir, tmp_path, background):
     """The learner's counters survive DeepSpeed's client-state filter (a 'skipped_steps' of rlgen's own at the top
-    level would be dropped on load), and the resumed learner holds the saved weights."""
+    level would be dropped on load), and the resumed learner holds the saved weights. In the background, the
+    files DeepSpeed hands its checkpoint engine are host copies, written after a train step changed the weights."""
     algo = algo_cfg(lr=1e-2, micro_batch_size=2, grad_clip=1.0)
     first = ds_learner(model_dir, algo)
-    first.engine = first.model = CheckpointingStandIn(first.module, algo.lr, algo.grad_clip)
+    _checkpointing(first, algo)
     first.train_step(make_batch())
     first.skipped_steps, first.consecutive_skips, first.last_skip_reason = 3, 1, "non-finite grad norm"
-    first.save_checkpoint(str(tmp_path))
-    assert (tmp_path / "model" / "config.json").is_file()
     saved = params(first.module)
+    out = first.save_checkpoint(str(tmp_path), background)
+    assert out["background"] is background
+    if background:
+        first.train_step(make_batch())  # training goes on while the copies are written
+        assert first._writer.wait(timeout=60) and (tmp_path / "learner" / "rank0.done").is_file()
+        assert first.version == 2
+    assert (tmp_path / "model" / "config.json").is_file()
 
     second = ds_learner(model_dir, algo)
-    second.engine = second.model = CheckpointingStandIn(second.module, algo.lr, algo.grad_clip)
+    _checkpointing(second, algo)
     assert any(not torch.equal(saved[k], v) for k, v in params(second.module).items())
     second._resume(str(tmp_path))
-    assert (second.version, second.calls) == (first.version, first.calls) == (1, 1)
+    assert (second.version, second.calls) == (1, 1)
     assert (second.skipped_steps, second.consecutive_skips, second.last_skip_reason) == (3, 1, "non-finite grad norm")
     assert all(torch.equal(saved[k], v) for k, v in params(second.module).items())

@@ -129,8 +129,9 @@ def test_a_model_folder_gets_the_recipe_of_its_size(tmp_path):
 
 
 def test_recipe_bands_cover_every_size_in_order():
-    assert [r.name for r in RECIPES] == ["tiny", "0.5B", "1.5B", "7B", "large"]
+    assert [r.name for r in RECIPES] == ["tiny", "small", "0.5B", "1.5B", "7B", "large"]
     assert recipe_for(80_000).name == "tiny"
+    assert recipe_for(count_params(compose_run_config(["model=small"]).model)[0]).name == "small"
     for preset, band in (("qwen2_5_0_5b", "0.5B"), ("qwen2_5_1_5b", "1.5B"), ("qwen2_5_7b", "7B")):
         assert recipe_for(count_params(compose_run_config([f"model={preset}"]).model)[0]).name == band
     assert recipe_for(70e9).name == "large"

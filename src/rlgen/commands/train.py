@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from rlgen.config import RunConfig, to_run_config
+from rlgen.errors import UserError
 from rlgen.plan import PlanError
 from rlgen.runlog import LOG_FILE, MirroredConsole
 from rlgen.runtime.run import run_training
@@ -154,6 +155,9 @@ def train_app(dict_cfg) -> float:
                            end_sweep=stop.requested)
     except RunError as err:
         return _job_failed("failed", f"{err} (details: {out / LOG_FILE})", "[bold red]run stopped:[/] ", 1, out)
+    except UserError as err:  # another run holds the directory, a disk too full for a checkpoint ...
+        return _job_failed("failed" if err.exit_code == 1 else "rejected", str(err), "[bold red]error:[/] ",
+                           err.exit_code, out)
     except Exception as err:  # noqa: BLE001 - one line here, the traceback in run.log (run_training wrote it)
         log.info("the run failed", exc_info=err)
         return _job_failed("failed", f"unexpected {type(err).__name__}: {err} (details: {out / LOG_FILE})",

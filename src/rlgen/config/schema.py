@@ -329,6 +329,10 @@ class CheckpointConfig:
 
     every: int = 50
     keep: int = 2
+    # Periodic checkpoints written in the background: the learners copy their state to host memory and train on
+    # while a thread writes it. null: on for learners on GPUs, off on CPU. The last one and a stop's are written
+    # before the run ends either way.
+    background: bool | None = None
 
 
 @dataclass

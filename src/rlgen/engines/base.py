@@ -16,6 +16,12 @@ class EngineStartError(RuntimeError):
         super().__init__(f"{name}{COULD_NOT_START}{why}")
 
 
+class EngineDead(RuntimeError):
+    """The engine inside a live actor can no longer work: vLLM's engine core process died, or a CUDA error left
+    its GPU state unusable. The actor answers, but only a new actor helps: the run re-creates it in its place,
+    gives it the current weights and sends its requests again (rlgen.runtime.faults)."""
+
+
 @runtime_checkable
 class Engine(Protocol):
     def generate(self, requests: list[GenRequest], version: int | None = None) -> dict[str, Any]:
@@ -36,4 +42,4 @@ class Engine(Protocol):
         """{"ok": bool, "version": int, ...}; cheap, answers within a second."""
 
 
-__all__ = ["COULD_NOT_START", "Completion", "Engine", "EngineStartError", "GenRequest"]
+__all__ = ["COULD_NOT_START", "Completion", "Engine", "EngineDead", "EngineStartError", "GenRequest"]

@@ -31,6 +31,7 @@ import torch
 from rlgen.algo.registry import Algorithm
 from rlgen.algo.registry import algorithm as find_algorithm
 from rlgen.config import AlgoConfig, LossAgg, MonitorConfig
+from rlgen.learners.background import BackgroundWriter, to_host
 from rlgen.learners.grpo_step import (
     StepSums,
     assemble_metrics,
@@ -48,6 +49,29 @@ DS_TAG = "zero"  # the tag of DeepSpeed's checkpoint inside a checkpoint's learn
 # rlgen's counters and RNG states ride in DeepSpeed's client state under one key of their own: DeepSpeed keeps a
 # "skipped_steps" of its own there and drops it from what load_checkpoint hands back
 CLIENT_KEY = "rlgen"
+
+
+class DeferredFiles:
+    """DeepSpeed's checkpoint engine, whose saves can be deferred: while ``defer`` is on, each file DeepSpeed
+    saves is kept as a copy in host memory, and ``write_deferred`` writes them later (from a background thread)
+    through the engine it wraps. Everything else (loading, commits) goes to that engine."""
+
+    def __init__(self, inner: Any):
+        self.inner, self.defer, self.deferred = inner, False, []
+
+    def save(self, state_dict: Any, path: str) -> None:
+        if self.defer:
+            self.deferred.append((to_host(state_dict), path))
+        else:
+            self.inner.save(state_dict, path)
+
+    def write_deferred(self) -> None:
+        files, self.deferred = self.deferred, []
+        for state_dict, path in files:
+            self.inner.save(state_dict, path)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 def micro_batches(rows: int, micro_batch_size: int) -> int:
@@ -165,6 +189,8 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         _dist_env(rank, world_size, master_addr, master_port)
         deepspeed.init_distributed(dist_backend="nccl")
         self.engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=self.ds_config)
+        self._ckpt_files.inner = self.engine.checkpoint_engine  # background checkpoints hand their files over
+        self.engine.checkpoint_engine = self._ckpt_files
         self.engine.train()
         self.model = self.engine  # the forward (grpo_step.response_logits) calls self.model(...)
         self.module = self.engine.module
@@ -183,6 +209,8 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         self.release_memory = bool(release_memory)
         self.ref_model = None
         self._init_counters()
+        self._writer = BackgroundWriter()
+        self._ckpt_files = DeferredFiles(None)  # wraps DeepSpeed's checkpoint engine once there is one
         self.sync_blocked = None
 
     # -- training --------------------------------------------------------------------------------------
@@ -327,20 +355,30 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
                                                 load_optimizer_states=True, load_lr_scheduler_states=True)
         self._restore_counters(client[CLIENT_KEY])
 
-    def save_checkpoint(self, path: str) -> dict[str, Any]:
+    def save_checkpoint(self, path: str, background: bool = False) -> dict[str, Any]:
         """Every rank: the policy as an HF folder (``model/``, bf16, gathered; rank 0 writes it) and DeepSpeed's
-        checkpoint of the engine (``learner/``: fp32 master weights, optimizer partitions, counters, RNG)."""
+        checkpoint of the engine (``learner/``: fp32 master weights, optimizer partitions, counters, RNG).
+        background: DeepSpeed's files are handed to its checkpoint engine as host copies and written, with the
+        HF folder, by a thread while the learner trains on (rlgen.learners.background)."""
         t0 = time.time()
         torch.cuda.empty_cache()  # NCCL allocates outside torch's cache at its first collective (DeepSpeed's barrier)
-        weights = self.get_weights()  # a collective under ZeRO-3
+        weights = self.get_weights()  # host tensors; a collective under ZeRO-3
+        jobs = []
         if self.rank == 0:
-            self.module.save_pretrained(os.path.join(path, "model"), state_dict=weights)
-        del weights
-        self.engine.save_checkpoint(os.path.join(path, "learner"), tag=DS_TAG, client_state={CLIENT_KEY: self._counters()},
-                                    save_latest=False)
+            model_dir = os.path.join(path, "model")
+            jobs.append(lambda: self.module.save_pretrained(model_dir, state_dict=weights))
+        files = self._ckpt_files
+        files.defer = background
+        try:
+            self.engine.save_checkpoint(os.path.join(path, "learner"), tag=DS_TAG,
+                                        client_state={CLIENT_KEY: self._counters()}, save_latest=False)
+        finally:
+            files.defer = False
+        jobs.append(files.write_deferred)
+        self._writer.run(jobs, path, self.rank, background)
         if self.release_memory:
             torch.cuda.empty_cache()
-        return {"actor": self.name, "version": self.version, "seconds": time.time() - t0}
+        return {"actor": self.name, "version": self.version, "seconds": time.time() - t0, "background": background}
 
 
 __all__ = ["DeepSpeedLearner", "build_ds_config", "micro_batches"]

@@ -15,6 +15,7 @@ from rlgen.algo.registry import Algorithm
 from rlgen.algo.registry import algorithm as find_algorithm
 from rlgen.config import AlgoConfig, LossAgg, MonitorConfig
 from rlgen.hostinfo import process_info
+from rlgen.learners.background import BackgroundWriter, to_host
 from rlgen.learners.grpo_step import StepSums, assemble_metrics, inverse, micro_loss, unpack_batch
 from rlgen.types import RolloutBatch
 
@@ -89,6 +90,7 @@ class TorchLearner:
             ref = self.model if ref_model_path is None else AutoModelForCausalLM.from_pretrained(ref_model_path, dtype=torch.float32)
             self.ref_model = copy.deepcopy(ref).to(self.device).eval().requires_grad_(False)
         self._init_counters()
+        self._writer = BackgroundWriter()
         if resume_from:
             state = load_learner_state(resume_from, self.rank)
             self.optimizer.load_state_dict(state["optimizer"])
@@ -275,14 +277,22 @@ class TorchLearner:
         state = {"version": self.version, "calls": self.calls, "optimizer": self.optimizer.state_dict()}
         torch.save(state, os.path.join(path, "learner_state.pt"))
 
-    def save_checkpoint(self, path: str) -> dict[str, Any]:
+    def save_checkpoint(self, path: str, background: bool = False) -> dict[str, Any]:
         """Into a checkpoint folder: the policy as an HF folder (``model/``) and this rank's optimizer state,
-        counters and RNG states (``learner/``). ``resume_from=path`` continues from exactly here."""
+        counters and RNG states (``learner/``). ``resume_from=path`` continues from exactly here. background:
+        the state is copied to host memory and written by a thread while the learner trains on; the rank's
+        part is marked done (or failed) in ``learner/`` (rlgen.learners.background)."""
         t0 = time.time()
+        jobs = []
         if self.rank == 0:
-            self.model.save_pretrained(os.path.join(path, "model"))
-        save_learner_state(path, self.rank, {**self._counters(), "optimizer": self.optimizer.state_dict()})
-        return {"actor": self.name, "version": self.version, "seconds": time.time() - t0}
+            weights = to_host(self.model.state_dict()) if background else None
+            model_dir = os.path.join(path, "model")
+            jobs.append(lambda: self.model.save_pretrained(model_dir, state_dict=weights))
+        state = {**self._counters(), "optimizer": to_host(self.optimizer.state_dict()) if background
+                 else self.optimizer.state_dict()}
+        jobs.append(lambda: save_learner_state(path, self.rank, state))
+        self._writer.run(jobs, path, self.rank, background)
+        return {"actor": self.name, "version": self.version, "seconds": time.time() - t0, "background": background}
 
 
     def save_checkpoint_packed(self) -> bytes:

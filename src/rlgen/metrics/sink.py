@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from rlgen.config import RunConfig, WandbMode
+from rlgen.durable import append_line, replace_text
 
 log = logging.getLogger("rlgen.console")
 
@@ -36,13 +37,12 @@ def read_jsonl(path: str | Path) -> list[dict]:
 
 
 def keep_lines(path: Path, n: int) -> list[dict]:
-    """Cut a JSONL file to its first n lines (a resumed run redoes the steps after its checkpoint); returns them."""
+    """Cut a JSONL file to its first n lines (a resumed run redoes the steps after its checkpoint); returns them.
+    The file is replaced whole, so a failure leaves it as it was."""
     lines = path.read_text().splitlines(keepends=True) if path.is_file() else []
     if len(lines) < n:
         raise ValueError(f"{path} has {len(lines)} lines, but the checkpoint says {n} steps were logged.")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(lines[:n]))
-    os.replace(tmp, path)
+    replace_text(path, "".join(lines[:n]))
     return [json.loads(line) for line in lines[:n]]
 
 
@@ -55,7 +55,9 @@ class MetricsSink:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / "metrics.jsonl"
         self.records: list[dict] = [] if resume_lines is None else keep_lines(self.path, resume_lines)
-        self._file = self.path.open("w" if resume_lines is None else "a")
+        # O_APPEND, unbuffered, one os.write per line: a line lands whole or (cut back on failure) not at all
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (os.O_TRUNC if resume_lines is None else 0)
+        self._file = open(os.open(self.path, flags, 0o666), "ab", buffering=0)
         self.console = console or Console()
         self.t0 = time.time() - wall_before
         self.progress = Progress(
@@ -92,9 +94,10 @@ class MetricsSink:
             )
 
     def log(self, record: dict) -> None:
+        """Append the step's line to metrics.jsonl (whole, or not at all with an OSError naming the file), then
+        show it. A record whose line could not be written is not kept in ``records`` either."""
+        append_line(self._file.fileno(), self.path, json.dumps(_jsonable(record)) + "\n")
         self.records.append(record)
-        self._file.write(json.dumps(_jsonable(record)) + "\n")
-        self._file.flush()
         self.progress.update(
             self.task_id,
             advance=1,
@@ -147,7 +150,7 @@ class MetricsSink:
     def close(self, summary: dict) -> None:
         self.progress.stop()
         self._file.close()
-        (self.out_dir / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2) + "\n")
+        replace_text(self.out_dir / "summary.json", json.dumps(_jsonable(summary), indent=2) + "\n")
         t = Table(title="run summary", title_justify="left", show_header=False)
         t.add_column("metric")
         t.add_column("value")

@@ -12,12 +12,12 @@ import dataclasses
 
 from rlgen.algo.registry import algorithm_problem
 from rlgen.charvocab import CHAR_VOCAB_SIZE
-from rlgen.config import RunConfig, Setting, Transport, set_key
+from rlgen.config import LearnerKind, RunConfig, Setting, Transport, set_key
 from rlgen.engines.registry import EngineSpec, UnknownEngineKind, engine_spec
 from rlgen.learners.registry import resolve_learner
 from rlgen.plan.checks import check_hardware, check_learners, check_lengths, check_logits, live_vllm_env
 from rlgen.plan.layout import BatchGeometry, EngineSlot, Layout, ModelSummary, Plan, PlanError
-from rlgen.plan.memory import GIB, share_part
+from rlgen.plan.memory import GIB, checkpoint_bytes, share_part
 from rlgen.plan.model_folder import with_model_folder
 from rlgen.plan.overlap import default_async_steps, fit_with_overlap
 from rlgen.plan.recipes import fill_recipe
@@ -141,13 +141,28 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
     if p:
         raise PlanError(p)
     env, dropped = live_vllm_env(cfg.engine.env) if spec.passes_env else ({}, [])
+    cfg, background = _checkpoint_background(cfg, device)
+    settings.append(background)
+    ckpt = checkpoint_bytes(ms.params, learner.kind is LearnerKind.deepspeed) / GIB
     return Plan(
         config=cfg, engine=spec, learner_kind=learner.kind, layout=layout, device=device,
         hardware=cfg.hardware.name, nodes=cfg.hardware.nodes, gpus_per_node=cfg.hardware.gpus_per_node,
         engines=_shares(engines, cfg, spec), learners=learners, transport=transport_of(cfg, spec, layout),
         batch=batch, model=ms, async_steps=cfg.algo.async_steps, engine_env=env,
         warnings=tuple(_idle_engine_gpus(cfg, engines, layout) + dropped), settings=tuple(settings), memory=memory,
+        checkpoint_gib=round(ckpt, 3),
     )
+
+
+def _checkpoint_background(cfg: RunConfig, device: str) -> tuple[RunConfig, Setting]:
+    """checkpoint.background: the config's, or on for learners on GPUs (whose checkpoints take tens of seconds
+    to write) and off on CPU."""
+    if cfg.checkpoint.background is not None:
+        return cfg, Setting("checkpoint.background", cfg.checkpoint.background, "config")
+    on = device == "cuda"
+    why = ("derived: learners on GPUs copy their state to host memory and train on while it is written" if on
+           else "derived: CPU learners write their small checkpoints at once")
+    return set_key(cfg, "checkpoint.background", on), Setting("checkpoint.background", on, why)
 
 
 def _check_micro_batch(cfg: RunConfig, ms: ModelSummary, batch: BatchGeometry, has_learners: bool,

@@ -37,6 +37,19 @@ def memory_line(plan: Plan) -> str | None:
     return f"memory per GPU ({m.gpu_gib:.0f} GiB): engine GPUs {engine}; learner GPUs {learner}"
 
 
+def checkpoint_line(plan: Plan) -> str:
+    """A checkpoint's expected size and the disk the run's checkpoints need at most."""
+    c = plan.config.checkpoint
+    size = plan.checkpoint_gib
+    when = "in the background" if c.background else "while the run waits"
+    return (f"checkpoints: about {_gib(size)} each, written {when}; checkpoint.keep={c.keep} keeps {c.keep}, and "
+            f"while the next is written up to {_gib(size * (c.keep + 1))} under <run dir>/checkpoints")
+
+
+def _gib(x: float) -> str:
+    return f"{x:.1f} GiB" if x >= 0.1 else f"{x * 1024:.1f} MiB"
+
+
 def resolved_lines(plan: Plan) -> list[str]:
     """One line per value the config left null, with what the plan chose and why."""
     return [f"{s.key}={s.value}  ({s.source})" for s in plan.settings if s.source != "config"]
@@ -88,6 +101,7 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
     line = memory_line(plan)
     if line:
         console.print(line, highlight=False)
+    console.print(checkpoint_line(plan), highlight=False)
     for w in plan.warnings:
         console.print(f"[yellow]note:[/] {escape(w)}", highlight=False)
 

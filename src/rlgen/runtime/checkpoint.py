@@ -4,38 +4,72 @@ the COMPLETE marker, rotation, the driver's RNG) is ``rlgen.runtime.checkpoint_d
 A checkpoint taken after k steps holds everything needed to run step k next: the learners' state, the policy
 and its tokenizer, the run state, and the rollouts generated ahead of the learner with older weights. Rollouts
 launched with the current weights are not kept: the resumed run generates them again with the same seeds, and
-gets the same ones."""
+gets the same ones.
+
+Before writing, the free space is checked against the size of the last checkpoint (the plan's estimate for the
+first); a write that fails leaves the checkpoints already there as they were and says why in one sentence.
+Periodic checkpoints with ``checkpoint.background`` cost the loop only the copy of the learners' state to host
+memory: the learners write their files from a thread, and a thread here waits for them and completes the
+checkpoint. One such write runs at a time; the next checkpoint, the end of the run and its tear-down wait for it.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlgen.learners.background import DONE, FAILED, marker
+from rlgen.plan.memory import GIB
 from rlgen.runtime.checkpoint_dir import (
     CHECKPOINTS,
+    begin_checkpoint,
     checkpoint_name,
+    finish_checkpoint,
     is_complete,
     newest_checkpoint,
     read_rollouts,
     run_state,
-    write_checkpoint,
 )
-from rlgen.runtime.errors import RunError, RunStopped
+from rlgen.runtime.diskspace import DiskFull, check_free_space, folder_bytes
+from rlgen.runtime.errors import RunError, RunStopped, StopRequested
 from rlgen.runtime.flights import InFlight
 from rlgen.runtime.resume import identity
+from rlgen.runtime.waits import POLL_S
 
 log = logging.getLogger(__name__)
 
 
-def save(run: Any, reason: str) -> Path:
-    """Write checkpoint step_<state.step> (run: a runtime.setup.Run) and return its path."""
+@dataclass
+class BackgroundWrite:
+    """A checkpoint whose learner files are being written; a thread completes it when they are."""
+
+    step: int
+    tmp: Path
+    started: float
+    thread: threading.Thread | None = None
+    error: BaseException | None = None
+    seconds: float = 0.0  # from the start of the checkpoint to its COMPLETE marker
+    path: Path | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def save(run: Any, reason: str, *, background: bool = False) -> Path:
+    """Write checkpoint step_<state.step> (run: a runtime.setup.Run) and return its path; with background (and
+    learners that write into the run directory) return once the learners hold a copy of their state, while the
+    checkpoint is completed in the background."""
     state = run.state
     path = run.out_dir / CHECKPOINTS / checkpoint_name(state.step)
     if is_complete(path) and state.last_checkpoint is not None and state.last_checkpoint.name == path.name:
         return path  # nothing has happened since that one was written
+    finish_background(run)
     t0 = time.time()
+    check_free_space(run.out_dir / CHECKPOINTS, _expected_bytes(run), keep=run.cfg.checkpoint.keep)
     kept = _ahead(run)
     saved = run_state(
         step=state.step, steps=run.cfg.steps, version=state.version, async_steps=state.async_steps,
@@ -46,15 +80,118 @@ def save(run: Any, reason: str) -> Path:
         wall_s=state.wall_before + (time.time() - run.sink.t0 if run.sink else 0.0), reason=reason,
         identity=identity(run.cfg, len(run.learners)),
     )
-    path = write_checkpoint(run.out_dir, state.step, lambda tmp: _fill(run, tmp), saved,
-                            {"flights": [f.to_json() for f in kept]}, run.cfg.checkpoint.keep)
-    state.last_checkpoint = path
+    rollouts = {"flights": [f.to_json() for f in kept]}
+    background = background and all(run.folders.writes_here.get(n, True) for n in run.folders.learner_nodes)
+    tmp = _begin(run, state.step)
+    try:
+        _fill(run, tmp, background)
+    except BaseException as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _write_failed(run, state.step, err) from err
+    if background:
+        job = BackgroundWrite(state.step, tmp, t0)
+        job.thread = threading.Thread(target=_complete, args=(run, job, saved, rollouts), daemon=True,
+                                      name=f"rlgen-checkpoint-{state.step}")
+        run.background_write = job
+        job.thread.start()
+        _cost(run, t0, f"{reason}, completed in the background")
+        return path
+    final = _finish(run, state.step, tmp, saved, rollouts)
+    _cost(run, t0, reason)
+    return final
+
+
+def _cost(run: Any, t0: float, what: str) -> None:
     seconds = time.time() - t0
-    log.info("checkpoint %s written in %.2f s (%s)", path, seconds, reason)
-    state.checkpoint_seconds.append(seconds)
+    log.info("checkpoint step_%06d cost the loop %.2f s (%s)", run.state.step, seconds, what)
+    run.state.checkpoint_seconds.append(seconds)
+
+
+def _begin(run: Any, step: int) -> Path:
+    try:
+        return begin_checkpoint(run.out_dir, step)
+    except OSError as err:
+        raise _write_failed(run, step, err) from err
+
+
+def _finish(run: Any, step: int, tmp: Path, saved: dict[str, Any], rollouts: dict[str, Any]) -> Path:
+    """The state files and the marker in, renamed into place; the run state and status.json learn of it."""
+    try:
+        final = finish_checkpoint(run.out_dir, step, tmp, saved, rollouts, run.cfg.checkpoint.keep)
+    except OSError as err:
+        raise _write_failed(run, step, err) from err
+    run.state.last_checkpoint = final
     if run.status is not None:
-        run.status.update(checkpoint=str(path), step=state.step)
-    return path
+        run.status.update(checkpoint=str(final), step=step)
+    return final
+
+
+def _complete(run: Any, job: BackgroundWrite, saved: dict[str, Any], rollouts: dict[str, Any]) -> None:
+    """The background half of a checkpoint: wait for every rank's files, then finish it (on a thread)."""
+    try:
+        _wait_for_ranks(run, job)
+        job.path = _finish(run, job.step, job.tmp, saved, rollouts)
+        job.seconds = time.time() - job.started
+        log.info("checkpoint %s written in the background in %.1f s", job.path, job.seconds)
+    except BaseException as err:  # noqa: BLE001 - raised on the loop's thread by finish_background
+        shutil.rmtree(job.tmp, ignore_errors=True)
+        job.error = err
+
+
+def _wait_for_ranks(run: Any, job: BackgroundWrite) -> None:
+    """Every rank's done marker (then removed); a failed one, or none within timeout_s, raises."""
+    timeout = run.cfg.timeout_s
+    deadline = job.started + timeout
+    pending = set(range(len(run.learners)))
+    while pending:
+        for rank in list(pending):
+            failed = marker(job.tmp, rank, FAILED)
+            if failed.is_file():
+                why = json.loads(failed.read_text()).get("error", "an error")
+                raise _write_failed(run, job.step, OSError(why))
+            done = marker(job.tmp, rank, DONE)
+            if done.is_file():
+                done.unlink()
+                pending.discard(rank)
+        if pending and time.time() > deadline:
+            raise RunError(f"checkpoint step_{job.step:06d}: learner{min(pending)} did not finish writing its files "
+                           f"within timeout_s={timeout:.0f} s; raise timeout_s or check the disk under {run.out_dir}.")
+        if pending:
+            time.sleep(POLL_S)
+
+
+def finish_background(run: Any, timeout: float | None = None) -> None:
+    """Wait for the checkpoint being written in the background, if any; its failure raises here (the
+    checkpoints before it are untouched)."""
+    job = getattr(run, "background_write", None)
+    if job is None:
+        return
+    job.thread.join(timeout if timeout is not None else run.cfg.timeout_s + 30)
+    if job.thread.is_alive():
+        raise RunError(f"checkpoint step_{job.step:06d} is still being written after timeout_s; check the disk "
+                       f"under {run.out_dir}.")
+    run.background_write = None
+    if job.error is not None:
+        raise job.error
+
+
+def _expected_bytes(run: Any) -> int:
+    """What the next checkpoint needs on disk: as much as the last one, or the plan's estimate for the first."""
+    last = newest_checkpoint(run.out_dir)
+    return folder_bytes(last) if last is not None else int(run.plan.checkpoint_gib * GIB)
+
+
+def _write_failed(run: Any, step: int, err: BaseException) -> BaseException:
+    """One sentence for a checkpoint that could not be written: where, why, and that the last one is kept."""
+    if isinstance(err, (RunError, DiskFull)) and "checkpoint step_" in str(err):
+        return err
+    last = newest_checkpoint(run.out_dir)
+    kept = f"the newest complete checkpoint, {last.name}, is kept" if last else "no earlier checkpoint exists"
+    why = str(getattr(err, "strerror", None) or err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if "No space left" in str(err) or getattr(err, "errno", None) == 28:
+        why = "the disk is full"
+    return RunError(f"checkpoint step_{step:06d} could not be written under {run.out_dir / CHECKPOINTS} ({why}); "
+                    f"{kept}. Free space or make that folder writable, then resume=auto.")
 
 
 def _ahead(run: Any) -> list[InFlight]:
@@ -72,13 +209,13 @@ def _ahead(run: Any) -> list[InFlight]:
     return kept
 
 
-def _fill(run: Any, tmp: Path) -> None:
-    """The learners' files and the tokenizer into the checkpoint's temporary folder. A learner on a node that
-    cannot see the run directory sends its files back packed."""
+def _fill(run: Any, tmp: Path, background: bool) -> None:
+    """The learners' files (or, background, their host copies) and the tokenizer into the checkpoint's
+    temporary folder. A learner on a node that cannot see the run directory sends its files back packed."""
     from rlgen.packing import unpack_into
 
     here = [run.folders.writes_here.get(n, True) for n in run.folders.learner_nodes]
-    refs = [a.save_checkpoint.remote(str(tmp)) if ok else a.save_checkpoint_packed.remote()
+    refs = [a.save_checkpoint.remote(str(tmp), background) if ok else a.save_checkpoint_packed.remote()
             for a, ok in zip(run.learners, here)]
     names = [f"learner{r}" for r in range(len(run.learners))]
     for ok, out in zip(here, run.waiter.learner_get(refs, "writing a checkpoint", names, run.folders.learner_nodes)):
@@ -93,9 +230,14 @@ def stopped(run: Any, reason: str, exit_code: int, *, write: bool) -> RunStopped
     if write and run.learners:
         try:
             path = save(run, f"stop: {reason}")
-        except (RunError, OSError) as err:
+        except (RunError, DiskFull, OSError, StopRequested) as err:  # a second stop while an engine restarts
             log.info("no checkpoint at the stop", exc_info=err)
             reason = f"{reason}; the checkpoint at the stop could not be written ({err})"
+    else:
+        try:
+            finish_background(run)
+        except (RunError, OSError) as err:
+            log.info("the background checkpoint did not complete", exc_info=err)
     path = path or newest_checkpoint(run.out_dir)
     return RunStopped(reason, exit_code=exit_code, step=run.state.step, checkpoint=str(path) if path else None)
 
@@ -106,4 +248,4 @@ def restore_rollouts(run: Any, point: Any) -> None:
     run.rollouts.restore(read_rollouts(point.checkpoint)["flights"], run.state.step)
 
 
-__all__ = ["restore_rollouts", "save", "stopped"]
+__all__ = ["finish_background", "restore_rollouts", "save", "stopped"]

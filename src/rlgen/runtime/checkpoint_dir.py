@@ -107,24 +107,24 @@ def _write(path: Path, data: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
-def write_checkpoint(
-    run_dir: str | Path,
-    step: int,
-    fill: Callable[[Path], None],
-    state: dict[str, Any],
-    rollouts: dict[str, Any],
-    keep: int,
-) -> Path:
-    """Write checkpoint ``step``: ``fill(tmp)`` writes the model and learner files into a temporary folder,
-    then the state files and the marker go in and the folder is renamed into place. Keeps the newest
-    ``keep`` complete checkpoints and removes torn ones. Returns the checkpoint's path."""
+def begin_checkpoint(run_dir: str | Path, step: int) -> Path:
+    """The temporary folder checkpoint ``step`` is written into, beside the checkpoints (its name starts with a
+    dot, so nothing takes it for a checkpoint)."""
     root = Path(run_dir) / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
-    final = root / checkpoint_name(step)
-    tmp = root / f".{final.name}.tmp-{os.getpid()}-{time.time_ns()}"
+    tmp = root / f".{checkpoint_name(step)}.tmp-{os.getpid()}-{time.time_ns()}"
     tmp.mkdir()
+    return tmp
+
+
+def finish_checkpoint(run_dir: str | Path, step: int, tmp: Path, state: dict[str, Any], rollouts: dict[str, Any],
+                      keep: int) -> Path:
+    """The state files and the marker into ``tmp`` (which holds the learners' files), renamed into place; then
+    the newest ``keep`` complete checkpoints stay and torn ones go. On failure ``tmp`` is removed and the
+    checkpoints already there are untouched."""
+    root = Path(run_dir) / CHECKPOINTS
+    final = root / checkpoint_name(step)
     try:
-        fill(tmp)
         _write(tmp / STATE_FILE, {"format": FORMAT, "contents": CONTENTS, **state})
         _write(tmp / ROLLOUTS_FILE, rollouts)
         _write(tmp / RNG_FILE, capture_rng())
@@ -138,6 +138,26 @@ def write_checkpoint(
         raise
     prune(run_dir, keep)
     return final
+
+
+def write_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    fill: Callable[[Path], None],
+    state: dict[str, Any],
+    rollouts: dict[str, Any],
+    keep: int,
+) -> Path:
+    """Write checkpoint ``step``: ``fill(tmp)`` writes the model and learner files into a temporary folder,
+    then the state files and the marker go in and the folder is renamed into place. Keeps the newest
+    ``keep`` complete checkpoints and removes torn ones. Returns the checkpoint's path."""
+    tmp = begin_checkpoint(run_dir, step)
+    try:
+        fill(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return finish_checkpoint(run_dir, step, tmp, state, rollouts, keep)
 
 
 def run_state(*, step: int, steps: int, version: int, async_steps: int, metrics_lines: int, prompts_per_step: int,

@@ -1,6 +1,8 @@
-"""Engine faults: an engine actor that dies is re-created in its bundle, brought to the current weights, and
-its unfinished requests are sent again. Each engine may die ``engine.max_restarts`` times; one more death
-raises EngineLost, which stops the run cleanly."""
+"""Engine faults: an engine that dies is re-created in its bundle, brought to the current weights, and its
+unfinished requests are sent again. An engine dies in two ways: its actor process dies (RayActorError), or the
+engine inside a live actor does (EngineDead: vLLM's engine core exited, or a CUDA error); both are handled the
+same way. Each engine may die ``engine.max_restarts`` times; one more death raises EngineLost, which stops the
+run cleanly."""
 
 from __future__ import annotations
 
@@ -8,9 +10,27 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from rlgen.engines.base import EngineDead
+from rlgen.errors import causes
 from rlgen.runtime.errors import RunError, actor_death_detail
 
 log = logging.getLogger(__name__)
+HEALTH_TIMEOUT_S = 30.0  # an engine that does not answer its health check within this is busy, not dead
+
+
+def engine_died(err: BaseException) -> bool:
+    """Whether a failed call means an engine is gone: an actor that died, or an engine that raised EngineDead,
+    also when it reached us through another actor's call (an IPC update goes through the learner)."""
+    from ray.exceptions import RayActorError
+
+    return any(isinstance(e, (RayActorError, EngineDead)) for e in causes(err))
+
+
+def death_detail(err: BaseException) -> str:
+    """What killed an engine, in a line: the EngineDead sentence where there is one (the innermost: Ray's task
+    error is an EngineDead too, with its traceback as text), else Ray's."""
+    dead = [e for e in causes(err) if isinstance(e, EngineDead)]
+    return str(dead[-1])[:300] if dead else actor_death_detail(err, limit=300)
 
 
 def _times(n: int) -> str:
@@ -26,10 +46,10 @@ class EngineKeeper:
 
     def __init__(self, engines: list[Any], names: list[str], max_restarts: int,
                  create: Callable[[int], Any], ready: Callable[[Any, str], None],
-                 resync: Callable[[int, Any], None], say: Callable[[str], None],
+                 resync: Callable[[int, Any, bool], None], say: Callable[[str], None],
                  node_of: Callable[[int], str] | None = None):
-        """create(i): a new actor for engine i. ready(actor, what): wait for its health. resync(i, actor): give
-        it the current weights (the transport's job). say(msg): one line to the user. node_of(i): the Ray node
+        """create(i): a new actor for engine i. ready(actor, what): wait for its health. resync(i, actor, resend):
+        join it to the weight transport and, with resend, give it the current weights (the transport's job). say(msg): one line to the user. node_of(i): the Ray node
         of engine i's bundle (an engine whose node left the cluster cannot come back there)."""
         self.engines, self.names, self.node_of = engines, names, node_of
         self.max_restarts = max_restarts
@@ -41,11 +61,13 @@ class EngineKeeper:
     def total_restarts(self) -> int:
         return sum(self.restarts)
 
-    def replace(self, index: int, err: BaseException) -> None:
-        """Engine ``index`` died (err says how): re-create it, or raise EngineLost past max_restarts."""
+    def replace(self, index: int, err: BaseException, resync: bool = True) -> None:
+        """Engine ``index`` died (err says how): re-create it, or raise EngineLost past max_restarts. resync: give
+        it the current weights now (False: the caller is about to push new weights to every engine). A new actor
+        that fails to start or to join is taken down again, so it holds no GPU share."""
         import ray
 
-        name, detail = self.names[index], actor_death_detail(err, limit=300)
+        name, detail = self.names[index], death_detail(err)
         if self.node_of is not None:
             from rlgen.runtime.cluster import node_alive
 
@@ -65,14 +87,51 @@ class EngineKeeper:
         except Exception:  # noqa: BLE001 - it is gone already
             pass
         actor = self._create(index)
-        self._ready(actor, f"restarting {name}")
-        self._resync(index, actor)
+        try:
+            self._ready(actor, f"restarting {name}")
+            self._resync(index, actor, resync)
+        except BaseException:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
+            raise
         self.engines[index] = actor
         self.incarnation[index] += 1
         self._say(
             f"{name} died ({detail}); restarted it ({self.restarts[index]} of engine.max_restarts="
             f"{self.max_restarts}) with the current weights, and sent its requests again"
         )
+
+    def find_dead(self) -> list[int]:
+        """The engines whose actor or engine is gone, by asking each for its health (a busy engine that does not
+        answer in time counts as alive)."""
+        import ray
+
+        refs = [e.health.remote() for e in self.engines]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=HEALTH_TIMEOUT_S)
+        dead = []
+        for i, ref in enumerate(refs):
+            if ref not in ready:
+                continue
+            try:
+                if not ray.get(ref).get("ok", True):
+                    dead.append(i)
+            except Exception as err:  # noqa: BLE001 - an actor that cannot answer
+                if engine_died(err):
+                    dead.append(i)
+        return dead
+
+    def replace_dead(self, err: BaseException, resync: bool = True) -> bool:
+        """After a call over several engines failed with err (a weight update): re-create the engines that are
+        gone (resync: with the current weights). False when err was not an engine's death, or no engine is gone
+        (the caller raises err then)."""
+        if not engine_died(err):
+            return False
+        dead = self.find_dead()
+        for i in dead:
+            self.replace(i, err, resync)
+        return bool(dead)
 
     def is_dead(self, index: int, incarnation: int, err: BaseException) -> None:
         """A call to engine ``index`` (sent to ``incarnation``) failed because the actor died: re-create it

@@ -15,6 +15,7 @@ from rich.markup import escape
 
 from rlgen import STARTED_AT
 from rlgen.config import BreakerAction
+from rlgen.errors import causes
 from rlgen.runtime.checkpoint import save, stopped
 from rlgen.runtime.errors import RunError, StopRequested
 from rlgen.runtime.faults import EngineLost
@@ -46,7 +47,7 @@ def train(run: Run, sink: Any) -> dict:
                 raise RunError(halt)
             every = cfg.checkpoint.every
             if every > 0 and state.step % every == 0 and state.step < cfg.steps:
-                save(run, "every")
+                save(run, "every", background=bool(cfg.checkpoint.background))
         _finish_updates(run)
         save(run, "final")
     except StopRequested:
@@ -65,7 +66,7 @@ def _step(run: Run, step: int, sink: Any, tracker: Any, last_kind: Any) -> tuple
     tl = StepTimeline(step)
     batch, scores, flight = _rollouts(run, step, tl)
     staleness = state.version - batch.version
-    for r in run.transport.before_train():  # colocated engines sleep while the learner trains
+    for r in _over_engines(run, run.transport.before_train):  # colocated engines sleep while the learner trains
         for phase, a, b in r["spans"]:
             tl.add(r["actor"], Phase(phase), a, b)
     metrics = _train(run, batch, step, tl)
@@ -87,7 +88,10 @@ def _step(run: Run, step: int, sink: Any, tracker: Any, last_kind: Any) -> tuple
     verdict = tracker.update(rec)
     rec["balance"] = verdict.to_dict()
     state.step = step + 1
-    sink.log(rec)
+    try:
+        sink.log(rec)
+    except OSError as err:  # the line was not written (the file keeps its whole lines): say why, stop
+        raise RunError(str(err)) from err
     if step > 0 and verdict.kind != last_kind:
         sink.console.print(f"[cyan]balance:[/] {verdict.advice}", highlight=False)
     return (event.message if halt else None), verdict.kind
@@ -144,7 +148,12 @@ def _train(run: Run, batch: Any, step: int, tl: StepTimeline) -> dict:
     refs = [a.train_step.remote(b) for a, b in zip(run.learners, shards)]
     run.rollouts.prefetch()
     names = [f"learner{r}" for r in range(len(run.learners))]
-    per_rank = run.waiter.learner_get(refs, f"training step {step}", names, run.folders.learner_nodes)
+    try:
+        per_rank = run.waiter.learner_get(refs, f"training step {step}", names, run.folders.learner_nodes)
+    except RunError as err:
+        if out_of_memory(err):
+            raise RunError(_oom_sentence(run, step)) from err
+        raise
     for rank, m in enumerate(per_rank):
         for phase, a, b in m.get("spans", []):
             tl.add(f"learner{rank}", Phase(phase), a, b)
@@ -155,15 +164,15 @@ def _push(run: Run, metrics: dict, halt: bool, tl: StepTimeline) -> None:
     """The new version to the engines, unless the step was skipped or the breaker halts the run."""
     state = run.state
     if metrics.get("skipped"):
-        run.transport.no_update()  # colocated: wake the engines on their old weights
+        _over_engines(run, run.transport.no_update)  # colocated: wake the engines on their old weights
         return
     state.version = int(metrics["version"])
     if halt:
-        run.transport.no_update()
+        _over_engines(run, run.transport.no_update)
         return
     in_flight = state.async_steps > 0 and bool(run.rollouts.pending)
     try:
-        res = run.transport.push(state.version, in_flight=in_flight)
+        res = _over_engines(run, lambda: run.transport.push(state.version, in_flight=in_flight), resync=False)
     except SyncError as err:
         raise RunError(f"weight sync to version {state.version} failed: {err}") from err
     for r in res.results:
@@ -172,6 +181,39 @@ def _push(run: Run, metrics: dict, halt: bool, tl: StepTimeline) -> None:
         for part, seconds in r.get("parts", {}).items():  # the learner's breakdown of an IPC update
             metrics[f"sync_{part}_s"] = seconds
     run.rollouts.queued_updates = {i: (run.keeper.incarnation[i], ref) for i, ref in enumerate(res.pending)}
+
+
+def _over_engines(run: Run, call: Any, resync: bool = True) -> Any:
+    """call() of the transport over every engine; when it failed because engines are gone (an actor, or the
+    engine core inside one), they are re-created, and call() runs once more. resync: the new engines get the
+    weights the engines had first; a push passes False, since its retry gives every engine the new ones (the
+    learner holds only those)."""
+    try:
+        return call()
+    except StopRequested:
+        raise
+    except Exception as err:
+        if not run.keeper.replace_dead(err, resync):
+            raise
+    return call()
+
+
+def out_of_memory(err: BaseException) -> bool:
+    """Whether a learner's failure was running out of GPU memory (torch's OutOfMemoryError, by name)."""
+    return any(type(e).__name__ == "OutOfMemoryError" or "CUDA out of memory" in str(e).split("\n", 1)[0]
+               for e in causes(err))
+
+
+def _oom_sentence(run: Run, step: int) -> str:
+    cfg, b = run.cfg, run.plan.batch
+    micro = cfg.algo.micro_batch_size or b.sequences_per_rank
+    fixes = [f"lower algo.micro_batch_size (now {micro} of the {b.sequences_per_rank} sequences a rank trains on)"]
+    if not cfg.learner.gradient_checkpointing:
+        fixes.append("set learner.gradient_checkpointing=true")
+    fixes.append(f"lower algo.max_new_tokens (now {cfg.algo.max_new_tokens})")
+    return (f"training step {step} ran out of GPU memory on the learner (micro-batches of {micro} sequences of up to "
+            f"{b.max_seq_len} tokens); " + ", ".join(fixes[:-1]) + f", or {fixes[-1]}. The last checkpoint is kept, and "
+            "resume=auto with a smaller micro-batch or gradient checkpointing continues from it.")
 
 
 def _finish_updates(run: Run) -> None:

@@ -7,7 +7,8 @@ a new run starts.
 
 Settings that change the math (model, algo, task, learner, seed, the number of learner ranks, the task
 file's contents) must match the checkpoint's; anything else (steps, logging, timeouts, checkpointing,
-engines) may change, and the changes are listed.
+engines, and the micro-batch size and gradient checkpointing, which change memory only) may change, and the
+changes are listed.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from rlgen.runtime.checkpoint_dir import list_checkpoints, read_state, torn_chec
 
 MATH_PREFIXES = ("model.", "algo.", "task.", "learner.")
 MATH_KEYS = ("seed", "learner_ranks", "task_digest")
+# Keys under those prefixes that change only memory, not the math: micro-batches accumulate to the same gradient,
+# and gradient checkpointing recomputes the same activations. A run that ran out of memory resumes with them changed.
+MEMORY_KEYS = ("algo.micro_batch_size", "learner.gradient_checkpointing")
 IGNORED = ("resume",)
 SEARCH_DEPTH = 4  # levels under the output root: outputs/<date>/<time>, multirun/<date>/<time>/<job>
 
@@ -72,7 +76,7 @@ def changes(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple[A
 
 
 def math_keys(diff: dict[str, tuple[Any, Any]]) -> list[str]:
-    return [k for k in diff if k in MATH_KEYS or k.startswith(MATH_PREFIXES)]
+    return [k for k in diff if k in MATH_KEYS or (k.startswith(MATH_PREFIXES) and k not in MEMORY_KEYS)]
 
 
 def _describe(key: str, old: Any, new: Any) -> str:

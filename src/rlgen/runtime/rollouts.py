@@ -70,6 +70,8 @@ class Rollouts:
         import ray
         from ray.exceptions import RayActorError, RayTaskError
 
+        from rlgen.runtime.faults import engine_died
+
         what = f"generation for step {flight.step}"
         timeout = self.cfg.timeout_s
         deadline = time.time() + timeout
@@ -87,18 +89,21 @@ class Rollouts:
                 try:
                     flight.results[i] = ray.get(ref)
                     del flight.refs[i]
-                except RayActorError as err:
+                except (RayActorError, RayTaskError) as err:
+                    if not engine_died(err):  # the engine raised: the run cannot go on
+                        name = self.keeper.names[i]
+                        log.info("%s raised in %s", what, name, exc_info=err)
+                        raise RunError(f"{what}: {name} raised {short(err.cause)}") from err
+                    # its actor, or the engine inside it, is gone: a new one gets the same requests and seeds
                     self.keeper.is_dead(i, inc, err)
                     flight.refs[i] = (self.keeper.incarnation[i], self.engines[i].generate.remote(flight.shards[i]))
                     deadline = time.time() + timeout
-                except RayTaskError as err:
-                    name = self.keeper.names[i]
-                    log.info("%s raised in %s", what, name, exc_info=err)
-                    raise RunError(f"{what}: {name} raised {short(err.cause)}") from err
         for i, (inc, ref) in list(flight.updates.items()):  # weights queued before this generate (object store)
             try:
                 flight.update_spans[i] = ray.get(ref, timeout=timeout).get("spans", [])
-            except RayActorError as err:
+            except (RayActorError, RayTaskError) as err:
+                if not engine_died(err):
+                    raise RunError(f"a weight update of {self.keeper.names[i]} failed: {short(err)}") from err
                 self.keeper.is_dead(i, inc, err)  # the re-created engine got the current weights already
             del flight.updates[i]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from rlgen.plan import Plan
 from rlgen.runlog import MirroredConsole, attach_run_log
 from rlgen.runtime.checkpoint_dir import final_model_from, newest_checkpoint
 from rlgen.runtime.errors import RunError, RunStopped, StopRequested
+from rlgen.runtime.lock import acquire_run_lock
 from rlgen.runtime.setup import Hooks, Run, set_up, tear_down
 from rlgen.runtime.status import RunStatus
 from rlgen.runtime.stop import StopFlag
@@ -44,6 +46,19 @@ def run_training(
     stop = stop or StopFlag()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    # one run per run directory: a second one (resume=auto while the first still runs) is refused in a sentence
+    lock = acquire_run_lock(out_dir, resume_command or " ".join(sys.argv))
+    if lock.stale:
+        log.info("%s", lock.stale)
+    try:
+        return _locked_run(plan, out_dir, console, stop, resume, resume_command,
+                           Hooks(engine_cls, dict(engine_kwargs or {}), learner_cls))
+    finally:
+        lock.release()
+
+
+def _locked_run(plan: Plan, out_dir: Path, console: Console, stop: StopFlag, resume: Any,
+                resume_command: str | None, hooks: Hooks) -> dict:
     detach = attach_run_log(out_dir)
     _print_resolved(plan, console)
     status = RunStatus(out_dir, steps=plan.config.steps, step=resume.step if resume else 0,
@@ -56,14 +71,14 @@ def run_training(
     stop.on_second = lambda signum: status.update(state="stopped", reason=f"killed by a second {stop.name}")
     run: Run | None = None
     try:
-        run = set_up(plan, out_dir, resume=resume, stop=stop, console=console, status=status,
-                     hooks=Hooks(engine_cls, dict(engine_kwargs or {}), learner_cls))
+        run = set_up(plan, out_dir, resume=resume, stop=stop, console=console, status=status, hooks=hooks)
         status.update(state="running")
         summary = _train_and_report(run)
         status.update(state="finished", step=plan.config.steps, checkpoint=summary["checkpoint_path"], reason=None)
         return summary
     except BaseException as err:
-        ended = _ended(err, out_dir, status, stop, run.state.step if run else (resume.step if resume else 0))
+        ended = _ended(err, out_dir, status, stop, run.state.step if run else (resume.step if resume else 0),
+                       started=run is not None and run.sink is not None)
         if ended is err:
             raise
         raise ended from None
@@ -109,12 +124,15 @@ def _train_and_report(run: Run) -> dict:
     return summary
 
 
-def _ended(err: BaseException, out_dir: Path, status: RunStatus, stop: StopFlag, step: int) -> BaseException:
-    """status.json for a run that did not finish, and the error to raise: a stop during start-up becomes
-    RunStopped (nothing new to keep); anything else goes on as it is."""
+def _ended(err: BaseException, out_dir: Path, status: RunStatus, stop: StopFlag, step: int, *,
+           started: bool = False) -> BaseException:
+    """status.json for a run that did not finish, and the error to raise: a stop the loop did not turn into a
+    clean stop (during start-up, or while its last checkpoint was being made) becomes RunStopped with the newest
+    checkpoint; anything else goes on as it is."""
     if isinstance(err, StopRequested):
         ckpt = newest_checkpoint(out_dir)
-        err = RunStopped(f"{stop.name} during start-up", exit_code=stop.exit_code, step=step,
+        when = "while the run was stopping" if started else "during start-up"
+        err = RunStopped(f"{stop.name} {when}", exit_code=stop.exit_code, step=step,
                          checkpoint=str(ckpt) if ckpt else None)
     if isinstance(err, RunStopped):
         status.update(state="stopped", reason=str(err), step=err.step, checkpoint=err.checkpoint,

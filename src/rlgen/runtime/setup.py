@@ -10,6 +10,7 @@ Everything comes from the plan; nothing here decides what the plan already decid
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -40,6 +41,8 @@ from rlgen.runtime.state import RunState
 from rlgen.runtime.stop import StopFlag
 from rlgen.runtime.waits import Waiter
 from rlgen.transfer import SyncError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -81,6 +84,7 @@ class Run:
     initial_model_path: str = ""  # the starting model; the frozen reference stays this one on resume
     start_model_path: str = ""  # what the actors load: the initial model, or the checkpoint's policy
     sink: Any = None  # the metrics sink, once the loop runs
+    background_write: Any = None  # runtime.checkpoint.BackgroundWrite: a checkpoint being completed
 
     @property
     def cfg(self) -> RunConfig:
@@ -187,7 +191,7 @@ def _actors(run: Run, hooks: Hooks) -> None:
         engines, run.engine_names, cfg.engine.max_restarts,
         create=lambda i: run.factory.engine(i, run.folders.engine_paths, run.start_version),
         ready=lambda actor, what: run.note_actors(run.waiter.get([actor.health.remote()], what, cfg.startup_timeout_s)),
-        resync=lambda i, actor: _resync_engine(run, i, actor),
+        resync=lambda i, actor, resend: _resync_engine(run, i, actor, resend),
         say=lambda msg: run.console.print(f"[yellow]engine restart:[/] {escape(msg)}", highlight=False),
         node_of=run.factory.engine_node,
     )
@@ -212,9 +216,9 @@ def _start_engines(run: Run) -> tuple[list[Any], list[dict[str, Any]]]:
     return engines, health
 
 
-def _resync_engine(run: Run, index: int, actor: Any) -> None:
+def _resync_engine(run: Run, index: int, actor: Any, resend: bool) -> None:
     try:
-        run.transport.replace_engine(index, actor)
+        run.transport.replace_engine(index, actor, resend)
     except SyncError as err:
         raise EngineLost(f"{run.engine_names[index]} was re-created but could not get the weights: {err}") from err
 
@@ -248,8 +252,14 @@ def _loop_parts(run: Run, task: Any, renderer: Any, stop_ids: list[int]) -> None
 
 
 def tear_down(run: Run) -> None:
-    """Close the rollouts and the transport and take the actors down (a cluster this process started goes
-    whole)."""
+    """Let a checkpoint being written in the background complete (the learners write it), close the rollouts and
+    the transport, and take the actors down (a cluster this process started goes whole)."""
+    from rlgen.runtime.checkpoint import finish_background
+
+    try:
+        finish_background(run)
+    except Exception as err:  # noqa: BLE001 - the run is ending anyway; the checkpoints before it are whole
+        log.warning("the checkpoint written in the background did not complete: %s", err)
     if run.rollouts is not None:
         run.rollouts.close()
     if run.transport is not None:

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from rlgen.durable import replace_text
 
 STATUS_FILE = "status.json"
 # running: steps are going; finished: all steps done; stopped: a clean stop (signal or fault), resumable;
@@ -16,9 +19,8 @@ STATES = ("starting", "running", "finished", "stopped", "failed", "rejected")
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    """``data`` as JSON in ``path``, whole or not at all (rlgen.durable.replace_text)."""
+    replace_text(Path(path), json.dumps(data, indent=2, default=str) + "\n")
 
 
 def read_status(run_dir: str | Path) -> dict[str, Any] | None:
@@ -33,10 +35,12 @@ class RunStatus:
     def __init__(self, run_dir: str | Path, **fields: Any):
         self.path = Path(run_dir) / STATUS_FILE
         self.data: dict[str, Any] = {"state": "starting", "started": time.time(), "pid": os.getpid(), **fields}
+        self._lock = threading.Lock()  # a checkpoint completed in the background updates it too
 
     def update(self, **fields: Any) -> None:
         if "state" in fields and fields["state"] not in STATES:
             raise ValueError(f"unknown run state {fields['state']!r}")
-        self.data.update(fields, updated=time.time())
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self.path, self.data)
+        with self._lock:
+            self.data.update(fields, updated=time.time())
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(self.path, self.data)

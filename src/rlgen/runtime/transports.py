@@ -62,7 +62,7 @@ class WeightTransport(Protocol):
     def before_train(self) -> list[dict[str, Any]]: ...
     def push(self, version: int, *, in_flight: bool = False) -> PushResult: ...
     def no_update(self) -> list[dict[str, Any]]: ...
-    def replace_engine(self, index: int, actor: Any) -> None: ...
+    def replace_engine(self, index: int, actor: Any, resend: bool = True) -> None: ...
     def close(self) -> None: ...
 
 
@@ -108,8 +108,10 @@ class _Base:
     def close(self) -> None:
         self.learner, self.engines, self.gatherers = None, [], []
 
-    def replace_engine(self, index: int, actor: Any) -> None:
-        """Engine ``index`` was re-created (its predecessor died): bring the new actor to the current version."""
+    def replace_engine(self, index: int, actor: Any, resend: bool = True) -> None:
+        """Engine ``index`` was re-created (its predecessor died): join the new actor to this transport and, with
+        resend, bring it to the current version (without, the next push does: an update that failed because an
+        engine died is pushed again to all, the new one included)."""
         raise SyncError(f"{self.kind.value} transport cannot take a re-created engine.")
 
     def _begin(self, version: int, *, resend: bool = False) -> float:
@@ -164,8 +166,10 @@ class ObjectStoreTransport(_Base):
         sync = {"actor": "learner0", "spans": [(Phase.sync.value, t0, t1)]}
         return PushResult(int(version), pending=pending, results=[sync], seconds=time.time() - t0)
 
-    def replace_engine(self, index: int, actor: Any) -> None:
+    def replace_engine(self, index: int, actor: Any, resend: bool = True) -> None:
         self.engines[index] = actor
+        if not resend:
+            return
         weights = self.learner.get_weights.remote()
         gathers = self._gather_refs(self.version)
         name = self.engine_names[index]
@@ -225,13 +229,14 @@ class NcclTransport(_VLLMTransport):
     def start(self) -> PushResult:
         return self.resend()  # NCCL's first broadcast sets up its connections: seconds, kept out of step 0
 
-    def replace_engine(self, index: int, actor: Any) -> None:
+    def replace_engine(self, index: int, actor: Any, resend: bool = True) -> None:
         """A new NCCL group of every engine and the learner (the old one lost a member), then the current
         weights to all. Written against vLLM 0.26's weight-transfer API; not yet run on GPUs."""
         self.engines[index] = actor
         self.broken = None
         self.setup(self.learner, self.engines, self.engine_names, gatherers=self.gatherers)
-        self.push(self.version, resend=True)
+        if resend:
+            self.push(self.version, resend=True)
 
     def push(self, version: int, *, in_flight: bool = False, resend: bool = False) -> PushResult:
         t0 = self._begin(version, resend=resend)
@@ -298,12 +303,12 @@ class CudaIpcTransport(_VLLMTransport):
                             "cannot be in flight.")
         return self._cycle(version, asleep=not self.awake, in_flight=in_flight)
 
-    def replace_engine(self, index: int, actor: Any) -> None:
-        """The re-created engine joins IPC and gets the current weights; the others are untouched. Written
-        against vLLM 0.26's weight-transfer API; not yet run on GPUs."""
+    def replace_engine(self, index: int, actor: Any, resend: bool = True) -> None:
+        """The re-created engine joins IPC and (resend) gets the current weights; the others are untouched."""
         self.engines[index] = actor
         self._get([actor.init_weight_transfer.remote({}, self.timeout_s)], "IPC set-up", [self.engine_names[index]])
-        self._cycle(self.version, resend=True, only=[index])
+        if resend:
+            self._cycle(self.version, resend=True, only=[index])
 
     def _cycle(self, version: int, resend: bool = False, only: Sequence[int] | None = None, *, asleep: bool = False,
                in_flight: bool = False) -> PushResult:

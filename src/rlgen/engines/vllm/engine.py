@@ -115,6 +115,7 @@ class VLLMEngine:
         self._loop = LoopThread(name)
         try:
             self.llm = self._loop.run(build_engine(self.args), START_TIMEOUT_S, f"{name}: starting the vLLM engine")
+            self._loop.dead = lambda: bool(getattr(self.llm, "errored", False))  # its core process exited
         except BaseException as err:
             self._loop.close()
             why = explain(own_stderr_tail()) or explain(str(err))  # vLLM's root cause is in the core's stderr

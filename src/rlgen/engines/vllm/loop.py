@@ -12,13 +12,30 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
+
+from rlgen.engines.base import EngineDead
+from rlgen.errors import causes
+
+
+def core_died(err: BaseException) -> bool:
+    """Whether an error from AsyncLLM means its engine core is gone: vLLM's EngineDeadError (its core process
+    exited), or a CUDA error (the device state is lost). Read by class name and message: no vllm import."""
+    return any(type(e).__name__ == "EngineDeadError" or "CUDA error" in str(e) for e in causes(err))
+
+
+DEAD_POLL_S = 0.5  # a call waiting on the engine checks this often whether its core has died
 
 
 class LoopThread:
-    """An asyncio loop on a daemon thread; run() submits a coroutine and waits for it with a timeout."""
+    """An asyncio loop on a daemon thread; run() submits a coroutine and waits for it with a timeout. ``dead``,
+    once set, tells whether the engine core has died: a call waiting on a dead core (a pause, a weight load, a
+    generate) then fails within DEAD_POLL_S instead of at its timeout."""
 
     def __init__(self, name: str):
+        self.dead: Callable[[], bool] | None = None
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self._serve, name=f"{name}-loop", daemon=True)
         self.thread.start()
@@ -28,12 +45,25 @@ class LoopThread:
         self.loop.run_forever()
 
     def run(self, coro: Any, timeout: float, what: str) -> Any:
+        """The coroutine's result; an engine core that died (or a CUDA error) raises EngineDead."""
         fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return fut.result(timeout)
-        except concurrent.futures.TimeoutError as err:
-            fut.cancel()  # cancels the task: vLLM aborts the requests it had started
-            raise TimeoutError(f"{what} did not finish within {timeout:.0f} s") from err
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return fut.result(max(0.0, min(left, DEAD_POLL_S) if self.dead is not None else left))
+            except concurrent.futures.TimeoutError as err:
+                if self.dead is not None and self.dead():
+                    fut.cancel()
+                    raise EngineDead(f"{what}: the vLLM engine core died while this call waited on it") from None
+                if time.monotonic() >= deadline:
+                    fut.cancel()  # cancels the task: vLLM aborts the requests it had started
+                    raise TimeoutError(f"{what} did not finish within {timeout:.0f} s") from err
+            except Exception as err:
+                if core_died(err):
+                    raise EngineDead(f"{what}: the vLLM engine core died ({type(err).__name__}: "
+                                     f"{str(err).strip()[:200]})") from err
+                raise
 
     def close(self) -> None:
         if self.loop.is_running():
