@@ -2,11 +2,11 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-RLGEN := $(VENV)/bin/rlgen
+RLGEN ?= $(VENV)/bin/rlgen
 # CPU torch: pinned so a CPU machine does not pull CUDA packages. The GPU extra brings its own torch.
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: help install train smoke test test-all layers lint bench clean
+.PHONY: help install train smoke smoke-gpu test test-all layers lint bench clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -24,6 +24,12 @@ train:  ## the main job: `rlgen train` on the embedded default (CPU, tiny model)
 
 smoke:  ## the embedded default run, which learns (about a minute on 2 cores)
 	$(RLGEN) train hydra.run.dir=outputs/smoke
+
+# On one GPU, with the gpu extra: vLLM engine and DeepSpeed learner colocated, the engine generating the next batch
+# while the learner trains; a 2.4M-parameter model built and warm-started on the GPU (no download), then RL.
+SMOKE_GPU ?= engine=vllm hardware=1xh100 model=small steps=150 hydra.run.dir=outputs/smoke-gpu
+smoke-gpu:  ## a GPU run that learns in a few minutes (one H100; needs the gpu extra)
+	$(RLGEN) train $(SMOKE_GPU)
 
 test: layers  ## the layer contract, then the test suite (CPU; GPU tests skip themselves)
 	$(PY) -m pytest -q -m "not gpu"

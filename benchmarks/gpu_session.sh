@@ -6,6 +6,9 @@
 #     test             the GPU tests (tests/gpu)
 #     bench [OVERRIDES]  `python -m rlgen.bench` on the qwen2_5_1_5b preset (vllm, hf, vllm_raw)
 #     tune POINTS [OVERRIDES]  benchmarks/vllm_tune.py over comma-separated points
+#     smoke [OVERRIDES]  `make smoke-gpu`'s run, timed from launch; its reward curve (benchmarks/learning_curve.py)
+#     core-kill [OVERRIDES]  SIGKILL of vLLM's engine core at step 3 of 10 (benchmarks/kill_engine_core.py)
+#     ckpt-cost [OVERRIDES]  a 1.5B run's checkpoint cost to the loop: one in the background, the last one not
 # Run from the repository root with rlgen importable (installed, or src on PYTHONPATH). Every vLLM process is
 # started by Python code kept under `if __name__ == "__main__":`, as vLLM's spawned engine cores need.
 set -uo pipefail
@@ -39,8 +42,27 @@ EOF
     shift
     "$py" benchmarks/vllm_tune.py --out "$out/tune.json" --points "$points" "$@" 2>&1 | tee "$out/tune.log"
     ;;
+  smoke)
+    launch=$(date +%s.%N)
+    "$py" -m rlgen.cli train engine=vllm hardware=1xh100 model=small steps=150 hydra.run.dir="$out/smoke" "$@" \
+      2>&1 | tee "$out/smoke.log"
+    "$py" benchmarks/learning_curve.py "$out/smoke" --launch "$launch" --out "$out/smoke.json" --png "$out/smoke.png"
+    ;;
+  core-kill)
+    "$py" benchmarks/kill_engine_core.py "$out/core-kill" "$@" 2>&1 | tee "$out/core-kill.log"
+    ;;
+  ckpt-cost)
+    "$py" -m rlgen.cli train engine=vllm hardware=1xh100 model=qwen2_5_1_5b steps=4 checkpoint.every=2 \
+      algo.prompts_per_step=8 algo.max_new_tokens=64 hydra.run.dir="$out/ckpt" "$@" 2>&1 | tee "$out/ckpt.log"
+    "$py" - "$out/ckpt/summary.json" <<'EOF2' | tee -a "$out/ckpt.log"
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(json.dumps({"checkpoint_seconds": s["checkpoint_seconds"],
+                  "note": "the first is step 2's, in the background; the last is the final one, written while the run waits"}))
+EOF2
+    ;;
   *)
-    echo "unknown stage $stage (check | test | bench | tune)" >&2
+    echo "unknown stage $stage (check | test | bench | tune | smoke | core-kill | ckpt-cost)" >&2
     exit 2
     ;;
 esac
