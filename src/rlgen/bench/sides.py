@@ -170,7 +170,9 @@ def run_vllm_side(
     all engines generate at once. engine_cls replaces VLLMEngine (tests run a stand-in without a GPU);
     busy_gpu adds the GPU's busy percentage to each run."""
     if engine_cls is None:
-        from rlgen.engines.vllm.engine import VLLMEngine as engine_cls
+        from rlgen.engines.registry import engine_spec
+
+        engine_cls = engine_spec("vllm").actor_class()
 
     k = max(1, int(per_gpu))
     engine = _engine_each(engine, k)
@@ -407,7 +409,9 @@ def run_hf_side(
     """rlgen's HFEngine in a Ray actor with one GPU, batch after batch until budget_s of generation."""
     import ray
 
-    from rlgen.engines.hf.engine import HFEngine
+    from rlgen.engines.registry import engine_spec
+
+    HFEngine = engine_spec("hf").actor_class()  # noqa: N806 - the class, as the registry holds it
 
     baseline = gpu_used_gib() or 0.0
     mem.mark()
