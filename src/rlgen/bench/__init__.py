@@ -1,7 +1,8 @@
 """`rlgen bench`: one RL-shaped generation workload, run on several engines side by side in one process."""
 
+from rlgen.bench.raw import RawVLLM, run_raw_side
 from rlgen.bench.run import main, ratios, run_bench
-from rlgen.bench.sides import RawVLLM, hf_chunks, run_hf_side, run_raw_side, run_vllm_side
+from rlgen.bench.sides import hf_chunks, run_hf_side, run_vllm_side
 from rlgen.bench.workload import (
     HF_LOGIT_BYTES,
     HF_MEMORY_FRACTION,

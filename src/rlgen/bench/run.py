@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from rlgen.bench.gpu import BusySampler, MemorySampler, gpu_info, versions
-from rlgen.bench.sides import _env_vars, _get, run_hf_side, run_raw_side, run_vllm_side
+from rlgen.bench.raw import run_raw_side
+from rlgen.bench.sides import _env_vars, _get, run_hf_side, run_vllm_side
 from rlgen.bench.workload import (
     HF_BUDGET_S,
     BenchError,
