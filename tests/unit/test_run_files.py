@@ -14,7 +14,7 @@ from rich.console import Console
 from rlgen.config.compose import compose_run_config
 from rlgen.errors import UserError
 from rlgen.metrics.sink import MetricsSink, keep_lines, read_jsonl
-from rlgen.runtime.diskspace import DiskFull, check_free_space, folder_bytes, unwritable_problem
+from rlgen.runtime.diskspace import DiskFull, check_free_space, folder_bytes
 from rlgen.runtime.lock import LOCK_FILE, LockInfo, RunLocked, acquire_run_lock, holder_alive, process_start
 from rlgen.runtime.status import RunStatus, read_status, write_json_atomic
 
@@ -228,41 +228,3 @@ def test_folder_bytes_sums_files_once(tmp_path):
     (tmp_path / "b.json").write_bytes(b"y" * 24)
     os.link(tmp_path / "a" / "w.bin", tmp_path / "linked.bin")  # a hard link takes no more room
     assert folder_bytes(tmp_path) == 1024
-
-
-def test_a_writable_folder_has_no_problem(tmp_path):
-    assert unwritable_problem(tmp_path) is None
-    assert unwritable_problem(tmp_path / "not" / "yet") is None
-    assert list(tmp_path.iterdir()) == []  # the probe file is gone
-
-
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
-def test_a_read_only_folder_is_named(tmp_path):
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    ro.chmod(0o500)
-    try:
-        msg = unwritable_problem(ro / "run")
-    finally:
-        ro.chmod(0o700)
-    assert msg is not None and str(ro / "run") in msg and f"nearest existing folder is {ro}" in msg
-
-
-def test_a_folder_that_refuses_files_is_named(tmp_path, monkeypatch):
-    real_open = os.open
-
-    def refuse(path, flags, *args):
-        if ".rlgen-write-test" in str(path):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
-        return real_open(path, flags, *args)
-
-    monkeypatch.setattr(os, "open", refuse)
-    msg = unwritable_problem(tmp_path)
-    assert msg is not None and msg.startswith(f"{tmp_path} cannot be written (Permission denied)")
-    assert "hydra.run.dir=" in msg
-
-
-def test_a_folder_under_a_file_is_named(tmp_path):
-    (tmp_path / "f").write_text("")
-    msg = unwritable_problem(tmp_path / "f" / "run")
-    assert msg is not None and f"{tmp_path / 'f'} is a file" in msg

@@ -15,12 +15,13 @@ checkpoint. One such write runs at a time; the next checkpoint, the end of the r
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import shutil
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,6 @@ class BackgroundWrite:
     error: BaseException | None = None
     seconds: float = 0.0  # from the start of the checkpoint to its COMPLETE marker
     path: Path | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def save(run: Any, reason: str, *, background: bool = False) -> Path:
@@ -187,9 +187,11 @@ def _write_failed(run: Any, step: int, err: BaseException) -> BaseException:
         return err
     last = newest_checkpoint(run.out_dir)
     kept = f"the newest complete checkpoint, {last.name}, is kept" if last else "no earlier checkpoint exists"
-    why = str(getattr(err, "strerror", None) or err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    if "No space left" in str(err) or getattr(err, "errno", None) == 28:
+    text = str(getattr(err, "strerror", None) or err).strip()
+    if getattr(err, "errno", None) == errno.ENOSPC or "No space left" in str(err):
         why = "the disk is full"
+    else:
+        why = text.splitlines()[0] if text else type(err).__name__
     return RunError(f"checkpoint step_{step:06d} could not be written under {run.out_dir / CHECKPOINTS} ({why}); "
                     f"{kept}. Free space or make that folder writable, then resume=auto.")
 

@@ -1,12 +1,11 @@
 """Room on disk for what a run writes: a check before a checkpoint is written (so a full disk stops the run with
-a sentence instead of a torn write), the size of a folder (the last checkpoint predicts the next), and whether
-a folder can be written at all."""
+a sentence instead of a torn write), and the size of a folder (the last checkpoint predicts the next). Whether a
+folder can be written at all is the validation pass's (rlgen.plan.inputs.writable)."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -78,26 +77,3 @@ def folder_bytes(path: str | Path) -> int:
                 seen.add(key)
                 total += st.st_size
     return total
-
-
-def unwritable_problem(path: str | Path) -> str | None:
-    """One sentence saying why folder ``path`` cannot be written (a small file is created and removed in its
-    nearest existing ancestor), or None when it can."""
-    path = Path(path)
-    base = nearest_existing(path)
-    where = f"{path}" if base == path.absolute() else f"{path} (its nearest existing folder is {base})"
-    if not base.is_dir():
-        return f"{where} cannot be created because {base} is a file, not a folder; choose another run directory."
-    probe = base / f".rlgen-write-test-{os.getpid()}-{time.time_ns()}"
-    try:
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.write(fd, b"rlgen\n")
-        finally:
-            os.close(fd)
-            probe.unlink(missing_ok=True)
-    except OSError as err:
-        why = err.strerror or type(err).__name__
-        return (f"{where} cannot be written ({why}); fix its permissions or free space, or point the run "
-                f"directory elsewhere (hydra.run.dir=...).")
-    return None
