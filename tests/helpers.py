@@ -23,3 +23,18 @@ def assert_learned(records: list[dict], summary: dict, min_gain: float = MIN_REW
     last = sum(r["reward_mean"] for r in records[-k:]) / k
     assert last - first >= min_gain, f"reward rose only {first:.3f} -> {last:.3f}"
     assert summary["reward_gain"] == pytest.approx(last - first)
+
+
+def even_answers_half(completion: str, answer: str) -> float:
+    """A reward under which every group of an even answer is constant (0.5 whatever is sampled), and a group of an
+    odd answer is scored by exact match: dynamic sampling must drop the first kind."""
+    if int(answer) % 2 == 0:
+        return 0.5
+    return 1.0 if completion.strip() == answer.strip() else 0.0
+
+
+def nan_on_even_answers(completion: str, answer: str) -> float:
+    """Exact match, but NaN for every completion of a prompt whose answer is even (a broken reward function)."""
+    if int(answer) % 2 == 0:
+        return float("nan")
+    return 1.0 if completion.strip() == answer.strip() else 0.0

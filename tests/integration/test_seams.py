@@ -14,7 +14,7 @@ import ray.cloudpickle
 import torch
 from rich.console import Console
 
-from rlgen.algo.grpo import aggregate
+from rlgen.algo.loss import aggregate
 from rlgen.algo.registry import Algorithm, register_algorithm, unregister_algorithm
 from rlgen.config.compose import compose_run_config
 from rlgen.engines.hf.engine import HFEngine

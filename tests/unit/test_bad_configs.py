@@ -22,7 +22,37 @@ PLAN_ERRORS = [
     (
         "unknown-algorithm",
         ["algo.kind=ppo2"],
-        ["algo.kind=ppo2 is not an algorithm; choose one of: grpo"],
+        ["algo.kind=ppo2 is not an algorithm; choose one of: dapo, dr_grpo, grpo, gspo"],
+        1,
+    ),
+    (
+        "sequence-ratio-with-token-mean",
+        ["algo=gspo", "algo.loss_agg=token_mean"],
+        ["algo.importance_level=sequence gives each sequence one ratio", "set algo.loss_agg=seq_mean_token_mean"],
+        1,
+    ),
+    (
+        "dynamic-sampling-cap-0",
+        ["algo=dapo", "algo.max_gen_batches=0"],
+        ["algo.max_gen_batches=0: dynamic sampling needs at least 1 generation round"],
+        1,
+    ),
+    (
+        "reward-weights-all-zero",
+        ["+task.rewards.exact_match=0", "+task.rewards.char_match=0"],
+        ["task.rewards: every weight is 0", "task.rewards={exact_match:1.0,char_match:1.0}"],
+        1,
+    ),
+    (
+        "entropy-top-frac-0",
+        ["algo.entropy_top_frac=0"],
+        ["algo.entropy_top_frac=0.0 in (0, 1]"],
+        1,
+    ),
+    (
+        "overlong-buffer-past-the-limit",
+        ["algo=dapo", "algo.max_new_tokens=8", "algo.overlong_buffer=8"],
+        ["algo.overlong_buffer=8 must be less than algo.max_new_tokens=8"],
         1,
     ),
     (
@@ -216,6 +246,8 @@ CONFIG_ERRORS = [
         ["hardware.gpu.memory is not a setting of hardware.gpu", "memory_gb"],
     ),
     ("unknown-group-option", ["engine=vllm_tp3"], ["engine=vllm_tp3 is not in conf/engine/", "vllm_tp2"]),
+    ("unknown-algorithm-preset", ["algo=ppo"], ["algo=ppo is not in conf/algo/", "dapo", "gspo"]),
+    ("bad-importance-level", ["algo.importance_level=seq"], ["algo.importance_level", "token", "sequence"]),
     ("unknown-hardware", ["hardware=16xh100"], ["hardware=16xh100 is not in conf/hardware/", "2x8xh100"]),
     ("wrong-value-type", ["algo.lr=fast"], ["algo.lr=fast", "could not be converted to Float"]),
     ("float-for-int", ["algo.prompts_per_step=1.5"], ["algo.prompts_per_step=1.5", "Integer"]),

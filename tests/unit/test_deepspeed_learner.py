@@ -23,7 +23,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from helpers import algo_cfg
-from rlgen.algo.grpo import group_advantages
+from rlgen.algo.advantages import group_advantages
 from rlgen.config import AlgoConfig, LossAgg, MonitorConfig
 from rlgen.learners.deepspeed import DeepSpeedLearner, build_ds_config, micro_batches
 from rlgen.learners.torch import NonFiniteWeightsError, TorchLearner
@@ -57,7 +57,7 @@ def make_batch(engine_shift: float = -0.1, advantages=None) -> RolloutBatch:
         elp.append([-3.0 + engine_shift] * len(resp) + [0.0] * right)
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
     groups = torch.tensor([0, 0, 1, 1])
-    adv = group_advantages(rewards, groups, std_normalize=True) if advantages is None else torch.tensor(advantages)
+    adv = group_advantages(rewards, groups) if advantages is None else torch.tensor(advantages)
     return RolloutBatch(input_ids=torch.tensor(ids), attention_mask=torch.tensor(attn),
                         response_mask=torch.tensor(rmask), engine_logprobs=torch.tensor(elp), rewards=rewards,
                         advantages=adv.float(), group_ids=groups, version=0, prompt_len=p_len)

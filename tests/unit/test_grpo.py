@@ -3,9 +3,9 @@ import math
 import pytest
 import torch
 
-from rlgen.algo.grpo import (
+from rlgen.algo.advantages import group_advantages
+from rlgen.algo.loss import (
     aggregate,
-    group_advantages,
     kl_k3,
     normaliser,
     policy_loss,
@@ -27,13 +27,13 @@ GROUPS = torch.tensor([3, 9, 3, 5, 3, 9, 3, 5, 5])
 
 
 def test_group_advantages_centred_only():
-    adv = group_advantages(REWARDS, GROUPS, std_normalize=False)
+    adv = group_advantages(REWARDS, GROUPS, scale="none")
     want = torch.tensor([0.75, -1.0, -0.25, 0.0, -0.25, 1.0, -0.25, 0.0, 0.0])
     torch.testing.assert_close(adv, want)
 
 
 def test_group_advantages_std_normalised_uses_population_std():
-    adv = group_advantages(REWARDS, GROUPS, std_normalize=True, eps=1e-6)
+    adv = group_advantages(REWARDS, GROUPS, eps=1e-6)
     s3 = math.sqrt(0.1875)  # population std; the unbiased one (0.5) would give 1.5 for the first entry
     want = torch.tensor(
         [0.75 / (s3 + 1e-6), -1 / (1 + 1e-6), -0.25 / (s3 + 1e-6), 0.0]
@@ -44,7 +44,7 @@ def test_group_advantages_std_normalised_uses_population_std():
 
 
 def test_group_advantages_constant_groups_are_exactly_zero():
-    adv = group_advantages(torch.tensor([0.1, 0.1, 0.1, 7.0]), torch.tensor([0, 0, 0, 1]), std_normalize=True)
+    adv = group_advantages(torch.tensor([0.1, 0.1, 0.1, 7.0]), torch.tensor([0, 0, 0, 1]), scale="group")
     assert adv.tolist() == [0.0, 0.0, 0.0, 0.0]
 
 

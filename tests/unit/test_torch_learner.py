@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
 from helpers import algo_cfg
-from rlgen.algo.grpo import group_advantages
+from rlgen.algo.advantages import group_advantages
 from rlgen.config import LossAgg, MonitorConfig
 from rlgen.learners.base import Learner
 from rlgen.learners.torch import NonFiniteWeightsError, TorchLearner
@@ -72,7 +72,7 @@ def make_batch(model, prompts=PROMPTS, responses=RESPONSES, advantages=None, tem
     rewards = torch.tensor(REWARDS[:n]) if n == len(REWARDS) else torch.zeros(n)
     groups = torch.tensor(GROUPS[:n]) if n == len(GROUPS) else torch.zeros(n, dtype=torch.long)
     if advantages is None:
-        advantages = group_advantages(rewards, groups, std_normalize=True)
+        advantages = group_advantages(rewards, groups)
     return RolloutBatch(
         input_ids=torch.tensor(ids),
         attention_mask=torch.tensor(attn),

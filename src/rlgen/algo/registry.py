@@ -23,9 +23,13 @@ from typing import Any
 
 # advantages(rewards [N], group_ids [N], algo: AlgoConfig) -> advantages [N] float32
 Advantages = Callable[..., Any]
-# loss(logp [n, L], engine_logp [n, L], advantages [n], mask [n, L] bool, algo: AlgoConfig, denominator) ->
-#   (loss [] with grad: the micro-batch's summed loss over `denominator`, metrics: dict of floats). Metrics it may
-#   report, each as a fraction or mean of its tokens: clip_frac, tis_frac, seq_masked_frac, ratio_mean, ratio_max.
+# loss(logp [n, L], engine_logp [n, L], advantages [n], mask [n, L] bool, algo: AlgoConfig, denominator,
+#      token_weight=None) ->
+#   (loss [] with grad: the micro-batch's summed loss over `denominator`, metrics: dict of floats). mask is the
+#   response mask; the learner's denominator leaves out what algo.seq_mask_cap drops, so a loss applies it too
+#   (rlgen.algo.loss.sequence_keep). token_weight [n, L] (passed only with algo.entropy_top_frac < 1) multiplies
+#   each token's term. Metrics it may report, each as a fraction or mean of its tokens: clip_frac, tis_frac,
+#   seq_masked_frac, ratio_mean, ratio_max.
 Loss = Callable[..., tuple[Any, dict[str, float]]]
 
 

@@ -30,9 +30,41 @@ class Transport(StrEnum):
 
 
 class LossAgg(StrEnum):
-    token_mean = "token_mean"  # every response token of the batch weighs the same (DAPO)
-    seq_mean_token_mean = "seq_mean_token_mean"  # mean over a sequence's tokens, then over sequences (GRPO)
+    token_mean = "token_mean"  # every response token of the batch weighs the same (DAPO; the grpo preset's)
+    seq_mean_token_mean = "seq_mean_token_mean"  # mean over a sequence's tokens, then over sequences (GRPO paper, GSPO)
     seq_mean_token_sum_norm = "seq_mean_token_sum_norm"  # token sum / max_new_tokens, mean over sequences (Dr. GRPO)
+
+
+class ScaleRewards(StrEnum):
+    group = "group"  # (r - group mean) / group std (GRPO)
+    batch = "batch"  # (r - group mean) / the std of the whole batch's rewards
+    none = "none"  # r - group mean (Dr. GRPO)
+
+
+class RewardStd(StrEnum):
+    population = "population"  # divide by n
+    unbiased = "unbiased"  # divide by n - 1 (TRL's convention)
+
+
+class Level(StrEnum):
+    token = "token"
+    sequence = "sequence"
+
+
+class ISMode(StrEnum):
+    truncate = "truncate"  # weights above the cap count as the cap
+    mask = "mask"  # tokens (or sequences) whose weight is above the cap leave the loss
+
+
+class KLEstimator(StrEnum):
+    k1 = "k1"  # log pi - log ref
+    k2 = "k2"  # (log pi - log ref)^2 / 2
+    k3 = "k3"  # exp(ref - pi) - (ref - pi) - 1
+
+
+class KLPenalty(StrEnum):
+    loss = "loss"  # kl_coef * KL added to the loss
+    reward = "reward"  # kl_coef * the sequence's summed KL subtracted from its reward before the advantages
 
 
 class TaskKind(StrEnum):
@@ -111,8 +143,8 @@ class EngineConfig:
 
 @dataclass
 class AlgoConfig:
-    # the algorithm: grpo, or a module of rlgen.algo (or a registered one) that defines its advantages and loss;
-    # conf/algo/<kind>.yaml holds its settings
+    # the algorithm: grpo, dr_grpo, dapo, gspo, or a module of rlgen.algo (or a registered one) that defines its
+    # advantages and loss; conf/algo/<kind>.yaml holds its settings (docs/algorithms.md gives every formula)
     kind: str = "grpo"
     prompts_per_step: int = 8
     samples_per_prompt: int = 8  # GRPO group size
@@ -124,12 +156,32 @@ class AlgoConfig:
     grad_clip: float = 1.0
     clip_low: float = 0.2  # PPO ratio clip: [1 - clip_low, 1 + clip_high]
     clip_high: float = 0.2
+    # the PPO ratio and its clip: per token (GRPO), or per sequence, the geometric mean of its tokens' (GSPO)
+    importance_level: Level = Level.token
     kl_coef: float = 0.0  # > 0 loads a frozen reference model
+    kl_estimator: KLEstimator = KLEstimator.k3
+    kl_bias_correction: bool = False  # weigh each token's KL by pi / pi_engine (the engine sampled the token)
+    kl_penalty: KLPenalty = KLPenalty.loss  # where kl_coef * KL goes: the loss, or the reward
     async_steps: int | None = None  # 0: strictly on-policy; k: engines may run k versions ahead; null: the plan picks
-    tis_cap: float = 2.0  # truncated importance-sampling cap on the trainer/engine ratio; 0 disables
+    # engine/trainer mismatch correction: the weight pi/pi_engine per token or per sequence (geometric mean),
+    # truncated at tis_cap or masked above it; 0 disables
+    tis_cap: float = 2.0
+    tis_level: Level = Level.token
+    tis_mode: ISMode = ISMode.truncate
     seq_mask_cap: float = 0.0  # > 0: drop sequences whose mean |log ratio| exceeds log(seq_mask_cap)
     loss_agg: LossAgg = LossAgg.token_mean
-    std_normalize: bool = True  # divide group-centred rewards by the group std
+    scale_rewards: ScaleRewards = ScaleRewards.group  # what the group-centred rewards are divided by
+    reward_std: RewardStd = RewardStd.population
+    entropy_coef: float = 0.0  # > 0: an entropy bonus, entropy_coef * the aggregated token entropy
+    entropy_top_frac: float = 1.0  # < 1: only this fraction of each learner micro-batch's tokens, those of
+    # highest entropy, get a policy gradient
+    # drop groups whose rewards (after the overlong penalty) are all equal, and generate more to fill the batch
+    dynamic_sampling: bool = False
+    max_gen_batches: int = 3  # with dynamic sampling: at most this many generation rounds per step
+    # > 0: responses within this many tokens of max_new_tokens lose up to overlong_penalty; null: max_new_tokens / 5
+    overlong_buffer: int | None = 0
+    overlong_penalty: float = 1.0
+    mask_truncated: bool = False  # responses cut at max_new_tokens leave the loss (overlong filtering)
     # 0: the whole local batch in one forward; null: the largest that fits the learner GPU (CPU: the recipe's)
     micro_batch_size: int | None = None
 

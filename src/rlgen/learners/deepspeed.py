@@ -223,7 +223,7 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
             self.loss_fn,
         )
         total = micro.total
-        if poison or not math.isfinite(micro.pg + micro.kl):
+        if poison or not math.isfinite(micro.pg + micro.kl + micro.ent):
             total = total * float("nan")
         self.engine.backward(total * scale, scale_wrt_gas=False)
         return micro.logp.detach(), micro.sums()
@@ -245,9 +245,9 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         for i, rows in enumerate(slices):
             last = i == len(slices) - 1
             self.engine.set_gradient_accumulation_boundary(last)
-            poison = last and not math.isfinite((sums.get("pg") + algo.kl_coef * sums.get("kl")) * scale)
+            poison = last and not math.isfinite(sums.losses(scale, algo)[2])
             sums.add(rows, *self._micro_step(*step.rows(rows), step.prompt_len, scale, poison))
-        pg_loss, kl_value, loss = sums.losses(inverse(denom), algo.kl_coef)  # this shard's share of the loss
+        pg_loss, kl_value, loss = sums.losses(inverse(denom), algo)  # this shard's share of the loss
 
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
@@ -265,7 +265,7 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         if self.release_memory:  # colocated: hand the allocator's cache back before the engines wake up
             torch.cuda.empty_cache()
         return assemble_metrics(
-            step, sums, loss=loss, pg_loss=pg_loss, kl_value=kl_value if self.ref_model is not None else None,
+            step, sums, loss=loss, pg_loss=pg_loss, kl_value=kl_value if self._kl_in_loss() else None,
             grad_norm=grad_norm, version=self.version, reason=reason, delta_threshold=self.monitor.delta_threshold,
             start=start,
         )

@@ -15,9 +15,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlgen.algo.grpo import aggregate, kl_k3, normaliser, sequence_keep, token_logprobs
+from rlgen.algo.loss import (
+    aggregate,
+    kl_estimate,
+    normaliser,
+    sequence_keep,
+    token_entropy,
+    token_logprobs,
+    top_entropy_mask,
+)
 from rlgen.algo.registry import Loss
-from rlgen.config import AlgoConfig, LossAgg
+from rlgen.config import AlgoConfig, KLPenalty, LossAgg
 from rlgen.metrics.mismatch import mismatch_metrics
 from rlgen.types import Phase, RolloutBatch
 
@@ -138,9 +146,10 @@ def batch_denominator(model: nn.Module, step: StepBatch, algo: AlgoConfig, agg: 
 class MicroLoss:
     """One micro-batch's loss, undivided (denominator 1), before backward."""
 
-    total: torch.Tensor  # [] pg + kl_coef * kl, with grad
+    total: torch.Tensor  # [] pg + kl_coef * kl - entropy_coef * ent, with grad
     pg: float  # the policy-gradient sum
-    kl: float  # the k3 KL sum (0.0 without a reference model)
+    kl: float  # the KL sum (0.0 without a reference model, or with the KL in the reward)
+    ent: float  # the aggregated entropy sum (0.0 without an entropy bonus)
     denom: float  # this micro-batch's share of the aggregate's denominator
     logits: torch.Tensor  # [n, L, V]
     logp: torch.Tensor  # [n, L], with grad
@@ -153,15 +162,14 @@ class MicroLoss:
         maximum (-inf without response tokens). Call after backward: the entropy needs a [n, L, V]
         softmax."""
         with torch.no_grad():
-            probs = torch.softmax(self.logits, dim=-1)  # [n, L, V]
-            entropy = torch.logsumexp(self.logits, dim=-1) - (probs * self.logits).sum(dim=-1)  # [n, L]
-            del probs
+            entropy = token_entropy(self.logits)  # [n, L]
         metrics, mask = self.metrics, self.mask
         loss_tokens, tokens = float(self.loss_mask.sum().item()), float(mask.sum().item())
         seqs = float(mask.any(dim=-1).sum().item())
         return {
             "pg": self.pg,
             "kl": self.kl,
+            "ent": self.ent,
             "entropy": float(entropy[mask].sum().item()),
             "denom": self.denom,
             "loss_tokens": loss_tokens,
@@ -186,26 +194,39 @@ def micro_loss(
     agg: LossAgg,
     loss_fn: Loss,
 ) -> MicroLoss:
-    """The loss of one micro-batch: the algorithm's policy loss (loss_fn, rlgen.algo.registry) plus, with a
-    reference model, algo.kl_coef times the k3 KL to it, both summed over tokens/sequences (denominator 1).
+    """The loss of one micro-batch, summed over tokens/sequences (denominator 1): the algorithm's policy loss
+    (loss_fn, rlgen.algo.registry), plus algo.kl_coef times the KL to the reference model (when there is one and
+    algo.kl_penalty=loss), minus algo.entropy_coef times the aggregated token entropy. With
+    algo.entropy_top_frac < 1 only this micro-batch's highest-entropy tokens get a policy gradient.
 
     ids, attn: [n, P+L]; mask, engine_logp: [n, L] (mask bool); advantages: [n].
     """
     logits, logp, loss_mask = policy_logprobs(model, ids, attn, mask, engine_logp, prompt_len, algo)
-    pg, metrics = loss_fn(logp, engine_logp, advantages, mask, algo, 1.0)
-    total, kl_sum = pg, 0.0
-    if ref_model is not None:
-        with torch.no_grad():
-            ref_logits = response_logits(ref_model, ids, attn, mask.shape[1], algo.temperature)  # [n, L, V]
-            ref_logp = token_logprobs(ref_logits, ids[:, prompt_len:])  # [n, L]
-            del ref_logits
-        kl = aggregate(kl_k3(logp, ref_logp), loss_mask, agg, algo.max_new_tokens, denominator=1.0)
-        total = pg + algo.kl_coef * kl
+    bonus = algo.entropy_coef > 0
+    entropy = token_entropy(logits) if bonus else None  # [n, L], with grad
+    kwargs = {}
+    if algo.entropy_top_frac < 1.0:
+        if entropy is None:
+            with torch.no_grad():
+                entropy = token_entropy(logits)
+        kwargs["token_weight"] = top_entropy_mask(entropy, loss_mask, algo.entropy_top_frac)  # [n, L]
+    pg, metrics = loss_fn(logp, engine_logp, advantages, mask, algo, 1.0, **kwargs)
+    total, kl_sum, ent_sum = pg, 0.0, 0.0
+    if ref_model is not None and KLPenalty(algo.kl_penalty) is KLPenalty.loss:
+        kl = aggregate(token_kl(logp, engine_logp, reference_logprobs(ref_model, ids, attn, mask.shape[1], prompt_len,
+                                                                      algo), algo),
+                       loss_mask, agg, algo.max_new_tokens, denominator=1.0)
+        total = total + algo.kl_coef * kl
         kl_sum = float(kl.item())
+    if bonus:
+        ent = aggregate(entropy, loss_mask, agg, algo.max_new_tokens, denominator=1.0)
+        total = total - algo.entropy_coef * ent
+        ent_sum = float(ent.item())
     return MicroLoss(
         total=total,
         pg=float(pg.item()),
         kl=kl_sum,
+        ent=ent_sum,
         denom=normaliser(loss_mask, agg, algo.max_new_tokens),
         logits=logits,
         logp=logp,
@@ -213,6 +234,36 @@ def micro_loss(
         loss_mask=loss_mask,
         metrics=metrics,
     )
+
+
+def reference_logprobs(ref_model: nn.Module, ids: torch.Tensor, attn: torch.Tensor, resp_len: int, prompt_len: int,
+                       algo: AlgoConfig) -> torch.Tensor:
+    """The frozen reference model's logprobs of the response tokens, without gradient: [n, L]."""
+    with torch.no_grad():
+        ref_logits = response_logits(ref_model, ids, attn, resp_len, algo.temperature)  # [n, L, V]
+        return token_logprobs(ref_logits, ids[:, prompt_len:])  # [n, L]
+
+
+def token_kl(logp: torch.Tensor, engine_logp: torch.Tensor, ref_logp: torch.Tensor, algo: AlgoConfig) -> torch.Tensor:
+    """Per-token KL(policy || ref) by algo.kl_estimator; with algo.kl_bias_correction, times the token's
+    importance ratio exp(logp - engine_logp) (the tokens were sampled by the engine). [n, L] each -> [n, L]."""
+    kl = kl_estimate(logp, ref_logp, algo.kl_estimator)
+    if algo.kl_bias_correction:
+        kl = kl * torch.exp(torch.where(torch.isfinite(engine_logp), logp - engine_logp, torch.zeros_like(logp)))
+    return kl
+
+
+def sequence_kl(ref_model: nn.Module, step: StepBatch, algo: AlgoConfig) -> torch.Tensor:
+    """For the KL in the reward (algo.kl_penalty=reward): each sequence's summed per-token KL between the engine's
+    policy, which sampled it, and the reference, by algo.kl_estimator: [N]. No gradient; one reference forward
+    per micro-batch."""
+    out = torch.zeros(step.n_rows, device=step.ids.device)  # [N]
+    for r in step.micro_slices():
+        ids, attn, mask, engine_logp, _ = step.rows(r)
+        ref_logp = reference_logprobs(ref_model, ids, attn, mask.shape[1], step.prompt_len, algo)  # [n, L]
+        kl = kl_estimate(engine_logp, ref_logp, algo.kl_estimator)  # [n, L]
+        out[r] = torch.where(mask, kl, torch.zeros_like(kl)).sum(dim=-1)
+    return out
 
 
 # -- the batch ---------------------------------------------------------------------------------------------
@@ -239,10 +290,10 @@ class StepSums:
         """A running sum (0.0 before any micro-batch)."""
         return self.totals.get(key, 0.0)
 
-    def losses(self, scale: float, kl_coef: float) -> tuple[float, float, float]:
+    def losses(self, scale: float, algo: AlgoConfig) -> tuple[float, float, float]:
         """(pg_loss, kl, loss) of the batch, the sums multiplied by scale = 1 / denominator."""
-        pg_loss, kl_value = self.totals["pg"] * scale, self.totals["kl"] * scale
-        return pg_loss, kl_value, pg_loss + kl_coef * kl_value
+        pg_loss, kl_value = self.get("pg") * scale, self.get("kl") * scale
+        return pg_loss, kl_value, pg_loss + algo.kl_coef * kl_value - algo.entropy_coef * self.get("ent") * scale
 
 
 def inverse(denom: float) -> float:
@@ -306,6 +357,9 @@ __all__ = [
     "inverse",
     "micro_loss",
     "policy_logprobs",
+    "reference_logprobs",
     "response_logits",
+    "sequence_kl",
+    "token_kl",
     "unpack_batch",
 ]

@@ -13,10 +13,17 @@ from torch import nn
 
 from rlgen.algo.registry import Algorithm
 from rlgen.algo.registry import algorithm as find_algorithm
-from rlgen.config import AlgoConfig, LossAgg, MonitorConfig
+from rlgen.config import AlgoConfig, KLPenalty, LossAgg, MonitorConfig
 from rlgen.hostinfo import process_info
 from rlgen.learners.background import BackgroundWriter, to_host
-from rlgen.learners.grpo_step import StepSums, assemble_metrics, inverse, micro_loss, unpack_batch
+from rlgen.learners.grpo_step import (
+    StepSums,
+    assemble_metrics,
+    inverse,
+    micro_loss,
+    sequence_kl,
+    unpack_batch,
+)
 from rlgen.types import RolloutBatch
 
 
@@ -43,7 +50,7 @@ def _as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
 
 
 class TorchLearner:
-    """Loads an HF causal LM in float32 and trains it with the GRPO loss of `rlgen.algo.grpo`.
+    """Loads an HF causal LM in float32 and trains it with the policy loss of its algorithm (`rlgen.algo`).
 
     Constructor arguments are plain values so the class can be wrapped in `ray.remote`.
     num_threads: torch intra-op threads (1 by default: on a small CPU machine the engine runs beside it);
@@ -136,6 +143,17 @@ class TorchLearner:
         micro.total.backward()
         return micro.logp.detach(), micro.sums()
 
+    def _kl_in_loss(self) -> bool:
+        return self.ref_model is not None and KLPenalty(self.algo.kl_penalty) is KLPenalty.loss
+
+    def sequence_kl(self, batch: RolloutBatch) -> list[float]:
+        """Each sequence's summed KL between the engine's policy and the reference (algo.kl_penalty=reward: the
+        driver subtracts kl_coef times it from the rewards before the advantages). [] without a reference."""
+        if self.ref_model is None:
+            return []
+        step = unpack_batch(batch, self.device, self.algo.micro_batch_size)
+        return [float(v) for v in sequence_kl(self.ref_model, step, self.algo).cpu()]
+
     def train_step(self, batch: RolloutBatch) -> dict[str, Any]:
         """One optimizer step. See `Learner.train_step` for the returned keys.
 
@@ -161,7 +179,7 @@ class TorchLearner:
             for p in self.params:
                 if p.grad is not None:
                     p.grad.div_(denom)
-        pg_loss, kl_value, loss = sums.losses(inverse(denom), algo.kl_coef)
+        pg_loss, kl_value, loss = sums.losses(inverse(denom), algo)
         max_norm = algo.grad_clip if algo.grad_clip > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm).item())
 
@@ -178,7 +196,7 @@ class TorchLearner:
             sums,
             loss=loss,
             pg_loss=pg_loss,
-            kl_value=kl_value if self.ref_model is not None else None,
+            kl_value=kl_value if self._kl_in_loss() else None,
             grad_norm=grad_norm,
             version=self.version,
             reason=reason,

@@ -80,6 +80,10 @@ def _resolve(cfg: RunConfig, spec: EngineSpec) -> tuple[RunConfig, list[Setting]
         if p:
             raise PlanError(p)
         settings += resolved
+    if cfg.algo.overlong_buffer is None:  # DAPO's buffer: 4k of a 20k response limit
+        buffer = cfg.algo.max_new_tokens // 5
+        cfg = set_key(cfg, "algo.overlong_buffer", buffer)
+        settings.append(Setting("algo.overlong_buffer", buffer, "derived: algo.max_new_tokens / 5"))
     if cfg.engine.max_model_len is None:
         need = cfg.task.max_prompt_tokens + cfg.algo.max_new_tokens
         cfg = set_key(cfg, "engine.max_model_len", need)

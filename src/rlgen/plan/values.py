@@ -3,7 +3,7 @@ it must be and a usual value. Pure: no torch, no Ray."""
 
 from __future__ import annotations
 
-from rlgen.config import RunConfig, TaskKind
+from rlgen.config import Level, LossAgg, RunConfig, TaskKind
 
 
 def check_values(cfg: RunConfig, p: list[str]) -> None:
@@ -84,8 +84,28 @@ def _check_algo(cfg: RunConfig, p: list[str]) -> None:
         p.append(f"algo.seq_mask_cap={a.seq_mask_cap} must be 0 (off) or >= 1.")
     if a.kl_coef < 0:
         p.append(f"algo.kl_coef={a.kl_coef} must be >= 0.")
+    _check_loss_options(a, p)
     if a.micro_batch_size is not None and a.micro_batch_size < 0:
         p.append(f"algo.micro_batch_size={a.micro_batch_size} must be >= 0 (0: the whole batch in one pass).")
+
+
+def _check_loss_options(a, p: list[str]) -> None:
+    """The options of the loss, the advantages and dynamic sampling (docs/algorithms.md)."""
+    if a.importance_level == Level.sequence and a.loss_agg != LossAgg.seq_mean_token_mean:
+        p.append(f"algo.importance_level=sequence gives each sequence one ratio, but algo.loss_agg={a.loss_agg} weighs "
+                 "a sequence by its length; set algo.loss_agg=seq_mean_token_mean (as algo=gspo does).")
+    if a.entropy_coef < 0 or not 0 < a.entropy_top_frac <= 1:
+        p.append(f"algo.entropy_coef={a.entropy_coef} must be >= 0 and algo.entropy_top_frac={a.entropy_top_frac} in "
+                 "(0, 1] (0.2 keeps the 20% highest-entropy tokens; 1 keeps all).")
+    if a.max_gen_batches < 1:
+        p.append(f"algo.max_gen_batches={a.max_gen_batches}: dynamic sampling needs at least 1 generation round per "
+                 "step (1 generates no more, 3 is usual).")
+    if (a.overlong_buffer or 0) < 0 or a.overlong_penalty < 0:
+        p.append(f"algo.overlong_buffer={a.overlong_buffer} and algo.overlong_penalty={a.overlong_penalty} must be "
+                 ">= 0 (buffer 0: no length penalty).")
+    elif a.max_new_tokens is not None and (a.overlong_buffer or 0) >= a.max_new_tokens > 0:
+        p.append(f"algo.overlong_buffer={a.overlong_buffer} must be less than algo.max_new_tokens={a.max_new_tokens}; "
+                 f"a fifth of it ({max(a.max_new_tokens // 5, 1)}) is usual.")
 
 
 ENGINE_DTYPES = ("float32", "bfloat16", "float16", "half", "auto")
@@ -150,3 +170,7 @@ def _check_task(cfg: RunConfig, p: list[str]) -> None:
             p.append(str(err))
         if not isinstance(weight, (int, float)) or weight != weight:
             p.append(f"task.rewards.{name}={weight} must be a number (its weight).")
+    weights = [w for w in (t.rewards or {}).values() if isinstance(w, (int, float))]
+    if t.rewards and weights and not any(weights):
+        p.append("task.rewards: every weight is 0, so every reward would be 0 and nothing would be learned; give the "
+                 "rewards that count a weight, e.g. task.rewards={" + ",".join(f"{k}:1.0" for k in t.rewards) + "}.")

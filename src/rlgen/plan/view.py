@@ -50,6 +50,34 @@ def _gib(x: float) -> str:
     return f"{x:.1f} GiB" if x >= 0.1 else f"{x * 1024:.1f} MiB"
 
 
+def algorithm_rows(a) -> list[tuple[str, str]]:
+    """The resolved loss and advantage settings of algo config `a`, as (what, value) rows for `rlgen plan`."""
+    ratio = "per sequence (geometric mean of its tokens')" if a.importance_level == "sequence" else "per token"
+    is_fix = ("off" if a.tis_cap <= 0 else
+              f"{a.tis_mode} {'per sequence' if a.tis_level == 'sequence' else 'per token'} above {a.tis_cap:g}")
+    if a.seq_mask_cap > 0:
+        is_fix += f"; sequences with mean |log ratio| > log {a.seq_mask_cap:g} masked"
+    kl = ("none" if a.kl_coef <= 0 else
+          f"{a.kl_coef:g} x {a.kl_estimator} in the {a.kl_penalty}" + (", bias-corrected" if a.kl_bias_correction else ""))
+    entropy = "none" if a.entropy_coef <= 0 else f"bonus {a.entropy_coef:g}"
+    if a.entropy_top_frac < 1:
+        entropy += f"; policy gradient on the top {a.entropy_top_frac:.0%} entropy tokens"
+    scale = {"group": "group std", "batch": "batch std", "none": "not scaled"}[str(a.scale_rewards)]
+    rows = [
+        ("advantages", f"reward - group mean, {scale}" + ("" if a.scale_rewards == "none" else f" ({a.reward_std})")),
+        ("ratio and clip", f"{ratio}, [1 - {a.clip_low:g}, 1 + {a.clip_high:g}]"),
+        ("loss aggregation", str(a.loss_agg)),
+        ("engine/trainer IS correction", is_fix),
+        ("KL to the reference", kl),
+        ("entropy", entropy),
+        ("dynamic sampling", f"on, at most {a.max_gen_batches} generation rounds" if a.dynamic_sampling else "off"),
+        ("overlong", (f"penalty up to {a.overlong_penalty:g} in the last {a.overlong_buffer} tokens"
+                      if a.overlong_buffer else "no length penalty")
+         + ("; truncated responses masked" if a.mask_truncated else "")),
+    ]
+    return rows
+
+
 def resolved_lines(plan: Plan) -> list[str]:
     """One line per value the config left null, with what the plan chose and why."""
     return [f"{s.key}={s.value}  ({s.source})" for s in plan.settings if s.source != "config"]
@@ -92,6 +120,12 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
     g.add_row("async_steps", f"{plan.async_steps} ({'on-policy' if plan.async_steps == 0 else 'engines may run ahead'})")
     g.add_row("weight sync", plan.transport.value)
     console.print(g)
+    al = Table(title=f"algorithm: {cfg.algo.kind}", title_justify="left", show_header=False)
+    al.add_column("what")
+    al.add_column("value")
+    for what, value in algorithm_rows(cfg.algo):
+        al.add_row(what, value)
+    console.print(al)
     s = Table(title="settings", title_justify="left")
     for col in ("key", "value", "from"):
         s.add_column(col)

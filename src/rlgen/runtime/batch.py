@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rlgen.algo.grpo import group_advantages
+from rlgen.algo.advantages import group_advantages
+from rlgen.algo.loss import AdvantageShapeError
 from rlgen.config import RunConfig
 from rlgen.tasks.base import Prompt, Task
 from rlgen.types import Completion, GenRequest, RolloutBatch, SamplingParams
@@ -24,10 +25,11 @@ class StepPrompts:
     prompt_ids: list[list[int]]
 
 
-def encode_prompts(step: int, task: Task, renderer, cfg: RunConfig) -> StepPrompts:
-    """The step's prompts as token ids, rendered (rlgen.tasks.prompts.PromptRenderer) and held to
-    task.max_prompt_tokens by task.long_prompts; the validation pass refuses what would not fit."""
-    prompts = task.prompts(step, cfg.algo.prompts_per_step)
+def encode_prompts(step: int, task: Task, renderer, cfg: RunConfig, prompts: list[Prompt] | None = None) -> StepPrompts:
+    """The step's prompts (task.prompts(step, algo.prompts_per_step) unless given) as token ids, rendered
+    (rlgen.tasks.prompts.PromptRenderer) and held to task.max_prompt_tokens by task.long_prompts; the validation
+    pass refuses what would not fit."""
+    prompts = task.prompts(step, cfg.algo.prompts_per_step) if prompts is None else prompts
     ids = []
     for p in prompts:
         whole = renderer.ids(p.text)
@@ -85,10 +87,12 @@ def check_complete(completions: list[Completion], sp: StepPrompts, n: int) -> No
 
 def build_batch(
     completions: list[Completion], rewards: list[float], pad_id: int,
-    advantages: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    advantages: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, mask_truncated: bool = False,
 ) -> RolloutBatch:
     """Completions (any order) -> RolloutBatch sorted by group. Prompts left-padded, responses right-padded.
-    advantages(rewards [N], group_ids [N]) -> [N]: the algorithm's (GRPO's group-normalised ones when None)."""
+    advantages(rewards [N], group_ids [N]) -> [N]: the algorithm's (GRPO's group-normalised ones when None).
+    mask_truncated: a completion that ran into max_new_tokens (finish_reason "length") keeps its reward's place in
+    its group's advantages but gets response mask 0, so it leaves the loss (DAPO's overlong filtering)."""
     order = sorted(range(len(completions)), key=lambda i: completions[i].group_id)
     comps = [completions[i] for i in order]
     rw = torch.tensor([rewards[i] for i in order], dtype=torch.float32)  # [N]
@@ -107,17 +111,22 @@ def build_batch(
         if t:
             input_ids[row, p_len : p_len + t] = torch.tensor(c.token_ids, dtype=torch.long)
             attention[row, p_len : p_len + t] = 1
-            response_mask[row, :t] = 1.0
+            response_mask[row, :t] = 0.0 if mask_truncated and c.finish_reason == "length" else 1.0
             engine_logprobs[row, :t] = torch.tensor(c.logprobs, dtype=torch.float32)
             token_versions[row, :t] = torch.tensor(c.token_versions(), dtype=torch.long)
     group_ids = torch.tensor([c.group_id for c in comps], dtype=torch.long)  # [N]
+    adv = (advantages or (lambda r, g: group_advantages(r, g)))(rw, group_ids)
+    if getattr(adv, "shape", None) != (n,):
+        raise AdvantageShapeError(
+            f"the algorithm's advantages have shape {list(getattr(adv, 'shape', []))} for a batch of {n} completions; "
+            f"an advantages function must return one value per completion, shape [{n}].")
     return RolloutBatch(
         input_ids=input_ids,
         attention_mask=attention,
         response_mask=response_mask,
         engine_logprobs=engine_logprobs,
         rewards=rw,
-        advantages=(advantages or (lambda r, g: group_advantages(r, g, True)))(rw, group_ids),
+        advantages=adv.to(torch.float32),
         group_ids=group_ids,
         version=min(c.version for c in comps),
         prompt_len=p_len,

@@ -14,7 +14,7 @@ from typing import Any
 from rich.markup import escape
 
 from rlgen import STARTED_AT
-from rlgen.config import BreakerAction
+from rlgen.config import BreakerAction, KLPenalty
 from rlgen.errors import causes
 from rlgen.runtime.checkpoint import save, stopped
 from rlgen.runtime.errors import RunError, StopRequested
@@ -64,13 +64,16 @@ def _step(run: Run, step: int, sink: Any, tracker: Any, last_kind: Any) -> tuple
     cfg, state = run.cfg, run.state
     t_step = time.time()
     tl = StepTimeline(step)
-    batch, scores, flight = _rollouts(run, step, tl)
+    batch, got, flight = _rollouts(run, step, tl)
+    scores = got.scores
     staleness = state.version - batch.version
     for r in _over_engines(run, run.transport.before_train):  # colocated engines sleep while the learner trains
         for phase, a, b in r["spans"]:
             tl.add(r["actor"], Phase(phase), a, b)
     metrics = _train(run, batch, step, tl)
     metrics.update(scores.means())
+    metrics.update(got.metrics)
+    _warn_rewards(run, step, got)
     event = state.breaker.update(step, metrics, batch)
     halt = event is not None and event.action is BreakerAction.halt
     if event is not None:
@@ -98,9 +101,11 @@ def _step(run: Run, step: int, sink: Any, tracker: Any, last_kind: Any) -> tuple
 
 
 def _rollouts(run: Run, step: int, tl: StepTimeline) -> tuple[Any, Any, InFlight]:
-    """The step's rollouts: launched (with those up to async_steps ahead), collected, scored, and batched with
-    the algorithm's advantages."""
+    """The step's rollouts: launched (with those up to async_steps ahead), collected, scored, shaped and refilled
+    (rlgen.runtime.refill), and batched with the algorithm's advantages. Returns (batch, StepRollouts, flight)."""
+    from rlgen.algo.loss import AdvantageShapeError
     from rlgen.runtime.batch import build_batch
+    from rlgen.runtime.refill import step_rollouts
     from rlgen.tasks.scoring import RewardError
 
     ro, algo = run.rollouts, run.cfg.algo
@@ -118,10 +123,34 @@ def _rollouts(run: Run, step: int, tl: StepTimeline) -> tuple[Any, Any, InFlight
         scores = ro.scorer.result(flight.scoring)
     except RewardError as err:
         raise RunError(str(err)) from err
-    batch = build_batch(flight.prepared, scores.totals, run.pad_id,
-                        lambda rewards, groups: run.algorithm.advantages(rewards, groups, algo))
+    t1 = time.time()
+    tl.add("driver", Phase.reward, t0, t1)
+    got = step_rollouts(run, step, flight, scores, tl)
+    t0 = time.time() if got.metrics.get("dynamic/rounds", 1) > 1 else t1  # the extra rounds' scoring is inside them
+    try:
+        batch = build_batch(got.completions, got.rewards, run.pad_id,
+                            lambda rewards, groups: run.algorithm.advantages(rewards, groups, algo),
+                            mask_truncated=algo.mask_truncated)
+    except AdvantageShapeError as err:
+        raise RunError(f"algo.kind={algo.kind}: {err}") from err
     tl.add("driver", Phase.reward, t0, time.time())
-    return batch, scores, flight
+    return batch, got, flight
+
+
+def _warn_rewards(run: Run, step: int, got: Any) -> None:
+    """Say when rewards came back NaN (they were given advantage 0), or dynamic sampling could not fill the batch."""
+    nan = got.scores.nan_count
+    if nan:
+        run.sink.console.print(f"[yellow]reward:[/] step {step}: {nan} of {len(got.scores.totals)} rewards were NaN; "
+                               "those completions get advantage 0 (reward/nan counts them).", highlight=False)
+    want = run.cfg.algo.prompts_per_step
+    kept = got.metrics.get("dynamic/groups_kept")
+    if kept is not None and kept < want:
+        run.sink.console.print(
+            f"[yellow]dynamic sampling:[/] step {step} kept {kept:.0f} of {want} groups after "
+            f"algo.max_gen_batches={run.cfg.algo.max_gen_batches} rounds (the others' rewards were all equal); it "
+            "trained on those. Raise algo.max_gen_batches, or use a task whose prompts are neither all solved nor "
+            "all failed.", highlight=False)
 
 
 def _add_engine_spans(run: Run, tl: StepTimeline, flight: InFlight) -> None:
@@ -137,14 +166,14 @@ def _train(run: Run, batch: Any, step: int, tl: StepTimeline) -> dict:
     """One optimizer step of the learner group: each rank trains on its shard of the rows; one metrics dict
     comes back, every rank's spans go on the timeline. While it trains, the next flight's rollouts are prepared
     and scored if they are in."""
-    from rlgen.learners.group import merge_rank_metrics, shard_rows
+    from rlgen.learners.group import merge_rank_metrics
 
-    if len(run.learners) == 1:
-        shards = [batch]
-    else:
-        import torch
-
-        shards = [batch.select(torch.arange(r.start, r.stop)) for r in shard_rows(batch.num_sequences, len(run.learners))]
+    shards = _shards(run, batch)
+    penalty: dict[str, float] = {}
+    algo = run.cfg.algo
+    if algo.kl_coef > 0 and KLPenalty(algo.kl_penalty) is KLPenalty.reward:
+        penalty = _kl_into_rewards(run, batch, shards, step)
+        shards = _shards(run, batch)
     refs = [a.train_step.remote(b) for a, b in zip(run.learners, shards)]
     run.rollouts.prefetch()
     names = [f"learner{r}" for r in range(len(run.learners))]
@@ -157,7 +186,35 @@ def _train(run: Run, batch: Any, step: int, tl: StepTimeline) -> dict:
     for rank, m in enumerate(per_rank):
         for phase, a, b in m.get("spans", []):
             tl.add(f"learner{rank}", Phase(phase), a, b)
-    return merge_rank_metrics(per_rank)
+    return {**merge_rank_metrics(per_rank), **penalty}
+
+
+def _shards(run: Run, batch: Any) -> list[Any]:
+    """Each learner rank's rows of the batch."""
+    if len(run.learners) == 1:
+        return [batch]
+    import torch
+
+    from rlgen.learners.group import shard_rows
+
+    return [batch.select(torch.arange(r.start, r.stop)) for r in shard_rows(batch.num_sequences, len(run.learners))]
+
+
+def _kl_into_rewards(run: Run, batch: Any, shards: list[Any], step: int) -> dict[str, float]:
+    """algo.kl_penalty=reward: the learners give each sequence's summed KL to the reference; kl_coef times it
+    comes off the sequence's reward and the advantages are computed again, over the whole batch. Returns the
+    step's kl (per response token) and the mean penalty."""
+    import torch
+
+    algo = run.cfg.algo
+    names = [f"learner{r}" for r in range(len(run.learners))]
+    refs = [a.sequence_kl.remote(b) for a, b in zip(run.learners, shards)]
+    per_rank = run.waiter.learner_get(refs, f"the reference KL of step {step}", names, run.folders.learner_nodes)
+    kl = torch.tensor([v for rank in per_rank for v in rank], dtype=torch.float32)  # [N]
+    batch.rewards = batch.rewards - algo.kl_coef * kl
+    batch.advantages = run.algorithm.advantages(batch.rewards, batch.group_ids, algo)
+    tokens = max(batch.num_response_tokens, 1)
+    return {"kl": float(kl.sum()) / tokens, "kl_reward_penalty": float(algo.kl_coef * kl.mean())}
 
 
 def _push(run: Run, metrics: dict, halt: bool, tl: StepTimeline) -> None:

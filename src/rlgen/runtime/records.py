@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -13,9 +14,10 @@ def step_record(step: int, tl: StepTimeline, batch: Any, rewards: list[float], m
     gen_spans = [s for s in tl.spans if s.phase == Phase.generate]
     gen_wall = (max(s.end for s in gen_spans) - min(s.start for s in gen_spans)) if gen_spans else 0.0
     tokens = batch.num_response_tokens
+    finite = [r for r in rewards if math.isfinite(r)]  # a NaN reward is counted (reward/nan), not averaged
     n = len(rewards)
-    mean = sum(rewards) / n
-    std = (sum((r - mean) ** 2 for r in rewards) / n) ** 0.5
+    mean = sum(finite) / len(finite) if finite else 0.0
+    std = (sum((r - mean) ** 2 for r in finite) / len(finite)) ** 0.5 if finite else 0.0
     sync_engine = max((s.seconds for s in tl.spans if s.phase == Phase.sync and not s.actor.startswith("learner")),
                       default=0.0)
     train_s = max((tl.total(Phase.train, f"learner{r}") for r in range(learner_ranks or 1)), default=0.0)

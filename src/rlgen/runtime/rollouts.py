@@ -18,6 +18,7 @@ from rlgen.types import SamplingParams
 
 log = logging.getLogger(__name__)
 EVAL_SEED_OFFSET = 7_919_000  # eval sampling seeds, apart from every training step's
+REFILL_SEED_STRIDE = 15_485_863  # dynamic sampling's round r of a step: seeds r strides from the step's own
 
 
 class Rollouts:
@@ -41,6 +42,20 @@ class Rollouts:
         sp = encode_prompts(step, self.task, self.renderer, self.cfg)
         sampling = sampling_params(self.cfg, self.stop_ids, seed=self.cfg.seed * 100_003 + step)
         return InFlight(step, sp, split_requests(sp, sampling, len(self.engines)), launch_version)
+
+    def extra_flight(self, step: int, round: int, n: int, version: int) -> InFlight:
+        """Generation round `round` >= 1 of a step (dynamic sampling): n more prompts of the task, their own
+        seeds, launched now."""
+        from rlgen.runtime.batch import encode_prompts, sampling_params, split_requests
+
+        more = getattr(self.task, "extra_prompts", None)
+        if more is None:
+            raise RunError(f"algo.dynamic_sampling needs more prompts than each step's, but task {self.task.name} "
+                           "gives no extra_prompts(step, round, n); turn algo.dynamic_sampling off for it.")
+        sp = encode_prompts(step, self.task, self.renderer, self.cfg, prompts=more(step, round, n))
+        seed = self.cfg.seed * 100_003 + step + round * REFILL_SEED_STRIDE
+        sampling = sampling_params(self.cfg, self.stop_ids, seed=seed)
+        return self._send(InFlight(step, sp, split_requests(sp, sampling, len(self.engines)), version))
 
     def _send(self, flight: InFlight) -> InFlight:
         for i, reqs in enumerate(flight.shards):
@@ -179,7 +194,7 @@ class Rollouts:
         sampling = SamplingParams(n=e.samples, temperature=0.0 if e.samples == 1 else e.temperature, top_p=1.0,
                                   max_new_tokens=self.cfg.algo.max_new_tokens, stop_token_ids=tuple(self.stop_ids),
                                   seed=self.cfg.seed * 100_003 + EVAL_SEED_OFFSET + step)
-        from rlgen.tasks.scoring import RewardError
+        from rlgen.tasks.scoring import RewardError, finite_mean
 
         flight = self._send(InFlight(step, sp, split_requests(sp, sampling, len(self.engines)), version))
         self.collect(flight)
@@ -194,7 +209,7 @@ class Rollouts:
             passed[c.group_id] = passed.get(c.group_id, False) or value >= 1.0
         return {
             f"eval/pass@{e.samples}": sum(passed.values()) / max(len(passed), 1),
-            "eval/reward_mean": sum(scores.totals) / max(len(scores.totals), 1),
+            "eval/reward_mean": finite_mean(scores.totals),
             "eval/prompts": float(len(passed)),
             "eval_s": time.time() - t0,
         }

@@ -26,6 +26,11 @@ class Task(Protocol):
         """n prompts for an RL step; the same (task seed, step) always gives the same list."""
         ...
 
+    def extra_prompts(self, step: int, round: int, n: int) -> list[Prompt]:
+        """n more prompts for an RL step, for its generation round `round` >= 1 (dynamic sampling refills the
+        batch with them); the same (task seed, step, round) always gives the same list."""
+        ...
+
     def demonstrations(self, n: int, seed: int) -> list[Prompt]:
         """n prompts with their answers for supervised warm start."""
         ...
@@ -43,7 +48,7 @@ class Task(Protocol):
         ...
 
 
-def step_rng(seed: int, stream: str, step: int) -> random.Random:
+def step_rng(seed: int | str, stream: str, step: int) -> random.Random:
     """A generator private to (task seed, stream, step), independent of any global random state."""
     return random.Random(f"{seed}/{stream}/{step}")
 
@@ -83,7 +88,7 @@ class RowTask(BaseTask):
         super().__init__(cfg)
         self._orders: dict[tuple[int, int], list[int]] = {}
 
-    def _order(self, seed: int, epoch: int) -> list[int]:
+    def _order(self, seed: int | str, epoch: int) -> list[int]:
         key = (seed, epoch)
         if key not in self._orders:
             order = list(range(len(self.rows)))
@@ -93,7 +98,7 @@ class RowTask(BaseTask):
             self._orders[key] = order
         return self._orders[key]
 
-    def _take(self, seed: int, start: int, n: int) -> list[Prompt]:
+    def _take(self, seed: int | str, start: int, n: int) -> list[Prompt]:
         out: list[Prompt] = []
         index = start
         while len(out) < n:
@@ -105,6 +110,9 @@ class RowTask(BaseTask):
 
     def prompts(self, step: int, n: int) -> list[Prompt]:
         return self._take(self.seed, step * n, n)
+
+    def extra_prompts(self, step: int, round: int, n: int) -> list[Prompt]:
+        return self._take(f"{self.seed}/extra/{round}", step * n, n)  # a shuffle of its own per round
 
     def demonstrations(self, n: int, seed: int) -> list[Prompt]:
         return self._take(seed, 0, n)

@@ -37,6 +37,9 @@ class ReverseTask(BaseTask):
     def prompts(self, step: int, n: int) -> list[Prompt]:
         return self._draw(step_rng(self.seed, "prompts", step), n)
 
+    def extra_prompts(self, step: int, round: int, n: int) -> list[Prompt]:
+        return self._draw(step_rng(self.seed, f"extra/{round}", step), n)
+
     def demonstrations(self, n: int, seed: int) -> list[Prompt]:
         return self._draw(step_rng(seed, "demos", 0), n)
 

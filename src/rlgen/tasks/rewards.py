@@ -20,15 +20,16 @@ class RewardValueError(TypeError):
 
 
 def clamp_reward(value: object) -> float:
-    """A reward function's result clamped into [0, 1]; NaN counts as 0. Anything but a real number (bool,
-    int, float, a NumPy scalar, a 0-d tensor) raises RewardValueError."""
+    """A reward function's result clamped into [0, 1]. NaN stays NaN: the completion then gets advantage 0 and is
+    counted (reward/nan) rather than scored as a 0 that would move its group's mean. Anything but a real number
+    (bool, int, float, a NumPy scalar, a 0-d tensor) raises RewardValueError."""
     if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
         value = value.item()
     if not isinstance(value, numbers.Real):
         raise RewardValueError(f"returned {value!r:.60} (a {type(value).__name__}), not a number")
     value = float(value)
     if math.isnan(value):
-        return 0.0
+        return value
     return min(1.0, max(0.0, value))
 
 

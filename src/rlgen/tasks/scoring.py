@@ -51,12 +51,29 @@ class Scores:
     parts: dict[str, list[float]]
     timeouts: int = 0
 
+    @property
+    def nan_count(self) -> int:
+        """Completions whose reward is NaN (a reward function returned NaN)."""
+        return sum(1 for t in self.totals if math.isnan(t))
+
     def means(self) -> dict[str, float]:
-        """reward/<name> means and reward/timeouts, for the step's record (one reward: just the timeouts)."""
-        out: dict[str, float] = {"reward/timeouts": float(self.timeouts)}
+        """reward/<name> means over the finite values, reward/timeouts and reward/nan (the NaN rewards), for the
+        step's record (one reward: no reward/<name>)."""
+        out: dict[str, float] = {"reward/timeouts": float(self.timeouts), "reward/nan": float(self.nan_count)}
         if len(self.parts) > 1:
-            out.update({f"reward/{k}": sum(v) / max(len(v), 1) for k, v in self.parts.items()})
+            out.update({f"reward/{k}": finite_mean(v) for k, v in self.parts.items()})
         return out
+
+    def __add__(self, other: Scores) -> Scores:
+        """Two scorings as one (another generation round of the same step)."""
+        return Scores(self.totals + other.totals, {k: v + other.parts.get(k, []) for k, v in self.parts.items()},
+                      self.timeouts + other.timeouts)
+
+
+def finite_mean(values: list[float]) -> float:
+    """The mean of the finite values (0.0 when there are none)."""
+    kept = [v for v in values if math.isfinite(v)]
+    return sum(kept) / len(kept) if kept else 0.0
 
 
 @dataclass

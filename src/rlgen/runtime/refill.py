@@ -1,0 +1,123 @@
+"""A step's rollouts as the learner gets them: rewards shaped by the response length (DAPO's overlong penalty),
+and, with dynamic sampling, groups whose rewards are all equal dropped and replaced by groups of more prompts,
+generated in further rounds until the batch is full or algo.max_gen_batches rounds have run.
+
+Every completion generated is scored and counted in the step's reward metrics (they all come from the current
+policy); only the kept groups are trained on. The extra rounds' generation goes on the step's timeline, so the
+balancer counts it as generation work."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlgen.runtime.errors import RunError
+from rlgen.types import Completion, Phase, StepTimeline
+
+
+@dataclass
+class StepRollouts:
+    completions: list[Completion]  # to train on, group ids 0 .. groups-1
+    rewards: list[float]  # the rewards the advantages come from (shaped), one per completion
+    scores: Any  # tasks.scoring.Scores of every completion generated this step (all rounds)
+    penalties: list[float]  # the overlong penalty of every completion generated (all rounds)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def shaped_rewards(completions: list[Completion], totals: list[float], algo: Any) -> tuple[list[float], list[float]]:
+    """(the rewards plus the overlong penalty, the penalties), one per completion."""
+    if not algo.overlong_buffer:
+        return list(totals), [0.0] * len(totals)
+    import torch
+
+    from rlgen.algo.advantages import overlong_penalty
+
+    lengths = torch.tensor([len(c.token_ids) for c in completions], dtype=torch.float32)
+    pen = overlong_penalty(lengths, algo.max_new_tokens, algo.overlong_buffer, algo.overlong_penalty).tolist()
+    return [t + p for t, p in zip(totals, pen)], pen
+
+
+def _groups(completions: list[Completion], rewards: list[float]) -> list[tuple[list[Completion], list[float]]]:
+    """The completions and rewards of each group, in group order."""
+    by: dict[int, tuple[list[Completion], list[float]]] = {}
+    for c, r in zip(completions, rewards):
+        got = by.setdefault(c.group_id, ([], []))
+        got[0].append(c)
+        got[1].append(r)
+    return [by[g] for g in sorted(by)]
+
+
+def _informative(rewards: list[float]) -> bool:
+    finite = [r for r in rewards if math.isfinite(r)]
+    return len(set(finite)) > 1
+
+
+def step_rollouts(run: Any, step: int, flight: Any, scores: Any, tl: StepTimeline) -> StepRollouts:
+    """The step's first round (flight, scored), shaped, and refilled when algo.dynamic_sampling is on."""
+    algo = run.cfg.algo
+    rewards, pen = shaped_rewards(flight.prepared, scores.totals, algo)
+    got = _refilled(run, step, flight, scores, rewards, pen, tl) if algo.dynamic_sampling else \
+        StepRollouts(flight.prepared, rewards, scores, pen)
+    if algo.overlong_buffer:  # over every completion generated
+        got.metrics["reward/overlong_penalty"] = sum(got.penalties) / max(len(got.penalties), 1)
+    if algo.mask_truncated:  # of those trained on
+        got.metrics["truncated_masked"] = float(sum(c.finish_reason == "length" for c in got.completions))
+    return got
+
+
+def _refilled(run: Any, step: int, flight: Any, scores: Any, rewards: list[float], pen: list[float],
+              tl: StepTimeline) -> StepRollouts:
+    """Dynamic sampling: the first round's informative groups, then more rounds until the batch is full."""
+    algo = run.cfg.algo
+    metrics: dict[str, float] = {}
+    want = algo.prompts_per_step
+    groups = _groups(flight.prepared, rewards)
+    kept = [g for g in groups if _informative(g[1])]
+    generated, extra_tokens, rounds = len(groups), 0, 1
+    while len(kept) < want and rounds < algo.max_gen_batches:
+        need = want - len(kept)
+        rate = len(kept) / generated
+        n = want if rate == 0 else min(want, max(need, math.ceil(1.2 * need / rate)))
+        more = _round(run, step, rounds, n, tl)
+        scores = scores + more.scores
+        pen = pen + more.penalties
+        extra_tokens += sum(len(c.token_ids) for c in more.completions)
+        new = _groups(more.completions, more.rewards)
+        kept += [g for g in new if _informative(g[1])]
+        generated += len(new)
+        rounds += 1
+    metrics.update({"dynamic/groups_dropped": float(generated - len(kept)), "dynamic/rounds": float(rounds),
+                    "dynamic/extra_tokens": float(extra_tokens), "dynamic/groups_kept": float(min(len(kept), want)),
+                    "dynamic/groups_surplus": float(max(len(kept) - want, 0))})
+    if not kept:  # nothing to learn from this step: train on the first round (its advantages are all 0)
+        metrics["dynamic/groups_kept"] = 0.0
+        return StepRollouts(flight.prepared, rewards, scores, pen, metrics)
+    comps, out_rewards = [], []
+    for gid, (cs, rs) in enumerate(kept[:want]):
+        comps += [dataclasses.replace(c, group_id=gid) for c in cs]
+        out_rewards += rs
+    return StepRollouts(comps, out_rewards, scores, pen, metrics)
+
+
+def _round(run: Any, step: int, round: int, n: int, tl: StepTimeline) -> StepRollouts:
+    """One more generation round of n prompts: generated, scored, shaped (not refilled)."""
+    from rlgen.tasks.scoring import RewardError
+
+    ro = run.rollouts
+    flight = ro.extra_flight(step, round, n, run.transport.version)
+    ro.collect(flight)
+    for i, res in flight.results.items():
+        for phase, a, b in res.get("spans", []):
+            tl.add(run.engine_names[i], Phase(phase), a, b)
+    try:
+        ro.prepare(flight)
+        scores = ro.scorer.result(flight.scoring)
+    except RewardError as err:
+        raise RunError(str(err)) from err
+    rewards, pen = shaped_rewards(flight.prepared, scores.totals, run.cfg.algo)
+    return StepRollouts(flight.prepared, rewards, scores, pen)
+
+
+__all__ = ["StepRollouts", "shaped_rewards", "step_rollouts"]
