@@ -9,6 +9,7 @@
 #     smoke [OVERRIDES]  `make smoke-gpu`'s run, timed from launch; its reward curve (benchmarks/learning_curve.py)
 #     core-kill [OVERRIDES]  SIGKILL of vLLM's engine core at step 3 of 10 (benchmarks/kill_engine_core.py)
 #     ckpt-cost [OVERRIDES]  a 1.5B run's checkpoint cost to the loop: one in the background, the last one not
+#     startup [OVERRIDES]  the 0.5B one-liner twice (empty caches, then warm): its start-up phases (startup.jsonl)
 # Run from the repository root with rlgen importable (installed, or src on PYTHONPATH). Every vLLM process is
 # started by Python code kept under `if __name__ == "__main__":`, as vLLM's spawned engine cores need.
 set -uo pipefail
@@ -51,6 +52,15 @@ EOF
   core-kill)
     "$py" benchmarks/kill_engine_core.py "$out/core-kill" "$@" 2>&1 | tee "$out/core-kill.log"
     ;;
+  startup)
+    # the 0.5B one-liner as typed, twice: the first on this host's empty caches, the second with them
+    for run in cold warm; do
+      "$py" -m rlgen.cli train engine=vllm hardware=1xh100 model=qwen2_5_0_5b steps=2 \
+        hydra.run.dir="$out/startup-$run" "$@" > "$out/startup-$run.log" 2>&1
+      "$py" -c 'import json, sys; s = json.load(open(sys.argv[1])); print(sys.argv[2], json.dumps(s["startup"]))' \
+        "$out/startup-$run/summary.json" "$run" | tee -a "$out/startup.jsonl"
+    done
+    ;;
   ckpt-cost)
     "$py" -m rlgen.cli train engine=vllm hardware=1xh100 model=qwen2_5_1_5b steps=4 checkpoint.every=2 \
       algo.prompts_per_step=8 algo.max_new_tokens=64 hydra.run.dir="$out/ckpt" "$@" 2>&1 | tee "$out/ckpt.log"
@@ -62,7 +72,7 @@ print(json.dumps({"checkpoint_seconds": s["checkpoint_seconds"],
 EOF2
     ;;
   *)
-    echo "unknown stage $stage (check | test | bench | tune | smoke | core-kill | ckpt-cost)" >&2
+    echo "unknown stage $stage (check | test | bench | tune | smoke | core-kill | ckpt-cost | startup)" >&2
     exit 2
     ;;
 esac

@@ -73,10 +73,22 @@ def test_async_one_step_ahead_learns_and_overlaps(tmp_path):
 
 def test_on_policy_never_overlaps(tmp_path):
     cfg = compose_run_config([*SMOKE_OVERRIDES, "steps=4"])
-    run_training(build_plan(cfg), tmp_path)
+    summary = run_training(build_plan(cfg), tmp_path)
     records = read_jsonl(tmp_path / "metrics.jsonl")
     assert _overlaps(records) == 0
     assert [r["version"] for r in records] == [1, 2, 3, 4]
+    # the start-up, phase by phase, in summary.json
+    startup = json.loads((tmp_path / "summary.json").read_text())["startup"]
+    assert startup == summary["startup"]
+    assert list(startup["phases"]) == ["launch to set-up (imports, config, plan)", "model folder and task",
+                                       "Ray cluster", "engines and learners", "first weight push",
+                                       "first batch (generate, score)"]
+    assert all(v >= 0 for v in startup["phases"].values())
+    assert sum(startup["phases"].values()) == pytest.approx(startup["first_rollout_s"], abs=0.5)
+    for name in ("engine0", "learner0"):
+        actor = startup["actors"][name]
+        assert actor["steps"]["weights"] > 0 and actor["init_s"] >= actor["steps"]["weights"]
+        assert actor["asked_s"] <= actor["init_begin_s"] <= actor["ready_s"] <= startup["first_rollout_s"]
 
 
 def test_multirun_sweeps_async_steps(tmp_path):

@@ -184,7 +184,9 @@ def test_context_from_plan():
     assert ctx == context_from_plan(json.loads(plan.to_json()))
     assert (ctx.num_engines, ctx.tensor_parallel_size, ctx.async_steps, ctx.device) == (2, 2, 2, "cuda")
     v = assess(measure_record(on_policy_record(0, gen=0.9, train=0.1, engines=2)), ctx)
-    assert "engine.num_engines=" in v.advice and "engine GPUs" in v.advice
+    # 8 GPUs, all in use: GPUs move from the learners to the engines, and more engines only with more GPUs
+    assert "move 2 GPUs from the learners to the engines (hardware.engine_gpus=6, hardware.learner_gpus=2" in v.advice
+    assert "with more GPUs: hardware=2x8xh100 (engine.num_engines=16, 32 engine GPUs)" in v.advice
     assert "tensor_parallel_size" in v.advice
     assert "async_steps" not in v.advice  # already running ahead
 
@@ -202,3 +204,32 @@ def test_learner_ranks_waiting_side_by_side_count_once():
     one, two = measure_record(rec), measure_record({**rec, "timeline": rec["timeline"] + twin})
     assert two.learner_wait_s == pytest.approx(one.learner_wait_s)
     assert two.sync_s == pytest.approx(one.sync_s)
+
+
+ONE_GPU = ["1xh100", "1xh200"]
+
+
+@pytest.mark.parametrize("hardware", ONE_GPU)
+@pytest.mark.parametrize("model", ["qwen2_5_0_5b", "qwen2_5_1_5b", "small"])
+@pytest.mark.parametrize("async_steps", [0, 1])
+def test_one_gpu_advice_asks_for_more_gpus_only_in_its_with_more_gpus_clause(hardware, model, async_steps):
+    import re
+
+    from rlgen.config.compose import compose_run_config, group_options
+    from rlgen.plan import build_plan
+
+    plan = build_plan(compose_run_config(["engine=vllm", f"hardware={hardware}", f"model={model}",
+                                          f"algo.async_steps={async_steps}"]))
+    ctx = context_from_plan(plan)
+    for gen, train in ((0.9, 0.1), (0.6, 0.4), (0.3, 0.2), (0.95, 0.01), (0.1, 0.9), (0.2, 0.6)):
+        advice = assess(measure_record(on_policy_record(0, gen=gen, train=train, engines=1)), ctx).advice
+        head, _, more = advice.partition("with more GPUs:")
+        # no engine GPUs, learner GPUs, idle GPUs or GPUs moved between them on a one-GPU host
+        assert not re.search(r"(engine|learner|idle) GPUs|more GPUs|GPUs from|GPUs to", head), advice
+        assert all(int(k) <= 1 for k in re.findall(r"engine\.num_engines=(\d+)", head)), advice
+        assert "hardware=" not in head, advice
+        if more:
+            preset = re.match(r" hardware=(\S+) ", more).group(1)
+            assert preset in group_options("hardware") and preset not in ONE_GPU
+        if gen / train > 1.5:  # generation-bound: the one change this GPU can take is named
+            assert "engine.engines_per_gpu=2" in head and "with more GPUs: hardware=" in advice

@@ -1,4 +1,4 @@
-"""GPU facts for the bench: nvidia-smi queries, versions, peak-memory and busy-time sampling."""
+"""GPU facts for the bench: nvidia-smi queries, versions, peak-memory sampling (busy time: rlgen.gpubusy)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import sys
 import threading
 import time
 from typing import Any
+
+from rlgen.gpubusy import BusySampler  # noqa: F401 - the bench's busy-time sampler lives a layer below
 
 
 def _smi(query: str) -> list[str]:
@@ -91,44 +93,6 @@ class MemorySampler:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-
-
-class BusySampler:
-    """nvidia-smi's utilization.gpu (the share of time a kernel ran) every 100 ms, averaged over the windows
-    between start() and stop(). Where nvidia-smi is missing, stop() returns None."""
-
-    def __init__(self, period_ms: int = 100):
-        self._on = False
-        self._samples: list[float] = []
-        try:
-            self._proc: subprocess.Popen | None = subprocess.Popen(
-                ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms",
-                 str(period_ms)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        except OSError:
-            self._proc = None
-            return
-        threading.Thread(target=self._read, name="gpu-busy", daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self._proc.stdout:
-            if self._on:
-                try:
-                    self._samples.append(float(line.split(",")[0]))  # the first GPU of the machine
-                except ValueError:
-                    pass
-
-    def start(self) -> None:
-        self._samples, self._on = [], True
-
-    def stop(self) -> float | None:
-        self._on = False
-        got, self._samples = self._samples, []
-        return round(sum(got) / len(got), 1) if got else None
-
-    def close(self) -> None:
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait(timeout=10)
 
 
 def wait_gpu_free(baseline_gib: float, timeout_s: float = 90.0) -> float:

@@ -42,6 +42,7 @@ from rlgen.learners.grpo_step import (
 )
 from rlgen.learners.torch import NonFiniteWeightsError, TorchLearner, _disable_dropout
 from rlgen.learners.weight_sender import WeightSender
+from rlgen.phases import ActorClock
 from rlgen.transfer import DEFAULT_BUCKET_BYTES, plan_buckets
 from rlgen.types import RolloutBatch
 
@@ -160,6 +161,7 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         resume_from: str | None = None,
         algorithm: Algorithm | None = None,
     ) -> None:
+        self.clock = ActorClock()
         if not torch.cuda.is_available():
             raise RuntimeError("DeepSpeedLearner needs a CUDA GPU; use the torch learner (TorchLearner) on CPU.")
         try:
@@ -167,6 +169,8 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         except ImportError as err:
             raise RuntimeError(f"DeepSpeedLearner needs deepspeed: pip install 'rlgen[gpu]' ({err}).") from err
         from transformers import AutoModelForCausalLM
+
+        self.clock.step("import deepspeed")
 
         os.environ.update({k: str(v) for k, v in (env or {}).items()})
         torch.manual_seed(seed)
@@ -184,6 +188,7 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         if algo.kl_coef > 0:  # a full bf16 copy; fine for the sizes rlgen targets on one GPU
             self.ref_model = AutoModelForCausalLM.from_pretrained(ref_model_path or model_path, dtype=torch.bfloat16)
             self.ref_model.to(self.device).eval().requires_grad_(False)
+        self.clock.step("weights")
         params = [p for p in module.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=algo.lr, weight_decay=algo.weight_decay)
         _dist_env(rank, world_size, master_addr, master_port)
@@ -194,8 +199,11 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         self.engine.train()
         self.model = self.engine  # the forward (grpo_step.response_logits) calls self.model(...)
         self.module = self.engine.module
+        self.clock.step("DeepSpeed engine")
         if resume_from:
             self._resume(resume_from)
+            self.clock.step("resume state")
+        self.clock.done()
 
     def _init_state(self, algo, monitor, rank, name, device, zero_stage, sync_bucket_bytes, world_size=1,
                     release_memory=False, algorithm: Algorithm | None = None) -> None:

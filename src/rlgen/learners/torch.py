@@ -24,6 +24,7 @@ from rlgen.learners.grpo_step import (
     sequence_kl,
     unpack_batch,
 )
+from rlgen.phases import ActorClock
 from rlgen.types import RolloutBatch
 
 
@@ -75,6 +76,7 @@ class TorchLearner:
         checkpoint folder whose learner state (optimizer, counters, RNG) this learner continues from; its
         model_path is then the checkpoint's model folder. algorithm: the loss's algorithm (the driver passes
         the one it resolved; None: algo.kind's)."""
+        self.clock = ActorClock()
         from transformers import AutoModelForCausalLM
 
         if num_threads:
@@ -87,7 +89,9 @@ class TorchLearner:
         self.name = name
         self.loss_agg = LossAgg(algo.loss_agg)
         self.loss_fn = (algorithm or find_algorithm(algo.kind)).loss
+        self.clock.step("import transformers")
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
+        self.clock.step("weights")
         self.model.train()
         _disable_dropout(self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -102,6 +106,7 @@ class TorchLearner:
             state = load_learner_state(resume_from, self.rank)
             self.optimizer.load_state_dict(state["optimizer"])
             self._restore_counters(state)
+        self.clock.done()
 
     def _init_counters(self) -> None:
         """Step bookkeeping: version (applied updates), train_step calls, skipped steps."""
@@ -285,6 +290,7 @@ class TorchLearner:
             "skipped_steps": self.skipped_steps,
             "consecutive_skips": self.consecutive_skips,
             "last_skip_reason": self.last_skip_reason,
+            "startup": self.clock.to_dict() if hasattr(self, "clock") else None,
             **process_info(),
         }
 

@@ -59,6 +59,13 @@ class BalanceContext:
     tensor_parallel_size: int = 1
     colocated: bool = False  # engines share the learners' GPUs (they overlap only with async_steps > 0)
     device: str = ""  # "cpu" | "cuda" | "" (unknown): picks the words of the advice
+    # what the hardware leaves room for (plan.room); None: unknown, the advice then names engines freely
+    free_gpus: int | None = None
+    learner_gpus: int = 0  # GPUs of their own the learners hold (0 when colocated)
+    engine_gpus: int = 0
+    engines_per_gpu: int = 1
+    engines_per_gpu_next: int | None = None  # one more engine per GPU fits (None: it does not, or unknown)
+    bigger_hardware: tuple[tuple[str, int], ...] = ()  # presets with more GPUs, fewest first: (name, GPUs)
 
 
 NO_CONTEXT = BalanceContext()  # nothing known: engines counted from the timeline, on-policy
@@ -69,12 +76,19 @@ def context_from_plan(plan: Any) -> BalanceContext:
     d = plan.to_dict() if hasattr(plan, "to_dict") else dict(plan)
     engines = d.get("engines") or []
     tp = int(engines[0].get("tensor_parallel_size", 1)) if engines else 1
+    room = d.get("room") or {}
     return BalanceContext(
         num_engines=len(engines) or None,
         async_steps=int(d.get("async_steps", 0)),
         tensor_parallel_size=tp,
         colocated=bool(d.get("colocated", False)),
         device=str(d.get("device", "")),
+        free_gpus=room.get("free_gpus"),
+        learner_gpus=int(room.get("learner_gpus", 0)),
+        engine_gpus=int(room.get("engine_gpus", 0)),
+        engines_per_gpu=int(room.get("engines_per_gpu", 1)),
+        engines_per_gpu_next=room.get("engines_per_gpu_next"),
+        bigger_hardware=tuple((str(n), int(g)) for n, g in room.get("bigger_hardware", ())),
     )
 
 
@@ -211,12 +225,7 @@ def advise(kind: Kind, m: StepBalance, ctx: BalanceContext = NO_CONTEXT) -> str:
             f"generation-bound: the learner waited {m.learner_wait_s / window:.0%} of the step; generating a batch "
             f"takes {_fmt_x(ratio)} as long as training on it"
         )
-        if math.isfinite(ratio) and ratio <= MAX_ENGINE_GROWTH:
-            add = max(1, math.ceil(n * ratio - 1e-9) - n)
-            gpus = f": {(n + add) * ctx.tensor_parallel_size} engine GPUs" if ctx.device == "cuda" else ""
-            fixes.append(f"add {add} engine{'s' if add > 1 else ''} (engine.num_engines={n + add}{gpus})")
-        else:
-            fixes.append(f"add engines (it would take over {MAX_ENGINE_GROWTH}x the {n} there are)")
+        more_gpus = _more_engines(n, ratio, ctx, fixes)
         if ctx.tensor_parallel_size > 1:
             fixes.append(
                 f"split engines to a smaller engine.tensor_parallel_size than {ctx.tensor_parallel_size} "
@@ -236,19 +245,64 @@ def advise(kind: Kind, m: StepBalance, ctx: BalanceContext = NO_CONTEXT) -> str:
             fixes.append(f"use fewer engines (engine.num_engines={keep} would keep up){spare}")
         if overlap:
             fixes.append("raise algo.async_steps to 1 so engines generate the next batch while the learner trains")
-        more = "more learner GPUs, " if ctx.device != "cpu" else ""
-        fixes.append(f"speed up the learner ({more}fewer micro-batches: a larger algo.micro_batch_size or 0)")
+        fixes.append("speed up the learner (fewer micro-batches: a larger algo.micro_batch_size or 0)")
+        more_gpus = _with_more_gpus(ctx, "more learner ranks")
     else:
+        more_gpus = ""
         head = f"balanced: generating and training a batch take about the same time (ratio {ratio:.2f})"
         if overlap:
             saved = min(m.producer_s, m.consumer_s)
             fixes.append(f"raise algo.async_steps to 1 to overlap them (saves up to {saved:.3g} s a step)")
-    text = head + ("; " + ", or ".join(fixes) if fixes else "")
+    text = head + ("; " + ", or ".join(fixes) if fixes else "") + (f"; {more_gpus}" if more_gpus else "")
     if m.sync_s > SYNC_NOTE_FRAC * window:
         text += f". Weight sync takes {m.sync_s / window:.0%} of the step"
     if ctx.colocated and ctx.async_steps == 0 and kind != Kind.balanced:
         text += ". Engines share the learners' GPUs here and sleep while they train, so the two sides run in turn"
     return text + "."
+
+
+def _more_engines(n: int, ratio: float, ctx: BalanceContext, fixes: list[str]) -> str:
+    """Generation-bound: the engines to add that the hardware has room for (into fixes); returns the "with more
+    GPUs" clause for what it has no room for ("" when all fits, or on CPU)."""
+    known = ctx.device == "cuda" and ctx.free_gpus is not None
+    if not (math.isfinite(ratio) and ratio <= MAX_ENGINE_GROWTH):
+        if not known:
+            fixes.append(f"add engines (it would take over {MAX_ENGINE_GROWTH}x the {n} there are)")
+            return ""
+        if ctx.engines_per_gpu_next:
+            fixes.append(f"run {ctx.engines_per_gpu_next} engines per GPU (engine.engines_per_gpu="
+                         f"{ctx.engines_per_gpu_next}), which keeps a GPU busier")
+        return _with_more_gpus(ctx, f"over {MAX_ENGINE_GROWTH}x the {n} engines there are", 10**9)
+    add = max(1, math.ceil(n * ratio - 1e-9) - n)
+    if not known:
+        gpus = f": {(n + add) * ctx.tensor_parallel_size} engine GPUs" if ctx.device == "cuda" else ""
+        fixes.append(f"add {add} engine{'s' if add > 1 else ''} (engine.num_engines={n + add}{gpus})")
+        return ""
+    fit = min(add, ctx.free_gpus // max(ctx.tensor_parallel_size, 1))
+    if fit:
+        fixes.append(f"add {fit} engine{'s' if fit > 1 else ''} on the idle GPUs (engine.num_engines={n + fit})")
+    tp = max(ctx.tensor_parallel_size, 1)
+    move = min(add - fit, (ctx.learner_gpus - 1) // tp) * tp  # learners keep at least one GPU
+    if move > 0:
+        fixes.append(f"move {move} GPUs from the learners to the engines (hardware.engine_gpus="
+                     f"{ctx.engine_gpus + move}, hardware.learner_gpus={ctx.learner_gpus - move}, "
+                     f"engine.num_engines={n + fit + move // tp})")
+    if fit < add and ctx.engines_per_gpu_next:
+        fixes.append(f"run {ctx.engines_per_gpu_next} engines per GPU (engine.engines_per_gpu="
+                     f"{ctx.engines_per_gpu_next}), which keeps a GPU busier")
+    if fit >= add:
+        return ""
+    need = (n + add) * tp
+    return _with_more_gpus(ctx, f"engine.num_engines={n + add}, {need} engine GPUs", need)
+
+
+def _with_more_gpus(ctx: BalanceContext, change: str, need: int = 0) -> str:
+    """'with more GPUs: hardware=<preset> <change>': the smallest preset with more GPUs (and at least `need` of
+    them, when one has); "" on CPU or when there is none."""
+    if ctx.device != "cuda" or not ctx.bigger_hardware:
+        return ""
+    name = next((h for h, g in ctx.bigger_hardware if g >= need), ctx.bigger_hardware[-1][0])
+    return f"with more GPUs: hardware={name} ({change})"
 
 
 def assess(m: StepBalance, ctx: BalanceContext = NO_CONTEXT, band: float = DEFAULT_BAND) -> Verdict:

@@ -46,6 +46,10 @@ def keep_lines(path: Path, n: int) -> list[dict]:
     return [json.loads(line) for line in lines[:n]]
 
 
+# summary.json keys the closing report prints on their own (the balance advice once, after its table; the
+# start-up phases in theirs), not as rows of the run summary table
+TABLED_ELSEWHERE = ("balance_advice",)
+
 class MetricsSink:
     def __init__(self, out_dir: Path, cfg: RunConfig, total_steps: int, console: Console | None = None, *,
                  resume_lines: int | None = None, wall_before: float = 0.0):
@@ -155,6 +159,8 @@ class MetricsSink:
         t.add_column("metric")
         t.add_column("value")
         for key, val in summary.items():
+            if key in TABLED_ELSEWHERE or isinstance(val, dict):
+                continue
             t.add_row(key, f"{val:.4g}" if isinstance(val, float) else str(val))
         self.console.print(t)
         self.console.print(f"metrics: {self.path}", highlight=False)

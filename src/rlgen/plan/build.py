@@ -21,6 +21,7 @@ from rlgen.plan.memory import GIB, checkpoint_bytes, share_part
 from rlgen.plan.model_folder import with_model_folder
 from rlgen.plan.overlap import default_async_steps, fit_with_overlap
 from rlgen.plan.recipes import fill_recipe
+from rlgen.plan.room import hardware_room
 from rlgen.plan.slots import place_engines, place_learners
 from rlgen.plan.values import check_values
 
@@ -154,7 +155,7 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
         engines=_shares(engines, cfg, spec), learners=learners, transport=transport_of(cfg, spec, layout),
         batch=batch, model=ms, async_steps=cfg.algo.async_steps, engine_env=env,
         warnings=tuple(_idle_engine_gpus(cfg, engines, layout) + dropped), settings=tuple(settings), memory=memory,
-        checkpoint_gib=round(ckpt, 3),
+        checkpoint_gib=round(ckpt, 3), room=hardware_room(cfg, spec, layout, engines, learners, ms),
     )
 
 

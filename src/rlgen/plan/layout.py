@@ -91,6 +91,7 @@ class Plan:
     settings: tuple[Setting, ...] = ()  # the values the config left null (auto), filled, and every one's source
     memory: MemorySplit | None = None  # per GPU: the engine's share, the learner's idle and peak footprint
     checkpoint_gib: float = 0.0  # one checkpoint on disk (estimated from the model and the learner)
+    room: dict | None = None  # what the hardware leaves room for (plan.room.hardware_room), for the balancer
 
     @property
     def engine_kind(self) -> str:
@@ -111,7 +112,7 @@ class Plan:
         d: dict[str, Any] = {"engine_kind": self.engine.kind, "learner_kind": self.learner_kind.value,
                              "layout": self.layout.value, "colocated": self.colocated}
         for name in ("device", "hardware", "nodes", "gpus_per_node", "engines", "learners", "transport", "batch",
-                     "model", "async_steps", "engine_env", "warnings", "settings", "memory", "checkpoint_gib"):
+                     "model", "async_steps", "engine_env", "warnings", "settings", "memory", "checkpoint_gib", "room"):
             value = getattr(self, name)
             d[name] = plain(asdict(value) if hasattr(value, "__dataclass_fields__") else
                             [asdict(v) for v in value] if name in ("engines", "learners", "settings") else value)

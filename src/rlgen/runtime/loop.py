@@ -37,12 +37,11 @@ def train(run: Run, sink: Any) -> dict:
     tracker = BalanceTracker(context_from_plan(run.plan))
     for rec in sink.records:  # a resumed run: the verdict carries on from the steps already run
         tracker.update(rec)
-    last_kind = tracker.rolling.kind if tracker.rolling else None
     try:
         for step in range(state.step, cfg.steps):
             if run.stop.requested:
                 raise StopRequested(f"step {step}")
-            halt, last_kind = _step(run, step, sink, tracker, last_kind)
+            halt = _step(run, step, sink, tracker)
             if halt is not None:
                 raise RunError(halt)
             every = cfg.checkpoint.every
@@ -59,8 +58,9 @@ def train(run: Run, sink: Any) -> dict:
     return sink.summary()
 
 
-def _step(run: Run, step: int, sink: Any, tracker: Any, last_kind: Any) -> tuple[str | None, Any]:
-    """One step; returns (the breaker's halt message when it halts the run, the balance verdict's kind)."""
+def _step(run: Run, step: int, sink: Any, tracker: Any) -> str | None:
+    """One step; returns the breaker's halt message when it halts the run. The balance verdict goes in the step's
+    record; its advice is said once, at the end of the run."""
     cfg, state = run.cfg, run.state
     t_step = time.time()
     tl = StepTimeline(step)
@@ -95,9 +95,7 @@ def _step(run: Run, step: int, sink: Any, tracker: Any, last_kind: Any) -> tuple
         sink.log(rec)
     except OSError as err:  # the line was not written (the file keeps its whole lines): say why, stop
         raise RunError(str(err)) from err
-    if step > 0 and verdict.kind != last_kind:
-        sink.console.print(f"[cyan]balance:[/] {verdict.advice}", highlight=False)
-    return (event.message if halt else None), verdict.kind
+    return event.message if halt else None
 
 
 def _rollouts(run: Run, step: int, tl: StepTimeline) -> tuple[Any, Any, InFlight]:
@@ -115,6 +113,8 @@ def _rollouts(run: Run, step: int, tl: StepTimeline) -> tuple[Any, Any, InFlight
     ro.collect(flight)
     ro.pending.popleft()
     run.startup.setdefault("first_rollout_s", time.time() - STARTED_AT)
+    if run.clock is not None:
+        run.clock.first_batch()
     tl.add("learner0", Phase.wait, t0, time.time())
     _add_engine_spans(run, tl, flight)
     t0 = time.time()

@@ -20,6 +20,7 @@ from rlgen.runtime.checkpoint_dir import final_model_from, newest_checkpoint
 from rlgen.runtime.errors import RunError, RunStopped, StopRequested
 from rlgen.runtime.lock import acquire_run_lock
 from rlgen.runtime.setup import Hooks, Run, set_up, tear_down
+from rlgen.runtime.startup import print_startup
 from rlgen.runtime.status import RunStatus
 from rlgen.runtime.stop import StopFlag
 
@@ -105,13 +106,20 @@ def _train_and_report(run: Run) -> dict:
         sink.progress.update(sink.task_id, description="stopping")
 
     run.stop.on_first = on_first
+    busy = _busy_sampler(plan)
     try:
         summary = train(run, sink)
         summary.update(model_path=str(final_model_from(state.last_checkpoint, run.out_dir)),
                        initial_model_path=run.initial_model_path, checkpoint_path=str(state.last_checkpoint),
                        checkpoint_seconds=list(state.checkpoint_seconds), **run.startup)
+        if run.clock is not None:
+            summary["startup"] = run.clock.to_dict()
+        if busy is not None:
+            summary["gpu_busy_pct"] = busy.stop()
     finally:
         sink.progress.stop()
+        if busy is not None:
+            busy.close()
     ctx = context_from_plan(plan)
     summary.update({f"balance_{k}": v for k, v in balance_summary(sink.records, ctx).items()})
     sink.close(summary)
@@ -120,8 +128,22 @@ def _train_and_report(run: Run) -> dict:
     except Exception as err:  # noqa: BLE001 - a plotting problem must not fail a finished run
         console.print(f"[yellow]report not written:[/] {escape(str(err))}")
     print_summary(sink.records, ctx, console)
+    if "startup" in summary:
+        print_startup(summary["startup"], console)
     _print_first_rollout(run.startup, console)
     return summary
+
+
+def _busy_sampler(plan: Plan) -> Any:
+    """On a GPU run whose driver sits on a GPU node: nvidia-smi's busy % of this node's GPUs over the loop
+    (summary gpu_busy_pct; None where nvidia-smi cannot be run). None on CPU."""
+    if plan.device != "cuda":
+        return None
+    from rlgen.gpubusy import BusySampler
+
+    busy = BusySampler(all_gpus=True)
+    busy.start()
+    return busy
 
 
 def _ended(err: BaseException, out_dir: Path, status: RunStatus, stop: StopFlag, step: int, *,

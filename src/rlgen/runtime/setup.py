@@ -37,6 +37,7 @@ from rlgen.runtime.faults import EngineKeeper, EngineLost
 from rlgen.runtime.files import place_run_folders
 from rlgen.runtime.monitor import CircuitBreaker
 from rlgen.runtime.resume import ResumePoint
+from rlgen.runtime.startup import StartupClock
 from rlgen.runtime.state import RunState
 from rlgen.runtime.stop import StopFlag
 from rlgen.runtime.waits import Waiter
@@ -68,6 +69,7 @@ class Run:
     status: Any = None  # runtime.status.RunStatus, kept up to date with actors and checkpoints
     resume: ResumePoint | None = None
     startup: dict[str, float] = field(default_factory=dict)  # setup_s, sync_warmup_s, first_rollout_s
+    clock: Any = None  # runtime.startup.StartupClock: each start-up phase, and each actor's start
     learners: list[Any] = field(default_factory=list)  # every rank, rank 0 first (it speaks for the group)
     engine_names: list[str] = field(default_factory=list)
     pgs: list[Any] = field(default_factory=list)
@@ -120,11 +122,16 @@ def set_up(plan: Plan, out_dir: Path, *, resume: ResumePoint | None = None, stop
     run = Run(plan, Path(out_dir), console or Console(), stop, Waiter(cfg.timeout_s, stop, Path(out_dir)), state,
               status=status, resume=resume)
     t0 = time.time()
+    run.clock = clock = StartupClock(run.console)
     try:
-        task, renderer, stop_ids = _model_and_task(run)
-        _cluster(run)
-        _actors(run, hooks or Hooks())
-        _transport(run)
+        with clock.phase("model folder and task"):
+            task, renderer, stop_ids = _model_and_task(run)
+        with clock.phase("Ray cluster"):
+            _cluster(run)
+        with clock.phase("engines and learners"):
+            _actors(run, hooks or Hooks())
+        with clock.phase("first weight push"):
+            _transport(run)
         _loop_parts(run, task, renderer, stop_ids)
     except BaseException:
         tear_down(run)
@@ -181,8 +188,9 @@ def _actors(run: Run, hooks: Hooks) -> None:
     if len(run.placement.learners) > 1:
         rendezvous = run.waiter.get(run.factory.rendezvous_ref(), "finding the learner group's rendezvous",
                                     cfg.startup_timeout_s)
+    asked = {f"learner{r}": time.time() for r in range(len(run.placement.learners))}
     run.learners = run.factory.learners(run.folders.learner_paths, rendezvous, **run.folders.learner_extra)
-    engines, health = _start_engines(run)
+    engines, health = _start_engines(run, asked)
     bad = [h for h in health if not h.get("ok")]
     if bad:
         raise RunError(f"actors reported unhealthy at start-up: {bad}")
@@ -198,7 +206,7 @@ def _actors(run: Run, hooks: Hooks) -> None:
     run.zero3_gatherers = run.learners[1:] if learner_kwargs.get("zero_stage") == 3 else []
 
 
-def _start_engines(run: Run) -> tuple[list[Any], list[dict[str, Any]]]:
+def _start_engines(run: Run, asked: dict[str, float]) -> tuple[list[Any], list[dict[str, Any]]]:
     """Start the engines wave by wave, beside the learners already starting: engines that share a GPU start one
     after another. Returns the engines and every actor's health report; the last wait covers the learners too,
     so one that fails at start is reported with the last engines at the latest."""
@@ -208,11 +216,17 @@ def _start_engines(run: Run) -> tuple[list[Any], list[dict[str, Any]]]:
     health: list[dict[str, Any]] = []
     for j, wave in enumerate(waves):
         for i in wave:
+            asked[run.engine_names[i]] = time.time()
             engines[i] = run.factory.engine(i, run.folders.engine_paths, run.state.version)
         last = j == len(waves) - 1
         refs = [engines[i].health.remote() for i in wave] + ([a.health.remote() for a in run.learners] if last else [])
+        names = [run.engine_names[i] for i in wave] + ([f"learner{r}" for r in range(len(run.learners))] if last else [])
         what = "actor start-up" if last else f"engine start-up, wave {j + 1} of {len(waves)} (engines sharing a GPU)"
-        health += run.waiter.get(refs, what, run.cfg.startup_timeout_s)
+        health += run.waiter.get(refs, what, run.cfg.startup_timeout_s, names=names,
+                                 progress=run.clock.waiting(names) if run.clock else None)
+    if run.clock:
+        for h in health:
+            run.clock.actor(h, asked.get(h.get("name"), run.clock.launched))
     return engines, health
 
 

@@ -46,9 +46,10 @@ class Waiter:
         self.timeout_s, self.stop, self.out_dir = float(timeout_s), stop, Path(out_dir)
 
     def get(self, refs: Any, what: str, timeout_s: float | None = None, *, interruptible: bool = True,
-            names: list[str] | None = None) -> Any:
+            names: list[str] | None = None, progress: Any = None, every_s: float = 15.0) -> Any:
         """ray.get of one ref or a list, within timeout_s (timeout_s of the run by default); interruptible
-        waits raise StopRequested once a stop is asked for. names: the actor behind each ref."""
+        waits raise StopRequested once a stop is asked for. names: the actor behind each ref. progress(elapsed,
+        pending indices) is called every every_s while refs are pending."""
         import ray
         from ray.exceptions import RayActorError, RayTaskError
 
@@ -56,8 +57,13 @@ class Waiter:
         key = "timeout_s" if timeout_s == self.timeout_s else "startup_timeout_s"
         many = isinstance(refs, list)
         todo = list(refs) if many else [refs]
-        deadline = time.time() + timeout_s
+        start = time.time()
+        deadline, said = start + timeout_s, start
         while todo:
+            if progress is not None and time.time() - said >= every_s:
+                said = time.time()
+                pending = {id(r) for r in todo}
+                progress(said - start, [i for i, r in enumerate(refs if many else [refs]) if id(r) in pending])
             if interruptible and self.stop.requested:
                 raise StopRequested(what)
             left = deadline - time.time()

@@ -14,6 +14,7 @@ import torch
 
 from rlgen.config import EngineConfig
 from rlgen.hostinfo import process_info
+from rlgen.phases import ActorClock
 from rlgen.types import Completion, GenRequest, Phase, SamplingParams
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": None}
@@ -54,7 +55,10 @@ class HFEngine:
         version: int = 0,
     ):
         """version: the policy version of the weights in model_path (a resumed run starts from a checkpoint's)."""
+        self.clock = ActorClock()
         from transformers import AutoModelForCausalLM
+
+        self.clock.step("import transformers")
 
         if threads and device == "cpu":
             torch.set_num_threads(threads)
@@ -63,12 +67,14 @@ class HFEngine:
         self.dtype = _dtype(engine.dtype, device)
         self.max_batch = max(1, engine.max_num_seqs)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype).to(device).eval()
+        self.clock.step("weights")
         gen = self.model.generation_config
         self.eos_ids = self._as_list(gen.eos_token_id) or self._as_list(self.model.config.eos_token_id)
         self.pad_id = gen.pad_token_id if gen.pad_token_id is not None else (self.eos_ids[0] if self.eos_ids else 0)
         self.version = int(version)
         self.calls = 0
         self.asleep = False
+        self.clock.done()
         self.start_s = time.time() - t0
 
     @staticmethod
@@ -188,4 +194,4 @@ class HFEngine:
 
     def health(self) -> dict[str, Any]:
         return {"ok": True, "name": self.name, "version": self.version, "asleep": self.asleep, "start_s": self.start_s,
-                **process_info()}
+                "startup": self.clock.to_dict(), **process_info()}

@@ -28,6 +28,7 @@ from rlgen.engines.vllm.loop import LoopThread, build_engine, generate_all, live
 from rlgen.engines.vllm.startup import EngineStartError, check_free_memory, explain, own_stderr_tail
 from rlgen.engines.vllm.weights import WEIGHT_CHUNK_BYTES, chunk_weights, load_weights_on_worker, to_wire
 from rlgen.hostinfo import process_info
+from rlgen.phases import ActorClock, read_log_times
 from rlgen.types import Completion, GenRequest, Phase
 
 if TYPE_CHECKING:
@@ -84,6 +85,7 @@ class VLLMEngine:
         version: int = 0,
     ):
         t0 = time.time()
+        self.clock = ActorClock()
         if not str(device).startswith("cuda"):
             raise EngineError(
                 f"engine=vllm runs on CUDA GPUs only, but device={device!r} was given; use engine=hf on CPU."
@@ -92,6 +94,7 @@ class VLLMEngine:
         for k, v in REQUIRED_ENV.items():
             os.environ.setdefault(k, v)
         require_cuda_and_vllm()
+        self.clock.step("import vllm")
 
         self.name, self.seed, self.timeout_s = name, seed, timeout_s
         self.engine_cfg = engine
@@ -122,6 +125,9 @@ class VLLMEngine:
             if why:
                 raise EngineStartError(name, why) from err
             raise
+        self.clock.step("vLLM engine start")
+        read_log_times(self.clock, own_stderr_tail())  # vLLM's lines (its core's too, in this worker's stderr)
+        self.clock.done()
         self.start_s = time.time() - t0
 
     # -- generation -------------------------------------------------------------------------------------
@@ -415,6 +421,7 @@ class VLLMEngine:
             "asleep": self.asleep,
             "paused": self.paused,
             "start_s": self.start_s,
+            "startup": self.clock.to_dict(),
             **process_info(),
         }
 

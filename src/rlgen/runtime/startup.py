@@ -1,0 +1,107 @@
+"""A run's start-up, phase by phase: what it is doing is said as it begins, a wait on actors says every
+PROGRESS_S which ones are not ready yet, and the seconds of each phase (and of each actor's own start, from its
+health report) go into summary.json and the closing report."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from rlgen import STARTED_AT
+
+PROGRESS_S = 15.0  # a start-up wait says who it waits for this often: never a silent minute
+LAUNCH = "launch to set-up (imports, config, plan)"
+FIRST_BATCH = "first batch (generate, score)"
+
+
+class StartupClock:
+    def __init__(self, console: Console, launched: float = STARTED_AT):
+        self.console, self.launched = console, launched
+        self.phases: dict[str, float] = {}
+        self.actors: dict[str, dict[str, Any]] = {}
+        self.first_rollout_s: float | None = None
+        self._setup_end: float | None = None
+
+    def since_launch(self) -> float:
+        return time.time() - self.launched
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time one phase; say it as it begins. The first phase also records the time from launch to it."""
+        if not self.phases:
+            self.phases[LAUNCH] = self.since_launch()
+        self.console.print(f"[dim]start-up {self.since_launch():5.1f} s:[/] {name}", highlight=False)
+        t0 = time.time()
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.time() - t0
+            self._setup_end = time.time()
+
+    def waiting(self, names: list[str]) -> Any:
+        """A progress callback for Waiter.get over actors named `names` (in the refs' order)."""
+        def say(elapsed: float, pending: list[int]) -> None:
+            who = ", ".join(names[i] for i in pending[:6]) + (f" and {len(pending) - 6} more" if len(pending) > 6 else "")
+            self.console.print(f"[dim]start-up {self.since_launch():5.1f} s:[/] waiting for {who} ({elapsed:.0f} s "
+                               "so far; a vLLM engine imports, loads its weights, compiles, sizes its KV cache and "
+                               "captures CUDA graphs)", highlight=False)
+        return say
+
+    def actor(self, health: dict[str, Any], launched_at: float) -> None:
+        """One actor's start from its health report: when its process started and its constructor ran (seconds
+        after launch), and its own steps."""
+        s = health.get("startup") or {}
+        name = health.get("name")
+        if not name or not s.get("init_end"):
+            return
+
+        def rel(t: float | None) -> float | None:
+            return None if t is None else round(t - self.launched, 3)
+
+        self.actors[name] = {
+            "asked_s": rel(launched_at), "process_start_s": rel(s.get("process_start")),
+            "init_begin_s": rel(s.get("init_begin")), "ready_s": rel(s.get("init_end")),
+            "init_s": round(s["init_end"] - s["init_begin"], 3),
+            "steps": {k: round(v, 3) for k, v in (s.get("steps") or {}).items()},
+            "parts": {k: round(v, 3) for k, v in (s.get("parts") or {}).items()},
+        }
+
+    def first_batch(self) -> None:
+        if self.first_rollout_s is None:
+            self.first_rollout_s = self.since_launch()
+            if self._setup_end is not None:
+                self.phases[FIRST_BATCH] = time.time() - self._setup_end
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"phases": {k: round(v, 3) for k, v in self.phases.items()}, "actors": self.actors,
+                "first_rollout_s": None if self.first_rollout_s is None else round(self.first_rollout_s, 3)}
+
+
+def print_startup(startup: dict[str, Any], console: Console) -> None:
+    """The start-up report: each phase, and each actor's own steps."""
+    phases = startup.get("phases") or {}
+    if not phases:
+        return
+    t = Table(title="start-up", title_justify="left", show_header=False)
+    t.add_column("phase")
+    t.add_column("seconds", justify="right")
+    for name, seconds in phases.items():
+        t.add_row(name, f"{seconds:.1f}")
+    for name, a in (startup.get("actors") or {}).items():
+        steps = ", ".join(f"{k} {v:.1f}" for k, v in a["steps"].items())
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in a["parts"].items())
+        wait = (a["init_begin_s"] - a["asked_s"]) if a.get("asked_s") is not None and a.get("init_begin_s") else None
+        t.add_row(f"  {name}: " + ("; ".join(x for x in (steps, parts and f"of which {parts}") if x) or "started")
+                  + (f" (began {wait:.1f} s after it was asked for)" if wait is not None else ""),
+                  f"{a['init_s']:.1f}")
+    if startup.get("first_rollout_s") is not None:
+        t.add_row("[bold]time to first rollout[/]", f"[bold]{startup['first_rollout_s']:.1f}[/]")
+    console.print(t)
+
+
+__all__ = ["PROGRESS_S", "StartupClock", "print_startup"]

@@ -1,0 +1,95 @@
+"""Start-up, timed: an actor's clock and vLLM's own log lines, a wait that says who it waits for, and the
+report of the phases."""
+
+from __future__ import annotations
+
+import io
+import time
+
+from rich.console import Console
+
+from rlgen.phases import ActorClock, process_start_time, read_log_times
+from rlgen.runtime.startup import StartupClock, print_startup
+from rlgen.runtime.stop import StopFlag
+from rlgen.runtime.waits import Waiter
+
+VLLM_LOG = [
+    "Loading weights took 0.98 seconds",
+    "Model loading took 7.6065 GiB memory and 1.163559 seconds",
+    "torch.compile takes 30.74 s in total",
+    "torch.compile took 4.64 s in total",
+    "Available KV cache memory: 34.72 GiB",
+    "Graph capturing finished in 8 secs, took 0.31 GiB",
+    "init engine (profile, create kv cache, warmup model) took 33.27 seconds",
+]
+
+
+def test_vllm_log_lines_become_the_parts_of_an_engine_start():
+    clock = ActorClock()
+    text = "\n".join(f"(EngineCore pid=7) INFO 11-25 03:20:37 [x.py:1] {line}" for line in VLLM_LOG)
+    read_log_times(clock, text + "\nunrelated line\n")
+    assert clock.parts == {"weights": 1.163559, "torch.compile": 30.74 + 4.64, "CUDA graphs": 8.0,
+                           "profile, KV cache, warm-up": 33.27}
+
+
+def test_actor_clock_steps_follow_one_another():
+    clock = ActorClock()
+    time.sleep(0.05)
+    clock.step("import")
+    time.sleep(0.02)
+    clock.step("weights")
+    clock.done()
+    d = clock.to_dict()
+    assert d["steps"]["import"] >= 0.05 and d["steps"]["weights"] >= 0.02
+    assert d["init_end"] - d["init_begin"] >= sum(d["steps"].values()) - 1e-6
+    started = process_start_time()
+    assert started is not None and started <= d["init_begin"]
+
+
+def test_a_start_up_wait_says_who_it_is_waiting_for(monkeypatch, tmp_path):
+    import ray
+
+    t0 = time.time()
+    ready_after = {"e": 0.0, "l": 0.6}
+
+    def fake_wait(todo, num_returns, timeout):
+        time.sleep(timeout)
+        left = [r for r in todo if time.time() - t0 < ready_after[r]]
+        return [r for r in todo if r not in left], left
+
+    monkeypatch.setattr(ray, "wait", fake_wait)
+    monkeypatch.setattr(ray, "get", lambda refs: list(refs))
+    out = io.StringIO()
+    clock = StartupClock(Console(file=out, width=200), launched=t0)
+    said: list[list[int]] = []
+
+    def progress(elapsed, pending):
+        said.append(pending)
+        clock.waiting(["engine0", "learner0"])(elapsed, pending)
+
+    got = Waiter(10, StopFlag(), tmp_path).get(["e", "l"], "actor start-up", names=["engine0", "learner0"],
+                                               progress=progress, every_s=0.2)
+    assert got == ["e", "l"]
+    assert said and said[-1] == [1]  # learner0 was the one still starting
+    assert "waiting for learner0" in out.getvalue()
+
+
+def test_the_report_lists_each_phase_and_actor():
+    clock = StartupClock(Console(file=io.StringIO()), launched=time.time() - 5)
+    with clock.phase("Ray cluster"):
+        pass
+    now = time.time()
+    clock.actor({"name": "engine0", "startup": {"process_start": now - 3, "init_begin": now - 2, "init_end": now,
+                                                "steps": {"import vllm": 0.5, "vLLM engine start": 1.5},
+                                                "parts": {"torch.compile": 0.9}}}, launched_at=now - 2.5)
+    clock.first_batch()
+    d = clock.to_dict()
+    assert list(d["phases"]) == ["launch to set-up (imports, config, plan)", "Ray cluster",
+                                 "first batch (generate, score)"]
+    assert d["actors"]["engine0"]["init_s"] == 2.0 and d["first_rollout_s"] >= 5
+    out = io.StringIO()
+    print_startup(d, Console(file=out, width=200))
+    text = out.getvalue()
+    for piece in ("Ray cluster", "engine0: import vllm 0.5, vLLM engine start 1.5; of which torch.compile 0.9",
+                  "began 0.5 s after it was asked for", "time to first rollout"):
+        assert piece in text
