@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 import textwrap
@@ -282,7 +283,7 @@ def test_weight_meta_uses_the_full_shape_of_partitioned_parameters(model_dir):
 REAL_ENGINE = textwrap.dedent("""
     import json, math, os, socket, sys
     import torch
-    sys.path.insert(0, sys.argv[2])
+    sys.path[:0] = [sys.argv[2], os.path.dirname(sys.argv[2])]  # tests/unit, and tests/ for helpers
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -290,6 +291,7 @@ REAL_ENGINE = textwrap.dedent("""
     from transformers import Qwen2Config, Qwen2ForCausalLM
     from rlgen.config import AlgoConfig, MonitorConfig
     from rlgen.learners.deepspeed import DeepSpeedLearner, build_ds_config
+    from helpers import algo_cfg
     from test_deepspeed_learner import make_batch
     stage = int(sys.argv[1])
     deepspeed.init_distributed(dist_backend="gloo")
@@ -324,8 +326,9 @@ REAL_ENGINE = textwrap.dedent("""
 @pytest.mark.parametrize("stage", [2, 3])
 def test_real_deepspeed_engine_on_cpu_steps_skips_and_exports(stage):
     here = str(Path(__file__).parent)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "DS_ACCELERATOR": "cpu"}  # on CPU, also on a GPU host
     run = subprocess.run([sys.executable, "-c", REAL_ENGINE, str(stage), here], capture_output=True, text=True,
-                         timeout=600)
+                         timeout=600, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out["ok"] == [False, 1, True]

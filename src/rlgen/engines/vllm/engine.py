@@ -126,7 +126,8 @@ class VLLMEngine:
                 raise EngineStartError(name, why) from err
             raise
         self.clock.step("vLLM engine start")
-        read_log_times(self.clock, own_stderr_tail())  # vLLM's lines (its core's too, in this worker's stderr)
+        # vLLM's own lines (its engine core's too) are in this worker's logs: they time weights, compile, graphs
+        read_log_times(self.clock, own_stderr_tail(stream="out") + "\n" + own_stderr_tail())
         self.clock.done()
         self.start_s = time.time() - t0
 

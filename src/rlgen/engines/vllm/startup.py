@@ -67,8 +67,9 @@ def explain(text: str) -> str | None:
     return None
 
 
-def own_stderr_tail(max_bytes: int = 400_000) -> str:
-    """The end of this Ray worker's stderr log (where vLLM's engine core prints), or "" outside Ray."""
+def own_stderr_tail(max_bytes: int = 400_000, stream: str = "err") -> str:
+    """The end of this Ray worker's stderr log (where vLLM's engine core prints its errors), or "" outside Ray;
+    stream="out": its stdout log (where vLLM's logger prints)."""
     try:
         import ray
 
@@ -76,7 +77,7 @@ def own_stderr_tail(max_bytes: int = 400_000) -> str:
     except Exception:  # noqa: BLE001 - not in a Ray worker, or Ray changed: no log to read
         return ""
     texts = []
-    for path in glob.glob(os.path.join(logs, f"worker-*-{os.getpid()}.err")):
+    for path in glob.glob(os.path.join(logs, f"worker-*-{os.getpid()}.{stream}")):
         with open(path, "rb") as f:
             f.seek(max(0, os.path.getsize(path) - max_bytes))
             texts.append(f.read().decode("utf-8", "replace"))
