@@ -36,9 +36,7 @@ def group_advantages(
     count = zeros.index_add(0, inv, w)  # [G] finite rewards per group
     mean = zeros.index_add(0, inv, r) / count.clamp(min=1)  # [G]
     centred = (r - mean[inv]) * w  # [N]
-    lo = torch.full_like(zeros, math.inf).scatter_reduce(0, inv, torch.where(finite, r, math.inf), "amin")  # [G]
-    hi = torch.full_like(zeros, -math.inf).scatter_reduce(0, inv, torch.where(finite, r, -math.inf), "amax")  # [G]
-    constant = ~(lo < hi)[inv]  # [N]: no two different finite rewards in the group
+    constant = ~informative_groups(rewards, group_ids)  # [N]: no two different finite rewards in the group
     if scale is ScaleRewards.group:
         ss = zeros.index_add(0, inv, centred * centred)  # [G]
         adv = centred / (_std(ss, count, std)[inv] + eps)

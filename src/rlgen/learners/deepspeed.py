@@ -227,8 +227,8 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         1/denominator). ids, attn: [n, P+L]; mask, engine_logp: [n, L]; advantages: [n]. poison, or a
         non-finite loss, makes the loss NaN so that DeepSpeed's overflow check skips the step."""
         micro = micro_loss(
-            self.model, self.ref_model, ids, attn, mask, engine_logp, advantages, prompt_len, self.algo, self.loss_agg,
-            self.loss_fn,
+            self.model, self.ref_model if self._kl_in_loss() else None, ids, attn, mask, engine_logp, advantages,
+            prompt_len, self.algo, self.loss_agg, self.loss_fn,
         )
         total = micro.total
         if poison or not math.isfinite(micro.pg + micro.kl + micro.ent):

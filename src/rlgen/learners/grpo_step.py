@@ -25,7 +25,7 @@ from rlgen.algo.loss import (
     top_entropy_mask,
 )
 from rlgen.algo.registry import Loss
-from rlgen.config import AlgoConfig, KLPenalty, LossAgg
+from rlgen.config import AlgoConfig, LossAgg
 from rlgen.metrics.mismatch import mismatch_metrics
 from rlgen.types import Phase, RolloutBatch
 
@@ -195,8 +195,8 @@ def micro_loss(
     loss_fn: Loss,
 ) -> MicroLoss:
     """The loss of one micro-batch, summed over tokens/sequences (denominator 1): the algorithm's policy loss
-    (loss_fn, rlgen.algo.registry), plus algo.kl_coef times the KL to the reference model (when there is one and
-    algo.kl_penalty=loss), minus algo.entropy_coef times the aggregated token entropy. With
+    (loss_fn, rlgen.algo.registry), plus algo.kl_coef times the KL to ref_model (the learner passes it only when
+    the KL goes in the loss), minus algo.entropy_coef times the aggregated token entropy. With
     algo.entropy_top_frac < 1 only this micro-batch's highest-entropy tokens get a policy gradient.
 
     ids, attn: [n, P+L]; mask, engine_logp: [n, L] (mask bool); advantages: [n].
@@ -212,7 +212,7 @@ def micro_loss(
         kwargs["token_weight"] = top_entropy_mask(entropy, loss_mask, algo.entropy_top_frac)  # [n, L]
     pg, metrics = loss_fn(logp, engine_logp, advantages, mask, algo, 1.0, **kwargs)
     total, kl_sum, ent_sum = pg, 0.0, 0.0
-    if ref_model is not None and KLPenalty(algo.kl_penalty) is KLPenalty.loss:
+    if ref_model is not None:
         kl = aggregate(token_kl(logp, engine_logp, reference_logprobs(ref_model, ids, attn, mask.shape[1], prompt_len,
                                                                       algo), algo),
                        loss_mask, agg, algo.max_new_tokens, denominator=1.0)

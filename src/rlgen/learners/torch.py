@@ -134,7 +134,7 @@ class TorchLearner:
         """
         micro = micro_loss(
             self.model,
-            self.ref_model,
+            self.ref_model if self._kl_in_loss() else None,
             ids,
             attn,
             mask,

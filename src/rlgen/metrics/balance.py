@@ -63,7 +63,6 @@ class BalanceContext:
     free_gpus: int | None = None
     learner_gpus: int = 0  # GPUs of their own the learners hold (0 when colocated)
     engine_gpus: int = 0
-    engines_per_gpu: int = 1
     engines_per_gpu_next: int | None = None  # one more engine per GPU fits (None: it does not, or unknown)
     bigger_hardware: tuple[tuple[str, int], ...] = ()  # presets with more GPUs, fewest first: (name, GPUs)
 
@@ -86,7 +85,6 @@ def context_from_plan(plan: Any) -> BalanceContext:
         free_gpus=room.get("free_gpus"),
         learner_gpus=int(room.get("learner_gpus", 0)),
         engine_gpus=int(room.get("engine_gpus", 0)),
-        engines_per_gpu=int(room.get("engines_per_gpu", 1)),
         engines_per_gpu_next=room.get("engines_per_gpu_next"),
         bigger_hardware=tuple((str(n), int(g)) for n, g in room.get("bigger_hardware", ())),
     )
@@ -269,9 +267,7 @@ def _more_engines(n: int, ratio: float, ctx: BalanceContext, fixes: list[str]) -
         if not known:
             fixes.append(f"add engines (it would take over {MAX_ENGINE_GROWTH}x the {n} there are)")
             return ""
-        if ctx.engines_per_gpu_next:
-            fixes.append(f"run {ctx.engines_per_gpu_next} engines per GPU (engine.engines_per_gpu="
-                         f"{ctx.engines_per_gpu_next}), which keeps a GPU busier")
+        fixes += _more_per_gpu(ctx)
         return _with_more_gpus(ctx, f"over {MAX_ENGINE_GROWTH}x the {n} engines there are", 10**9)
     add = max(1, math.ceil(n * ratio - 1e-9) - n)
     if not known:
@@ -287,13 +283,18 @@ def _more_engines(n: int, ratio: float, ctx: BalanceContext, fixes: list[str]) -
         fixes.append(f"move {move} GPUs from the learners to the engines (hardware.engine_gpus="
                      f"{ctx.engine_gpus + move}, hardware.learner_gpus={ctx.learner_gpus - move}, "
                      f"engine.num_engines={n + fit + move // tp})")
-    if fit < add and ctx.engines_per_gpu_next:
-        fixes.append(f"run {ctx.engines_per_gpu_next} engines per GPU (engine.engines_per_gpu="
-                     f"{ctx.engines_per_gpu_next}), which keeps a GPU busier")
+    if fit < add:
+        fixes += _more_per_gpu(ctx)
     if fit >= add:
         return ""
     need = (n + add) * tp
     return _with_more_gpus(ctx, f"engine.num_engines={n + add}, {need} engine GPUs", need)
+
+
+def _more_per_gpu(ctx: BalanceContext) -> list[str]:
+    """One more engine per GPU, where the plan found it fits; [] where it does not."""
+    k = ctx.engines_per_gpu_next
+    return [f"run {k} engines per GPU (engine.engines_per_gpu={k}), which keeps a GPU busier"] if k else []
 
 
 def _with_more_gpus(ctx: BalanceContext, change: str, need: int = 0) -> str:

@@ -39,24 +39,25 @@ def bigger_hardware(cfg: RunConfig) -> list[tuple[str, int]]:
 
 def hardware_room(cfg: RunConfig, spec: EngineSpec, layout: Layout, engines: tuple[EngineSlot, ...],
                   learners: tuple[LearnerSlot, ...], ms: ModelSummary) -> dict:
-    """{total_gpus, free_gpus, learner_gpus and engine_gpus (learner_gpus 0 when they share the engines' GPUs),
-    engines_per_gpu, engines_per_gpu_next (None: engines cannot share a GPU more), bigger_hardware: [(name, gpus),
-    ...]} for the balancer (rlgen.metrics.balance.BalanceContext)."""
+    """{free_gpus, learner_gpus and engine_gpus (learner_gpus 0 when they share the engines' GPUs),
+    engines_per_gpu_next (None: engines cannot share a GPU more), bigger_hardware: [(name, gpus), ...]} for the
+    balancer (rlgen.metrics.balance.BalanceContext)."""
     from rlgen.plan.checks import check_engine_floor
 
     hw = cfg.hardware
     total = hw.nodes * hw.gpus_per_node
-    used = {(e.node, g) for e in engines for g in e.gpus} | {(r.node, r.gpu) for r in learners if r.gpu is not None}
+    engine_gpus = {(e.node, g) for e in engines for g in e.gpus}
+    learner_gpus = {(r.node, r.gpu) for r in learners if r.gpu is not None}
     k = cfg.engine.engines_per_gpu
     more = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, engines_per_gpu=k + 1))
     p: list[str] = []
-    if total and not shared_gpu_problem(more, spec, layout):
+    fits = bool(total) and not shared_gpu_problem(more, spec, layout)
+    if fits:
         check_engine_floor(more, spec, ms, p)
-    next_k = k + 1 if total and not p and not shared_gpu_problem(more, spec, layout) else None
-    learner_gpus = 0 if layout is Layout.colocated else len({(r.node, r.gpu) for r in learners if r.gpu is not None})
-    return {"total_gpus": total, "free_gpus": max(total - len(used), 0), "learner_gpus": learner_gpus,
-            "engine_gpus": len({(e.node, g) for e in engines for g in e.gpus}), "engines_per_gpu": k,
-            "engines_per_gpu_next": next_k, "bigger_hardware": bigger_hardware(cfg) if total else []}
+    return {"free_gpus": max(total - len(engine_gpus | learner_gpus), 0),
+            "learner_gpus": 0 if layout is Layout.colocated else len(learner_gpus), "engine_gpus": len(engine_gpus),
+            "engines_per_gpu_next": k + 1 if fits and not p else None,
+            "bigger_hardware": bigger_hardware(cfg) if total else []}
 
 
 __all__ = ["bigger_hardware", "hardware_room", "preset_gpus"]

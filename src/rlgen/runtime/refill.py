@@ -49,9 +49,16 @@ def _groups(completions: list[Completion], rewards: list[float]) -> list[tuple[l
     return [by[g] for g in sorted(by)]
 
 
-def _informative(rewards: list[float]) -> bool:
-    finite = [r for r in rewards if math.isfinite(r)]
-    return len(set(finite)) > 1
+def _informative(completions: list[Completion], rewards: list[float]) -> list[tuple[list[Completion], list[float]]]:
+    """The groups (as _groups gives them) that have two different finite rewards: the ones with a signal."""
+    import torch
+
+    from rlgen.algo.advantages import informative_groups
+
+    keep = informative_groups(torch.tensor(rewards, dtype=torch.float32),
+                              torch.tensor([c.group_id for c in completions])).tolist()
+    kept = {c.group_id for c, k in zip(completions, keep) if k}
+    return [g for g in _groups(completions, rewards) if g[0][0].group_id in kept]
 
 
 def step_rollouts(run: Any, step: int, flight: Any, scores: Any, tl: StepTimeline) -> StepRollouts:
@@ -73,9 +80,8 @@ def _refilled(run: Any, step: int, flight: Any, scores: Any, rewards: list[float
     algo = run.cfg.algo
     metrics: dict[str, float] = {}
     want = algo.prompts_per_step
-    groups = _groups(flight.prepared, rewards)
-    kept = [g for g in groups if _informative(g[1])]
-    generated, extra_tokens, rounds = len(groups), 0, 1
+    kept = _informative(flight.prepared, rewards)
+    generated, extra_tokens, rounds = len({c.group_id for c in flight.prepared}), 0, 1
     while len(kept) < want and rounds < algo.max_gen_batches:
         need = want - len(kept)
         rate = len(kept) / generated
@@ -84,9 +90,8 @@ def _refilled(run: Any, step: int, flight: Any, scores: Any, rewards: list[float
         scores = scores + more.scores
         pen = pen + more.penalties
         extra_tokens += sum(len(c.token_ids) for c in more.completions)
-        new = _groups(more.completions, more.rewards)
-        kept += [g for g in new if _informative(g[1])]
-        generated += len(new)
+        kept += _informative(more.completions, more.rewards)
+        generated += len({c.group_id for c in more.completions})
         rounds += 1
     metrics.update({"dynamic/groups_dropped": float(generated - len(kept)), "dynamic/rounds": float(rounds),
                     "dynamic/extra_tokens": float(extra_tokens), "dynamic/groups_kept": float(min(len(kept), want)),
