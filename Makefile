@@ -15,9 +15,9 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-install: $(PY)  ## create .venv and install rlgen (CPU torch) with dev tools and the data extra
+install: $(PY)  ## create .venv and install rlgen (CPU torch) with dev tools and the data and LoRA extras
 	$(PY) -m pip install -q $(TORCH_CPU)
-	$(PY) -m pip install -q -e ".[dev,data]"
+	$(PY) -m pip install -q -e ".[dev,data,lora]"
 
 train:  ## the main job: `rlgen train` on the embedded default (CPU, tiny model)
 	$(RLGEN) train

@@ -101,3 +101,17 @@ def check_versions(results: Sequence[dict[str, Any]], version: int, what: str) -
     wrong = [(r.get("actor", "?"), r.get("version")) for r in results if r.get("version") != version]
     if wrong:
         raise SyncError(f"{what}: expected policy version {version} everywhere, got {wrong}.")
+
+
+def write_adapter(folder: str, tensors: dict[str, Any], config: dict[str, Any]) -> None:
+    """A PEFT adapter folder (adapter_config.json, adapter_model.safetensors) from a LoRA adapter's tensors and
+    config: what a learner's checkpoint holds and what a vllm engine loads."""
+    import json
+    import os
+
+    from safetensors.torch import save_file
+
+    os.makedirs(folder, exist_ok=True)
+    save_file(tensors, os.path.join(folder, "adapter_model.safetensors"))
+    with open(os.path.join(folder, "adapter_config.json"), "w") as f:
+        json.dump(config, f, indent=2)

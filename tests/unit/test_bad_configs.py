@@ -142,9 +142,9 @@ PLAN_ERRORS = [
     ),
     (
         "learner-too-big-for-one-gpu",  # 7B weights, fp32 master and AdamW states: ~100 GiB on one rank
-        ["engine=vllm", "hardware=2xh200", "model=qwen2_5_7b"],
+        ["engine=vllm", "hardware=2xh200", "model=qwen2_5_7b", "learner.lora.enabled=false"],  # (unset: LoRA)
         ["a learner rank needs about 146 GiB at its peak", "optimizer 85.1", "more learner GPUs with "
-         "learner.zero_stage=3"],
+         "learner.zero_stage=3", "LoRA adapters on the frozen base (learner.lora.enabled=true)"],
         1,
     ),
     (
@@ -156,7 +156,7 @@ PLAN_ERRORS = [
     ),
     (
         "colocated-7b-on-one-gpu",
-        ["engine=vllm", "hardware=1xh100", "model=qwen2_5_7b"],
+        ["engine=vllm", "hardware=1xh100", "model=qwen2_5_7b", "learner.lora.enabled=false"],  # (unset: LoRA)
         ["a learner rank needs about 147 GiB", "leaves the engine 0.0 GiB", "give engines their own GPUs"],
         2,
     ),

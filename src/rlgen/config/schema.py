@@ -27,6 +27,7 @@ class Transport(StrEnum):
     cuda_ipc = "cuda_ipc"  # colocated: CUDA IPC handles to the learner's tensors, engine sleeps/wakes
     nccl = "nccl"  # separate GPUs: a NCCL group from learner rank 0 to every engine
     http = "http"  # engine=remote: safetensors bytes to the server, from the learner through each engine's proxy
+    lora_adapter = "lora_adapter"  # LoRA: each new adapter version (megabytes) to every engine; the base stays put
 
 
 class LossAgg(StrEnum):
@@ -230,12 +231,34 @@ class LearnerKind(StrEnum):
     deepspeed = "deepspeed"
 
 
+class LoraSync(StrEnum):
+    auto = "auto"  # adapters where the engine takes them (vLLM), merged weights elsewhere
+    adapter = "adapter"  # engines keep the base and take each new adapter version (vLLM's LoRA)
+    merged = "merged"  # the learner merges the adapters into the base and sends whole weights
+
+
+@dataclass
+class LoraConfig:
+    """LoRA on the learners (PEFT): only the adapters train; the frozen base with the adapters off is the KL
+    reference."""
+
+    enabled: bool | None = None  # null: on when rank is set, or when full fine-tuning cannot fit the learner GPUs
+    rank: int | None = None  # null: 16 when LoRA is on
+    alpha: float | None = None  # null: 2 x rank
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=list)  # empty: every linear layer of the transformer blocks
+    init: str | None = None  # a PEFT adapter folder to start from, trained on this base model
+    sync: LoraSync = LoraSync.auto  # how the engines get the policy
+    save_merged: bool = False  # final_model/merged: the base with the adapters merged in, beside the adapter
+
+
 @dataclass
 class LearnerConfig:
     kind: LearnerKind = LearnerKind.auto
     # DeepSpeed ZeRO stage: 2, or 3 when the weights plus optimizer states do not fit a GPU; null: the recipe's
     zero_stage: int | None = None
     gradient_checkpointing: bool | None = None  # DeepSpeed learner only; null: the recipe's
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass

@@ -46,6 +46,7 @@ class EngineSpec:
     passes_env: bool = False  # engine.env reaches its processes
     served: bool = False  # its engines belong to a running `rlgen serve`: a run starts one small proxy per engine
     reference: bool = False  # the engine `rlgen validate` compares every other engine with
+    adapters: bool = False  # holds the base model and takes each new LoRA adapter version (learner.lora.sync=adapter)
     # The weight path to it: (colocated with the learners, the config) -> Transport.
     transport: Callable[[bool, RunConfig], Transport] = lambda colocated, cfg: Transport.ray_object_store
     # Extra constructor arguments of its actor: (the config, the transport, the engine env) -> kwargs.

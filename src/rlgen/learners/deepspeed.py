@@ -40,6 +40,7 @@ from rlgen.learners.grpo_step import (
     micro_loss,
     unpack_batch,
 )
+from rlgen.learners.lora import AdapterOff, LoraSpec, wrap
 from rlgen.learners.torch import NonFiniteWeightsError, TorchLearner, _disable_dropout
 from rlgen.learners.weight_sender import WeightSender
 from rlgen.phases import ActorClock
@@ -160,6 +161,8 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         ref_model_path: str | None = None,
         resume_from: str | None = None,
         algorithm: Algorithm | None = None,
+        lora: dict[str, Any] | None = None,
+        lora_init: str | None = None,
     ) -> None:
         self.clock = ActorClock()
         if not torch.cuda.is_available():
@@ -185,7 +188,10 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         if gradient_checkpointing:
             module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             module.config.use_cache = False
-        if algo.kl_coef > 0:  # a full bf16 copy; fine for the sizes rlgen targets on one GPU
+        if lora:  # only the adapters train; the base with them off is the KL reference
+            adapter = os.path.join(resume_from, "model") if resume_from else lora_init
+            module = self.peft = wrap(module, LoraSpec(**lora), adapter)
+        elif algo.kl_coef > 0:  # a full bf16 copy; fine for the sizes rlgen targets on one GPU
             self.ref_model = AutoModelForCausalLM.from_pretrained(ref_model_path or model_path, dtype=torch.bfloat16)
             self.ref_model.to(self.device).eval().requires_grad_(False)
         self.clock.step("weights")
@@ -199,6 +205,8 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         self.engine.train()
         self.model = self.engine  # the forward (grpo_step.response_logits) calls self.model(...)
         self.module = self.engine.module
+        if self.peft is not None and algo.kl_coef > 0:
+            self.ref_model = AdapterOff(self.engine, self.peft)
         self.clock.step("DeepSpeed engine")
         if resume_from:
             self._resume(resume_from)
@@ -216,6 +224,7 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         self.world_size = int(world_size)
         self.release_memory = bool(release_memory)
         self.ref_model = None
+        self.peft = None  # the PEFT model with LoRA
         self._init_counters()
         self._writer = BackgroundWriter()
         self._ckpt_files = DeferredFiles(None)  # wraps DeepSpeed's checkpoint engine once there is one
@@ -300,6 +309,8 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
 
     # -- weights ---------------------------------------------------------------------------------------
     def named_weights(self) -> list[tuple[str, Any]]:
+        if self.peft is not None:
+            return super().named_weights()  # the base's names, adapters merged in
         return list(self.module.named_parameters())
 
     def iter_weights(self, dtype: str | None = None, bucket_bytes: int | None = None):
@@ -356,11 +367,17 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
             self.module.save_pretrained(path, state_dict=weights)
             torch.save({"version": self.version, "calls": self.calls}, os.path.join(path, "learner_state.pt"))
 
+    def _lora_checkpoint_args(self, key: str, value: bool) -> dict[str, bool]:
+        """With LoRA, DeepSpeed's checkpoint leaves the frozen base out (it is the model folder the run started
+        from), and loading it expects only the adapters."""
+        return {key: value} if self.peft is not None else {}
+
     def _resume(self, checkpoint: str) -> None:
         """DeepSpeed's own checkpoint: fp32 master weights, optimizer partitions of every rank, scheduler; then
         rlgen's counters and RNG states from its client state."""
         _, client = self.engine.load_checkpoint(os.path.join(checkpoint, "learner"), tag=DS_TAG,
-                                                load_optimizer_states=True, load_lr_scheduler_states=True)
+                                                load_optimizer_states=True, load_lr_scheduler_states=True,
+                                                **self._lora_checkpoint_args("load_module_strict", False))
         self._restore_counters(client[CLIENT_KEY])
 
     def save_checkpoint(self, path: str, background: bool = False) -> dict[str, Any]:
@@ -370,16 +387,21 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         HF folder, by a thread while the learner trains on (rlgen.learners.background)."""
         t0 = time.time()
         torch.cuda.empty_cache()  # NCCL allocates outside torch's cache at its first collective (DeepSpeed's barrier)
-        weights = self.get_weights()  # host tensors; a collective under ZeRO-3
         jobs = []
-        if self.rank == 0:
-            model_dir = os.path.join(path, "model")
-            jobs.append(lambda: self.module.save_pretrained(model_dir, state_dict=weights))
+        if self.peft is not None:  # the adapter folder (megabytes); the frozen base stays out of the checkpoint
+            if self.rank == 0:
+                jobs.append(self._model_folder_job(os.path.join(path, "model"), background))
+        else:
+            weights = self.get_weights()  # host tensors; a collective under ZeRO-3
+            if self.rank == 0:
+                model_dir = os.path.join(path, "model")
+                jobs.append(lambda: self.module.save_pretrained(model_dir, state_dict=weights))
         files = self._ckpt_files
         files.defer = background
         try:
             self.engine.save_checkpoint(os.path.join(path, "learner"), tag=DS_TAG,
-                                        client_state={CLIENT_KEY: self._counters()}, save_latest=False)
+                                        client_state={CLIENT_KEY: self._counters()}, save_latest=False,
+                                        **self._lora_checkpoint_args("exclude_frozen_parameters", True))
         finally:
             files.defer = False
         jobs.append(files.write_deferred)

@@ -341,6 +341,8 @@ def assemble_metrics(
     }
     if kl_value is not None:
         out["kl"] = kl_value
+    if step.ids.is_cuda:  # the learner's peak GPU memory so far (torch's allocator), for memory records
+        out["learner_peak_gib"] = torch.cuda.max_memory_allocated(step.ids.device) / 2**30
     if reason is not None:
         out["skip_reason"] = reason
     out.update({f"mismatch/{k}": v for k, v in mismatch.items()})

@@ -29,8 +29,19 @@ class LearnerSpec:
         return getattr(importlib.import_module(module), name)
 
 
+def _lora_kwargs(cfg: RunConfig, plan: Any = None) -> dict[str, Any]:
+    """The resolved LoRA settings as the learners take them ({} without LoRA); the starting adapter
+    (learner.lora.init) travels as a placed folder, like the model's."""
+    lora = cfg.learner.lora
+    if not lora.enabled:
+        return {}
+    return {"lora": {"rank": int(lora.rank), "alpha": float(lora.alpha), "dropout": float(lora.dropout),
+                     "target_modules": tuple(lora.target_modules)}}
+
+
 def _deepspeed_kwargs(cfg: RunConfig, plan: Any) -> dict[str, Any]:
     return {
+        **_lora_kwargs(cfg),
         "zero_stage": cfg.learner.zero_stage,
         "gradient_checkpointing": cfg.learner.gradient_checkpointing,
         "rows_per_step": plan.batch.sequences_per_rank,
@@ -42,7 +53,7 @@ def _deepspeed_kwargs(cfg: RunConfig, plan: Any) -> dict[str, Any]:
 
 LEARNERS: dict[LearnerKind, LearnerSpec] = {
     LearnerKind.torch: LearnerSpec(LearnerKind.torch, "rlgen.learners.torch:TorchLearner", ("cpu", "cuda"),
-                                   ranks=False, label="the torch learner"),
+                                   ranks=False, label="the torch learner", actor_kwargs=_lora_kwargs),
     LearnerKind.deepspeed: LearnerSpec(LearnerKind.deepspeed, "rlgen.learners.deepspeed:DeepSpeedLearner", ("cuda",),
                                        ranks=True, label="DeepSpeed", package="deepspeed",
                                        actor_kwargs=_deepspeed_kwargs),

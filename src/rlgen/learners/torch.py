@@ -24,7 +24,17 @@ from rlgen.learners.grpo_step import (
     sequence_kl,
     unpack_batch,
 )
+from rlgen.learners.lora import (
+    AdapterOff,
+    LoraSpec,
+    adapter_config,
+    adapter_weights,
+    merged_weights,
+    save_merged,
+    wrap,
+)
 from rlgen.phases import ActorClock
+from rlgen.transfer import write_adapter
 from rlgen.types import RolloutBatch
 
 
@@ -71,11 +81,15 @@ class TorchLearner:
         ref_model_path: str | None = None,
         resume_from: str | None = None,
         algorithm: Algorithm | None = None,
+        lora: dict[str, Any] | None = None,
+        lora_init: str | None = None,
     ) -> None:
         """ref_model_path: the frozen reference for algo.kl_coef > 0 (default: model_path). resume_from: a
         checkpoint folder whose learner state (optimizer, counters, RNG) this learner continues from; its
-        model_path is then the checkpoint's model folder. algorithm: the loss's algorithm (the driver passes
-        the one it resolved; None: algo.kind's)."""
+        model_path is then the checkpoint's model folder (with LoRA: still the base, and the checkpoint's model
+        folder holds the adapter). algorithm: the loss's algorithm (the driver passes the one it resolved; None:
+        algo.kind's). lora: LoraSpec's fields: only adapters train, and the reference is the base with them off;
+        lora_init: an adapter folder to start from."""
         self.clock = ActorClock()
         from transformers import AutoModelForCausalLM
 
@@ -92,12 +106,15 @@ class TorchLearner:
         self.clock.step("import transformers")
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
         self.clock.step("weights")
-        self.model.train()
         _disable_dropout(self.model)
+        self.peft = self._with_lora(lora, os.path.join(resume_from, "model") if resume_from else lora_init)
+        self.model.train()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=algo.lr, weight_decay=algo.weight_decay)
         self.ref_model: nn.Module | None = None
-        if algo.kl_coef > 0:
+        if algo.kl_coef > 0 and self.peft is not None:
+            self.ref_model = AdapterOff(self.model, self.peft)
+        elif algo.kl_coef > 0:
             ref = self.model if ref_model_path is None else AutoModelForCausalLM.from_pretrained(ref_model_path, dtype=torch.float32)
             self.ref_model = copy.deepcopy(ref).to(self.device).eval().requires_grad_(False)
         self._init_counters()
@@ -107,6 +124,15 @@ class TorchLearner:
             self.optimizer.load_state_dict(state["optimizer"])
             self._restore_counters(state)
         self.clock.done()
+
+    def _with_lora(self, lora: dict[str, Any] | None, adapter: str | None) -> nn.Module | None:
+        """Wrap self.model in LoRA adapters (new, or those of the adapter folder: learner.lora.init's or a resumed
+        checkpoint's); the PEFT model, or None without LoRA."""
+        if not lora:
+            return None
+        self.model = wrap(self.model, LoraSpec(**lora), adapter)
+        self.clock.step("LoRA adapters")
+        return self.model
 
     def _init_counters(self) -> None:
         """Step bookkeeping: version (applied updates), train_step calls, skipped steps."""
@@ -263,7 +289,8 @@ class TorchLearner:
         """
         target = _as_dtype(dtype)
         weights = {}
-        for name, tensor in self.model.state_dict().items():
+        state = merged_weights(self.peft) if self.peft is not None else self.model.state_dict().items()
+        for name, tensor in state:
             t = tensor.detach()
             if t.is_floating_point():
                 if not bool(torch.isfinite(t).all()):
@@ -275,6 +302,25 @@ class TorchLearner:
                     t = t.to(target)
             weights[name] = t.to("cpu", copy=True).contiguous()
         return weights
+
+    def get_adapter(self, dtype: torch.dtype | str | None = None) -> dict[str, Any]:
+        """The LoRA adapter at this version: {"tensors": {PEFT name: CPU tensor}, "config": adapter_config.json's
+        contents, "version"}. Raises NonFiniteWeightsError rather than export a non-finite tensor."""
+        if self.peft is None:
+            raise RuntimeError(f"{self.name} trains without LoRA; it has no adapter to export.")
+        tensors = adapter_weights(self.peft, _as_dtype(dtype))
+        bad = next((k for k, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())), None)
+        why = f"adapter tensor {bad!r} is non-finite" if bad else getattr(self, "sync_blocked", None)
+        if why:
+            raise NonFiniteWeightsError(f"{self.name}: {why} at version {self.version}; refusing to export the adapter")
+        return {"tensors": tensors, "config": adapter_config(self.peft), "version": self.version}
+
+    def save_merged(self, path: str) -> str:
+        """The base with the adapters merged in, as a Hugging Face folder at path (final_model/merged)."""
+        if self.peft is None:
+            raise RuntimeError(f"{self.name} trains without LoRA; its model folder is already whole.")
+        save_merged(self.peft, path)
+        return path
 
     def get_version(self) -> int:
         return self.version
@@ -309,15 +355,22 @@ class TorchLearner:
         t0 = time.time()
         jobs = []
         if self.rank == 0:
-            weights = to_host(self.model.state_dict()) if background else None
-            model_dir = os.path.join(path, "model")
-            jobs.append(lambda: self.model.save_pretrained(model_dir, state_dict=weights))
+            jobs.append(self._model_folder_job(os.path.join(path, "model"), background))
         state = {**self._counters(), "optimizer": to_host(self.optimizer.state_dict()) if background
                  else self.optimizer.state_dict()}
         jobs.append(lambda: save_learner_state(path, self.rank, state))
         self._writer.run(jobs, path, self.rank, background)
         return {"actor": self.name, "version": self.version, "seconds": time.time() - t0, "background": background}
 
+
+    def _model_folder_job(self, model_dir: str, background: bool) -> Any:
+        """A job writing the policy's folder: the adapter folder with LoRA (megabytes), else the HF model folder.
+        background: the tensors are copied to host memory now, written later."""
+        if self.peft is not None:
+            tensors, config = adapter_weights(self.peft), adapter_config(self.peft)
+            return lambda: write_adapter(model_dir, tensors, config)
+        weights = to_host(self.model.state_dict()) if background else None
+        return lambda: self.model.save_pretrained(model_dir, state_dict=weights)
 
     def save_checkpoint_packed(self) -> bytes:
         """save_checkpoint into a temporary folder on this node, returned packed: for a learner on a node that

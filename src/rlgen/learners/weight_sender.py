@@ -33,6 +33,13 @@ class WeightSender:
     sync_blocked: str | None = None  # set when the learner's weights must not be exported
 
     def named_weights(self) -> list[tuple[str, Any]]:
+        """With LoRA (a ``peft`` model): the base's parameters under the base's names (iter_weights merges the
+        adapters in, one tensor at a time)."""
+        peft = getattr(self, "peft", None)
+        if peft is not None:
+            from rlgen.learners.lora import base_parameters
+
+            return base_parameters(peft)
         return list(self.model.named_parameters())
 
     @staticmethod
@@ -59,6 +66,11 @@ class WeightSender:
         import torch
 
         target = getattr(torch, dtype) if dtype else None
+        if getattr(self, "peft", None) is not None:
+            from rlgen.learners.lora import merged_weights
+
+            yield from merged_weights(self.peft, target)
+            return
         for name, p in self.named_weights():
             t = p.detach()
             yield name, (t.to(target) if target is not None else t)

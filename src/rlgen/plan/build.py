@@ -12,12 +12,13 @@ import dataclasses
 
 from rlgen.algo.registry import algorithm_problem
 from rlgen.charvocab import CHAR_VOCAB_SIZE
-from rlgen.config import LearnerKind, RunConfig, Setting, Transport, set_key
+from rlgen.config import LearnerKind, LoraSync, RunConfig, Setting, Transport, set_key
 from rlgen.engines.registry import EngineSpec, UnknownEngineKind, engine_spec
 from rlgen.learners.registry import resolve_learner
 from rlgen.plan.checks import check_hardware, check_learners, check_lengths, check_logits, live_vllm_env
 from rlgen.plan.layout import BatchGeometry, EngineSlot, Layout, ModelSummary, Plan, PlanError
-from rlgen.plan.memory import GIB, checkpoint_bytes, share_part
+from rlgen.plan.lora import resolve_lora
+from rlgen.plan.memory import GIB, adapter_params, checkpoint_bytes, share_part
 from rlgen.plan.model_folder import with_model_folder
 from rlgen.plan.overlap import default_async_steps, fit_with_overlap
 from rlgen.plan.recipes import fill_recipe
@@ -64,6 +65,8 @@ def layout_of(cfg: RunConfig, spec: EngineSpec) -> Layout:
 
 
 def transport_of(cfg: RunConfig, spec: EngineSpec, layout: Layout) -> Transport:
+    if cfg.learner.lora.enabled and LoraSync(cfg.learner.lora.sync) is LoraSync.adapter:
+        return Transport.lora_adapter
     if layout is Layout.cpu:
         return Transport.ray_object_store
     return spec.transport(layout is Layout.colocated, cfg)
@@ -136,6 +139,10 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
         check_learners(cfg, learner, learners, layout, p)
     ms = model_summary(cfg)
     batch = _batch(cfg, max(len(learners), 1), bool(learners), p)
+    zero_from_recipe = any(s.key == "learner.zero_stage" and s.source.startswith("recipe") for s in settings)
+    cfg, lora = resolve_lora(cfg, spec, ms, len(learners), batch.sequences_per_rank, layout is Layout.colocated,
+                             zero_from_recipe, p)
+    settings = _latest(settings + lora)
     memory = None
     if not p:  # sizes are sound: fit memory, filling micro-batch and engine share when left null
         cfg, fitted, memory = fit_with_overlap(cfg, spec, ms, len(learners), batch.sequences_per_rank,
@@ -148,7 +155,7 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
     env, dropped = live_vllm_env(cfg.engine.env) if spec.passes_env else ({}, [])
     cfg, background = _checkpoint_background(cfg, device)
     settings.append(background)
-    ckpt = checkpoint_bytes(ms.params, learner.kind is LearnerKind.deepspeed) / GIB
+    ckpt = checkpoint_bytes(ms.params, learner.kind is LearnerKind.deepspeed, adapter_params(cfg)) / GIB
     return Plan(
         config=cfg, engine=spec, learner_kind=learner.kind, layout=layout, device=device,
         hardware=cfg.hardware.name, nodes=cfg.hardware.nodes, gpus_per_node=cfg.hardware.gpus_per_node,
@@ -157,6 +164,12 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
         warnings=tuple(_idle_engine_gpus(cfg, engines, layout) + dropped), settings=tuple(settings), memory=memory,
         checkpoint_gib=round(ckpt, 3), room=hardware_room(cfg, spec, layout, engines, learners, ms),
     )
+
+
+def _latest(settings: list[Setting]) -> list[Setting]:
+    """One Setting per key, the last one given, in the order keys first appeared."""
+    last = {s.key: s for s in settings}
+    return [last[k] for k in dict.fromkeys(s.key for s in settings)]
 
 
 def _checkpoint_background(cfg: RunConfig, device: str) -> tuple[RunConfig, Setting]:

@@ -11,6 +11,10 @@ The learner's footprint per rank (bytes, P parameters, N ranks):
 - a fixed allowance for the CUDA context, NCCL and DeepSpeed's buckets
 - colocated with vLLM engines, the resident IPC buffer the weights travel through (one sync bucket at most)
 
+With LoRA (learner.lora.enabled), A adapter parameters train on a frozen base: the base in bf16 (2P), the adapters
+in bf16 (2A) with their fp32 master copy and AdamW moments (12A/N) and gradients (2A + 4A/N); the reference is the
+base with the adapters off (nothing more); activations and logits are those of full fine-tuning.
+
 Colocated with ``algo.async_steps=0``, the engine is awake only while the learner is idle (the learner returns
 its cached memory after each step), and asleep while it trains; so the engine may take what the idle learner
 leaves, and the learner's peak must fit beside a sleeping engine. Colocated with ``algo.async_steps>0``, the
@@ -44,6 +48,22 @@ LOGITS_COPIES = 3  # fp32 logits, their log-softmax and its gradient live at onc
 LOGITS_SHARE = 0.4  # of a learner GPU's memory, at most, for a micro-batch's logits
 
 
+BLOCK_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def adapter_params(cfg: RunConfig) -> int:
+    """LoRA's trainable parameters: rank x (in + out features) per target linear layer per block; 0 without LoRA."""
+    lora, m = cfg.learner.lora, cfg.model
+    if not lora.enabled:
+        return 0
+    h, head = m.hidden_size, m.hidden_size // max(m.num_heads, 1)
+    q, kv, inter = m.num_heads * head, m.num_kv_heads * head, m.intermediate_size
+    sides = {"q_proj": h + q, "k_proj": h + kv, "v_proj": h + kv, "o_proj": q + h, "gate_proj": h + inter,
+             "up_proj": h + inter, "down_proj": inter + h}
+    targets = lora.target_modules or BLOCK_LINEARS
+    return int(lora.rank or 16) * m.num_layers * sum(sides.get(t, 0) for t in targets)
+
+
 def logits_bytes(tokens: int, vocab: int) -> float:
     """The fp32 logits of `tokens` tokens over the vocabulary, LOGITS_COPIES times."""
     return tokens * vocab * 4 * LOGITS_COPIES
@@ -71,6 +91,7 @@ class LearnerMemory:
     activations: float
     logits: float
     ipc_buffer: float = 0.0  # colocated vLLM: the resident buffer the weights travel through to the engines
+    adapters: int = 0  # LoRA's trainable parameters (0: full fine-tuning)
 
     @property
     def idle(self) -> float:
@@ -81,7 +102,8 @@ class LearnerMemory:
         return self.idle + self.gradients + self.activations + self.logits
 
     def parts(self) -> str:
-        return (f"weights {self.weights + self.reference:.1f}, optimizer {self.optimizer:.1f}, gradients "
+        lora = f" of a frozen base and {self.adapters / 1e6:.1f}M LoRA parameters" if self.adapters else ""
+        return (f"weights {self.weights + self.reference:.1f}{lora}, optimizer {self.optimizer:.1f}, gradients "
                 f"{self.gradients:.1f}, activations {self.activations:.1f}, logits {self.logits:.1f}, overhead "
                 f"{self.overhead:.1f}" + (f", IPC buffer {self.ipc_buffer:.1f}" if self.ipc_buffer else "") + " GiB")
 
@@ -98,6 +120,7 @@ class MemorySplit:
     colocated: bool
     engine_awake: bool = False  # colocated, and the engine stays awake while the learner trains
     engines_per_gpu: int = 1  # engines splitting engine_fraction between them
+    learner_parts: str = ""  # the learner's peak by part (LearnerMemory.parts)
 
 
 def learner_memory(cfg: RunConfig, params: int, vocab: int, ranks: int, micro: int,
@@ -112,6 +135,13 @@ def learner_memory(cfg: RunConfig, params: int, vocab: int, ranks: int, micro: i
         act = tokens * (m.num_layers * 2 * m.hidden_size + layer_token)
     else:
         act = tokens * m.num_layers * layer_token
+    adapters = adapter_params(cfg)
+    if adapters:
+        return LearnerMemory(
+            weights=(2 * params + 2 * adapters) / GIB, optimizer=12 * adapters / n / GIB, reference=0.0,
+            overhead=LEARNER_OVERHEAD_GIB, gradients=(2 * adapters + 4 * adapters / n) / GIB, activations=act / GIB,
+            logits=logits_bytes(tokens, vocab) / GIB, ipc_buffer=ipc_gib, adapters=adapters,
+        )
     return LearnerMemory(
         weights=(2 * params / n if z3 else 2 * params) / GIB,
         optimizer=12 * params / n / GIB,
@@ -124,12 +154,13 @@ def learner_memory(cfg: RunConfig, params: int, vocab: int, ranks: int, micro: i
     )
 
 
-def checkpoint_bytes(params: int, deepspeed: bool) -> int:
+def checkpoint_bytes(params: int, deepspeed: bool, adapters: int = 0) -> int:
     """One checkpoint's size on disk: the policy as a Hugging Face folder (fp32 from the torch learner, bf16 from
     DeepSpeed) and the learner's state: AdamW's two fp32 moments, and under DeepSpeed its own copy of the bf16
-    module and the fp32 master weights. Tokenizer, state and rollouts are small beside them."""
+    module and the fp32 master weights. Tokenizer, state and rollouts are small beside them. With LoRA (adapters
+    > 0) the checkpoint holds the adapters and their state only."""
     per_param = (2 + 2 + 12) if deepspeed else (4 + 8)
-    return int(params * per_param)
+    return int((adapters or params) * per_param)
 
 
 def share_part(share: float, k: int) -> float:
@@ -180,7 +211,8 @@ def _budget(cfg: RunConfig, spec: EngineSpec, model, colocated: bool) -> _Budget
     else:
         train_room = TRAIN_SHARE * total - (k * ENGINE_ASLEEP_GIB if (colocated and shares) else 0.0)
     # colocated engines take the weights from a resident buffer of at most one bucket (sync.bucket_mb)
-    ipc = min(model.weight_gib_bf16, cfg.sync.bucket_mb / 1024) if (colocated and shares) else 0.0
+    adapters = cfg.learner.lora.enabled and cfg.learner.lora.sync == "adapter"  # no IPC buffer: adapters go by Ray
+    ipc = min(model.weight_gib_bf16, cfg.sync.bucket_mb / 1024) if (colocated and shares and not adapters) else 0.0
     return _Budget(total, shares, colocated, awake, k, extra, need, train_room, ipc, spec.default_memory_share or 1.0)
 
 
@@ -216,9 +248,20 @@ def fit_memory(cfg: RunConfig, spec: EngineSpec, model, ranks: int, per_rank: in
     return cfg, settings, _split_of(b, fraction, learner, micro)
 
 
+def full_finetune_fits(cfg: RunConfig, spec: EngineSpec, model, ranks: int, per_rank: int,
+                      colocated: bool) -> tuple[bool, float, float]:
+    """(fits, peak GiB, room GiB): whether training the whole model fits a learner GPU at a micro-batch of one,
+    beside a sleeping engine when colocated (the most room the learner can have)."""
+    full = dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, lora=dataclasses.replace(
+        cfg.learner.lora, enabled=False)), algo=dataclasses.replace(cfg.algo, async_steps=0))
+    b = _budget(full, spec, model, colocated)
+    peak = learner_memory(full, model.params, model.vocab_size, ranks, 1, b.ipc).peak
+    return peak <= b.train_room, peak, b.train_room
+
+
 def _split_of(b: _Budget, fraction: float | None, learner: LearnerMemory, micro: int) -> MemorySplit:
     return MemorySplit(round(b.total, 2), fraction, round(learner.idle, 2), round(learner.peak, 2), micro,
-                       b.colocated, b.awake, b.k)
+                       b.colocated, b.awake, b.k, learner.parts())
 
 
 def _micro_batch(cfg: RunConfig, model, per_rank: int, fits) -> tuple[RunConfig, list[Setting]]:
@@ -359,6 +402,8 @@ def _learner_too_big(cfg: RunConfig, learner: LearnerMemory, room: float, total:
     fixes.append("more learner GPUs with learner.zero_stage=3" if ranks == 1 or lc.zero_stage == 3
                  else "more learner GPUs")
     fixes.append("shorter responses (algo.max_new_tokens)")
+    if not cfg.learner.lora.enabled:
+        fixes.append("LoRA adapters on the frozen base (learner.lora.enabled=true)")
     if awake:
         if cfg.engine.gpu_memory_utilization is not None:
             fixes.append(f"a lower engine.gpu_memory_utilization (now {cfg.engine.gpu_memory_utilization})")
@@ -368,4 +413,5 @@ def _learner_too_big(cfg: RunConfig, learner: LearnerMemory, room: float, total:
             f"{room:.0f} GiB it can have of a {total:.0f} GiB GPU{beside}; use " + ", or ".join(fixes) + ".")
 
 
-__all__ = ["LearnerMemory", "MemorySplit", "engine_part", "fit_memory", "learner_memory"]
+__all__ = ["BLOCK_LINEARS", "LearnerMemory", "MemorySplit", "adapter_params", "engine_part", "fit_memory",
+           "full_finetune_fits", "learner_memory"]

@@ -23,6 +23,8 @@ def memory_line(plan: Plan) -> str | None:
     if m is None:
         return None
     learner = f"learner {m.learner_idle_gib:.1f} GiB between steps, {m.learner_peak_gib:.1f} GiB at its peak"
+    if plan.config.learner.lora.enabled and m.learner_parts:
+        learner += f" ({m.learner_parts})"
     if m.engine_fraction is None:
         return f"memory per GPU ({m.gpu_gib:.0f} GiB): {learner}"
     engine = f"vLLM gpu_memory_utilization {m.engine_fraction:.2f} ({m.engine_fraction * m.gpu_gib:.1f} GiB)"

@@ -109,12 +109,18 @@ def place_run_folders(cfg: Any, node_ids: list[str], placement: Any, model: str,
     learner_nodes = [node_ids[ap.group] for ap in placement.learners]
     folders = RunFolders(place_folder(model, engine_nodes, mode, t), {}, learner_nodes,
                          sees_run_dir(str(run_dir), learner_nodes, mode, t))
+    lora = cfg.learner.lora
     if checkpoint is not None:
         ckpt = place_folder(str(checkpoint), learner_nodes, mode, t)
-        folders.learner_paths = {n: str(Path(p) / "model") for n, p in ckpt.items()}
         folders.learner_extra["resume_from"] = ckpt
+        if lora.enabled:  # the base, and the checkpoint's model folder holds the adapter
+            folders.learner_paths = place_folder(initial_model, learner_nodes, mode, t)
+            return folders
+        folders.learner_paths = {n: str(Path(p) / "model") for n, p in ckpt.items()}
         if cfg.algo.kl_coef > 0:
             folders.learner_extra["ref_model_path"] = place_folder(initial_model, learner_nodes, mode, t)
     else:
         folders.learner_paths = place_folder(model, learner_nodes, mode, t)
+        if lora.enabled and lora.init:
+            folders.learner_extra["lora_init"] = place_folder(str(Path(lora.init).expanduser()), learner_nodes, mode, t)
     return folders

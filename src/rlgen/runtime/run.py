@@ -109,7 +109,10 @@ def _train_and_report(run: Run) -> dict:
     busy = _busy_sampler(plan)
     try:
         summary = train(run, sink)
-        summary.update(model_path=str(final_model_from(state.last_checkpoint, run.out_dir)),
+        final = final_model_from(state.last_checkpoint, run.out_dir)
+        if plan.config.learner.lora.enabled and plan.config.learner.lora.save_merged:
+            summary["merged_model_path"] = _save_merged(run, final)
+        summary.update(model_path=str(final),
                        initial_model_path=run.initial_model_path, checkpoint_path=str(state.last_checkpoint),
                        checkpoint_seconds=list(state.checkpoint_seconds), **run.startup)
         if run.clock is not None:
@@ -132,6 +135,16 @@ def _train_and_report(run: Run) -> dict:
         print_startup(summary["startup"], console)
     _print_first_rollout(run.startup, console)
     return summary
+
+
+def _save_merged(run: Run, final: Path) -> str:
+    """final_model/merged: the base with the final adapters merged in, a whole Hugging Face folder (LoRA with
+    learner.lora.save_merged=true), written by learner rank 0 with the tokenizer beside it."""
+    path = final / "merged"
+    run.waiter.get([run.learners[0].save_merged.remote(str(path))], "writing final_model/merged",
+                   run.cfg.timeout_s, names=["learner0"])
+    run.tokenizer.save_pretrained(str(path))
+    return str(path)
 
 
 def _busy_sampler(plan: Plan) -> Any:

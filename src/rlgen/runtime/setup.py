@@ -153,7 +153,9 @@ def _model_and_task(run: Run) -> tuple[Any, Any, list[int]]:
     task = build_task(cfg.task)
     run.initial_model_path = prepare_model(cfg, device=run.plan.device)
     # Actors start from the checkpoint's policy when resuming; the frozen reference stays the initial model.
-    run.start_model_path = str(run.resume.checkpoint / "model") if run.resume else run.initial_model_path
+    # With LoRA the checkpoint's model folder is an adapter: actors start from the base and the adapter comes after.
+    lora = cfg.learner.lora.enabled
+    run.start_model_path = str(run.resume.checkpoint / "model") if run.resume and not lora else run.initial_model_path
     run.tokenizer = load_tokenizer(run.start_model_path)
     renderer = PromptRenderer(run.tokenizer, cfg.task)
     if cfg.task.long_prompts.value == "skip" and hasattr(task, "keep_rows"):

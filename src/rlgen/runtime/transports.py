@@ -1,6 +1,6 @@
 """Weight transports: the learner's new weights -> every engine, after each applied optimizer step.
 
-Three transports behind one interface (``WeightTransport``), picked by ``plan.transport``:
+Four transports behind one interface (``WeightTransport``), picked by ``plan.transport``:
 
 - ``ObjectStoreTransport`` (CPU, hf engines): the learner's CPU state dict through Ray's object store into
   ``engine.update_weights``. Returns the engines' refs without waiting, as the loop did before.
@@ -12,6 +12,9 @@ Three transports behind one interface (``WeightTransport``), picked by ``plan.tr
   With ``algo.async_steps=0`` engines sleep while the learner trains and wake their weights for the update,
   then their KV cache. With ``async_steps>0`` they stay awake and generate the next batch meanwhile; an update
   in flight pauses them (requests keep their KV cache) for the loads only, inside the engine actor.
+
+- ``AdapterTransport`` (LoRA, ``learner.lora.sync=adapter``): engines keep the base model; learner rank 0 exports
+  each new adapter (megabytes) through the object store and every engine loads it as a new vLLM LoRA adapter.
 
 ``start()`` runs once before the first step: it sends the starting weights over the transport, so the first
 update's one-off costs (NCCL's connection set-up, the IPC buffer and its handle, the first loads) fall in start-up
@@ -135,12 +138,13 @@ class ObjectStoreTransport(_Base):
 
     kind = Transport.ray_object_store
 
-    def __init__(self, *args: Any, kind: Transport = Transport.ray_object_store, **kwargs: Any):
+    def __init__(self, *args: Any, kind: Transport = Transport.ray_object_store, lora: bool = False, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.kind = kind
+        self.kind, self.lora = kind, bool(lora)
 
     def start(self) -> PushResult | None:
-        return self.resend() if self.kind is Transport.http else None  # a server's engines may hold another run's
+        # a server's engines may hold another run's weights; LoRA engines hold the base until the merged policy comes
+        return self.resend() if self.kind is Transport.http or self.lora else None
 
     def resend(self) -> PushResult:
         """Every engine to the learner's current weights at the current version (a server's engines may hold
@@ -339,6 +343,63 @@ class CudaIpcTransport(_VLLMTransport):
         return PushResult(int(version), results=[sent, *done], seconds=time.time() - t0)
 
 
+class AdapterTransport(_Base):
+    """LoRA adapters (learner.lora.sync=adapter): engines hold the base model and take each new adapter version
+    (megabytes) through Ray's object store; requests started before an update finish on their adapter. asleep:
+    colocated engines that sleep while the learner trains (algo.async_steps=0) and wake for the update."""
+
+    kind = Transport.lora_adapter
+
+    def __init__(self, *args: Any, asleep: bool = False, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.asleep = bool(asleep)
+
+    def setup(self, learner: Any, engines: Sequence[Any], engine_names: Sequence[str], *,
+              gatherers: Sequence[Any] = ()) -> None:
+        if gatherers:
+            raise SyncError("LoRA adapters are sent from learner rank 0 of a ZeRO-2 group; ZeRO-3 is not supported.")
+        super().setup(learner, engines, engine_names)
+
+    def start(self) -> PushResult:
+        return self._send(self.version, resend=True)  # the starting adapter (new, learner.lora.init's or resumed)
+
+    def before_train(self) -> list[dict[str, Any]]:
+        if not self.asleep:
+            return []
+        t0 = time.time()
+        self._get([e.sleep.remote(1) for e in self.engines], "engines going to sleep", self.engine_names)
+        return [{"actor": n, "spans": [(Phase.idle.value, t0, time.time())]} for n in self.engine_names]
+
+    def no_update(self) -> list[dict[str, Any]]:
+        if self.asleep:
+            self._get([e.wake.remote() for e in self.engines], "waking engines", self.engine_names)
+        return []
+
+    def push(self, version: int, *, in_flight: bool = False) -> PushResult:
+        if self.asleep:
+            self._get([e.wake.remote() for e in self.engines], "waking engines", self.engine_names)
+        return self._send(version)
+
+    def replace_engine(self, index: int, actor: Any, resend: bool = True) -> None:
+        self.engines[index] = actor
+        if resend:
+            self._send(self.version, resend=True, only=[index])
+
+    def _send(self, version: int, resend: bool = False, only: Sequence[int] | None = None) -> PushResult:
+        t0 = self._begin(version, resend=resend)
+        picked = list(range(len(self.engines))) if only is None else list(only)
+        adapter = self.learner.get_adapter.remote(self.dtype)
+        self._get([adapter], f"the learner exporting its adapter (version {version})", ["learner0"])
+        t1 = time.time()
+        refs = [self.engines[i].load_adapter.remote(adapter, int(version)) for i in picked]
+        results = self._get(refs, f"loading adapter version {version} into the engines",
+                            [self.engine_names[i] for i in picked])
+        check_versions(results, int(version), "LoRA adapter update")
+        self.version = int(version)
+        sync = {"actor": "learner0", "spans": [(Phase.sync.value, t0, t1)]}
+        return PushResult(int(version), results=[sync, *results], seconds=time.time() - t0)
+
+
 def make_transport(plan: Plan, cfg: Any, *, bucket_mb: float | None = None, sleep_level: int = 1) -> _Base:
     """The transport for plan.transport. cfg is the RunConfig (timeout_s, engine.dtype)."""
     bucket = int(bucket_mb * 2**20) if bucket_mb else DEFAULT_BUCKET_BYTES
@@ -348,5 +409,7 @@ def make_transport(plan: Plan, cfg: Any, *, bucket_mb: float | None = None, slee
         return NcclTransport(**kwargs)
     if plan.transport is Transport.cuda_ipc:
         return CudaIpcTransport(**kwargs, sleep_level=sleep_level, awake=plan.engines_awake)
-    return ObjectStoreTransport(**kwargs, kind=plan.transport)
+    if plan.transport is Transport.lora_adapter:
+        return AdapterTransport(**kwargs, asleep=plan.colocated and not plan.engines_awake)
+    return ObjectStoreTransport(**kwargs, kind=plan.transport, lora=bool(plan.config.learner.lora.enabled))
 

@@ -1,7 +1,7 @@
 """engine=vllm: vLLM's AsyncLLM in a Ray actor (``engine.VLLMEngine``) on CUDA GPUs. It shards over GPUs (tensor
 parallelism), takes a share of its GPU's memory that the plan sizes, sleeps while colocated learners train or
 stays awake and takes weight updates while it generates, and receives weights over NCCL (own GPUs) or CUDA IPC
-(colocated). Its other modules: args (engine arguments), loop (its event loop), weights and ipc_buffer (how
+(colocated), or holds the base and takes LoRA adapters. Its other modules: args (engine arguments), loop (its event loop), weights and ipc_buffer (how
 weights get in), startup (why it could not start)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def _transport(colocated: bool, cfg: RunConfig) -> Transport:
 
 
 def _actor_kwargs(cfg: RunConfig, transport: Transport, env: dict[str, str]) -> dict[str, Any]:
-    return {"env": dict(env), "engine_args": engine_args_for(transport)}
+    return {"env": dict(env), "engine_args": engine_args_for(transport, cfg.learner.lora.rank)}
 
 
 ENGINE = EngineSpec(
@@ -33,6 +33,7 @@ ENGINE = EngineSpec(
     in_flight_updates=True,
     threaded=True,
     passes_env=True,
+    adapters=True,
     transport=_transport,
     actor_kwargs=_actor_kwargs,
 )

@@ -88,7 +88,15 @@ def mix_seed(seed: int | None, group_id: int) -> int | None:
 __all__ = ["REQUIRED_ENV", "TUNED_DEFAULTS", "build_engine_args", "mix_seed"]
 
 
-def engine_args_for(transport: str) -> dict[str, Any]:
-    """Extra vLLM engine arguments a weight transport needs (VLLMEngine's ``engine_args``)."""
+# vLLM's LoRA kernels take these ranks; an adapter of another rank gets the next one up
+LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def engine_args_for(transport: str, lora_rank: int | None = None) -> dict[str, Any]:
+    """Extra vLLM engine arguments a weight transport needs (VLLMEngine's ``engine_args``). LoRA adapters: room
+    for two versions on the GPU (requests of the old one finish while the new one starts) and four on the CPU."""
+    if str(transport) == "lora_adapter":
+        rank = next((r for r in LORA_RANKS if r >= int(lora_rank or 0)), LORA_RANKS[-1])
+        return {"enable_lora": True, "max_lora_rank": rank, "max_loras": 2, "max_cpu_loras": 4}
     backend = {"nccl": "nccl", "cuda_ipc": "ipc"}.get(str(transport))
     return {"weight_transfer_config": {"backend": backend}} if backend else {}

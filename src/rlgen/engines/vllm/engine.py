@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rlgen.config import EngineConfig
+from rlgen.engines.vllm.adapters import AdapterFolders
 from rlgen.engines.vllm.args import REQUIRED_ENV, TUNED_DEFAULTS, build_engine_args, mix_seed
 from rlgen.engines.vllm.loop import LoopThread, build_engine, generate_all, live_token_counts, version_changes
 from rlgen.engines.vllm.startup import EngineStartError, check_free_memory, explain, own_stderr_tail
@@ -113,6 +114,8 @@ class VLLMEngine:
         # paused and taken by the generate() call that owns the request
         self._version_changes: dict[tuple[str, int], list[tuple[int, int]]] = {}
         self._lock = threading.Lock()
+        self.lora_request: Any = None  # the adapter new requests use (LoRA: learner.lora.sync=adapter)
+        self._adapters = AdapterFolders(name)
         self.args = build_engine_args(model_path, engine, seed, engine_args)
         check_free_memory(name, self.args["gpu_memory_utilization"])
         self._loop = LoopThread(name)
@@ -180,7 +183,7 @@ class VLLMEngine:
         v = self.version
         jobs = [(self._prompt(r), self._sampling(r), f"{self.name}-{call}-{i}") for i, r in enumerate(requests)]
         outs = self._loop.run(
-            generate_all(self.llm, jobs),
+            generate_all(self.llm, jobs, self.lora_request),
             self.timeout_s,
             f"{self.name}: generate() of {len(requests)} requests",
         )
@@ -268,6 +271,24 @@ class VLLMEngine:
             "seconds": t1 - t0,
             "prefix_cache_reset": bool(reset),
         }
+
+    def load_adapter(self, adapter: dict[str, Any], version: int, timeout_s: float = CONTROL_TIMEOUT_S) -> dict[str, Any]:
+        """Take a new LoRA adapter version (``TorchLearner.get_adapter``'s dict): written to a per-version folder in
+        memory-backed storage, loaded by vLLM beside the base, and used by every request from now on. Requests
+        already running finish on the adapter they started with. Needs an engine built with enable_lora."""
+        from vllm.lora.request import LoRARequest
+
+        if not self.args.get("enable_lora"):
+            raise EngineError(f"{self.name} was built without LoRA (enable_lora); it cannot take adapters.")
+        t0 = time.time()
+        folder = self._adapters.write(int(version), adapter["tensors"], adapter["config"])
+        request = LoRARequest(lora_name=f"policy-v{int(version)}", lora_int_id=int(version) + 1, lora_path=folder)
+        self._loop.run(self.llm.add_lora(request), timeout_s, f"{self.name}: loading LoRA adapter version {version}")
+        self.lora_request, self.version = request, int(version)
+        self._adapters.prune()
+        t1 = time.time()
+        return {"actor": self.name, "version": self.version, "spans": [(Phase.sync.value, t0, t1)], "seconds": t1 - t0,
+                "bytes": sum(t.numel() * t.element_size() for t in adapter["tensors"].values())}
 
     # -- vLLM's native weight transfer (engine built with weight_transfer_config) ------------------------
     def init_weight_transfer(self, init_info: dict[str, Any], timeout_s: float = CONTROL_TIMEOUT_S) -> dict[str, Any]:
@@ -431,6 +452,7 @@ class VLLMEngine:
             self.llm.shutdown()
         finally:
             self._loop.close()
+            self._adapters.clear()
 
 
 __all__ = [

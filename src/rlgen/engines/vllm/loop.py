@@ -79,15 +79,16 @@ async def build_engine(args: dict[str, Any]) -> Any:
     return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
 
 
-async def _generate_one(llm: Any, prompt: Any, params: Any, request_id: str) -> Any:
+async def _generate_one(llm: Any, prompt: Any, params: Any, request_id: str, lora: Any = None) -> Any:
     final = None
-    async for out in llm.generate(prompt, params, request_id):
+    async for out in llm.generate(prompt, params, request_id, lora_request=lora):
         final = out
     return final
 
 
-async def generate_all(llm: Any, jobs: list[tuple[Any, Any, str]]) -> list[Any]:
-    return await asyncio.gather(*(_generate_one(llm, *job) for job in jobs))
+async def generate_all(llm: Any, jobs: list[tuple[Any, Any, str]], lora: Any = None) -> list[Any]:
+    """Every job (prompt, sampling, request id) to its final output; lora: the LoRARequest they all use."""
+    return await asyncio.gather(*(_generate_one(llm, *job, lora) for job in jobs))
 
 
 async def live_token_counts(llm: Any, prefix: str) -> dict[tuple[str, int], int]:

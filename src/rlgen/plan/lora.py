@@ -1,0 +1,187 @@
+"""LoRA in the plan: whether the learners train adapters rather than the whole model, with what rank and on which
+layers, how the engines get the policy, and whether a starting adapter fits the base. Pure: JSON only, no torch or
+peft (the learner imports peft when it is built).
+
+Left unset (``learner.lora.enabled`` null), LoRA is on when a rank, target modules or a starting adapter is given, or when full
+fine-tuning cannot fit the learner GPUs even at a micro-batch of one beside a sleeping engine: then it is the only
+way to train on this hardware, and the plan says so in the setting's source.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import struct
+from pathlib import Path
+
+from rlgen.config import LoraSync, RunConfig, Setting, set_key
+from rlgen.engines.registry import EngineSpec
+from rlgen.plan.memory import BLOCK_LINEARS, full_finetune_fits
+
+DEFAULT_RANK = 16
+
+
+def resolve_lora(cfg: RunConfig, spec: EngineSpec, model, ranks: int, per_rank: int, colocated: bool,
+                 zero_from_recipe: bool, p: list[str]) -> tuple[RunConfig, list[Setting]]:
+    """cfg with learner.lora resolved: enabled, rank, alpha, target_modules and sync filled; problems go to p.
+    zero_from_recipe: learner.zero_stage came from the recipe (a recipe's 3 is for full fine-tuning's optimizer
+    state, which LoRA does not have, so LoRA sets 2)."""
+    lc = cfg.learner.lora
+    cfg, settings = _enabled(cfg, spec, model, ranks, per_rank, colocated)
+    if cfg.learner.lora.enabled and cfg.learner.zero_stage == 3 and zero_from_recipe:
+        cfg = set_key(cfg, "learner.zero_stage", 2)
+        settings.append(Setting("learner.zero_stage", 2, "derived: LoRA (the frozen base is whole on every rank; the "
+                                "adapters' optimizer state is small)"))
+    if not cfg.learner.lora.enabled:
+        if lc.init:
+            p.append("learner.lora.init is set but learner.lora.enabled=false; drop one of them.")
+        return cfg, settings
+    init = _read_init(lc.init, p) if lc.init else None
+    if lc.rank is not None and lc.rank < 1:
+        p.append(f"learner.lora.rank={lc.rank}: a LoRA rank is a positive whole number (8 to 64 are usual); leave it "
+                 f"unset for {DEFAULT_RANK}, or set learner.lora.enabled=false to train the whole model.")
+        return cfg, settings
+    if init is not None and init.get("r"):
+        rank, why = int(init["r"]), "learner.lora.init's adapter_config.json"
+    else:
+        rank, why = (lc.rank, "config") if lc.rank is not None else (DEFAULT_RANK, "default")
+    alpha = lc.alpha if lc.alpha is not None else float(init.get("lora_alpha") if init else 2 * rank)
+    if alpha <= 0:
+        p.append(f"learner.lora.alpha={alpha} must be positive (the adapters are scaled by alpha / rank); leave it "
+                 "unset for 2 x rank.")
+    if not 0.0 <= lc.dropout < 1.0:
+        p.append(f"learner.lora.dropout={lc.dropout} must be in [0, 1).")
+    targets = list(lc.target_modules) or list((init or {}).get("target_modules") or []) or list(BLOCK_LINEARS)
+    unknown = [t for t in targets if t not in BLOCK_LINEARS]
+    if unknown:
+        p.append(f"learner.lora.target_modules names {unknown}, which the model's blocks do not have; its linear layers "
+                 f"are {list(BLOCK_LINEARS)} (leave it empty for all of them).")
+    sync = _sync(cfg, spec, p)
+    if cfg.learner.zero_stage == 3:
+        p.append("LoRA trains on ZeRO stage 2 here (the frozen base is whole on every rank, the adapters' state is "
+                 "small); set learner.zero_stage=2 or leave it unset.")
+    if sync is LoraSync.adapter and colocated and cfg.sync.sleep_level == 2:
+        p.append("learner.lora.sync=adapter keeps the base on the engines, which sync.sleep_level=2 drops; use "
+                 "sync.sleep_level=1 or learner.lora.sync=merged.")
+    if importlib.util.find_spec("peft") is None:
+        p.append("LoRA needs the peft package, which is not installed: pip install 'rlgen[lora]'.")
+    if init is not None:
+        _check_init_shapes(cfg, lc.init, targets, p)
+    for key, value, source in (("learner.lora.rank", rank, why), ("learner.lora.alpha", alpha,
+                               "config" if lc.alpha is not None else "derived: 2 x rank"),
+                               ("learner.lora.target_modules", targets,
+                                "config" if lc.target_modules else "default: every linear layer of the blocks"),
+                               ("learner.lora.sync", sync.value, _sync_why(cfg, spec))):
+        cfg = set_key(cfg, key, value)
+        settings.append(Setting(key, value, source))
+    return cfg, settings
+
+
+def _enabled(cfg: RunConfig, spec: EngineSpec, model, ranks: int, per_rank: int,
+             colocated: bool) -> tuple[RunConfig, list[Setting]]:
+    lc = cfg.learner.lora
+    if lc.enabled is not None:
+        return cfg, [Setting("learner.lora.enabled", lc.enabled, "config")]
+    given = [k for k, v in (("rank", lc.rank is not None), ("init", bool(lc.init)),
+                            ("target_modules", bool(lc.target_modules))) if v]
+    if given:
+        on, why = True, f"derived: learner.lora.{given[0]} is set"
+    elif cfg.hardware.gpus_per_node == 0 or not per_rank:
+        on, why = False, "default: full fine-tuning"
+    else:
+        fits, peak, room = full_finetune_fits(cfg, spec, model, ranks, per_rank, colocated)
+        on = not fits
+        why = (f"derived: full fine-tuning needs about {peak:.0f} GiB per learner rank even at a micro-batch of 1, "
+               f"more than the {room:.0f} GiB it can have, so the adapters train on the frozen base" if on
+               else "derived: full fine-tuning fits the learner GPUs")
+    cfg = set_key(cfg, "learner.lora.enabled", on)
+    return cfg, [Setting("learner.lora.enabled", on, why)]
+
+
+def _sync(cfg: RunConfig, spec: EngineSpec, p: list[str]) -> LoraSync:
+    sync = LoraSync(cfg.learner.lora.sync)
+    if sync is LoraSync.adapter and not spec.adapters:
+        p.append(f"learner.lora.sync=adapter needs an engine that takes LoRA adapters (engine=vllm), but engine="
+                 f"{spec.kind} takes whole weights; use learner.lora.sync=merged (or auto).")
+    if sync is LoraSync.auto:
+        return LoraSync.adapter if spec.adapters else LoraSync.merged
+    return sync
+
+
+def _sync_why(cfg: RunConfig, spec: EngineSpec) -> str:
+    if LoraSync(cfg.learner.lora.sync) is not LoraSync.auto:
+        return "config"
+    if spec.adapters:
+        return f"derived: engine={spec.kind} holds the base and takes each adapter version (megabytes)"
+    return f"derived: engine={spec.kind} takes whole weights, so the learner merges the adapters in"
+
+
+def _read_init(path: str, p: list[str]) -> dict | None:
+    folder = Path(path).expanduser()
+    config = folder / "adapter_config.json"
+    if not config.is_file():
+        p.append(f"learner.lora.init={path} is not a PEFT adapter folder (no adapter_config.json there); point it at "
+                 "the folder an adapter was saved to, such as a LoRA run's final_model/.")
+        return None
+    try:
+        value = json.loads(config.read_text())
+    except ValueError as err:
+        p.append(f"learner.lora.init={path}: adapter_config.json is not JSON ({err}).")
+        return None
+    return value if isinstance(value, dict) else {}
+
+
+_KEY = re.compile(r"layers\.(\d+)\..*?\.(\w+)\.lora_([AB])\.weight$")
+
+
+def _expected(cfg: RunConfig, module: str) -> tuple[int, int] | None:
+    """(in, out) features of a block linear layer of the model's shape."""
+    m = cfg.model
+    h, head = m.hidden_size, m.hidden_size // max(m.num_heads, 1)
+    kv = m.num_kv_heads * head
+    return {"q_proj": (h, m.num_heads * head), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (m.num_heads * head, h),
+            "gate_proj": (h, m.intermediate_size), "up_proj": (h, m.intermediate_size),
+            "down_proj": (m.intermediate_size, h)}.get(module)
+
+
+def safetensors_shapes(path: Path) -> dict[str, list[int]]:
+    """{tensor name: shape} from a safetensors file's header (no tensor is read)."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    return {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
+
+
+def _check_init_shapes(cfg: RunConfig, path: str, targets: list[str], p: list[str]) -> None:
+    """Every adapter tensor of learner.lora.init fits a layer of this base model."""
+    file = Path(path).expanduser() / "adapter_model.safetensors"
+    if not file.is_file():
+        p.append(f"learner.lora.init={path} has no adapter_model.safetensors; point it at a complete adapter folder.")
+        return
+    try:
+        shapes = safetensors_shapes(file)
+    except (OSError, ValueError, struct.error) as err:
+        p.append(f"learner.lora.init={path}: adapter_model.safetensors cannot be read ({err}).")
+        return
+    for key, shape in sorted(shapes.items()):
+        found = _KEY.search(key)
+        if not found:
+            continue
+        layer, module, ab = int(found.group(1)), found.group(2), found.group(3)
+        dims = _expected(cfg, module)
+        if layer >= cfg.model.num_layers or dims is None:
+            p.append(f"learner.lora.init={path} holds an adapter for another base model: it has {key}, which "
+                     f"{cfg.model.name} ({cfg.model.num_layers} layers) does not; point it at an adapter trained on "
+                     "this model.")
+            return
+        want_in, want_out = dims
+        bad = (ab == "A" and shape[-1] != want_in) or (ab == "B" and shape[0] != want_out)
+        if bad:
+            p.append(f"learner.lora.init={path} holds an adapter for another base model: its {key} has shape "
+                     f"{shape}, but {module} of {cfg.model.name} maps {want_in} to {want_out} features; point it at "
+                     "an adapter trained on this model.")
+            return
+
+
+__all__ = ["DEFAULT_RANK", "resolve_lora", "safetensors_shapes"]

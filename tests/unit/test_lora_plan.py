@@ -1,0 +1,53 @@
+"""LoRA in the plan: the 7B recipe on one GPU picks LoRA because full fine-tuning cannot fit, and says so; a value
+the user sets wins; the memory model and the checkpoint size know the adapters; the weight path follows the engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlgen.config import Transport
+from rlgen.config.compose import compose_run_config
+from rlgen.plan import PlanError, build_plan
+from rlgen.plan.memory import adapter_params
+
+
+def _setting(plan, key):
+    return next(s for s in plan.settings if s.key == key)
+
+
+def test_seven_b_on_one_gpu_picks_lora_and_says_why():
+    plan = build_plan(compose_run_config(["engine=vllm", "hardware=1xh100", "model=qwen2_5_7b"]))
+    lora = plan.config.learner.lora
+    assert lora.enabled and lora.rank == 16 and lora.alpha == 32.0 and lora.sync == "adapter"
+    why = _setting(plan, "learner.lora.enabled").source
+    assert why.startswith("derived: full fine-tuning needs about") and "GiB per learner rank" in why
+    assert plan.config.learner.zero_stage == 2 and _setting(plan, "learner.zero_stage").source.startswith("derived: LoRA")
+    assert plan.transport is Transport.lora_adapter
+    # the frozen bf16 base (14.2 GiB) plus small adapter state: far under full fine-tuning's 147 GiB
+    assert 14 < plan.memory.learner_idle_gib < 20 and plan.memory.learner_peak_gib < 40
+    assert plan.checkpoint_gib < 1.0  # the adapters and their optimizer state, not the model
+    # rank 16 on every block linear of Qwen2.5-7B: 40.4M parameters
+    assert adapter_params(plan.config) == 40_370_176
+
+
+def test_a_value_the_user_sets_wins():
+    with pytest.raises(PlanError, match="more than the"):  # full fine-tuning of 7B cannot fit one GPU
+        build_plan(compose_run_config(["engine=vllm", "hardware=1xh100", "model=qwen2_5_7b",
+                                       "learner.lora.enabled=false"]))
+    plan = build_plan(compose_run_config(["engine=vllm", "hardware=1xh100", "model=qwen2_5_7b",
+                                          "learner.lora.rank=64", "learner.lora.sync=merged"]))
+    assert plan.config.learner.lora.rank == 64 and _setting(plan, "learner.lora.rank").source == "config"
+    assert plan.transport is Transport.cuda_ipc  # merged weights take the colocated IPC path
+
+
+def test_models_that_fit_train_whole_and_cpu_runs_merge():
+    plan = build_plan(compose_run_config(["engine=vllm", "hardware=1xh100", "model=qwen2_5_0_5b"]))
+    assert plan.config.learner.lora.enabled is False
+    assert _setting(plan, "learner.lora.enabled").source == "derived: full fine-tuning fits the learner GPUs"
+    cpu = build_plan(compose_run_config(["learner.lora.rank=8"]))
+    assert cpu.config.learner.lora.sync == "merged" and cpu.transport is Transport.ray_object_store
+
+
+def test_lora_with_zero_stage_3_set_by_the_user_is_refused():
+    with pytest.raises(PlanError, match="LoRA trains on ZeRO stage 2 here"):
+        build_plan(compose_run_config(["engine=vllm", "hardware=1xh100", "model=qwen2_5_7b", "learner.zero_stage=3"]))
