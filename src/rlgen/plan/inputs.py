@@ -39,6 +39,10 @@ def check_model(cfg: RunConfig, problems: list[str]) -> None:
 
 def _check_folder(path: str, p: Path, problems: list[str]) -> None:
     config = p / "config.json"
+    if not config.is_file() and (p / "adapter_config.json").is_file():
+        problems.append(f"model.path={path} is a LoRA adapter folder, not a model; point model.path at its base "
+                        f"model and set learner.lora.init={path} (or use its merged/ folder).")
+        return
     if not config.is_file():
         problems.append(f"model.path={path} has no config.json, so it is not a Hugging Face model folder; point it "
                         "at the folder save_pretrained wrote (or a downloaded snapshot).")

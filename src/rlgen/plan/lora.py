@@ -52,7 +52,8 @@ def resolve_lora(cfg: RunConfig, spec: EngineSpec, model, ranks: int, per_rank: 
                  "unset for 2 x rank.")
     if not 0.0 <= lc.dropout < 1.0:
         p.append(f"learner.lora.dropout={lc.dropout} must be in [0, 1).")
-    targets = list(lc.target_modules) or list((init or {}).get("target_modules") or []) or list(BLOCK_LINEARS)
+    saved = (init or {}).get("target_modules") or []
+    targets = list(lc.target_modules) or ([saved] if isinstance(saved, str) else list(saved)) or list(BLOCK_LINEARS)
     unknown = [t for t in targets if t not in BLOCK_LINEARS]
     if unknown:
         p.append(f"learner.lora.target_modules names {unknown}, which the model's blocks do not have; its linear layers "
