@@ -9,9 +9,8 @@ from test_torch_learner import make_batch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from helpers import algo_cfg
-from rlgen.config import MonitorConfig
+from rlgen.config import LORA_BLOCK_LINEARS, MonitorConfig
 from rlgen.learners.lora import (
-    BLOCK_LINEARS,
     LoraError,
     LoraSpec,
     adapter_config,
@@ -24,7 +23,7 @@ from rlgen.transfer import write_adapter
 
 pytest.importorskip("peft")
 
-LORA = {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": BLOCK_LINEARS}
+LORA = {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": LORA_BLOCK_LINEARS}
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +63,7 @@ def test_merged_weights_are_peft_merge_under_the_base_names(base_dir):
     for name, tensor in merged.items():
         assert torch.allclose(tensor, whole[name], atol=1e-6), name
     changed = [n for n in merged if not torch.equal(merged[n], _base(base_dir).state_dict()[n])]
-    assert changed and all(any(t in n for t in BLOCK_LINEARS) for n in changed)
+    assert changed and all(any(t in n for t in LORA_BLOCK_LINEARS) for n in changed)
 
 
 def test_the_reference_is_the_base_with_the_adapters_off(base_dir):

@@ -3,6 +3,8 @@ composed from the tree (``compose``). Importing this package imports neither tor
 
 from rlgen.config.schema import (
     _GROUPS,
+    LORA_BLOCK_LINEARS,
+    LORA_DEFAULT_RANK,
     VLLM_ENV_REMOVED_IN_0_26,
     AlgoConfig,
     AnswerFormat,
@@ -64,6 +66,8 @@ __all__ = [
     "HardwareConfig",
     "LearnerConfig",
     "LearnerKind",
+    "LORA_BLOCK_LINEARS",
+    "LORA_DEFAULT_RANK",
     "LoraConfig",
     "LoraSync",
     "LongPrompts",

@@ -231,6 +231,11 @@ class LearnerKind(StrEnum):
     deepspeed = "deepspeed"
 
 
+# The linear layers of a Qwen2/Llama-style block: what LoRA adapts when learner.lora.target_modules is empty
+LORA_BLOCK_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_DEFAULT_RANK = 16  # learner.lora.rank when LoRA is on and the rank is unset
+
+
 class LoraSync(StrEnum):
     auto = "auto"  # adapters where the engine takes them (vLLM), merged weights elsewhere
     adapter = "adapter"  # engines keep the base and take each new adapter version (vLLM's LoRA)

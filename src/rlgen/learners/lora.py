@@ -15,9 +15,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlgen.config import LORA_BLOCK_LINEARS
+
 ADAPTER = "default"  # PEFT's name for a model's one adapter
 PEFT_PREFIX = "base_model.model."  # what PEFT puts before the base model's parameter names
-BLOCK_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class LoraSpec:
     rank: int
     alpha: float
     dropout: float = 0.0
-    target_modules: tuple[str, ...] = BLOCK_LINEARS
+    target_modules: tuple[str, ...] = LORA_BLOCK_LINEARS
 
 
 class LoraError(ValueError):
@@ -88,10 +89,6 @@ class AdapterOff(nn.Module):
             return forward(*args, **kwargs)
 
 
-def trainable(model: nn.Module) -> list[nn.Parameter]:
-    return [p for p in model.parameters() if p.requires_grad]
-
-
 def base_name(name: str) -> str:
     """A PEFT parameter name -> the base model's (…q_proj.base_layer.weight -> …q_proj.weight)."""
     return name.removeprefix(PEFT_PREFIX).replace(".base_layer.", ".")
@@ -142,5 +139,5 @@ def save_merged(model: nn.Module, folder: str, dtype: torch.dtype | None = None)
     base.save_pretrained(folder, state_dict=state)
 
 
-__all__ = ["AdapterOff", "BLOCK_LINEARS", "LoraError", "LoraSpec", "adapter_config", "adapter_weights",
-           "base_name", "base_parameters", "check_adapter_folder", "merged_weights", "save_merged", "trainable", "wrap"]
+__all__ = ["AdapterOff", "LoraError", "LoraSpec", "adapter_config", "adapter_weights",
+           "base_name", "base_parameters", "check_adapter_folder", "merged_weights", "save_merged", "wrap"]

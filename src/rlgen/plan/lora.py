@@ -15,11 +15,9 @@ import re
 import struct
 from pathlib import Path
 
-from rlgen.config import LoraSync, RunConfig, Setting, set_key
+from rlgen.config import LORA_BLOCK_LINEARS, LORA_DEFAULT_RANK, LoraSync, RunConfig, Setting, set_key
 from rlgen.engines.registry import EngineSpec
-from rlgen.plan.memory import BLOCK_LINEARS, full_finetune_fits
-
-DEFAULT_RANK = 16
+from rlgen.plan.memory import block_linears, full_finetune_fits
 
 
 def resolve_lora(cfg: RunConfig, spec: EngineSpec, model, ranks: int, per_rank: int, colocated: bool,
@@ -40,12 +38,12 @@ def resolve_lora(cfg: RunConfig, spec: EngineSpec, model, ranks: int, per_rank: 
     init = _read_init(lc.init, p) if lc.init else None
     if lc.rank is not None and lc.rank < 1:
         p.append(f"learner.lora.rank={lc.rank}: a LoRA rank is a positive whole number (8 to 64 are usual); leave it "
-                 f"unset for {DEFAULT_RANK}, or set learner.lora.enabled=false to train the whole model.")
+                 f"unset for {LORA_DEFAULT_RANK}, or set learner.lora.enabled=false to train the whole model.")
         return cfg, settings
     if init is not None and init.get("r"):
         rank, why = int(init["r"]), "learner.lora.init's adapter_config.json"
     else:
-        rank, why = (lc.rank, "config") if lc.rank is not None else (DEFAULT_RANK, "default")
+        rank, why = (lc.rank, "config") if lc.rank is not None else (LORA_DEFAULT_RANK, "default")
     alpha = lc.alpha if lc.alpha is not None else float(init.get("lora_alpha") if init else 2 * rank)
     if alpha <= 0:
         p.append(f"learner.lora.alpha={alpha} must be positive (the adapters are scaled by alpha / rank); leave it "
@@ -53,11 +51,11 @@ def resolve_lora(cfg: RunConfig, spec: EngineSpec, model, ranks: int, per_rank: 
     if not 0.0 <= lc.dropout < 1.0:
         p.append(f"learner.lora.dropout={lc.dropout} must be in [0, 1).")
     saved = (init or {}).get("target_modules") or []
-    targets = list(lc.target_modules) or ([saved] if isinstance(saved, str) else list(saved)) or list(BLOCK_LINEARS)
-    unknown = [t for t in targets if t not in BLOCK_LINEARS]
+    targets = list(lc.target_modules) or ([saved] if isinstance(saved, str) else list(saved)) or list(LORA_BLOCK_LINEARS)
+    unknown = [t for t in targets if t not in LORA_BLOCK_LINEARS]
     if unknown:
         p.append(f"learner.lora.target_modules names {unknown}, which the model's blocks do not have; its linear layers "
-                 f"are {list(BLOCK_LINEARS)} (leave it empty for all of them).")
+                 f"are {list(LORA_BLOCK_LINEARS)} (leave it empty for all of them).")
     sync = _sync(cfg, spec, p)
     if cfg.learner.zero_stage == 3:
         p.append("LoRA trains on ZeRO stage 2 here (the frozen base is whole on every rank, the adapters' state is "
@@ -136,16 +134,6 @@ def _read_init(path: str, p: list[str]) -> dict | None:
 _KEY = re.compile(r"layers\.(\d+)\..*?\.(\w+)\.lora_([AB])\.weight$")
 
 
-def _expected(cfg: RunConfig, module: str) -> tuple[int, int] | None:
-    """(in, out) features of a block linear layer of the model's shape."""
-    m = cfg.model
-    h, head = m.hidden_size, m.hidden_size // max(m.num_heads, 1)
-    kv = m.num_kv_heads * head
-    return {"q_proj": (h, m.num_heads * head), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (m.num_heads * head, h),
-            "gate_proj": (h, m.intermediate_size), "up_proj": (h, m.intermediate_size),
-            "down_proj": (m.intermediate_size, h)}.get(module)
-
-
 def safetensors_shapes(path: Path) -> dict[str, list[int]]:
     """{tensor name: shape} from a safetensors file's header (no tensor is read)."""
     with open(path, "rb") as f:
@@ -170,7 +158,7 @@ def _check_init_shapes(cfg: RunConfig, path: str, targets: list[str], p: list[st
         if not found:
             continue
         layer, module, ab = int(found.group(1)), found.group(2), found.group(3)
-        dims = _expected(cfg, module)
+        dims = block_linears(cfg.model).get(module)
         if layer >= cfg.model.num_layers or dims is None:
             p.append(f"learner.lora.init={path} holds an adapter for another base model: it has {key}, which "
                      f"{cfg.model.name} ({cfg.model.num_layers} layers) does not; point it at an adapter trained on "
@@ -185,4 +173,4 @@ def _check_init_shapes(cfg: RunConfig, path: str, targets: list[str], p: list[st
             return
 
 
-__all__ = ["DEFAULT_RANK", "resolve_lora", "safetensors_shapes"]
+__all__ = ["resolve_lora", "safetensors_shapes"]

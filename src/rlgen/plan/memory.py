@@ -32,7 +32,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from rlgen.config import EngineConfig, RunConfig, Setting, set_key
+from rlgen.config import LORA_BLOCK_LINEARS, LORA_DEFAULT_RANK, EngineConfig, RunConfig, Setting, set_key
 from rlgen.engines.registry import EngineSpec
 from rlgen.engines.vllm.args import VLLM_DEFAULT_SHARE
 from rlgen.plan.recipes import recipe_for
@@ -48,7 +48,12 @@ LOGITS_COPIES = 3  # fp32 logits, their log-softmax and its gradient live at onc
 LOGITS_SHARE = 0.4  # of a learner GPU's memory, at most, for a micro-batch's logits
 
 
-BLOCK_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+def block_linears(m) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each linear layer of a block of the model's shape (ModelConfig m)."""
+    h, head = m.hidden_size, m.hidden_size // max(m.num_heads, 1)
+    q, kv, inter = m.num_heads * head, m.num_kv_heads * head, m.intermediate_size
+    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, inter),
+            "up_proj": (h, inter), "down_proj": (inter, h)}
 
 
 def adapter_params(cfg: RunConfig) -> int:
@@ -56,12 +61,9 @@ def adapter_params(cfg: RunConfig) -> int:
     lora, m = cfg.learner.lora, cfg.model
     if not lora.enabled:
         return 0
-    h, head = m.hidden_size, m.hidden_size // max(m.num_heads, 1)
-    q, kv, inter = m.num_heads * head, m.num_kv_heads * head, m.intermediate_size
-    sides = {"q_proj": h + q, "k_proj": h + kv, "v_proj": h + kv, "o_proj": q + h, "gate_proj": h + inter,
-             "up_proj": h + inter, "down_proj": inter + h}
-    targets = lora.target_modules or BLOCK_LINEARS
-    return int(lora.rank or 16) * m.num_layers * sum(sides.get(t, 0) for t in targets)
+    dims = block_linears(m)
+    targets = lora.target_modules or LORA_BLOCK_LINEARS
+    return int(lora.rank or LORA_DEFAULT_RANK) * m.num_layers * sum(sum(dims.get(t, (0, 0))) for t in targets)
 
 
 def logits_bytes(tokens: int, vocab: int) -> float:
@@ -413,5 +415,5 @@ def _learner_too_big(cfg: RunConfig, learner: LearnerMemory, room: float, total:
             f"{room:.0f} GiB it can have of a {total:.0f} GiB GPU{beside}; use " + ", or ".join(fixes) + ".")
 
 
-__all__ = ["BLOCK_LINEARS", "LearnerMemory", "MemorySplit", "adapter_params", "engine_part", "fit_memory",
+__all__ = ["LearnerMemory", "MemorySplit", "adapter_params", "block_linears", "engine_part", "fit_memory",
            "full_finetune_fits", "learner_memory"]
