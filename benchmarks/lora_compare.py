@@ -15,8 +15,8 @@ SIDES is a comma-separated list of:
 Each side is one `rlgen train` (hydra.run.dir=OUT/<side>) while nvidia-smi is polled for the GPU's memory in use.
 OUT/lora_compare.json gets, per side: the median step, train, generate and weight-update (sync) seconds over the
 steps after the first, generation tokens/s, the learner's peak GPU memory (torch's allocator), the GPU's peak in
-use, the mean engine/learner |delta logprob| and k3 KL, the plan's LoRA settings and memory split, and time to the
-first rollout; and the ratios of every side to the first.
+use, the mean engine/learner |delta logprob| and k3 KL, the plan's LoRA settings and memory split, time to the
+first rollout, and the update's learner and engine parts; and the ratios of every side to the first.
 """
 
 from __future__ import annotations
@@ -61,6 +61,20 @@ class GpuMemory:
         return round(self.most / 1024, 2)
 
 
+def update_parts(records: list[dict]) -> dict:
+    """The weight update split in two, medians from each step's timeline: the learner's part (export, and the
+    push where the learner sends) and the engines' part (the slowest engine's load)."""
+    learner, engine = [], []
+    for r in records:
+        spans = [s for s in r.get("timeline", []) if s.get("phase") == "sync"]
+        learner.append(sum(s["end"] - s["start"] for s in spans if s["actor"].startswith("learner")))
+        engine.append(max((s["end"] - s["start"] for s in spans if not s["actor"].startswith("learner")), default=0.0))
+    if not records:
+        return {}
+    return {"update_learner_s_median": round(statistics.median(learner), 4),
+            "update_engine_s_median": round(statistics.median(engine), 4)}
+
+
 def side(out: Path, name: str, overrides: list[str]) -> dict:
     run = out / name
     memory = GpuMemory()
@@ -77,6 +91,7 @@ def side(out: Path, name: str, overrides: list[str]) -> dict:
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     later = records[1:] or records
     result.update({f"{k}_median": round(statistics.median(r[k] for r in later), 4) for k in MEDIANS if k in later[0]})
+    result.update(update_parts(later))
     result.update(
         steps=len(records),
         learner_peak_gib=round(max(r.get("learner_peak_gib", 0.0) for r in records), 2),

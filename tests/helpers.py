@@ -38,3 +38,29 @@ def nan_on_even_answers(completion: str, answer: str) -> float:
     if int(answer) % 2 == 0:
         return float("nan")
     return 1.0 if completion.strip() == answer.strip() else 0.0
+
+
+def lora_model(base_dir: str, seed: int, rank: int = 4, scale: float = 0.3):
+    """A PEFT model on the base folder with LoRA on every block linear and random lora_B (PEFT starts it at zero,
+    which would leave the adapter without effect), in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlgen.config import LORA_BLOCK_LINEARS
+    from rlgen.learners.lora import LoraSpec, wrap
+
+    model = wrap(AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32),
+                 LoraSpec(rank, 2.0 * rank, 0.0, LORA_BLOCK_LINEARS))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * scale)
+    return model.eval()
+
+
+def lora_export(model, dtype=None) -> dict:
+    """A PEFT model's adapter as a LoRA learner exports it: {"tensors", "config"}."""
+    from rlgen.learners.lora import adapter_config, adapter_weights
+
+    return {"tensors": adapter_weights(model, dtype), "config": adapter_config(model)}

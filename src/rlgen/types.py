@@ -26,6 +26,7 @@ class GenRequest:
     prompt_ids: tuple[int, ...]
     sampling: SamplingParams
     group_id: int  # the prompt's index in the step; its n completions share it
+    adapter: str | None = None  # a LoRA adapter the engine loaded by name; None: the engine's policy
 
 
 @dataclass

@@ -89,3 +89,18 @@ def test_a_run_from_an_adapter_folder_starts_its_engines_on_it(tmp_path):
     # as they do within a run; the base alone would disagree with the trained adapter
     assert again[0]["mismatch/mean_abs_delta"] < 1e-4, again[0]
     assert records[-1]["mismatch/mean_abs_delta"] < 1e-4
+
+
+@pytest.mark.slow
+def test_hf_engines_take_adapters_and_the_run_learns(tmp_path):
+    """learner.lora.sync=adapter on CPU: the hf engines hold the base and take each adapter version through PEFT;
+    engine and learner logprobs agree as with merged weights, and the run learns."""
+    from rlgen.config import Transport
+
+    plan = build_plan(compose_run_config([*LORA, "learner.lora.sync=adapter"]))
+    assert plan.transport is Transport.lora_adapter
+    out = tmp_path / "run"
+    run_training(plan, out, Console(quiet=True))
+    records = read_jsonl(out / "metrics.jsonl")
+    assert_learned(records, json.loads((out / "summary.json").read_text()), min_gain=0.1)
+    assert max(r["mismatch/mean_abs_delta"] for r in records) < 1e-4

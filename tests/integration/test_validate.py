@@ -12,6 +12,7 @@ import types
 import pytest
 import torch
 
+from helpers import lora_export, lora_model
 from rlgen.config.compose import compose_run_config
 from rlgen.engines.hf.engine import HFEngine
 from rlgen.engines.noisy import NoisyEngine
@@ -153,3 +154,39 @@ def test_cli_fails_on_cpu_by_default_and_passes_unperturbed(tmp_path):
     passed = _cli(["++validate.perturb=none"], tmp_path / "none")
     assert passed.returncode == 0, passed.stderr[-2000:]
     assert "PASS" in passed.stdout
+
+
+class AdapterIgnored(HFEngine):
+    """An hf engine that takes a LoRA adapter and drops it: validate must catch it."""
+
+    def load_adapter(self, adapter, version, timeout_s=None):
+        self.version = int(version)
+        return {"version": self.version, "spans": []}
+
+
+@pytest.fixture(scope="module")
+def adapter_dir(model_path, tmp_path_factory):
+    """A LoRA adapter on the default model with a visible effect (PEFT starts lora_B at zero)."""
+    pytest.importorskip("peft")
+    from rlgen.transfer import write_adapter
+
+    adapter = lora_export(lora_model(model_path, seed=0))
+    path = tmp_path_factory.mktemp("adapter")
+    write_adapter(str(path), adapter["tensors"], adapter["config"])
+    return str(path)
+
+
+@pytest.mark.parametrize("sync", ["adapter", "merged"])
+def test_validate_with_a_lora_adapter_sent_either_way(adapter_dir, sync):
+    cfg = compose_run_config(["progress=false", f"learner.lora.init={adapter_dir}", f"learner.lora.sync={sync}",
+                              "validate.perturb=none"])
+    report = run_validate(cfg, _v(perturb="none"))
+    assert report.passed, report.rows
+    how = "as an adapter" if sync == "adapter" else "merged into the weights"
+    assert f"LoRA adapter {adapter_dir} {how}" in report.candidate
+
+
+def test_validate_catches_an_engine_that_drops_the_adapter(adapter_dir):
+    cfg = compose_run_config(["progress=false", f"learner.lora.init={adapter_dir}", "learner.lora.sync=adapter"])
+    report = run_validate(cfg, _v(), engine_cls=AdapterIgnored)
+    assert not report.passed

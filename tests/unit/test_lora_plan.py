@@ -51,3 +51,38 @@ def test_models_that_fit_train_whole_and_cpu_runs_merge():
 def test_lora_with_zero_stage_3_set_by_the_user_is_refused():
     with pytest.raises(PlanError, match="LoRA trains on ZeRO stage 2 here"):
         build_plan(compose_run_config(["engine=vllm", "hardware=1xh100", "model=qwen2_5_7b", "learner.zero_stage=3"]))
+
+
+def test_engines_that_take_adapters_and_their_room():
+    from rlgen.engines.vllm import engine_lora_rank
+    from rlgen.engines.vllm.args import engine_args_for
+
+    cpu = build_plan(compose_run_config(["learner.lora.rank=8", "learner.lora.sync=adapter"]))
+    assert cpu.transport is Transport.lora_adapter  # hf engines take adapters through PEFT when asked
+    gpu = ["engine=vllm", "hardware=1xh100", "model=qwen2_5_7b"]
+    plan = build_plan(compose_run_config(gpu))
+    assert engine_args_for(plan.transport, engine_lora_rank(plan.config, plan.transport))["max_lora_rank"] == 16
+    capped = build_plan(compose_run_config([*gpu, "engine.max_lora_rank=8"]))
+    assert capped.config.learner.lora.sync == "merged" and capped.transport is Transport.cuda_ipc
+    assert "take adapters up to rank 8" in _setting(capped, "learner.lora.sync").source
+    with pytest.raises(PlanError, match="the engines take adapters up to rank 8 .* raise engine.max_lora_rank to 16"):
+        build_plan(compose_run_config([*gpu, "engine.max_lora_rank=8", "learner.lora.sync=adapter"]))
+    merged = build_plan(compose_run_config([*gpu, "learner.lora.sync=merged"]))
+    assert "enable_lora" not in engine_args_for(merged.transport, engine_lora_rank(merged.config, merged.transport))
+    with pytest.raises(PlanError, match="engine.max_lora_rank=-1 must be 0"):
+        build_plan(compose_run_config(["engine.max_lora_rank=-1"]))
+
+
+def test_a_server_takes_adapters_when_its_engines_do():
+    from rlgen.plan.serve import build_serve_plan, served_adapters
+
+    hf = build_serve_plan(compose_run_config([]))
+    assert served_adapters(hf.config, hf.engine) == (True, None)  # any rank, through PEFT
+    vllm = build_serve_plan(compose_run_config(["engine=vllm", "hardware=1xh100", "model=small", "engine.max_model_len=128"]))
+    assert served_adapters(vllm.config, vllm.engine) == (False, 0)  # vLLM sets room aside only when asked
+    room = build_serve_plan(compose_run_config(["engine=vllm", "hardware=1xh100", "model=small", "engine.max_model_len=128", "engine.max_lora_rank=64"]))
+    assert served_adapters(room.config, room.engine) == (True, 64)
+    kwargs = room.engine.actor_kwargs(room.config, room.transport, {})
+    assert kwargs["engine_args"]["enable_lora"] and kwargs["engine_args"]["max_lora_rank"] == 64
+    off = build_serve_plan(compose_run_config(["engine.max_lora_rank=0"]))
+    assert served_adapters(off.config, off.engine) == (False, 0)

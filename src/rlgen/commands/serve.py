@@ -24,15 +24,18 @@ from rlgen.serve.checks import serve_token
 log = logging.getLogger(__name__)
 
 
-def _served_model(cfg: RunConfig, plan: Any, model_path: str) -> Any:
+def _served_model(cfg: RunConfig, plan: Any, model_path: str, dtype: str) -> Any:
     from rlgen.models import load_tokenizer
+    from rlgen.plan.serve import served_adapters
     from rlgen.serve.pool import ServedModel
 
+    adapters, max_lora_rank = served_adapters(cfg, plan.engine)
     return ServedModel(name=cfg.model.name if not cfg.model.path else str(cfg.model.path), path=model_path,
                        params=plan.model.params, vocab_size=plan.model.vocab_size,
                        max_model_len=int(cfg.engine.max_model_len), engine_kind=plan.engine_kind,
                        tensor_parallel_size=cfg.engine.tensor_parallel_size, tokenizer=load_tokenizer(model_path),
-                       nccl_weights=plan.transport is Transport.nccl, pauses=plan.engine.in_flight_updates)
+                       nccl_weights=plan.transport is Transport.nccl, pauses=plan.engine.in_flight_updates,
+                       adapters=adapters, max_lora_rank=max_lora_rank, config=cfg.model, dtype=dtype)
 
 
 def serve(plan: Any, out_dir: Path, console: Any) -> None:
@@ -64,8 +67,9 @@ def serve(plan: Any, out_dir: Path, console: Any) -> None:
         console.print(f"starting {len(plan.engines)} {plan.engine_kind} engine(s) of TP "
                       f"{cfg.engine.tensor_parallel_size} for {cfg.model.name}", highlight=False)
         engines = [factory.engine(i, model_path, 0) for i in range(len(plan.engines))]
-        waiter.get([e.health.remote() for e in engines], "engine start-up", cfg.startup_timeout_s)
-        pool = EnginePool(engines, _served_model(cfg, plan, model_path), timeout_s=cfg.serve.request_timeout_s)
+        health = waiter.get([e.health.remote() for e in engines], "engine start-up", cfg.startup_timeout_s)
+        model = _served_model(cfg, plan, model_path, health[0].get("dtype") or str(cfg.engine.dtype))
+        pool = EnginePool(engines, model, timeout_s=cfg.serve.request_timeout_s)
         app = make_app(pool, token=token, max_sequences=cfg.serve.max_sequences, max_body_mb=cfg.serve.max_body_mb)
         stop.uninstall()  # uvicorn takes SIGINT and SIGTERM for a graceful shutdown
         url = f"http://{cfg.serve.host}:{cfg.serve.port}"
@@ -74,8 +78,9 @@ def serve(plan: Any, out_dir: Path, console: Any) -> None:
             "data_parallel": len(engines), "tensor_parallel_size": cfg.engine.tensor_parallel_size,
             "max_model_len": pool.model.max_model_len, "token_required": bool(token), "started": time.time()},
             indent=2) + "\n")
+        lora = ", /v1/load_lora_adapter" if pool.model.adapters else ""
         console.print(f"serving {escape(pool.model.name)} on {url}: {len(engines)} engine(s), /generate, "
-                      "/v1/completions, /weights; Ctrl-C stops", highlight=False)
+                      f"/v1/completions, /weights{lora}; Ctrl-C stops", highlight=False)
         server = uvicorn.Server(uvicorn.Config(app, host=cfg.serve.host, port=cfg.serve.port, log_level="warning",
                                                timeout_graceful_shutdown=5, lifespan="off"))
         # uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again for the handlers that

@@ -140,6 +140,10 @@ class EngineConfig:
     url: str | None = None
     token: str | None = None
     weights_over: WeightsOver = WeightsOver.auto
+    # the largest LoRA rank the engines take (vllm sets room for adapters aside at start). null: the learner's rank
+    # when it sends adapters (learner.lora.sync=adapter), else none. `rlgen serve` takes adapters
+    # (/v1/load_lora_adapter, a trainer's adapters) when it is set, for example engine.max_lora_rank=64
+    max_lora_rank: int | None = None
 
 
 @dataclass

@@ -46,7 +46,10 @@ class EngineSpec:
     passes_env: bool = False  # engine.env reaches its processes
     served: bool = False  # its engines belong to a running `rlgen serve`: a run starts one small proxy per engine
     reference: bool = False  # the engine `rlgen validate` compares every other engine with
-    adapters: bool = False  # holds the base model and takes each new LoRA adapter version (learner.lora.sync=adapter)
+    adapters: bool = False  # holds the base model and takes LoRA adapters: each policy version (learner.lora.sync=
+    #                         adapter) and, under `rlgen serve`, named ones
+    adapter_room: bool = False  # sets room for adapters aside at start, up to engine.max_lora_rank: a server takes
+    #                             adapters only when that is set
     # The weight path to it: (colocated with the learners, the config) -> Transport.
     transport: Callable[[bool, RunConfig], Transport] = lambda colocated, cfg: Transport.ray_object_store
     # Extra constructor arguments of its actor: (the config, the transport, the engine env) -> kwargs.

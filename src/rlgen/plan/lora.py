@@ -56,7 +56,7 @@ def resolve_lora(cfg: RunConfig, spec: EngineSpec, model, ranks: int, per_rank: 
     if unknown:
         p.append(f"learner.lora.target_modules names {unknown}, which the model's blocks do not have; its linear layers "
                  f"are {list(LORA_BLOCK_LINEARS)} (leave it empty for all of them).")
-    sync = _sync(cfg, spec, p)
+    sync, sync_why = _sync(cfg, spec, rank, p)
     if cfg.learner.zero_stage == 3:
         p.append("LoRA trains on ZeRO stage 2 here (the frozen base is whole on every rank, the adapters' state is "
                  "small); set learner.zero_stage=2 or leave it unset.")
@@ -66,12 +66,13 @@ def resolve_lora(cfg: RunConfig, spec: EngineSpec, model, ranks: int, per_rank: 
     if importlib.util.find_spec("peft") is None:
         p.append("LoRA needs the peft package, which is not installed: pip install 'rlgen[lora]'.")
     if init is not None:
-        _check_init_shapes(cfg, lc.init, targets, p)
-    for key, value, source in (("learner.lora.rank", rank, why), ("learner.lora.alpha", alpha,
-                               "config" if lc.alpha is not None else "derived: 2 x rank"),
+        _check_init_shapes(cfg, lc.init, p)
+    alpha_why = ("config" if lc.alpha is not None else "learner.lora.init's adapter_config.json"
+                 if init and init.get("lora_alpha") else "derived: 2 x rank")
+    for key, value, source in (("learner.lora.rank", rank, why), ("learner.lora.alpha", alpha, alpha_why),
                                ("learner.lora.target_modules", targets,
                                 "config" if lc.target_modules else "default: every linear layer of the blocks"),
-                               ("learner.lora.sync", sync.value, _sync_why(cfg, spec))):
+                               ("learner.lora.sync", sync.value, sync_why)):
         cfg = set_key(cfg, key, value)
         settings.append(Setting(key, value, source))
     return cfg, settings
@@ -98,22 +99,36 @@ def _enabled(cfg: RunConfig, spec: EngineSpec, model, ranks: int, per_rank: int,
     return cfg, [Setting("learner.lora.enabled", on, why)]
 
 
-def _sync(cfg: RunConfig, spec: EngineSpec, p: list[str]) -> LoraSync:
+def _sync(cfg: RunConfig, spec: EngineSpec, rank: int, p: list[str]) -> tuple[LoraSync, str]:
+    """How the engines get the policy, and why."""
     sync = LoraSync(cfg.learner.lora.sync)
-    if sync is LoraSync.adapter and not spec.adapters:
-        p.append(f"learner.lora.sync=adapter needs an engine that takes LoRA adapters (engine=vllm), but engine="
-                 f"{spec.kind} takes whole weights; use learner.lora.sync=merged (or auto).")
-    if sync is LoraSync.auto:
-        return LoraSync.adapter if spec.adapters else LoraSync.merged
-    return sync
+    cannot = _no_adapters(cfg, spec, rank)
+    if sync is LoraSync.adapter and cannot:
+        p.append(f"learner.lora.sync=adapter needs engines that take LoRA adapters, but {cannot}; use "
+                 "learner.lora.sync=merged (or auto).")
+    if sync is not LoraSync.auto:
+        return sync, "config"
+    if cannot:
+        return LoraSync.merged, f"derived: {cannot}, so the learner merges the adapters in"
+    if not spec.served and cfg.hardware.gpus_per_node == 0:
+        return LoraSync.merged, ("derived: on CPU the merged weights are small and generation without LoRA layers is "
+                                 "faster")
+    return LoraSync.adapter, f"derived: engine={spec.kind} holds the base and takes each adapter version (megabytes)"
 
 
-def _sync_why(cfg: RunConfig, spec: EngineSpec) -> str:
-    if LoraSync(cfg.learner.lora.sync) is not LoraSync.auto:
-        return "config"
-    if spec.adapters:
-        return f"derived: engine={spec.kind} holds the base and takes each adapter version (megabytes)"
-    return f"derived: engine={spec.kind} takes whole weights, so the learner merges the adapters in"
+def _no_adapters(cfg: RunConfig, spec: EngineSpec, rank: int) -> str | None:
+    """Why the run's engines cannot take adapters of this rank; None when they can."""
+    room = cfg.engine.max_lora_rank
+    if not spec.adapters:
+        return f"engine={spec.kind} takes whole weights only"
+    if spec.served and room == 0:
+        return (f"the server at {cfg.engine.url} was started without LoRA (restart it with "
+                f"engine.max_lora_rank={rank} or more to send adapters)")
+    if room is not None and room < rank:
+        where = f"the server at {cfg.engine.url}" if spec.served else "the engines"
+        return (f"{where} take adapters up to rank {room} (engine.max_lora_rank), and this adapter has rank {rank}; "
+                f"raise engine.max_lora_rank to {rank} or lower learner.lora.rank")
+    return None
 
 
 def _read_init(path: str, p: list[str]) -> dict | None:
@@ -142,35 +157,37 @@ def safetensors_shapes(path: Path) -> dict[str, list[int]]:
     return {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
 
 
-def _check_init_shapes(cfg: RunConfig, path: str, targets: list[str], p: list[str]) -> None:
+def _check_init_shapes(cfg: RunConfig, path: str, p: list[str]) -> None:
     """Every adapter tensor of learner.lora.init fits a layer of this base model."""
+    why = adapter_misfit(cfg.model, path)
+    if why:
+        p.append(f"learner.lora.init={path} {why}")
+
+
+def adapter_misfit(model, path: str) -> str | None:
+    """Why the PEFT adapter folder at path does not fit a model of shape ``model`` (a ModelConfig), as the end of a
+    sentence that starts with the folder; None when every adapter tensor fits a layer. Reads file headers only."""
     file = Path(path).expanduser() / "adapter_model.safetensors"
     if not file.is_file():
-        p.append(f"learner.lora.init={path} has no adapter_model.safetensors; point it at a complete adapter folder.")
-        return
+        return "has no adapter_model.safetensors; point it at a complete adapter folder."
     try:
         shapes = safetensors_shapes(file)
     except (OSError, ValueError, struct.error) as err:
-        p.append(f"learner.lora.init={path}: adapter_model.safetensors cannot be read ({err}).")
-        return
+        return f"has an adapter_model.safetensors that cannot be read ({err})."
     for key, shape in sorted(shapes.items()):
         found = _KEY.search(key)
         if not found:
             continue
         layer, module, ab = int(found.group(1)), found.group(2), found.group(3)
-        dims = block_linears(cfg.model).get(module)
-        if layer >= cfg.model.num_layers or dims is None:
-            p.append(f"learner.lora.init={path} holds an adapter for another base model: it has {key}, which "
-                     f"{cfg.model.name} ({cfg.model.num_layers} layers) does not; point it at an adapter trained on "
-                     "this model.")
-            return
+        dims = block_linears(model).get(module)
+        if layer >= model.num_layers or dims is None:
+            return (f"holds an adapter for another base model: it has {key}, which {model.name} ({model.num_layers} "
+                    "layers) does not; use an adapter trained on this model.")
         want_in, want_out = dims
-        bad = (ab == "A" and shape[-1] != want_in) or (ab == "B" and shape[0] != want_out)
-        if bad:
-            p.append(f"learner.lora.init={path} holds an adapter for another base model: its {key} has shape "
-                     f"{shape}, but {module} of {cfg.model.name} maps {want_in} to {want_out} features; point it at "
-                     "an adapter trained on this model.")
-            return
+        if (ab == "A" and shape[-1] != want_in) or (ab == "B" and shape[0] != want_out):
+            return (f"holds an adapter for another base model: its {key} has shape {shape}, but {module} of "
+                    f"{model.name} maps {want_in} to {want_out} features; use an adapter trained on this model.")
+    return None
 
 
-__all__ = ["resolve_lora", "safetensors_shapes"]
+__all__ = ["adapter_misfit", "resolve_lora", "safetensors_shapes"]

@@ -5,6 +5,7 @@ apply; a problem stops the server before it starts, with its fix."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import ipaddress
 
 from rlgen.config import RunConfig, Setting, set_key
@@ -41,6 +42,23 @@ def check_serve_values(cfg: RunConfig, token: str | None, p: list[str]) -> None:
     if spec_of(cfg).served:
         p.append(f"engine={cfg.engine.kind} uses a server rlgen serve started elsewhere; serve engine=hf or "
                  "engine=vllm here.")
+    rank = cfg.engine.max_lora_rank
+    if rank and rank > 0 and not spec_of(cfg).adapters:
+        p.append(f"engine.max_lora_rank={rank}: engine={cfg.engine.kind} takes no LoRA adapters; leave it unset.")
+    elif rank and not spec_of(cfg).adapter_room and importlib.util.find_spec("peft") is None:
+        p.append("LoRA adapters on hf engines need the peft package, which is not installed: pip install 'rlgen[lora]'.")
+
+
+def served_adapters(cfg: RunConfig, spec) -> tuple[bool, int | None]:
+    """(whether the server's engines take LoRA adapters, the largest rank; None: any). Engines that set room
+    aside at start take them up to engine.max_lora_rank when it is set; the others (hf) whenever peft is there,
+    up to engine.max_lora_rank when set."""
+    rank = cfg.engine.max_lora_rank
+    if not spec.adapters or rank == 0 or (spec.adapter_room and not rank):
+        return False, 0
+    if not spec.adapter_room and importlib.util.find_spec("peft") is None:
+        return False, 0
+    return True, rank
 
 
 def build_serve_plan(cfg: RunConfig, token: str | None = None) -> Plan:

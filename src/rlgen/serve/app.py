@@ -1,6 +1,7 @@
 """The HTTP API of `rlgen serve` (FastAPI). Token-in/token-out generation spread over the data-parallel engines,
 an OpenAI-style /v1/completions for text, weight updates (safetensors over HTTP, or vLLM's NCCL weight transfer
-driven by the trainer), sleep/wake and pause/resume. Every completion carries the policy version that made it.
+driven by the trainer), LoRA adapters (loaded and unloaded by name, or a trainer's policy adapter), sleep/wake
+and pause/resume. Every completion carries the policy version that made it.
 
 Errors are JSON ``{"error": "<one sentence with the fix>"}`` with a 4xx/5xx status. The handlers are plain
 module functions; what they share (the engine pool and the server's limits) is a ServeState on ``app.state.serve``.
@@ -16,9 +17,16 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from rlgen.serve.lora import load_named, unload_named, update_policy
 from rlgen.serve.openai import completions_request, completions_response
 from rlgen.serve.pool import EnginePool
-from rlgen.wire.protocol import BadRequest, completion_to_json, request_from_json, weights_from_bytes
+from rlgen.wire.protocol import (
+    BadRequest,
+    adapter_from_bytes,
+    completion_to_json,
+    request_from_json,
+    weights_from_bytes,
+)
 
 OPEN_PATHS = {"/health"}  # answered without a token, for load balancers and readiness probes
 TRANSFER_TIMEOUT_S = 300  # an NCCL weight transfer's default wait, when the trainer sends none
@@ -85,7 +93,7 @@ async def guard(request: Request, call_next: Any) -> Any:
             return JSONResponse({"error": "missing or wrong bearer token: send 'Authorization: Bearer <token>' "
                                           "(rlgen's client reads RLGEN_SERVE_TOKEN or engine.token)."}, 401)
     size = int(request.headers.get("content-length") or 0)
-    if request.url.path != "/weights" and size > state.max_body:
+    if not request.url.path.startswith("/weights") and size > state.max_body:
         return JSONResponse({"error": state.too_large(size)}, 413)
     try:
         return await call_next(request)
@@ -129,7 +137,7 @@ async def completions(request: Request) -> Any:
     state = _state(request)
     data = await _body(request)
     m = state.pool.model
-    reqs, stops = completions_request(data, m)
+    reqs, stops = completions_request(data, m, state.pool.adapters)
     state.check_count(sum(r.sampling.n for r in reqs))
     out = await state.pool.generate(reqs)
     return completions_response(out["completions"], reqs, stops, m, bool(data.get("logprobs") is not None))
@@ -156,6 +164,35 @@ async def transfer_receive(request: Request) -> Any:
     return await _state(request).pool.receive_weights(
         dict(data["update_info"]), int(data["version"]), float(data.get("timeout_s", TRANSFER_TIMEOUT_S)),
         _engine_arg(data.get("engine")))
+
+
+# -- LoRA adapters (rlgen.serve.lora) ----------------------------------------------------------------------
+LOAD_FIELDS = {"lora_name", "lora_path", "load_inplace"}
+
+
+async def load_lora_adapter(request: Request) -> Any:
+    data = await _body(request)
+    unknown = sorted(set(data) - LOAD_FIELDS)
+    if unknown:
+        raise BadRequest(f"unknown field(s) {unknown}; send lora_name, lora_path and optionally load_inplace.")
+    name, path = data.get("lora_name"), data.get("lora_path")
+    if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
+        raise BadRequest("the body needs lora_name (the name requests will use) and lora_path (an adapter folder on "
+                         "the server's machine).")
+    return await load_named(_state(request).pool, name, path, data.get("load_inplace") is True)
+
+
+async def unload_lora_adapter(request: Request) -> Any:
+    data = await _body(request)
+    name = data.get("lora_name")
+    if not isinstance(name, str) or not name:
+        raise BadRequest("the body needs lora_name, the adapter to unload.")
+    return await unload_named(_state(request).pool, name)
+
+
+async def policy_adapter(request: Request, version: int, engine: int | None = None) -> Any:
+    blob = await request.body()
+    return await update_policy(_state(request).pool, adapter_from_bytes(blob), version, engine)
 
 
 # -- memory and scheduling ---------------------------------------------------------------------------------
@@ -185,6 +222,9 @@ ROUTES: list[tuple[str, str, Callable[..., Any]]] = [
     ("POST", "/generate", generate),
     ("POST", "/v1/completions", completions),
     ("POST", "/weights", weights),
+    ("POST", "/weights/adapter", policy_adapter),
+    ("POST", "/v1/load_lora_adapter", load_lora_adapter),
+    ("POST", "/v1/unload_lora_adapter", unload_lora_adapter),
     ("POST", "/weight_transfer/init", transfer_init),
     ("POST", "/weight_transfer/receive", transfer_receive),
     ("POST", "/sleep", sleep),

@@ -34,7 +34,18 @@ def _prompts(prompt: Any, model: Any) -> list[list[int]]:
     return out
 
 
-def completions_request(data: dict[str, Any], model: Any) -> tuple[list[GenRequest], list[str]]:
+def _adapter(name: Any, model: Any, adapters: Any) -> str | None:
+    """The LoRA adapter a request's ``model`` names: None for the served model itself (or no name)."""
+    if name is None or name in (model.name, model.path):
+        return None
+    if name in adapters:
+        return str(name)
+    raise BadRequest(f"model={name!r} is not served here: this server serves {model.name!r}"
+                     + (f" and the adapters {sorted(adapters)}" if adapters else "") + ".", status=404)
+
+
+def completions_request(data: dict[str, Any], model: Any, adapters: Any = ()) -> tuple[list[GenRequest], list[str]]:
+    """The requests of a /v1/completions body, and its stop strings; ``model`` may name a loaded adapter."""
     unknown = sorted(set(data) - FIELDS)
     if unknown:
         raise BadRequest(f"unknown field(s) {unknown} for /v1/completions.")
@@ -54,12 +65,13 @@ def completions_request(data: dict[str, Any], model: Any) -> tuple[list[GenReque
     except (TypeError, ValueError) as err:
         raise BadRequest(str(err)) from err
     check_sampling(sampling, "the request")
+    adapter = _adapter(data.get("model"), model, adapters)
     reqs = []
     for i, ids in enumerate(_prompts(data.get("prompt"), model)):
         if not ids:
             raise BadRequest(f"prompt {i} is empty.")
         check_length(len(ids), sampling.max_new_tokens, model.max_model_len, f"prompt {i}")
-        reqs.append(GenRequest(tuple(ids), sampling, i))
+        reqs.append(GenRequest(tuple(ids), sampling, i, adapter))
     return reqs, stops
 
 
@@ -86,6 +98,6 @@ def completions_response(completions: list[Completion], reqs: list[GenRequest], 
         choices.append(choice)
     prompt_tokens = sum(len(r.prompt_ids) for r in reqs)
     return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-            "model": model.name, "choices": choices,
+            "model": (reqs[0].adapter if reqs else None) or model.name, "choices": choices,
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                       "total_tokens": prompt_tokens + completion_tokens}}

@@ -27,6 +27,10 @@ class ServedModel:
     tokenizer: Any = None  # for /v1/completions
     nccl_weights: bool = False  # the engines take vLLM's NCCL weight transfer from a trainer's rank 0
     pauses: bool = False  # the engines freeze running requests (and keep their KV cache) on pause()
+    adapters: bool = False  # the engines take LoRA adapters (named ones, and a trainer's policy adapter)
+    max_lora_rank: int | None = None  # the largest adapter rank they take; None: any
+    config: Any = None  # the served model's shape (a ModelConfig), to check an adapter against before loading it
+    dtype: str | None = None  # the engines' weights (what a trainer sends weights in)
 
 
 def _one_per_greedy_sample(requests: list[GenRequest]) -> list[GenRequest]:
@@ -62,6 +66,7 @@ class EnginePool:
         self.started = time.time()
         self._locks = [asyncio.Lock() for _ in self.engines]  # local engines run one call at a time, as actors do
         self.in_flight = [0] * len(self.engines)  # calls each engine is working on
+        self.adapters: dict[str, str] = {}  # LoRA adapters loaded by name -> their folders (rlgen.serve.lora)
 
     # -- calls ---------------------------------------------------------------------------------------------
     async def call(self, index: int, method: str, *args: Any, timeout_s: float | None = None) -> Any:
@@ -92,7 +97,8 @@ class EnginePool:
         m = self.model
         return {"model": m.name, "model_path": m.path, "params": m.params, "vocab_size": m.vocab_size,
                 "max_model_len": m.max_model_len, "engine_kind": m.engine_kind,
-                "weights_over": ["http", "nccl"] if m.nccl_weights else ["http"],
+                "weights_over": ["http", "nccl"][: 2 if m.nccl_weights else 1] + (["adapter"] if m.adapters else []),
+                "adapters": sorted(self.adapters), "dtype": m.dtype, "max_lora_rank": m.max_lora_rank if m.adapters else 0,
                 "tensor_parallel_size": m.tensor_parallel_size, "data_parallel": len(self.engines),
                 "version": max(self.versions), "versions": list(self.versions), "asleep": list(self.asleep),
                 "paused": list(self.paused), "weight_updates": self.updates, "requests": self.requests,
@@ -114,6 +120,10 @@ class EnginePool:
     async def generate(self, requests: list[GenRequest], engine: int | None = None) -> dict[str, Any]:
         """Completions in request order (n per request). Without ``engine``, the requests are spread over the
         awake engines by sample count."""
+        unknown = sorted({r.adapter for r in requests if r.adapter is not None and r.adapter not in self.adapters})
+        if unknown:
+            raise BadRequest(f"no adapter named {unknown[0]!r} is loaded; loaded: {sorted(self.adapters) or 'none'} "
+                             "(POST /v1/load_lora_adapter first).", status=404)
         chosen = [i for i in self.pick(engine) if not self.asleep[i]]
         if not chosen:
             which = f"engine{engine} is" if engine is not None else "every engine is"
@@ -139,9 +149,9 @@ class EnginePool:
         if asleep:
             raise BadRequest(f"engine{asleep[0]} is asleep; POST /wake before sending weights.", status=409)
         results = await asyncio.gather(*(self.call(i, "update_weights", weights, int(version)) for i in picked))
-        return self._updated(picked, results, version)
+        return self.updated(picked, results, version)
 
-    def _updated(self, picked: list[int], results: list[dict[str, Any]], version: int) -> dict[str, Any]:
+    def updated(self, picked: list[int], results: list[dict[str, Any]], version: int) -> dict[str, Any]:
         for i in picked:
             self.versions[i] = int(version)
         self.updates += 1
@@ -159,7 +169,7 @@ class EnginePool:
         picked = self.pick(engine)
         results = await asyncio.gather(*(self.call(i, "receive_weights", update_info, int(version), timeout_s,
                                                    timeout_s=timeout_s + 30) for i in picked))
-        return self._updated(picked, list(results), version)
+        return self.updated(picked, list(results), version)
 
     def _need_vllm(self, what: str) -> None:
         if not self.model.nccl_weights:

@@ -37,6 +37,7 @@ from rlgen.config import Perturb, RunConfig, Runner, ValidateConfig
 from rlgen.validate.cases import DrawnRequest, draw_cases
 from rlgen.validate.compare import CheckRow, ValidationReport, compare, jsonable
 from rlgen.validate.engines import InActor, InProcess, perturbed_hf_engine_cls
+from rlgen.validate.lora import give_policy
 
 
 def _candidate_spec(cfg: RunConfig, v: ValidateConfig, plan, engine_cls, engine_kwargs) -> tuple[type, dict, str]:
@@ -51,9 +52,12 @@ def _candidate_spec(cfg: RunConfig, v: ValidateConfig, plan, engine_cls, engine_
         what = "unchanged" if perturb is Perturb.none else f"rounded to {perturb.value}"
         return (perturbed_hf_engine_cls(), {"perturb": perturb.value},
                 f"{spec.kind} {cfg.engine.dtype}, weights {what}")
-    # the engine as a run makes it, less the weight path (validate sends no weights)
-    kwargs = {k: val for k, val in spec.actor_kwargs(cfg, plan.transport, dict(plan.engine_env)).items()
-              if k != "engine_args"}
+    # the engine as a run makes it, less the weight transfer channel (validate sends weights, if any, directly)
+    kwargs = dict(spec.actor_kwargs(cfg, plan.transport, dict(plan.engine_env)))
+    if "engine_args" in kwargs:
+        kwargs["engine_args"] = {k: val for k, val in kwargs["engine_args"].items() if k != "weight_transfer_config"}
+        if not kwargs["engine_args"]:
+            del kwargs["engine_args"]
     where = f"engine 0 of the server at {cfg.engine.url}" if spec.served else f"{spec.kind} {cfg.engine.dtype}"
     return spec.actor_class(), kwargs, where
 
@@ -103,6 +107,9 @@ def run_validate(
             kwargs["threads"] = None  # leave torch's thread count in this process alone
         candidate = InProcess(cls, (model_path, cand_engine), kwargs)
     try:
+        lora = give_policy(plan, model_path, device, reference, candidate)
+        if lora:
+            description = f"{description}, {lora}"
         rows, summaries = compare(reference, candidate, cases, v, stop_ids, cfg.monitor.delta_threshold)
     finally:
         candidate.close()

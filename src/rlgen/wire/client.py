@@ -7,6 +7,7 @@ training loop::
     with GenerationClient("http://127.0.0.1:8000") as client:
         out = client.generate_ids([[1, 2, 3]], n=4, max_tokens=32, temperature=1.0)
         client.update_weights(model.state_dict(), version=1)
+        client.load_lora_adapter("style", "/path/to/adapter")  # then generate_ids(..., adapter="style")
 
 The bearer token comes from ``token=`` or the RLGEN_SERVE_TOKEN environment variable. Every call has a timeout;
 a server that is down or refuses a request raises ``ServerError`` with the server's one-sentence reason.
@@ -21,7 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlgen.types import Completion, GenRequest, SamplingParams
-from rlgen.wire.protocol import TOKEN_ENV, chunks, completion_from_json, request_to_json, weights_to_bytes
+from rlgen.wire.protocol import (
+    TOKEN_ENV,
+    adapter_to_bytes,
+    chunks,
+    completion_from_json,
+    request_to_json,
+    weights_to_bytes,
+)
 
 
 class ServerError(RuntimeError):
@@ -69,10 +77,10 @@ class _Calls:
     @staticmethod
     def generate_ids(prompts: Sequence[Sequence[int]], *, n: int = 1, max_tokens: int = 16, temperature: float = 1.0,
                      top_p: float = 1.0, stop_token_ids: Sequence[int] = (), seed: int | None = None,
-                     ignore_eos: bool = False) -> _Call:
+                     ignore_eos: bool = False, adapter: str | None = None) -> _Call:
         sampling = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_tokens,
                                   stop_token_ids=tuple(stop_token_ids), ignore_eos=ignore_eos, seed=seed)
-        return _Calls.generate([GenRequest(tuple(p), sampling, i) for i, p in enumerate(prompts)])
+        return _Calls.generate([GenRequest(tuple(p), sampling, i, adapter) for i, p in enumerate(prompts)])
 
     @staticmethod
     def complete(prompt: str | list[str], **kwargs: Any) -> _Call:
@@ -83,6 +91,22 @@ class _Calls:
                        engine: int | None = None) -> _Call:
         return _Call("POST", "/weights", content=weights_to_bytes(weights),
                      params={"version": int(version), **_engine(engine)})
+
+    @staticmethod
+    def update_adapter(adapter: Mapping[str, Any], version: int, engine: int | None = None) -> _Call:
+        """A LoRA learner's adapter ({"tensors", "config"}) becomes the server's policy at ``version``."""
+        return _Call("POST", "/weights/adapter", content=adapter_to_bytes(adapter),
+                     params={"version": int(version), **_engine(engine)})
+
+    @staticmethod
+    def load_lora_adapter(name: str, path: str, load_inplace: bool = False) -> _Call:
+        """Load the adapter folder at path (on the server's machine) under ``name``."""
+        return _Call("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path,
+                                                       "load_inplace": bool(load_inplace)})
+
+    @staticmethod
+    def unload_lora_adapter(name: str) -> _Call:
+        return _Call("POST", "/v1/unload_lora_adapter", {"lora_name": name})
 
     @staticmethod
     def init_weight_transfer(init_info: dict[str, Any], timeout_s: float = 300.0, engine: int | None = None) -> _Call:

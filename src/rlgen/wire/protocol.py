@@ -25,7 +25,7 @@ def request_to_json(r: GenRequest) -> dict[str, Any]:
     s = r.sampling
     return {"prompt_ids": list(r.prompt_ids), "group_id": r.group_id, "n": s.n, "max_tokens": s.max_new_tokens,
             "temperature": s.temperature, "top_p": s.top_p, "stop_token_ids": list(s.stop_token_ids),
-            "ignore_eos": s.ignore_eos, "seed": s.seed}
+            "ignore_eos": s.ignore_eos, "seed": s.seed, **({"adapter": r.adapter} if r.adapter else {})}
 
 
 def _int_list(value: Any, what: str) -> tuple[int, ...]:
@@ -39,7 +39,8 @@ def request_from_json(d: Any, index: int, vocab_size: int, max_model_len: int) -
     where = f"request {index}"
     if not isinstance(d, dict):
         raise BadRequest(f"{where} must be an object with prompt_ids and sampling fields.")
-    known = {"prompt_ids", "group_id", "n", "max_tokens", "temperature", "top_p", "stop_token_ids", "ignore_eos", "seed"}
+    known = {"prompt_ids", "group_id", "n", "max_tokens", "temperature", "top_p", "stop_token_ids", "ignore_eos", "seed",
+             "adapter"}
     unknown = sorted(set(d) - known)
     if unknown:
         raise BadRequest(f"{where} has unknown field(s) {unknown}; the fields are {sorted(known)}.")
@@ -58,9 +59,12 @@ def request_from_json(d: Any, index: int, vocab_size: int, max_model_len: int) -
         group_id = int(d.get("group_id", index))
     except (TypeError, ValueError) as err:
         raise BadRequest(f"{where}: {err}") from err
+    adapter = d.get("adapter")
+    if adapter is not None and (not isinstance(adapter, str) or not adapter):
+        raise BadRequest(f"{where}: adapter must be the name of a loaded LoRA adapter (a string), or left out.")
     check_sampling(sampling, where)
     check_length(len(prompt), sampling.max_new_tokens, max_model_len, where)
-    return GenRequest(prompt, sampling, group_id)
+    return GenRequest(prompt, sampling, group_id, adapter)
 
 
 def check_length(prompt_tokens: int, max_tokens: int, max_model_len: int, where: str) -> None:
@@ -119,6 +123,35 @@ def chunks(blob: bytes, size: int = UPLOAD_CHUNK) -> Iterable[bytes]:
     view = memoryview(blob)
     for i in range(0, len(blob), size):
         yield bytes(view[i : i + size])
+
+
+ADAPTER_CONFIG_KEY = "adapter_config"  # the safetensors metadata entry an adapter blob keeps its config in
+
+
+def adapter_to_bytes(adapter: Mapping[str, Any]) -> bytes:
+    """A LoRA adapter ({"tensors", "config"}, as a learner exports it) as one safetensors blob, its
+    adapter_config.json contents in the metadata."""
+    import json
+
+    from safetensors.torch import save
+
+    tensors = {k: t.detach().to("cpu").contiguous() for k, t in adapter["tensors"].items()}
+    return save(tensors, metadata={ADAPTER_CONFIG_KEY: json.dumps(adapter["config"])})
+
+
+def adapter_from_bytes(blob: bytes) -> dict[str, Any]:
+    """adapter_to_bytes's blob -> {"tensors", "config"}."""
+    import json
+
+    tensors = weights_from_bytes(blob)
+    try:
+        header_len = int.from_bytes(blob[:8], "little")
+        meta = json.loads(blob[8 : 8 + header_len]).get("__metadata__") or {}
+        config = json.loads(meta[ADAPTER_CONFIG_KEY])
+    except (ValueError, KeyError, TypeError) as err:
+        raise BadRequest("the adapter blob has no adapter_config in its safetensors metadata; send it with rlgen's "
+                         f"client (update_adapter) ({err}).") from err
+    return {"tensors": tensors, "config": config}
 
 
 def weights_from_bytes(blob: bytes) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """engine=hf: transformers' generate() in a Ray actor (``engine.HFEngine``). It runs anywhere, on CPU or one GPU,
-takes weights through Ray's object store, and is the reference `rlgen validate` compares other engines with."""
+takes weights through Ray's object store (or LoRA adapters, through PEFT: ``adapters``), and is the reference
+`rlgen validate` compares other engines with."""
 
 from rlgen.engines.registry import EngineSpec
 
-ENGINE = EngineSpec(kind="hf", actor="rlgen.engines.hf.engine:HFEngine", reference=True)
+ENGINE = EngineSpec(kind="hf", actor="rlgen.engines.hf.engine:HFEngine", reference=True, adapters=True)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from rlgen.config import EngineConfig
+from rlgen.engines.hf.adapters import EngineAdapters
 from rlgen.hostinfo import process_info
 from rlgen.phases import ActorClock
 from rlgen.types import Completion, GenRequest, Phase, SamplingParams
@@ -67,6 +68,7 @@ class HFEngine:
         self.dtype = _dtype(engine.dtype, device)
         self.max_batch = max(1, engine.max_num_seqs)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype).to(device).eval()
+        self.adapters = EngineAdapters(self.model)  # LoRA: the policy adapter and named ones, injected on arrival
         self.clock.step("weights")
         gen = self.model.generation_config
         self.eos_ids = self._as_list(gen.eos_token_id) or self._as_list(self.model.config.eos_token_id)
@@ -87,13 +89,15 @@ class HFEngine:
     def generate(self, requests: list[GenRequest], version: int | None = None) -> dict[str, Any]:
         if self.asleep:
             raise RuntimeError(f"{self.name} is asleep; call wake() before generate().")
+        for r in requests:
+            self.adapters.check(r.adapter)
         t0 = time.time()
         self.calls += 1
-        # Rows are (request index, sample index); rows sharing sampling settings run in one generate call.
+        # Rows are (request index, sample index); rows sharing sampling settings and adapter run in one generate call.
         by_params: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
         for i, r in enumerate(requests):
             s = r.sampling
-            key = (s.temperature, s.top_p, s.stop_token_ids, s.ignore_eos, s.seed)
+            key = (s.temperature, s.top_p, s.stop_token_ids, s.ignore_eos, s.seed, r.adapter)
             by_params[key].extend((i, j) for j in range(s.n))
         out: dict[tuple[int, int], Completion] = {}
         for rows in by_params.values():
@@ -117,20 +121,21 @@ class HFEngine:
         base = s.seed if s.seed is not None else self.seed * 1_000_003 + self.calls * 7919
         torch.manual_seed(base * 1_000_003 + rows[0][0])
         greedy = s.temperature <= 0
-        out = self.model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            do_sample=not greedy,
-            temperature=None if greedy else s.temperature,
-            top_p=None if greedy or s.top_p >= 1 else s.top_p,
-            top_k=None if greedy else 0,  # no top-k cut: sample the whole distribution the logprobs describe
-            max_new_tokens=max(limits),
-            min_new_tokens=max(limits) if s.ignore_eos and not s.stop_token_ids else None,
-            eos_token_id=stops or None,
-            pad_token_id=self.pad_id,
-            return_dict_in_generate=True,
-            output_logits=True,
-        )
+        with self.adapters.active(requests[rows[0][0]].adapter):
+            out = self.model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=not greedy,
+                temperature=None if greedy else s.temperature,
+                top_p=None if greedy or s.top_p >= 1 else s.top_p,
+                top_k=None if greedy else 0,  # no top-k cut: sample the whole distribution the logprobs describe
+                max_new_tokens=max(limits),
+                min_new_tokens=max(limits) if s.ignore_eos and not s.stop_token_ids else None,
+                eos_token_id=stops or None,
+                pad_token_id=self.pad_id,
+                return_dict_in_generate=True,
+                output_logits=True,
+            )
         new = out.sequences[:, ids.shape[1] :]  # [N, L]
         logits = torch.stack(out.logits, dim=1).float()  # [N, L, V]
         if not greedy:
@@ -158,13 +163,16 @@ class HFEngine:
         return result
 
     @torch.no_grad()
-    def score(self, prompt_ids: list[list[int]], token_ids: list[list[int]], temperature: float = 1.0) -> list[list[float]]:
-        """Teacher-forced logprobs of token_ids after prompt_ids, one list per row (the validation reference)."""
+    def score(self, prompt_ids: list[list[int]], token_ids: list[list[int]], temperature: float = 1.0,
+              adapter: str | None = None) -> list[list[float]]:
+        """Teacher-forced logprobs of token_ids after prompt_ids, one list per row (the validation reference),
+        with a named adapter, or the policy."""
         rows = [p + t for p, t in zip(prompt_ids, token_ids)]
         ids, mask = left_pad(rows, self.pad_id)
         ids, mask = ids.to(self.device), mask.to(self.device)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits.float()  # [N, T, V]
+        with self.adapters.active(adapter):
+            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits.float()  # [N, T, V]
         if temperature > 0:
             logits = logits / temperature
         logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # [N, T-1]
@@ -173,13 +181,36 @@ class HFEngine:
 
     def update_weights(self, weights: dict[str, torch.Tensor], version: int) -> dict[str, Any]:
         t0 = time.time()
-        state = {k: v.to(device=self.device, dtype=self.dtype) for k, v in weights.items()}
+        state = self.adapters.base_names({k: v.to(device=self.device, dtype=self.dtype) for k, v in weights.items()})
         missing, unexpected = self.model.load_state_dict(state, strict=False)
-        real_missing = [k for k in missing if not k.endswith("lm_head.weight") or not self.model.config.tie_word_embeddings]
+        real_missing = [k for k in missing if ".lora_" not in k and (not k.endswith("lm_head.weight")
+                                                                       or not self.model.config.tie_word_embeddings)]
         if real_missing or unexpected:
             raise ValueError(f"{self.name}: weights do not match the model (missing {real_missing[:3]}, unexpected {unexpected[:3]}).")
         self.version = int(version)
         return {"version": self.version, "spans": [(Phase.sync.value, t0, time.time())]}
+
+    # -- LoRA adapters (rlgen.engines.hf.adapters) ----------------------------------------------------------
+    def load_adapter(self, adapter: dict[str, Any], version: int, timeout_s: float | None = None) -> dict[str, Any]:
+        """Make ``adapter`` ({"tensors", "config"}, as a LoRA learner exports it) the policy at ``version``:
+        requests that name no adapter run on it from now on."""
+        t0 = time.time()
+        self.adapters.load_policy({"tensors": {k: v.to(self.device) for k, v in adapter["tensors"].items()},
+                                   "config": adapter["config"]})
+        self.version = int(version)
+        t1 = time.time()
+        return {"actor": self.name, "version": self.version, "spans": [(Phase.sync.value, t0, t1)], "seconds": t1 - t0,
+                "bytes": sum(t.numel() * t.element_size() for t in adapter["tensors"].values())}
+
+    def add_adapter(self, name: str, path: str) -> dict[str, Any]:
+        """Load the PEFT adapter folder at path under ``name``, for the requests that name it."""
+        self.adapters.add(name, path)
+        self.model.to(self.device)
+        return {"adapters": self.adapters.names()}
+
+    def remove_adapter(self, name: str) -> dict[str, Any]:
+        self.adapters.remove(name)
+        return {"adapters": self.adapters.names()}
 
     def sleep(self, level: int = 1) -> None:
         if self.device != "cpu":
@@ -194,4 +225,5 @@ class HFEngine:
 
     def health(self) -> dict[str, Any]:
         return {"ok": True, "name": self.name, "version": self.version, "asleep": self.asleep, "start_s": self.start_s,
+                "adapters": self.adapters.names(), "dtype": str(self.dtype).removeprefix("torch."),
                 "startup": self.clock.to_dict(), **process_info()}

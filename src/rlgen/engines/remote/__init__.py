@@ -1,7 +1,7 @@
 """engine=remote: the engines of a running `rlgen serve`. The run starts one small proxy actor per server engine
 (``engine.RemoteEngine``) beside its learners; the plan reads the server's engines, TP size and lengths
 (``plan.with_server``), and weights go over HTTP or, from learners on GPUs to a server that takes them, over
-NCCL."""
+NCCL; LoRA adapters go over HTTP to a server whose engines take them."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ ENGINE = EngineSpec(
     kind="remote",
     actor="rlgen.engines.remote.engine:RemoteEngine",
     served=True,
+    adapters=True,  # when the server's engines take them (its /info max_lora_rank, read by the plan)
     transport=_transport,
     actor_kwargs=_actor_kwargs,
     resolve=with_server,

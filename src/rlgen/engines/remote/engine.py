@@ -1,7 +1,8 @@
 """engine=remote: an engine actor that forwards every call of the engine protocol to one engine of a running
 `rlgen serve` over HTTP. The run's loop, fault handling, balancer and weight transports treat it like an
-engine of their own: generate, update_weights (safetensors over HTTP), vLLM's NCCL weight transfer
-(init_weight_transfer / receive_weights, with the learner as rank 0), sleep/wake, pause/resume, health."""
+engine of their own: generate, update_weights (safetensors over HTTP), load_adapter (a LoRA adapter over HTTP),
+vLLM's NCCL weight transfer (init_weight_transfer / receive_weights, with the learner as rank 0), sleep/wake,
+pause/resume, health."""
 
 from __future__ import annotations
 
@@ -52,6 +53,11 @@ class RemoteEngine:
     def update_weights(self, weights: Any, version: int) -> dict[str, Any]:
         t0 = time.time()
         return self._updated(self.client.update_weights(weights, version, engine=self.index), t0)
+
+    def load_adapter(self, adapter: dict[str, Any], version: int, timeout_s: float | None = None) -> dict[str, Any]:
+        """A LoRA learner's adapter becomes the server engine's policy (megabytes over HTTP)."""
+        t0 = time.time()
+        return self._updated(self.client.update_adapter(adapter, version, engine=self.index), t0)
 
     def init_weight_transfer(self, init_info: dict[str, Any], timeout_s: float = 300.0) -> dict[str, Any]:
         return self.client.init_weight_transfer(init_info, timeout_s, engine=self.index)["results"][0]

@@ -58,6 +58,12 @@ def with_server(cfg: RunConfig, params: int, vocab: int, p: list[str]) -> tuple[
     if e.max_model_len is None or e.max_model_len > int(info["max_model_len"]):
         cfg = set_key(cfg, "engine.max_model_len", int(info["max_model_len"]))
         settings.append(Setting("engine.max_model_len", int(info["max_model_len"]), source))
+    if info.get("dtype") and info["dtype"] != cfg.engine.dtype:  # weights go in the dtype its engines hold
+        cfg = set_key(cfg, "engine.dtype", str(info["dtype"]))
+        settings.append(Setting("engine.dtype", str(info["dtype"]), source))
+    room = info.get("max_lora_rank", 0)  # the adapters its engines take: 0 none, null any rank
+    cfg = set_key(cfg, "engine.max_lora_rank", None if room is None else int(room))
+    settings.append(Setting("engine.max_lora_rank", room, f"{source} (0: it takes no LoRA adapters)"))
     over = e.weights_over
     gpus = cfg.hardware.gpus_per_node > 0
     nccl = "nccl" in info.get("weights_over", ())  # the server's engines take vLLM's NCCL weight transfer

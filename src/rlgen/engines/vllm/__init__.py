@@ -18,7 +18,15 @@ def _transport(colocated: bool, cfg: RunConfig) -> Transport:
 
 
 def _actor_kwargs(cfg: RunConfig, transport: Transport, env: dict[str, str]) -> dict[str, Any]:
-    return {"env": dict(env), "engine_args": engine_args_for(transport, cfg.learner.lora.rank)}
+    return {"env": dict(env), "engine_args": engine_args_for(transport, engine_lora_rank(cfg, transport))}
+
+
+def engine_lora_rank(cfg: RunConfig, transport: Transport) -> int:
+    """The largest adapter rank the engines make room for: engine.max_lora_rank when set, else the learner's rank
+    when it sends adapters, else 0 (no LoRA)."""
+    if cfg.engine.max_lora_rank is not None:
+        return int(cfg.engine.max_lora_rank)
+    return int(cfg.learner.lora.rank or 0) if transport is Transport.lora_adapter else 0
 
 
 ENGINE = EngineSpec(
@@ -34,6 +42,7 @@ ENGINE = EngineSpec(
     threaded=True,
     passes_env=True,
     adapters=True,
+    adapter_room=True,
     transport=_transport,
     actor_kwargs=_actor_kwargs,
 )

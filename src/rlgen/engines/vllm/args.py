@@ -92,11 +92,19 @@ __all__ = ["REQUIRED_ENV", "TUNED_DEFAULTS", "build_engine_args", "mix_seed"]
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 
 
+def lora_rank_room(rank: int) -> int:
+    """The max_lora_rank vLLM is built with for adapters of rank ``rank``: the next rank its kernels take."""
+    return next((r for r in LORA_RANKS if r >= int(rank)), LORA_RANKS[-1])
+
+
 def engine_args_for(transport: str, lora_rank: int | None = None) -> dict[str, Any]:
-    """Extra vLLM engine arguments a weight transport needs (VLLMEngine's ``engine_args``). LoRA adapters: room
-    for two versions on the GPU (requests of the old one finish while the new one starts) and four on the CPU."""
-    if str(transport) == "lora_adapter":
-        rank = next((r for r in LORA_RANKS if r >= int(lora_rank or 0)), LORA_RANKS[-1])
-        return {"enable_lora": True, "max_lora_rank": rank, "max_loras": 2, "max_cpu_loras": 4}
+    """Extra vLLM engine arguments a weight transport needs (VLLMEngine's ``engine_args``), and room for LoRA
+    adapters up to ``lora_rank`` when it is set: two on the GPU (requests of an old policy version finish while
+    the new one starts) and four on the CPU."""
+    args: dict[str, Any] = {}
+    if lora_rank:
+        args.update(enable_lora=True, max_lora_rank=lora_rank_room(lora_rank), max_loras=2, max_cpu_loras=4)
     backend = {"nccl": "nccl", "cuda_ipc": "ipc"}.get(str(transport))
-    return {"weight_transfer_config": {"backend": backend}} if backend else {}
+    if backend:
+        args["weight_transfer_config"] = {"backend": backend}
+    return args

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 START_TIMEOUT_S = 900.0  # building the engine: weights, torch.compile, CUDA graphs
 CALL_TIMEOUT_S = 1800.0  # one generate() call
 CONTROL_TIMEOUT_S = 300.0  # sleep, wake, pause, resume, prefix-cache reset, one weight chunk
+NAMED_LORA_IDS = 1 << 30  # vLLM's ids of adapters loaded by name start here; policy versions use version + 1
 
 _TORCH_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "float32": "float32"}
 
@@ -115,6 +116,8 @@ class VLLMEngine:
         self._version_changes: dict[tuple[str, int], list[tuple[int, int]]] = {}
         self._lock = threading.Lock()
         self.lora_request: Any = None  # the adapter new requests use (LoRA: learner.lora.sync=adapter)
+        self.named_loras: dict[str, Any] = {}  # adapters loaded by name (rlgen serve), for requests that name them
+        self._named_count = 0
         self._adapters = AdapterFolders(name)
         self.args = build_engine_args(model_path, engine, seed, engine_args)
         check_free_memory(name, self.args["gpu_memory_utilization"])
@@ -181,9 +184,10 @@ class VLLMEngine:
             call = self._calls
         t0 = time.time()
         v = self.version
-        jobs = [(self._prompt(r), self._sampling(r), f"{self.name}-{call}-{i}") for i, r in enumerate(requests)]
+        jobs = [(self._prompt(r), self._sampling(r), f"{self.name}-{call}-{i}", self._lora_of(r))
+                for i, r in enumerate(requests)]
         outs = self._loop.run(
-            generate_all(self.llm, jobs, self.lora_request),
+            generate_all(self.llm, jobs),
             self.timeout_s,
             f"{self.name}: generate() of {len(requests)} requests",
         )
@@ -271,6 +275,36 @@ class VLLMEngine:
             "seconds": t1 - t0,
             "prefix_cache_reset": bool(reset),
         }
+
+    def _lora_of(self, req: GenRequest) -> Any:
+        """The LoRARequest a request runs with: the named adapter it asks for, else the policy's (or none)."""
+        if req.adapter is None:
+            return self.lora_request
+        if req.adapter not in self.named_loras:
+            raise EngineError(f"no adapter named {req.adapter!r} is loaded; loaded: {sorted(self.named_loras) or 'none'}.")
+        return self.named_loras[req.adapter]
+
+    def add_adapter(self, name: str, path: str, timeout_s: float = CONTROL_TIMEOUT_S) -> dict[str, Any]:
+        """Load the PEFT adapter folder at path under ``name``, for the requests that name it (vLLM reads it now,
+        so an adapter it cannot take is refused here)."""
+        from vllm.lora.request import LoRARequest
+
+        if not self.args.get("enable_lora"):
+            raise EngineError(f"{self.name} was built without LoRA; start it with engine.max_lora_rank set.")
+        if name in self.named_loras:
+            raise EngineError(f"an adapter named {name!r} is loaded already; unload it first or pick another name.")
+        self._named_count += 1  # ids of named adapters lie above any policy version's (version + 1)
+        request = LoRARequest(lora_name=name, lora_int_id=NAMED_LORA_IDS + self._named_count, lora_path=path)
+        self._loop.run(self.llm.add_lora(request), timeout_s, f"{self.name}: loading LoRA adapter {name!r}")
+        self.named_loras[name] = request
+        return {"adapters": sorted(self.named_loras)}
+
+    def remove_adapter(self, name: str, timeout_s: float = CONTROL_TIMEOUT_S) -> dict[str, Any]:
+        if name not in self.named_loras:
+            raise EngineError(f"no adapter named {name!r} is loaded; loaded: {sorted(self.named_loras) or 'none'}.")
+        request = self.named_loras.pop(name)
+        self._loop.run(self.llm.remove_lora(request.lora_int_id), timeout_s, f"{self.name}: unloading adapter {name!r}")
+        return {"adapters": sorted(self.named_loras)}
 
     def load_adapter(self, adapter: dict[str, Any], version: int, timeout_s: float = CONTROL_TIMEOUT_S) -> dict[str, Any]:
         """Take a new LoRA adapter version (``TorchLearner.get_adapter``'s dict): written to a per-version folder in
@@ -442,6 +476,7 @@ class VLLMEngine:
             "version": self.version,
             "asleep": self.asleep,
             "paused": self.paused,
+            "dtype": str(self.args.get("dtype")),
             "start_s": self.start_s,
             "startup": self.clock.to_dict(),
             **process_info(),

@@ -86,9 +86,9 @@ async def _generate_one(llm: Any, prompt: Any, params: Any, request_id: str, lor
     return final
 
 
-async def generate_all(llm: Any, jobs: list[tuple[Any, Any, str]], lora: Any = None) -> list[Any]:
-    """Every job (prompt, sampling, request id) to its final output; lora: the LoRARequest they all use."""
-    return await asyncio.gather(*(_generate_one(llm, *job, lora) for job in jobs))
+async def generate_all(llm: Any, jobs: list[tuple[Any, Any, str, Any]]) -> list[Any]:
+    """Every job (prompt, sampling, request id, its LoRARequest or None) to its final output."""
+    return await asyncio.gather(*(_generate_one(llm, *job) for job in jobs))
 
 
 async def live_token_counts(llm: Any, prefix: str) -> dict[tuple[str, int], int]:

@@ -1,0 +1,54 @@
+"""`rlgen validate` with a LoRA adapter (``learner.lora.init=<adapter folder>``): the reference runs the base with
+the adapter through PEFT, and the candidate gets the policy the way a run would send it, as the adapter itself
+(``learner.lora.sync=adapter``: vLLM's LoRA kernels) or as the base with the adapter merged in (``merged``). So
+the check covers both ways a LoRA policy reaches an engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlgen.config import Transport
+
+
+def policy_adapter(plan: Any) -> dict[str, Any] | None:
+    """The starting adapter of the plan ({"tensors", "config"}), or None without one."""
+    lora = plan.config.learner.lora
+    if not lora.enabled or not lora.init:
+        return None
+    from rlgen.engines.hf.adapters import read_adapter_folder
+
+    return read_adapter_folder(str(lora.init))
+
+
+def merged_policy(model_path: str, folder: str, device: str, dtype_name: str) -> dict[str, Any]:
+    """The base at model_path with the adapter in folder merged in, under the base's names (CPU tensors): what a
+    LoRA learner sends under learner.lora.sync=merged."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from rlgen.learners.lora import ADAPTER, merged_weights
+
+    dtype = getattr(torch, dtype_name) if device != "cpu" and dtype_name in ("bfloat16", "float16") else torch.float32
+    base = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
+    model = PeftModel.from_pretrained(base, folder, adapter_name=ADAPTER)
+    out = {name: t.to("cpu") for name, t in merged_weights(model)}
+    del model, base
+    if device != "cpu":
+        torch.cuda.empty_cache()
+    return out
+
+
+def give_policy(plan: Any, model_path: str, device: str, reference: Any, candidate: Any) -> str | None:
+    """Load the plan's starting adapter into the reference, and into the candidate the way the plan sends it;
+    returns how the candidate got it (None: no adapter)."""
+    adapter = policy_adapter(plan)
+    if adapter is None:
+        return None
+    reference.call("load_adapter", adapter, 0)
+    if plan.transport is Transport.lora_adapter:
+        candidate.call("load_adapter", adapter, 0)
+        return f"LoRA adapter {plan.config.learner.lora.init} as an adapter"
+    merged = merged_policy(model_path, str(plan.config.learner.lora.init), device, str(plan.config.engine.dtype))
+    candidate.call("update_weights", merged, 0)
+    return f"LoRA adapter {plan.config.learner.lora.init} merged into the weights"
