@@ -119,10 +119,10 @@ def test_oversized_and_malformed_requests_are_refused_with_the_fix(served):
             call()
         assert err.value.status == status, text
     raw = client._http.post("/generate", json={"requests": [{"prompt_ids": [1], "temp": 1}]})
-    assert raw.status_code == 400 and "unknown field(s) ['temp']" in raw.json()["error"]
+    assert raw.status_code == 400 and "unknown field(s) ['temp']" in raw.json()["error"]["message"]
     big = b'{"requests": [{"prompt_ids": [' + b"1, " * 6000 + b'1]}]}'
     chunked = client._http.post("/generate", content=iter([big[:5000], big[5000:]]))  # no Content-Length
-    assert chunked.status_code == 413 and "over serve.max_body_mb" in chunked.json()["error"]
+    assert chunked.status_code == 413 and "over serve.max_body_mb" in chunked.json()["error"]["message"]
 
 
 def test_sleep_wake_pause_resume(served):

@@ -3,7 +3,8 @@ an OpenAI-style /v1/completions for text, weight updates (safetensors over HTTP,
 driven by the trainer), LoRA adapters (loaded and unloaded by name, or a trainer's policy adapter), sleep/wake
 and pause/resume. Every completion carries the policy version that made it.
 
-Errors are JSON ``{"error": "<one sentence with the fix>"}`` with a 4xx/5xx status. The handlers are plain
+Errors are in OpenAI's shape, ``{"error": {"message": "<one sentence with the fix>", "type", "code"}}``, with a
+4xx/5xx status, on every route (an unknown one included). The handlers are plain
 module functions; what they share (the engine pool and the server's limits) is a ServeState on ``app.state.serve``.
 No `from __future__ import annotations` here: FastAPI reads the handlers' annotations at run time."""
 
@@ -16,14 +17,22 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from rlgen.serve.lora import load_named, unload_named, update_policy
-from rlgen.serve.openai import completions_request, completions_response
+from rlgen.serve.openai import (
+    chat_request,
+    chat_response,
+    completions_request,
+    completions_response,
+    models_response,
+)
 from rlgen.serve.pool import EnginePool
 from rlgen.wire.protocol import (
     BadRequest,
     adapter_from_bytes,
     completion_to_json,
+    error_body,
     request_from_json,
     weights_from_bytes,
 )
@@ -90,23 +99,37 @@ async def guard(request: Request, call_next: Any) -> Any:
     if state.token and request.url.path not in OPEN_PATHS:
         sent = request.headers.get("authorization", "")
         if not hmac.compare_digest(sent.encode(), f"Bearer {state.token}".encode()):
-            return JSONResponse({"error": "missing or wrong bearer token: send 'Authorization: Bearer <token>' "
-                                          "(rlgen's client reads RLGEN_SERVE_TOKEN or engine.token)."}, 401)
+            return _error("missing or wrong bearer token: send 'Authorization: Bearer <token>' (rlgen's client reads "
+                          "RLGEN_SERVE_TOKEN or engine.token).", 401)
     size = int(request.headers.get("content-length") or 0)
     if not request.url.path.startswith("/weights") and size > state.max_body:
-        return JSONResponse({"error": state.too_large(size)}, 413)
+        return _error(state.too_large(size), 413)
     try:
         return await call_next(request)
     except BadRequest as err:
-        return JSONResponse({"error": str(err)}, err.status)
+        return _error(str(err), err.status)
     except Exception as err:  # noqa: BLE001 - an engine's failure becomes one line for the client
         from rlgen.runtime.waits import short
 
-        return JSONResponse({"error": f"the engines failed: {short(getattr(err, 'cause', None) or err)}"}, 500)
+        return _error(f"the engines failed: {short(getattr(err, 'cause', None) or err)}", 500)
+
+
+def _error(message: str, status: int) -> JSONResponse:
+    return JSONResponse(error_body(message, status), status)
 
 
 async def bad_request(_: Request, err: BadRequest) -> Any:
-    return JSONResponse({"error": str(err)}, err.status)
+    return _error(str(err), err.status)
+
+
+async def http_error(request: Request, err: HTTPException) -> Any:
+    """Starlette's own errors (a route that does not exist, a wrong method) in the same shape."""
+    if err.status_code == 404:
+        return _error(f"{request.url.path} is not a route of rlgen serve; its routes are listed in docs/serve.md "
+                      "(GET /info answers for a running server).", 404)
+    if err.status_code == 405:
+        return _error(f"{request.method} is not allowed on {request.url.path}.", 405)
+    return _error(str(err.detail), err.status_code)
 
 
 # -- state and generation ----------------------------------------------------------------------------------
@@ -141,6 +164,21 @@ async def completions(request: Request) -> Any:
     state.check_count(sum(r.sampling.n for r in reqs))
     out = await state.pool.generate(reqs)
     return completions_response(out["completions"], reqs, stops, m, bool(data.get("logprobs") is not None))
+
+
+async def chat_completions(request: Request) -> Any:
+    state = _state(request)
+    data = await _body(request)
+    m = state.pool.model
+    reqs, stops = chat_request(data, m, state.pool.adapters)
+    state.check_count(sum(r.sampling.n for r in reqs))
+    out = await state.pool.generate(reqs)
+    return chat_response(out["completions"], reqs, stops, m, bool(data.get("logprobs")))
+
+
+async def models(request: Request) -> Any:
+    pool = _state(request).pool
+    return models_response(pool.model, pool.adapters, pool.started)
 
 
 # -- weights -----------------------------------------------------------------------------------------------
@@ -221,6 +259,8 @@ ROUTES: list[tuple[str, str, Callable[..., Any]]] = [
     ("GET", "/info", info),
     ("POST", "/generate", generate),
     ("POST", "/v1/completions", completions),
+    ("POST", "/v1/chat/completions", chat_completions),
+    ("GET", "/v1/models", models),
     ("POST", "/weights", weights),
     ("POST", "/weights/adapter", policy_adapter),
     ("POST", "/v1/load_lora_adapter", load_lora_adapter),
@@ -240,6 +280,7 @@ def make_app(pool: EnginePool, *, token: str | None, max_sequences: int, max_bod
     app.state.serve = ServeState(pool, token, max_sequences, max_body_mb)
     app.middleware("http")(guard)
     app.add_exception_handler(BadRequest, bad_request)
+    app.add_exception_handler(HTTPException, http_error)
     for method, path, handler in ROUTES:
         app.add_api_route(path, handler, methods=[method])
     return app

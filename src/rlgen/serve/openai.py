@@ -1,6 +1,9 @@
-"""OpenAI-style text completions (``POST /v1/completions``) on top of token-in/token-out generation: the prompt
-is tokenized on the server, completions are decoded and cut at stop strings. Streaming, echo and best_of are
-not offered; a request that asks for them is refused."""
+"""OpenAI-style routes on top of token-in/token-out generation: text completions (``POST /v1/completions``), chat
+completions (``POST /v1/chat/completions``, the prompt rendered with the model folder's chat template) and the
+model list (``GET /v1/models``: the served model and its loaded LoRA adapters). Prompts are tokenized on the
+server; completions are decoded and cut at stop strings, and the tokens, logprobs and usage count only what is
+returned. Every choice keeps the ``policy_version`` of the weights that made it. Streaming, echo, best_of and
+top logprobs are not offered yet; a request that asks for them is refused in one sentence."""
 
 from __future__ import annotations
 
@@ -11,8 +14,29 @@ from typing import Any
 from rlgen.types import Completion, GenRequest, SamplingParams
 from rlgen.wire.protocol import BadRequest, check_length, check_sampling
 
-FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "logprobs", "user",
-          "stream", "echo", "best_of"}
+COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "logprobs", "user", "stream"}
+FIELDS = COMMON | {"prompt", "echo", "best_of"}
+CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs", "stream_options"}
+ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+
+# -- requests ----------------------------------------------------------------------------------------------
+def _adapter(name: Any, model: Any, adapters: Any) -> str | None:
+    """The LoRA adapter a request's ``model`` names: None for the served model itself (or no name)."""
+    if name is None or name in (model.name, model.path):
+        return None
+    if name in adapters:
+        return str(name)
+    raise BadRequest(f"model={name!r} is not served here: this server serves {model.name!r}"
+                     + (f" and the adapters {sorted(adapters)}" if adapters else "") + " (GET /v1/models lists them).",
+                     status=404)
+
+
+def _token_ids(ids: list[int], model: Any, where: str) -> list[int]:
+    bad = [t for t in ids if not 0 <= t < model.vocab_size]
+    if bad:
+        raise BadRequest(f"{where}: token id {bad[0]} is outside the model's vocabulary of {model.vocab_size}.")
+    return ids
 
 
 def _prompts(prompt: Any, model: Any) -> list[list[int]]:
@@ -24,80 +48,155 @@ def _prompts(prompt: Any, model: Any) -> list[list[int]]:
     if not isinstance(prompt, list) or not prompt:
         raise BadRequest("prompt must be a string, a list of strings, or token ids.")
     out = []
-    for p in prompt:
+    for i, p in enumerate(prompt):
         if isinstance(p, str):
             out.append(model.tokenizer(p, add_special_tokens=False)["input_ids"])
-        elif isinstance(p, list) and all(isinstance(t, int) for t in p):
-            out.append(list(p))
+        elif isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+            out.append(_token_ids(list(p), model, f"prompt {i}"))
         else:
             raise BadRequest("prompt must be a string, a list of strings, or token ids.")
     return out
 
 
-def _adapter(name: Any, model: Any, adapters: Any) -> str | None:
-    """The LoRA adapter a request's ``model`` names: None for the served model itself (or no name)."""
-    if name is None or name in (model.name, model.path):
-        return None
-    if name in adapters:
-        return str(name)
-    raise BadRequest(f"model={name!r} is not served here: this server serves {model.name!r}"
-                     + (f" and the adapters {sorted(adapters)}" if adapters else "") + ".", status=404)
-
-
-def completions_request(data: dict[str, Any], model: Any, adapters: Any = ()) -> tuple[list[GenRequest], list[str]]:
-    """The requests of a /v1/completions body, and its stop strings; ``model`` may name a loaded adapter."""
-    unknown = sorted(set(data) - FIELDS)
+def _refuse(data: dict[str, Any], known: set[str], route: str) -> None:
+    unknown = sorted(set(data) - known)
     if unknown:
-        raise BadRequest(f"unknown field(s) {unknown} for /v1/completions.")
+        raise BadRequest(f"unknown field(s) {unknown} for {route}.")
     for flag in ("stream", "echo"):
         if data.get(flag):
-            raise BadRequest(f"{flag}=true is not supported by rlgen serve; leave it out.")
+            raise BadRequest(f"{flag}=true is not supported by rlgen serve yet; leave it out.")
     if int(data.get("best_of") or 1) != 1:
         raise BadRequest("best_of is not supported by rlgen serve; use n.")
+
+
+def _sampling(data: dict[str, Any], max_tokens: Any) -> tuple[SamplingParams, list[str]]:
     stop = data.get("stop") or []
     stops = [stop] if isinstance(stop, str) else list(stop)
     if not all(isinstance(s, str) and s for s in stops):
         raise BadRequest("stop must be a string or a list of non-empty strings.")
     try:
         sampling = SamplingParams(n=int(data.get("n", 1)), temperature=float(data.get("temperature", 1.0)),
-                                  top_p=float(data.get("top_p", 1.0)), max_new_tokens=int(data.get("max_tokens", 16)),
+                                  top_p=float(data.get("top_p", 1.0)), max_new_tokens=int(max_tokens),
                                   seed=None if data.get("seed") is None else int(data["seed"]))
     except (TypeError, ValueError) as err:
         raise BadRequest(str(err)) from err
     check_sampling(sampling, "the request")
-    adapter = _adapter(data.get("model"), model, adapters)
+    return sampling, stops
+
+
+def _requests(prompts: list[list[int]], sampling: SamplingParams, model: Any, adapter: str | None) -> list[GenRequest]:
     reqs = []
-    for i, ids in enumerate(_prompts(data.get("prompt"), model)):
+    for i, ids in enumerate(prompts):
         if not ids:
             raise BadRequest(f"prompt {i} is empty.")
         check_length(len(ids), sampling.max_new_tokens, model.max_model_len, f"prompt {i}")
         reqs.append(GenRequest(tuple(ids), sampling, i, adapter))
-    return reqs, stops
+    return reqs
 
 
-def _cut(text: str, stops: list[str]) -> tuple[str, bool]:
-    hits = [text.find(s) for s in stops if s in text]
-    return (text[: min(hits)], True) if hits else (text, False)
+def completions_request(data: dict[str, Any], model: Any, adapters: Any = ()) -> tuple[list[GenRequest], list[str]]:
+    """The requests of a /v1/completions body, and its stop strings; ``model`` may name a loaded adapter."""
+    _refuse(data, FIELDS, "/v1/completions")
+    sampling, stops = _sampling(data, data.get("max_tokens", 16))
+    adapter = _adapter(data.get("model"), model, adapters)
+    return _requests(_prompts(data.get("prompt"), model), sampling, model, adapter), stops
+
+
+def chat_request(data: dict[str, Any], model: Any, adapters: Any = ()) -> tuple[list[GenRequest], list[str]]:
+    """The request of a /v1/chat/completions body: its messages rendered with the model's chat template."""
+    _refuse(data, CHAT_FIELDS, "/v1/chat/completions")
+    if int(data.get("top_logprobs") or 0) > 0:
+        raise BadRequest("top_logprobs is not supported by rlgen serve yet; send logprobs=true alone for the sampled "
+                         "tokens' logprobs.")
+    messages = data.get("messages")
+    if not isinstance(messages, list) or not messages or not all(
+            isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str) for m in messages):
+        raise BadRequest(f"messages must be a non-empty list of {{role, content}} with a role in {sorted(ROLES)} and "
+                         "text content.")
+    if not getattr(model.tokenizer, "chat_template", None):
+        raise BadRequest(f"model {model.name!r} has no chat template in its folder; use /v1/completions, or serve a "
+                         "model folder whose tokenizer has one.")
+    out = model.tokenizer.apply_chat_template([{"role": m["role"], "content": m["content"]} for m in messages],
+                                              add_generation_prompt=True, tokenize=True)
+    ids = [int(i) for i in (out["input_ids"] if hasattr(out, "keys") else out)]
+    max_tokens = data.get("max_completion_tokens") or data.get("max_tokens") or max(model.max_model_len - len(ids), 1)
+    sampling, stops = _sampling(data, max_tokens)
+    return _requests([ids], sampling, model, _adapter(data.get("model"), model, adapters)), stops
+
+
+# -- answers -----------------------------------------------------------------------------------------------
+def cut_at_stop(tok: Any, token_ids: list[int], stops: list[str]) -> tuple[int, str, bool]:
+    """(how many tokens to return, their text, whether a stop string cut them): the fewest tokens whose text holds
+    a stop string, the text ending before it; all of them when none does."""
+    text = tok.decode(token_ids, skip_special_tokens=True)
+    if not any(s in text for s in stops):
+        return len(token_ids), text, False
+    lo, hi = 1, len(token_ids)  # a prefix that holds a stop string goes on holding it
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if any(s in tok.decode(token_ids[:mid], skip_special_tokens=True) for s in stops):
+            hi = mid
+        else:
+            lo = mid + 1
+    text = tok.decode(token_ids[:lo], skip_special_tokens=True)
+    return lo, text[: min(text.find(s) for s in stops if s in text)], True
+
+
+def _usage(reqs: list[GenRequest], completion_tokens: int) -> dict[str, int]:
+    prompt_tokens = sum(len(r.prompt_ids) for r in reqs)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _returned(completions: list[Completion], stops: list[str], tok: Any) -> list[tuple[Completion, int, str, str]]:
+    """Each completion with the tokens it returns, its text and its finish reason."""
+    out = []
+    for c in completions:
+        n, text, cut = cut_at_stop(tok, c.token_ids, stops)
+        out.append((c, n, text, "stop" if cut else c.finish_reason))
+    return out
 
 
 def completions_response(completions: list[Completion], reqs: list[GenRequest], stops: list[str], model: Any,
                          with_logprobs: bool) -> dict[str, Any]:
     tok = model.tokenizer
     choices = []
-    completion_tokens = 0
-    for index, c in enumerate(completions):
-        text, cut = _cut(tok.decode(c.token_ids, skip_special_tokens=True), stops)
-        completion_tokens += len(c.token_ids)
-        choice: dict[str, Any] = {"index": index, "text": text, "finish_reason": "stop" if cut else c.finish_reason,
-                                  "logprobs": None, "policy_version": c.version}
+    returned = _returned(completions, stops, tok)
+    for index, (c, n, text, reason) in enumerate(returned):
+        choice: dict[str, Any] = {"index": index, "text": text, "finish_reason": reason, "logprobs": None,
+                                  "policy_version": c.version}
         if with_logprobs:
-            pieces = [tok.decode([t]) for t in c.token_ids]
+            pieces = [tok.decode([t]) for t in c.token_ids[:n]]
             offsets = [sum(len(p) for p in pieces[:k]) for k in range(len(pieces))]
-            choice["logprobs"] = {"tokens": pieces, "token_logprobs": list(c.logprobs), "top_logprobs": None,
+            choice["logprobs"] = {"tokens": pieces, "token_logprobs": list(c.logprobs[:n]), "top_logprobs": None,
                                   "text_offset": offsets}
         choices.append(choice)
-    prompt_tokens = sum(len(r.prompt_ids) for r in reqs)
     return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
             "model": (reqs[0].adapter if reqs else None) or model.name, "choices": choices,
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens}}
+            "usage": _usage(reqs, sum(n for _, n, _, _ in returned))}
+
+
+def chat_response(completions: list[Completion], reqs: list[GenRequest], stops: list[str], model: Any,
+                  with_logprobs: bool) -> dict[str, Any]:
+    tok = model.tokenizer
+    choices = []
+    returned = _returned(completions, stops, tok)
+    for index, (c, n, text, reason) in enumerate(returned):
+        logprobs = None
+        if with_logprobs:
+            pieces = [tok.decode([t]) for t in c.token_ids[:n]]
+            logprobs = {"content": [{"token": p, "logprob": lp, "bytes": list(p.encode()), "top_logprobs": []}
+                                    for p, lp in zip(pieces, c.logprobs[:n])]}
+        choices.append({"index": index, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
+                        "logprobs": logprobs, "policy_version": c.version})
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": reqs[0].adapter or model.name, "choices": choices,
+            "usage": _usage(reqs, sum(n for _, n, _, _ in returned))}
+
+
+def models_response(model: Any, adapters: Any, created: float) -> dict[str, Any]:
+    """GET /v1/models: the served model, then each loaded adapter with the model as its parent."""
+    entry = {"object": "model", "created": int(created), "owned_by": "rlgen", "max_model_len": model.max_model_len}
+    rows = [{"id": model.name, "root": model.path, "parent": None, **entry}]
+    rows += [{"id": name, "root": path, "parent": model.name, **entry} for name, path in sorted(dict(adapters).items())]
+    return {"object": "list", "data": rows}

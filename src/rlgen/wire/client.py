@@ -27,6 +27,7 @@ from rlgen.wire.protocol import (
     adapter_to_bytes,
     chunks,
     completion_from_json,
+    error_message,
     request_to_json,
     weights_to_bytes,
 )
@@ -174,7 +175,7 @@ def _send_args(call: _Call, *, asynchronous: bool = False) -> dict[str, Any]:
 def _answer(response: Any, call: _Call, url: str) -> Any:
     if response.status_code >= 400:
         try:
-            why = response.json().get("error") or response.text
+            why = error_message(response.json()) or response.text
         except ValueError:
             why = response.text or response.reason_phrase
         raise ServerError(f"{call.path} at {url}: {why}", response.status_code)

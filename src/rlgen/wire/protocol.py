@@ -21,6 +21,24 @@ class BadRequest(ValueError):
         self.status = status
 
 
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error",
+               409: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+
+
+def error_body(message: str, status: int) -> dict[str, Any]:
+    """An error in OpenAI's shape, which its SDKs read: {"error": {"message", "type", "code"}}."""
+    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "server_error"), "param": None,
+                      "code": status}}
+
+
+def error_message(body: Any) -> str | None:
+    """The sentence of an error body (OpenAI's shape, or a plain {"error": text})."""
+    err = body.get("error") if isinstance(body, dict) else None
+    if isinstance(err, dict):
+        return str(err.get("message") or err)
+    return str(err) if err else None
+
+
 def request_to_json(r: GenRequest) -> dict[str, Any]:
     s = r.sampling
     return {"prompt_ids": list(r.prompt_ids), "group_id": r.group_id, "n": s.n, "max_tokens": s.max_new_tokens,

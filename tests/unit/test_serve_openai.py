@@ -1,0 +1,119 @@
+"""`rlgen serve` driven by the official `openai` package (sync and async) over in-process hf engines: models, text and
+chat completions with n, seed, stop and logprobs, usage that counts only the returned tokens, errors the SDK reads
+as the server's sentence, and an out-of-vocabulary token id refused with 400."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from rlgen.config import EngineConfig
+from rlgen.config.compose import compose_run_config
+from rlgen.engines.hf.engine import HFEngine
+from rlgen.models import load_tokenizer, prepare_model
+from rlgen.models.local import CHAT_TEMPLATE
+from rlgen.plan import build_plan
+from rlgen.serve.app import make_app
+from rlgen.serve.pool import EnginePool, ServedModel
+
+openai = pytest.importorskip("openai")
+
+TOKEN = "s3cret"
+
+
+@pytest.fixture(scope="module")
+def app():
+    cfg = compose_run_config([])
+    path = prepare_model(cfg)
+    plan = build_plan(cfg)
+    tok = copy.deepcopy(load_tokenizer(path))
+    tok.chat_template = CHAT_TEMPLATE  # the tiny default has none; a real model folder brings its own
+    model = ServedModel("tiny", path, plan.model.params, plan.model.vocab_size, 128, "hf", 1, tok)
+    engines = [HFEngine(path, EngineConfig(dtype="float32"), seed=i, name=f"engine{i}") for i in range(2)]
+    return make_app(EnginePool(engines, model, timeout_s=60, local=True), token=TOKEN, max_sequences=64,
+                    max_body_mb=1.0)
+
+
+@pytest.fixture()
+def client(app):
+    return openai.OpenAI(base_url="http://testserver/v1", api_key=TOKEN, max_retries=0,
+                         http_client=TestClient(app, base_url="http://testserver"))
+
+
+def test_models_lists_the_served_model(client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["tiny"] and models.data[0].owned_by == "rlgen"
+
+
+def test_completions_with_n_seed_and_logprobs(client):
+    out = client.completions.create(model="tiny", prompt="3+4=", max_tokens=6, n=2, temperature=1.0, seed=3,
+                                    logprobs=1)
+    assert len(out.choices) == 2 and out.object == "text_completion"
+    assert all(len(c.logprobs.tokens) == len(c.logprobs.token_logprobs) for c in out.choices)
+    assert out.usage.completion_tokens == sum(len(c.logprobs.tokens) for c in out.choices)
+    assert all(c.model_extra["policy_version"] == 0 for c in out.choices)
+    again = client.completions.create(model="tiny", prompt="3+4=", max_tokens=6, n=2, temperature=1.0, seed=3)
+    assert [c.text for c in again.choices] == [c.text for c in out.choices]  # seeded
+
+
+def test_a_stop_string_cuts_text_tokens_logprobs_and_usage(client):
+    def ask(seed, **kw):
+        return client.completions.create(model="tiny", prompt="1+2=", max_tokens=24, seed=seed, temperature=3.0, logprobs=1, **kw)
+
+    # a seeded sample long enough to hold a character to stop at, after its first two
+    whole, seed = next((out, s) for s in range(50) if len((out := ask(s)).choices[0].text.strip()) >= 6)
+    text, tokens = whole.choices[0].text, whole.choices[0].logprobs.tokens
+    assert whole.usage.completion_tokens == len(tokens)
+    stop = next(ch for ch in text[2:] if ch.strip())
+    cut = ask(seed, stop=[stop])
+    choice = cut.choices[0]
+    assert choice.text == text[: text.index(stop)] and choice.finish_reason == "stop"
+    kept = len(choice.logprobs.tokens)
+    assert cut.usage.completion_tokens == kept < len(tokens) and stop in "".join(choice.logprobs.tokens)
+    assert choice.logprobs.token_logprobs == whole.choices[0].logprobs.token_logprobs[:kept]
+
+
+def test_chat_completions_use_the_chat_template(client):
+    out = client.chat.completions.create(model="tiny", messages=[{"role": "system", "content": "be brief"},
+                                                                 {"role": "user", "content": "2+2?"}],
+                                         max_tokens=5, temperature=0.0, logprobs=True, n=1)
+    choice = out.choices[0]
+    assert out.object == "chat.completion" and choice.message.role == "assistant"
+    assert isinstance(choice.message.content, str) and choice.model_extra["policy_version"] == 0
+    assert len(choice.logprobs.content) == out.usage.completion_tokens <= 5
+    assert out.usage.prompt_tokens > len("be brief2+2?")  # the template's markers around the messages
+    with pytest.raises(openai.BadRequestError, match="top_logprobs is not supported"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], logprobs=True,
+                                       top_logprobs=2)
+
+
+def test_errors_read_as_the_servers_sentence(client, app):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="tiny", prompt=[[5, 6, 9999]], max_tokens=2)
+    assert err.value.status_code == 400
+    assert err.value.body["message"].startswith("prompt 0: token id 9999 is outside the model's vocabulary of ")
+    with pytest.raises(openai.NotFoundError, match="model='gpt-4' is not served here"):
+        client.completions.create(model="gpt-4", prompt="hi", max_tokens=2)
+    with pytest.raises(openai.AuthenticationError, match="missing or wrong bearer token"):
+        openai.OpenAI(base_url="http://testserver/v1", api_key="wrong", max_retries=0,
+                      http_client=TestClient(app, base_url="http://testserver")).models.list()
+    raw = TestClient(app, base_url="http://testserver").get("/v1/nope", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert raw.status_code == 404 and raw.json()["error"]["type"] == "not_found_error"
+    assert "/v1/nope is not a route of rlgen serve" in raw.json()["error"]["message"]
+
+
+def test_the_async_client_works_too(app):
+    async def run() -> list[str]:
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver")
+        client = openai.AsyncOpenAI(base_url="http://testserver/v1", api_key=TOKEN, max_retries=0, http_client=http)
+        outs = await asyncio.gather(*(client.completions.create(model="tiny", prompt="5+1=", max_tokens=4, seed=i)
+                                      for i in range(4)))
+        await http.aclose()
+        return [o.choices[0].text for o in outs]
+
+    texts = asyncio.run(run())
+    assert len(texts) == 4 and all(isinstance(t, str) for t in texts)
