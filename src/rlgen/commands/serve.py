@@ -70,7 +70,8 @@ def serve(plan: Any, out_dir: Path, console: Any) -> None:
         health = waiter.get([e.health.remote() for e in engines], "engine start-up", cfg.startup_timeout_s)
         model = _served_model(cfg, plan, model_path, health[0].get("dtype") or str(cfg.engine.dtype))
         pool = EnginePool(engines, model, timeout_s=cfg.serve.request_timeout_s)
-        app = make_app(pool, token=token, max_sequences=cfg.serve.max_sequences, max_body_mb=cfg.serve.max_body_mb)
+        app = make_app(pool, token=token, max_sequences=cfg.serve.max_sequences, max_body_mb=cfg.serve.max_body_mb,
+                       max_queue=cfg.serve.max_queue, body_timeout_s=cfg.serve.body_timeout_s)
         stop.uninstall()  # uvicorn takes SIGINT and SIGTERM for a graceful shutdown
         url = f"http://{cfg.serve.host}:{cfg.serve.port}"
         (out_dir / "serve.json").write_text(json.dumps({

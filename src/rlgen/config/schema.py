@@ -388,6 +388,8 @@ class ServeConfig:
     max_sequences: int = 4096  # per request: prompts x n
     max_body_mb: float = 64.0  # a generation request's body; weight updates have no limit
     request_timeout_s: float = 600.0  # a generation call waits at most this long on the engines
+    max_queue: int = 256  # generation requests waiting or running at once; more get 429 with Retry-After
+    body_timeout_s: float = 30.0  # a request body that stalls this long gets 408
 
 
 class ShareMode(StrEnum):

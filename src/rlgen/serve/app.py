@@ -11,14 +11,16 @@ No `from __future__ import annotations` here: FastAPI reads the handlers' annota
 
 import hmac
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
+from rlgen.serve.load import RETRY_AFTER_S, ROUTE_NAMES, Load, read_body
 from rlgen.serve.lora import load_named, unload_named, update_policy
 from rlgen.serve.openai import (
     chat_request,
@@ -49,6 +51,8 @@ class ServeState:
     token: str | None
     max_sequences: int
     max_body_mb: float
+    load: Load
+    body_timeout_s: float
 
     @property
     def max_body(self) -> int:
@@ -80,9 +84,9 @@ def _engine_arg(value: Any) -> int | None:
 async def _body(request: Request) -> dict[str, Any]:
     """The request's JSON object, within serve.max_body_mb."""
     state = _state(request)
-    raw = await request.body()
-    if len(raw) > state.max_body:  # a chunked body has no Content-Length to refuse it by
-        raise BadRequest(state.too_large(len(raw)), status=413)
+    raw = await read_body(request, state.max_body, state.body_timeout_s,
+                          f"the request body is over serve.max_body_mb={state.max_body_mb:g}; send fewer prompts per "
+                          "request.")
     try:
         data = json.loads(raw)
     except ValueError as err:
@@ -104,14 +108,22 @@ async def guard(request: Request, call_next: Any) -> Any:
     size = int(request.headers.get("content-length") or 0)
     if not request.url.path.startswith("/weights") and size > state.max_body:
         return _error(state.too_large(size), 413)
+    path, t0 = request.url.path, time.perf_counter()
+    full = state.load.admit(path)
+    if full:
+        return JSONResponse(error_body(full, 429), 429, headers={"Retry-After": str(RETRY_AFTER_S)})
+    response = None
     try:
-        return await call_next(request)
+        response = await call_next(request)
     except BadRequest as err:
-        return _error(str(err), err.status)
+        response = _error(str(err), err.status)
     except Exception as err:  # noqa: BLE001 - an engine's failure becomes one line for the client
         from rlgen.runtime.waits import short
 
-        return _error(f"the engines failed: {short(getattr(err, 'cause', None) or err)}", 500)
+        response = _error(f"the engines failed: {short(getattr(err, 'cause', None) or err)}", 500)
+    finally:
+        state.load.done(path, response.status_code if response is not None else 500, time.perf_counter() - t0)
+    return response
 
 
 def _error(message: str, status: int) -> JSONResponse:
@@ -140,6 +152,11 @@ async def health(request: Request) -> Any:
 
 async def info(request: Request) -> Any:
     return _state(request).pool.info()
+
+
+async def metrics(request: Request) -> Any:
+    body, media_type = _state(request).load.exposition()
+    return Response(body, media_type=media_type)
 
 
 async def generate(request: Request) -> Any:
@@ -257,6 +274,7 @@ async def resume(request: Request) -> Any:
 ROUTES: list[tuple[str, str, Callable[..., Any]]] = [
     ("GET", "/health", health),
     ("GET", "/info", info),
+    ("GET", "/metrics", metrics),
     ("POST", "/generate", generate),
     ("POST", "/v1/completions", completions),
     ("POST", "/v1/chat/completions", chat_completions),
@@ -274,10 +292,12 @@ ROUTES: list[tuple[str, str, Callable[..., Any]]] = [
 ]
 
 
-def make_app(pool: EnginePool, *, token: str | None, max_sequences: int, max_body_mb: float) -> FastAPI:
-    """The server's app over ``pool``: every route in ROUTES, behind the token and body-size guard."""
+def make_app(pool: EnginePool, *, token: str | None, max_sequences: int, max_body_mb: float, max_queue: int = 256,
+             body_timeout_s: float = 30.0) -> FastAPI:
+    """The server's app over ``pool``: every route in ROUTES, behind the token, body-size and queue guard."""
     app = FastAPI(title="rlgen serve", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.serve = ServeState(pool, token, max_sequences, max_body_mb)
+    app.state.serve = ServeState(pool, token, max_sequences, max_body_mb, Load(pool, max_queue), body_timeout_s)
+    ROUTE_NAMES.update(path for _, path, _ in ROUTES)
     app.middleware("http")(guard)
     app.add_exception_handler(BadRequest, bad_request)
     app.add_exception_handler(HTTPException, http_error)

@@ -63,6 +63,7 @@ class EnginePool:
         self.updates = 0
         self.requests = 0
         self.sequences = 0
+        self.tokens = 0  # completion tokens generated
         self.started = time.time()
         self._locks = [asyncio.Lock() for _ in self.engines]  # local engines run one call at a time, as actors do
         self.in_flight = [0] * len(self.engines)  # calls each engine is working on
@@ -139,6 +140,7 @@ class EnginePool:
         self.requests += len(requests)
         self.sequences += sum(r.sampling.n for r in requests)
         completions = [c for res in results for c in res["completions"]]
+        self.tokens += sum(len(c.token_ids) for c in completions)
         spans = [span for (i, _), res in zip(jobs, results) for span in _engine_spans(i, res)]
         return {"completions": completions, "spans": spans, "version": max(res["version"] for res in results)}
 

@@ -1,0 +1,115 @@
+"""`rlgen serve` under load, on a real socket (uvicorn in a thread, in-process hf engines): a body over the limit is
+refused as it arrives (chunked too), a client that stalls mid-body gets 408, a full queue gets 429 with Retry-After,
+/metrics speaks Prometheus' text format, and the server stays healthy after each."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+
+from rlgen.config import EngineConfig
+from rlgen.config.compose import compose_run_config
+from rlgen.engines.hf.engine import HFEngine
+from rlgen.models import load_tokenizer, prepare_model
+from rlgen.plan import build_plan
+from rlgen.serve.app import make_app
+from rlgen.serve.pool import EnginePool, ServedModel
+
+pytest.importorskip("prometheus_client")
+
+PROMPT = [5, 6, 7, 8]
+
+
+@pytest.fixture(scope="module")
+def url():
+    cfg = compose_run_config([])
+    path = prepare_model(cfg)
+    plan = build_plan(cfg)
+    model = ServedModel("tiny", path, plan.model.params, plan.model.vocab_size, 128, "hf", 1, load_tokenizer(path))
+    pool = EnginePool([HFEngine(path, EngineConfig(dtype="float32"), name="engine0")], model, timeout_s=60, local=True)
+    app = make_app(pool, token=None, max_sequences=4096, max_body_mb=1.0, max_queue=1, body_timeout_s=0.5)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started and time.time() < deadline:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def _healthy(url: str) -> None:
+    assert httpx.get(f"{url}/health", timeout=10).json()["ok"]
+
+
+def _stalled(url: str, head: bytes, body: bytes) -> socket.socket:
+    """A connection that sent head and part of a body, then nothing more."""
+    host, port = url.removeprefix("http://").split(":")
+    s = socket.create_connection((host, int(port)), timeout=10)
+    s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + head + b"\r\n" + body)
+    return s
+
+
+def _answer(s: socket.socket) -> str:
+    """The status line, headers and body of one HTTP answer."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += s.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    while len(body) < length:
+        body += s.recv(65536)
+    return (head + b"\r\n\r\n" + body).decode()
+
+
+def test_a_chunked_body_is_refused_as_it_arrives(url):
+    """2 MiB of a chunked body, then the client stalls: a server that waited for the whole body would answer 408
+    (stalled); this one answers 413 as soon as the limit is passed."""
+    chunk = b"x" * 2**20
+    piece = f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"
+    with _stalled(url, b"Transfer-Encoding: chunked\r\n", piece * 2) as s:
+        answer = _answer(s)
+    assert answer.startswith("HTTP/1.1 413") and "over serve.max_body_mb=1" in answer
+    _healthy(url)
+
+
+def test_a_client_that_stalls_mid_body_gets_408(url):
+    t0 = time.time()
+    with _stalled(url, b"Content-Length: 500\r\n", b'{"requests": [') as s:
+        answer = _answer(s)
+    assert answer.startswith("HTTP/1.1 408") and "serve.body_timeout_s" in answer
+    assert time.time() - t0 < 10
+    _healthy(url)
+
+
+def test_a_full_queue_gets_429_with_retry_after(url):
+    # a stalled body holds the only place (serve.max_queue=1) until it times out
+    with _stalled(url, b"Content-Length: 500\r\n", b'{"requests": [') as s:
+        second = httpx.post(f"{url}/generate", json={"requests": [{"prompt_ids": PROMPT}]}, timeout=60)
+        assert _answer(s).startswith("HTTP/1.1 408")
+    assert second.status_code == 429 and second.headers["Retry-After"] == "1"
+    assert "serve.max_queue" in second.json()["error"]["message"]
+    assert httpx.post(f"{url}/generate", json={"requests": [{"prompt_ids": PROMPT}]}, timeout=60).status_code == 200
+    _healthy(url)
+
+
+def test_metrics_in_prometheus_text_format(url):
+    httpx.post(f"{url}/generate", json={"requests": [{"prompt_ids": PROMPT, "max_tokens": 4, "ignore_eos": True}]},
+               timeout=60)
+    r = httpx.get(f"{url}/metrics", timeout=10)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    text = r.text
+    for line in ('rlgen_requests_total{route="/generate",status="200"}', "rlgen_request_seconds_bucket",
+                 "rlgen_queue_depth 0.0", "rlgen_queue_limit 1.0", "rlgen_completion_tokens_total"):
+        assert line in text, line
+    tokens = next(float(x.split()[-1]) for x in text.splitlines() if x.startswith("rlgen_completion_tokens_total"))
+    assert tokens >= 4
