@@ -19,6 +19,19 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     seed: int | None = None
+    # what servers offer beyond RL rollouts (rlgen serve's OpenAI routes); the defaults change nothing
+    top_k: int = 0  # 0: no cut
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
+    logprobs: int = 0  # the most likely alternatives reported per sampled token (Completion.top_logprobs)
+
+    def plain(self) -> bool:
+        """No sampling field beyond temperature and top-p is in use."""
+        return (self.top_k, self.min_p, self.repetition_penalty, self.frequency_penalty, self.presence_penalty,
+                self.logit_bias) == (0, 0.0, 1.0, 0.0, 0.0, ())
 
 
 @dataclass(frozen=True)
@@ -40,6 +53,8 @@ class Completion:
     # in-flight weight updates during sampling: (index of the first token sampled after the update, the new
     # policy version), in order; empty when every token came from `version`
     version_changes: list[tuple[int, int]] = field(default_factory=list)
+    # per sampled token, the sampling.logprobs most likely tokens and their logprobs (empty unless asked for)
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)
 
     def token_versions(self) -> list[int]:
         """The policy version that sampled each token."""

@@ -227,3 +227,16 @@ def test_a_server_that_is_not_there_is_one_sentence():
                                           "check that `rlgen serve` is running there") as err:
         client.info()
     assert err.value.status is None
+
+
+def test_sampling_fields_and_top_logprobs_travel_through_generate(served):
+    client = _client(served)
+    s = SamplingParams(n=2, max_new_tokens=5, seed=4, top_k=5, min_p=0.01, repetition_penalty=1.2,
+                       frequency_penalty=0.5, presence_penalty=0.5, logit_bias=((1, -100.0),), logprobs=2)
+    out = client.generate([GenRequest(tuple(PROMPT), s, 0)])
+    for c in out.completions:
+        assert len(c.top_logprobs) == len(c.token_ids) and all(len(pos) == 2 for pos in c.top_logprobs)
+        assert all(isinstance(t, int) for pos in c.top_logprobs for t in pos)
+        assert 1 not in c.token_ids  # banned by logit_bias
+    with pytest.raises(ServerError, match="logprobs=99 must be in"):
+        client.generate([GenRequest(tuple(PROMPT), SamplingParams(logprobs=99), 0)])

@@ -86,9 +86,38 @@ def test_chat_completions_use_the_chat_template(client):
     assert isinstance(choice.message.content, str) and choice.model_extra["policy_version"] == 0
     assert len(choice.logprobs.content) == out.usage.completion_tokens <= 5
     assert out.usage.prompt_tokens > len("be brief2+2?")  # the template's markers around the messages
-    with pytest.raises(openai.BadRequestError, match="top_logprobs is not supported"):
-        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], logprobs=True,
-                                       top_logprobs=2)
+    tops = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "2+2?"}], max_tokens=5,
+                                          temperature=0.0, logprobs=True, top_logprobs=3).choices[0].logprobs.content
+    for entry in tops:  # greedy: the sampled token is the most likely one
+        assert 1 <= len(entry.top_logprobs) <= 3
+        assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob, abs=1e-5)
+        assert [t.logprob for t in entry.top_logprobs] == sorted((t.logprob for t in entry.top_logprobs), reverse=True)
+    with pytest.raises(openai.BadRequestError, match="top_logprobs needs logprobs=true"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], top_logprobs=2)
+
+
+def test_the_sampling_fields_of_vllms_server_reach_the_engines(client):
+    eos = client.completions.create(model="tiny", prompt="1+2=", max_tokens=8, temperature=0.0, logprobs=1)
+    assert eos.choices[0].finish_reason == "stop"  # this model ends its answers quickly
+    prompt = [5, 6, 7, 8]
+    ban = {"logit_bias": {str(i): -100 for i in range(3)}}  # the special tokens, end of sequence among them
+
+    def text(**kw):
+        out = client.completions.create(model="tiny", prompt=prompt, max_tokens=16, extra_body={**ban, **kw.pop(
+            "extra", {})}, logprobs=1, **kw)
+        return out.choices[0]
+
+    greedy = text(temperature=0.0)
+    assert greedy.finish_reason == "length" and len(greedy.logprobs.tokens) == 16  # logit_bias banned the end
+    assert text(temperature=1.0, seed=1, extra={"top_k": 1}).logprobs.tokens == greedy.logprobs.tokens
+    assert text(temperature=1.0, seed=2, extra={"min_p": 1.0}).logprobs.tokens == greedy.logprobs.tokens
+    plain = len(set(greedy.logprobs.tokens))
+    assert len(set(text(temperature=0.0, frequency_penalty=2.0).logprobs.tokens)) > plain
+    assert len(set(text(temperature=0.0, extra={"repetition_penalty": 3.0}).logprobs.tokens)) > plain
+    top = client.completions.create(model="tiny", prompt=prompt, max_tokens=4, temperature=1.0, seed=0, logprobs=3)
+    assert all(1 <= len(pos) <= 3 for pos in top.choices[0].logprobs.top_logprobs)
+    with pytest.raises(openai.BadRequestError, match="logit_bias names token id 9999"):
+        client.completions.create(model="tiny", prompt=prompt, max_tokens=2, logit_bias={"9999": 5})
 
 
 def test_errors_read_as_the_servers_sentence(client, app):

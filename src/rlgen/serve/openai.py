@@ -2,8 +2,10 @@
 completions (``POST /v1/chat/completions``, the prompt rendered with the model folder's chat template) and the
 model list (``GET /v1/models``: the served model and its loaded LoRA adapters). Prompts are tokenized on the
 server; completions are decoded and cut at stop strings, and the tokens, logprobs and usage count only what is
-returned. Every choice keeps the ``policy_version`` of the weights that made it. Streaming, echo, best_of and
-top logprobs are not offered yet; a request that asks for them is refused in one sentence."""
+returned. Every choice keeps the ``policy_version`` of the weights that made it. The sampling fields vLLM's server
+takes (top_k, min_p, repetition_penalty, frequency_penalty, presence_penalty, logit_bias) reach the engines, and
+logprobs come with their top alternatives. Streaming, echo and best_of are not offered yet; a request that asks
+for them is refused in one sentence."""
 
 from __future__ import annotations
 
@@ -12,9 +14,10 @@ import uuid
 from typing import Any
 
 from rlgen.types import Completion, GenRequest, SamplingParams
-from rlgen.wire.protocol import BadRequest, check_length, check_sampling
+from rlgen.wire.protocol import BadRequest, check_length, check_sampling, logit_bias, sampling_extras
 
-COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "logprobs", "user", "stream"}
+COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "logprobs", "user", "stream", "top_k",
+          "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias"}
 FIELDS = COMMON | {"prompt", "echo", "best_of"}
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs", "stream_options"}
 ROLES = {"system", "developer", "user", "assistant", "tool"}
@@ -69,15 +72,19 @@ def _refuse(data: dict[str, Any], known: set[str], route: str) -> None:
         raise BadRequest("best_of is not supported by rlgen serve; use n.")
 
 
-def _sampling(data: dict[str, Any], max_tokens: Any) -> tuple[SamplingParams, list[str]]:
+def _sampling(data: dict[str, Any], max_tokens: Any, top: Any, model: Any) -> tuple[SamplingParams, list[str]]:
+    """The request's sampling settings; ``top``: how many alternatives to report per token."""
     stop = data.get("stop") or []
     stops = [stop] if isinstance(stop, str) else list(stop)
     if not all(isinstance(s, str) and s for s in stops):
         raise BadRequest("stop must be a string or a list of non-empty strings.")
     try:
-        sampling = SamplingParams(n=int(data.get("n", 1)), temperature=float(data.get("temperature", 1.0)),
+        extras = {k: v for k, v in sampling_extras(data).items() if k != "logprobs"}
+        sampling = SamplingParams(n=int(data.get("n") or 1), temperature=float(data.get("temperature", 1.0)),
                                   top_p=float(data.get("top_p", 1.0)), max_new_tokens=int(max_tokens),
-                                  seed=None if data.get("seed") is None else int(data["seed"]))
+                                  seed=None if data.get("seed") is None else int(data["seed"]), logprobs=int(top or 0),
+                                  logit_bias=logit_bias(data.get("logit_bias"), model.vocab_size, "the request"),
+                                  **extras)
     except (TypeError, ValueError) as err:
         raise BadRequest(str(err)) from err
     check_sampling(sampling, "the request")
@@ -97,7 +104,7 @@ def _requests(prompts: list[list[int]], sampling: SamplingParams, model: Any, ad
 def completions_request(data: dict[str, Any], model: Any, adapters: Any = ()) -> tuple[list[GenRequest], list[str]]:
     """The requests of a /v1/completions body, and its stop strings; ``model`` may name a loaded adapter."""
     _refuse(data, FIELDS, "/v1/completions")
-    sampling, stops = _sampling(data, data.get("max_tokens", 16))
+    sampling, stops = _sampling(data, data.get("max_tokens") or 16, data.get("logprobs"), model)
     adapter = _adapter(data.get("model"), model, adapters)
     return _requests(_prompts(data.get("prompt"), model), sampling, model, adapter), stops
 
@@ -105,9 +112,8 @@ def completions_request(data: dict[str, Any], model: Any, adapters: Any = ()) ->
 def chat_request(data: dict[str, Any], model: Any, adapters: Any = ()) -> tuple[list[GenRequest], list[str]]:
     """The request of a /v1/chat/completions body: its messages rendered with the model's chat template."""
     _refuse(data, CHAT_FIELDS, "/v1/chat/completions")
-    if int(data.get("top_logprobs") or 0) > 0:
-        raise BadRequest("top_logprobs is not supported by rlgen serve yet; send logprobs=true alone for the sampled "
-                         "tokens' logprobs.")
+    if data.get("top_logprobs") and not data.get("logprobs"):
+        raise BadRequest("top_logprobs needs logprobs=true.")
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages or not all(
             isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str) for m in messages):
@@ -120,7 +126,7 @@ def chat_request(data: dict[str, Any], model: Any, adapters: Any = ()) -> tuple[
                                               add_generation_prompt=True, tokenize=True)
     ids = [int(i) for i in (out["input_ids"] if hasattr(out, "keys") else out)]
     max_tokens = data.get("max_completion_tokens") or data.get("max_tokens") or max(model.max_model_len - len(ids), 1)
-    sampling, stops = _sampling(data, max_tokens)
+    sampling, stops = _sampling(data, max_tokens, data.get("top_logprobs"), model)
     return _requests([ids], sampling, model, _adapter(data.get("model"), model, adapters)), stops
 
 
@@ -168,7 +174,8 @@ def completions_response(completions: list[Completion], reqs: list[GenRequest], 
         if with_logprobs:
             pieces = [tok.decode([t]) for t in c.token_ids[:n]]
             offsets = [sum(len(p) for p in pieces[:k]) for k in range(len(pieces))]
-            choice["logprobs"] = {"tokens": pieces, "token_logprobs": list(c.logprobs[:n]), "top_logprobs": None,
+            tops = [{tok.decode([t]): lp for t, lp in pos.items()} for pos in c.top_logprobs[:n]] or None
+            choice["logprobs"] = {"tokens": pieces, "token_logprobs": list(c.logprobs[:n]), "top_logprobs": tops,
                                   "text_offset": offsets}
         choices.append(choice)
     return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
@@ -185,13 +192,19 @@ def chat_response(completions: list[Completion], reqs: list[GenRequest], stops: 
         logprobs = None
         if with_logprobs:
             pieces = [tok.decode([t]) for t in c.token_ids[:n]]
-            logprobs = {"content": [{"token": p, "logprob": lp, "bytes": list(p.encode()), "top_logprobs": []}
-                                    for p, lp in zip(pieces, c.logprobs[:n])]}
+            tops = c.top_logprobs[:n] or [{}] * n
+            logprobs = {"content": [{"token": p, "logprob": lp, "bytes": list(p.encode()),
+                                     "top_logprobs": [_entry(tok.decode([t]), a) for t, a in top.items()]}
+                                    for p, lp, top in zip(pieces, c.logprobs[:n], tops)]}
         choices.append({"index": index, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
                         "logprobs": logprobs, "policy_version": c.version})
     return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
             "model": reqs[0].adapter or model.name, "choices": choices,
             "usage": _usage(reqs, sum(n for _, n, _, _ in returned))}
+
+
+def _entry(piece: str, logprob: float) -> dict[str, Any]:
+    return {"token": piece, "logprob": logprob, "bytes": list(piece.encode())}
 
 
 def models_response(model: Any, adapters: Any, created: float) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from typing import Any
 from rlgen.types import Completion, GenRequest, SamplingParams
 
 TOKEN_ENV = "RLGEN_SERVE_TOKEN"
+MAX_LOGPROBS = 20  # the most alternatives a request may ask for per token (OpenAI's limit)
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -39,11 +40,45 @@ def error_message(body: Any) -> str | None:
     return str(err) if err else None
 
 
+EXTRA_SAMPLING = ("top_k", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "logprobs")
+
+
 def request_to_json(r: GenRequest) -> dict[str, Any]:
     s = r.sampling
+    extra = {k: getattr(s, k) for k in EXTRA_SAMPLING if getattr(s, k) != getattr(SamplingParams, k)}
+    if s.logit_bias:
+        extra["logit_bias"] = {str(t): b for t, b in s.logit_bias}
     return {"prompt_ids": list(r.prompt_ids), "group_id": r.group_id, "n": s.n, "max_tokens": s.max_new_tokens,
             "temperature": s.temperature, "top_p": s.top_p, "stop_token_ids": list(s.stop_token_ids),
-            "ignore_eos": s.ignore_eos, "seed": s.seed, **({"adapter": r.adapter} if r.adapter else {})}
+            "ignore_eos": s.ignore_eos, "seed": s.seed, **({"adapter": r.adapter} if r.adapter else {}), **extra}
+
+
+def logit_bias(value: Any, vocab_size: int, where: str) -> tuple[tuple[int, float], ...]:
+    """{token id (a number or its string): bias} -> sorted (id, bias) pairs, each id in the vocabulary."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise BadRequest(f"{where}: logit_bias must map token ids to biases, such as {{\"50256\": -100}}.")
+    try:
+        pairs = sorted((int(k), float(v)) for k, v in value.items())
+    except (TypeError, ValueError) as err:
+        raise BadRequest(f"{where}: logit_bias must map token ids to numbers ({err}).") from err
+    bad = [t for t, _ in pairs if not 0 <= t < vocab_size]
+    if bad:
+        raise BadRequest(f"{where}: logit_bias names token id {bad[0]}, outside the model's vocabulary of {vocab_size}.")
+    if any(not -100 <= b <= 100 for _, b in pairs):
+        raise BadRequest(f"{where}: logit_bias values must be in [-100, 100].")
+    return tuple(pairs)
+
+
+def sampling_extras(d: dict[str, Any]) -> dict[str, Any]:
+    """The sampling fields beyond temperature and top-p that a request sets, typed (ValueError when one is not)."""
+    types = {"top_k": int, "min_p": float, "repetition_penalty": float, "frequency_penalty": float,
+             "presence_penalty": float, "logprobs": int}
+    out = {k: cast(d[k]) for k, cast in types.items() if d.get(k) is not None}
+    if out.get("top_k") == -1:  # vLLM's and OpenAI's "no cut"
+        out["top_k"] = 0
+    return out
 
 
 def _int_list(value: Any, what: str) -> tuple[int, ...]:
@@ -58,7 +93,7 @@ def request_from_json(d: Any, index: int, vocab_size: int, max_model_len: int) -
     if not isinstance(d, dict):
         raise BadRequest(f"{where} must be an object with prompt_ids and sampling fields.")
     known = {"prompt_ids", "group_id", "n", "max_tokens", "temperature", "top_p", "stop_token_ids", "ignore_eos", "seed",
-             "adapter"}
+             "adapter", "logit_bias", *EXTRA_SAMPLING}
     unknown = sorted(set(d) - known)
     if unknown:
         raise BadRequest(f"{where} has unknown field(s) {unknown}; the fields are {sorted(known)}.")
@@ -73,7 +108,8 @@ def request_from_json(d: Any, index: int, vocab_size: int, max_model_len: int) -
             n=int(d.get("n", 1)), temperature=float(d.get("temperature", 1.0)), top_p=float(d.get("top_p", 1.0)),
             max_new_tokens=int(d.get("max_tokens", 16)),
             stop_token_ids=_int_list(d.get("stop_token_ids", []), f"{where}: stop_token_ids"),
-            ignore_eos=bool(d.get("ignore_eos", False)), seed=None if d.get("seed") is None else int(d["seed"]))
+            ignore_eos=bool(d.get("ignore_eos", False)), seed=None if d.get("seed") is None else int(d["seed"]),
+            logit_bias=logit_bias(d.get("logit_bias"), vocab_size, where), **sampling_extras(d))
         group_id = int(d.get("group_id", index))
     except (TypeError, ValueError) as err:
         raise BadRequest(f"{where}: {err}") from err
@@ -102,18 +138,29 @@ def check_sampling(s: SamplingParams, where: str) -> None:
         raise BadRequest(f"{where}: temperature={s.temperature} must be 0 (greedy) or more.")
     if not 0 < s.top_p <= 1:
         raise BadRequest(f"{where}: top_p={s.top_p} must be in (0, 1].")
+    if s.top_k < 0 or not 0 <= s.min_p <= 1 or s.repetition_penalty <= 0:
+        raise BadRequest(f"{where}: top_k={s.top_k} must be 0 (no cut) or more, min_p={s.min_p} in [0, 1] and "
+                         f"repetition_penalty={s.repetition_penalty} above 0.")
+    if not (-2 <= s.frequency_penalty <= 2 and -2 <= s.presence_penalty <= 2):
+        raise BadRequest(f"{where}: frequency_penalty and presence_penalty must be in [-2, 2].")
+    if not 0 <= s.logprobs <= MAX_LOGPROBS:
+        raise BadRequest(f"{where}: logprobs={s.logprobs} must be in [0, {MAX_LOGPROBS}].")
 
 
 def completion_to_json(c: Completion) -> dict[str, Any]:
-    return {"group_id": c.group_id, "prompt_ids": list(c.prompt_ids), "token_ids": list(c.token_ids),
-            "logprobs": [float(x) for x in c.logprobs], "finish_reason": c.finish_reason, "version": c.version,
-            "version_changes": [[int(i), int(v)] for i, v in c.version_changes]}
+    out = {"group_id": c.group_id, "prompt_ids": list(c.prompt_ids), "token_ids": list(c.token_ids),
+           "logprobs": [float(x) for x in c.logprobs], "finish_reason": c.finish_reason, "version": c.version,
+           "version_changes": [[int(i), int(v)] for i, v in c.version_changes]}
+    if c.top_logprobs:  # JSON keys are strings
+        out["top_logprobs"] = [{str(t): float(lp) for t, lp in pos.items()} for pos in c.top_logprobs]
+    return out
 
 
 def completion_from_json(d: dict[str, Any]) -> Completion:
     return Completion(group_id=int(d["group_id"]), prompt_ids=list(d["prompt_ids"]), token_ids=list(d["token_ids"]),
                       logprobs=list(d["logprobs"]), finish_reason=str(d["finish_reason"]), version=int(d["version"]),
-                      version_changes=[(int(i), int(v)) for i, v in d.get("version_changes", [])])
+                      version_changes=[(int(i), int(v)) for i, v in d.get("version_changes", [])],
+                      top_logprobs=[{int(t): float(lp) for t, lp in pos.items()} for pos in d.get("top_logprobs", [])])
 
 
 def weights_to_bytes(weights: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> bytes:

@@ -6,6 +6,7 @@ token (no top-p renormalisation), the same quantity the learner recomputes.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import defaultdict
 from typing import Any
@@ -14,6 +15,7 @@ import torch
 
 from rlgen.config import EngineConfig
 from rlgen.engines.hf.adapters import EngineAdapters
+from rlgen.engines.hf.sampling import generate_kwargs, top_logprobs
 from rlgen.hostinfo import process_info
 from rlgen.phases import ActorClock
 from rlgen.types import Completion, GenRequest, Phase, SamplingParams
@@ -97,7 +99,7 @@ class HFEngine:
         by_params: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
         for i, r in enumerate(requests):
             s = r.sampling
-            key = (s.temperature, s.top_p, s.stop_token_ids, s.ignore_eos, s.seed, r.adapter)
+            key = (dataclasses.replace(s, n=1, max_new_tokens=1), r.adapter)  # all but n and the length
             by_params[key].extend((i, j) for j in range(s.n))
         out: dict[tuple[int, int], Completion] = {}
         for rows in by_params.values():
@@ -125,10 +127,7 @@ class HFEngine:
             out = self.model.generate(
                 input_ids=ids,
                 attention_mask=mask,
-                do_sample=not greedy,
-                temperature=None if greedy else s.temperature,
-                top_p=None if greedy or s.top_p >= 1 else s.top_p,
-                top_k=None if greedy else 0,  # no top-k cut: sample the whole distribution the logprobs describe
+                **generate_kwargs(s, ids.shape[1]),
                 max_new_tokens=max(limits),
                 min_new_tokens=max(limits) if s.ignore_eos and not s.stop_token_ids else None,
                 eos_token_id=stops or None,
@@ -140,9 +139,10 @@ class HFEngine:
         logits = torch.stack(out.logits, dim=1).float()  # [N, L, V]
         if not greedy:
             logits = logits / s.temperature
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)  # [N, L]
+        full = torch.log_softmax(logits, dim=-1)  # [N, L, V]
+        logp = full.gather(-1, new.unsqueeze(-1)).squeeze(-1)  # [N, L]
         stop_set = set(stops)
-        result = []
+        kept = []  # (request index, tokens, finish reason) per row
         for r, ((i, _), limit) in enumerate(zip(rows, limits)):
             toks = new[r].tolist()[:limit]
             reason = "length"
@@ -150,17 +150,12 @@ class HFEngine:
                 if t in stop_set:
                     toks, reason = toks[: t_idx + 1], "stop"
                     break
-            result.append(
-                Completion(
-                    group_id=requests[i].group_id,
-                    prompt_ids=list(requests[i].prompt_ids),
-                    token_ids=toks,
-                    logprobs=logp[r, : len(toks)].tolist(),
-                    finish_reason=reason,
-                    version=self.version,
-                )
-            )
-        return result
+            kept.append((i, toks, reason))
+        tops = top_logprobs(full, s.logprobs, [len(toks) for _, toks, _ in kept])
+        return [Completion(group_id=requests[i].group_id, prompt_ids=list(requests[i].prompt_ids), token_ids=toks,
+                           logprobs=logp[r, : len(toks)].tolist(), finish_reason=reason, version=self.version,
+                           top_logprobs=tops[r])
+                for r, (i, toks, reason) in enumerate(kept)]
 
     @torch.no_grad()
     def score(self, prompt_ids: list[list[int]], token_ids: list[list[int]], temperature: float = 1.0,

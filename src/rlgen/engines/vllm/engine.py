@@ -143,7 +143,16 @@ class VLLMEngine:
         from vllm.sampling_params import SamplingParams as VSamplingParams
 
         s = req.sampling
+        extra: dict[str, Any] = {}  # server-only settings, passed only when set (rollouts keep vLLM's defaults)
+        if not s.plain():
+            extra = {k: v for k, v in (("top_k", s.top_k), ("min_p", s.min_p), ("frequency_penalty", s.frequency_penalty),
+                                       ("presence_penalty", s.presence_penalty)) if v}
+            if s.repetition_penalty != 1.0:
+                extra["repetition_penalty"] = s.repetition_penalty
+            if s.logit_bias:
+                extra["logit_bias"] = dict(s.logit_bias)
         return VSamplingParams(
+            **extra,
             n=s.n,
             temperature=s.temperature,
             top_p=s.top_p,
@@ -151,7 +160,7 @@ class VLLMEngine:
             stop_token_ids=list(s.stop_token_ids) or None,
             ignore_eos=s.ignore_eos,
             seed=mix_seed(s.seed, req.group_id),
-            logprobs=0,  # the sampled token's logprob only
+            logprobs=s.logprobs,  # the sampled token's logprob, and the top alternatives when asked for
             flat_logprobs=True,  # a few flat lists per request instead of one dict per token
             detokenize=False,
             output_kind=RequestOutputKind.FINAL_ONLY,
@@ -173,6 +182,14 @@ class VLLMEngine:
         if flat is not None and len(flat) == len(token_ids):
             return list(flat)  # one entry per position: the sampled token's
         return [pos[tok].logprob for tok, pos in zip(token_ids, logprobs)]
+
+    @staticmethod
+    def _top_logprobs(logprobs: Any, k: int, length: int) -> list[dict[int, float]]:
+        """Per position, the k most likely tokens (vLLM's ranks 1..k) and their logprobs."""
+        if k <= 0 or logprobs is None:
+            return []
+        return [{int(t): float(lp.logprob) for t, lp in logprobs[i].items() if lp.rank is not None and lp.rank <= k}
+                for i in range(length)]
 
     def generate(self, requests: list[GenRequest], version: int | None = None) -> dict[str, Any]:
         """n completions per request, in request order, each tagged with the policy version that was loaded
@@ -212,6 +229,7 @@ class VLLMEngine:
                         prompt_ids=list(req.prompt_ids),
                         token_ids=toks,
                         logprobs=self._sampled_logprobs(toks, o.logprobs),
+                        top_logprobs=self._top_logprobs(o.logprobs, req.sampling.logprobs, len(toks)),
                         finish_reason=o.finish_reason,
                         version=v,
                         version_changes=version_changes(changes.get((f"{self.name}-{call}-{i}", o.index), []),
