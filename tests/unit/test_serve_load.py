@@ -25,13 +25,17 @@ pytest.importorskip("prometheus_client")
 PROMPT = [5, 6, 7, 8]
 
 
+ENGINES: list = []
+
+
 @pytest.fixture(scope="module")
 def url():
     cfg = compose_run_config([])
     path = prepare_model(cfg)
     plan = build_plan(cfg)
     model = ServedModel("tiny", path, plan.model.params, plan.model.vocab_size, 128, "hf", 1, load_tokenizer(path))
-    pool = EnginePool([HFEngine(path, EngineConfig(dtype="float32"), name="engine0")], model, timeout_s=60, local=True)
+    ENGINES.append(HFEngine(path, EngineConfig(dtype="float32"), name="engine0"))
+    pool = EnginePool(ENGINES, model, timeout_s=60, local=True)
     app = make_app(pool, token=None, max_sequences=4096, max_body_mb=1.0, max_queue=1, body_timeout_s=0.5)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -113,3 +117,22 @@ def test_metrics_in_prometheus_text_format(url):
         assert line in text, line
     tokens = next(float(x.split()[-1]) for x in text.splitlines() if x.startswith("rlgen_completion_tokens_total"))
     assert tokens >= 4
+
+
+def test_a_client_that_disconnects_stops_its_generation(url):
+    """A stream of 100 tokens, left after its first chunk: the engine generates a few more steps, not the rest
+    (its count of generated tokens tells), and the server answers the next request."""
+    engine = ENGINES[0]
+    before = engine.tokens
+    body = {"prompt": PROMPT, "max_tokens": 100, "stream": True, "logit_bias": {"1": -100}, "temperature": 1.0}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as r:
+        assert r.status_code == 200 and next(r.iter_lines()).startswith("data: ")
+    deadline = time.time() + 10
+    while time.time() < deadline and httpx.get(f"{url}/metrics", timeout=10).text.count("rlgen_queue_depth 0.0") == 0:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    assert engine.tokens - before < 100, "the generation ran to its end after the client left"
+    assert "rlgen_queue_depth 0.0" in httpx.get(f"{url}/metrics", timeout=10).text  # its place was released
+    _healthy(url)
+    full = httpx.post(f"{url}/v1/completions", json={**body, "stream": False}, timeout=60).json()
+    assert full["usage"]["completion_tokens"] == 100

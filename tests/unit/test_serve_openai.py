@@ -146,3 +146,37 @@ def test_the_async_client_works_too(app):
 
     texts = asyncio.run(run())
     assert len(texts) == 4 and all(isinstance(t, str) for t in texts)
+
+
+def test_streamed_completions_match_the_unstreamed_ones(client):
+    prompt, ban = [5, 6, 7, 8], {"logit_bias": {"1": -100}}  # no end of sequence: 12 tokens each
+    whole = client.completions.create(model="tiny", prompt=prompt, max_tokens=12, n=2, seed=5, logprobs=2,
+                                      extra_body=ban)
+    chunks = list(client.completions.create(model="tiny", prompt=prompt, max_tokens=12, n=2, seed=5, logprobs=2,
+                                            extra_body=ban, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens == 24 and not chunks[-1].choices
+    for k in range(2):
+        parts = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == k]
+        assert len(parts) > 2  # the text came in pieces
+        assert "".join(p.text for p in parts) == whole.choices[k].text
+        assert sum((p.logprobs.token_logprobs for p in parts if p.logprobs), []) == whole.choices[k].logprobs.token_logprobs
+        assert [p.finish_reason for p in parts][-1] == "length" and parts[-1].model_extra["policy_version"] == 0
+
+
+def test_streamed_chat_and_a_stop_string(client):
+    messages = [{"role": "user", "content": "2+2?"}]
+    whole = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0.0)
+    chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0.0,
+                                                 stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].object == "chat.completion.chunk"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+
+    def text(seed, **kw):
+        return client.completions.create(model="tiny", prompt="1+2=", max_tokens=24, seed=seed, temperature=3.0, **kw)
+
+    # a seeded sample long enough to hold a character to stop at, after its first two
+    full, seed = next((t, s) for s in range(50) if len((t := text(s).choices[0].text).strip()) >= 6)
+    stop = next(ch for ch in full[2:] if ch.strip())
+    parts = [c.choices[0] for c in text(seed, stop=[stop], stream=True)]
+    assert "".join(p.text for p in parts) == full[: full.index(stop)] and parts[-1].finish_reason == "stop"

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from rlgen.serve.load import RETRY_AFTER_S, ROUTE_NAMES, Load, read_body
@@ -30,6 +30,7 @@ from rlgen.serve.openai import (
     models_response,
 )
 from rlgen.serve.pool import EnginePool
+from rlgen.serve.stream import Chunks, sse
 from rlgen.wire.protocol import (
     BadRequest,
     adapter_from_bytes,
@@ -122,7 +123,8 @@ async def guard(request: Request, call_next: Any) -> Any:
 
         response = _error(f"the engines failed: {short(getattr(err, 'cause', None) or err)}", 500)
     finally:
-        state.load.done(path, response.status_code if response is not None else 500, time.perf_counter() - t0)
+        state.load.done(path, response.status_code if response is not None else 500, time.perf_counter() - t0,
+                        release=not (response is not None and getattr(request.state, "streaming", False)))
     return response
 
 
@@ -173,24 +175,36 @@ async def generate(request: Request) -> Any:
     return out
 
 
-async def completions(request: Request) -> Any:
+async def _openai(request: Request, parse: Callable[..., Any], answer: Callable[..., Any], chat: bool) -> Any:
+    """An OpenAI completion route: the body parsed into requests, answered whole or streamed."""
     state = _state(request)
     data = await _body(request)
     m = state.pool.model
-    reqs, stops = completions_request(data, m, state.pool.adapters)
+    reqs, stops = parse(data, m, state.pool.adapters)
     state.check_count(sum(r.sampling.n for r in reqs))
+    logprobs = bool(data.get("logprobs")) if chat else data.get("logprobs") is not None
+    if data.get("stream"):
+        return await _streamed(request, data, reqs, Chunks(reqs, stops, m, chat, logprobs))
     out = await state.pool.generate(reqs)
-    return completions_response(out["completions"], reqs, stops, m, bool(data.get("logprobs") is not None))
+    return answer(out["completions"], reqs, stops, m, logprobs)
+
+
+async def completions(request: Request) -> Any:
+    return await _openai(request, completions_request, completions_response, chat=False)
 
 
 async def chat_completions(request: Request) -> Any:
+    return await _openai(request, chat_request, chat_response, chat=True)
+
+
+async def _streamed(request: Request, data: dict[str, Any], reqs: list, chunks: Chunks) -> Any:
+    """A generation answered as server-sent events; its place in the queue is released when the stream ends."""
     state = _state(request)
-    data = await _body(request)
-    m = state.pool.model
-    reqs, stops = chat_request(data, m, state.pool.adapters)
-    state.check_count(sum(r.sampling.n for r in reqs))
-    out = await state.pool.generate(reqs)
-    return chat_response(out["completions"], reqs, stops, m, bool(data.get("logprobs")))
+    await state.pool.ready(reqs, None)  # an asleep engine or unknown adapter is refused before the stream starts
+    request.state.streaming = True
+    usage = bool((data.get("stream_options") or {}).get("include_usage"))
+    return StreamingResponse(sse(state.pool.generate_stream(reqs), chunks, usage, state.load.release),
+                             media_type="text/event-stream")
 
 
 async def models(request: Request) -> Any:

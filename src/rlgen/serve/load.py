@@ -64,13 +64,17 @@ class Load:
         self.active += 1
         return None
 
-    def done(self, path: str, status: int, seconds: float) -> None:
-        if path in GENERATION_ROUTES:
-            self.active -= 1
+    def done(self, path: str, status: int, seconds: float, release: bool = True) -> None:
+        """A request answered; release=False for a stream, which releases its place when it ends."""
+        if path in GENERATION_ROUTES and release:
+            self.release()
         if self.registry is not None:
             route = path if path in ROUTE_NAMES else "other"
             self._requests.labels(route, str(status)).inc()
             self._latency.labels(route).observe(seconds)
+
+    def release(self) -> None:
+        self.active -= 1
 
     def exposition(self) -> tuple[bytes, str]:
         if self.registry is None:

@@ -4,8 +4,8 @@ model list (``GET /v1/models``: the served model and its loaded LoRA adapters). 
 server; completions are decoded and cut at stop strings, and the tokens, logprobs and usage count only what is
 returned. Every choice keeps the ``policy_version`` of the weights that made it. The sampling fields vLLM's server
 takes (top_k, min_p, repetition_penalty, frequency_penalty, presence_penalty, logit_bias) reach the engines, and
-logprobs come with their top alternatives. Streaming, echo and best_of are not offered yet; a request that asks
-for them is refused in one sentence."""
+logprobs come with their top alternatives. ``stream=true`` answers in server-sent events (rlgen.serve.stream).
+Echo and best_of are not offered; a request that asks for them is refused in one sentence."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from typing import Any
 from rlgen.types import Completion, GenRequest, SamplingParams
 from rlgen.wire.protocol import BadRequest, check_length, check_sampling, logit_bias, sampling_extras
 
-COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "logprobs", "user", "stream", "top_k",
-          "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias"}
+COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "logprobs", "user", "stream",
+          "stream_options", "top_k", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias"}
 FIELDS = COMMON | {"prompt", "echo", "best_of"}
-CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs", "stream_options"}
+CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs"}
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
@@ -65,9 +65,10 @@ def _refuse(data: dict[str, Any], known: set[str], route: str) -> None:
     unknown = sorted(set(data) - known)
     if unknown:
         raise BadRequest(f"unknown field(s) {unknown} for {route}.")
-    for flag in ("stream", "echo"):
-        if data.get(flag):
-            raise BadRequest(f"{flag}=true is not supported by rlgen serve yet; leave it out.")
+    if data.get("echo"):
+        raise BadRequest("echo=true is not supported by rlgen serve; leave it out.")
+    if data.get("stream_options") is not None and not isinstance(data["stream_options"], dict):
+        raise BadRequest("stream_options must be an object such as {\"include_usage\": true}.")
     if int(data.get("best_of") or 1) != 1:
         raise BadRequest("best_of is not supported by rlgen serve; use n.")
 
@@ -172,11 +173,7 @@ def completions_response(completions: list[Completion], reqs: list[GenRequest], 
         choice: dict[str, Any] = {"index": index, "text": text, "finish_reason": reason, "logprobs": None,
                                   "policy_version": c.version}
         if with_logprobs:
-            pieces = [tok.decode([t]) for t in c.token_ids[:n]]
-            offsets = [sum(len(p) for p in pieces[:k]) for k in range(len(pieces))]
-            tops = [{tok.decode([t]): lp for t, lp in pos.items()} for pos in c.top_logprobs[:n]] or None
-            choice["logprobs"] = {"tokens": pieces, "token_logprobs": list(c.logprobs[:n]), "top_logprobs": tops,
-                                  "text_offset": offsets}
+            choice["logprobs"] = completion_logprobs(tok, c.token_ids[:n], c.logprobs[:n], c.top_logprobs[:n])
         choices.append(choice)
     return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
             "model": (reqs[0].adapter if reqs else None) or model.name, "choices": choices,
@@ -189,13 +186,7 @@ def chat_response(completions: list[Completion], reqs: list[GenRequest], stops: 
     choices = []
     returned = _returned(completions, stops, tok)
     for index, (c, n, text, reason) in enumerate(returned):
-        logprobs = None
-        if with_logprobs:
-            pieces = [tok.decode([t]) for t in c.token_ids[:n]]
-            tops = c.top_logprobs[:n] or [{}] * n
-            logprobs = {"content": [{"token": p, "logprob": lp, "bytes": list(p.encode()),
-                                     "top_logprobs": [_entry(tok.decode([t]), a) for t, a in top.items()]}
-                                    for p, lp, top in zip(pieces, c.logprobs[:n], tops)]}
+        logprobs = chat_logprobs(tok, c.token_ids[:n], c.logprobs[:n], c.top_logprobs[:n]) if with_logprobs else None
         choices.append({"index": index, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
                         "logprobs": logprobs, "policy_version": c.version})
     return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
@@ -205,6 +196,22 @@ def chat_response(completions: list[Completion], reqs: list[GenRequest], stops: 
 
 def _entry(piece: str, logprob: float) -> dict[str, Any]:
     return {"token": piece, "logprob": logprob, "bytes": list(piece.encode())}
+
+
+def completion_logprobs(tok: Any, ids: list[int], logprobs: list[float], tops: list[dict[int, float]],
+                        start: int = 0) -> dict[str, Any]:
+    """A text completion's logprobs object for these tokens; start: where their text begins in the choice's."""
+    pieces = [tok.decode([t]) for t in ids]
+    offsets = [start + sum(len(p) for p in pieces[:k]) for k in range(len(pieces))]
+    return {"tokens": pieces, "token_logprobs": list(logprobs), "text_offset": offsets,
+            "top_logprobs": [{tok.decode([t]): a for t, a in top.items()} for top in tops] or None}
+
+
+def chat_logprobs(tok: Any, ids: list[int], logprobs: list[float], tops: list[dict[int, float]]) -> dict[str, Any]:
+    """A chat choice's logprobs object ({"content": [...]}) for these tokens."""
+    return {"content": [{**_entry(tok.decode([t]), lp), "top_logprobs": [_entry(tok.decode([a]), b)
+                                                                          for a, b in top.items()]}
+                        for t, lp, top in zip(ids, logprobs, tops or [{}] * len(ids))]}
 
 
 def models_response(model: Any, adapters: Any, created: float) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,9 +118,8 @@ class EnginePool:
                 "version": max(self.versions)}
 
     # -- generation ----------------------------------------------------------------------------------------
-    async def generate(self, requests: list[GenRequest], engine: int | None = None) -> dict[str, Any]:
-        """Completions in request order (n per request). Without ``engine``, the requests are spread over the
-        awake engines by sample count."""
+    async def ready(self, requests: list[GenRequest], engine: int | None) -> list[int]:
+        """The awake engines a request may use, once none of them is paused; unknown adapters are refused."""
         unknown = sorted({r.adapter for r in requests if r.adapter is not None and r.adapter not in self.adapters})
         if unknown:
             raise BadRequest(f"no adapter named {unknown[0]!r} is loaded; loaded: {sorted(self.adapters) or 'none'} "
@@ -134,6 +133,12 @@ class EnginePool:
                 await asyncio.wait_for(self._resumed[i].wait(), self.timeout_s)
             except TimeoutError as err:
                 raise BadRequest(f"engine{i} stayed paused for {self.timeout_s:.0f} s; POST /resume.", status=503) from err
+        return chosen
+
+    async def generate(self, requests: list[GenRequest], engine: int | None = None) -> dict[str, Any]:
+        """Completions in request order (n per request). Without ``engine``, the requests are spread over the
+        awake engines by sample count."""
+        chosen = await self.ready(requests, engine)
         shards = split_by_samples(_one_per_greedy_sample(requests), len(chosen))
         jobs = [(i, s) for i, s in zip(chosen, shards) if s]
         results = await asyncio.gather(*(self.call(i, "generate", s) for i, s in jobs))
@@ -143,6 +148,60 @@ class EnginePool:
         self.tokens += sum(len(c.token_ids) for c in completions)
         spans = [span for (i, _), res in zip(jobs, results) for span in _engine_spans(i, res)]
         return {"completions": completions, "spans": spans, "version": max(res["version"] for res in results)}
+
+    async def generate_stream(self, requests: list[GenRequest]) -> AsyncIterator[dict[str, Any]]:
+        """The requests on one engine (the least busy), streamed: {"deltas": [(request, sample, tokens, logprobs,
+        top logprobs)]} as tokens come, then {"final": completions in request order}. Leaving the iteration early
+        (a client that disconnected) stops the engine's generation."""
+        index = min(await self.ready(requests, None), key=lambda k: self.in_flight[k])
+        split = _one_per_greedy_sample(requests)
+        origin = []  # each split request's (request, first sample)
+        for i, r in enumerate(requests):
+            many = r.sampling.temperature <= 0 and r.sampling.n > 1
+            origin += [(i, k) for k in range(r.sampling.n)] if many else [(i, 0)]
+        self.in_flight[index] += 1
+        self.requests += len(requests)
+        self.sequences += sum(r.sampling.n for r in requests)
+        try:
+            async for event in self._stream(index, split):
+                if "deltas" in event:
+                    yield {"deltas": [(origin[i][0], origin[i][1] + j, *rest) for i, j, *rest in event["deltas"]]}
+                else:
+                    completions = event["final"]["completions"]
+                    self.tokens += sum(len(c.token_ids) for c in completions)
+                    yield {"final": completions, "version": event["final"]["version"]}
+        finally:
+            self.in_flight[index] -= 1
+
+    async def _stream(self, index: int, requests: list[GenRequest]) -> AsyncIterator[dict[str, Any]]:
+        engine = self.engines[index]
+        if self.local:
+            import threading
+
+            async with self._locks[index]:
+                cancel = threading.Event()
+                events = engine.generate_stream(requests, cancel)
+                try:
+                    while (event := await asyncio.wait_for(asyncio.to_thread(next, events, None), self.timeout_s)):
+                        yield event
+                finally:
+                    cancel.set()  # no await here: a cancelled task could not wait; generation stops at its next step
+            return
+        import ray
+
+        events = engine.generate_stream.options(num_returns="streaming").remote(requests)
+        finished = False
+        try:
+            while True:
+                try:
+                    ref = await asyncio.wait_for(events.__anext__(), self.timeout_s)
+                except StopAsyncIteration:
+                    finished = True
+                    return
+                yield await ref
+        finally:
+            if not finished:
+                ray.cancel(events)  # a stream left early: the engine's generator stops at its next step
 
     # -- weights and memory --------------------------------------------------------------------------------
     async def update_weights(self, weights: dict[str, Any], version: int, engine: int | None) -> dict[str, Any]:

@@ -7,8 +7,11 @@ token (no top-p renormalisation), the same quantity the learner recomputes.
 from __future__ import annotations
 
 import dataclasses
+import queue
+import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -16,6 +19,7 @@ import torch
 from rlgen.config import EngineConfig
 from rlgen.engines.hf.adapters import EngineAdapters
 from rlgen.engines.hf.sampling import generate_kwargs, top_logprobs
+from rlgen.engines.hf.stream import Cancelled, StepStreamer
 from rlgen.hostinfo import process_info
 from rlgen.phases import ActorClock
 from rlgen.types import Completion, GenRequest, Phase, SamplingParams
@@ -77,6 +81,7 @@ class HFEngine:
         self.pad_id = gen.pad_token_id if gen.pad_token_id is not None else (self.eos_ids[0] if self.eos_ids else 0)
         self.version = int(version)
         self.calls = 0
+        self.tokens = 0  # generated, returned or not: a cancelled stream stops adding to it
         self.asleep = False
         self.clock.done()
         self.start_s = time.time() - t0
@@ -88,7 +93,9 @@ class HFEngine:
         return [int(v) for v in x] if isinstance(x, (list, tuple)) else [int(x)]
 
     # -- protocol ---------------------------------------------------------------------------------------
-    def generate(self, requests: list[GenRequest], version: int | None = None) -> dict[str, Any]:
+    def generate(self, requests: list[GenRequest], version: int | None = None, _emit: Any = None,
+                 _cancel: threading.Event | None = None) -> dict[str, Any]:
+        """_emit and _cancel: generate_stream's callback for each step's tokens, and its signal to stop early."""
         if self.asleep:
             raise RuntimeError(f"{self.name} is asleep; call wake() before generate().")
         for r in requests:
@@ -105,13 +112,14 @@ class HFEngine:
         for rows in by_params.values():
             for k in range(0, len(rows), self.max_batch):
                 chunk = rows[k : k + self.max_batch]
-                for (i, j), c in zip(chunk, self._generate_rows(requests, chunk)):
+                for (i, j), c in zip(chunk, self._generate_rows(requests, chunk, _emit, _cancel)):
                     out[(i, j)] = c
         completions = [out[(i, j)] for i, r in enumerate(requests) for j in range(r.sampling.n)]
         return {"completions": completions, "spans": [(Phase.generate.value, t0, time.time())], "version": self.version}
 
     @torch.no_grad()
-    def _generate_rows(self, requests: list[GenRequest], rows: list[tuple[int, int]]) -> list[Completion]:
+    def _generate_rows(self, requests: list[GenRequest], rows: list[tuple[int, int]], emit: Any = None,
+                       cancel: threading.Event | None = None) -> list[Completion]:
         s: SamplingParams = requests[rows[0][0]].sampling
         prompts = [list(requests[i].prompt_ids) for i, _ in rows]
         limits = [requests[i].sampling.max_new_tokens for i, _ in rows]
@@ -123,6 +131,12 @@ class HFEngine:
         base = s.seed if s.seed is not None else self.seed * 1_000_003 + self.calls * 7919
         torch.manual_seed(base * 1_000_003 + rows[0][0])
         greedy = s.temperature <= 0
+        streaming: dict[str, Any] = {}
+        if emit is not None:
+            streaming["streamer"] = StepStreamer(self.model, rows, s.temperature, s.logprobs, set(stops), list(limits),
+                                                 emit)
+        if cancel is not None:
+            streaming["stopping_criteria"] = [Cancelled(cancel)]
         with self.adapters.active(requests[rows[0][0]].adapter):
             out = self.model.generate(
                 input_ids=ids,
@@ -134,6 +148,7 @@ class HFEngine:
                 pad_token_id=self.pad_id,
                 return_dict_in_generate=True,
                 output_logits=True,
+                **streaming,
             )
         new = out.sequences[:, ids.shape[1] :]  # [N, L]
         logits = torch.stack(out.logits, dim=1).float()  # [N, L, V]
@@ -151,11 +166,40 @@ class HFEngine:
                     toks, reason = toks[: t_idx + 1], "stop"
                     break
             kept.append((i, toks, reason))
+            self.tokens += len(toks)
         tops = top_logprobs(full, s.logprobs, [len(toks) for _, toks, _ in kept])
         return [Completion(group_id=requests[i].group_id, prompt_ids=list(requests[i].prompt_ids), token_ids=toks,
                            logprobs=logp[r, : len(toks)].tolist(), finish_reason=reason, version=self.version,
                            top_logprobs=tops[r])
                 for r, (i, toks, reason) in enumerate(kept)]
+
+    def generate_stream(self, requests: list[GenRequest],
+                        cancel: threading.Event | None = None) -> Iterator[dict[str, Any]]:
+        """generate(), streamed: {"deltas": [(request, sample, tokens, logprobs, top logprobs), ...]} as each step
+        is sampled, then {"final": generate()'s result}. Closing the iterator early, or setting ``cancel`` (from
+        any thread), stops generation at the next step."""
+        events: queue.Queue = queue.Queue()
+        cancel, box = cancel or threading.Event(), {}
+
+        def work() -> None:
+            try:
+                box["out"] = self.generate(requests, None, events.put, cancel)
+            except BaseException as err:  # noqa: BLE001 - raised below, in the consumer's thread
+                box["err"] = err
+            finally:
+                events.put(None)
+
+        thread = threading.Thread(target=work, name=f"{self.name}-stream", daemon=True)
+        thread.start()
+        try:
+            while (deltas := events.get()) is not None:
+                yield {"deltas": deltas}
+        finally:
+            cancel.set()  # a no-op once generation has finished; else it stops at the next step
+            thread.join()
+        if "err" in box:
+            raise box["err"]
+        yield {"final": box["out"]}
 
     @torch.no_grad()
     def score(self, prompt_ids: list[list[int]], token_ids: list[list[int]], temperature: float = 1.0,
@@ -220,5 +264,5 @@ class HFEngine:
 
     def health(self) -> dict[str, Any]:
         return {"ok": True, "name": self.name, "version": self.version, "asleep": self.asleep, "start_s": self.start_s,
-                "adapters": self.adapters.names(), "dtype": str(self.dtype).removeprefix("torch."),
+                "adapters": self.adapters.names(), "dtype": str(self.dtype).removeprefix("torch."), "tokens": self.tokens,
                 "startup": self.clock.to_dict(), **process_info()}

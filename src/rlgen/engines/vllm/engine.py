@@ -16,16 +16,25 @@ into the workers: ``vllm_weights`` (object store) and ``ipc_buffer`` (colocated)
 
 from __future__ import annotations
 
+import asyncio
 import os
+import queue
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rlgen.config import EngineConfig
 from rlgen.engines.vllm.adapters import AdapterFolders
 from rlgen.engines.vllm.args import REQUIRED_ENV, TUNED_DEFAULTS, build_engine_args, mix_seed
-from rlgen.engines.vllm.loop import LoopThread, build_engine, generate_all, live_token_counts, version_changes
+from rlgen.engines.vllm.loop import (
+    LoopThread,
+    build_engine,
+    generate_all,
+    live_token_counts,
+    stream_one,
+    version_changes,
+)
 from rlgen.engines.vllm.startup import EngineStartError, check_free_memory, explain, own_stderr_tail
 from rlgen.engines.vllm.weights import WEIGHT_CHUNK_BYTES, chunk_weights, load_weights_on_worker, to_wire
 from rlgen.hostinfo import process_info
@@ -138,7 +147,7 @@ class VLLMEngine:
         self.start_s = time.time() - t0
 
     # -- generation -------------------------------------------------------------------------------------
-    def _sampling(self, req: GenRequest) -> Any:
+    def _sampling(self, req: GenRequest, stream: bool = False) -> Any:
         from vllm.sampling_params import RequestOutputKind
         from vllm.sampling_params import SamplingParams as VSamplingParams
 
@@ -163,7 +172,7 @@ class VLLMEngine:
             logprobs=s.logprobs,  # the sampled token's logprob, and the top alternatives when asked for
             flat_logprobs=True,  # a few flat lists per request instead of one dict per token
             detokenize=False,
-            output_kind=RequestOutputKind.FINAL_ONLY,
+            output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
         )
 
     def _prompt(self, req: GenRequest) -> Any:
@@ -237,6 +246,54 @@ class VLLMEngine:
                     )
                 )
         return {"completions": completions, "spans": [(Phase.generate.value, t0, t1)], "version": v}
+
+    def generate_stream(self, requests: list[GenRequest]) -> Iterator[dict[str, Any]]:
+        """generate(), streamed (as HFEngine.generate_stream): {"deltas": [(request, sample, tokens, logprobs, top
+        logprobs), ...]} as vLLM hands new tokens over, then {"final": generate()'s result}. Closing the iterator
+        early cancels the requests' task, and vLLM aborts them."""
+        if self.asleep:
+            raise EngineError(f"{self.name} is asleep; call wake() before generate_stream().")
+        with self._lock:
+            self._calls += 1
+            call = self._calls
+        t0, v = time.time(), self.version
+        events: queue.Queue = queue.Queue()
+
+        def delta(i: int, o: Any) -> tuple:
+            toks = list(o.token_ids)
+            return (i, o.index, toks, self._sampled_logprobs(toks, o.logprobs),
+                    self._top_logprobs(o.logprobs, requests[i].sampling.logprobs, len(toks)))
+
+        jobs = [stream_one(self.llm, i, self._prompt(r), self._sampling(r, stream=True), f"{self.name}-{call}-{i}",
+                           self._lora_of(r), events.put, delta) for i, r in enumerate(requests)]
+
+        async def run() -> list[dict[int, str]]:
+            return await asyncio.gather(*jobs)
+
+        fut = asyncio.run_coroutine_threadsafe(run(), self._loop.loop)
+        fut.add_done_callback(lambda _: events.put(None))
+        got: dict[tuple[int, int], tuple[list, list, list]] = {}
+        try:
+            while True:
+                try:
+                    item = events.get(timeout=self.timeout_s)
+                except queue.Empty as err:
+                    raise EngineError(f"{self.name}: a stream sent nothing for {self.timeout_s:.0f} s.") from err
+                if item is None:
+                    break
+                for i, j, toks, lps, tops in item:
+                    acc = got.setdefault((i, j), ([], [], []))
+                    acc[0].extend(toks), acc[1].extend(lps), acc[2].extend(tops)
+                yield {"deltas": item}
+            reasons = fut.result()
+        finally:
+            if not fut.done():
+                fut.cancel()  # the consumer went away: the task is cancelled and vLLM aborts its requests
+        completions = [Completion(req.group_id, list(req.prompt_ids), *got.get((i, j), ([], [], []))[:2],
+                                  finish_reason=reasons[i].get(j, "length"), version=v,
+                                  top_logprobs=got.get((i, j), ([], [], []))[2])
+                       for i, req in enumerate(requests) for j in range(req.sampling.n)]
+        yield {"final": {"completions": completions, "spans": [(Phase.generate.value, t0, time.time())], "version": v}}
 
     # -- weights ----------------------------------------------------------------------------------------
     def _wire_dtype(self) -> Any:

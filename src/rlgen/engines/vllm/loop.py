@@ -91,6 +91,19 @@ async def generate_all(llm: Any, jobs: list[tuple[Any, Any, str, Any]]) -> list[
     return await asyncio.gather(*(_generate_one(llm, *job) for job in jobs))
 
 
+async def stream_one(llm: Any, index: int, prompt: Any, params: Any, request_id: str, lora: Any,
+                     put: Callable[[Any], None], delta: Callable[[int, Any], Any]) -> Any:
+    """One request's outputs as they come (params with output_kind DELTA): delta(index, output) for each sample
+    that has new tokens is handed to put; returns the outputs' finish reasons by sample index."""
+    reasons: dict[int, str] = {}
+    async for out in llm.generate(prompt, params, request_id, lora_request=lora):
+        deltas = [delta(index, o) for o in out.outputs if o.token_ids]
+        if deltas:
+            put(deltas)
+        reasons.update({o.index: o.finish_reason for o in out.outputs if o.finish_reason})
+    return reasons
+
+
 async def live_token_counts(llm: Any, prefix: str) -> dict[tuple[str, int], int]:
     """Tokens sampled so far by each running request (request id, sample index) whose id starts with prefix.
     Read from vLLM's output processor, where outputs that arrived before a pause have been counted once the

@@ -1,0 +1,69 @@
+"""Streaming from the hf engine: a transformers streamer that hands each step's sampled tokens of a batch, with
+their logprobs, to a callback as they are made, and a stopping criterion that ends generation early when the
+consumer has gone (a client that disconnected). The logprob of each token comes from the lm head's output at
+that step, read by a forward hook: the same quantity the engine reports at the end (log_softmax(logits / T))."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+Delta = tuple[int, int, list[int], list[float], list[dict[int, float]]]  # request, sample, tokens, logprobs, tops
+
+
+class StepStreamer:
+    """transformers' streamer protocol (put/end) for a batch of rows, each a (request index, sample index)."""
+
+    def __init__(self, model: Any, rows: list[tuple[int, int]], temperature: float, top: int, stops: set[int],
+                 limits: list[int], emit: Callable[[list[Delta]], None]):
+        self.rows, self.temperature, self.top, self.stops, self.limits, self.emit = rows, temperature, top, stops, limits, emit
+        self.prompt_seen = False
+        self.logits: torch.Tensor | None = None
+        self.counts = [0] * len(rows)
+        self.hook = model.get_output_embeddings().register_forward_hook(self._capture)
+
+    def _capture(self, module: Any, inputs: Any, output: torch.Tensor) -> None:
+        self.logits = output[:, -1, :].detach().float()
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self.prompt_seen:  # generate() hands the prompt over first
+            self.prompt_seen = True
+            return
+        tokens = value.reshape(-1).to(torch.long)
+        logits = self.logits if self.temperature <= 0 else self.logits / self.temperature
+        logp = torch.log_softmax(logits, dim=-1)
+        picked = logp.gather(1, tokens.to(logp.device).view(-1, 1)).squeeze(1).tolist()
+        tops: list[dict[int, float]] = [{} for _ in self.rows]
+        if self.top > 0:
+            values, ids = logp.topk(self.top, dim=-1)
+            tops = [dict(zip(ids[r].tolist(), values[r].tolist())) for r in range(len(self.rows))]
+        deltas = []
+        for r, (t, lp) in enumerate(zip(tokens.tolist(), picked)):
+            if self.counts[r] >= self.limits[r]:
+                continue  # this row ended (a stop token, or its own limit) while others go on
+            self.counts[r] += 1
+            if t in self.stops:
+                self.limits[r] = self.counts[r]
+            i, j = self.rows[r]
+            deltas.append((i, j, [t], [lp], [tops[r]] if self.top > 0 else []))
+        if deltas:
+            self.emit(deltas)
+
+    def end(self) -> None:
+        self.hook.remove()
+
+
+class Cancelled:
+    """A stopping criterion: every row is done once ``event`` is set."""
+
+    def __init__(self, event: threading.Event):
+        self.event = event
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
+
+
+__all__ = ["Cancelled", "Delta", "StepStreamer"]

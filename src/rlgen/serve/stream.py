@@ -1,0 +1,139 @@
+"""Server-sent events for ``stream=true`` on /v1/completions and /v1/chat/completions, in OpenAI's chunk format:
+text as the engine makes it, each chunk with the logprobs of its tokens, a last chunk per choice with its finish
+reason, a usage chunk when ``stream_options.include_usage`` is set, then ``data: [DONE]``. Text that could be the
+start of a stop string is held back until it is known not to be one; a stop string ends its choice, and the
+tokens after it are neither sent nor counted. A client that goes away stops the engine's generation."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlgen.serve.openai import chat_logprobs, completion_logprobs, cut_at_stop
+from rlgen.types import GenRequest
+
+
+@dataclass
+class _Choice:
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    tops: list[dict[int, float]] = field(default_factory=list)
+    sent_text: int = 0  # characters of its text sent
+    sent_tokens: int = 0  # tokens whose logprobs were sent
+    kept: int | None = None  # tokens returned, once a stop string has cut the choice
+    reason: str | None = None
+
+
+class Chunks:
+    """The chunks of one streamed request."""
+
+    def __init__(self, reqs: list[GenRequest], stops: list[str], model: Any, chat: bool, with_logprobs: bool):
+        self.reqs, self.stops, self.model, self.chat, self.with_logprobs = reqs, stops, model, chat, with_logprobs
+        self.tok = model.tokenizer
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.name = (reqs[0].adapter if reqs else None) or model.name
+        self.first = [sum(r.sampling.n for r in reqs[:i]) for i in range(len(reqs))]
+        self.choices = [_Choice() for _ in range(sum(r.sampling.n for r in reqs))]
+        self.hold = max((len(s) for s in stops), default=1) - 1
+        self.version = 0
+
+    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> str:
+        obj = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+               "created": self.created, "model": self.name, "choices": choices, **extra}
+        return f"data: {json.dumps(obj)}\n\n"
+
+    def start(self) -> list[str]:
+        if not self.chat:
+            return []
+        return [self._chunk([{"index": k, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None} for k in range(len(self.choices))])]
+
+    def add(self, i: int, j: int, tokens: list[int], logprobs: list[float], tops: list[dict[int, float]]) -> list[str]:
+        k = self.first[i] + j
+        c = self.choices[k]
+        if c.kept is not None:
+            return []
+        c.tokens += tokens
+        c.logprobs += logprobs
+        c.tops += tops
+        return self._advance(k, None)
+
+    def finish(self, completions: list[Any], version: int) -> list[str]:
+        """The last chunks, from the engine's final completions (finish reasons; any token a delta missed)."""
+        self.version = version
+        out = []
+        for k, comp in enumerate(completions):
+            c = self.choices[k]
+            if c.kept is None:
+                c.tokens, c.logprobs, c.tops = list(comp.token_ids), list(comp.logprobs), list(comp.top_logprobs)
+                out += self._advance(k, comp.finish_reason)
+        return out
+
+    def _advance(self, k: int, final_reason: str | None) -> list[str]:
+        c = self.choices[k]
+        n, text, cut = cut_at_stop(self.tok, c.tokens, self.stops)
+        if cut:
+            c.kept, c.reason, upto = n, "stop", len(text)
+        elif final_reason is not None:
+            c.kept, c.reason, upto = n, final_reason, len(text)
+        else:
+            upto = len(text) - self.hold - (1 if text.endswith("\ufffd") else 0)  # a stop string's start, a cut character
+            if upto <= c.sent_text:
+                return []
+        start = c.sent_text
+        piece, c.sent_text = text[c.sent_text : upto], max(c.sent_text, upto)
+        last = c.kept if c.kept is not None else len(c.tokens)
+        ids = c.tokens[c.sent_tokens : last]
+        lps, tops = c.logprobs[c.sent_tokens : last], c.tops[c.sent_tokens : last]
+        c.sent_tokens = max(c.sent_tokens, last)
+        return [self._chunk([self._choice(k, piece, ids, lps, tops, c.reason, start)])]
+
+    def _choice(self, k: int, piece: str, ids: list[int], lps: list[float], tops: list[dict[int, float]],
+                reason: str | None, start: int) -> dict[str, Any]:
+        logprobs = None
+        if self.with_logprobs:
+            logprobs = (chat_logprobs(self.tok, ids, lps, tops) if self.chat
+                        else completion_logprobs(self.tok, ids, lps, tops, start))
+        if self.chat:
+            return {"index": k, "delta": {"content": piece} if piece else {}, "logprobs": logprobs,
+                    "finish_reason": reason}
+        return {"index": k, "text": piece, "logprobs": logprobs, "finish_reason": reason,
+                "policy_version": self.version}
+
+    def usage(self) -> str:
+        prompt = sum(len(r.prompt_ids) for r in self.reqs)
+        completion = sum(c.kept if c.kept is not None else len(c.tokens) for c in self.choices)
+        return self._chunk([], usage={"prompt_tokens": prompt, "completion_tokens": completion,
+                                      "total_tokens": prompt + completion})
+
+
+async def sse(events: AsyncIterator[dict[str, Any]], chunks: Chunks, include_usage: bool,
+              release: Any = None) -> AsyncIterator[str]:
+    """The event stream of one request; ``release`` is called when it ends, however it ends."""
+    try:
+        for line in chunks.start():
+            yield line
+        async for event in events:
+            if "deltas" in event:
+                for delta in event["deltas"]:
+                    for line in chunks.add(*delta):
+                        yield line
+            else:
+                for line in chunks.finish(event["final"], int(event["version"])):
+                    yield line
+        if include_usage:
+            yield chunks.usage()
+        yield "data: [DONE]\n\n"
+    except Exception as err:  # noqa: BLE001 - the status is sent; the error goes in the stream, in OpenAI's shape
+        from rlgen.runtime.waits import short
+        from rlgen.wire.protocol import error_body
+
+        yield f"data: {json.dumps(error_body(f'the engines failed: {short(err)}', 500))}\n\n"
+    finally:
+        if release is not None:
+            release()
