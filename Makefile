@@ -5,6 +5,7 @@ PY := $(VENV)/bin/python
 RLGEN ?= $(VENV)/bin/rlgen
 # CPU torch: pinned so a CPU machine does not pull CUDA packages. The GPU extra brings its own torch.
 TORCH_CPU ?= torch==2.13.0
+TRL ?= trl==1.16.0
 
 .PHONY: help install train smoke smoke-gpu test test-all layers lint bench clean
 
@@ -18,6 +19,8 @@ $(PY):
 install: $(PY)  ## create .venv and install rlgen (CPU torch) with dev tools and the data and LoRA extras
 	$(PY) -m pip install -q $(TORCH_CPU)
 	$(PY) -m pip install -q -e ".[dev,data,lora]"
+	# TRL's vLLM client, which the serve tests drive; its module needs none of TRL's own dependencies
+	$(PY) -m pip install -q --no-deps $(TRL)
 
 train:  ## the main job: `rlgen train` on the embedded default (CPU, tiny model)
 	$(RLGEN) train

@@ -10,7 +10,6 @@ No `from __future__ import annotations` here: FastAPI reads the handlers' annota
 
 
 import hmac
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,9 +19,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from rlgen.serve.load import RETRY_AFTER_S, ROUTE_NAMES, Load, read_body
+from rlgen.serve.http import body as _body
+from rlgen.serve.http import engine_arg as _engine_arg
+from rlgen.serve.http import state as _state
+from rlgen.serve.load import RETRY_AFTER_S, ROUTE_NAMES, Load
 from rlgen.serve.lora import load_named, unload_named, update_policy
 from rlgen.serve.openai import (
+    Shape,
     chat_request,
     chat_response,
     completions_request,
@@ -31,6 +34,7 @@ from rlgen.serve.openai import (
 )
 from rlgen.serve.pool import EnginePool
 from rlgen.serve.stream import Chunks, sse
+from rlgen.serve.vllm_api import ROUTES as VLLM_ROUTES
 from rlgen.wire.protocol import (
     BadRequest,
     adapter_from_bytes,
@@ -67,34 +71,6 @@ class ServeState:
         if n > self.max_sequences:
             raise BadRequest(f"the request asks for {n} sequences (prompts x n), over serve.max_sequences="
                              f"{self.max_sequences}; split it into smaller requests.", status=413)
-
-
-def _state(request: Request) -> ServeState:
-    return request.app.state.serve
-
-
-def _engine_arg(value: Any) -> int | None:
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError) as err:
-        raise BadRequest(f"engine={value!r} must be an engine index.") from err
-
-
-async def _body(request: Request) -> dict[str, Any]:
-    """The request's JSON object, within serve.max_body_mb."""
-    state = _state(request)
-    raw = await read_body(request, state.max_body, state.body_timeout_s,
-                          f"the request body is over serve.max_body_mb={state.max_body_mb:g}; send fewer prompts per "
-                          "request.")
-    try:
-        data = json.loads(raw)
-    except ValueError as err:
-        raise BadRequest(f"the body is not JSON ({err}).") from err
-    if not isinstance(data, dict):
-        raise BadRequest("the body must be a JSON object.")
-    return data
 
 
 # -- middleware and errors ---------------------------------------------------------------------------------
@@ -182,11 +158,11 @@ async def _openai(request: Request, parse: Callable[..., Any], answer: Callable[
     m = state.pool.model
     reqs, stops = parse(data, m, state.pool.adapters)
     state.check_count(sum(r.sampling.n for r in reqs))
-    logprobs = bool(data.get("logprobs")) if chat else data.get("logprobs") is not None
+    shape = Shape.of(data, chat)
     if data.get("stream"):
-        return await _streamed(request, data, reqs, Chunks(reqs, stops, m, chat, logprobs))
+        return await _streamed(request, data, reqs, Chunks(reqs, stops, m, chat, shape))
     out = await state.pool.generate(reqs)
-    return answer(out["completions"], reqs, stops, m, logprobs)
+    return answer(out["completions"], reqs, stops, m, shape)
 
 
 async def completions(request: Request) -> Any:
@@ -303,6 +279,7 @@ ROUTES: list[tuple[str, str, Callable[..., Any]]] = [
     ("POST", "/wake", wake),
     ("POST", "/pause", pause),
     ("POST", "/resume", resume),
+    *VLLM_ROUTES,  # vLLM's server's own routes that RL trainers (TRL's VLLMClient) call
 ]
 
 

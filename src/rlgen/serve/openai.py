@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from rlgen.types import Completion, GenRequest, SamplingParams
 from rlgen.wire.protocol import BadRequest, check_length, check_sampling, logit_bias, sampling_extras
 
 COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "logprobs", "user", "stream",
-          "stream_options", "top_k", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias"}
+          "stream_options", "top_k", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias",
+          # vLLM's own: token ids in the answer (TRL's client asks for both)
+          "return_token_ids", "return_tokens_as_token_ids"}
 FIELDS = COMMON | {"prompt", "echo", "best_of"}
-CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs"}
+CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs", "chat_template", "chat_template_kwargs",
+                        "tools", "tool_choice"}
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
@@ -67,6 +71,8 @@ def _refuse(data: dict[str, Any], known: set[str], route: str) -> None:
         raise BadRequest(f"unknown field(s) {unknown} for {route}.")
     if data.get("echo"):
         raise BadRequest("echo=true is not supported by rlgen serve; leave it out.")
+    if data.get("tools"):
+        raise BadRequest("tools are not supported by rlgen serve's chat route; render them into the messages.")
     if data.get("stream_options") is not None and not isinstance(data["stream_options"], dict):
         raise BadRequest("stream_options must be an object such as {\"include_usage\": true}.")
     if int(data.get("best_of") or 1) != 1:
@@ -120,11 +126,18 @@ def chat_request(data: dict[str, Any], model: Any, adapters: Any = ()) -> tuple[
             isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str) for m in messages):
         raise BadRequest(f"messages must be a non-empty list of {{role, content}} with a role in {sorted(ROLES)} and "
                          "text content.")
-    if not getattr(model.tokenizer, "chat_template", None):
+    if not getattr(model.tokenizer, "chat_template", None) and not data.get("chat_template"):
         raise BadRequest(f"model {model.name!r} has no chat template in its folder; use /v1/completions, or serve a "
                          "model folder whose tokenizer has one.")
-    out = model.tokenizer.apply_chat_template([{"role": m["role"], "content": m["content"]} for m in messages],
-                                              add_generation_prompt=True, tokenize=True)
+    template, extra = data.get("chat_template"), data.get("chat_template_kwargs") or {}
+    if not isinstance(extra, dict) or (template is not None and not isinstance(template, str)):
+        raise BadRequest("chat_template must be a Jinja template string and chat_template_kwargs an object.")
+    try:
+        out = model.tokenizer.apply_chat_template([{"role": m["role"], "content": m["content"]} for m in messages],
+                                                  add_generation_prompt=True, tokenize=True, chat_template=template,
+                                                  **extra)
+    except Exception as err:  # noqa: BLE001 - a template error (jinja's types vary) is the request's fault
+        raise BadRequest(f"the chat template could not render these messages ({err}).") from err
     ids = [int(i) for i in (out["input_ids"] if hasattr(out, "keys") else out)]
     max_tokens = data.get("max_completion_tokens") or data.get("max_tokens") or max(model.max_model_len - len(ids), 1)
     sampling, stops = _sampling(data, max_tokens, data.get("top_logprobs"), model)
@@ -164,16 +177,37 @@ def _returned(completions: list[Completion], stops: list[str], tok: Any) -> list
     return out
 
 
+@dataclass(frozen=True)
+class Shape:
+    """What an answer holds: logprobs (for completions, the top alternatives count comes with the sampling), the
+    token ids of prompt and choices (vLLM's return_token_ids), and tokens named by id ("token_id:<id>", vLLM's
+    return_tokens_as_token_ids) rather than by their text."""
+
+    logprobs: bool = False
+    token_ids: bool = False
+    as_ids: bool = False
+
+    @classmethod
+    def of(cls, data: dict[str, Any], chat: bool) -> Shape:
+        logprobs = bool(data.get("logprobs")) if chat else data.get("logprobs") is not None
+        return cls(logprobs, bool(data.get("return_token_ids")), bool(data.get("return_tokens_as_token_ids")))
+
+    def name(self, tok: Any, token: int) -> str:
+        return f"token_id:{token}" if self.as_ids else tok.decode([token])
+
+
 def completions_response(completions: list[Completion], reqs: list[GenRequest], stops: list[str], model: Any,
-                         with_logprobs: bool) -> dict[str, Any]:
+                         shape: Shape) -> dict[str, Any]:
     tok = model.tokenizer
     choices = []
     returned = _returned(completions, stops, tok)
     for index, (c, n, text, reason) in enumerate(returned):
         choice: dict[str, Any] = {"index": index, "text": text, "finish_reason": reason, "logprobs": None,
                                   "policy_version": c.version}
-        if with_logprobs:
-            choice["logprobs"] = completion_logprobs(tok, c.token_ids[:n], c.logprobs[:n], c.top_logprobs[:n])
+        if shape.logprobs:
+            choice["logprobs"] = completion_logprobs(tok, c.token_ids[:n], c.logprobs[:n], c.top_logprobs[:n], shape)
+        if shape.token_ids:
+            choice.update(prompt_token_ids=list(c.prompt_ids), token_ids=list(c.token_ids[:n]))
         choices.append(choice)
     return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
             "model": (reqs[0].adapter if reqs else None) or model.name, "choices": choices,
@@ -181,36 +215,48 @@ def completions_response(completions: list[Completion], reqs: list[GenRequest], 
 
 
 def chat_response(completions: list[Completion], reqs: list[GenRequest], stops: list[str], model: Any,
-                  with_logprobs: bool) -> dict[str, Any]:
+                  shape: Shape) -> dict[str, Any]:
     tok = model.tokenizer
     choices = []
     returned = _returned(completions, stops, tok)
     for index, (c, n, text, reason) in enumerate(returned):
-        logprobs = chat_logprobs(tok, c.token_ids[:n], c.logprobs[:n], c.top_logprobs[:n]) if with_logprobs else None
-        choices.append({"index": index, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
-                        "logprobs": logprobs, "policy_version": c.version})
-    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": reqs[0].adapter or model.name, "choices": choices,
-            "usage": _usage(reqs, sum(n for _, n, _, _ in returned))}
+        logprobs = chat_logprobs(tok, c.token_ids[:n], c.logprobs[:n], c.top_logprobs[:n], shape) if shape.logprobs else None
+        choice = {"index": index, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
+                  "logprobs": logprobs, "policy_version": c.version}
+        if shape.token_ids:
+            choice["token_ids"] = list(c.token_ids[:n])
+        choices.append(choice)
+    out = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+           "model": reqs[0].adapter or model.name, "choices": choices,
+           "usage": _usage(reqs, sum(n for _, n, _, _ in returned))}
+    if shape.token_ids:
+        out["prompt_token_ids"] = list(reqs[0].prompt_ids)
+    return out
 
 
 def _entry(piece: str, logprob: float) -> dict[str, Any]:
     return {"token": piece, "logprob": logprob, "bytes": list(piece.encode())}
 
 
-def completion_logprobs(tok: Any, ids: list[int], logprobs: list[float], tops: list[dict[int, float]],
+def completion_logprobs(tok: Any, ids: list[int], logprobs: list[float], tops: list[dict[int, float]], shape: Shape,
                         start: int = 0) -> dict[str, Any]:
-    """A text completion's logprobs object for these tokens; start: where their text begins in the choice's."""
-    pieces = [tok.decode([t]) for t in ids]
-    offsets = [start + sum(len(p) for p in pieces[:k]) for k in range(len(pieces))]
-    return {"tokens": pieces, "token_logprobs": list(logprobs), "text_offset": offsets,
-            "top_logprobs": [{tok.decode([t]): a for t, a in top.items()} for top in tops] or None}
+    """A text completion's logprobs object for these tokens; start: where their text begins in the choice's. Each
+    position's top_logprobs holds its alternatives and, as vLLM's do, the sampled token."""
+    texts = [tok.decode([t]) for t in ids]
+    offsets = [start + sum(len(p) for p in texts[:k]) for k in range(len(texts))]
+    tops = tops or [{}] * len(ids)
+    return {"tokens": [shape.name(tok, t) for t in ids], "token_logprobs": list(logprobs), "text_offset": offsets,
+            "top_logprobs": [{shape.name(tok, t): lp, **{shape.name(tok, a): b for a, b in top.items()}}
+                             for t, lp, top in zip(ids, logprobs, tops)]}
 
 
-def chat_logprobs(tok: Any, ids: list[int], logprobs: list[float], tops: list[dict[int, float]]) -> dict[str, Any]:
+def chat_logprobs(tok: Any, ids: list[int], logprobs: list[float], tops: list[dict[int, float]],
+                  shape: Shape) -> dict[str, Any]:
     """A chat choice's logprobs object ({"content": [...]}) for these tokens."""
-    return {"content": [{**_entry(tok.decode([t]), lp), "top_logprobs": [_entry(tok.decode([a]), b)
-                                                                          for a, b in top.items()]}
+    def entry(t: int, lp: float) -> dict[str, Any]:
+        return {**_entry(tok.decode([t]), lp), "token": shape.name(tok, t)}
+
+    return {"content": [{**entry(t, lp), "top_logprobs": [entry(a, b) for a, b in top.items()]}
                         for t, lp, top in zip(ids, logprobs, tops or [{}] * len(ids))]}
 
 

@@ -68,6 +68,7 @@ class EnginePool:
         self._locks = [asyncio.Lock() for _ in self.engines]  # local engines run one call at a time, as actors do
         self.in_flight = [0] * len(self.engines)  # calls each engine is working on
         self.adapters: dict[str, str] = {}  # LoRA adapters loaded by name -> their folders (rlgen.serve.lora)
+        self.pending_version: int | None = None  # of a weight update a trainer has begun (rlgen.serve.vllm_api)
 
     # -- calls ---------------------------------------------------------------------------------------------
     async def call(self, index: int, method: str, *args: Any, timeout_s: float | None = None) -> Any:

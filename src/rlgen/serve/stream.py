@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlgen.serve.openai import chat_logprobs, completion_logprobs, cut_at_stop
+from rlgen.serve.openai import Shape, chat_logprobs, completion_logprobs, cut_at_stop
 from rlgen.types import GenRequest
 
 
@@ -31,8 +31,8 @@ class _Choice:
 class Chunks:
     """The chunks of one streamed request."""
 
-    def __init__(self, reqs: list[GenRequest], stops: list[str], model: Any, chat: bool, with_logprobs: bool):
-        self.reqs, self.stops, self.model, self.chat, self.with_logprobs = reqs, stops, model, chat, with_logprobs
+    def __init__(self, reqs: list[GenRequest], stops: list[str], model: Any, chat: bool, shape: Shape):
+        self.reqs, self.stops, self.model, self.chat, self.shape = reqs, stops, model, chat, shape
         self.tok = model.tokenizer
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
@@ -96,9 +96,9 @@ class Chunks:
     def _choice(self, k: int, piece: str, ids: list[int], lps: list[float], tops: list[dict[int, float]],
                 reason: str | None, start: int) -> dict[str, Any]:
         logprobs = None
-        if self.with_logprobs:
-            logprobs = (chat_logprobs(self.tok, ids, lps, tops) if self.chat
-                        else completion_logprobs(self.tok, ids, lps, tops, start))
+        if self.shape.logprobs:
+            logprobs = (chat_logprobs(self.tok, ids, lps, tops, self.shape) if self.chat
+                        else completion_logprobs(self.tok, ids, lps, tops, self.shape, start))
         if self.chat:
             return {"index": k, "delta": {"content": piece} if piece else {}, "logprobs": logprobs,
                     "finish_reason": reason}

@@ -229,6 +229,10 @@ class HFEngine:
         self.version = int(version)
         return {"version": self.version, "spans": [(Phase.sync.value, t0, time.time())]}
 
+    def reset_prefix_cache(self) -> bool:
+        """Nothing to drop: generate() keeps no cache between calls."""
+        return True
+
     # -- LoRA adapters (rlgen.engines.hf.adapters) ----------------------------------------------------------
     def load_adapter(self, adapter: dict[str, Any], version: int, timeout_s: float | None = None) -> dict[str, Any]:
         """Make ``adapter`` ({"tensors", "config"}, as a LoRA learner exports it) the policy at ``version``:

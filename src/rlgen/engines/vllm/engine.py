@@ -439,6 +439,10 @@ class VLLMEngine:
         self._loop.run(self.llm.finish_weight_update(), timeout_s, f"{self.name}: finish_weight_update")
         return {"actor": self.name, **self._take_version(version, timeout_s)}
 
+    def reset_prefix_cache(self, timeout_s: float = CONTROL_TIMEOUT_S) -> bool:
+        """Drop the prefix cache (False while paused requests hold blocks)."""
+        return bool(self._loop.run(self.llm.reset_prefix_cache(), timeout_s, f"{self.name}: prefix-cache reset"))
+
     def _take_version(self, version: int, timeout_s: float) -> dict[str, Any]:
         """The end of every update: drop the prefix cache, note where running requests were (an in-flight
         update), take the new version."""

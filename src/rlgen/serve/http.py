@@ -1,0 +1,43 @@
+"""What every route of `rlgen serve` reads from its request: the server's shared state, the JSON body (within
+serve.max_body_mb and serve.body_timeout_s; an empty body is an empty object) and an engine index."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import Request
+
+from rlgen.serve.load import read_body
+from rlgen.wire.protocol import BadRequest
+
+
+def state(request: Request) -> Any:
+    """The app's ServeState (rlgen.serve.app)."""
+    return request.app.state.serve
+
+
+def engine_arg(value: Any) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError) as err:
+        raise BadRequest(f"engine={value!r} must be an engine index.") from err
+
+
+async def body(request: Request) -> dict[str, Any]:
+    """The request's JSON object, within serve.max_body_mb; {} for an empty body."""
+    s = state(request)
+    raw = await read_body(request, s.max_body, s.body_timeout_s,
+                          f"the request body is over serve.max_body_mb={s.max_body_mb:g}; send fewer prompts per "
+                          "request.")
+    if not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError as err:
+        raise BadRequest(f"the body is not JSON ({err}).") from err
+    if not isinstance(data, dict):
+        raise BadRequest("the body must be a JSON object.")
+    return data

@@ -1,0 +1,101 @@
+"""TRL's own VLLMClient (server mode) against `rlgen serve` on a real socket, over in-process hf engines: health,
+models, server info, world size, generation with TRL's fields (answers parsed by TRL's parser: prompt ids,
+completion ids, logprobs sorted with their token ids), chat, prefix-cache reset, and the weight-update routes,
+whose NCCL path hf engines refuse in one sentence. The client's constructor refuses to run without vLLM, so the
+test builds it the way the constructor would, then calls TRL's methods unchanged."""
+
+from __future__ import annotations
+
+import copy
+import socket
+import threading
+import time
+
+import pytest
+import requests
+import uvicorn
+
+from rlgen.config import EngineConfig
+from rlgen.config.compose import compose_run_config
+from rlgen.engines.hf.engine import HFEngine
+from rlgen.models import load_tokenizer, prepare_model
+from rlgen.models.local import CHAT_TEMPLATE
+from rlgen.plan import build_plan
+from rlgen.serve.app import make_app
+from rlgen.serve.pool import EnginePool, ServedModel
+
+trl = pytest.importorskip("trl.generation.vllm_client")
+
+
+@pytest.fixture(scope="module")
+def served():
+    cfg = compose_run_config([])
+    path = prepare_model(cfg)
+    plan = build_plan(cfg)
+    tok = copy.deepcopy(load_tokenizer(path))
+    tok.chat_template = CHAT_TEMPLATE
+    model = ServedModel("tiny", path, plan.model.params, plan.model.vocab_size, 128, "hf", 1, tok)
+    engines = [HFEngine(path, EngineConfig(dtype="float32"), seed=i, name=f"engine{i}") for i in range(2)]
+    app = make_app(EnginePool(engines, model, timeout_s=60, local=True), token=None, max_sequences=4096,
+                   max_body_mb=8.0)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started and time.time() < deadline:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}", tok
+    server.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture()
+def client(served):
+    url, _ = served
+    c = object.__new__(trl.VLLMClient)  # what VLLMClient.__init__ sets, less its vLLM import check
+    c.session, c.base_url, c.host, c.group_port = requests.Session(), url, "127.0.0.1", 51216
+    c.communicator, c._updating_weights = None, False
+    c.check_server(total_timeout=10)
+    c.model = c._get(f"{url}/v1/models")["data"][0]["id"]
+    return c
+
+
+def test_trl_generates_through_rlgen_serve(client, served):
+    _, tok = served
+    assert client.model == "tiny" and client.get_world_size() == 2
+    prompts = ["3+4=", "12+5="]
+    out = client.generate(prompts, n=3, max_tokens=6, temperature=1.0, logprobs=2, generation_kwargs={"seed": 7})
+    assert out["prompt_ids"] == [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    assert len(out["completion_ids"]) == 6 and all(1 <= len(c) <= 6 for c in out["completion_ids"])
+    for ids, lps, lp_ids in zip(out["completion_ids"], out["logprobs"], out["logprob_token_ids"]):
+        assert len(lps) == len(lp_ids) == len(ids)
+        for token, row, row_ids in zip(ids, lps, lp_ids):
+            assert token in row_ids and 1 <= len(row) <= 3 and row == sorted(row, reverse=True)
+    again = client.generate(prompts, n=3, max_tokens=6, temperature=1.0, logprobs=2, generation_kwargs={"seed": 7})
+    assert again["completion_ids"] == out["completion_ids"]  # seeded through generation_kwargs
+    plain = client.generate(prompts, n=1, max_tokens=4, logprobs=0)
+    assert all(len(row) == 1 for seq in plain["logprobs"] for row in seq)  # the sampled token alone
+
+
+def test_trl_chat_and_prefix_cache_reset(client):
+    out = client.chat([[{"role": "user", "content": "2+2?"}], [{"role": "user", "content": "5+5?"}]], n=2,
+                      max_tokens=5, temperature=1.0, logprobs=1)
+    assert len(out["prompt_ids"]) == 2 and len(out["completion_ids"]) == 4
+    assert all(seq and len(seq) == len(ids) for seq, ids in zip(out["logprobs"], out["completion_ids"]))
+    client.reset_prefix_cache()
+
+
+def test_weight_updates_over_nccl_need_engines_that_take_them(client, served):
+    url, _ = served
+    with pytest.raises(RuntimeError, match="has no weight-transfer engine"):  # TRL's own check of /server_info
+        client.init_communicator("cuda:0")
+    assert requests.post(f"{url}/start_weight_update", json={}).json()["version"] == 1
+    r = requests.post(f"{url}/update_weights", json={"update_info": {"names": ["w"], "dtype_names": ["bfloat16"],
+                                                                     "shapes": [[2]]}})
+    assert r.status_code == 409 and "needs engines that take it" in r.json()["error"]["message"]
+    assert requests.post(f"{url}/finish_weight_update", json={}).json()["success"]
+    bad = requests.post(f"{url}/init_weight_transfer_engine", json={"init_info": {"rank_offset": 1, "world_size": 9}})
+    assert bad.status_code == 400 and "this server has 2 workers" in bad.json()["error"]["message"]
