@@ -64,3 +64,58 @@ def lora_export(model, dtype=None) -> dict:
     from rlgen.learners.lora import adapter_config, adapter_weights
 
     return {"tensors": adapter_weights(model, dtype), "config": adapter_config(model)}
+
+
+def tiny_pool(engines: int = 2, *, chat: bool = False, max_model_len: int = 128, timeout_s: float = 60.0):
+    """An EnginePool of in-process hf engines on the embedded default model (chat: with a ChatML template, which the
+    tiny model's tokenizer lacks; a real model folder brings its own)."""
+    import copy
+
+    from rlgen.config import EngineConfig
+    from rlgen.config.compose import compose_run_config
+    from rlgen.engines.hf.engine import HFEngine
+    from rlgen.models import load_tokenizer, prepare_model
+    from rlgen.models.local import CHAT_TEMPLATE
+    from rlgen.plan import build_plan
+    from rlgen.serve.pool import EnginePool, ServedModel
+
+    cfg = compose_run_config([])
+    path = prepare_model(cfg)
+    plan = build_plan(cfg)
+    tok = load_tokenizer(path)
+    if chat:
+        tok = copy.deepcopy(tok)
+        tok.chat_template = CHAT_TEMPLATE
+    model = ServedModel("tiny", path, plan.model.params, plan.model.vocab_size, max_model_len, "hf", 1, tok)
+    hf = [HFEngine(path, EngineConfig(dtype="float32"), seed=i, name=f"engine{i}") for i in range(engines)]
+    return EnginePool(hf, model, timeout_s=timeout_s, local=True)
+
+
+def serve_in_thread(app):
+    """uvicorn serving app on a free loopback port in a daemon thread: a context manager that yields the URL and
+    stops the server on exit."""
+    import contextlib
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    @contextlib.contextmanager
+    def running():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.time() + 30
+        while not server.started and time.time() < deadline:
+            time.sleep(0.05)
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            server.should_exit = True
+            thread.join(10)
+
+    return running()

@@ -5,20 +5,13 @@ refused as it arrives (chunked too), a client that stalls mid-body gets 408, a f
 from __future__ import annotations
 
 import socket
-import threading
 import time
 
 import httpx
 import pytest
-import uvicorn
 
-from rlgen.config import EngineConfig
-from rlgen.config.compose import compose_run_config
-from rlgen.engines.hf.engine import HFEngine
-from rlgen.models import load_tokenizer, prepare_model
-from rlgen.plan import build_plan
+from helpers import serve_in_thread, tiny_pool
 from rlgen.serve.app import make_app
-from rlgen.serve.pool import EnginePool, ServedModel
 
 pytest.importorskip("prometheus_client")
 
@@ -30,25 +23,11 @@ ENGINES: list = []
 
 @pytest.fixture(scope="module")
 def url():
-    cfg = compose_run_config([])
-    path = prepare_model(cfg)
-    plan = build_plan(cfg)
-    model = ServedModel("tiny", path, plan.model.params, plan.model.vocab_size, 128, "hf", 1, load_tokenizer(path))
-    ENGINES.append(HFEngine(path, EngineConfig(dtype="float32"), name="engine0"))
-    pool = EnginePool(ENGINES, model, timeout_s=60, local=True)
+    pool = tiny_pool(1)
+    ENGINES.extend(pool.engines)
     app = make_app(pool, token=None, max_sequences=4096, max_body_mb=1.0, max_queue=1, body_timeout_s=0.5)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started and time.time() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    with serve_in_thread(app) as address:
+        yield address
 
 
 def _healthy(url: str) -> None:

@@ -5,20 +5,13 @@ as the server's sentence, and an out-of-vocabulary token id refused with 400."""
 from __future__ import annotations
 
 import asyncio
-import copy
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from rlgen.config import EngineConfig
-from rlgen.config.compose import compose_run_config
-from rlgen.engines.hf.engine import HFEngine
-from rlgen.models import load_tokenizer, prepare_model
-from rlgen.models.local import CHAT_TEMPLATE
-from rlgen.plan import build_plan
+from helpers import tiny_pool
 from rlgen.serve.app import make_app
-from rlgen.serve.pool import EnginePool, ServedModel
 
 openai = pytest.importorskip("openai")
 
@@ -27,15 +20,7 @@ TOKEN = "s3cret"
 
 @pytest.fixture(scope="module")
 def app():
-    cfg = compose_run_config([])
-    path = prepare_model(cfg)
-    plan = build_plan(cfg)
-    tok = copy.deepcopy(load_tokenizer(path))
-    tok.chat_template = CHAT_TEMPLATE  # the tiny default has none; a real model folder brings its own
-    model = ServedModel("tiny", path, plan.model.params, plan.model.vocab_size, 128, "hf", 1, tok)
-    engines = [HFEngine(path, EngineConfig(dtype="float32"), seed=i, name=f"engine{i}") for i in range(2)]
-    return make_app(EnginePool(engines, model, timeout_s=60, local=True), token=TOKEN, max_sequences=64,
-                    max_body_mb=1.0)
+    return make_app(tiny_pool(chat=True), token=TOKEN, max_sequences=64, max_body_mb=1.0)
 
 
 @pytest.fixture()

@@ -6,50 +6,20 @@ test builds it the way the constructor would, then calls TRL's methods unchanged
 
 from __future__ import annotations
 
-import copy
-import socket
-import threading
-import time
-
 import pytest
 import requests
-import uvicorn
 
-from rlgen.config import EngineConfig
-from rlgen.config.compose import compose_run_config
-from rlgen.engines.hf.engine import HFEngine
-from rlgen.models import load_tokenizer, prepare_model
-from rlgen.models.local import CHAT_TEMPLATE
-from rlgen.plan import build_plan
+from helpers import serve_in_thread, tiny_pool
 from rlgen.serve.app import make_app
-from rlgen.serve.pool import EnginePool, ServedModel
 
 trl = pytest.importorskip("trl.generation.vllm_client")
 
 
 @pytest.fixture(scope="module")
 def served():
-    cfg = compose_run_config([])
-    path = prepare_model(cfg)
-    plan = build_plan(cfg)
-    tok = copy.deepcopy(load_tokenizer(path))
-    tok.chat_template = CHAT_TEMPLATE
-    model = ServedModel("tiny", path, plan.model.params, plan.model.vocab_size, 128, "hf", 1, tok)
-    engines = [HFEngine(path, EngineConfig(dtype="float32"), seed=i, name=f"engine{i}") for i in range(2)]
-    app = make_app(EnginePool(engines, model, timeout_s=60, local=True), token=None, max_sequences=4096,
-                   max_body_mb=8.0)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started and time.time() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", tok
-    server.should_exit = True
-    thread.join(10)
+    pool = tiny_pool(chat=True)
+    with serve_in_thread(make_app(pool, token=None, max_sequences=4096, max_body_mb=8.0)) as url:
+        yield url, pool.model.tokenizer
 
 
 @pytest.fixture()
@@ -74,8 +44,10 @@ def test_trl_generates_through_rlgen_serve(client, served):
         assert len(lps) == len(lp_ids) == len(ids)
         for token, row, row_ids in zip(ids, lps, lp_ids):
             assert token in row_ids and 1 <= len(row) <= 3 and row == sorted(row, reverse=True)
-    again = client.generate(prompts, n=3, max_tokens=6, temperature=1.0, logprobs=2, generation_kwargs={"seed": 7})
-    assert again["completion_ids"] == out["completion_ids"]  # seeded through generation_kwargs
+    # seeded through generation_kwargs (one prompt: one engine; in-process engines share torch's generator)
+    once, again = (client.generate(prompts[:1], n=3, max_tokens=6, temperature=1.0, generation_kwargs={"seed": 7})
+                   for _ in range(2))
+    assert again["completion_ids"] == once["completion_ids"]
     plain = client.generate(prompts, n=1, max_tokens=4, logprobs=0)
     assert all(len(row) == 1 for seq in plain["logprobs"] for row in seq)  # the sampled token alone
 
