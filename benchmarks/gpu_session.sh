@@ -10,6 +10,11 @@
 #     core-kill [OVERRIDES]  SIGKILL of vLLM's engine core at step 3 of 10 (benchmarks/kill_engine_core.py)
 #     ckpt-cost [OVERRIDES]  a 1.5B run's checkpoint cost to the loop: one in the background, the last one not
 #     startup [OVERRIDES]  the 0.5B one-liner twice (empty caches, then warm): its start-up phases (startup.jsonl)
+#     lora [OVERRIDES]  full fine-tuning, LoRA through vLLM adapters and LoRA merged at 1.5B, side by side
+#                       (benchmarks/lora_compare.py); then the adapter side's final adapter checked by
+#                       `rlgen validate` both ways
+#     serve-lora ADAPTER [OVERRIDES]  `rlgen serve` with vLLM adapters: load, generate with and without, unload
+#                       (benchmarks/serve_lora.py)
 # Run from the repository root with rlgen importable (installed, or src on PYTHONPATH). Every vLLM process is
 # started by Python code kept under `if __name__ == "__main__":`, as vLLM's spawned engine cores need.
 set -uo pipefail
@@ -71,8 +76,29 @@ print(json.dumps({"checkpoint_seconds": s["checkpoint_seconds"],
                   "note": "the first is step 2's, in the background; the last is the final one, written while the run waits"}))
 EOF2
     ;;
+  lora)
+    "$py" benchmarks/lora_compare.py "$out/lora" full,adapter,merged engine=vllm hardware=1xh100 model=qwen2_5_1_5b \
+      steps=8 algo.max_new_tokens=256 "$@" 2>&1 | tee "$out/lora.log"
+    rm -rf "$out/lora/full/checkpoints" "$out/lora/full/final_model"  # 25 GB of full fine-tuning state
+    for sync in adapter merged; do
+      "$py" -m rlgen.cli validate engine=vllm hardware=1xh100 model=qwen2_5_1_5b \
+        learner.lora.init="$out/lora/adapter/final_model" learner.lora.sync=$sync hydra.run.dir="$out/validate-$sync" \
+        > "$out/validate-$sync.log" 2>&1
+      echo "validate $sync: exit $?" | tee -a "$out/lora.log"
+    done
+    ;;
+  serve-lora)
+    adapter=${1:?serve-lora needs an adapter folder}; shift
+    "$py" -m rlgen.cli serve engine=vllm hardware=1xh100 model=qwen2_5_1_5b engine.max_lora_rank=16 serve.port=8011 \
+      hydra.run.dir="$out/serve" "$@" > "$out/serve.log" 2>&1 &
+    server=$!
+    "$py" benchmarks/serve_lora.py http://127.0.0.1:8011 "$adapter" "$out/serve_lora.json" 2>&1 | tee "$out/serve_lora.log"
+    kill -INT "$server"
+    for _ in $(seq 30); do kill -0 "$server" 2>/dev/null || break; sleep 1; done
+    kill -9 "$server" 2>/dev/null || true
+    ;;
   *)
-    echo "unknown stage $stage (check | test | bench | tune | smoke | core-kill | ckpt-cost | startup)" >&2
+    echo "unknown stage $stage (check | test | bench | tune | smoke | core-kill | ckpt-cost | startup | lora | serve-lora)" >&2
     exit 2
     ;;
 esac
