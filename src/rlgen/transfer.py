@@ -115,3 +115,20 @@ def write_adapter(folder: str, tensors: dict[str, Any], config: dict[str, Any]) 
     save_file(tensors, os.path.join(folder, "adapter_model.safetensors"))
     with open(os.path.join(folder, "adapter_config.json"), "w") as f:
         json.dump(config, f, indent=2)
+
+
+def read_adapter_config(folder: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(adapter_config.json of the PEFT adapter folder, None), or (None, why it cannot be read: the end of a
+    sentence that starts with the folder)."""
+    import json
+    import os
+
+    path = os.path.join(os.path.expanduser(folder), "adapter_config.json")
+    if not os.path.isfile(path):
+        return None, "is not a PEFT adapter folder (no adapter_config.json there)"
+    try:
+        with open(path) as f:
+            value = json.load(f)
+    except (OSError, ValueError) as err:
+        return None, f"has an adapter_config.json that cannot be read as JSON ({err})"
+    return (value if isinstance(value, dict) else {}), None

@@ -18,6 +18,7 @@ from pathlib import Path
 from rlgen.config import LORA_BLOCK_LINEARS, LORA_DEFAULT_RANK, LoraSync, RunConfig, Setting, set_key
 from rlgen.engines.registry import EngineSpec
 from rlgen.plan.memory import block_linears, full_finetune_fits
+from rlgen.transfer import read_adapter_config
 
 
 def resolve_lora(cfg: RunConfig, spec: EngineSpec, model, ranks: int, per_rank: int, colocated: bool,
@@ -132,18 +133,11 @@ def _no_adapters(cfg: RunConfig, spec: EngineSpec, rank: int) -> str | None:
 
 
 def _read_init(path: str, p: list[str]) -> dict | None:
-    folder = Path(path).expanduser()
-    config = folder / "adapter_config.json"
-    if not config.is_file():
-        p.append(f"learner.lora.init={path} is not a PEFT adapter folder (no adapter_config.json there); point it at "
-                 "the folder an adapter was saved to, such as a LoRA run's final_model/.")
-        return None
-    try:
-        value = json.loads(config.read_text())
-    except ValueError as err:
-        p.append(f"learner.lora.init={path}: adapter_config.json is not JSON ({err}).")
-        return None
-    return value if isinstance(value, dict) else {}
+    config, why = read_adapter_config(path)
+    if why:
+        p.append(f"learner.lora.init={path} {why}; point it at the folder an adapter was saved to, such as a LoRA "
+                 "run's final_model/.")
+    return config
 
 
 _KEY = re.compile(r"layers\.(\d+)\..*?\.(\w+)\.lora_([AB])\.weight$")

@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException
 
 from rlgen.serve.http import body as _body
 from rlgen.serve.http import engine_arg as _engine_arg
+from rlgen.serve.http import failure
 from rlgen.serve.http import state as _state
 from rlgen.serve.load import RETRY_AFTER_S, ROUTE_NAMES, Load
 from rlgen.serve.lora import load_named, unload_named, update_policy
@@ -95,9 +96,7 @@ async def guard(request: Request, call_next: Any) -> Any:
     except BadRequest as err:
         response = _error(str(err), err.status)
     except Exception as err:  # noqa: BLE001 - an engine's failure becomes one line for the client
-        from rlgen.runtime.waits import short
-
-        response = _error(f"the engines failed: {short(getattr(err, 'cause', None) or err)}", 500)
+        response = _error(f"the engines failed: {failure(err)}", 500)
     finally:
         state.load.done(path, response.status_code if response is not None else 500, time.perf_counter() - t0,
                         release=not (response is not None and getattr(request.state, "streaming", False)))

@@ -1,5 +1,6 @@
 """What every route of `rlgen serve` reads from its request: the server's shared state, the JSON body (within
-serve.max_body_mb and serve.body_timeout_s; an empty body is an empty object) and an engine index."""
+serve.max_body_mb and serve.body_timeout_s; an empty body is an empty object) and an engine index; and an
+engine's failure as the one line a client gets."""
 
 from __future__ import annotations
 
@@ -15,6 +16,13 @@ from rlgen.wire.protocol import BadRequest
 def state(request: Request) -> Any:
     """The app's ServeState (rlgen.serve.app)."""
     return request.app.state.serve
+
+
+def failure(err: BaseException) -> str:
+    """An engine's failure in one line: the cause a Ray task error carries, else the error."""
+    from rlgen.runtime.waits import short
+
+    return short(getattr(err, "cause", None) or err)
 
 
 def engine_arg(value: Any) -> int | None:

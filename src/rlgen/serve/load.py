@@ -25,8 +25,8 @@ class Load:
         self._requests: Any = None
         try:
             self._metrics()
-        except ImportError:  # /metrics then says how to get it; nothing else needs it
-            self.registry = None
+        except ImportError:  # registry stays None: /metrics then says how to get it; nothing else needs it
+            pass
 
     def _metrics(self) -> None:
         from prometheus_client import CollectorRegistry, Counter, Histogram

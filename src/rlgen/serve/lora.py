@@ -11,11 +11,11 @@ an engine sees it, so a wrong one gets one sentence and changes nothing."""
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 from typing import Any
 
+from rlgen.serve.http import failure
 from rlgen.serve.pool import EnginePool
+from rlgen.transfer import read_adapter_config
 from rlgen.wire.protocol import BadRequest
 
 
@@ -30,14 +30,13 @@ def _check_takes(pool: EnginePool, rank: int | None = None) -> None:
 
 
 def _folder_rank(path: str) -> int:
-    config = os.path.join(path, "adapter_config.json")
-    if not os.path.isdir(path) or not os.path.isfile(config):
-        raise BadRequest(f"lora_path={path} is not a PEFT adapter folder on the server's machine (it needs "
-                         "adapter_config.json and adapter_model.safetensors).", status=400)
+    config, why = read_adapter_config(path)
+    if why:
+        raise BadRequest(f"lora_path={path} on the server's machine {why}.", status=400)
     try:
-        return int(json.loads(open(config).read()).get("r") or 0)
-    except (OSError, ValueError, TypeError, AttributeError) as err:
-        raise BadRequest(f"lora_path={path}: adapter_config.json cannot be read ({err}).") from err
+        return int(config.get("r") or 0)
+    except (TypeError, ValueError) as err:
+        raise BadRequest(f"lora_path={path}: adapter_config.json has no whole-number rank r ({err}).") from err
 
 
 def _check_fits(pool: EnginePool, path: str) -> None:
@@ -65,14 +64,14 @@ async def load_named(pool: EnginePool, name: str, path: str, inplace: bool = Fal
     if failed:
         done = [i for i, r in zip(indices, results) if not isinstance(r, BaseException)]
         await asyncio.gather(*(pool.call(i, "remove_adapter", name) for i in done), return_exceptions=True)
-        raise BadRequest(f"the engines could not load adapter {name!r}: {_why(failed[0])}", status=400)
+        raise BadRequest(f"the engines could not load adapter {name!r}: {failure(failed[0])}", status=400)
     pool.adapters[name] = path
     return {"loaded": name, "adapters": sorted(pool.adapters)}
 
 
 async def unload_named(pool: EnginePool, name: str) -> dict[str, Any]:
     if name not in pool.adapters:
-        raise BadRequest(f"no adapter named {name!r} is loaded; loaded: {sorted(pool.adapters) or 'none'}.", status=404)
+        raise pool.no_adapter(name)
     await asyncio.gather(*(pool.call(i, "remove_adapter", name) for i in range(len(pool.engines))))
     del pool.adapters[name]
     return {"unloaded": name, "adapters": sorted(pool.adapters)}
@@ -81,15 +80,6 @@ async def unload_named(pool: EnginePool, name: str) -> dict[str, Any]:
 async def update_policy(pool: EnginePool, adapter: dict[str, Any], version: int, engine: int | None) -> dict[str, Any]:
     """The trainer's adapter at ``version`` becomes the policy of the picked engines."""
     _check_takes(pool, int(adapter["config"].get("r") or 0))
-    picked = pool.pick(engine)
-    asleep = [i for i in picked if pool.asleep[i]]
-    if asleep:
-        raise BadRequest(f"engine{asleep[0]} is asleep; POST /wake before sending an adapter.", status=409)
+    picked = pool.awake(engine, "an adapter")
     results = await asyncio.gather(*(pool.call(i, "load_adapter", adapter, int(version)) for i in picked))
     return pool.updated(picked, list(results), version)
-
-
-def _why(err: BaseException) -> str:
-    from rlgen.runtime.waits import short
-
-    return short(getattr(err, "cause", None) or err)

@@ -162,7 +162,7 @@ def cut_at_stop(tok: Any, token_ids: list[int], stops: list[str]) -> tuple[int, 
     return lo, text[: min(text.find(s) for s in stops if s in text)], True
 
 
-def _usage(reqs: list[GenRequest], completion_tokens: int) -> dict[str, int]:
+def usage_of(reqs: list[GenRequest], completion_tokens: int) -> dict[str, int]:
     prompt_tokens = sum(len(r.prompt_ids) for r in reqs)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
@@ -209,9 +209,7 @@ def completions_response(completions: list[Completion], reqs: list[GenRequest], 
         if shape.token_ids:
             choice.update(prompt_token_ids=list(c.prompt_ids), token_ids=list(c.token_ids[:n]))
         choices.append(choice)
-    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-            "model": (reqs[0].adapter if reqs else None) or model.name, "choices": choices,
-            "usage": _usage(reqs, sum(n for _, n, _, _ in returned))}
+    return _envelope(False, reqs, model, choices, sum(n for _, n, _, _ in returned))
 
 
 def chat_response(completions: list[Completion], reqs: list[GenRequest], stops: list[str], model: Any,
@@ -226,12 +224,26 @@ def chat_response(completions: list[Completion], reqs: list[GenRequest], stops: 
         if shape.token_ids:
             choice["token_ids"] = list(c.token_ids[:n])
         choices.append(choice)
-    out = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-           "model": reqs[0].adapter or model.name, "choices": choices,
-           "usage": _usage(reqs, sum(n for _, n, _, _ in returned))}
+    out = _envelope(True, reqs, model, choices, sum(n for _, n, _, _ in returned))
     if shape.token_ids:
         out["prompt_token_ids"] = list(reqs[0].prompt_ids)
     return out
+
+
+def answer_id(chat: bool) -> str:
+    return f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+
+
+def served_name(reqs: list[GenRequest], model: Any) -> str:
+    """What an answer names as its model: the adapter the requests ran on, else the served model."""
+    return (reqs[0].adapter if reqs else None) or model.name
+
+
+def _envelope(chat: bool, reqs: list[GenRequest], model: Any, choices: list[dict[str, Any]],
+              completion_tokens: int) -> dict[str, Any]:
+    return {"id": answer_id(chat), "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()), "model": served_name(reqs, model), "choices": choices,
+            "usage": usage_of(reqs, completion_tokens)}
 
 
 def _entry(piece: str, logprob: float) -> dict[str, Any]:

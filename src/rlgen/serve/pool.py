@@ -33,17 +33,20 @@ class ServedModel:
     dtype: str | None = None  # the engines' weights (what a trainer sends weights in)
 
 
-def _one_per_greedy_sample(requests: list[GenRequest]) -> list[GenRequest]:
+def _one_per_greedy_sample(requests: list[GenRequest]) -> tuple[list[GenRequest], list[tuple[int, int]]]:
     """A greedy request with n > 1 as n requests of n=1 (vLLM refuses n > 1 without sampling); the
-    completions still come back n per request, in order."""
+    completions still come back n per request, in order. Also each new request's origin: (request, first sample)."""
     out: list[GenRequest] = []
-    for r in requests:
+    origin: list[tuple[int, int]] = []
+    for i, r in enumerate(requests):
         s = r.sampling
         if s.temperature <= 0 and s.n > 1:
             out.extend([dataclasses.replace(r, sampling=dataclasses.replace(s, n=1))] * s.n)
+            origin.extend((i, k) for k in range(s.n))
         else:
             out.append(r)
-    return out
+            origin.append((i, 0))
+    return out, origin
 
 
 def _engine_spans(index: int, result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -123,8 +126,7 @@ class EnginePool:
         """The awake engines a request may use, once none of them is paused; unknown adapters are refused."""
         unknown = sorted({r.adapter for r in requests if r.adapter is not None and r.adapter not in self.adapters})
         if unknown:
-            raise BadRequest(f"no adapter named {unknown[0]!r} is loaded; loaded: {sorted(self.adapters) or 'none'} "
-                             "(POST /v1/load_lora_adapter first).", status=404)
+            raise self.no_adapter(unknown[0], "(POST /v1/load_lora_adapter first).")
         chosen = [i for i in self.pick(engine) if not self.asleep[i]]
         if not chosen:
             which = f"engine{engine} is" if engine is not None else "every engine is"
@@ -140,7 +142,7 @@ class EnginePool:
         """Completions in request order (n per request). Without ``engine``, the requests are spread over the
         awake engines by sample count."""
         chosen = await self.ready(requests, engine)
-        shards = split_by_samples(_one_per_greedy_sample(requests), len(chosen))
+        shards = split_by_samples(_one_per_greedy_sample(requests)[0], len(chosen))
         jobs = [(i, s) for i, s in zip(chosen, shards) if s]
         results = await asyncio.gather(*(self.call(i, "generate", s) for i, s in jobs))
         self.requests += len(requests)
@@ -155,11 +157,7 @@ class EnginePool:
         top logprobs)]} as tokens come, then {"final": completions in request order}. Leaving the iteration early
         (a client that disconnected) stops the engine's generation."""
         index = min(await self.ready(requests, None), key=lambda k: self.in_flight[k])
-        split = _one_per_greedy_sample(requests)
-        origin = []  # each split request's (request, first sample)
-        for i, r in enumerate(requests):
-            many = r.sampling.temperature <= 0 and r.sampling.n > 1
-            origin += [(i, k) for k in range(r.sampling.n)] if many else [(i, 0)]
+        split, origin = _one_per_greedy_sample(requests)
         self.in_flight[index] += 1
         self.requests += len(requests)
         self.sequences += sum(r.sampling.n for r in requests)
@@ -205,11 +203,20 @@ class EnginePool:
                 ray.cancel(events)  # a stream left early: the engine's generator stops at its next step
 
     # -- weights and memory --------------------------------------------------------------------------------
-    async def update_weights(self, weights: dict[str, Any], version: int, engine: int | None) -> dict[str, Any]:
+    def no_adapter(self, name: str, hint: str = "") -> BadRequest:
+        return BadRequest(f"no adapter named {name!r} is loaded; loaded: {sorted(self.adapters) or 'none'}"
+                          + (f" {hint}" if hint else "."), status=404)
+
+    def awake(self, engine: int | None, what: str) -> list[int]:
+        """The picked engines, refused with 409 when one is asleep."""
         picked = self.pick(engine)
         asleep = [i for i in picked if self.asleep[i]]
         if asleep:
-            raise BadRequest(f"engine{asleep[0]} is asleep; POST /wake before sending weights.", status=409)
+            raise BadRequest(f"engine{asleep[0]} is asleep; POST /wake before sending {what}.", status=409)
+        return picked
+
+    async def update_weights(self, weights: dict[str, Any], version: int, engine: int | None) -> dict[str, Any]:
+        picked = self.awake(engine, "weights")
         results = await asyncio.gather(*(self.call(i, "update_weights", weights, int(version)) for i in picked))
         return self.updated(picked, results, version)
 

@@ -8,13 +8,22 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlgen.serve.openai import Shape, chat_logprobs, completion_logprobs, cut_at_stop
+from rlgen.serve.http import failure
+from rlgen.serve.openai import (
+    Shape,
+    answer_id,
+    chat_logprobs,
+    completion_logprobs,
+    cut_at_stop,
+    served_name,
+    usage_of,
+)
 from rlgen.types import GenRequest
+from rlgen.wire.protocol import error_body
 
 
 @dataclass
@@ -34,9 +43,9 @@ class Chunks:
     def __init__(self, reqs: list[GenRequest], stops: list[str], model: Any, chat: bool, shape: Shape):
         self.reqs, self.stops, self.model, self.chat, self.shape = reqs, stops, model, chat, shape
         self.tok = model.tokenizer
-        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.id = answer_id(chat)
         self.created = int(time.time())
-        self.name = (reqs[0].adapter if reqs else None) or model.name
+        self.name = served_name(reqs, model)
         self.first = [sum(r.sampling.n for r in reqs[:i]) for i in range(len(reqs))]
         self.choices = [_Choice() for _ in range(sum(r.sampling.n for r in reqs))]
         self.hold = max((len(s) for s in stops), default=1) - 1
@@ -106,10 +115,8 @@ class Chunks:
                 "policy_version": self.version}
 
     def usage(self) -> str:
-        prompt = sum(len(r.prompt_ids) for r in self.reqs)
         completion = sum(c.kept if c.kept is not None else len(c.tokens) for c in self.choices)
-        return self._chunk([], usage={"prompt_tokens": prompt, "completion_tokens": completion,
-                                      "total_tokens": prompt + completion})
+        return self._chunk([], usage=usage_of(self.reqs, completion))
 
 
 async def sse(events: AsyncIterator[dict[str, Any]], chunks: Chunks, include_usage: bool,
@@ -130,10 +137,7 @@ async def sse(events: AsyncIterator[dict[str, Any]], chunks: Chunks, include_usa
             yield chunks.usage()
         yield "data: [DONE]\n\n"
     except Exception as err:  # noqa: BLE001 - the status is sent; the error goes in the stream, in OpenAI's shape
-        from rlgen.runtime.waits import short
-        from rlgen.wire.protocol import error_body
-
-        yield f"data: {json.dumps(error_body(f'the engines failed: {short(err)}', 500))}\n\n"
+        yield f"data: {json.dumps(error_body(f'the engines failed: {failure(err)}', 500))}\n\n"
     finally:
         if release is not None:
             release()

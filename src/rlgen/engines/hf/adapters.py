@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlgen.transfer import read_adapter_config
+
 POLICY = "rlgen-policy"  # the policy adapter's name inside the PEFT model; never a served name
 
 
@@ -30,12 +32,13 @@ def read_adapter_folder(path: str) -> dict[str, Any]:
     """A PEFT adapter folder -> {"tensors", "config"} (adapter_model.safetensors and adapter_config.json)."""
     from safetensors.torch import load_file
 
-    config_file, tensors_file = (os.path.join(path, f) for f in ("adapter_config.json", "adapter_model.safetensors"))
-    if not os.path.isfile(config_file) or not os.path.isfile(tensors_file):
-        raise AdapterError(f"{path} is not a PEFT adapter folder (it needs adapter_config.json and "
-                           "adapter_model.safetensors); give the folder an adapter was saved to.")
+    config, why = read_adapter_config(path)
+    tensors_file = os.path.join(path, "adapter_model.safetensors")
+    if why or not os.path.isfile(tensors_file):
+        raise AdapterError(f"{path} {why or 'has no adapter_model.safetensors'}; give the folder an adapter was "
+                           "saved to.")
     try:
-        return {"tensors": load_file(tensors_file), "config": json.loads(open(config_file).read())}
+        return {"tensors": load_file(tensors_file), "config": config}
     except (OSError, ValueError) as err:
         raise AdapterError(f"the adapter in {path} cannot be read ({err}).") from err
 

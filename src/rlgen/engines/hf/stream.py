@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from rlgen.engines.hf.sampling import top_logprobs
+
 Delta = tuple[int, int, list[int], list[float], list[dict[int, float]]]  # request, sample, tokens, logprobs, tops
 
 
@@ -36,10 +38,7 @@ class StepStreamer:
         logits = self.logits if self.temperature <= 0 else self.logits / self.temperature
         logp = torch.log_softmax(logits, dim=-1)
         picked = logp.gather(1, tokens.to(logp.device).view(-1, 1)).squeeze(1).tolist()
-        tops: list[dict[int, float]] = [{} for _ in self.rows]
-        if self.top > 0:
-            values, ids = logp.topk(self.top, dim=-1)
-            tops = [dict(zip(ids[r].tolist(), values[r].tolist())) for r in range(len(self.rows))]
+        tops = top_logprobs(logp.unsqueeze(1), self.top, [1] * len(self.rows))  # per row: [] or [{id: logprob}]
         deltas = []
         for r, (t, lp) in enumerate(zip(tokens.tolist(), picked)):
             if self.counts[r] >= self.limits[r]:
@@ -48,7 +47,7 @@ class StepStreamer:
             if t in self.stops:
                 self.limits[r] = self.counts[r]
             i, j = self.rows[r]
-            deltas.append((i, j, [t], [lp], [tops[r]] if self.top > 0 else []))
+            deltas.append((i, j, [t], [lp], tops[r]))
         if deltas:
             self.emit(deltas)
 

@@ -1,8 +1,9 @@
 """engine=vllm: vLLM's AsyncLLM in a Ray actor (``engine.VLLMEngine``) on CUDA GPUs. It shards over GPUs (tensor
 parallelism), takes a share of its GPU's memory that the plan sizes, sleeps while colocated learners train or
 stays awake and takes weight updates while it generates, and receives weights over NCCL (own GPUs) or CUDA IPC
-(colocated), or holds the base and takes LoRA adapters. Its other modules: args (engine arguments), loop (its event loop), weights and ipc_buffer (how
-weights get in), startup (why it could not start)."""
+(colocated), or holds the base and takes LoRA adapters. Its other modules: args (engine arguments), loop (its
+event loop), weights and ipc_buffer (how weights get in), adapters (LoRA), stream (streamed generation), common
+(its error and timeouts), startup (why it could not start)."""
 
 from __future__ import annotations
 

@@ -10,32 +10,38 @@ own loop (``rlgen.engines.vllm.loop``, which also holds the coroutines); every p
 coroutine to it and waits with a timeout. Any thread of a threaded actor (``max_concurrency > 1``) can call
 in, so ``health()``, ``pause()`` and weight updates work while a ``generate()`` is in flight.
 
-vllm is imported only when an engine is built. Engine arguments and sampling seeds: ``vllm_args``; weights
-into the workers: ``vllm_weights`` (object store) and ``ipc_buffer`` (colocated).
+vllm is imported only when an engine is built. Engine arguments and sampling seeds: ``args``; weights into the
+workers: ``weights`` (object store) and ``ipc_buffer`` (colocated); LoRA calls: ``adapters``; streaming:
+``stream``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
-import queue
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rlgen.config import EngineConfig
-from rlgen.engines.vllm.adapters import AdapterFolders
+from rlgen.engines.vllm.adapters import AdapterFolders, AdapterMethods
 from rlgen.engines.vllm.args import REQUIRED_ENV, TUNED_DEFAULTS, build_engine_args, mix_seed
+from rlgen.engines.vllm.common import CALL_TIMEOUT_S, CONTROL_TIMEOUT_S, START_TIMEOUT_S, EngineError
 from rlgen.engines.vllm.loop import (
     LoopThread,
     build_engine,
     generate_all,
     live_token_counts,
-    stream_one,
     version_changes,
 )
-from rlgen.engines.vllm.startup import EngineStartError, check_free_memory, explain, own_stderr_tail
+from rlgen.engines.vllm.startup import (
+    EngineStartError,
+    check_free_memory,
+    explain,
+    own_stderr_tail,
+    require_cuda_and_vllm,
+)
+from rlgen.engines.vllm.stream import StreamMethods
 from rlgen.engines.vllm.weights import WEIGHT_CHUNK_BYTES, chunk_weights, load_weights_on_worker, to_wire
 from rlgen.hostinfo import process_info
 from rlgen.phases import ActorClock, read_log_times
@@ -44,38 +50,11 @@ from rlgen.types import Completion, GenRequest, Phase
 if TYPE_CHECKING:
     import torch
 
-START_TIMEOUT_S = 900.0  # building the engine: weights, torch.compile, CUDA graphs
-CALL_TIMEOUT_S = 1800.0  # one generate() call
-CONTROL_TIMEOUT_S = 300.0  # sleep, wake, pause, resume, prefix-cache reset, one weight chunk
-NAMED_LORA_IDS = 1 << 30  # vLLM's ids of adapters loaded by name start here; policy versions use version + 1
 
 _TORCH_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "float32": "float32"}
 
 
-class EngineError(RuntimeError):
-    """The engine cannot do what was asked; the message says why and what to do."""
-
-
-def require_cuda_and_vllm() -> None:
-    """Raise EngineError unless this process sees a CUDA GPU and can import vllm."""
-    import torch
-
-    if not torch.cuda.is_available():
-        raise EngineError(
-            "engine=vllm needs a CUDA GPU, but this process sees none (torch.cuda.is_available() is False). "
-            "Use engine=hf on CPU, or run on a GPU machine; under Ray, start the engine actor with "
-            "num_gpus equal to engine.tensor_parallel_size."
-        )
-    try:
-        import vllm  # noqa: F401
-    except ImportError as err:
-        raise EngineError(
-            "engine=vllm needs the vllm package (vLLM 0.26): pip install 'rlgen[gpu]'. "
-            f"Importing it failed with: {err}"
-        ) from err
-
-
-class VLLMEngine:
+class VLLMEngine(AdapterMethods, StreamMethods):
     """vLLM AsyncLLM engine speaking rlgen's engine protocol (see rlgen.engines.base.Engine).
 
     ``engine_args`` overrides or extends the AsyncEngineArgs built from ``engine`` (for settings EngineConfig
@@ -247,54 +226,6 @@ class VLLMEngine:
                 )
         return {"completions": completions, "spans": [(Phase.generate.value, t0, t1)], "version": v}
 
-    def generate_stream(self, requests: list[GenRequest]) -> Iterator[dict[str, Any]]:
-        """generate(), streamed (as HFEngine.generate_stream): {"deltas": [(request, sample, tokens, logprobs, top
-        logprobs), ...]} as vLLM hands new tokens over, then {"final": generate()'s result}. Closing the iterator
-        early cancels the requests' task, and vLLM aborts them."""
-        if self.asleep:
-            raise EngineError(f"{self.name} is asleep; call wake() before generate_stream().")
-        with self._lock:
-            self._calls += 1
-            call = self._calls
-        t0, v = time.time(), self.version
-        events: queue.Queue = queue.Queue()
-
-        def delta(i: int, o: Any) -> tuple:
-            toks = list(o.token_ids)
-            return (i, o.index, toks, self._sampled_logprobs(toks, o.logprobs),
-                    self._top_logprobs(o.logprobs, requests[i].sampling.logprobs, len(toks)))
-
-        jobs = [stream_one(self.llm, i, self._prompt(r), self._sampling(r, stream=True), f"{self.name}-{call}-{i}",
-                           self._lora_of(r), events.put, delta) for i, r in enumerate(requests)]
-
-        async def run() -> list[dict[int, str]]:
-            return await asyncio.gather(*jobs)
-
-        fut = asyncio.run_coroutine_threadsafe(run(), self._loop.loop)
-        fut.add_done_callback(lambda _: events.put(None))
-        got: dict[tuple[int, int], tuple[list, list, list]] = {}
-        try:
-            while True:
-                try:
-                    item = events.get(timeout=self.timeout_s)
-                except queue.Empty as err:
-                    raise EngineError(f"{self.name}: a stream sent nothing for {self.timeout_s:.0f} s.") from err
-                if item is None:
-                    break
-                for i, j, toks, lps, tops in item:
-                    acc = got.setdefault((i, j), ([], [], []))
-                    acc[0].extend(toks), acc[1].extend(lps), acc[2].extend(tops)
-                yield {"deltas": item}
-            reasons = fut.result()
-        finally:
-            if not fut.done():
-                fut.cancel()  # the consumer went away: the task is cancelled and vLLM aborts its requests
-        completions = [Completion(req.group_id, list(req.prompt_ids), *got.get((i, j), ([], [], []))[:2],
-                                  finish_reason=reasons[i].get(j, "length"), version=v,
-                                  top_logprobs=got.get((i, j), ([], [], []))[2])
-                       for i, req in enumerate(requests) for j in range(req.sampling.n)]
-        yield {"final": {"completions": completions, "spans": [(Phase.generate.value, t0, time.time())], "version": v}}
-
     # -- weights ----------------------------------------------------------------------------------------
     def _wire_dtype(self) -> Any:
         import torch
@@ -350,54 +281,6 @@ class VLLMEngine:
             "seconds": t1 - t0,
             "prefix_cache_reset": bool(reset),
         }
-
-    def _lora_of(self, req: GenRequest) -> Any:
-        """The LoRARequest a request runs with: the named adapter it asks for, else the policy's (or none)."""
-        if req.adapter is None:
-            return self.lora_request
-        if req.adapter not in self.named_loras:
-            raise EngineError(f"no adapter named {req.adapter!r} is loaded; loaded: {sorted(self.named_loras) or 'none'}.")
-        return self.named_loras[req.adapter]
-
-    def add_adapter(self, name: str, path: str, timeout_s: float = CONTROL_TIMEOUT_S) -> dict[str, Any]:
-        """Load the PEFT adapter folder at path under ``name``, for the requests that name it (vLLM reads it now,
-        so an adapter it cannot take is refused here)."""
-        from vllm.lora.request import LoRARequest
-
-        if not self.args.get("enable_lora"):
-            raise EngineError(f"{self.name} was built without LoRA; start it with engine.max_lora_rank set.")
-        if name in self.named_loras:
-            raise EngineError(f"an adapter named {name!r} is loaded already; unload it first or pick another name.")
-        self._named_count += 1  # ids of named adapters lie above any policy version's (version + 1)
-        request = LoRARequest(lora_name=name, lora_int_id=NAMED_LORA_IDS + self._named_count, lora_path=path)
-        self._loop.run(self.llm.add_lora(request), timeout_s, f"{self.name}: loading LoRA adapter {name!r}")
-        self.named_loras[name] = request
-        return {"adapters": sorted(self.named_loras)}
-
-    def remove_adapter(self, name: str, timeout_s: float = CONTROL_TIMEOUT_S) -> dict[str, Any]:
-        if name not in self.named_loras:
-            raise EngineError(f"no adapter named {name!r} is loaded; loaded: {sorted(self.named_loras) or 'none'}.")
-        request = self.named_loras.pop(name)
-        self._loop.run(self.llm.remove_lora(request.lora_int_id), timeout_s, f"{self.name}: unloading adapter {name!r}")
-        return {"adapters": sorted(self.named_loras)}
-
-    def load_adapter(self, adapter: dict[str, Any], version: int, timeout_s: float = CONTROL_TIMEOUT_S) -> dict[str, Any]:
-        """Take a new LoRA adapter version (``TorchLearner.get_adapter``'s dict): written to a per-version folder in
-        memory-backed storage, loaded by vLLM beside the base, and used by every request from now on. Requests
-        already running finish on the adapter they started with. Needs an engine built with enable_lora."""
-        from vllm.lora.request import LoRARequest
-
-        if not self.args.get("enable_lora"):
-            raise EngineError(f"{self.name} was built without LoRA (enable_lora); it cannot take adapters.")
-        t0 = time.time()
-        folder = self._adapters.write(int(version), adapter["tensors"], adapter["config"])
-        request = LoRARequest(lora_name=f"policy-v{int(version)}", lora_int_id=int(version) + 1, lora_path=folder)
-        self._loop.run(self.llm.add_lora(request), timeout_s, f"{self.name}: loading LoRA adapter version {version}")
-        self.lora_request, self.version = request, int(version)
-        self._adapters.prune()
-        t1 = time.time()
-        return {"actor": self.name, "version": self.version, "spans": [(Phase.sync.value, t0, t1)], "seconds": t1 - t0,
-                "bytes": sum(t.numel() * t.element_size() for t in adapter["tensors"].values())}
 
     # -- vLLM's native weight transfer (engine built with weight_transfer_config) ------------------------
     def init_weight_transfer(self, init_info: dict[str, Any], timeout_s: float = CONTROL_TIMEOUT_S) -> dict[str, Any]:

@@ -2,8 +2,8 @@
 
 vLLM reports a failed start as "Engine core initialization failed. See root cause above": the cause is printed
 by its engine-core process to the actor's stderr, which Ray keeps in the session's log folder. The engine actor
-checks free GPU memory before it starts vLLM, and after a failure reads its own stderr log and matches the
-errors vLLM 0.26 raises. No torch or vllm import at module level.
+checks that it has a GPU and vllm and enough free GPU memory before it starts vLLM, and after a failure reads its
+own stderr log and matches the errors vLLM 0.26 raises. No torch or vllm import at module level.
 """
 
 from __future__ import annotations
@@ -14,8 +14,30 @@ import re
 from collections.abc import Callable
 
 from rlgen.engines.base import EngineStartError
+from rlgen.engines.vllm.common import EngineError
 
 GIB = 2**30
+
+
+def require_cuda_and_vllm() -> None:
+    """Raise EngineError unless this process sees a CUDA GPU and can import vllm."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise EngineError(
+            "engine=vllm needs a CUDA GPU, but this process sees none (torch.cuda.is_available() is False). "
+            "Use engine=hf on CPU, or run on a GPU machine; under Ray, start the engine actor with "
+            "num_gpus equal to engine.tensor_parallel_size."
+        )
+    try:
+        import vllm  # noqa: F401
+    except ImportError as err:
+        raise EngineError(
+            "engine=vllm needs the vllm package (vLLM 0.26): pip install 'rlgen[gpu]'. "
+            f"Importing it failed with: {err}"
+        ) from err
+
+
 def _free_memory(m: re.Match) -> str:
     return free_memory_sentence(*(float(x) for x in m.groups()))
 
@@ -116,4 +138,4 @@ def check_free_memory(name: str, utilization: float, gpus: list[int] | None = No
         pynvml.nvmlShutdown()
 
 
-__all__ = ["EngineStartError", "check_free_memory", "explain", "own_stderr_tail"]
+__all__ = ["EngineStartError", "check_free_memory", "explain", "own_stderr_tail", "require_cuda_and_vllm"]
