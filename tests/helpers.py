@@ -91,9 +91,9 @@ def tiny_pool(engines: int = 2, *, chat: bool = False, max_model_len: int = 128,
     return EnginePool(hf, model, timeout_s=timeout_s, local=True)
 
 
-def serve_in_thread(app):
-    """uvicorn serving app on a free loopback port in a daemon thread: a context manager that yields the URL and
-    stops the server on exit."""
+def serve_in_thread(app, header_timeout_s: float = 30.0):
+    """uvicorn serving app on a free loopback port in a daemon thread, as `rlgen serve` runs it: a context manager
+    that yields the URL and stops the server on exit."""
     import contextlib
     import socket
     import threading
@@ -101,12 +101,14 @@ def serve_in_thread(app):
 
     import uvicorn
 
+    from rlgen.serve.server import server_config
+
     @contextlib.contextmanager
     def running():
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+        server = uvicorn.Server(server_config(app, "127.0.0.1", port, header_timeout_s))
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
         deadline = time.time() + 30

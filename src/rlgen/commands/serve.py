@@ -49,6 +49,7 @@ def serve(plan: Any, out_dir: Path, console: Any) -> None:
     from rlgen.runtime.waits import Waiter
     from rlgen.serve.app import make_app
     from rlgen.serve.pool import EnginePool
+    from rlgen.serve.server import server_config
 
     cfg = plan.config
     token = serve_token(cfg)
@@ -82,8 +83,8 @@ def serve(plan: Any, out_dir: Path, console: Any) -> None:
         lora = ", /v1/load_lora_adapter" if pool.model.adapters else ""
         console.print(f"serving {escape(pool.model.name)} on {url}: {len(engines)} engine(s), /generate, "
                       f"/v1/completions, /weights{lora}; Ctrl-C stops", highlight=False)
-        server = uvicorn.Server(uvicorn.Config(app, host=cfg.serve.host, port=cfg.serve.port, log_level="warning",
-                                               timeout_graceful_shutdown=5, lifespan="off"))
+        server = uvicorn.Server(server_config(app, cfg.serve.host, cfg.serve.port, cfg.serve.header_timeout_s,
+                                              timeout_graceful_shutdown=5))
         # uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again for the handlers that
         # were there before it: these, which end the run so the engines and Ray are taken down below.
         previous = {sig: signal.signal(sig, _signalled) for sig in (signal.SIGINT, signal.SIGTERM)}

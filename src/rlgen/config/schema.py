@@ -390,6 +390,7 @@ class ServeConfig:
     request_timeout_s: float = 600.0  # a generation call waits at most this long on the engines
     max_queue: int = 256  # generation requests waiting or running at once; more get 429 with Retry-After
     body_timeout_s: float = 30.0  # a request body that stalls this long gets 408
+    header_timeout_s: float = 30.0  # a request's headers not whole after this long get 408
 
 
 class ShareMode(StrEnum):

@@ -34,9 +34,10 @@ def check_serve_values(cfg: RunConfig, token: str | None, p: list[str]) -> None:
         p.append(f"serve.port={s.port} is not a TCP port; choose one in 1..65535.")
     if s.data_parallel < 1:
         p.append(f"serve.data_parallel={s.data_parallel} must be at least 1.")
-    if s.max_sequences < 1 or s.max_body_mb <= 0 or s.request_timeout_s <= 0 or s.max_queue < 1 or s.body_timeout_s <= 0:
-        p.append("serve.max_sequences, serve.max_body_mb, serve.request_timeout_s, serve.max_queue and "
-                 "serve.body_timeout_s must be positive.")
+    if (s.max_sequences < 1 or s.max_body_mb <= 0 or s.request_timeout_s <= 0 or s.max_queue < 1
+            or s.body_timeout_s <= 0 or s.header_timeout_s <= 0):
+        p.append("serve.max_sequences, serve.max_body_mb, serve.request_timeout_s, serve.max_queue, "
+                 "serve.body_timeout_s and serve.header_timeout_s must be positive.")
     if not is_loopback(s.host) and not token:
         p.append(f"serve.host={s.host} lets other machines reach the server, which then needs a bearer token: set "
                  "RLGEN_SERVE_TOKEN=<a secret> in the environment (or serve.token=), or bind serve.host=127.0.0.1.")

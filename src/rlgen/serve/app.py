@@ -19,9 +19,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from rlgen.serve.http import CLIENT_GONE, ClientGone, failure, unless_disconnected
 from rlgen.serve.http import body as _body
 from rlgen.serve.http import engine_arg as _engine_arg
-from rlgen.serve.http import failure
 from rlgen.serve.http import state as _state
 from rlgen.serve.load import RETRY_AFTER_S, ROUTE_NAMES, Load
 from rlgen.serve.lora import load_named, unload_named, update_policy
@@ -95,6 +95,8 @@ async def guard(request: Request, call_next: Any) -> Any:
         response = await call_next(request)
     except BadRequest as err:
         response = _error(str(err), err.status)
+    except ClientGone:
+        response = Response(status_code=CLIENT_GONE)  # counted in /metrics; the client is not there to read it
     except Exception as err:  # noqa: BLE001 - an engine's failure becomes one line for the client
         response = _error(f"the engines failed: {failure(err)}", 500)
     finally:
@@ -145,7 +147,7 @@ async def generate(request: Request) -> Any:
     m = state.pool.model
     reqs = [request_from_json(r, i, m.vocab_size, m.max_model_len) for i, r in enumerate(raw)]
     state.check_count(sum(r.sampling.n for r in reqs))
-    out = await state.pool.generate(reqs, _engine_arg(data.get("engine")))
+    out = await unless_disconnected(request, state.pool.generate(reqs, _engine_arg(data.get("engine"))))
     out["completions"] = [completion_to_json(c) for c in out["completions"]]
     return out
 
@@ -160,7 +162,7 @@ async def _openai(request: Request, parse: Callable[..., Any], answer: Callable[
     shape = Shape.of(data, chat)
     if data.get("stream"):
         return await _streamed(request, data, reqs, Chunks(reqs, stops, m, chat, shape))
-    out = await state.pool.generate(reqs)
+    out = await unless_disconnected(request, state.pool.generate(reqs))
     return answer(out["completions"], reqs, stops, m, shape)
 
 

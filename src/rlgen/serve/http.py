@@ -1,16 +1,26 @@
 """What every route of `rlgen serve` reads from its request: the server's shared state, the JSON body (within
-serve.max_body_mb and serve.body_timeout_s; an empty body is an empty object) and an engine index; and an
-engine's failure as the one line a client gets."""
+serve.max_body_mb and serve.body_timeout_s; an empty body is an empty object) and an engine index; an engine's
+failure as the one line a client gets; and work that stops when its client disconnects."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from fastapi import Request
 
 from rlgen.serve.load import read_body
 from rlgen.wire.protocol import BadRequest
+
+T = TypeVar("T")
+CLIENT_GONE = 499  # the status a request whose client disconnected is counted with (nobody reads it)
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready; its work was cancelled."""
 
 
 def state(request: Request) -> Any:
@@ -49,3 +59,27 @@ async def body(request: Request) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise BadRequest("the body must be a JSON object.")
     return data
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """work's result, or ClientGone once the client disconnects first: work is then cancelled, and the engine
+    calls under it stop generating (EnginePool.call). The body must have been read: what the client sends next
+    can only be its disconnect."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task  # its engine calls are told to stop before this returns
+    if task.cancelled():
+        raise ClientGone
+    return task.result()
+
+
+async def _disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+from rlgen.engines.cancel import run as cancellable
 from rlgen.types import GenRequest
 from rlgen.wire.protocol import BadRequest, split_by_samples
 
@@ -49,6 +52,12 @@ def _one_per_greedy_sample(requests: list[GenRequest]) -> tuple[list[GenRequest]
     return out, origin
 
 
+def _ray_cancel(ref: Any) -> None:
+    import ray
+
+    ray.cancel(ref)  # a running call of a threaded or plain actor is marked, and the engine stops at its next step
+
+
 def _engine_spans(index: int, result: dict[str, Any]) -> list[dict[str, Any]]:
     """An engine's (phase, start, end) spans, each named with the engine that ran it."""
     return [{"engine": index, "phase": p, "start": a, "end": b} for p, a, b in result.get("spans", [])]
@@ -74,17 +83,32 @@ class EnginePool:
         self.pending_version: int | None = None  # of a weight update a trainer has begun (rlgen.serve.vllm_api)
 
     # -- calls ---------------------------------------------------------------------------------------------
-    async def call(self, index: int, method: str, *args: Any, timeout_s: float | None = None) -> Any:
-        """engine ``index``.method(*args), waited for at most timeout_s (the pool's by default)."""
+    async def call(self, index: int, method: str, *args: Any, timeout_s: float | None = None,
+                   cancel: bool = False) -> Any:
+        """engine ``index``.method(*args), waited for at most timeout_s (the pool's by default). With ``cancel``
+        (generation), a call that times out or whose waiter is cancelled (a client that disconnected) is
+        cancelled on the engine too, which stops generating at its next step (rlgen.engines.cancel)."""
         wait = self.timeout_s if timeout_s is None else timeout_s
         engine = self.engines[index]
         self.in_flight[index] += 1
+        stop: Callable[[], None] | None = None
         try:
             if self.local:
+                event = threading.Event()
+                stop = event.set
                 async with self._locks[index]:
-                    return await asyncio.wait_for(asyncio.to_thread(getattr(engine, method), *args), wait)
-            return await asyncio.wait_for(getattr(engine, method).remote(*args), wait)
+                    return await asyncio.wait_for(asyncio.to_thread(cancellable, event, getattr(engine, method), *args),
+                                                  wait)
+            ref = getattr(engine, method).remote(*args)
+            stop = partial(_ray_cancel, ref)
+            return await asyncio.wait_for(ref, wait)
+        except asyncio.CancelledError:
+            if cancel and stop is not None:
+                stop()
+            raise
         except TimeoutError as err:
+            if cancel and stop is not None:
+                stop()
             raise BadRequest(f"engine{index} did not answer {method} within {wait:.0f} s; the server may be "
                              "overloaded (raise serve.request_timeout_s) or the engine stuck.", status=504) from err
         finally:
@@ -144,7 +168,7 @@ class EnginePool:
         chosen = await self.ready(requests, engine)
         shards = split_by_samples(_one_per_greedy_sample(requests)[0], len(chosen))
         jobs = [(i, s) for i, s in zip(chosen, shards) if s]
-        results = await asyncio.gather(*(self.call(i, "generate", s) for i, s in jobs))
+        results = await asyncio.gather(*(self.call(i, "generate", s, cancel=True) for i, s in jobs))
         self.requests += len(requests)
         self.sequences += sum(r.sampling.n for r in requests)
         completions = [c for res in results for c in res["completions"]]
@@ -175,8 +199,6 @@ class EnginePool:
     async def _stream(self, index: int, requests: list[GenRequest]) -> AsyncIterator[dict[str, Any]]:
         engine = self.engines[index]
         if self.local:
-            import threading
-
             async with self._locks[index]:
                 cancel = threading.Event()
                 events = engine.generate_stream(requests, cancel)

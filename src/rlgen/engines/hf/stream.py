@@ -1,6 +1,6 @@
 """Streaming from the hf engine: a transformers streamer that hands each step's sampled tokens of a batch, with
 their logprobs, to a callback as they are made, and a stopping criterion that ends generation early when the
-consumer has gone (a client that disconnected). The logprob of each token comes from the lm head's output at
+call is cancelled (a client that disconnected or timed out). The logprob of each token comes from the lm head's output at
 that step, read by a forward hook: the same quantity the engine reports at the end (log_softmax(logits / T))."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from rlgen.engines.cancel import requested
 from rlgen.engines.hf.sampling import top_logprobs
 
 Delta = tuple[int, int, list[int], list[float], list[dict[int, float]]]  # request, sample, tokens, logprobs, tops
@@ -56,13 +57,14 @@ class StepStreamer:
 
 
 class Cancelled:
-    """A stopping criterion: every row is done once ``event`` is set."""
+    """A stopping criterion: every row is done once ``event`` is set or the call is cancelled
+    (rlgen.engines.cancel: a Ray task cancelled, or an in-process call's event)."""
 
-    def __init__(self, event: threading.Event):
+    def __init__(self, event: threading.Event | None):
         self.event = event
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
+        return torch.full((input_ids.shape[0],), requested(self.event), dtype=torch.bool, device=input_ids.device)
 
 
 __all__ = ["Cancelled", "Delta", "StepStreamer"]

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlgen.engines.base import EngineDead
+from rlgen.engines.cancel import CallCancelled, requested
 from rlgen.errors import causes
 
 
@@ -26,7 +27,7 @@ def core_died(err: BaseException) -> bool:
     return any(type(e).__name__ == "EngineDeadError" or "CUDA error" in str(e) for e in causes(err))
 
 
-DEAD_POLL_S = 0.5  # a call waiting on the engine checks this often whether its core has died
+DEAD_POLL_S = 0.5  # a call waiting on the engine checks this often whether its core has died or it was cancelled
 
 
 class LoopThread:
@@ -45,17 +46,22 @@ class LoopThread:
         self.loop.run_forever()
 
     def run(self, coro: Any, timeout: float, what: str) -> Any:
-        """The coroutine's result; an engine core that died (or a CUDA error) raises EngineDead."""
+        """The coroutine's result; an engine core that died (or a CUDA error) raises EngineDead, and a call its
+        caller cancelled (rlgen.engines.cancel) cancels the coroutine (vLLM aborts its requests) and raises
+        CallCancelled."""
         fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
             try:
-                return fut.result(max(0.0, min(left, DEAD_POLL_S) if self.dead is not None else left))
+                return fut.result(max(0.0, min(left, DEAD_POLL_S)))
             except concurrent.futures.TimeoutError as err:
                 if self.dead is not None and self.dead():
                     fut.cancel()
                     raise EngineDead(f"{what}: the vLLM engine core died while this call waited on it") from None
+                if requested():
+                    fut.cancel()
+                    raise CallCancelled(f"{what}: cancelled by its caller") from None
                 if time.monotonic() >= deadline:
                     fut.cancel()  # cancels the task: vLLM aborts the requests it had started
                     raise TimeoutError(f"{what} did not finish within {timeout:.0f} s") from err
