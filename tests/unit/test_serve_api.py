@@ -200,8 +200,8 @@ def test_openai_completions(served):
     if text:  # a stop string cuts the text where it starts, and the choice says it stopped
         cut = client.complete("3+4=", max_tokens=4, temperature=0.0, stop=[text[-1]])["choices"][0]
         assert cut["text"] == text[: text.index(text[-1])] and cut["finish_reason"] == "stop"
-    with pytest.raises(ServerError, match="echo=true is not supported"):
-        client.complete("3+4=", echo=True)
+    with pytest.raises(ServerError, match="echo with logprobs would need the prompt's logprobs"):
+        client.complete("3+4=", echo=True, logprobs=1)
 
 
 def test_async_client(served):

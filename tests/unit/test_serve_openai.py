@@ -165,3 +165,15 @@ def test_streamed_chat_and_a_stop_string(client):
     stop = next(ch for ch in full[2:] if ch.strip())
     parts = [c.choices[0] for c in text(seed, stop=[stop], stream=True)]
     assert "".join(p.text for p in parts) == full[: full.index(stop)] and parts[-1].finish_reason == "stop"
+
+
+def test_echo_puts_the_prompt_before_the_completion(client):
+    plain = client.completions.create(model="tiny", prompt="3+4=", max_tokens=5, temperature=0.0)
+    echoed = client.completions.create(model="tiny", prompt="3+4=", max_tokens=5, temperature=0.0, echo=True)
+    assert echoed.choices[0].text == "3+4=" + plain.choices[0].text
+    assert echoed.usage.completion_tokens == plain.usage.completion_tokens  # the prompt is not counted twice
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="tiny", prompt="3+4=", max_tokens=5, temperature=0.0, echo=True, stream=True) if c.choices)
+    assert streamed == echoed.choices[0].text
+    with pytest.raises(openai.BadRequestError, match="echo with logprobs"):
+        client.completions.create(model="tiny", prompt="3+4=", max_tokens=5, echo=True, logprobs=1)

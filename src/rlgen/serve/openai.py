@@ -5,7 +5,8 @@ server; completions are decoded and cut at stop strings, and the tokens, logprob
 returned. Every choice keeps the ``policy_version`` of the weights that made it. The sampling fields vLLM's server
 takes (top_k, min_p, repetition_penalty, frequency_penalty, presence_penalty, logit_bias) reach the engines, and
 logprobs come with their top alternatives. ``stream=true`` answers in server-sent events (rlgen.serve.stream).
-Echo and best_of are not offered; a request that asks for them is refused in one sentence."""
+``echo`` puts the prompt's text before each completion's (without prompt logprobs, which would take a scoring
+pass). best_of and tools are not offered; a request that asks for them is refused in one sentence."""
 
 from __future__ import annotations
 
@@ -69,8 +70,9 @@ def _refuse(data: dict[str, Any], known: set[str], route: str) -> None:
     unknown = sorted(set(data) - known)
     if unknown:
         raise BadRequest(f"unknown field(s) {unknown} for {route}.")
-    if data.get("echo"):
-        raise BadRequest("echo=true is not supported by rlgen serve; leave it out.")
+    if data.get("echo") and data.get("logprobs") is not None:
+        raise BadRequest("echo with logprobs would need the prompt's logprobs, which rlgen serve does not compute; "
+                         "ask for one of them.")
     if data.get("tools"):
         raise BadRequest("tools are not supported by rlgen serve's chat route; render them into the messages.")
     if data.get("stream_options") is not None and not isinstance(data["stream_options"], dict):
@@ -186,14 +188,20 @@ class Shape:
     logprobs: bool = False
     token_ids: bool = False
     as_ids: bool = False
+    echo: bool = False  # a text completion's text starts with its prompt's
 
     @classmethod
     def of(cls, data: dict[str, Any], chat: bool) -> Shape:
         logprobs = bool(data.get("logprobs")) if chat else data.get("logprobs") is not None
-        return cls(logprobs, bool(data.get("return_token_ids")), bool(data.get("return_tokens_as_token_ids")))
+        return cls(logprobs, bool(data.get("return_token_ids")), bool(data.get("return_tokens_as_token_ids")),
+                   bool(data.get("echo")) and not chat)
 
     def name(self, tok: Any, token: int) -> str:
         return f"token_id:{token}" if self.as_ids else tok.decode([token])
+
+    def echoed(self, tok: Any, req: GenRequest) -> str:
+        """The text a choice of ``req`` starts with: its prompt's, with echo."""
+        return tok.decode(list(req.prompt_ids)) if self.echo else ""
 
 
 def completions_response(completions: list[Completion], reqs: list[GenRequest], stops: list[str], model: Any,
@@ -201,9 +209,10 @@ def completions_response(completions: list[Completion], reqs: list[GenRequest], 
     tok = model.tokenizer
     choices = []
     returned = _returned(completions, stops, tok)
+    of = [r for r in reqs for _ in range(r.sampling.n)]  # each completion's request: n per request, in order
     for index, (c, n, text, reason) in enumerate(returned):
-        choice: dict[str, Any] = {"index": index, "text": text, "finish_reason": reason, "logprobs": None,
-                                  "policy_version": c.version}
+        choice: dict[str, Any] = {"index": index, "text": shape.echoed(tok, of[index]) + text,
+                                  "finish_reason": reason, "logprobs": None, "policy_version": c.version}
         if shape.logprobs:
             choice["logprobs"] = completion_logprobs(tok, c.token_ids[:n], c.logprobs[:n], c.top_logprobs[:n], shape)
         if shape.token_ids:

@@ -58,7 +58,10 @@ class Chunks:
 
     def start(self) -> list[str]:
         if not self.chat:
-            return []
+            echoed = [(k, self.shape.echoed(self.tok, r)) for i, r in enumerate(self.reqs)
+                      for k in range(self.first[i], self.first[i] + r.sampling.n)]
+            return [self._chunk([{"index": k, "text": text, "logprobs": None, "finish_reason": None}
+                                 for k, text in echoed])] if self.shape.echo else []
         return [self._chunk([{"index": k, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                               "finish_reason": None} for k in range(len(self.choices))])]
 
