@@ -22,11 +22,18 @@ def _world(pool: Any) -> int:
     return len(pool.engines) * int(pool.model.tensor_parallel_size)
 
 
+LOGPROBS_MODE = "processed_logprobs"  # rlgen's engines report logprobs after temperature, as the RL ratio needs
+
+
 async def server_info(request: Request) -> Any:
+    """vLLM's config tree, as far as rlgen has its parts: model_config and parallel_config where vLLM keeps them
+    (TRL reads model_config.logprobs_mode), and the same values flat for a quick look."""
     pool = state(request).pool
     m = pool.model
-    return {"vllm_config": {"model": m.path, "served_model_name": m.name, "max_model_len": m.max_model_len,
-                            "tensor_parallel_size": m.tensor_parallel_size, "data_parallel_size": len(pool.engines),
+    model = {"model": m.path, "served_model_name": m.name, "max_model_len": m.max_model_len, "dtype": m.dtype,
+             "logprobs_mode": LOGPROBS_MODE}
+    parallel = {"tensor_parallel_size": m.tensor_parallel_size, "data_parallel_size": len(pool.engines)}
+    return {"vllm_config": {**model, **parallel, "model_config": model, "parallel_config": parallel,
                             "weight_transfer_config": {"backend": "nccl"} if m.nccl_weights else None,
                             "engine_kind": m.engine_kind}}
 
