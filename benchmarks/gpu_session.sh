@@ -13,6 +13,8 @@
 #     lora [OVERRIDES]  full fine-tuning, LoRA through vLLM adapters and LoRA merged at 1.5B, side by side
 #                       (benchmarks/lora_compare.py); then the adapter side's final adapter checked by
 #                       `rlgen validate` both ways
+#     trl-serve [ARGS]  TRL's GRPOTrainer in server mode against `rlgen serve` (benchmarks/trl_serve.py; --gpus 2 on
+#                       two GPUs: weights over TRL's NCCL path)
 #     serve-lora ADAPTER [OVERRIDES]  `rlgen serve` with vLLM adapters: load, generate with and without, unload
 #                       (benchmarks/serve_lora.py)
 # Run from the repository root with rlgen importable (installed, or src on PYTHONPATH). Every vLLM process is
@@ -86,6 +88,9 @@ EOF2
         > "$out/validate-$sync.log" 2>&1
       echo "validate $sync: exit $?" | tee -a "$out/lora.log"
     done
+    ;;
+  trl-serve)
+    "$py" benchmarks/trl_serve.py "$out/trl-serve" "$@" 2>&1 | tee "$out/trl-serve.log"
     ;;
   serve-lora)
     adapter=${1:?serve-lora needs an adapter folder}; shift

@@ -88,6 +88,41 @@ def in_process(out: Path, server_over: list[str], train_over: list[str]) -> dict
     return summary
 
 
+def start_server(out: Path, overrides: list[str], env: dict | None = None,
+                 limit_s: float = 900.0) -> tuple[subprocess.Popen, str, dict | None, float]:
+    """`rlgen serve` (hydra.run.dir=OUT/serve, its output in OUT/serve.out) on a free loopback port, waited for
+    until healthy: the process, its URL, its /info (None when it never became healthy) and its start-up seconds."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    t0 = time.time()
+    log = (out / "serve.out").open("w")
+    server = subprocess.Popen([sys.executable, "-m", "rlgen.cli", "serve", f"serve.port={port}",
+                               f"hydra.run.dir={out / 'serve'}", *overrides], stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True, env=env)
+    from rlgen.wire.client import GenerationClient, ServerError
+
+    while server.poll() is None and time.time() - t0 < limit_s:
+        try:
+            with GenerationClient(url, timeout_s=5) as c:
+                if c.health()["ok"]:
+                    return server, url, c.info(), time.time() - t0
+        except ServerError:
+            time.sleep(1)
+    return server, url, None, time.time() - t0
+
+
+def stop_server(server: subprocess.Popen) -> int | str:
+    """SIGINT to the server's process group (a graceful stop), SIGKILL after 120 s; its exit code."""
+    if server.poll() is not None:
+        return server.returncode
+    os.killpg(server.pid, signal.SIGINT)
+    try:
+        return server.wait(120)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        return "killed"
+
+
 def main(argv: list[str]) -> int:
     compare = "--compare" in argv
     argv = [a for a in argv if a != "--compare"]
@@ -96,40 +131,19 @@ def main(argv: list[str]) -> int:
     split = rest.index("--") if "--" in rest else len(rest)
     server_over, train_over = rest[:split], rest[split + 1:]
     out.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    t0 = time.time()
-    log = (out / "serve.out").open("w")
-    server = subprocess.Popen([sys.executable, "-m", "rlgen.cli", "serve", f"serve.port={port}",
-                               f"hydra.run.dir={out / 'serve'}", *server_over], stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True)
-    from rlgen.wire.client import GenerationClient, ServerError
-
-    info = None
-    while server.poll() is None and time.time() - t0 < 900:
-        try:
-            with GenerationClient(url, timeout_s=5) as c:
-                if c.health()["ok"]:
-                    info = c.info()
-                    break
-        except ServerError:
-            time.sleep(1)
+    server, url, info, start_s = start_server(out, server_over)
     result: dict = {"server_overrides": server_over, "train_overrides": train_over, "url": url}
     if info is None:
+        stop_server(server)
         result["server_failed"] = (out / "serve.out").read_text()[-3000:]
         (out / "serve_remote.json").write_text(json.dumps(result, indent=2))
         return 1
-    result["server_start_s"] = time.time() - t0
+    result["server_start_s"] = start_s
     result["server_info"] = info
     try:
         run_train(url, out, train_over, info, result)
     finally:
-        os.killpg(server.pid, signal.SIGINT)
-        try:
-            result["server_rc"] = server.wait(120)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            result["server_rc"] = "killed"
+        result["server_rc"] = stop_server(server)
         (out / "serve_remote.json").write_text(json.dumps(result, indent=2) + "\n")
     if compare:
         result["in_process"] = in_process(out, server_over, train_over)
