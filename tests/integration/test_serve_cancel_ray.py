@@ -106,3 +106,19 @@ def test_a_stream_left_early_stops_the_engine(engine):
     assert "deltas" in asyncio.run(first_event())
     generated = _generated_after(actor, before)
     assert 0 < generated < TOKENS, f"{generated} tokens: the stream's generation ran on after it was left"
+
+
+def test_cancelling_one_call_leaves_the_others_running(engine):
+    """Ray's cancel mark is per call: of two calls running at once on the threaded actor, the cancelled one stops
+    and the other returns whole."""
+    actor, path = engine
+    pool = _pool(actor, path, 60.0)
+
+    async def two_calls() -> list:
+        left = asyncio.ensure_future(pool.call(0, "generate", _request(), cancel=True))
+        kept = asyncio.ensure_future(pool.call(0, "generate", _request(), cancel=True))
+        await asyncio.sleep(0.6)
+        left.cancel()
+        return (await kept)["completions"]
+
+    assert len(asyncio.run(two_calls())[0].token_ids) == TOKENS
