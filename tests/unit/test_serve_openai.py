@@ -177,3 +177,22 @@ def test_echo_puts_the_prompt_before_the_completion(client):
     assert streamed == echoed.choices[0].text
     with pytest.raises(openai.BadRequestError, match="echo with logprobs"):
         client.completions.create(model="tiny", prompt="3+4=", max_tokens=5, echo=True, logprobs=1)
+
+
+def test_every_choice_and_chunk_carries_the_policy_version():
+    """After a weight update to version 3, every answer says 3: whole choices and every streamed chunk, text and
+    chat alike (the role chunk and an echo chunk included)."""
+    pool = tiny_pool(1, chat=True)
+    engine = pool.engines[0]
+    weights = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    assert asyncio.run(pool.update_weights(weights, 3, None))["version"] == 3
+    sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="x", max_retries=0, http_client=TestClient(
+        make_app(pool, token=None, max_sequences=64, max_body_mb=1.0), base_url="http://testserver"))
+    ask = {"model": "tiny", "max_tokens": 4, "temperature": 0.0}
+    whole = sdk.completions.create(prompt="3+4=", **ask)
+    chat = sdk.chat.completions.create(messages=[{"role": "user", "content": "2+2?"}], **ask)
+    assert whole.choices[0].model_extra["policy_version"] == chat.choices[0].model_extra["policy_version"] == 3
+    text_chunks = list(sdk.completions.create(prompt="3+4=", stream=True, echo=True, **ask))
+    chat_chunks = list(sdk.chat.completions.create(messages=[{"role": "user", "content": "2+2?"}], stream=True, **ask))
+    versions = [c.model_extra["policy_version"] for chunk in text_chunks + chat_chunks for c in chunk.choices]
+    assert len(versions) >= 4 and set(versions) == {3}

@@ -178,17 +178,20 @@ class EnginePool:
 
     async def generate_stream(self, requests: list[GenRequest]) -> AsyncIterator[dict[str, Any]]:
         """The requests on one engine (the least busy), streamed: {"deltas": [(request, sample, tokens, logprobs,
-        top logprobs)]} as tokens come, then {"final": completions in request order}. Leaving the iteration early
+        top logprobs)], "version": the engine's policy version} as tokens come, then {"final": completions in
+        request order, "version"}. Leaving the iteration early
         (a client that disconnected) stops the engine's generation."""
         index = min(await self.ready(requests, None), key=lambda k: self.in_flight[k])
         split, origin = _one_per_greedy_sample(requests)
+        version = self.versions[index]  # what the engine tags the stream's completions with: its version at the start
         self.in_flight[index] += 1
         self.requests += len(requests)
         self.sequences += sum(r.sampling.n for r in requests)
         try:
             async for event in self._stream(index, split):
                 if "deltas" in event:
-                    yield {"deltas": [(origin[i][0], origin[i][1] + j, *rest) for i, j, *rest in event["deltas"]]}
+                    yield {"deltas": [(origin[i][0], origin[i][1] + j, *rest) for i, j, *rest in event["deltas"]],
+                           "version": version}
                 else:
                     completions = event["final"]["completions"]
                     self.tokens += sum(len(c.token_ids) for c in completions)

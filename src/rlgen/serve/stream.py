@@ -60,10 +60,11 @@ class Chunks:
         if not self.chat:
             echoed = [(k, self.shape.echoed(self.tok, r)) for i, r in enumerate(self.reqs)
                       for k in range(self.first[i], self.first[i] + r.sampling.n)]
-            return [self._chunk([{"index": k, "text": text, "logprobs": None, "finish_reason": None}
-                                 for k, text in echoed])] if self.shape.echo else []
+            return [self._chunk([{"index": k, "text": text, "logprobs": None, "finish_reason": None,
+                                  "policy_version": self.version} for k, text in echoed])] if self.shape.echo else []
         return [self._chunk([{"index": k, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                              "finish_reason": None} for k in range(len(self.choices))])]
+                              "finish_reason": None, "policy_version": self.version}
+                             for k in range(len(self.choices))])]
 
     def add(self, i: int, j: int, tokens: list[int], logprobs: list[float], tops: list[dict[int, float]]) -> list[str]:
         k = self.first[i] + j
@@ -113,7 +114,7 @@ class Chunks:
                         else completion_logprobs(self.tok, ids, lps, tops, self.shape, start))
         if self.chat:
             return {"index": k, "delta": {"content": piece} if piece else {}, "logprobs": logprobs,
-                    "finish_reason": reason}
+                    "finish_reason": reason, "policy_version": self.version}
         return {"index": k, "text": piece, "logprobs": logprobs, "finish_reason": reason,
                 "policy_version": self.version}
 
@@ -125,10 +126,14 @@ class Chunks:
 async def sse(events: AsyncIterator[dict[str, Any]], chunks: Chunks, include_usage: bool,
               release: Any = None) -> AsyncIterator[str]:
     """The event stream of one request; ``release`` is called when it ends, however it ends."""
+    started = False
     try:
-        for line in chunks.start():
-            yield line
         async for event in events:
+            chunks.version = int(event.get("version", chunks.version))
+            if not started:  # the first chunks, once the engine (and so the policy version) is known
+                started = True
+                for line in chunks.start():
+                    yield line
             if "deltas" in event:
                 for delta in event["deltas"]:
                     for line in chunks.add(*delta):
