@@ -1,7 +1,8 @@
 """Streaming from the hf engine: a transformers streamer that hands each step's sampled tokens of a batch, with
 their logprobs, to a callback as they are made, and a stopping criterion that ends generation early when the
-call is cancelled (a client that disconnected or timed out). The logprob of each token comes from the lm head's output at
-that step, read by a forward hook: the same quantity the engine reports at the end (log_softmax(logits / T))."""
+call is cancelled (a client that disconnected or timed out). The logprob of each token comes from the lm head's
+output at that step, read by a forward hook: the same quantity the engine reports at the end
+(log_softmax(logits / T))."""
 
 from __future__ import annotations
 

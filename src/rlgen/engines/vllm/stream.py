@@ -73,7 +73,6 @@ class StreamMethods:
                                               finish_reason=reasons[i].get(j, "length"), version=v, top_logprobs=tops))
         yield {"final": {"completions": completions, "spans": [(Phase.generate.value, t0, time.time())], "version": v}}
 
-
     def _next_event(self, events: queue.Queue) -> Any:
         """The stream's next event, CANCELLED once the call is cancelled (rlgen.engines.cancel)."""
         deadline = time.monotonic() + self.timeout_s
