@@ -237,3 +237,56 @@ def test_sleep_frees_memory_and_wake_restores(engine):
     engine.wake()
     assert not engine.health()["asleep"]
     assert _greedy(engine, prompts) == before
+
+
+def test_generate_stream_gives_the_tokens_generate_gives(engine):
+    prompts = _prompts(4, seed=7)  # greedy, so n=1 (vLLM takes n > 1 only when sampling)
+    reqs = [GenRequest(p, SamplingParams(n=1, temperature=0.0, max_new_tokens=40, ignore_eos=True, logprobs=2),
+                       group_id=i) for i, p in enumerate(prompts)]
+    streamed: dict[tuple[int, int], list[int]] = {}
+    final = None
+    for event in engine.generate_stream(reqs):
+        if "deltas" in event:
+            for i, j, tokens, logprobs, tops in event["deltas"]:
+                assert len(tokens) == len(logprobs) == len(tops)
+                streamed.setdefault((i, j), []).extend(tokens)
+        else:
+            final = event["final"]
+    assert final is not None and len(final["completions"]) == 4
+    whole = _greedy(engine, prompts, max_new=40)
+    for k, c in enumerate(final["completions"]):
+        assert c.token_ids == streamed[(k, 0)] == whole[k]
+        assert len(c.top_logprobs) == 40 and all(1 <= len(t) <= 2 for t in c.top_logprobs)
+
+
+def test_a_cancelled_call_and_a_stream_left_early_stop_generating(engine):
+    """A call cancelled through rlgen.engines.cancel (as a Ray cancel or the serve pool would) and a stream
+    closed after its first event both end within a second, long before their 900 tokens, and vLLM aborts their
+    requests: the engine then answers a new call at once."""
+    from rlgen.engines.cancel import CallCancelled, run
+
+    long = [GenRequest(p, SamplingParams(n=8, temperature=1.0, max_new_tokens=900, ignore_eos=True), group_id=i)
+            for i, p in enumerate(_prompts(8, seed=8))]
+    event, box = threading.Event(), {}
+
+    def call() -> None:
+        try:
+            box["out"] = run(event, engine.generate, long)
+        except CallCancelled as err:
+            box["cancelled"] = err
+
+    worker = threading.Thread(target=call)
+    worker.start()
+    time.sleep(0.5)
+    t0 = time.time()
+    event.set()
+    worker.join(10)
+    assert "cancelled" in box and time.time() - t0 < 2
+    stream = engine.generate_stream(long)
+    assert "deltas" in next(stream)
+    t0 = time.time()
+    stream.close()
+    assert time.time() - t0 < 2
+    t0 = time.time()
+    assert [len(t) for t in _greedy(engine, _prompts(2, seed=9), max_new=16)] == [16, 16]
+    assert time.time() - t0 < 5  # no aborted request is still decoding in front of it
