@@ -249,3 +249,38 @@ def test_live_token_counts_read_the_engines_running_requests():
     counts = asyncio.run(live_token_counts(llm, "engine0-"))
     assert counts == {("engine0-3-0", 0): 17, ("engine0-3-0", 1): 9}
     assert asyncio.run(live_token_counts(SimpleNamespace(), "engine0-")) == {}  # internals missing: nothing known
+
+
+def test_the_engine_loop_cancels_a_call_its_caller_cancelled():
+    """LoopThread.run, which every vllm engine call waits in: a call cancelled through rlgen.engines.cancel
+    cancels its coroutine (where vLLM would abort its requests) within a poll, and raises CallCancelled."""
+    import asyncio
+    import threading
+    import time
+
+    from rlgen.engines.cancel import CallCancelled, run
+    from rlgen.engines.vllm.loop import DEAD_POLL_S, LoopThread
+
+    loop, seen = LoopThread("test"), {}
+
+    async def forever() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            seen["cancelled"] = True
+            raise
+
+    event = threading.Event()
+    threading.Timer(0.2, event.set).start()
+    t0 = time.time()
+    try:
+        with pytest.raises(CallCancelled, match="cancelled by its caller"):
+            run(event, loop.run, forever(), 60.0, "a call")
+        assert time.time() - t0 < 0.2 + 2 * DEAD_POLL_S
+        deadline = time.time() + 5
+        while "cancelled" not in seen and time.time() < deadline:
+            time.sleep(0.01)
+        assert seen.get("cancelled")
+        assert loop.run(asyncio.sleep(0, result=7), 5.0, "the next call") == 7  # the loop serves on
+    finally:
+        loop.close()
