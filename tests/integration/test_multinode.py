@@ -101,11 +101,13 @@ def test_a_two_node_gpu_plan_lands_per_node_with_rendezvous_and_env(cluster):
             remove_placement_group(pg)
 
 
-CPU_RUN = ["hardware=2xcpu", "progress=false", "ray.share=object_store", "algo.prompts_per_step=32"]
+# The embedded default's batch and length (64 prompts, 150 steps): with seeds 0-3 on one machine it gained
+# 0.18-0.28, where 32 prompts for 60 steps gained 0.09-0.14 and so sat on the test's 0.1 margin.
+CPU_RUN = ["hardware=2xcpu", "progress=false", "ray.share=object_store"]
 
 
 def test_hf_engines_on_one_node_and_the_learner_on_another_learn(cluster, tmp_path):
-    cfg = compose_run_config([*CPU_RUN, "steps=60"])
+    cfg = compose_run_config(CPU_RUN)
     summary = run_training(build_plan(cfg), tmp_path, Console(quiet=True))
     status = __import__("json").loads((tmp_path / "status.json").read_text())
     assert summary["reward_gain"] >= 0.1, f"reward rose only {summary['reward_first_20pct']:.3f} -> " \
