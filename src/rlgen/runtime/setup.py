@@ -1,7 +1,8 @@
 """Set-up and tear-down: a plan becomes a Run, the actors and the objects that drive them, in this order:
 
-1. the task, the starting model (built and cached, or a checkpoint's), its tokenizer, prompts and stop ids;
-2. a Ray cluster, one placement group per plan node, the folders every node reads;
+1. the task, the starting model (built and cached, or a checkpoint's), its tokenizer, prompts and stop ids, on
+   a thread of their own, while
+2. a Ray cluster starts, with one placement group per plan node; then the folders every node reads;
 3. the learner ranks, then the engines wave by wave (engines that share a GPU start one after another);
 4. the weight transport, which sends the starting weights once (its warm-up, kept out of step 0);
 5. the engine keeper (restarts), the rollouts (the engines' side of the loop) and the run state.
@@ -12,7 +13,9 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +35,7 @@ from rlgen.runtime.actors import (
     ray_session_dir,
     release,
 )
-from rlgen.runtime.errors import RunError
+from rlgen.runtime.errors import RunError, StopRequested
 from rlgen.runtime.faults import EngineKeeper, EngineLost
 from rlgen.runtime.files import place_run_folders
 from rlgen.runtime.monitor import CircuitBreaker
@@ -124,10 +127,13 @@ def set_up(plan: Plan, out_dir: Path, *, resume: ResumePoint | None = None, stop
     t0 = time.time()
     run.clock = clock = StartupClock(run.console)
     try:
-        with clock.phase("model folder and task"):
-            task, renderer, stop_ids = _model_and_task(run)
+        for var, val in QUIET_ENV.items():  # before transformers loads in this process (actors get them too)
+            os.environ.setdefault(var, val)
+        model = _Beside(clock.begin("model folder and task"), _model_and_task, run)
         with clock.phase("Ray cluster"):
             _cluster(run)
+        task, renderer, stop_ids = model.result(run.stop)
+        _place_folders(run)
         with clock.phase("engines and learners"):
             _actors(run, hooks or Hooks())
         with clock.phase("first weight push"):
@@ -147,8 +153,6 @@ def _model_and_task(run: Run) -> tuple[Any, Any, list[int]]:
     from rlgen.tasks.prompts import PromptRenderer, model_stop_ids
 
     cfg = run.cfg
-    for var, val in QUIET_ENV.items():  # before transformers loads in this process (actors get them too)
-        os.environ.setdefault(var, val)
     run.algorithm = algorithm(cfg.algo.kind)
     task = build_task(cfg.task)
     run.initial_model_path = prepare_model(cfg, device=run.plan.device)
@@ -171,9 +175,42 @@ def _model_and_task(run: Run) -> tuple[Any, Any, list[int]]:
     return task, renderer, stop_ids
 
 
+class _Beside:
+    """A call on a daemon thread of its own, while this one goes on (Ray must start on the main thread, which its
+    signal handlers need), then ``done()``; result() waits for it, leaving early on a stop, and raises what it
+    raised."""
+
+    def __init__(self, done: Callable[[], None], fn: Callable[..., Any], *args: Any):
+        self._box: dict[str, Any] = {}
+        self._thread = threading.Thread(target=self._run, args=(done, fn, *args), name="rlgen-setup", daemon=True)
+        self._thread.start()
+
+    def _run(self, done: Callable[[], None], fn: Callable[..., Any], *args: Any) -> None:
+        try:
+            self._box["out"] = fn(*args)
+        except BaseException as err:  # noqa: BLE001 - raised again in the waiting thread
+            self._box["err"] = err
+        finally:
+            done()
+
+    def result(self, stop: StopFlag) -> Any:
+        while self._thread.is_alive():
+            if stop.requested:
+                raise StopRequested("preparing the model folder and task")
+            self._thread.join(0.1)
+        if "err" in self._box:
+            raise self._box["err"]
+        return self._box["out"]
+
+
 def _cluster(run: Run) -> None:
     run.placement = plan_bundles(run.plan)
     run.started_ray, run.node_ids, run.pgs = connect(run.cfg, run.plan, run.placement, run.stop, run.waiter)
+
+
+def _place_folders(run: Run) -> None:
+    """Where every node reads the starting model (and the checkpoint, when resuming): needs the cluster's nodes
+    and the model folder."""
     run.folders = place_run_folders(run.cfg, run.node_ids, run.placement, run.start_model_path, run.out_dir,
                                     run.initial_model_path, run.resume.checkpoint if run.resume else None)
 

@@ -5,7 +5,7 @@ health report) go into summary.json and the closing report."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -33,15 +33,25 @@ class StartupClock:
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Time one phase; say it as it begins. The first phase also records the time from launch to it."""
-        if not self.phases:
-            self.phases[LAUNCH] = self.since_launch()
-        self.console.print(f"[dim]start-up {self.since_launch():5.1f} s:[/] {name}", highlight=False)
-        t0 = time.time()
+        end = self.begin(name)
         try:
             yield
         finally:
-            self.phases[name] = self.phases.get(name, 0.0) + time.time() - t0
+            end()
+
+    def begin(self, name: str) -> Callable[[], None]:
+        """Begin timing a phase (said now, listed in the order phases begin); the function returned ends it, from
+        any thread, so phases that run at once are each timed."""
+        if not self.phases:
+            self.phases[LAUNCH] = self.since_launch()
+        self.console.print(f"[dim]start-up {self.since_launch():5.1f} s:[/] {name}", highlight=False)
+        before, t0 = self.phases.setdefault(name, 0.0), time.time()
+
+        def end() -> None:
+            self.phases[name] = before + time.time() - t0
             self._setup_end = time.time()
+
+        return end
 
     def waiting(self, names: list[str]) -> Any:
         """A progress callback for Waiter.get over actors named `names` (in the refs' order)."""
