@@ -93,3 +93,41 @@ def test_the_report_lists_each_phase_and_actor():
     for piece in ("Ray cluster", "engine0: import vllm 0.5, vLLM engine start 1.5; of which torch.compile 0.9",
                   "began 0.5 s after it was asked for", "time to first rollout"):
         assert piece in text
+
+
+def test_phases_that_run_at_once_are_each_timed_in_the_order_they_began():
+    from rlgen.runtime.setup import _Beside
+
+    clock = StartupClock(Console(file=io.StringIO()))
+    t0 = time.time()
+    model = _Beside(clock.begin("model folder and task"), time.sleep, 0.3)
+    with clock.phase("Ray cluster"):
+        time.sleep(0.2)
+    model.result(StopFlag())
+    both = time.time() - t0
+    phases = clock.to_dict()["phases"]
+    assert list(phases)[1:] == ["model folder and task", "Ray cluster"]
+    assert phases["model folder and task"] >= 0.3 and phases["Ray cluster"] >= 0.2
+    assert both < 0.45  # at once, not one after the other (0.5 s)
+
+
+def test_work_beside_set_up_raises_its_error_and_a_stop_does_not_wait_for_it():
+    import pytest
+
+    from rlgen.runtime.errors import StopRequested
+    from rlgen.runtime.setup import _Beside
+
+    def bad() -> None:
+        raise ValueError("model.path=/nowhere is not a model folder")
+
+    done: list[bool] = []
+    with pytest.raises(ValueError, match="not a model folder"):
+        _Beside(lambda: done.append(True), bad).result(StopFlag())
+    assert done == [True]  # its phase ended too
+    stop = StopFlag()
+    slow = _Beside(lambda: None, time.sleep, 5)
+    stop.request()
+    t0 = time.time()
+    with pytest.raises(StopRequested):
+        slow.result(stop)
+    assert time.time() - t0 < 1
