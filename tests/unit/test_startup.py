@@ -96,11 +96,11 @@ def test_the_report_lists_each_phase_and_actor():
 
 
 def test_phases_that_run_at_once_are_each_timed_in_the_order_they_began():
-    from rlgen.runtime.setup import _Beside
+    from rlgen.runtime.beside import Beside
 
     clock = StartupClock(Console(file=io.StringIO()))
     t0 = time.time()
-    model = _Beside(clock.begin("model folder and task"), time.sleep, 0.3)
+    model = Beside(time.sleep, 0.3, done=clock.begin("model folder and task"))
     with clock.phase("Ray cluster"):
         time.sleep(0.2)
     model.result(StopFlag())
@@ -114,18 +114,18 @@ def test_phases_that_run_at_once_are_each_timed_in_the_order_they_began():
 def test_work_beside_set_up_raises_its_error_and_a_stop_does_not_wait_for_it():
     import pytest
 
+    from rlgen.runtime.beside import Beside
     from rlgen.runtime.errors import StopRequested
-    from rlgen.runtime.setup import _Beside
 
     def bad() -> None:
         raise ValueError("model.path=/nowhere is not a model folder")
 
     done: list[bool] = []
     with pytest.raises(ValueError, match="not a model folder"):
-        _Beside(lambda: done.append(True), bad).result(StopFlag())
+        Beside(bad, done=lambda: done.append(True)).result(StopFlag())
     assert done == [True]  # its phase ended too
     stop = StopFlag()
-    slow = _Beside(lambda: None, time.sleep, 5)
+    slow = Beside(time.sleep, 5)
     stop.request()
     t0 = time.time()
     with pytest.raises(StopRequested):

@@ -45,6 +45,7 @@ def serve(plan: Any, out_dir: Path, console: Any) -> None:
     from rlgen.models import prepare_model
     from rlgen.plan.placement import plan_bundles
     from rlgen.runtime.actors import QUIET_ENV, ActorFactory, connect, engine_class, release
+    from rlgen.runtime.beside import Beside
     from rlgen.runtime.stop import StopFlag
     from rlgen.runtime.waits import Waiter
     from rlgen.serve.app import make_app
@@ -60,9 +61,10 @@ def serve(plan: Any, out_dir: Path, console: Any) -> None:
     waiter = Waiter(cfg.timeout_s, stop, out_dir)
     started, pgs, engines = False, [], []
     try:
-        model_path = prepare_model(cfg, device="cuda" if plan.device == "cuda" else "cpu")
+        model = Beside(prepare_model, cfg, "cuda" if plan.device == "cuda" else "cpu")  # while Ray starts
         placement = plan_bundles(plan)
         started, node_ids, pgs = connect(cfg, plan, placement, stop, waiter)
+        model_path = model.result(stop)
         engine_cls, engine_kwargs = engine_class(plan)
         factory = ActorFactory(cfg, plan, placement, pgs, node_ids, engine_cls, engine_kwargs, type(None), {})
         console.print(f"starting {len(plan.engines)} {plan.engine_kind} engine(s) of TP "

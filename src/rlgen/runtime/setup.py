@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +33,8 @@ from rlgen.runtime.actors import (
     ray_session_dir,
     release,
 )
-from rlgen.runtime.errors import RunError, StopRequested
+from rlgen.runtime.beside import Beside
+from rlgen.runtime.errors import RunError
 from rlgen.runtime.faults import EngineKeeper, EngineLost
 from rlgen.runtime.files import place_run_folders
 from rlgen.runtime.monitor import CircuitBreaker
@@ -129,7 +128,7 @@ def set_up(plan: Plan, out_dir: Path, *, resume: ResumePoint | None = None, stop
     try:
         for var, val in QUIET_ENV.items():  # before transformers loads in this process (actors get them too)
             os.environ.setdefault(var, val)
-        model = _Beside(clock.begin("model folder and task"), _model_and_task, run)
+        model = Beside(_model_and_task, run, done=clock.begin("model folder and task"))
         with clock.phase("Ray cluster"):
             _cluster(run)
         task, renderer, stop_ids = model.result(run.stop)
@@ -173,34 +172,6 @@ def _model_and_task(run: Run) -> tuple[Any, Any, list[int]]:
     stop_ids = model_stop_ids(run.start_model_path, run.tokenizer, cfg.task.stop_token_ids)
     run.pad_id = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else (stop_ids or [0])[0]
     return task, renderer, stop_ids
-
-
-class _Beside:
-    """A call on a daemon thread of its own, while this one goes on (Ray must start on the main thread, which its
-    signal handlers need), then ``done()``; result() waits for it, leaving early on a stop, and raises what it
-    raised."""
-
-    def __init__(self, done: Callable[[], None], fn: Callable[..., Any], *args: Any):
-        self._box: dict[str, Any] = {}
-        self._thread = threading.Thread(target=self._run, args=(done, fn, *args), name="rlgen-setup", daemon=True)
-        self._thread.start()
-
-    def _run(self, done: Callable[[], None], fn: Callable[..., Any], *args: Any) -> None:
-        try:
-            self._box["out"] = fn(*args)
-        except BaseException as err:  # noqa: BLE001 - raised again in the waiting thread
-            self._box["err"] = err
-        finally:
-            done()
-
-    def result(self, stop: StopFlag) -> Any:
-        while self._thread.is_alive():
-            if stop.requested:
-                raise StopRequested("preparing the model folder and task")
-            self._thread.join(0.1)
-        if "err" in self._box:
-            raise self._box["err"]
-        return self._box["out"]
 
 
 def _cluster(run: Run) -> None:
