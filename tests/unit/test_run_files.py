@@ -228,3 +228,30 @@ def test_folder_bytes_sums_files_once(tmp_path):
     (tmp_path / "b.json").write_bytes(b"y" * 24)
     os.link(tmp_path / "a" / "w.bin", tmp_path / "linked.bin")  # a hard link takes no more room
     assert folder_bytes(tmp_path) == 1024
+
+
+def test_a_stop_signal_during_a_status_write_neither_deadlocks_nor_is_lost(tmp_path, monkeypatch):
+    """The first SIGTERM's handler records the stop in status.json. When the signal lands while the same thread is
+    writing status.json (a checkpoint's update), the handler's update must not wait on the lock that thread holds
+    (it did: the run hung) and must not be lost: it is written right after."""
+    import threading
+
+    import rlgen.runtime.status as status_mod
+
+    status = RunStatus(tmp_path, command="train")
+    real, fired = status_mod.replace_text, []
+
+    def write_then_signal(path, text):  # the handler runs between two bytecodes of the write
+        real(path, text)
+        if not fired:
+            fired.append(True)
+            status.update(state="stopped", reason="SIGTERM; stopping at the next safe point")
+
+    monkeypatch.setattr(status_mod, "replace_text", write_then_signal)
+    worker = threading.Thread(target=status.update, kwargs={"state": "running", "checkpoint": "step_000005"},
+                              daemon=True)
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive(), "the update deadlocked"
+    on_disk = read_status(tmp_path)
+    assert on_disk["state"] == "stopped" and on_disk["checkpoint"] == "step_000005"

@@ -35,12 +35,28 @@ class RunStatus:
     def __init__(self, run_dir: str | Path, **fields: Any):
         self.path = Path(run_dir) / STATUS_FILE
         self.data: dict[str, Any] = {"state": "starting", "started": time.time(), "pid": os.getpid(), **fields}
-        self._lock = threading.Lock()  # a checkpoint completed in the background updates it too
+        # A checkpoint completed in the background updates it too. Reentrant: a signal handler (the stop's first
+        # signal) may update it on the thread that is in the middle of an update; its fields are then written by
+        # that update, right after its own write, instead of deadlocking on the lock or clobbering the write.
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._pending: dict[str, Any] = {}
 
     def update(self, **fields: Any) -> None:
         if "state" in fields and fields["state"] not in STATES:
             raise ValueError(f"unknown run state {fields['state']!r}")
         with self._lock:
-            self.data.update(fields, updated=time.time())
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(self.path, self.data)
+            if self._depth:
+                self._pending.update(fields, updated=time.time())
+                return
+            self._depth += 1
+            try:
+                self.data.update(fields, updated=time.time())
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                write_json_atomic(self.path, self.data)
+                while self._pending:
+                    pending, self._pending = self._pending, {}
+                    self.data.update(pending)
+                    write_json_atomic(self.path, self.data)
+            finally:
+                self._depth -= 1
