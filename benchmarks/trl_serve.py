@@ -12,7 +12,8 @@ TRL as the same folder. The trainer is TRL's, unchanged, with its vLLM client po
 TRL cannot join the server's workers over NCCL (they share its device), so its NCCL join and weight pushes are
 left out and it generates from the served weights: generation only, as TRL's own docs suggest for one GPU. With
 two, nothing is left out: each step TRL pauses the server, broadcasts its weights, and resumes it, and the
-server's policy version counts the updates.
+server's policy version counts the updates. The trainer then runs with NCCL_CUMEM_ENABLE=0, as the server's vLLM
+engines do: NCCL's join fails when its two ends differ.
 
 Writes OUT/trl_serve.json: the server's start-up seconds, the trainer's steps, its median step seconds (TRL's
 ``step_time`` when it logs one, else the wall time between logged steps), the reward and completion length per
@@ -73,6 +74,8 @@ def main() -> int:
     cpu = args.device == "cpu"
     if not cpu and args.gpus == 2:
         os.environ["CUDA_VISIBLE_DEVICES"] = "0"  # the trainer's; the server gets GPU 1 below
+        # as the server's vLLM engines run: NCCL's two ends must agree, or its join fails ("unhandled cuda error")
+        os.environ["NCCL_CUMEM_ENABLE"] = "0"
 
     from rlgen.config.compose import compose_run_config
     from rlgen.models import prepare_model
@@ -97,7 +100,9 @@ def main() -> int:
             return 1
         if cpu or args.gpus == 1:
             _generation_only()
-        import datasets
+        import pyarrow as pa
+        from datasets import Dataset
+        from datasets.table import InMemoryTable
         from transformers import AutoTokenizer
         from trl import GRPOConfig, GRPOTrainer
 
@@ -108,8 +113,11 @@ def main() -> int:
                             learning_rate=1e-6, logging_steps=1, save_strategy="no", report_to=[], seed=0,
                             vllm_server_timeout=120)
         rows = [{"prompt": p} for p in PROMPTS[: args.prompts * args.steps]]
+        # a fingerprint of its own: datasets would hash the table with dill, which fails on some hosts
+        # (PicklingError on pyarrow's MonthDayNano class)
+        data = Dataset(InMemoryTable(pa.Table.from_pylist(rows)), fingerprint="trl-serve-prompts")
         trainer = GRPOTrainer(model=folder, reward_funcs=_reward, args=config,
-                              train_dataset=datasets.Dataset.from_list(rows),
+                              train_dataset=data,
                               processing_class=AutoTokenizer.from_pretrained(folder))
         t0 = time.time()
         trainer.train()

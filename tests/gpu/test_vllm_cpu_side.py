@@ -284,3 +284,37 @@ def test_the_engine_loop_cancels_a_call_its_caller_cancelled():
         assert loop.run(asyncio.sleep(0, result=7), 5.0, "the next call") == 7  # the loop serves on
     finally:
         loop.close()
+
+
+def test_a_failed_nccl_join_says_where_and_the_usual_cause(monkeypatch):
+    """The engine's NCCL join for a trainer's weight transfer (TRL's path): a failure in vLLM's join comes back as
+    one EngineError that names the group's address, NCCL's own words and the NCCL_CUMEM_ENABLE the engine runs with
+    (a trainer that differs in it fails this way)."""
+    import types
+
+    from rlgen.engines.vllm.engine import EngineError, VLLMEngine
+    from rlgen.engines.vllm.loop import LoopThread
+
+    fake = types.ModuleType("vllm.distributed.weight_transfer.base")
+    fake.WeightTransferInitRequest = lambda init_info: init_info
+    for name in ("vllm", "vllm.distributed", "vllm.distributed.weight_transfer"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    monkeypatch.setenv("NCCL_CUMEM_ENABLE", "0")
+
+    class Llm:
+        async def init_weight_transfer_engine(self, request):
+            raise RuntimeError("Invocation failed\nRuntimeError: NCCL error: unhandled cuda error")
+
+    engine = VLLMEngine.__new__(VLLMEngine)
+    engine.name, engine.llm, engine._loop = "engine0", Llm(), LoopThread("test")
+    try:
+        info = {"master_address": "10.0.0.5", "master_port": 51216, "rank_offset": 1, "world_size": 2}
+        with pytest.raises(EngineError) as caught:
+            engine.init_weight_transfer(info, timeout_s=10.0)
+        text = str(caught.value)
+        assert "engine0 could not join the trainer's NCCL group at 10.0.0.5:51216" in text
+        assert "(RuntimeError: NCCL error: unhandled cuda error)" in text
+        assert "NCCL_CUMEM_ENABLE=0" in text and "start the trainer with the same value" in text
+    finally:
+        engine._loop.close()

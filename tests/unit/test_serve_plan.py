@@ -58,6 +58,24 @@ def test_remote_plan_on_gpus_gives_every_gpu_to_learners_and_picks_nccl_for_vllm
     assert http.transport is Transport.http
 
 
+def test_learners_joining_a_servers_nccl_group_take_its_nccl_settings(server):
+    """NCCL cannot join two processes that differ in NCCL_CUMEM_ENABLE, and a server's vLLM engines run with 0:
+    the plan copies the server's NCCL settings into the env its learners get (over HTTP nothing is copied)."""
+    from rlgen.serve.pool import EnginePool, ServedModel
+
+    model = ServedModel("m", "/m", 1, 8, 64, "vllm", 1, nccl_weights=True, nccl_env={"NCCL_CUMEM_ENABLE": "0"})
+    reported = EnginePool([object()], model, timeout_s=5.0, local=True).info()  # what /info says
+    assert reported["nccl_env"] == {"NCCL_CUMEM_ENABLE": "0"}
+    server["info"] = _info(["model=qwen2_5_0_5b"], engine_kind="vllm", max_model_len=4096,
+                           weights_over=["http", "nccl"], nccl_env=reported["nccl_env"])
+    common = ["engine=remote", f"engine.url={URL}", "hardware=2xh200", "model=qwen2_5_0_5b"]
+    plan = build_plan(compose_run_config(common))
+    assert plan.transport is Transport.nccl and plan.engine_env["NCCL_CUMEM_ENABLE"] == "0"
+    assert {s.key: s.source for s in plan.settings}["engine.env"].startswith(f"server {URL} (the NCCL settings")
+    http = build_plan(compose_run_config([*common, "engine.weights_over=http"]))
+    assert "NCCL_CUMEM_ENABLE" not in http.engine_env
+
+
 @pytest.mark.parametrize(("overrides", "info", "text"), [
     (["engine=remote"], None, "engine=remote needs the address of a running server: set engine.url="),
     (["engine=remote", f"engine.url={URL}"], ServerError("no answer from the rlgen server at X", None),

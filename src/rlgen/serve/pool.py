@@ -9,7 +9,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -34,6 +34,8 @@ class ServedModel:
     max_lora_rank: int | None = None  # the largest adapter rank they take; None: any
     config: Any = None  # the served model's shape (a ModelConfig), to check an adapter against before loading it
     dtype: str | None = None  # the engines' weights (what a trainer sends weights in)
+    nccl_env: dict[str, str] = field(default_factory=dict)  # NCCL_* the engines run with; a trainer joining their
+    # NCCL group must run with the same (NCCL cannot join two processes that differ in NCCL_CUMEM_ENABLE)
 
 
 def _one_per_greedy_sample(requests: list[GenRequest]) -> tuple[list[GenRequest], list[tuple[int, int]]]:
@@ -128,6 +130,7 @@ class EnginePool:
                 "max_model_len": m.max_model_len, "engine_kind": m.engine_kind,
                 "weights_over": ["http", "nccl"][: 2 if m.nccl_weights else 1] + (["adapter"] if m.adapters else []),
                 "adapters": sorted(self.adapters), "dtype": m.dtype, "max_lora_rank": m.max_lora_rank if m.adapters else 0,
+                "nccl_env": dict(m.nccl_env) if m.nccl_weights else {},
                 "tensor_parallel_size": m.tensor_parallel_size, "data_parallel": len(self.engines),
                 "version": max(self.versions), "versions": list(self.versions), "asleep": list(self.asleep),
                 "paused": list(self.paused), "weight_updates": self.updates, "requests": self.requests,

@@ -24,6 +24,7 @@ ENGINE = EngineSpec(
     kind="remote",
     actor="rlgen.engines.remote.engine:RemoteEngine",
     served=True,
+    passes_env=True,  # engine.env reaches the proxies and its NCCL_* the learners: with_server sets the server's
     adapters=True,  # when the server's engines take them (its /info max_lora_rank, read by the plan)
     transport=_transport,
     actor_kwargs=_actor_kwargs,

@@ -77,4 +77,10 @@ def with_server(cfg: RunConfig, params: int, vocab: int, p: list[str]) -> tuple[
                  f"transfer (this one runs {info['engine_kind']} engines, hardware={cfg.hardware.name}); use "
                  "engine.weights_over=http.")
     cfg = set_key(cfg, "engine.weights_over", over)
+    server_nccl = {str(k): str(v) for k, v in (info.get("nccl_env") or {}).items()}
+    if over == WeightsOver.nccl and server_nccl:  # NCCL's two ends must agree, or the learner's join fails
+        env = {**cfg.engine.env, **server_nccl}
+        cfg = set_key(cfg, "engine.env", env)
+        settings.append(Setting("engine.env", env, f"{source} (the NCCL settings its engines run with, which the "
+                                "learners take too)"))
     return cfg, settings

@@ -26,7 +26,13 @@ from typing import TYPE_CHECKING, Any
 from rlgen.config import EngineConfig
 from rlgen.engines.vllm.adapters import AdapterFolders, AdapterMethods
 from rlgen.engines.vllm.args import REQUIRED_ENV, TUNED_DEFAULTS, build_engine_args, mix_seed
-from rlgen.engines.vllm.common import CALL_TIMEOUT_S, CONTROL_TIMEOUT_S, START_TIMEOUT_S, EngineError
+from rlgen.engines.vllm.common import (
+    CALL_TIMEOUT_S,
+    CONTROL_TIMEOUT_S,
+    START_TIMEOUT_S,
+    EngineError,
+    nccl_join_failed,
+)
 from rlgen.engines.vllm.loop import (
     LoopThread,
     build_engine,
@@ -290,11 +296,16 @@ class VLLMEngine(AdapterMethods, StreamMethods):
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
         t0 = time.time()
-        self._loop.run(
-            self.llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=dict(init_info))),
-            timeout_s,
-            f"{self.name}: joining the weight-transfer channel",
-        )
+        try:
+            self._loop.run(
+                self.llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=dict(init_info))),
+                timeout_s,
+                f"{self.name}: joining the weight-transfer channel",
+            )
+        except EngineError:
+            raise
+        except Exception as err:
+            raise EngineError(nccl_join_failed(self.name, init_info, err)) from err
         self.salt_prefix_cache = True
         return {"actor": self.name, "spans": [(Phase.sync.value, t0, time.time())]}
 
