@@ -113,6 +113,32 @@ def test_validate_checks_a_server_against_the_reference(server):
             client.update_weights(original, 0)
 
 
+def test_validate_gives_a_server_an_adapter_by_name_and_leaves_its_policy(server, tmp_path):
+    """rlgen validate engine=remote learner.lora.init=<adapter>: the server loads the adapter under a name for the
+    check and unloads it after, so what it serves to other clients (its policy version) never changes; merged
+    weights, which would replace the server's, are refused in one sentence."""
+    pytest.importorskip("peft")
+    from helpers import lora_export, lora_model
+    from rlgen.plan import PlanError
+    from rlgen.transfer import write_adapter
+    from rlgen.validate.run import run_validate
+
+    with GenerationClient(server.url) as client:
+        before = client.info()
+    adapter = lora_export(lora_model(before["model_path"], seed=0))
+    write_adapter(str(tmp_path), adapter["tensors"], adapter["config"])
+    common = ["engine=remote", f"engine.url={server.url}", f"learner.lora.init={tmp_path}", "validate.cases=4"]
+    report = run_validate(compose_run_config([*common, "learner.lora.sync=adapter"]))
+    assert report.passed, report.rows
+    assert "loaded by name (rlgen-candidate-" in report.candidate and "unloaded after" in report.candidate
+    with GenerationClient(server.url) as client:
+        after = client.info()
+    assert after["adapters"] == [] and after["versions"] == before["versions"]
+    assert after["weight_updates"] == before["weight_updates"]
+    with pytest.raises(PlanError, match="would replace the weights the server at .* serves; use learner.lora.sync=adapter"):
+        run_validate(compose_run_config([*common, "learner.lora.sync=merged"]))
+
+
 @pytest.mark.slow
 def test_train_engine_remote_learns_like_the_default(server, tmp_path):
     with GenerationClient(server.url) as client:

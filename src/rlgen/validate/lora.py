@@ -1,10 +1,12 @@
 """`rlgen validate` with a LoRA adapter (``learner.lora.init=<adapter folder>``): the reference runs the base with
 the adapter through PEFT, and the candidate gets the policy the way a run would send it, as the adapter itself
 (``learner.lora.sync=adapter``: vLLM's LoRA kernels) or as the base with the adapter merged in (``merged``). So
-the check covers both ways a LoRA policy reaches an engine."""
+the check covers both ways a LoRA policy reaches an engine. A server's engines (``engine=remote``) serve other
+clients too, so they load the adapter by name for the check and unload it after; merged weights are refused there."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rlgen.config import Transport
@@ -39,16 +41,35 @@ def merged_policy(model_path: str, folder: str, device: str, dtype_name: str) ->
     return out
 
 
-def give_policy(plan: Any, model_path: str, device: str, reference: Any, candidate: Any) -> str | None:
+def refuse_on_a_server(plan: Any) -> None:
+    """A server's engines serve other clients too: validate gives them an adapter by name and drops it after, but
+    merged weights would replace what the server serves, so that is refused (PlanError) before anything starts."""
+    from rlgen.plan import PlanError
+
+    init = plan.config.learner.lora.init
+    if plan.engine.served and init and plan.transport is not Transport.lora_adapter:
+        raise PlanError([f"validating learner.lora.init={init} merged into the weights would replace the weights the "
+                         f"server at {plan.config.engine.url} serves; use learner.lora.sync=adapter (the server loads "
+                         "the adapter by name for the check and unloads it after), on a server started with "
+                         "engine.max_lora_rank."])
+
+
+def give_policy(plan: Any, model_path: str, device: str, reference: Any,
+                candidate: Any) -> tuple[str | None, Callable[[], None] | None]:
     """Load the plan's starting adapter into the reference, and into the candidate the way the plan sends it;
-    returns how the candidate got it (None: no adapter)."""
+    returns how the candidate got it (None: no adapter) and what undoes it on a server (None: nothing to undo)."""
     adapter = policy_adapter(plan)
     if adapter is None:
-        return None
+        return None, None
     reference.call("load_adapter", adapter, 0)
+    init = plan.config.learner.lora.init
+    if plan.engine.served:  # by name from its folder, so the server's own policy stays (refuse_on_a_server)
+        name = candidate.call("use_named_adapter", str(init))
+        return (f"LoRA adapter {init} as an adapter, loaded by name ({name}) and unloaded after",
+                lambda: candidate.call("drop_named_adapter"))
     if plan.transport is Transport.lora_adapter:
         candidate.call("load_adapter", adapter, 0)
-        return f"LoRA adapter {plan.config.learner.lora.init} as an adapter"
-    merged = merged_policy(model_path, str(plan.config.learner.lora.init), device, str(plan.config.engine.dtype))
+        return f"LoRA adapter {init} as an adapter", None
+    merged = merged_policy(model_path, str(init), device, str(plan.config.engine.dtype))
     candidate.call("update_weights", merged, 0)
-    return f"LoRA adapter {plan.config.learner.lora.init} merged into the weights"
+    return f"LoRA adapter {init} merged into the weights", None

@@ -37,7 +37,7 @@ from rlgen.config import Perturb, RunConfig, Runner, ValidateConfig
 from rlgen.validate.cases import DrawnRequest, draw_cases
 from rlgen.validate.compare import CheckRow, ValidationReport, compare, jsonable
 from rlgen.validate.engines import InActor, InProcess, perturbed_hf_engine_cls
-from rlgen.validate.lora import give_policy
+from rlgen.validate.lora import give_policy, refuse_on_a_server
 
 
 def _candidate_spec(cfg: RunConfig, v: ValidateConfig, plan, engine_cls, engine_kwargs) -> tuple[type, dict, str]:
@@ -81,6 +81,7 @@ def run_validate(
     v = v or getattr(cfg, "validate", None) or ValidateConfig()
     start = time.time()
     plan = build_plan(cfg)
+    refuse_on_a_server(plan)
     cfg = plan.config
     device = "cuda" if plan.device == "cuda" else "cpu"
     model_path = prepare_model(cfg, device=device)
@@ -106,13 +107,18 @@ def run_validate(
         if issubclass(cls, HFEngine):
             kwargs["threads"] = None  # leave torch's thread count in this process alone
         candidate = InProcess(cls, (model_path, cand_engine), kwargs)
+    undo = None
     try:
-        lora = give_policy(plan, model_path, device, reference, candidate)
+        lora, undo = give_policy(plan, model_path, device, reference, candidate)
         if lora:
             description = f"{description}, {lora}"
         rows, summaries = compare(reference, candidate, cases, v, stop_ids, cfg.monitor.delta_threshold)
     finally:
-        candidate.close()
+        try:
+            if undo is not None:
+                undo()
+        finally:
+            candidate.close()
         reference.close()
     worst = max(summaries, key=lambda s: (not math.isfinite(s["k3_kl"]), s["k3_kl"]), default=None)
     report = ValidationReport(

@@ -1,13 +1,16 @@
 """engine=remote: an engine actor that forwards every call of the engine protocol to one engine of a running
 `rlgen serve` over HTTP. The run's loop, fault handling, balancer and weight transports treat it like an
-engine of their own: generate, update_weights (safetensors over HTTP), load_adapter (a LoRA adapter over HTTP),
+engine of their own: generate, update_weights (safetensors over HTTP), load_adapter (a LoRA adapter over HTTP; or,
+for a check that must leave the server's policy alone, use_named_adapter: one loaded by name from a folder),
 vLLM's NCCL weight transfer (init_weight_transfer / receive_weights, with the learner as rank 0), sleep/wake,
 pause/resume, health."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
+import uuid
 from typing import Any
 
 from rlgen.config import EngineConfig
@@ -43,8 +46,11 @@ class RemoteEngine:
             raise EngineStartError(name, f"the rlgen server at {self.url} reports unhealthy engines ({health}).")
         self.version = int(info["versions"][self.index])
         self.start_s = time.time() - t0
+        self.named: str | None = None  # a named adapter this engine loaded on the server and generates with
 
     def generate(self, requests: list[GenRequest], version: int | None = None) -> dict[str, Any]:
+        if self.named is not None:  # requests that name no adapter of their own use it, not the server's policy
+            requests = [r if r.adapter else dataclasses.replace(r, adapter=self.named) for r in requests]
         out = self.client.generate(requests, engine=self.index)
         self.version = out.version
         spans = [(s["phase"], s["start"], s["end"]) for s in out.spans]
@@ -58,6 +64,20 @@ class RemoteEngine:
         """A LoRA learner's adapter becomes the server engine's policy (megabytes over HTTP)."""
         t0 = time.time()
         return self._updated(self.client.update_adapter(adapter, version, engine=self.index), t0)
+
+    def use_named_adapter(self, path: str) -> str:
+        """Load the adapter folder at path (a path the server can read) on the server under a name of this
+        engine's own, and generate with it from now on; the server's policy, which other clients use, stays.
+        Returns the name; drop_named_adapter() unloads it."""
+        name = f"rlgen-{self.name}-{uuid.uuid4().hex[:8]}"
+        self.client.load_lora_adapter(name, path)
+        self.named = name
+        return name
+
+    def drop_named_adapter(self) -> None:
+        if self.named is not None:
+            name, self.named = self.named, None
+            self.client.unload_lora_adapter(name)
 
     def init_weight_transfer(self, init_info: dict[str, Any], timeout_s: float = 300.0) -> dict[str, Any]:
         return self.client.init_weight_transfer(init_info, timeout_s, engine=self.index)["results"][0]
