@@ -7,12 +7,16 @@ engines) is cancelled through an Event that ``run()`` attaches to the thread mak
 
 from __future__ import annotations
 
+import queue
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 _local = threading.local()
+POLL_S = 0.25  # a stream waiting for its engine's next output checks this often whether its call was cancelled
+CANCELLED = object()  # next_event's answer once the call is cancelled
 
 
 class CallCancelled(RuntimeError):
@@ -36,6 +40,21 @@ def requested(event: threading.Event | None = None) -> bool:
     return _ray_cancelled()
 
 
+def next_event(events: queue.Queue, event: threading.Event | None = None, timeout_s: float | None = None) -> Any:
+    """The next item a generating thread put on ``events``; CANCELLED when none came within a poll and the call (or
+    ``event``) was cancelled, which a streamed call's consumer thread sees, not the generating one. Raises
+    TimeoutError when nothing came for timeout_s."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        try:
+            return events.get(timeout=POLL_S)
+        except queue.Empty:
+            if requested(event):
+                return CANCELLED
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"nothing came for {timeout_s:.0f} s") from None
+
+
 def _ray_cancelled() -> bool:
     ray = sys.modules.get("ray")  # never imported here: a process without Ray has no Ray task to cancel
     if ray is None or not ray.is_initialized():
@@ -46,4 +65,4 @@ def _ray_cancelled() -> bool:
         return False
 
 
-__all__ = ["CallCancelled", "requested", "run"]
+__all__ = ["CANCELLED", "POLL_S", "CallCancelled", "next_event", "requested", "run"]

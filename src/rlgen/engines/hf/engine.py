@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from rlgen.config import EngineConfig
-from rlgen.engines.cancel import requested
+from rlgen.engines.cancel import CANCELLED, next_event
 from rlgen.engines.hf.adapters import EngineAdapters
 from rlgen.engines.hf.sampling import generate_kwargs, top_logprobs
 from rlgen.engines.hf.stream import Cancelled, StepStreamer
@@ -25,7 +25,6 @@ from rlgen.hostinfo import process_info
 from rlgen.phases import ActorClock
 from rlgen.types import Completion, GenRequest, Phase, SamplingParams
 
-CANCEL_POLL_S = 0.2  # a stream waiting for its next step checks this often whether its call was cancelled
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": None}
 
 
@@ -193,7 +192,10 @@ class HFEngine:
         thread = threading.Thread(target=work, name=f"{self.name}-stream", daemon=True)
         thread.start()
         try:
-            while (deltas := self._next_event(events, cancel)) is not None:
+            while (deltas := next_event(events, cancel)) is not None:
+                if deltas is CANCELLED:  # passed on to the generation, which stops at its next step
+                    cancel.set()
+                    continue
                 yield {"deltas": deltas}
         finally:
             cancel.set()  # a no-op once generation has finished; else it stops at the next step
@@ -201,17 +203,6 @@ class HFEngine:
         if "err" in box:
             raise box["err"]
         yield {"final": box["out"]}
-
-    @staticmethod
-    def _next_event(events: queue.Queue, cancel: threading.Event) -> Any:
-        """The stream's next event; while waiting, a cancelled call (a Ray task is cancelled in this thread, not in
-        the generating one) is passed on to the generation through ``cancel``."""
-        while True:
-            try:
-                return events.get(timeout=CANCEL_POLL_S)
-            except queue.Empty:
-                if requested(cancel):
-                    cancel.set()
 
     @torch.no_grad()
     def score(self, prompt_ids: list[list[int]], token_ids: list[list[int]], temperature: float = 1.0,

@@ -11,13 +11,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from rlgen.engines.cancel import requested
+from rlgen.engines.cancel import CANCELLED, next_event
 from rlgen.engines.vllm.common import EngineError
 from rlgen.engines.vllm.loop import stream_one
 from rlgen.types import Completion, GenRequest, Phase
-
-CANCEL_POLL_S = 0.5  # a stream waiting for vLLM's next output checks this often whether its call was cancelled
-CANCELLED = object()  # _next_event's answer for a cancelled call
 
 
 class StreamMethods:
@@ -52,7 +49,10 @@ class StreamMethods:
         got: dict[tuple[int, int], tuple[list, list, list]] = {}
         try:
             while True:
-                item = self._next_event(events)
+                try:
+                    item = next_event(events, timeout_s=self.timeout_s)
+                except TimeoutError:
+                    raise EngineError(f"{self.name}: a stream sent nothing for {self.timeout_s:.0f} s.") from None
                 if item is None:
                     break
                 if item is CANCELLED:
@@ -72,18 +72,6 @@ class StreamMethods:
                 completions.append(Completion(req.group_id, list(req.prompt_ids), tokens, logprobs,
                                               finish_reason=reasons[i].get(j, "length"), version=v, top_logprobs=tops))
         yield {"final": {"completions": completions, "spans": [(Phase.generate.value, t0, time.time())], "version": v}}
-
-    def _next_event(self, events: queue.Queue) -> Any:
-        """The stream's next event, CANCELLED once the call is cancelled (rlgen.engines.cancel)."""
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            try:
-                return events.get(timeout=CANCEL_POLL_S)
-            except queue.Empty:
-                if requested():
-                    return CANCELLED
-                if time.monotonic() > deadline:
-                    raise EngineError(f"{self.name}: a stream sent nothing for {self.timeout_s:.0f} s.") from None
 
 
 __all__ = ["StreamMethods"]
