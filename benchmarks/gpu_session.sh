@@ -15,6 +15,8 @@
 #                       `rlgen validate` both ways
 #     trl-serve [ARGS]  TRL's GRPOTrainer in server mode against `rlgen serve` (benchmarks/trl_serve.py; --gpus 2 on
 #                       two GPUs: weights over TRL's NCCL path)
+#     lora-7b [OVERRIDES]  the 7B one-liner as typed (5 steps): LoRA picked by the plan, its sync by `auto`
+#     nccl-env         two GPUs: NCCL joins with NCCL_CUMEM_ENABLE set alike and unlike (benchmarks/nccl_cumem_check.py)
 #     serve-lora ADAPTER [OVERRIDES]  `rlgen serve` with vLLM adapters: load, generate with and without, unload
 #                       (benchmarks/serve_lora.py)
 # Run from the repository root with rlgen importable (installed, or src on PYTHONPATH). Every vLLM process is
@@ -92,6 +94,27 @@ EOF2
   trl-serve)
     "$py" benchmarks/trl_serve.py "$out/trl-serve" "$@" 2>&1 | tee "$out/trl-serve.log"
     ;;
+  lora-7b)
+    "$py" -m rlgen.cli train engine=vllm hardware=1xh100 model=qwen2_5_7b steps=5 hydra.run.dir="$out/lora-7b" "$@" \
+      2>&1 | tee "$out/lora-7b.log"
+    "$py" - "$out/lora-7b" <<'EOF3' | tee -a "$out/lora-7b.log"
+import json, statistics, sys
+from pathlib import Path
+run = Path(sys.argv[1])
+s = json.loads((run / "summary.json").read_text())
+steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+later = steps[1:] or steps
+print(json.dumps({"steps": len(steps), "median_step_s": statistics.median(m["step_s"] for m in later),
+                  "median_sync_s": statistics.median(m["sync_s"] for m in later),
+                  "learner_peak_gib": max(m.get("learner_peak_gib", 0) for m in steps),
+                  "mismatch_mean_abs_delta": statistics.mean(m["mismatch/mean_abs_delta"] for m in steps),
+                  "first_rollout_s": s.get("first_rollout_s"),
+                  "lora_sync": json.loads((run / "plan.json").read_text())["config"]["learner"]["lora"]["sync"]}))
+EOF3
+    ;;
+  nccl-env)
+    "$py" benchmarks/nccl_cumem_check.py 2>&1 | tee "$out/nccl-env.log"
+    ;;
   serve-lora)
     adapter=${1:?serve-lora needs an adapter folder}; shift
     "$py" -m rlgen.cli serve engine=vllm hardware=1xh100 model=qwen2_5_1_5b engine.max_lora_rank=16 serve.port=8011 \
@@ -103,7 +126,7 @@ EOF2
     kill -9 "$server" 2>/dev/null || true
     ;;
   *)
-    echo "unknown stage $stage (check | test | bench | tune | smoke | core-kill | ckpt-cost | startup | lora | serve-lora)" >&2
+    echo "unknown stage $stage (check | test | bench | tune | smoke | core-kill | ckpt-cost | startup | lora | lora-7b | trl-serve | nccl-env | serve-lora)" >&2
     exit 2
     ;;
 esac
