@@ -18,6 +18,8 @@ engines do: NCCL's join fails when its two ends differ.
 Writes OUT/trl_serve.json: the server's start-up seconds, the trainer's steps, its median step seconds (TRL's
 ``step_time`` when it logs one, else the wall time between logged steps), the reward and completion length per
 step with TRL's measure of the server's logprobs against its own, and the server's counters afterwards (requests, sequences, weight updates, the engines' policy versions).
+Past --limit-s (900 s from the server's start) it writes what it has, with timed_out_after_s, stops the server
+and exits 3.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -69,6 +72,9 @@ def main() -> int:
     ap.add_argument("--generations", type=int, default=8, help="completions per prompt")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--memory", type=float, default=0.3, help="the server engine's GPU share with one GPU")
+    ap.add_argument("--limit-s", type=float, default=900.0,
+                    help="the trainer's wall-clock limit, from the server's start: past it the result so far is written "
+                         "and the server stopped (a stuck NCCL join otherwise waits for ever)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     cpu = args.device == "cpu"
@@ -94,6 +100,9 @@ def main() -> int:
     result: dict = {"device": args.device, "gpus": 0 if cpu else args.gpus, "preset": preset, "model": folder,
                     "server_overrides": server_over, "server_start_s": start_s,
                     "weights": "nccl" if not cpu and args.gpus == 2 else "none (generation only)"}
+    watchdog = threading.Timer(args.limit_s, _give_up, (args, server, result))
+    watchdog.daemon = True
+    watchdog.start()
     try:
         if info is None:
             result["server_failed"] = (args.out / "serve.out").read_text()[-3000:]
@@ -134,9 +143,22 @@ def main() -> int:
         result["server_after"] = {k: after.get(k) for k in ("requests", "sequences", "weight_updates", "versions")}
         return 0
     finally:
-        result["server_rc"] = stop_server(server)
-        (args.out / "trl_serve.json").write_text(json.dumps(result, indent=2) + "\n")
-        print(json.dumps({k: v for k, v in result.items() if k != "steps"}, indent=2))
+        watchdog.cancel()
+        _finish(args, server, result)
+
+
+def _finish(args: argparse.Namespace, server, result: dict) -> None:
+    result["server_rc"] = stop_server(server)
+    (args.out / "trl_serve.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "steps"}, indent=2), flush=True)
+
+
+def _give_up(args: argparse.Namespace, server, result: dict) -> None:
+    """Past --limit-s: the result so far (and that it timed out), the server stopped, and this process ended with
+    exit code 3, whatever the trainer's threads are waiting in."""
+    result["timed_out_after_s"] = args.limit_s
+    _finish(args, server, result)
+    os._exit(3)
 
 
 if __name__ == "__main__":
