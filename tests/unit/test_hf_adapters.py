@@ -119,3 +119,21 @@ def test_adapter_of_another_base_is_refused_and_changes_nothing(base_dir, tmp_pa
     assert [c.token_ids for c in _greedy(engine)] == before
     with pytest.raises(AdapterError, match="not a PEFT adapter folder"):
         engine.add_adapter("nothing", str(tmp_path))
+
+
+def test_unloading_the_last_adapter_gives_back_the_engine_it_was(base_dir, tmp_path):
+    """After a named adapter is loaded, used and unloaded, the engine samples what a fresh engine samples with the
+    very same logprobs (PEFT freezes the base and leaves it frozen; that alone moved CPU logprobs by about 1e-7)."""
+    sampling = SamplingParams(n=4, temperature=1.0, max_new_tokens=8, seed=7, ignore_eos=True)
+    reqs = [GenRequest(tuple(p), sampling, i) for i, p in enumerate(PROMPTS)]
+    fresh = _engine(base_dir).generate(reqs)["completions"]
+    engine = _engine(base_dir)
+    _, adapter = _adapter(base_dir, seed=3)
+    write_adapter(str(tmp_path), adapter["tensors"], adapter["config"])
+    engine.add_adapter("style", str(tmp_path))
+    _greedy(engine, "style")
+    engine.remove_adapter("style")
+    again = engine.generate(reqs)["completions"]
+    assert [c.token_ids for c in again] == [c.token_ids for c in fresh]
+    assert [c.logprobs for c in again] == [c.logprobs for c in fresh]
+    assert all(p.requires_grad for p in engine.model.parameters())

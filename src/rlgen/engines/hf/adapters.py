@@ -51,6 +51,9 @@ class EngineAdapters:
         self.peft: Any = None  # the PeftModel around `base`, made with the first adapter
         self.named: dict[str, str] = {}  # name -> the folder it came from
         self.policy: str | None = None  # the policy adapter's config, as JSON, when one is loaded
+        # PEFT freezes the base and its unload() leaves it frozen; the flags go back with the last adapter, since
+        # they change CPU kernels' rounding (logprobs moved by about 1e-7 after a load and unload)
+        self._requires_grad: dict[str, bool] = {}
 
     def names(self) -> list[str]:
         return sorted(self.named)
@@ -102,6 +105,7 @@ class EngineAdapters:
             raise AdapterError(f"the adapter's config is not a LoRA config PEFT reads ({err}).") from err
         try:
             if self.peft is None:
+                self._requires_grad = {n: p.requires_grad for n, p in self.base.named_parameters()}
                 self.peft = get_peft_model(self.base, lora, adapter_name=name)
             else:
                 self.peft.add_adapter(name, lora)
@@ -133,6 +137,8 @@ class EngineAdapters:
         else:  # the last one: take the LoRA layers out, leaving the model as it was
             self.peft.unload()
             self.peft = None
+            for n, p in self.base.named_parameters():
+                p.requires_grad_(self._requires_grad.get(n, p.requires_grad))
 
     # -- use -----------------------------------------------------------------------------------------------
     def check(self, name: str | None) -> None:
