@@ -292,6 +292,7 @@ def test_a_failed_nccl_join_says_where_and_the_usual_cause(monkeypatch):
     (a trainer that differs in it fails this way)."""
     import types
 
+    from rlgen.engines.base import EngineDead
     from rlgen.engines.vllm.engine import EngineError, VLLMEngine
     from rlgen.engines.vllm.loop import LoopThread
 
@@ -316,5 +317,14 @@ def test_a_failed_nccl_join_says_where_and_the_usual_cause(monkeypatch):
         assert "engine0 could not join the trainer's NCCL group at 10.0.0.5:51216" in text
         assert "(RuntimeError: NCCL error: unhandled cuda error)" in text
         assert "NCCL_CUMEM_ENABLE=0" in text and "start the trainer with the same value" in text
+
+        class DeadCore:  # the loop's own sentence (a dead core, which the run's fault handling acts on) stays
+            async def init_weight_transfer_engine(self, request):
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+        engine.llm = DeadCore()
+        with pytest.raises(EngineDead, match="the vLLM engine core died") as dead:
+            engine.init_weight_transfer(info, timeout_s=10.0)
+        assert not isinstance(dead.value, EngineError)
     finally:
         engine._loop.close()

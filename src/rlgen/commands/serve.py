@@ -35,7 +35,7 @@ def _served_model(cfg: RunConfig, plan: Any, model_path: str, dtype: str) -> Any
                        max_model_len=int(cfg.engine.max_model_len), engine_kind=plan.engine_kind,
                        tensor_parallel_size=cfg.engine.tensor_parallel_size, tokenizer=load_tokenizer(model_path),
                        nccl_weights=plan.transport is Transport.nccl, pauses=plan.engine.in_flight_updates,
-                       nccl_env={k: v for k, v in plan.engine_env.items() if k.startswith("NCCL_")},
+                       nccl_env=plan.nccl_env,
                        adapters=adapters, max_lora_rank=max_lora_rank, config=cfg.model, dtype=dtype)
 
 

@@ -47,7 +47,7 @@ def _deepspeed_kwargs(cfg: RunConfig, plan: Any) -> dict[str, Any]:
         "rows_per_step": plan.batch.sequences_per_rank,
         "sync_bucket_bytes": int(cfg.sync.bucket_mb * 2**20),
         "release_memory": bool(plan.colocated and not plan.engines_awake),  # engines that sleep wake into it
-        "env": {k: v for k, v in plan.engine_env.items() if k.startswith("NCCL_")},
+        "env": plan.nccl_env,
     }
 
 

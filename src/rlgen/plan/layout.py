@@ -102,6 +102,12 @@ class Plan:
         return self.layout is Layout.colocated
 
     @property
+    def nccl_env(self) -> dict[str, str]:
+        """engine_env's NCCL_* settings: every process that joins the engines' NCCL groups (learners, a server's
+        trainers) runs with them, since NCCL cannot join two processes that differ in NCCL_CUMEM_ENABLE."""
+        return {k: v for k, v in self.engine_env.items() if k.startswith("NCCL_")}
+
+    @property
     def engines_awake(self) -> bool:
         """Colocated engines that stay awake while the learner trains (async_steps > 0): they generate the next
         batch meanwhile and take weight updates in flight. Otherwise colocated engines sleep meanwhile."""

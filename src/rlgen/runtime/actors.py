@@ -202,7 +202,7 @@ class ActorFactory:
         if world > 1:
             assert rendezvous is not None
             kwargs.update(world_size=world, master_addr=rendezvous[0], master_port=rendezvous[1])
-        nccl = {k: v for k, v in self.plan.engine_env.items() if k.startswith("NCCL_")}
+        nccl = self.plan.nccl_env
         actors = []
         for rank, ap in enumerate(self.placement.learners):
             node = self.learner_node(rank)

@@ -24,6 +24,8 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rlgen.config import EngineConfig
+from rlgen.engines.base import EngineDead
+from rlgen.engines.cancel import CallCancelled
 from rlgen.engines.vllm.adapters import AdapterFolders, AdapterMethods
 from rlgen.engines.vllm.args import REQUIRED_ENV, TUNED_DEFAULTS, build_engine_args, mix_seed
 from rlgen.engines.vllm.common import (
@@ -302,9 +304,9 @@ class VLLMEngine(AdapterMethods, StreamMethods):
                 timeout_s,
                 f"{self.name}: joining the weight-transfer channel",
             )
-        except EngineError:
-            raise
-        except Exception as err:
+        except (EngineError, EngineDead, CallCancelled, TimeoutError):
+            raise  # the loop's own sentences: a dead core, a cancelled call, a trainer that never joined
+        except Exception as err:  # vLLM's join itself failed
             raise EngineError(nccl_join_failed(self.name, init_info, err)) from err
         self.salt_prefix_cache = True
         return {"actor": self.name, "spans": [(Phase.sync.value, t0, time.time())]}
