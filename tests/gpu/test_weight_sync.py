@@ -98,14 +98,18 @@ def _engine(ray, path: str, transport, num_gpus: float, options=None, **cfg):
         path, ecfg, device="cuda", name="engine0", engine_args=engine_args_for(transport))
 
 
-def _shared_gpu(ray) -> dict:
-    """Scheduling options that put an actor in one placement-group bundle holding one GPU."""
-    from ray.util.placement_group import placement_group
+@pytest.fixture
+def shared_gpu(ray_local):
+    """Scheduling options that put an actor in one placement-group bundle holding one GPU. The group is removed
+    after the test: on a one-GPU host it would otherwise hold the only GPU, and the next test's actor would wait
+    for it for ever."""
+    from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     pg = placement_group([{"CPU": 2, "GPU": 1}], strategy="STRICT_PACK")
-    ray.get(pg.ready(), timeout=TIMEOUT_S)
-    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)}
+    ray_local.get(pg.ready(), timeout=TIMEOUT_S)
+    yield {"scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)}
+    remove_placement_group(pg)
 
 
 def _greedy(ray, engine) -> list[list[int]]:
@@ -162,9 +166,9 @@ def test_nccl_moves_weights_into_a_running_engine(ray_local, models):
         ray.kill(actor)
 
 
-def test_cuda_ipc_moves_weights_between_colocated_actors(ray_local, models):
+def test_cuda_ipc_moves_weights_between_colocated_actors(ray_local, models, shared_gpu):
     ray = ray_local
-    shared = _shared_gpu(ray)  # both actors on the same physical GPU, as in a colocated plan
+    shared = shared_gpu  # both actors on the same physical GPU, as in a colocated plan
     engine = _engine(ray, models[0], "cuda_ipc", 0.5, shared, gpu_memory_utilization=0.3, enable_sleep_mode=True)
     learner = ray.remote(SwapLearner).options(num_gpus=0.5, num_cpus=1, **shared).remote(models)
     for level in (1, 2):  # level 2 drops the weights: they come back through vLLM's layerwise reload
