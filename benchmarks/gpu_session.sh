@@ -16,6 +16,8 @@
 #     trl-serve [ARGS]  TRL's GRPOTrainer in server mode against `rlgen serve` (benchmarks/trl_serve.py; --gpus 2 on
 #                       two GPUs: weights over TRL's NCCL path)
 #     lora-7b [OVERRIDES]  the 7B one-liner as typed (5 steps): LoRA picked by the plan, its sync by `auto`
+#     lora-validate [ARGS]  a 0.5B LoRA adapter with random lora_B (benchmarks/random_adapter.py ARGS), then
+#                       `rlgen validate` of it both ways: vLLM's adapter kernels and merged weights
 #     nccl-env         two GPUs: NCCL joins with NCCL_CUMEM_ENABLE set alike and unlike (benchmarks/nccl_cumem_check.py)
 #     serve-lora ADAPTER [OVERRIDES]  `rlgen serve` with vLLM adapters: load, generate with and without, unload
 #                       (benchmarks/serve_lora.py)
@@ -112,6 +114,15 @@ print(json.dumps({"steps": len(steps), "median_step_s": statistics.median(m["ste
                   "lora_sync": json.loads((run / "plan.json").read_text())["config"]["learner"]["lora"]["sync"]}))
 EOF3
     ;;
+  lora-validate)
+    # an adapter with random lora_B: one trained on a random-init model gets no reward and stays at zero
+    "$py" benchmarks/random_adapter.py "$out/adapter" --preset qwen2_5_0_5b "$@" 2>&1 | tee "$out/lora-validate.log"
+    for sync in adapter merged; do
+      "$py" -m rlgen.cli validate engine=vllm hardware=1xh100 model=qwen2_5_0_5b learner.lora.init="$out/adapter" \
+        learner.lora.sync=$sync hydra.run.dir="$out/validate-$sync" > "$out/validate-$sync.log" 2>&1
+      echo "validate $sync: exit $?" | tee -a "$out/lora-validate.log"
+    done
+    ;;
   nccl-env)
     "$py" benchmarks/nccl_cumem_check.py 2>&1 | tee "$out/nccl-env.log"
     ;;
@@ -126,7 +137,7 @@ EOF3
     kill -9 "$server" 2>/dev/null || true
     ;;
   *)
-    echo "unknown stage $stage (check | test | bench | tune | smoke | core-kill | ckpt-cost | startup | lora | lora-7b | trl-serve | nccl-env | serve-lora)" >&2
+    echo "unknown stage $stage (check | test | bench | tune | smoke | core-kill | ckpt-cost | startup | lora | lora-7b | lora-validate | trl-serve | nccl-env | serve-lora)" >&2
     exit 2
     ;;
 esac
