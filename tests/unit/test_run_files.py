@@ -255,3 +255,29 @@ def test_a_stop_signal_during_a_status_write_neither_deadlocks_nor_is_lost(tmp_p
     assert not worker.is_alive(), "the update deadlocked"
     on_disk = read_status(tmp_path)
     assert on_disk["state"] == "stopped" and on_disk["checkpoint"] == "step_000005"
+
+
+def test_a_second_signal_in_the_middle_of_an_update_is_written_before_the_exit(tmp_path, monkeypatch):
+    """The second Ctrl-C exits at once (os._exit) after recording why. When it comes while the main thread is in
+    the middle of a status update (the first Ctrl-C's, say), its fields must reach the disk then: the interrupted
+    update, which would write pending fields after its own, never resumes."""
+    import rlgen.runtime.status as status_mod
+
+    status = RunStatus(tmp_path, command="train")
+    real, fired = status_mod.replace_text, []
+
+    class Exited(BaseException):  # stands in for os._exit: nothing after it runs
+        pass
+
+    def write_then_second_signal(path, text):  # the handler runs between two bytecodes of the write
+        real(path, text)
+        if not fired:
+            fired.append(True)
+            status.update_before_exit(state="stopped", reason="killed by a second Ctrl-C")
+            raise Exited
+
+    monkeypatch.setattr(status_mod, "replace_text", write_then_second_signal)
+    with pytest.raises(Exited):
+        status.update(state="stopped", reason="Ctrl-C; stopping at the next safe point")
+    on_disk = read_status(tmp_path)
+    assert on_disk["state"] == "stopped" and on_disk["reason"] == "killed by a second Ctrl-C"

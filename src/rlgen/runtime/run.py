@@ -69,7 +69,8 @@ def _locked_run(plan: Plan, out_dir: Path, console: Console, stop: StopFlag, res
         (out_dir / "plan.json").write_text(plan.to_json() + "\n")
     else:
         _note_resume(out_dir, resume, console)
-    stop.on_second = lambda signum: status.update(state="stopped", reason=f"killed by a second {stop.name}")
+    stop.on_second = lambda signum: status.update_before_exit(state="stopped",
+                                                                reason=f"killed by a second {stop.name}")
     run: Run | None = None
     try:
         run = set_up(plan, out_dir, resume=resume, stop=stop, console=console, status=status, hooks=hooks)

@@ -60,3 +60,15 @@ class RunStatus:
                     write_json_atomic(self.path, self.data)
             finally:
                 self._depth -= 1
+
+    def update_before_exit(self, **fields: Any) -> None:
+        """update() for a process that ends right after (a second signal's os._exit): the fields are written now.
+        update() would leave them pending when the signal came in the middle of another update on this thread,
+        whose write then never comes. Another thread's update under way gets a second to finish first."""
+        held = self._lock.acquire(timeout=1.0)
+        try:
+            self.data.update(fields, updated=time.time())
+            write_json_atomic(self.path, self.data)
+        finally:
+            if held:
+                self._lock.release()
