@@ -14,8 +14,9 @@ lengths, reward and learning rate, one side after the other in one invocation, e
 Sides:
 - ``trl``: TRL's GRPOTrainer with vLLM colocated in its process (``vllm_mode="colocate"``), TRL's defaults
   otherwise (fp32 master weights under bf16 autocast, importance-sampling correction on). On CPU: no vLLM.
-- ``rlgen``: ``rlgen train engine=vllm hardware=1xh100`` colocated, on-policy: the engine sleeps while the
-  learner trains (``algo.async_steps=0``).
+- ``rlgen``: ``rlgen train engine=vllm hardware=1xh100`` colocated with one engine (``engine.engines_per_gpu=1``;
+  the plan's default at these sizes is two), on-policy: the engine sleeps while the learner trains
+  (``algo.async_steps=0``).
 - ``rlgen_async``: the same with ``algo.async_steps=1``: the engine stays awake and generates the next batch
   while the learner trains; weight updates land in flight.
 - ``rlgen_async_x2``: the same with two engines on the GPU (``engine.engines_per_gpu=2``), splitting the
@@ -73,8 +74,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve()
 BUILTIN_SIDES = {
-    "rlgen": ["algo.async_steps=0"],
-    "rlgen_async": ["algo.async_steps=1"],
+    "rlgen": ["algo.async_steps=0", "engine.engines_per_gpu=1"],
+    "rlgen_async": ["algo.async_steps=1", "engine.engines_per_gpu=1"],
     "rlgen_async_x2": ["algo.async_steps=1", "engine.engines_per_gpu=2"],
 }
 

@@ -1,5 +1,5 @@
 """`rlgen bench`'s vllm side with bench.engines_per_gpu > 1, on Ray with one pretend GPU: the engines share it,
-start one after another, split the requests and generate at once, and the checks cover every engine's part.
+start at once (a vLLM engine takes turns only to measure its KV cache, inside the engine), split the requests and generate at once, and the checks cover every engine's part.
 A stand-in engine replaces VLLMEngine; what it returns is what vLLM would (n completions of max_tokens each)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ class StandInEngine:
 
     def __init__(self, model_path, engine, device="cuda", seed=0, name="engine0", env=None, engine_args=None):
         self.began = time.time()
-        time.sleep(0.5)  # an engine start that takes a while: the next one must not begin before it ends
+        time.sleep(0.5)  # an engine start that takes a while: the other starts meanwhile
         self.name, self.folder, self.prompts = name, Path(model_path), []
         self.ended = time.time()
         self._note(share=engine.gpu_memory_utilization,
@@ -66,7 +66,7 @@ def one_pretend_gpu():
     ray.shutdown()
 
 
-def test_two_engines_share_one_gpu_start_in_turn_split_the_prompts_and_run_at_once(one_pretend_gpu, tmp_path):
+def test_two_engines_share_one_gpu_start_together_split_the_prompts_and_run_at_once(one_pretend_gpu, tmp_path):
     from rlgen.bench import sides
     from rlgen.bench.workload import make_workload
 
@@ -82,7 +82,7 @@ def test_two_engines_share_one_gpu_start_in_turn_split_the_prompts_and_run_at_on
     first, second = (json.loads((tmp_path / f"vllm{i}.json").read_text()) for i in range(2))
     assert first["gpu"] == second["gpu"] == 0.5  # both on the one GPU
     assert first["share"] == second["share"] == 0.4 == rec["gpu_memory_utilization_each"]
-    assert second["began"] >= first["ended"]  # vLLM sizes its cache from the memory free as it starts
+    assert second["began"] < first["ended"] and first["began"] < second["ended"]  # their starts overlap
     assert first["prompts"] == [0, 2, 4] and second["prompts"] == [1, 3, 5]
     assert rec["engines_per_gpu"] == 2
     assert rec["n_ok"] and rec["lengths_ok"] and rec["logprobs_ok"]

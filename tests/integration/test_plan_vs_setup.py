@@ -40,7 +40,7 @@ class StandInEngine:
         self.name, self.device, self.kwargs, self.transfer = name, device, sorted(kwargs), None
         self.received: list[int] = []  # versions that came over the weight transport
         self.share, self.born = engine.gpu_memory_utilization, time.time()
-        if engine.engines_per_gpu > 1:  # a start that takes a while, like vLLM's, to see engines start in turn
+        if engine.engines_per_gpu > 1:  # a start that takes a while, like vLLM's, to see engines start together
             time.sleep(SHARED_START_S)
         self.ready = time.time()
 
@@ -189,7 +189,7 @@ def _check(plan, node_ids: list[str], engines: list[dict], learners: list[dict],
     assert all(e["received"] == ([0] if warmed else []) for e in engines), what
 
 
-def test_engines_sharing_a_gpu_start_in_turn_beside_the_learner_and_split_its_share(fake_cluster, monkeypatch,
+def test_engines_sharing_a_gpu_start_together_beside_the_learner_and_split_its_share(fake_cluster, monkeypatch,
                                                                                     tmp_path):
     _stand_ins(monkeypatch)
     overrides = ["engine=vllm", "hardware=1xh200", "engine.engines_per_gpu=2", "progress=false", "eval.every=0"]
@@ -200,5 +200,5 @@ def test_engines_sharing_a_gpu_start_in_turn_beside_the_learner_and_split_its_sh
     assert [e["gpus"] for e in engines] == [learners[0]["gpus"]] * 2  # both on the learner's one GPU
     share = plan.config.engine.gpu_memory_utilization
     assert [e["share"] for e in engines] == [round(share / 2, 4)] * 2
-    # the second engine was created only once the first had started (vLLM sizes its KV cache from free memory)
-    assert engines[1]["born"] >= engines[0]["ready"]
+    # both are created at once (a vLLM engine takes turns only to measure its KV cache, inside the engine)
+    assert engines[1]["born"] < engines[0]["ready"] and engines[0]["born"] < engines[1]["ready"]

@@ -106,7 +106,7 @@ def test_yaml_plans_with_its_companions(group, name, tmp_path, monkeypatch):
     hw = cfg.hardware
     if hw.gpus_per_node:
         assert plan.device == "cuda"
-        used_by_engines = sum(len(e.gpus) for e in plan.engines)
+        used_by_engines = len({(e.node, g) for e in plan.engines for g in e.gpus})  # engines may share a GPU
         if plan.colocated:
             total = hw.nodes * hw.gpus_per_node
             assert used_by_engines == total and len(plan.learners) == total

@@ -1,5 +1,5 @@
 """engine.engines_per_gpu: several colocated vLLM engines on one GPU. The plan places them in the learner's
-bundle, splits the engines' memory share between them, starts them one after another, and refuses the
+bundle, splits the engines' memory share between them, and refuses the
 layouts where they cannot run, with the fix."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from rlgen.config.compose import compose_run_config
 from rlgen.plan import PlanError, build_plan
 from rlgen.plan.memory import ENGINE_PROCESS_GIB
-from rlgen.plan.placement import ActorPlacement, plan_bundles, start_waves
+from rlgen.plan.placement import ActorPlacement, plan_bundles
 from rlgen.plan.planner import predict
 from rlgen.plan.view import memory_line
 
@@ -33,7 +33,6 @@ def test_two_engines_share_the_learners_gpu_and_its_bundle():
     assert pl.learners == (ActorPlacement(0, 0, 1.0, 0.5),)
     assert pl.engines == (ActorPlacement(0, 0, 1.0, 0.25, 2),) * 2
     assert sum(a.num_gpus for a in (*pl.engines, *pl.learners)) == 1.0
-    assert start_waves(plan) == [[0], [1]]  # one after the other
 
 
 def test_num_engines_caps_the_engines_on_a_gpu():
@@ -45,14 +44,8 @@ def test_num_engines_caps_the_engines_on_a_gpu():
     assert "engine.num_engines=4 is more than the 3 engines that 1 GPU(s) hold" in str(err.value)
 
 
-def test_one_engine_per_gpu_starts_in_one_wave():
-    assert start_waves(plan_of()) == [[0]]
-    cpu = build_plan(compose_run_config(["engine.num_engines=2"]))  # CPU engines share no GPU: no waiting
-    assert start_waves(cpu) == [[0, 1]]
-
-
 def test_the_engines_share_is_split_and_the_extra_processes_are_counted():
-    one, two = plan_of(), plan_of("engine.engines_per_gpu=2")
+    one, two = plan_of("engine.engines_per_gpu=1"), plan_of("engine.engines_per_gpu=2")
     m1, m2 = one.memory, two.memory
     assert (m1.engines_per_gpu, m2.engines_per_gpu) == (1, 2)
     assert m2.engine_awake and m2.learner_peak_gib == m1.learner_peak_gib
@@ -89,7 +82,33 @@ def test_refusals_say_how_to_fix(overrides, text):
 
 
 def test_the_prediction_draws_engines_on_one_gpu_as_one():
-    one, two = predict(plan_of()), predict(plan_of("engine.engines_per_gpu=2"))
+    one, two = predict(plan_of("engine.engines_per_gpu=1")), predict(plan_of("engine.engines_per_gpu=2"))
     assert one.available and two.available and two.num_engines == 1
     assert two.gen_s == pytest.approx(one.gen_s, rel=0.1)  # the same GPU share, drawn as one engine
     assert any("2 engines share 1 GPU(s)" in n for n in two.notes)
+
+
+def test_left_null_the_plan_runs_two_engines_per_gpu_for_small_models_where_they_may_share_it():
+    plan = plan_of()  # the 0.5B one-liner as typed
+    assert [e.per_gpu for e in plan.engines] == [2, 2] and plan.config.engine.engines_per_gpu == 2
+    value, why = settings(plan)["engine.engines_per_gpu"]
+    assert value == 2 and why.startswith("derived: up to 2B parameters")
+    assert plan.memory.engines_per_gpu == 2
+    big = build_plan(compose_run_config(["engine=vllm", "hardware=1xh100", "model=qwen2_5_7b"]))
+    assert len(big.engines) == 1 and settings(big)["engine.engines_per_gpu"][1].startswith("derived: at 7.6B")
+    split = build_plan(compose_run_config(["engine=vllm", "hardware=2xh200", "model=qwen2_5_0_5b"]))
+    assert settings(split)["engine.engines_per_gpu"] == (1, "derived: engines cannot share a GPU here")
+    cpu = build_plan(compose_run_config([]))  # the embedded default: hf engines on CPU
+    assert cpu.config.engine.engines_per_gpu == 1
+    counted = plan_of("engine.num_engines=1")  # one engine asked for: a whole one, not half of a shared GPU
+    assert [e.per_gpu for e in counted.engines] == [1]
+    assert settings(counted)["engine.engines_per_gpu"] == (1, "derived: engine.num_engines is set")
+    given = plan_of("engine.engines_per_gpu=1")
+    assert len(given.engines) == 1 and "engine.engines_per_gpu" not in settings(given)
+
+
+def test_left_null_one_engine_per_gpu_when_two_do_not_fit_beside_the_learner():
+    # a share given for the engines that two engine processes cannot split (each needs its weights and KV)
+    plan = plan_of("engine.gpu_memory_utilization=0.03")
+    assert plan.config.engine.engines_per_gpu == 1
+    assert settings(plan)["engine.engines_per_gpu"][1].startswith("derived: 2 engines per GPU do not fit")

@@ -39,7 +39,7 @@ def test_cpu_with_two_learner_ranks():
 
 
 def test_one_h100_colocated_shares_one_gpu_bundle():
-    pl = bundles_of("engine=vllm", "hardware=1xh100")
+    pl = bundles_of("engine=vllm", "hardware=1xh100", "engine.engines_per_gpu=1")
     assert pl.groups == (({"CPU": 2.0, "GPU": 1.0},),)
     assert pl.engines == (ActorPlacement(0, 0, 1.0, 0.5),)
     assert pl.learners == (ActorPlacement(0, 0, 1.0, 0.5),)

@@ -65,7 +65,7 @@ def test_colocated_learner_group_is_refused_by_the_plan():
 
 
 def test_vllm_on_one_h100_is_colocated_over_cuda_ipc():
-    plan = plan_of("engine=vllm", "hardware=1xh100")
+    plan = plan_of("engine=vllm", "hardware=1xh100", "engine.engines_per_gpu=1")
     assert plan.device == "cuda"
     assert plan.colocated and plan.layout is Layout.colocated
     # the engine's part of the GPU is on its slot, the share the plan derived
@@ -144,7 +144,8 @@ def test_gpu_slots_are_in_range_distinct_and_tp_groups_stay_on_one_node(override
     learner_gpus = [(lr.node, lr.gpu) for lr in plan.learners]
     for node, gpu in engine_gpus + learner_gpus:
         assert 0 <= node < plan.nodes and 0 <= gpu < plan.gpus_per_node
-    assert len(set(engine_gpus)) == len(engine_gpus), "two engines share a GPU"
+    per_gpu = plan.config.engine.engines_per_gpu  # the plan's default puts two small-model engines on a GPU
+    assert len(set(engine_gpus)) * per_gpu == len(engine_gpus), "engines share a GPU beyond engines_per_gpu"
     assert len(set(learner_gpus)) == len(learner_gpus), "two learner ranks share a GPU"
     for e in plan.engines:
         assert len(e.gpus) == e.tensor_parallel_size

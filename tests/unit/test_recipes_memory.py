@@ -38,7 +38,7 @@ def test_the_embedded_default_keeps_its_tiny_values():
     ("qwen2_5_1_5b", "1.5B", 1024, 8, 0.5),
 ])
 def test_one_h100_colocated_gets_the_recipe_and_a_derived_split(model, band, new_tokens, micro, engine_share):
-    plan = plan_of("engine=vllm", "hardware=1xh100", f"model={model}", "algo.async_steps=0")
+    plan = plan_of("engine=vllm", "hardware=1xh100", f"model={model}", "algo.async_steps=0", "engine.engines_per_gpu=1")
     s = settings(plan)
     assert s["algo.max_new_tokens"] == (new_tokens, s["algo.max_new_tokens"][1])
     assert s["algo.lr"][0] == 1e-6 and s["algo.lr"][1].startswith(f"recipe {band}")

@@ -7,7 +7,8 @@ response to its drawn length, so all engines do the same work and lengths vary t
 
 Engines (``cfg.bench.engines``), each in its own Ray actor with one GPU, one after another on the same requests:
 - ``vllm``: rlgen's VLLMEngine with ``cfg.engine``, as a training run runs it; with
-  ``bench.engines_per_gpu`` k > 1, k such engines share one GPU and split the requests (round-robin).
+  ``bench.engines_per_gpu`` k > 1, k such engines share one GPU and split the requests (round-robin). Left
+  null, k is the plan's default: 2 at TP 1 up to 2B parameters, else 1.
 - ``vllm_raw``: ``vllm.LLM(model).generate`` with vLLM's default engine settings and the same sampling params.
 - ``hf``: rlgen's HFEngine (transformers ``generate``) on a prefix of the prompts, batch after batch, until a
   time budget is spent; its tokens/s is over the batches it finished.
@@ -66,6 +67,22 @@ def _load_weights_cpu(model_path: str) -> dict[str, Any]:
     return weights
 
 
+def with_engines_per_gpu(cfg: RunConfig) -> RunConfig:
+    """cfg with bench.engines_per_gpu resolved when null: 2 for rlgen's vLLM engine at TP 1 up to
+    SHARED_GPU_MAX_PARAMS parameters (an engine core's CPU work sets the decode pace there), else 1."""
+    from rlgen.config import set_key
+    from rlgen.plan.build import count_params
+    from rlgen.plan.model_folder import with_model_folder
+    from rlgen.plan.slots import SHARED_GPU_MAX_PARAMS
+
+    if cfg.bench.engines_per_gpu is not None:
+        return cfg
+    e = cfg.engine
+    small = count_params(with_model_folder(cfg).model)[0] <= SHARED_GPU_MAX_PARAMS
+    return set_key(cfg, "bench.engines_per_gpu", 2 if e.kind == "vllm" and e.tensor_parallel_size == 1 and small
+                   else 1)
+
+
 def _check(cfg: RunConfig) -> None:
     # first: without a GPU nothing can run, whatever else the config says
     if not gpu_info():
@@ -109,6 +126,7 @@ def run_bench(
 
     from rlgen.charvocab import CHAR_VOCAB_SIZE
 
+    cfg = with_engines_per_gpu(cfg)
     _check(cfg)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -113,9 +113,9 @@ def run_vllm_side(
     further workloads to run on the same engine afterwards (reported under "extra").
 
     per_gpu > 1 (tensor_parallel_size 1 only): that many engine actors share one GPU, each with 1/per_gpu of it
-    and of the memory share (engine.gpu_memory_utilization, 0.9 when unset). They start one after another,
-    since vLLM sizes its KV cache from the memory free as it starts; the requests are dealt round-robin and
-    all engines generate at once. engine_cls replaces VLLMEngine (tests run a stand-in without a GPU);
+    and of the memory share (engine.gpu_memory_utilization, 0.9 when unset). They start at once (those
+    without a stored KV-cache size measure it in turn); the requests are dealt round-robin and all engines
+    generate at once. engine_cls replaces VLLMEngine (tests run a stand-in without a GPU);
     busy_gpu adds the GPU's busy percentage to each run."""
     if engine_cls is None:
         from rlgen.engines.registry import engine_spec
@@ -169,11 +169,10 @@ def _start_vllm_engines(
     env: dict[str, str] | None,
     engine_args: dict[str, Any] | None,
 ) -> list[dict[str, Any]]:
-    """k engine actors, appended to actors, each started and healthy before the next begins (vLLM sizes its
-    KV cache from the memory free as it starts); returns their health reports."""
+    """k engine actors, appended to actors, started at once (engines sharing a GPU take turns only to measure
+    their KV cache: rlgen.engines.vllm.kvcache); returns their health reports."""
     import ray
 
-    health = []
     for i in range(k):
         name = label if k == 1 else f"{label}{i}"
         actors.append(
@@ -186,8 +185,7 @@ def _start_vllm_engines(
             .remote(model_path, engine, device="cuda", seed=seed + i, name=name, env=env,
                     engine_args=engine_args)
         )
-        health.append(_get(actors[-1].health.remote(), f"{name}: engine start"))
-    return health
+    return _get([a.health.remote() for a in actors], f"{label}: engine start")
 
 
 def _vllm_record(
@@ -202,7 +200,8 @@ def _vllm_record(
     rec: dict[str, Any] = {
         "engine": label,
         "start_s": round(time.time() - t0, 1),
-        "engine_start_s": round(sum(h["start_s"] for h in health), 1),
+        "engine_start_s": round(max(h["start_s"] for h in health), 1),  # they start at once: the slowest
+        "kv_size": [h.get("kv_size") for h in health],
     }
     if k > 1:
         rec["engines_per_gpu"] = k

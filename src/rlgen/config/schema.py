@@ -120,9 +120,10 @@ class EngineConfig:
     kind: str = "hf"
     num_engines: int | None = None  # None: as many as the engine GPUs hold (1 on CPU)
     # colocated vLLM engines (TP 1) that share each GPU: they split the engines' memory share
-    # (gpu_memory_utilization) evenly and start one after another. At small models each engine core's CPU work,
-    # not the GPU, sets the decode pace, so k engine cores keep the GPU busier.
-    engines_per_gpu: int = 1
+    # (gpu_memory_utilization) evenly. At small models each engine core's CPU work, not the GPU, sets the decode
+    # pace, so k engine cores keep the GPU busier. null: the plan derives it (2 up to 2B parameters where engines
+    # may share a GPU, else 1).
+    engines_per_gpu: int | None = None
     tensor_parallel_size: int = 1
     # null: the plan derives it (colocated: what the learner leaves free; own GPUs: vLLM's 0.9)
     gpu_memory_utilization: float | None = None
@@ -337,8 +338,9 @@ class BenchConfig:
     response_len_max: int = 2048
     engines: list[str] = field(default_factory=lambda: ["vllm", "hf", "vllm_raw"])
     # rlgen engine actors sharing one GPU in the vllm side (1/k of it and of the memory share each); at small
-    # models vLLM's step is bound by its engine core's CPU work, and k engine cores keep the GPU busier
-    engines_per_gpu: int = 1
+    # models vLLM's step is bound by its engine core's CPU work, and k engine cores keep the GPU busier.
+    # null: as the plan derives engine.engines_per_gpu (2 for vLLM at TP 1 up to 2B parameters, else 1)
+    engines_per_gpu: int | None = None
     hf_batch_size: int = 256
     seed: int = 0
 

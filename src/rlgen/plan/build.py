@@ -23,7 +23,7 @@ from rlgen.plan.model_folder import with_model_folder
 from rlgen.plan.overlap import default_async_steps, fit_with_overlap
 from rlgen.plan.recipes import fill_recipe
 from rlgen.plan.room import hardware_room
-from rlgen.plan.slots import place_engines, place_learners
+from rlgen.plan.slots import default_engines_per_gpu, place_engines, place_learners
 from rlgen.plan.values import check_values
 
 
@@ -120,6 +120,8 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
 
     runnable=False checks the geometry only (placement, batch, lengths), not whether today's learners can run
     it: the placement tests use it for layouts the learners do not support yet (colocated learner groups)."""
+    if cfg.engine.engines_per_gpu is None:
+        return _with_engines_per_gpu(cfg, runnable)
     spec = spec_of(cfg)
     cfg, settings = _resolve(cfg, spec)
     p: list[str] = []
@@ -164,6 +166,22 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
         warnings=tuple(_idle_engine_gpus(cfg, engines, layout) + dropped), settings=tuple(settings), memory=memory,
         checkpoint_gib=round(ckpt, 3), room=hardware_room(cfg, spec, layout, engines, learners, ms),
     )
+
+
+def _with_engines_per_gpu(cfg: RunConfig, runnable: bool) -> Plan:
+    """The plan with engine.engines_per_gpu derived (default_engines_per_gpu): two engines per GPU where they
+    help and fit, else one; the settings table says which and why."""
+    spec = spec_of(cfg)
+    params, _ = count_params(with_model_folder(cfg).model)
+    k, why = default_engines_per_gpu(cfg, spec, layout_of(cfg, spec), params)
+    if k > 1:
+        try:
+            plan = build_plan(set_key(cfg, "engine.engines_per_gpu", k), runnable=runnable)
+            return dataclasses.replace(plan, settings=plan.settings + (Setting("engine.engines_per_gpu", k, why),))
+        except PlanError:
+            k, why = 1, f"derived: {k} engines per GPU do not fit this GPU's memory beside the learner"
+    plan = build_plan(set_key(cfg, "engine.engines_per_gpu", 1), runnable=runnable)
+    return dataclasses.replace(plan, settings=plan.settings + (Setting("engine.engines_per_gpu", 1, why),))
 
 
 def _latest(settings: list[Setting]) -> list[Setting]:

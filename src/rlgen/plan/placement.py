@@ -82,18 +82,3 @@ def gpu_group(e: EngineSlot) -> tuple:
     """What engines on the same GPU(s) have in common; engines without GPUs (CPU, remote) share nothing."""
     return (e.node, e.gpus) if e.gpus else ("alone", e.index)
 
-
-def start_waves(plan: Plan) -> list[list[int]]:
-    """Engine indices in the order they may start: wave j holds the j-th engine of every GPU. Engines that share
-    a GPU start one after another, since vLLM sizes each one's KV cache from the memory free as it starts; one
-    engine per GPU is a single wave."""
-    seen: Counter = Counter()
-    waves: list[list[int]] = []
-    for i, e in enumerate(plan.engines):
-        key = gpu_group(e)
-        j = seen[key]
-        seen[key] += 1
-        if j == len(waves):
-            waves.append([])
-        waves[j].append(i)
-    return waves

@@ -12,6 +12,8 @@ from rlgen.engines.registry import EngineSpec
 from rlgen.plan.layout import EngineSlot, Layout, LearnerSlot, ModelSummary
 from rlgen.plan.slots import shared_gpu_problem
 
+ADVISED_ENGINES_PER_GPU = 2
+
 
 def preset_gpus(name: str) -> tuple[int, str] | None:
     """(GPUs in all, GPU kind) of a hardware preset named like 8xh100 or 2x8xh100; None for CPU presets."""
@@ -51,7 +53,8 @@ def hardware_room(cfg: RunConfig, spec: EngineSpec, layout: Layout, engines: tup
     k = cfg.engine.engines_per_gpu
     more = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, engines_per_gpu=k + 1))
     p: list[str] = []
-    fits = bool(total) and not shared_gpu_problem(more, spec, layout)
+    # three engines on one GPU generated slower than two (0.5B, one H100: docs/benchmarks.md), so advice stops at 2
+    fits = bool(total) and k + 1 <= ADVISED_ENGINES_PER_GPU and not shared_gpu_problem(more, spec, layout)
     if fits:
         check_engine_floor(more, spec, ms, p)
     return {"free_gpus": max(total - len(engine_gpus | learner_gpus), 0),

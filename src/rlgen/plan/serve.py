@@ -75,6 +75,7 @@ def build_serve_plan(cfg: RunConfig, token: str | None = None) -> Plan:
     _check_serve_shape(cfg, p)
     if p:
         raise PlanError(p)
+    cfg = set_key(cfg, "engine.engines_per_gpu", 1)  # a server's engines have their GPUs to themselves
     engines = place_engines(cfg, spec, Layout.split, p)
     ms = model_summary(cfg)
     if cfg.model.max_position_embeddings < cfg.engine.max_model_len:
@@ -125,6 +126,6 @@ def _check_serve_shape(cfg: RunConfig, p: list[str]) -> None:
     if total and cfg.serve.data_parallel * tp > total:
         p.append(f"serve.data_parallel={cfg.serve.data_parallel} engines of engine.tensor_parallel_size={tp} need "
                  f"{cfg.serve.data_parallel * tp} GPUs, and hardware={hw.name} has {total}; lower one of them.")
-    elif cfg.engine.engines_per_gpu != 1:
+    elif cfg.engine.engines_per_gpu not in (None, 1):
         p.append(f"rlgen serve runs one engine per GPU group (serve.data_parallel of them), and engine.engines_per_gpu="
                  f"{cfg.engine.engines_per_gpu} is for training runs; set engine.engines_per_gpu=1.")

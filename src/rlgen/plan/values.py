@@ -119,7 +119,7 @@ def _check_engine(cfg: RunConfig, p: list[str]) -> None:
         p.append(f"engine.num_engines={e.num_engines} must be at least 1, or null to fill the engine GPUs.")
     if e.max_lora_rank is not None and e.max_lora_rank < 0:
         p.append(f"engine.max_lora_rank={e.max_lora_rank} must be 0 (no adapters) or a LoRA rank such as 64, or null.")
-    if e.engines_per_gpu < 1:
+    if e.engines_per_gpu is not None and e.engines_per_gpu < 1:
         p.append(f"engine.engines_per_gpu={e.engines_per_gpu} must be at least 1 (1: one engine per GPU).")
     if e.gpu_memory_utilization is not None and not 0 < e.gpu_memory_utilization <= 1:
         p.append(f"engine.gpu_memory_utilization={e.gpu_memory_utilization} must be in (0, 1]; 0.9 is usual.")

@@ -123,7 +123,8 @@ def release(actors: list[Any], pgs: list[Any], started_ray: bool) -> None:
 
 def actor_env(cfg: RunConfig, extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment variables every actor gets through its runtime env, on whatever node it runs."""
-    return {**QUIET_ENV, **{k: str(v) for k, v in cfg.ray.env_vars.items()}, **(extra or {})}
+    return {**QUIET_ENV, "RLGEN_CACHE_DIR": str(cfg.cache_dir), **{k: str(v) for k, v in cfg.ray.env_vars.items()},
+            **(extra or {})}
 
 
 PathByNode = str | dict[str, str]

@@ -107,11 +107,15 @@ def _rollouts(run: Run, step: int, tl: StepTimeline) -> tuple[Any, Any, InFlight
     from rlgen.tasks.scoring import RewardError
 
     ro, algo = run.rollouts, run.cfg.algo
-    ro.fill(step, run.state.async_steps, run.transport.version)
+    # The run's first batch generates alone: nothing trains meanwhile, and a batch launched ahead beside it would
+    # share the engines' steps and delay it. Later batches go ahead at once, to generate while this one trains.
+    ro.fill(step, run.state.async_steps if ro.collected else 0, run.transport.version)
     flight = ro.pending[0]
     t0 = time.time()
     ro.collect(flight)
     ro.pending.popleft()
+    ro.collected += 1
+    ro.fill(step, run.state.async_steps, run.transport.version)
     run.startup.setdefault("first_rollout_s", time.time() - STARTED_AT)
     if run.clock is not None:
         run.clock.first_batch()

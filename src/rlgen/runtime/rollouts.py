@@ -29,6 +29,7 @@ class Rollouts:
         self.pending: deque[InFlight] = deque()
         self.queued_updates: dict[int, tuple[int, Any]] = {}  # object store: applied before each engine's next generate
         self.next_gen = 0  # the next step to launch generation for
+        self.collected = 0  # flights collected by this process (the first one generates alone)
         self.eval_set = self._eval_prompts()
 
     @property

@@ -3,7 +3,7 @@
 1. the task, the starting model (built and cached, or a checkpoint's), its tokenizer, prompts and stop ids, on
    a thread of their own, while
 2. a Ray cluster starts, with one placement group per plan node; then the folders every node reads;
-3. the learner ranks, then the engines wave by wave (engines that share a GPU start one after another);
+3. the learner ranks, then the engines, all at once (vLLM engines sharing a GPU take turns to size their KV cache);
 4. the weight transport, which sends the starting weights once (its warm-up, kept out of step 0);
 5. the engine keeper (restarts), the rollouts (the engines' side of the loop) and the run state.
 
@@ -23,7 +23,7 @@ from rich.markup import escape
 
 from rlgen.config import RunConfig
 from rlgen.plan import Plan
-from rlgen.plan.placement import plan_bundles, start_waves
+from rlgen.plan.placement import plan_bundles
 from rlgen.runtime.actors import (
     QUIET_ENV,
     ActorFactory,
@@ -187,7 +187,7 @@ def _place_folders(run: Run) -> None:
 
 
 def _actors(run: Run, hooks: Hooks) -> None:
-    """The learner ranks, then the engines wave by wave; every actor healthy."""
+    """The learner ranks, then the engines; every actor healthy."""
     cfg, plan = run.cfg, run.plan
     engine_cls, engine_kwargs = (hooks.engine_cls, dict(hooks.engine_kwargs)) if hooks.engine_cls else engine_class(plan)
     learner_cls, learner_kwargs = (hooks.learner_cls, {}) if hooks.learner_cls else learner_class(plan)
@@ -217,23 +217,18 @@ def _actors(run: Run, hooks: Hooks) -> None:
 
 
 def _start_engines(run: Run, asked: dict[str, float]) -> tuple[list[Any], list[dict[str, Any]]]:
-    """Start the engines wave by wave, beside the learners already starting: engines that share a GPU start one
-    after another. Returns the engines and every actor's health report; the last wait covers the learners too,
-    so one that fails at start is reported with the last engines at the latest."""
+    """Start every engine at once, beside the learners already starting (vLLM engines that share a GPU take turns
+    only to measure their KV cache: rlgen.engines.vllm.kvcache). Returns the engines and every actor's health
+    report; one wait covers engines and learners, so one that fails at start is reported at the latest then."""
     run.start_version = run.state.version
-    waves = start_waves(run.plan) or [[]]
-    engines: list[Any] = [None] * len(run.plan.engines)
-    health: list[dict[str, Any]] = []
-    for j, wave in enumerate(waves):
-        for i in wave:
-            asked[run.engine_names[i]] = time.time()
-            engines[i] = run.factory.engine(i, run.folders.engine_paths, run.state.version)
-        last = j == len(waves) - 1
-        refs = [engines[i].health.remote() for i in wave] + ([a.health.remote() for a in run.learners] if last else [])
-        names = [run.engine_names[i] for i in wave] + ([f"learner{r}" for r in range(len(run.learners))] if last else [])
-        what = "actor start-up" if last else f"engine start-up, wave {j + 1} of {len(waves)} (engines sharing a GPU)"
-        health += run.waiter.get(refs, what, run.cfg.startup_timeout_s, names=names,
-                                 progress=run.clock.waiting(names) if run.clock else None)
+    engines: list[Any] = []
+    for i in range(len(run.plan.engines)):
+        asked[run.engine_names[i]] = time.time()
+        engines.append(run.factory.engine(i, run.folders.engine_paths, run.state.version))
+    names = list(run.engine_names) + [f"learner{r}" for r in range(len(run.learners))]
+    health = run.waiter.get([e.health.remote() for e in engines] + [a.health.remote() for a in run.learners],
+                            "actor start-up", run.cfg.startup_timeout_s, names=names,
+                            progress=run.clock.waiting(names) if run.clock else None)
     if run.clock:
         for h in health:
             run.clock.actor(h, asked.get(h.get("name"), run.clock.launched))

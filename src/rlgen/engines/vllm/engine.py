@@ -12,7 +12,7 @@ in, so ``health()``, ``pause()`` and weight updates work while a ``generate()`` 
 
 vllm is imported only when an engine is built. Engine arguments and sampling seeds: ``args``; weights into the
 workers: ``updates`` (the engine's calls), ``weights`` (object store) and ``ipc_buffer`` (colocated); LoRA calls:
-``adapters``; streaming: ``stream``.
+``adapters``; streaming: ``stream``; the KV-cache size stored for the next start: ``kvcache``.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from rlgen.config import EngineConfig
 from rlgen.engines.vllm.adapters import AdapterFolders, AdapterMethods
 from rlgen.engines.vllm.args import REQUIRED_ENV, TUNED_DEFAULTS, build_engine_args, mix_seed
 from rlgen.engines.vllm.common import CALL_TIMEOUT_S, CONTROL_TIMEOUT_S, START_TIMEOUT_S, EngineError
+from rlgen.engines.vllm.kvcache import KVSizes, engine_versions
 from rlgen.engines.vllm.loop import LoopThread, build_engine, generate_all, version_changes
 from rlgen.engines.vllm.startup import (
     EngineStartError,
@@ -97,12 +98,25 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods):
         self._adapters = AdapterFolders(name)
         self.args = build_engine_args(model_path, engine, seed, engine_args)
         check_free_memory(name, self.args["gpu_memory_utilization"])
+        self.kv_size = "given" if "kv_cache_memory_bytes" in self.args else "measured"
+        sizes = KVSizes(self.args, engine_versions())
         self._loop = LoopThread(name)
         try:
-            self.llm = self._loop.run(build_engine(self.args), START_TIMEOUT_S, f"{name}: starting the vLLM engine")
+            # vLLM measures the KV cache's size alone on the GPU, or takes the stored one beside other engines
+            with sizes.start_slot(name, START_TIMEOUT_S) as stored:
+                self.clock.step("wait for the GPU's start lock")
+                if stored and self.kv_size == "measured":
+                    self.args["kv_cache_memory_bytes"], self.kv_size = stored, "stored"
+                self.llm = self._loop.run(build_engine(self.args), START_TIMEOUT_S,
+                                          f"{name}: starting the vLLM engine")
+                if self.kv_size == "measured":
+                    cache = self.llm.vllm_config.cache_config
+                    sizes.record(cache.num_gpu_blocks, cache.block_size)
             self._loop.dead = lambda: bool(getattr(self.llm, "errored", False))  # its core process exited
         except BaseException as err:
             self._loop.close()
+            if self.kv_size == "stored":
+                sizes.forget()  # the next start measures again
             why = explain(own_stderr_tail()) or explain(str(err))  # vLLM's root cause is in the core's stderr
             if why:
                 raise EngineStartError(name, why) from err
@@ -258,6 +272,7 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods):
             "paused": self.paused,
             "dtype": str(self.args.get("dtype")),
             "start_s": self.start_s,
+            "kv_size": self.kv_size,  # the KV cache's size: measured by vLLM, stored by an earlier start, or given
             "startup": self.clock.to_dict(),
             **process_info(),
         }

@@ -1,0 +1,178 @@
+"""The KV-cache size a vLLM engine measured, kept for its next start, and a per-GPU lock around the measuring.
+
+vLLM sizes an engine's KV cache by profiling: it runs the model and reads how much of the GPU's memory is still
+free. Another process that allocates memory on that GPU meanwhile, such as a second engine starting, skews the
+reading, so engines that share a GPU could only start one after another. Now:
+
+- An engine that has no stored size measures it holding its GPU's lock alone, then stores it (bytes, one small
+  JSON file under ``vllm-kv/`` in the run's cache_dir). The key covers everything the size depends on: the engine
+  arguments except the model's path and the seed, the model's config.json, the vLLM and torch versions, and the
+  GPU's name and memory. A changed setting is a new key, never a stale size.
+- An engine that finds its size passes it to vLLM as ``kv_cache_memory_bytes``, which skips the profiling. Such
+  starts share the lock, so they run side by side, and wait only for an engine of the GPU that is measuring.
+- A start that fails with a stored size drops it, so the next start measures again.
+
+The stored bytes reproduce vLLM's block count exactly: blocks x block size x the KV bytes of a token (all
+layers, this GPU's part under tensor parallelism). Models whose config.json does not give the attention shape,
+and KV caches not in the model's dtype, are not stored; nor is anything where NVML cannot name the GPU. No vllm or
+torch import here at module level.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from rlgen.engines.vllm.common import EngineError
+
+NOT_KEYED = ("model", "seed")  # engine arguments the KV size does not depend on
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
+LOCK_POLL_S = 0.5
+
+
+def cache_dir() -> Path:
+    """``vllm-kv`` under the run's cache_dir, which engine actors get as RLGEN_CACHE_DIR (~/.cache/rlgen)."""
+    return Path(os.environ.get("RLGEN_CACHE_DIR", "~/.cache/rlgen")).expanduser() / "vllm-kv"
+
+
+def visible_devices() -> str:
+    return os.environ.get("CUDA_VISIBLE_DEVICES", "").strip() or "all"
+
+
+def gpu_identity(devices: str) -> list[str] | None:
+    """Name and total memory of each GPU this process sees, through NVML (no CUDA context); None when NVML
+    cannot tell (then no size is stored or taken: a size is only valid for the GPU it was measured on)."""
+    try:
+        from vllm.third_party import pynvml
+    except ImportError:
+        return None
+    ids = [int(x) for x in devices.split(",") if x.strip().isdigit()] if devices != "all" else [0]
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - NVML missing or broken: start without a stored size
+        return None
+    try:
+        out = []
+        for i in ids:
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(h)
+            out.append(f"{name.decode() if isinstance(name, bytes) else name}/{pynvml.nvmlDeviceGetMemoryInfo(h).total}")
+        return out or None
+    except Exception:  # noqa: BLE001
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def engine_versions() -> dict[str, str]:
+    """vLLM's and torch's versions (both imported by then: the engine has started importing vLLM)."""
+    import torch
+    import vllm
+
+    return {"vllm": str(vllm.__version__), "torch": str(torch.__version__)}
+
+
+def size_key(args: Mapping[str, Any], config_text: str, versions: Mapping[str, str], gpus: list[str] | None) -> str:
+    keyed = {k: v for k, v in sorted(args.items()) if k not in NOT_KEYED}
+    blob = json.dumps({"args": keyed, "config": config_text, "versions": dict(versions), "gpus": gpus},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def token_bytes(config: Mapping[str, Any], dtype: str, tensor_parallel: int) -> int | None:
+    """KV bytes of one token on one GPU of the engine (all layers), or None when config.json does not say."""
+    layers, heads = config.get("num_hidden_layers"), config.get("num_attention_heads")
+    kv_heads, hidden = config.get("num_key_value_heads", heads), config.get("hidden_size")
+    head_dim = config.get("head_dim") or (hidden // heads if hidden and heads else None)
+    size = DTYPE_BYTES.get(str(dtype).replace("torch.", ""))
+    if not (layers and kv_heads and head_dim and size) or config.get("sliding_window") and config.get(
+            "use_sliding_window"):
+        return None
+    return 2 * int(layers) * max(int(kv_heads) // max(int(tensor_parallel), 1), 1) * int(head_dim) * size
+
+
+class KVSizes:
+    """The stored KV size of one engine's setup, and its GPU's start lock."""
+
+    def __init__(self, args: Mapping[str, Any], versions: Mapping[str, str], devices: str | None = None,
+                 gpus: list[str] | None = None):
+        """gpus: the GPUs' identity (gpu_identity() of devices when not given; None from it: nothing is stored)."""
+        self.devices = visible_devices() if devices is None else devices
+        path = Path(str(args["model"])) / "config.json"
+        text = path.read_text() if path.is_file() else ""
+        self.config = json.loads(text) if text else {}
+        self.args = dict(args)
+        gpus = gpu_identity(self.devices) if gpus is None else gpus
+        self.enabled = gpus is not None
+        self.key = size_key(args, text, versions, gpus)
+        self.file = cache_dir() / f"{self.key}.json"
+
+    def stored(self) -> int | None:
+        if not self.enabled:
+            return None
+        try:
+            value = int(json.loads(self.file.read_text())["kv_cache_memory_bytes"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return value if value > 0 else None
+
+    def record(self, num_blocks: int | None, block_size: int | None) -> int | None:
+        """Store the size vLLM measured (its block count); returns the bytes stored, or None when not storable."""
+        per_token = token_bytes(self.config, self.args.get("dtype", "bfloat16"),
+                                int(self.args.get("tensor_parallel_size", 1)))
+        kv_dtype = str(self.args.get("kv_cache_dtype", "auto"))
+        if not (self.enabled and per_token and num_blocks and block_size) or kv_dtype != "auto":
+            return None
+        value = int(num_blocks) * int(block_size) * per_token
+        tmp = self.file.with_suffix(f".tmp{os.getpid()}")
+        try:
+            self.file.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps({"kv_cache_memory_bytes": value, "num_gpu_blocks": int(num_blocks),
+                                       "block_size": int(block_size), "recorded": time.time()}) + "\n")
+            os.replace(tmp, self.file)
+        except OSError:  # an unwritable or full cache: the next start measures again, nothing else changes
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            return None
+        return value
+
+    def forget(self) -> None:
+        with contextlib.suppress(OSError):
+            self.file.unlink()
+
+    @contextlib.contextmanager
+    def start_slot(self, name: str, timeout_s: float) -> Iterator[int | None]:
+        """Hold this GPU's start lock while the engine starts: shared with a stored size (yielded), alone
+        without one (None is yielded, and the engine measures). Raises EngineError after timeout_s of waiting."""
+        stored = self.stored()
+        lock = Path(tempfile.gettempdir()) / f"rlgen-gpu-start-{self.devices.replace(',', '-')}.lock"
+        mode = fcntl.LOCK_SH if stored else fcntl.LOCK_EX
+        with open(lock, "a+") as f:
+            deadline = time.time() + timeout_s
+            while True:
+                try:
+                    fcntl.flock(f, mode | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.time() > deadline:
+                        raise EngineError(
+                            f"{name} waited {timeout_s:.0f} s for another engine on GPU(s) {self.devices} to finish "
+                            "starting; a stuck engine process may hold it (nvidia-smi lists it): stop it, or give "
+                            "each engine its own GPU (engine.engines_per_gpu=1).") from None
+                    time.sleep(LOCK_POLL_S)
+            try:
+                # an engine that measured while this one waited stored the size: take it (still alone)
+                yield stored or self.stored()
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+
+__all__ = ["KVSizes", "cache_dir", "engine_versions", "size_key", "token_bytes"]
