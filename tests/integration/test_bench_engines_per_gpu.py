@@ -1,5 +1,6 @@
 """`rlgen bench`'s vllm side with bench.engines_per_gpu > 1, on Ray with one pretend GPU: the engines share it,
-start at once (a vLLM engine takes turns only to measure its KV cache, inside the engine), split the requests and generate at once, and the checks cover every engine's part.
+start at once (a vLLM engine takes turns only to measure its KV cache, inside the engine), split the requests
+and generate at once, and the checks cover every engine's part.
 A stand-in engine replaces VLLMEngine; what it returns is what vLLM would (n completions of max_tokens each)."""
 
 from __future__ import annotations

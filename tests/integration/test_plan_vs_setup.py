@@ -190,7 +190,7 @@ def _check(plan, node_ids: list[str], engines: list[dict], learners: list[dict],
 
 
 def test_engines_sharing_a_gpu_start_together_beside_the_learner_and_split_its_share(fake_cluster, monkeypatch,
-                                                                                    tmp_path):
+                                                                                      tmp_path):
     _stand_ins(monkeypatch)
     overrides = ["engine=vllm", "hardware=1xh200", "engine.engines_per_gpu=2", "progress=false", "eval.every=0"]
     cfg = compose_run_config(overrides)
