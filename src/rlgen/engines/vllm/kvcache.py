@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from rlgen.engines.vllm.common import EngineError
+from rlgen.engines.vllm.startup import visible_gpus
 
 NOT_KEYED = ("model", "seed")  # engine arguments the KV size does not depend on
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
@@ -54,7 +55,9 @@ def gpu_identity(devices: str) -> list[str] | None:
         from vllm.third_party import pynvml
     except ImportError:
         return None
-    ids = [int(x) for x in devices.split(",") if x.strip().isdigit()] if devices != "all" else [0]
+    ids = visible_gpus() if devices != "all" else [0]  # [] where CUDA_VISIBLE_DEVICES names UUIDs
+    if not ids:
+        return None
     try:
         pynvml.nvmlInit()
     except Exception:  # noqa: BLE001 - NVML missing or broken: start without a stored size
@@ -65,7 +68,7 @@ def gpu_identity(devices: str) -> list[str] | None:
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             name = pynvml.nvmlDeviceGetName(h)
             out.append(f"{name.decode() if isinstance(name, bytes) else name}/{pynvml.nvmlDeviceGetMemoryInfo(h).total}")
-        return out or None
+        return out
     except Exception:  # noqa: BLE001
         return None
     finally:
