@@ -80,11 +80,14 @@ def test_on_policy_never_overlaps(tmp_path):
     # the start-up, phase by phase, in summary.json
     startup = json.loads((tmp_path / "summary.json").read_text())["startup"]
     assert startup == summary["startup"]
-    assert list(startup["phases"]) == ["launch to set-up (imports, config, plan)", "model folder and task",
-                                       "Ray cluster", "engines and learners", "first weight push",
-                                       "first batch (generate, score)"]
-    assert all(v >= 0 for v in startup["phases"].values())
-    assert sum(startup["phases"].values()) == pytest.approx(startup["first_rollout_s"], abs=0.5)
+    phases = startup["phases"]
+    assert list(phases) == ["launch to set-up (imports, config, plan)", "model folder", "tokenizer and task",
+                            "Ray cluster", "engines and learners", "first weight push", "first batch (generate, score)"]
+    assert all(v >= 0 for v in phases.values())
+    # the model folder and the task run beside Ray's start and the actors'; the other phases follow one another
+    beside = ("model folder", "tokenizer and task")
+    in_turn = sum(v for k, v in phases.items() if k not in beside)
+    assert in_turn - 0.5 <= startup["first_rollout_s"] <= sum(phases.values()) + 0.5
     for name in ("engine0", "learner0"):
         actor = startup["actors"][name]
         assert actor["steps"]["weights"] > 0 and actor["init_s"] >= actor["steps"]["weights"]

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from rlgen.engines.vllm.common import EngineError
-from rlgen.engines.vllm.kvcache import KVSizes, token_bytes
+from rlgen.engines.vllm.kvcache import GIB, KVSizes, MeasuredWatch, token_bytes
 
 QWEN_0_5B = {"num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2, "hidden_size": 896,
              "use_sliding_window": False, "sliding_window": 32768}
@@ -132,3 +132,96 @@ def test_an_unwritable_cache_costs_only_the_stored_size(model, tmp_path, monkeyp
     monkeypatch.setenv("RLGEN_CACHE_DIR", str(blocked))
     sizes = KVSizes(args_of(model), VERSIONS, devices="0", gpus=H100)
     assert sizes.record(num_blocks=100, block_size=16) is None and sizes.stored() is None
+
+
+def _measure_and_log(model_dir: str, cache: str, log: str, q) -> None:
+    """A measuring start: holds the lock alone, "logs" vLLM's size line after 0.5 s, ends 2.5 s later."""
+    import os
+    from pathlib import Path
+
+    os.environ["RLGEN_CACHE_DIR"] = cache
+    sizes = KVSizes(args_of(model_dir), VERSIONS, devices="9", gpus=H100)
+    with sizes.start_slot("engine0", timeout_s=30) as stored:
+        q.put(("in0", stored, time.time()))
+        with MeasuredWatch(sizes, lambda: Path(log).read_text(), poll_s=0.05):
+            time.sleep(0.5)
+            with open(log, "a") as f:
+                f.write("INFO gpu_worker.py:561] Available KV cache memory: 14.04 GiB\n")
+            time.sleep(2.5)
+        sizes.record(num_blocks=10, block_size=16)
+        q.put(("out0", stored, time.time()))
+
+
+def _second(model_dir: str, cache: str, q) -> None:
+    import os
+
+    os.environ["RLGEN_CACHE_DIR"] = cache
+    time.sleep(0.2)  # after the measuring start took the lock
+    sizes = KVSizes(args_of(model_dir), VERSIONS, devices="9", gpus=H100)
+    with sizes.start_slot("engine1", timeout_s=30) as stored:
+        q.put(("in1", stored, time.time()))
+
+
+def test_a_measuring_engine_lets_the_next_start_in_once_vllm_logged_its_size(model, tmp_path):
+    ctx = mp.get_context("spawn")
+    q, log, cache = ctx.Queue(), tmp_path / "worker.out", str(tmp_path / "cache")
+    log.write_text("an earlier start in this process: Available KV cache memory: 3.00 GiB\n")  # not counted
+    procs = [ctx.Process(target=_measure_and_log, args=(str(model), cache, str(log), q)),
+             ctx.Process(target=_second, args=(str(model), cache, q))]
+    for p in procs:
+        p.start()
+    got = {kind: (stored, t) for kind, stored, t in (q.get(timeout=30) for _ in range(3))}
+    for p in procs:
+        p.join(30)
+    assert got["in0"][0] is None  # nothing was stored: engine0 measured
+    handed = got["in1"][0]
+    assert got["in0"][1] + 0.4 < got["in1"][1] < got["out0"][1] - 1.0, got  # in after the line, before engine0 ended
+    assert 14.02 * GIB < handed <= 14.03 * GIB and handed % (10 * 2**20) == 0  # the logged size, rounded down
+    # engine0's exact size replaced the logged one when its start ended
+    assert KVSizes(args_of(model), VERSIONS, devices="9", gpus=H100).stored() == 10 * 16 * 12288
+
+
+def test_no_hand_over_where_the_size_is_not_stored(model, tmp_path):
+    sizes = KVSizes(args_of(model, kv_cache_dtype="fp8"), VERSIONS, devices="9", gpus=H100)
+    with sizes.start_slot("engine0", timeout_s=5):
+        assert sizes.hand_over(14.04) is None  # the lock stays held until the start ends
+        other = KVSizes(args_of(model, kv_cache_dtype="fp8"), VERSIONS, devices="9", gpus=H100)
+        with pytest.raises(EngineError, match="waited 0 s"):
+            with other.start_slot("engine1", timeout_s=0.2):
+                pass
+    assert sizes.hand_over(14.04) is None  # after the start: nothing to hand over
+
+
+def _learner_loads(devices: str, hold_s: float, q) -> None:
+    import os
+
+    from rlgen.gpustart import beside_engine_starts
+
+    os.environ["CUDA_VISIBLE_DEVICES"] = devices
+    with beside_engine_starts("learner0", timeout_s=30):
+        q.put(("learner in", time.time()))
+        time.sleep(hold_s)
+    q.put(("learner out", time.time()))
+
+
+def test_a_learner_loading_on_the_gpu_and_a_measuring_engine_take_turns(model, tmp_path, monkeypatch, caplog):
+    from rlgen.gpustart import beside_engine_starts
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    learner = ctx.Process(target=_learner_loads, args=("9", 1.0, q))
+    learner.start()
+    assert q.get(timeout=30)[0] == "learner in"
+    sizes = KVSizes(args_of(model), VERSIONS, devices="9", gpus=H100)
+    with sizes.start_slot("engine0", timeout_s=30) as stored:  # measures: waits for the learner's load
+        entered = time.time()
+        assert stored is None
+        # a learner that comes while the engine measures waits for it, at most its timeout, then goes on
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "9")
+        t0 = time.time()
+        with beside_engine_starts("learner1", timeout_s=0.6):
+            assert time.time() - t0 >= 0.6
+        assert "learner1 waited 1 s for an engine on GPU(s) 9" in caplog.text
+    left = dict(q.get(timeout=30) for _ in range(1))["learner out"]
+    learner.join(30)
+    assert entered >= left - 0.05

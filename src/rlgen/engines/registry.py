@@ -58,6 +58,9 @@ class EngineSpec:
     # The plan's hook for what only the engine can resolve (a server's engines, TP size and lengths):
     # (config, parameters, vocabulary, problems) -> (config, settings). None: nothing to resolve.
     resolve: Callable[[RunConfig, int, int, list[str]], tuple[RunConfig, list[Setting]]] | None = None
+    # Work for the engines that can begin on the launching host before they are asked for (filling a cache they
+    # read at start): (the model's architectures, the engines' environment) -> None. None: nothing to begin.
+    ahead: Callable[[list[str], dict[str, str]], None] | None = None
 
     def runs_on(self, device: str) -> bool:
         return device in self.devices

@@ -31,6 +31,7 @@ import torch
 from rlgen.algo.registry import Algorithm
 from rlgen.algo.registry import algorithm as find_algorithm
 from rlgen.config import AlgoConfig, LossAgg, MonitorConfig
+from rlgen.gpustart import beside_engine_starts
 from rlgen.learners.background import BackgroundWriter, to_host
 from rlgen.learners.grpo_step import (
     StepSums,
@@ -47,6 +48,7 @@ from rlgen.phases import ActorClock
 from rlgen.transfer import DEFAULT_BUCKET_BYTES, plan_buckets
 from rlgen.types import RolloutBatch
 
+MEASURE_WAIT_S = 600.0  # at most this long for an engine on the learner's GPU to size its KV cache, then go on
 DS_TAG = "zero"  # the tag of DeepSpeed's checkpoint inside a checkpoint's learner/ folder
 # rlgen's counters and RNG states ride in DeepSpeed's client state under one key of their own: DeepSpeed keeps a
 # "skipped_steps" of its own there and drops it from what load_checkpoint hands back
@@ -175,39 +177,43 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
 
         self.clock.step("import deepspeed")
 
-        os.environ.update({k: str(v) for k, v in (env or {}).items()})
-        torch.manual_seed(seed)
-        torch.cuda.set_device(0)  # Ray narrows CUDA_VISIBLE_DEVICES to this actor's GPU
-        self._init_state(algo, monitor, rank, name, torch.device("cuda", 0), zero_stage, sync_bucket_bytes,
-                         world_size, release_memory, algorithm)
-        rows = rows_per_step or algo.prompts_per_step * algo.samples_per_prompt
-        self.ds_config = build_ds_config(algo, zero_stage=self.zero_stage, rows_per_step=rows, world_size=world_size)
+        # CUDA's context, the weights and the optimizer go on the GPU between engines' KV measurements, which
+        # would count them as the engine's own use (rlgen.gpustart)
+        with beside_engine_starts(name, MEASURE_WAIT_S):
+            self.clock.step("wait for engines sizing their KV cache")
+            os.environ.update({k: str(v) for k, v in (env or {}).items()})
+            torch.manual_seed(seed)
+            torch.cuda.set_device(0)  # Ray narrows CUDA_VISIBLE_DEVICES to this actor's GPU
+            self._init_state(algo, monitor, rank, name, torch.device("cuda", 0), zero_stage, sync_bucket_bytes,
+                             world_size, release_memory, algorithm)
+            rows = rows_per_step or algo.prompts_per_step * algo.samples_per_prompt
+            self.ds_config = build_ds_config(algo, zero_stage=self.zero_stage, rows_per_step=rows, world_size=world_size)
 
-        module = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16).to(self.device)
-        _disable_dropout(module)
-        if gradient_checkpointing:
-            module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            module.config.use_cache = False
-        if lora:  # only the adapters train; the base with them off is the KL reference
-            adapter = os.path.join(resume_from, "model") if resume_from else lora_init
-            module = self.peft = wrap(module, LoraSpec(**lora), adapter)
-        elif algo.kl_coef > 0:  # a full bf16 copy; fine for the sizes rlgen targets on one GPU
-            self.ref_model = AutoModelForCausalLM.from_pretrained(ref_model_path or model_path, dtype=torch.bfloat16)
-            self.ref_model.to(self.device).eval().requires_grad_(False)
-        self.clock.step("weights")
-        params = [p for p in module.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=algo.lr, weight_decay=algo.weight_decay)
-        _dist_env(rank, world_size, master_addr, master_port)
-        deepspeed.init_distributed(dist_backend="nccl")
-        self.engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=self.ds_config)
-        self._ckpt_files.inner = self.engine.checkpoint_engine  # background checkpoints hand their files over
-        self.engine.checkpoint_engine = self._ckpt_files
-        self.engine.train()
-        self.model = self.engine  # the forward (grpo_step.response_logits) calls self.model(...)
-        self.module = self.engine.module
-        if self.peft is not None and algo.kl_coef > 0:
-            self.ref_model = AdapterOff(self.engine, self.peft)
-        self.clock.step("DeepSpeed engine")
+            module = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16).to(self.device)
+            _disable_dropout(module)
+            if gradient_checkpointing:
+                module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                module.config.use_cache = False
+            if lora:  # only the adapters train; the base with them off is the KL reference
+                adapter = os.path.join(resume_from, "model") if resume_from else lora_init
+                module = self.peft = wrap(module, LoraSpec(**lora), adapter)
+            elif algo.kl_coef > 0:  # a full bf16 copy; fine for the sizes rlgen targets on one GPU
+                self.ref_model = AutoModelForCausalLM.from_pretrained(ref_model_path or model_path, dtype=torch.bfloat16)
+                self.ref_model.to(self.device).eval().requires_grad_(False)
+            self.clock.step("weights")
+            params = [p for p in module.parameters() if p.requires_grad]
+            optimizer = torch.optim.AdamW(params, lr=algo.lr, weight_decay=algo.weight_decay)
+            _dist_env(rank, world_size, master_addr, master_port)
+            deepspeed.init_distributed(dist_backend="nccl")
+            self.engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=self.ds_config)
+            self._ckpt_files.inner = self.engine.checkpoint_engine  # background checkpoints hand their files over
+            self.engine.checkpoint_engine = self._ckpt_files
+            self.engine.train()
+            self.model = self.engine  # the forward (grpo_step.response_logits) calls self.model(...)
+            self.module = self.engine.module
+            if self.peft is not None and algo.kl_coef > 0:
+                self.ref_model = AdapterOff(self.engine, self.peft)
+            self.clock.step("DeepSpeed engine")
         if resume_from:
             self._resume(resume_from)
             self.clock.step("resume state")

@@ -3,6 +3,7 @@
 
 from rlgen.models.build import (
     BUILD_FORMAT,
+    architectures,
     build_tokenizer,
     cache_key,
     file_digest,
@@ -12,5 +13,5 @@ from rlgen.models.build import (
     warm_start,
 )
 
-__all__ = ["BUILD_FORMAT", "build_tokenizer", "cache_key", "file_digest", "hf_config", "load_tokenizer",
+__all__ = ["BUILD_FORMAT", "architectures", "build_tokenizer", "cache_key", "file_digest", "hf_config", "load_tokenizer",
            "prepare_model", "warm_start"]

@@ -120,14 +120,15 @@ def _build_device(m: ModelConfig, device: str) -> str:
 
 
 def cache_key(cfg: RunConfig, device: str = "cpu") -> str:
-    """``<name>-<hash>`` over everything that changes the built weights."""
-    import transformers
+    """``<name>-<hash>`` over everything that changes the built weights. Reads the transformers version without
+    importing it (seconds on a GPU host), so a cached build is found at once."""
+    from importlib.metadata import version
 
     material: dict[str, Any] = {
         "format": BUILD_FORMAT,
         "model": _plain(cfg.model),
         "seed": cfg.seed,
-        "transformers": transformers.__version__,
+        "transformers": version("transformers"),
         "device": _build_device(cfg.model, device).split(":")[0],  # cuda and cpu draw different init
     }
     if cfg.model.warm_start_steps > 0:
@@ -223,6 +224,20 @@ def _lock(path: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+PRESET_ARCHITECTURES = ["Qwen2ForCausalLM"]  # what every preset builds (hf_config)
+
+
+def architectures(m: ModelConfig) -> list[str]:
+    """The model classes config.json names: the model folder's, or the presets' when the folder is built here."""
+    if not m.path:
+        return list(PRESET_ARCHITECTURES)
+    try:
+        value = json.loads((Path(m.path) / "config.json").read_text()).get("architectures")
+    except (OSError, ValueError):
+        return []
+    return [str(a) for a in value] if isinstance(value, list) else []
+
+
 def prepare_model(cfg: RunConfig, device: str = "cpu") -> str:
     """The path of a Hugging Face model folder for ``cfg.model``: ``cfg.model.path`` as given, or a cached
     local build from the preset (random init seeded by ``cfg.seed``, then the optional warm start)."""
@@ -249,4 +264,4 @@ def prepare_model(cfg: RunConfig, device: str = "cpu") -> str:
     return str(final)
 
 
-__all__ = ["build_tokenizer", "cache_key", "hf_config", "load_tokenizer", "prepare_model", "warm_start"]
+__all__ = ["PRESET_ARCHITECTURES", "architectures", "build_tokenizer", "cache_key", "hf_config", "load_tokenizer", "prepare_model", "warm_start"]

@@ -1,9 +1,12 @@
 """Set-up and tear-down: a plan becomes a Run, the actors and the objects that drive them, in this order:
 
-1. the task, the starting model (built and cached, or a checkpoint's), its tokenizer, prompts and stop ids, on
-   a thread of their own, while
-2. a Ray cluster starts, with one placement group per plan node; then the folders every node reads;
-3. the learner ranks, then the engines, all at once (vLLM engines sharing a GPU take turns to size their KV cache);
+1. what the engine kind can begin ahead (vLLM: its inspection of the model class), then on threads of their own
+   the starting model (built and cached, or a checkpoint's), and the task with its tokenizer, prompts and stop
+   ids, while
+2. a Ray cluster starts, with one placement group per plan node; then, once the model folder is ready, the
+   folders every node reads;
+3. the learner ranks, then the engines, all at once (vLLM engines sharing a GPU take turns to size their KV
+   cache), while the task thread finishes: its result is awaited before the actors are;
 4. the weight transport, which sends the starting weights once (its warm-up, kept out of step 0);
 5. the engine keeper (restarts), the rollouts (the engines' side of the loop) and the run state.
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +31,7 @@ from rlgen.plan.placement import plan_bundles
 from rlgen.runtime.actors import (
     QUIET_ENV,
     ActorFactory,
+    actor_env,
     connect,
     engine_class,
     learner_class,
@@ -128,13 +133,18 @@ def set_up(plan: Plan, out_dir: Path, *, resume: ResumePoint | None = None, stop
     try:
         for var, val in QUIET_ENV.items():  # before transformers loads in this process (actors get them too)
             os.environ.setdefault(var, val)
-        model = Beside(_model_and_task, run, done=clock.begin("model folder and task"))
+        _engines_ahead(run)
+        model = Beside(_model, run, done=clock.begin("model folder"))
+        task = Beside(_task, run, model, done=clock.begin("tokenizer and task"))
         with clock.phase("Ray cluster"):
             _cluster(run)
-        task, renderer, stop_ids = model.result(run.stop)
+        model.result(run.stop)
         _place_folders(run)
+        loop_inputs: list[Any] = []  # the task, its prompt renderer and stop ids, once the actors are asked for
         with clock.phase("engines and learners"):
-            _actors(run, hooks or Hooks())
+            _actors(run, hooks or Hooks(), before_wait=lambda: loop_inputs.extend(
+                task.result(run.stop, "preparing the tokenizer and task")))
+        task, renderer, stop_ids = loop_inputs
         with clock.phase("first weight push"):
             _transport(run)
         _loop_parts(run, task, renderer, stop_ids)
@@ -145,20 +155,39 @@ def set_up(plan: Plan, out_dir: Path, *, resume: ResumePoint | None = None, stop
     return run
 
 
-def _model_and_task(run: Run) -> tuple[Any, Any, list[int]]:
+def _engines_ahead(run: Run) -> None:
+    """What the engine kind can begin on this host before its engines are asked for (engines on GPUs only)."""
+    from rlgen.models import architectures
+
+    spec = run.plan.engine
+    if spec.ahead is not None and run.plan.device == "cuda":
+        spec.ahead(architectures(run.cfg.model), actor_env(run.cfg, dict(run.plan.engine_env)))
+
+
+def _model(run: Run) -> None:
+    """The folders the actors load: the starting model (built and cached, or a checkpoint's)."""
     from rlgen.algo.registry import algorithm
-    from rlgen.models import load_tokenizer, prepare_model
-    from rlgen.tasks import build_task
-    from rlgen.tasks.prompts import PromptRenderer, model_stop_ids
+    from rlgen.models import prepare_model
 
     cfg = run.cfg
     run.algorithm = algorithm(cfg.algo.kind)
-    task = build_task(cfg.task)
     run.initial_model_path = prepare_model(cfg, device=run.plan.device)
     # Actors start from the checkpoint's policy when resuming; the frozen reference stays the initial model.
     # With LoRA the checkpoint's model folder is an adapter: actors start from the base and the adapter comes after.
     lora = cfg.learner.lora.enabled
     run.start_model_path = str(run.resume.checkpoint / "model") if run.resume and not lora else run.initial_model_path
+
+
+def _task(run: Run, model: Beside) -> tuple[Any, Any, list[int]]:
+    """The task, its prompts as the model's tokenizer renders them and the stop ids: what the loop needs, ready
+    while the actors start (loading the tokenizer imports transformers, seconds on a GPU host)."""
+    from rlgen.models import load_tokenizer
+    from rlgen.tasks import build_task
+    from rlgen.tasks.prompts import PromptRenderer, model_stop_ids
+
+    cfg = run.cfg
+    task = build_task(cfg.task)
+    model.result(run.stop)
     run.tokenizer = load_tokenizer(run.start_model_path)
     renderer = PromptRenderer(run.tokenizer, cfg.task)
     if cfg.task.long_prompts.value == "skip" and hasattr(task, "keep_rows"):
@@ -186,8 +215,8 @@ def _place_folders(run: Run) -> None:
                                     run.initial_model_path, run.resume.checkpoint if run.resume else None)
 
 
-def _actors(run: Run, hooks: Hooks) -> None:
-    """The learner ranks, then the engines; every actor healthy."""
+def _actors(run: Run, hooks: Hooks, before_wait: Callable[[], None] = lambda: None) -> None:
+    """The learner ranks, then the engines; every actor healthy. before_wait runs once all are asked for."""
     cfg, plan = run.cfg, run.plan
     engine_cls, engine_kwargs = (hooks.engine_cls, dict(hooks.engine_kwargs)) if hooks.engine_cls else engine_class(plan)
     learner_cls, learner_kwargs = (hooks.learner_cls, {}) if hooks.learner_cls else learner_class(plan)
@@ -200,7 +229,7 @@ def _actors(run: Run, hooks: Hooks) -> None:
                                     cfg.startup_timeout_s)
     asked = {f"learner{r}": time.time() for r in range(len(run.placement.learners))}
     run.learners = run.factory.learners(run.folders.learner_paths, rendezvous, **run.folders.learner_extra)
-    engines, health = _start_engines(run, asked)
+    engines, health = _start_engines(run, asked, before_wait)
     bad = [h for h in health if not h.get("ok")]
     if bad:
         raise RunError(f"actors reported unhealthy at start-up: {bad}")
@@ -216,7 +245,8 @@ def _actors(run: Run, hooks: Hooks) -> None:
     run.zero3_gatherers = run.learners[1:] if learner_kwargs.get("zero_stage") == 3 else []
 
 
-def _start_engines(run: Run, asked: dict[str, float]) -> tuple[list[Any], list[dict[str, Any]]]:
+def _start_engines(run: Run, asked: dict[str, float],
+                   before_wait: Callable[[], None] = lambda: None) -> tuple[list[Any], list[dict[str, Any]]]:
     """Start every engine at once, beside the learners already starting (vLLM engines that share a GPU take turns
     only to measure their KV cache: rlgen.engines.vllm.kvcache). Returns the engines and every actor's health
     report; one wait covers engines and learners, so one that fails at start is reported at the latest then."""
@@ -225,6 +255,7 @@ def _start_engines(run: Run, asked: dict[str, float]) -> tuple[list[Any], list[d
     for i in range(len(run.plan.engines)):
         asked[run.engine_names[i]] = time.time()
         engines.append(run.factory.engine(i, run.folders.engine_paths, run.state.version))
+    before_wait()
     names = list(run.engine_names) + [f"learner{r}" for r in range(len(run.learners))]
     health = run.waiter.get([e.health.remote() for e in engines] + [a.health.remote() for a in run.learners],
                             "actor start-up", run.cfg.startup_timeout_s, names=names,

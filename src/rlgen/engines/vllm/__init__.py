@@ -3,7 +3,8 @@ parallelism), takes a share of its GPU's memory that the plan sizes, sleeps whil
 stays awake and takes weight updates while it generates, and receives weights over NCCL (own GPUs) or CUDA IPC
 (colocated), or holds the base and takes LoRA adapters. Its other modules: args (engine arguments), loop (its
 event loop), weights and ipc_buffer (how weights get in), adapters (LoRA), stream (streamed generation), common
-(its error and timeouts), startup (why it could not start)."""
+(its error and timeouts), startup (why it could not start), kvcache (the KV size kept for the next start), fork
+(how its engine core starts), modelinfo (vLLM's inspection of the model class, begun at launch)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,12 @@ def engine_lora_rank(cfg: RunConfig, transport: Transport) -> int:
     return int(cfg.learner.lora.rank or 0) if transport is Transport.lora_adapter else 0
 
 
+def _ahead(architectures: list[str], env: dict[str, str]) -> None:
+    from rlgen.engines.vllm.modelinfo import start_inspection
+
+    start_inspection(architectures, env)
+
+
 ENGINE = EngineSpec(
     kind="vllm",
     actor="rlgen.engines.vllm.engine:VLLMEngine",
@@ -46,4 +53,5 @@ ENGINE = EngineSpec(
     adapter_room=True,
     transport=_transport,
     actor_kwargs=_actor_kwargs,
+    ahead=_ahead,
 )

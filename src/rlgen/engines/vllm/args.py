@@ -10,12 +10,14 @@ from rlgen.config import EngineConfig
 
 VLLM_DEFAULT_SHARE = 0.9  # vLLM's own gpu_memory_utilization: an engine alone on its GPUs
 
-# Settings the engine process needs whatever the config says. update_weights() hands vLLM a function and
-# tensors to run on its workers; vLLM 0.26 only serialises those with insecure (pickle) serialisation on.
-# Engine-core processes start with spawn: a forked child cannot use CUDA once the parent has touched it.
+# Settings the engine process starts with unless engine.env says otherwise. update_weights() hands vLLM a
+# function and tensors to run on its workers; vLLM 0.26 only serialises those with insecure (pickle)
+# serialisation on. The engine core is forked where that is safe (rlgen.engines.vllm.fork), and torch looks for
+# the GPU through NVML, so the actor's own checks leave CUDA uninitialized for the forked child.
 REQUIRED_ENV: dict[str, str] = {
     "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
-    "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+    "VLLM_WORKER_MULTIPROC_METHOD": "fork",
+    "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
 }
 
 # Engine arguments rlgen sets on top of EngineConfig unless the caller overrides them (``engine_args``).

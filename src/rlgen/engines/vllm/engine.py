@@ -17,6 +17,7 @@ workers: ``updates`` (the engine's calls), ``weights`` (object store) and ``ipc_
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -26,7 +27,8 @@ from rlgen.config import EngineConfig
 from rlgen.engines.vllm.adapters import AdapterFolders, AdapterMethods
 from rlgen.engines.vllm.args import REQUIRED_ENV, TUNED_DEFAULTS, build_engine_args, mix_seed
 from rlgen.engines.vllm.common import CALL_TIMEOUT_S, CONTROL_TIMEOUT_S, START_TIMEOUT_S, EngineError
-from rlgen.engines.vllm.kvcache import KVSizes, engine_versions
+from rlgen.engines.vllm.fork import FORK, FORK_FAILED, choose_core_start, spawn_from_now
+from rlgen.engines.vllm.kvcache import KVSizes, MeasuredWatch, engine_versions
 from rlgen.engines.vllm.loop import LoopThread, build_engine, generate_all, version_changes
 from rlgen.engines.vllm.startup import (
     EngineStartError,
@@ -73,6 +75,7 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods):
         for k, v in REQUIRED_ENV.items():
             os.environ.setdefault(k, v)
         require_cuda_and_vllm()
+        self.core_start = choose_core_start(engine.tensor_parallel_size)  # fork, or spawn where fork is not safe
         self.clock.step("import vllm")
 
         self.name, self.seed, self.timeout_s = name, seed, timeout_s
@@ -101,31 +104,45 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods):
         self.kv_size = "given" if "kv_cache_memory_bytes" in self.args else "measured"
         sizes = KVSizes(self.args, engine_versions())
         self._loop = LoopThread(name)
+        watch: MeasuredWatch | None = None
         try:
             # vLLM measures the KV cache's size alone on the GPU, or takes the stored one beside other engines
             with sizes.start_slot(name, START_TIMEOUT_S) as stored:
                 self.clock.step("wait for the GPU's start lock")
                 if stored and self.kv_size == "measured":
                     self.args["kv_cache_memory_bytes"], self.kv_size = stored, "stored"
-                self.llm = self._loop.run(build_engine(self.args), START_TIMEOUT_S,
-                                          f"{name}: starting the vLLM engine")
+                if self.kv_size == "measured":  # the engines waiting for this one start once it has its size
+                    watch = MeasuredWatch(sizes, lambda: own_stderr_tail(stream="out") + own_stderr_tail())
+                with watch if watch else contextlib.nullcontext():
+                    self.llm = self._build_llm()
                 if self.kv_size == "measured":
                     cache = self.llm.vllm_config.cache_config
                     sizes.record(cache.num_gpu_blocks, cache.block_size)
             self._loop.dead = lambda: bool(getattr(self.llm, "errored", False))  # its core process exited
         except BaseException as err:
             self._loop.close()
-            if self.kv_size == "stored":
+            if self.kv_size == "stored" or (watch and watch.handed):
                 sizes.forget()  # the next start measures again
             why = explain(own_stderr_tail()) or explain(str(err))  # vLLM's root cause is in the core's stderr
             if why:
                 raise EngineStartError(name, why) from err
             raise
-        self.clock.step("vLLM engine start")
+        self.clock.step(f"vLLM engine start ({self.core_start})")
         # vLLM's own lines (its engine core's too) are in this worker's logs: they time weights, compile, graphs
         read_log_times(self.clock, own_stderr_tail(stream="out") + "\n" + own_stderr_tail())
         self.clock.done()
         self.start_s = time.time() - t0
+
+    def _build_llm(self) -> Any:
+        """AsyncLLM for self.args; a forked engine core that could not use CUDA is started again by spawn."""
+        what = f"{self.name}: starting the vLLM engine"
+        try:
+            return self._loop.run(build_engine(self.args), START_TIMEOUT_S, what)
+        except Exception as err:
+            if self.core_start != FORK or FORK_FAILED not in own_stderr_tail() + str(err):
+                raise
+        self.core_start = spawn_from_now()
+        return self._loop.run(build_engine(self.args), START_TIMEOUT_S, what)
 
     # -- generation -------------------------------------------------------------------------------------
     def _sampling(self, req: GenRequest, stream: bool = False) -> Any:
@@ -273,6 +290,7 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods):
             "dtype": str(self.args.get("dtype")),
             "start_s": self.start_s,
             "kv_size": self.kv_size,  # the KV cache's size: measured by vLLM, stored by an earlier start, or given
+            "core_start": self.core_start,  # how vLLM's engine-core process was started: fork or spawn
             "startup": self.clock.to_dict(),
             **process_info(),
         }

@@ -10,7 +10,11 @@ reading, so engines that share a GPU could only start one after another. Now:
   GPU's name and memory. A changed setting is a new key, never a stale size.
 - An engine that finds its size passes it to vLLM as ``kv_cache_memory_bytes``, which skips the profiling. Such
   starts share the lock, so they run side by side, and wait only for an engine of the GPU that is measuring.
+  Learners loading onto the GPU share it too (``rlgen.gpustart``), so their memory never skews a measurement.
 - A start that fails with a stored size drops it, so the next start measures again.
+- A measuring engine hands the lock over as soon as vLLM has logged the size ("Available KV cache memory"),
+  before its CUDA graphs and kernel warm-up: the engines waiting for it start with that size (rounded down to
+  10 MiB) while it finishes, and its exact size replaces the logged one when its start ends.
 
 The stored bytes reproduce vLLM's block count exactly: blocks x block size x the KV bytes of a token (all
 layers, this GPU's part under tensor parallelism). Models whose config.json does not give the attention shape,
@@ -25,27 +29,28 @@ import fcntl
 import hashlib
 import json
 import os
-import tempfile
+import re
+import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from rlgen.engines.vllm.common import EngineError
 from rlgen.engines.vllm.startup import visible_gpus
+from rlgen.gpustart import acquire, lock_path, visible_devices
 
 NOT_KEYED = ("model", "seed")  # engine arguments the KV size does not depend on
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
-LOCK_POLL_S = 0.5
+GIB = 2**30
+# vLLM 0.26 logs the KV size it measured once profiling ends, in GiB with two decimals
+MEASURED_LINE = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
+LOG_POLL_S = 0.5
 
 
 def cache_dir() -> Path:
     """``vllm-kv`` under the run's cache_dir, which engine actors get as RLGEN_CACHE_DIR (~/.cache/rlgen)."""
     return Path(os.environ.get("RLGEN_CACHE_DIR", "~/.cache/rlgen")).expanduser() / "vllm-kv"
-
-
-def visible_devices() -> str:
-    return os.environ.get("CUDA_VISIBLE_DEVICES", "").strip() or "all"
 
 
 def gpu_identity(devices: str) -> list[str] | None:
@@ -117,6 +122,8 @@ class KVSizes:
         self.enabled = gpus is not None
         self.key = size_key(args, text, versions, gpus)
         self.file = cache_dir() / f"{self.key}.json"
+        self._held: Any = None  # the lock file while start_slot holds it
+        self._guard = threading.Lock()
 
     def stored(self) -> int | None:
         if not self.enabled:
@@ -129,22 +136,41 @@ class KVSizes:
 
     def record(self, num_blocks: int | None, block_size: int | None) -> int | None:
         """Store the size vLLM measured (its block count); returns the bytes stored, or None when not storable."""
-        per_token = token_bytes(self.config, self.args.get("dtype", "bfloat16"),
-                                int(self.args.get("tensor_parallel_size", 1)))
-        kv_dtype = str(self.args.get("kv_cache_dtype", "auto"))
-        if not (self.enabled and per_token and num_blocks and block_size) or kv_dtype != "auto":
+        per_token = self._token_bytes()
+        if not (per_token and num_blocks and block_size):
             return None
         value = int(num_blocks) * int(block_size) * per_token
+        return self._write(value, num_gpu_blocks=int(num_blocks), block_size=int(block_size))
+
+    def _token_bytes(self) -> int | None:
+        """KV bytes of a token when this setup's size can be stored, else None."""
+        if not self.enabled or str(self.args.get("kv_cache_dtype", "auto")) != "auto":
+            return None
+        return token_bytes(self.config, self.args.get("dtype", "bfloat16"), int(self.args.get("tensor_parallel_size", 1)))
+
+    def _write(self, value: int, **extra: Any) -> int | None:
         tmp = self.file.with_suffix(f".tmp{os.getpid()}")
         try:
             self.file.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps({"kv_cache_memory_bytes": value, "num_gpu_blocks": int(num_blocks),
-                                       "block_size": int(block_size), "recorded": time.time()}) + "\n")
+            tmp.write_text(json.dumps({"kv_cache_memory_bytes": value, **extra, "recorded": time.time()}) + "\n")
             os.replace(tmp, self.file)
         except OSError:  # an unwritable or full cache: the next start measures again, nothing else changes
             with contextlib.suppress(OSError):
                 tmp.unlink()
             return None
+        return value
+
+    def hand_over(self, logged_gib: float) -> int | None:
+        """The measuring engine's size, read from vLLM's log before its start ended: stored (rounded down to
+        10 MiB, below vLLM's rounding), and the GPU's start lock released so the engines waiting for it start
+        now. Returns the bytes stored, or None (nothing stored: the lock stays held until the start ends)."""
+        value = int((float(logged_gib) - 0.01) * GIB) // (10 * 2**20) * (10 * 2**20)
+        with self._guard:
+            if (self._held is None or value <= 0 or not self._token_bytes()
+                    or self._write(value, logged_gib=logged_gib) is None):
+                return None
+            fcntl.flock(self._held, fcntl.LOCK_UN)
+            self._held = None
         return value
 
     def forget(self) -> None:
@@ -153,29 +179,56 @@ class KVSizes:
 
     @contextlib.contextmanager
     def start_slot(self, name: str, timeout_s: float) -> Iterator[int | None]:
-        """Hold this GPU's start lock while the engine starts: shared with a stored size (yielded), alone
-        without one (None is yielded, and the engine measures). Raises EngineError after timeout_s of waiting."""
+        """Hold this GPU's start lock (rlgen.gpustart) while the engine starts: shared with a stored size
+        (yielded), alone without one (None is yielded, and the engine measures). Raises EngineError after
+        timeout_s of waiting."""
         stored = self.stored()
-        lock = Path(tempfile.gettempdir()) / f"rlgen-gpu-start-{self.devices.replace(',', '-')}.lock"
-        mode = fcntl.LOCK_SH if stored else fcntl.LOCK_EX
-        with open(lock, "a+") as f:
-            deadline = time.time() + timeout_s
-            while True:
-                try:
-                    fcntl.flock(f, mode | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.time() > deadline:
-                        raise EngineError(
-                            f"{name} waited {timeout_s:.0f} s for another engine on GPU(s) {self.devices} to finish "
-                            "starting; a stuck engine process may hold it (nvidia-smi lists it): stop it, or give "
-                            "each engine its own GPU (engine.engines_per_gpu=1).") from None
-                    time.sleep(LOCK_POLL_S)
+        with open(lock_path(self.devices), "a+") as f:
+            if not acquire(f, exclusive=not stored, timeout_s=timeout_s):
+                raise EngineError(
+                    f"{name} waited {timeout_s:.0f} s for another engine on GPU(s) {self.devices} to finish "
+                    "starting; a stuck engine process may hold it (nvidia-smi lists it): stop it, or give "
+                    "each engine its own GPU (engine.engines_per_gpu=1).")
+            self._held = f
             try:
                 # an engine that measured while this one waited stored the size: take it (still alone)
                 yield stored or self.stored()
             finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+                with self._guard:
+                    if self._held is not None:
+                        fcntl.flock(f, fcntl.LOCK_UN)
+                        self._held = None
 
 
-__all__ = ["KVSizes", "cache_dir", "engine_versions", "size_key", "token_bytes"]
+class MeasuredWatch:
+    """While a measuring engine starts, reads its process's log for vLLM's measured-size line and hands the
+    GPU's start lock over (KVSizes.hand_over) once it appears. ``read`` returns the log's text; lines already
+    in it when the watch begins are not counted (an earlier start in the same process)."""
+
+    def __init__(self, sizes: KVSizes, read: Callable[[], str], poll_s: float = LOG_POLL_S):
+        self.sizes, self.read, self.poll_s = sizes, read, poll_s
+        self.handed: int | None = None
+        self._seen = len(MEASURED_LINE.findall(read()))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="rlgen-kv-watch", daemon=True)
+
+    def __enter__(self) -> MeasuredWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                found = MEASURED_LINE.findall(self.read())
+            except OSError:  # the log went away: the lock is released when the start ends, as without the watch
+                return
+            if len(found) > self._seen:
+                self.handed = self.sizes.hand_over(float(found[self._seen]))
+                return
+
+
+__all__ = ["KVSizes", "MeasuredWatch", "cache_dir", "engine_versions", "size_key", "token_bytes"]

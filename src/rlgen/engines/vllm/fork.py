@@ -1,0 +1,58 @@
+"""How an engine actor starts vLLM's engine-core process: by fork where it safely can, else by spawn.
+
+AsyncLLM runs its engine core in a child process. A spawned child starts a new interpreter and imports vLLM,
+torch and the model code all over again (8-14 s on the hosts measured); a forked child has them already. vLLM
+forks by default, but switches to spawn inside any Ray actor, which is where rlgen's engines live. The engine
+actor forks anyway when all of these hold:
+
+- ``VLLM_WORKER_MULTIPROC_METHOD`` is ``fork`` (rlgen's default; ``+engine.env.VLLM_WORKER_MULTIPROC_METHOD=spawn``
+  restores vLLM's choice),
+- the engine has one GPU (tensor parallelism starts its workers the way vLLM chooses),
+- this process has not initialized CUDA, which a forked child could not use. The actor checks for a GPU
+  through NVML (``PYTORCH_NVML_BASED_CUDA_CHECK``), so its own checks do not initialize CUDA,
+- and the engine is a Ray actor, a process that ran only rlgen's engine code. An engine built inside another
+  program (a test, a script) spawns: that program may have asked CUDA for its devices before, which leaves a
+  forked child unable to use CUDA although ``torch.cuda.is_initialized()`` says False. A forked start that fails
+  that way is started again by spawn (``FORK_FAILED``).
+
+vLLM's other reasons to spawn (CUDA initialized, WSL, NUMA binding) still apply. No vllm import at module level.
+"""
+
+from __future__ import annotations
+
+import os
+
+FORK, SPAWN = "fork", "spawn"
+METHOD_VAR = "VLLM_WORKER_MULTIPROC_METHOD"
+FORK_FAILED = "Cannot re-initialize CUDA in forked subprocess"  # torch's words, in the engine core's output
+
+
+def fork_allowed(tensor_parallel_size: int, cuda_initialized: bool, in_actor: bool) -> bool:
+    return (os.environ.get(METHOD_VAR, FORK) == FORK and int(tensor_parallel_size) == 1 and not cuda_initialized
+            and in_actor)
+
+
+def choose_core_start(tensor_parallel_size: int) -> str:
+    """Set up how vLLM will start this engine's core process, and return which method that is."""
+    import torch
+    from vllm.ray.lazy_utils import is_in_ray_actor
+
+    if not fork_allowed(tensor_parallel_size, torch.cuda.is_initialized(), is_in_ray_actor()):
+        os.environ[METHOD_VAR] = SPAWN
+        return SPAWN
+    from vllm.utils import system_utils
+
+    # vLLM 0.26 decides in system_utils._maybe_force_spawn, where being in a Ray actor is one reason to spawn.
+    # Only that reason is taken away, in this process.
+    system_utils.is_in_ray_actor = lambda: False
+    os.environ[METHOD_VAR] = FORK
+    return FORK
+
+
+def spawn_from_now() -> str:
+    """After a forked start failed: vLLM spawns this engine's core from now on."""
+    os.environ[METHOD_VAR] = SPAWN
+    return SPAWN
+
+
+__all__ = ["FORK", "FORK_FAILED", "SPAWN", "choose_core_start", "fork_allowed", "spawn_from_now"]
