@@ -27,6 +27,17 @@ def visible_devices() -> str:
     return os.environ.get("CUDA_VISIBLE_DEVICES", "").strip() or "all"
 
 
+def gpu_indices(devices: str) -> list[int] | None:
+    """The NVML indices a CUDA_VISIBLE_DEVICES value names; None for "all" (unset) or names that are not
+    indices (UUIDs)."""
+    if devices == "all":
+        return None
+    try:
+        return [int(x) for x in devices.split(",") if x.strip()]
+    except ValueError:
+        return None
+
+
 def lock_path(devices: str) -> Path:
     return Path(tempfile.gettempdir()) / f"rlgen-gpu-start-{devices.replace(',', '-')}.lock"
 
@@ -61,4 +72,4 @@ def beside_engine_starts(who: str, timeout_s: float) -> Iterator[None]:
                 fcntl.flock(f, fcntl.LOCK_UN)
 
 
-__all__ = ["acquire", "beside_engine_starts", "lock_path", "visible_devices"]
+__all__ = ["acquire", "beside_engine_starts", "gpu_indices", "lock_path", "visible_devices"]

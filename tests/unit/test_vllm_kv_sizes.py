@@ -225,3 +225,17 @@ def test_a_learner_loading_on_the_gpu_and_a_measuring_engine_take_turns(model, t
     left = dict(q.get(timeout=30) for _ in range(1))["learner out"]
     learner.join(30)
     assert entered >= left - 0.05
+
+
+def test_the_visible_gpus_are_read_one_way(monkeypatch):
+    from rlgen.bench.gpu import visible_gpus as bench_gpus
+    from rlgen.engines.vllm.startup import visible_gpus
+    from rlgen.gpustart import gpu_indices, visible_devices
+
+    assert gpu_indices("0,3") == [0, 3] and gpu_indices("all") is None and gpu_indices("GPU-1a2b") is None
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert (visible_devices(), visible_gpus(), bench_gpus()) == ("all", [], None)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
+    assert (visible_devices(), visible_gpus(), bench_gpus()) == ("2,5", [2, 5], [2, 5])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-1a2b")
+    assert (visible_gpus(), bench_gpus()) == ([], None)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
@@ -10,6 +9,7 @@ import time
 from typing import Any
 
 from rlgen.gpubusy import BusySampler  # noqa: F401 - the bench's busy-time sampler lives a layer below
+from rlgen.gpustart import gpu_indices, visible_devices
 
 
 def _smi(query: str) -> list[str]:
@@ -36,13 +36,7 @@ def gpu_info() -> dict[str, Any]:
 
 def visible_gpus() -> list[int] | None:
     """The physical indices CUDA_VISIBLE_DEVICES names (None: all GPUs, or ids that are not indices)."""
-    ids = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if not ids:
-        return None
-    try:
-        return [int(x) for x in ids.split(",") if x.strip()]
-    except ValueError:
-        return None
+    return gpu_indices(visible_devices())
 
 
 def gpu_used_gib() -> float | None:

@@ -34,6 +34,7 @@ from rlgen.engines.vllm.startup import (
     EngineStartError,
     check_free_memory,
     explain,
+    own_logs,
     own_stderr_tail,
     require_cuda_and_vllm,
 )
@@ -112,7 +113,7 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods):
                 if stored and self.kv_size == "measured":
                     self.args["kv_cache_memory_bytes"], self.kv_size = stored, "stored"
                 if self.kv_size == "measured":  # the engines waiting for this one start once it has its size
-                    watch = MeasuredWatch(sizes, lambda: own_stderr_tail(stream="out") + own_stderr_tail())
+                    watch = MeasuredWatch(sizes, own_logs)
                 with watch if watch else contextlib.nullcontext():
                     self.llm = self._build_llm()
                 if self.kv_size == "measured":
@@ -129,7 +130,7 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods):
             raise
         self.clock.step(f"vLLM engine start ({self.core_start})")
         # vLLM's own lines (its engine core's too) are in this worker's logs: they time weights, compile, graphs
-        read_log_times(self.clock, own_stderr_tail(stream="out") + "\n" + own_stderr_tail())
+        read_log_times(self.clock, own_logs())
         self.clock.done()
         self.start_s = time.time() - t0
 

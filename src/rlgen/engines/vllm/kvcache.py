@@ -37,8 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from rlgen.engines.vllm.common import EngineError
-from rlgen.engines.vllm.startup import visible_gpus
-from rlgen.gpustart import acquire, lock_path, visible_devices
+from rlgen.gpustart import acquire, gpu_indices, lock_path, visible_devices
 
 NOT_KEYED = ("model", "seed")  # engine arguments the KV size does not depend on
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
@@ -60,7 +59,7 @@ def gpu_identity(devices: str) -> list[str] | None:
         from vllm.third_party import pynvml
     except ImportError:
         return None
-    ids = visible_gpus() if devices != "all" else [0]  # [] where CUDA_VISIBLE_DEVICES names UUIDs
+    ids = [0] if devices == "all" else gpu_indices(devices) or []  # [] where the devices are named by UUID
     if not ids:
         return None
     try:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from rlgen.engines.base import EngineStartError
 from rlgen.engines.vllm.common import EngineError
+from rlgen.gpustart import gpu_indices, visible_devices
 
 GIB = 2**30
 
@@ -107,14 +108,14 @@ def own_stderr_tail(max_bytes: int = 400_000, stream: str = "err") -> str:
 
 
 def visible_gpus() -> list[int]:
-    """NVML indices of the GPUs this process sees (CUDA_VISIBLE_DEVICES as integers; [] when it names UUIDs)."""
-    spec = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-    if not spec:
-        return []
-    try:
-        return [int(x) for x in spec.split(",") if x.strip()]
-    except ValueError:
-        return []
+    """NVML indices of the GPUs this process sees (CUDA_VISIBLE_DEVICES as integers; [] when it is unset or names
+    UUIDs)."""
+    return gpu_indices(visible_devices()) or []
+
+
+def own_logs() -> str:
+    """This Ray worker's stdout and stderr logs (vLLM's logger prints to the first, its errors go to the second)."""
+    return own_stderr_tail(stream="out") + "\n" + own_stderr_tail()
 
 
 def check_free_memory(name: str, utilization: float, gpus: list[int] | None = None) -> None:
@@ -138,4 +139,4 @@ def check_free_memory(name: str, utilization: float, gpus: list[int] | None = No
         pynvml.nvmlShutdown()
 
 
-__all__ = ["EngineStartError", "check_free_memory", "explain", "own_stderr_tail", "require_cuda_and_vllm"]
+__all__ = ["EngineStartError", "check_free_memory", "explain", "own_logs", "own_stderr_tail", "require_cuda_and_vllm"]
