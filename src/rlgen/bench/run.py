@@ -68,9 +68,11 @@ def _load_weights_cpu(model_path: str) -> dict[str, Any]:
 
 
 def with_engines_per_gpu(cfg: RunConfig) -> RunConfig:
-    """cfg with bench.engines_per_gpu resolved when null: 2 for rlgen's vLLM engine at TP 1 up to
-    SHARED_GPU_MAX_PARAMS parameters (an engine core's CPU work sets the decode pace there), else 1."""
+    """cfg with bench.engines_per_gpu resolved when null: 2 for an engine kind that splits its GPU's memory
+    (vLLM) at TP 1 up to SHARED_GPU_MAX_PARAMS parameters (an engine core's CPU work sets the decode pace
+    there), else 1."""
     from rlgen.config import set_key
+    from rlgen.engines.registry import engine_spec
     from rlgen.plan.build import count_params
     from rlgen.plan.model_folder import with_model_folder
     from rlgen.plan.slots import SHARED_GPU_MAX_PARAMS
@@ -79,8 +81,8 @@ def with_engines_per_gpu(cfg: RunConfig) -> RunConfig:
         return cfg
     e = cfg.engine
     small = count_params(with_model_folder(cfg).model)[0] <= SHARED_GPU_MAX_PARAMS
-    return set_key(cfg, "bench.engines_per_gpu", 2 if e.kind == "vllm" and e.tensor_parallel_size == 1 and small
-                   else 1)
+    shares = engine_spec(e.kind).memory_share and e.tensor_parallel_size == 1
+    return set_key(cfg, "bench.engines_per_gpu", 2 if shares and small else 1)
 
 
 def _check(cfg: RunConfig) -> None:
