@@ -229,3 +229,41 @@ def test_session_members_lists_a_new_session(spawn):
     assert proc.stdout.readline().strip() == "up"
     assert session_members(proc.pid) == [proc.pid]
     assert os.getpid() not in session_members(os.getsid(0))
+
+
+# -- clusters kept warm for the next run (runtime.warm) ---------------------------------------------------------
+def _kept(session: Path, head: subprocess.Popen, until: float) -> None:
+    write_marker(session, {}, head_pid=head.pid, kept={"until": until, "key": "k", "address": "a"})
+
+
+def test_a_kept_cluster_is_left_alone_until_asked_to_stop(tmp_path, spawn):
+    root = tmp_path / "ray"
+    session = _session(root)
+    head = _sleeper(spawn)
+    _kept(session, head, time.time() + 60)
+    assert [s for s, _ in leftovers.kept_sessions(root)] == [session]
+    assert clean_leftovers(root) == []  # no driver, but kept: a run with the same settings may take it over
+    assert head.poll() is None
+    assert clean_leftovers(root, kept_too=True) == [session]  # a run that does not take it over stops it
+    assert _gone(head) and leftovers.kept_sessions(root) == []
+
+
+def test_a_kept_cluster_past_its_time_or_without_its_head_is_a_leftover(tmp_path, spawn):
+    root = tmp_path / "ray"
+    late, headless = _session(root), _session(root, "session_2026-01-01_00-00-00_000002_2")
+    head = _sleeper(spawn)
+    _kept(late, head, time.time() - 1)
+    dead_head = spawn([sys.executable, "-c", "pass"])
+    dead_head.wait(timeout=10)
+    _kept(headless, dead_head, time.time() + 60)
+    assert leftovers.kept_sessions(root) == []
+    assert sorted(clean_leftovers(root)) == sorted([late, headless])
+    assert _gone(head)
+
+
+def test_kept_for_reads_only_whole_markers():
+    head = identity()
+    assert leftovers.kept_for({"head": head, "kept": {"until": time.time() + 5}}) is not None
+    assert leftovers.kept_for({"head": head, "kept": {"until": "soon"}}) is None
+    assert leftovers.kept_for({"head": head}) is None
+    assert leftovers.kept_for(None) is None

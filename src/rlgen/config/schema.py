@@ -136,6 +136,9 @@ class EngineConfig:
     enable_sleep_mode: bool = False
     seed: int = 0
     max_restarts: int = 3  # an engine actor that dies is re-created this many times; once more stops the run
+    # a run on a local cluster that ends well keeps its engines this long (asleep where they sleep) for the next
+    # run with the same engine settings, which starts from them; 0 stops them with the run
+    keep_warm_s: float = 0.0
     env: dict[str, str] = field(default_factory=dict)
     # engine=remote: the server's address, its bearer token (or RLGEN_SERVE_TOKEN), and the weight path
     url: str | None = None

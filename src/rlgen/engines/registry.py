@@ -48,6 +48,7 @@ class EngineSpec:
     reference: bool = False  # the engine `rlgen validate` compares every other engine with
     adapters: bool = False  # holds the base model and takes LoRA adapters: each policy version (learner.lora.sync=
     #                         adapter) and, under `rlgen serve`, named ones
+    keeps_warm: bool = False  # park()/rejoin(): its engines can outlive a run for the next one (engine.keep_warm_s)
     adapter_room: bool = False  # sets room for adapters aside at start, up to engine.max_lora_rank: a server takes
     #                             adapters only when that is set
     # The weight path to it: (colocated with the learners, the config) -> Transport.

@@ -129,6 +129,8 @@ def _check_engine(cfg: RunConfig, p: list[str]) -> None:
         p.append(f"engine.dtype={e.dtype} is not one of {', '.join(ENGINE_DTYPES)}.")
     if e.max_restarts < 0:
         p.append(f"engine.max_restarts={e.max_restarts} must be >= 0 (0: a dead engine stops the run).")
+    if not e.keep_warm_s >= 0:
+        p.append(f"engine.keep_warm_s={e.keep_warm_s} must be >= 0 (0: engines stop with the run).")
 
 
 def _check_model(cfg: RunConfig, p: list[str]) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 from rlgen.config import RunConfig, Transport
 from rlgen.plan import Plan
 from rlgen.plan.environment import cluster_address as ray_address
+from rlgen.runtime import warm
 from rlgen.runtime.errors import RunError
 from rlgen.runtime.localray import SHUTDOWN_S, bounded, local_cluster, ray_shutdown, start_local, stop_local
 
@@ -22,10 +23,11 @@ log = logging.getLogger(__name__)
 QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def start_ray(cfg: RunConfig, plan: Plan, placement: Any, stop: Any = None) -> bool:
+def start_ray(cfg: RunConfig, plan: Plan, placement: Any, stop: Any = None, keep_warm: bool = False) -> bool:
     """Join the cluster at ray.address (or RAY_ADDRESS), or start a fresh local one sized for the plan (after
-    stopping what runs that died left of theirs). True if this process connected (and so disconnects at the
-    end). A stop requested while the local cluster starts raises StopRequested."""
+    stopping what runs that died left of theirs, and clusters kept warm for other settings). keep_warm: take over
+    a local cluster kept warm for these settings (runtime.warm) where there is one. True if this process connected
+    (and so disconnects at the end). A stop requested while the local cluster starts raises StopRequested."""
     import ray
 
     if ray.is_initialized():
@@ -35,7 +37,9 @@ def start_ray(cfg: RunConfig, plan: Plan, placement: Any, stop: Any = None) -> b
         need_cpus = sum(sum(b.get("CPU", 0) for b in g) for g in placement.groups)
         init = {"num_cpus": int(max(os.cpu_count() or 1, need_cpus + 1)),
                 "object_store_memory": 512 * 2**20 if plan.device == "cpu" else None}
-        start_local({k: v for k, v in init.items() if v is not None}, cfg.startup_timeout_s, stop)
+        init = {k: v for k, v in init.items() if v is not None}
+        key = warm.cluster_key(init, [list(g) for g in placement.groups]) if keep_warm else ""
+        start_local(init, cfg.startup_timeout_s, stop, key=key)
         return True
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=True)
@@ -45,16 +49,28 @@ def start_ray(cfg: RunConfig, plan: Plan, placement: Any, stop: Any = None) -> b
     return True
 
 
-def connect(cfg: RunConfig, plan: Plan, placement: Any, stop: Any, waiter: Any) -> tuple[bool, list[str], list[Any]]:
+def connect(cfg: RunConfig, plan: Plan, placement: Any, stop: Any, waiter: Any,
+            keep_warm: bool = False) -> tuple[bool, list[str], list[Any]]:
     """Join or start the cluster, give each plan node its own Ray node, and reserve the bundles there. Returns
-    (whether this process connected, the Ray node of each plan node, the placement groups)."""
+    (whether this process connected, the Ray node of each plan node, the placement groups). keep_warm: a local
+    cluster whose engines may be kept warm (runtime.warm): its placement groups are detached and named by the
+    cluster's key, and those of a cluster taken over are used again."""
     from rlgen.runtime.cluster import assign_nodes, cluster_nodes
 
-    started = start_ray(cfg, plan, placement, stop)
+    started = start_ray(cfg, plan, placement, stop, keep_warm)
     stop.rearm()  # ray.init takes SIGTERM for itself; take it back
     node_ids = assign_nodes(placement, cluster_nodes(), ray_address(cfg) or "this machine")
-    pgs = reserve(placement, node_ids, cfg.startup_timeout_s, lambda refs, what, t: waiter.get(refs, what, t))
+    cluster = local_cluster() if started else None
+    key = cluster.key if cluster is not None else ""
+    pgs = reserve(placement, node_ids, cfg.startup_timeout_s, lambda refs, what, t: waiter.get(refs, what, t),
+                  key=key, again=bool(cluster and cluster.taken_over))
     return started, node_ids, pgs
+
+
+def warm_cluster() -> Any:
+    """The local cluster of this process when its engines may be kept warm (it has a key), else None."""
+    cluster = local_cluster()
+    return cluster if cluster is not None and cluster.key else None
 
 
 def ray_session_dir() -> str | None:
@@ -66,18 +82,24 @@ def ray_session_dir() -> str | None:
         return None
 
 
-def reserve(placement: Any, node_ids: list[str], timeout_s: float, wait: Callable[[list[Any], str, float], Any]
-            ) -> list[Any]:
-    """One STRICT_PACK placement group per plan node, pinned to its Ray node, ready within timeout_s."""
+def reserve(placement: Any, node_ids: list[str], timeout_s: float, wait: Callable[[list[Any], str, float], Any],
+            key: str = "", again: bool = False) -> list[Any]:
+    """One STRICT_PACK placement group per plan node, pinned to its Ray node, ready within timeout_s. key: the
+    groups are detached and named by it (runtime.warm); again: those of that name are used where they exist."""
     import ray
-    from ray.util.placement_group import placement_group
+    from ray.util.placement_group import get_placement_group, placement_group
 
     from rlgen.runtime.cluster import NODE_ID_LABEL
 
-    pgs = [
-        placement_group(list(bundles), strategy="STRICT_PACK", bundle_label_selector=[{NODE_ID_LABEL: node}] * len(bundles))
-        for bundles, node in zip(placement.groups, node_ids)
-    ]
+    def group(i: int, bundles: Any, node: str) -> Any:
+        named = {"name": warm.group_name(key, i), "lifetime": "detached"} if key else {}
+        if key and again:
+            with contextlib.suppress(ValueError):
+                return get_placement_group(named["name"])
+        return placement_group(list(bundles), strategy="STRICT_PACK",
+                               bundle_label_selector=[{NODE_ID_LABEL: node}] * len(bundles), **named)
+
+    pgs = [group(i, bundles, node) for i, (bundles, node) in enumerate(zip(placement.groups, node_ids))]
     try:
         wait([pg.ready() for pg in pgs], "reserving the plan's resources", timeout_s)
     except RunError as err:
@@ -148,6 +170,8 @@ class ActorFactory:
     engine_kwargs: dict[str, Any]
     learner_cls: type
     learner_kwargs: dict[str, Any]
+    warm: bool = False  # engines are detached and named by their settings, to be kept warm (runtime.warm)
+    kept: set[int] = dataclasses.field(default_factory=set)  # engines an earlier run kept warm, taken over (set-up)
 
     @property
     def device(self) -> str:
@@ -171,26 +195,39 @@ class ActorFactory:
     def learner_node(self, rank: int) -> str:
         return self.node_ids[self.placement.learners[rank].group]
 
-    def engine(self, index: int, model_path: PathByNode, version: int) -> Any:
-        """Engine ``index`` in its bundle; model_path: one path, or the path on each node."""
-        import ray
-
+    def _engine_call(self, index: int, model_path: PathByNode) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Engine ``index``'s constructor arguments and actor options (its name among them, where warm)."""
         slot, ap = self.plan.engines[index], self.placement.engines[index]
         env = dict(self.plan.engine_env)  # empty for kinds that take no engine.env
         # this engine's part of its GPU's memory (engines on one GPU split the engines' share)
         engine_cfg = dataclasses.replace(self.cfg.engine, gpu_memory_utilization=slot.memory_share)
-        return (
-            ray.remote(self.engine_cls)
-            .options(
-                num_cpus=ap.num_cpus,
-                num_gpus=ap.num_gpus,
-                scheduling_strategy=self.strategy(ap),
-                max_concurrency=4 if self.threaded_engines else 1,
-                runtime_env={"env_vars": actor_env(self.cfg, env)},
-            )
-            .remote(_at(model_path, self.engine_node(index)), engine_cfg, device=self.device,
-                    seed=self.cfg.seed + slot.index, name=f"engine{slot.index}", version=version, **self.engine_kwargs)
+        args = dict(model_path=_at(model_path, self.engine_node(index)), engine=engine_cfg, device=self.device,
+                    seed=self.cfg.seed + slot.index, name=f"engine{slot.index}", **self.engine_kwargs)
+        options: dict[str, Any] = dict(
+            num_cpus=ap.num_cpus, num_gpus=ap.num_gpus, scheduling_strategy=self.strategy(ap),
+            max_concurrency=4 if self.threaded_engines else 1,
+            runtime_env={"env_vars": actor_env(self.cfg, env)},
         )
+        if self.warm:
+            settings = {**args, "options": {k: v for k, v in options.items() if k != "scheduling_strategy"},
+                        "bundle": (ap.group, ap.bundle)}
+            options.update(warm.detached_options(warm.engine_name(args["name"], warm.engine_key(self.engine_cls,
+                                                                                                settings))))
+        return args, options
+
+    def warm_names(self, model_path: PathByNode) -> list[str]:
+        """The name of every engine, where warm."""
+        return [self._engine_call(i, model_path)[1]["name"] for i in range(len(self.plan.engines))] if self.warm else []
+
+    def engine(self, index: int, model_path: PathByNode, version: int) -> Any:
+        """Engine ``index`` in its bundle; model_path: one path, or the path on each node. In a cluster whose
+        engines may be kept warm (``self.warm``) the engine is detached and named by its settings."""
+        import ray
+
+        args, options = self._engine_call(index, model_path)
+        if self.warm:
+            warm.free_name(options["name"])  # an engine re-created in a run: its predecessor's name
+        return ray.remote(self.engine_cls).options(**options).remote(version=version, **args)
 
     def learners(self, model_path: PathByNode, rendezvous: tuple[str, int] | None,
                  **extra: PathByNode | None) -> list[Any]:

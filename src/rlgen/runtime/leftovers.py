@@ -184,11 +184,15 @@ def stop_processes(pids: Iterable[int], term_wait_s: float = TERM_WAIT_S, kill_w
 
 
 # -- markers --------------------------------------------------------------------------------------------------
-def write_marker(session_dir: str | Path, driver: dict[str, Any], head_pid: int | None = None) -> Path:
+def write_marker(session_dir: str | Path, driver: dict[str, Any], head_pid: int | None = None,
+                 kept: dict[str, Any] | None = None) -> Path:
     """Mark the session as one whose cluster rlgen started for ``driver`` (identity() of the driver), with
-    ``head_pid``, the process that holds the cluster. Written whole or not at all."""
+    ``head_pid``, the process that holds the cluster, and ``kept`` while its engines are kept warm for the next
+    run ({"until": time, "key": the cluster's key, "address": its GCS address}). Written whole or not at all."""
     path = Path(session_dir) / MARKER
     data = {"driver": driver, "head": identity(head_pid) if head_pid else None, "written": time.time()}
+    if kept:
+        data["kept"] = kept
     tmp = path.with_name(f".{MARKER}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data) + "\n")
     os.replace(tmp, path)
@@ -208,30 +212,52 @@ def remove_marker(session_dir: str | Path) -> None:
         (Path(session_dir) / MARKER).unlink()
 
 
-def orphaned_sessions(root: str | Path | None = None) -> list[tuple[Path, dict[str, Any]]]:
-    """Session directories under root (Ray's temp root by default) with a marker whose driver is gone."""
+def kept_for(data: dict[str, Any] | None, now: float | None = None) -> dict[str, Any] | None:
+    """The marker's ``kept`` part while its cluster is kept warm: before its end, with its head running."""
+    kept = (data or {}).get("kept")
+    if not isinstance(kept, dict) or not isinstance(kept.get("until"), (int, float)):
+        return None
+    now = time.time() if now is None else now
+    return kept if kept["until"] > now and same_process(data.get("head")) else None
+
+
+def _sessions(root: str | Path | None) -> list[Path]:
     root = Path(root) if root is not None else ray_temp_root()
     try:
         markers = sorted(root.glob(f"session_*/{MARKER}"))
     except OSError:
         return []
+    return [m.parent for m in markers if not m.parent.is_symlink()]  # session_latest: its session is listed too
+
+
+def kept_sessions(root: str | Path | None = None) -> list[tuple[Path, dict[str, Any]]]:
+    """Session directories under root whose cluster is kept warm, with their markers."""
     out = []
-    for path in markers:
-        session = path.parent
-        if session.is_symlink():  # session_latest: the session it points to is listed too
-            continue
+    for session in _sessions(root):
         data = read_marker(session)
-        if data is not None and not same_process(data.get("driver")):
+        if data is not None and kept_for(data) is not None:
             out.append((session, data))
     return out
 
 
-def clean_leftovers(root: str | Path | None = None) -> list[Path]:
+def orphaned_sessions(root: str | Path | None = None, kept_too: bool = False) -> list[tuple[Path, dict[str, Any]]]:
+    """Session directories under root (Ray's temp root by default) with a marker whose driver is gone; a cluster
+    kept warm for the next run only with kept_too."""
+    out = []
+    for session in _sessions(root):
+        data = read_marker(session)
+        if data is not None and not same_process(data.get("driver")) and (kept_too or kept_for(data) is None):
+            out.append((session, data))
+    return out
+
+
+def clean_leftovers(root: str | Path | None = None, kept_too: bool = False) -> list[Path]:
     """Stop the processes that runs whose driver died left of their Ray clusters under root (Ray's temp root by
-    default), remove their markers, and log one line saying what was stopped. Returns the sessions cleaned."""
+    default), with kept_too also the clusters kept warm for the next run, remove their markers, and log one line
+    saying what was stopped. Returns the sessions cleaned."""
     if not supported():
         return []
-    dead = orphaned_sessions(root)
+    dead = orphaned_sessions(root, kept_too)
     if not dead:
         return []
     found = session_processes(str(d) for d, _ in dead)
@@ -251,8 +277,10 @@ def clean_leftovers(root: str | Path | None = None) -> list[Path]:
     if every:
         names = ", ".join(s.name for s, mine in pids.items() if mine)
         left = f"; {len(stubborn)} would not stop (pids {sorted(stubborn)})" if stubborn else ""
-        log.warning("stopped %d Ray process(es) that an earlier run left behind when its driver died (%s)%s",
-                    len(every - stubborn), names, left)
+        kept = sum(1 for _, data in dead if kept_for(data) is not None)
+        why = (f"{kept} of them kept warm for a run with other settings" if kept else "")
+        log.warning("stopped %d Ray process(es) that earlier runs left behind (%s)%s%s", len(every - stubborn), names,
+                    f"; {why}" if why else "", left)
     return cleaned
 
 
@@ -260,6 +288,8 @@ __all__ = [
     "MARKER",
     "clean_leftovers",
     "identity",
+    "kept_for",
+    "kept_sessions",
     "orphaned_sessions",
     "ray_temp_root",
     "read_marker",

@@ -2,7 +2,11 @@
 children in this process's group, so a signal to the group (a scheduler's or timeout's SIGTERM) would kill the
 learner before the stop's checkpoint. Instead a head process in a new session starts the cluster (with
 ray.init, so Ray's defaults hold), marks its session directory with this driver (runtime.leftovers), and takes
-the cluster down on SIGTERM; this process joins it and owns it: ``stop_local`` takes it down, every wait bounded."""
+the cluster down on SIGTERM; this process joins it and owns it: ``stop_local`` takes it down, every wait bounded.
+
+A run whose engines are kept warm (runtime.warm) leaves instead (``keep_local``): the head holds the cluster until
+the time its marker names, then takes it down itself; a later run with the same cluster key takes it over
+(``start_local(key=...)``)."""
 
 from __future__ import annotations
 
@@ -35,13 +39,40 @@ _HEAD_CODE = "import sys; from rlgen.runtime.localray import head_main; head_mai
 
 @dataclass
 class LocalCluster:
-    """The local cluster this process started: its head process and where the head said it is."""
+    """The local cluster this process started (or took over from a run that kept it warm): its head process and
+    where the head said it is."""
 
-    head: subprocess.Popen
+    head: Any  # subprocess.Popen, or a _Head for a head another process started
     scratch: str  # the head's output until it answers, and the file it answers in
     address: str = ""
     session_dir: str = ""
     forget: Callable[[], None] = lambda: None  # takes back the hard-exit hook
+    key: str = ""  # the cluster key (runtime.warm) when its engines may be kept warm at the end
+    taken_over: bool = False  # a cluster an earlier run kept warm: its engines and placement groups are there
+
+
+class _Head:
+    """A head process this process did not start (it took the cluster over), with the calls stop_local makes."""
+
+    def __init__(self, ident: dict[str, Any]):
+        self.ident, self.pid = ident, int(ident["pid"])
+
+    def poll(self) -> int | None:
+        from rlgen.runtime.leftovers import same_process
+
+        return None if same_process(self.ident) else 0
+
+    def terminate(self) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signal.SIGTERM)
+
+    def wait(self, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+            time.sleep(0.05)
+        return 0
 
 
 _local: LocalCluster | None = None
@@ -76,46 +107,157 @@ def head_main(argv: list[str]) -> None:
     tmp = answer.with_name(answer.name + ".tmp")
     tmp.write_text(json.dumps({"address": ray.get_runtime_context().gcs_address, "session_dir": session_dir}))
     os.replace(tmp, answer)
-    while not done.wait(1.0):
+    while not done.wait(1.0) and not _keep_ended(session_dir):
         pass
     ray.shutdown()
+    _stop_session(session_dir)
 
 
-def start_local(init: dict[str, Any], timeout_s: float, stop: Any) -> None:
-    """Start a local cluster in a session of its own and join it (see above)."""
-    global _local, _atexit_armed
+def _keep_ended(session_dir: str) -> bool:
+    """Whether the time a run kept this cluster warm for has passed (its marker says until when)."""
+    from rlgen.runtime.leftovers import read_marker
+
+    kept = (read_marker(session_dir) or {}).get("kept")
+    return isinstance(kept, dict) and time.time() >= float(kept.get("until", 0))
+
+
+def _stop_session(session_dir: str) -> None:
+    """The head, on its way out: stop what is left in its session (the kept engines' own processes) and remove
+    the marker, so nothing of the cluster outlives it."""
+    from rlgen.runtime.leftovers import remove_marker, session_members, stop_processes
+
+    left = session_members(os.getpid())
+    if left:
+        stop_processes(left)
+    remove_marker(session_dir)
+
+
+def start_local(init: dict[str, Any], timeout_s: float, stop: Any, key: str = "") -> None:
+    """Start a local cluster in a session of its own and join it (see above). With key (runtime.warm's cluster
+    key), a cluster an earlier run kept warm under that key is taken over instead. Every other kept cluster is
+    stopped first: its engines hold memory this run needs."""
+    global _local
     import ray
 
     from rlgen.runtime.leftovers import clean_leftovers, identity
 
     stop_local()  # one started before and never released
+    _token_auth_as_ray_init()
+    if key and _take_over(key):
+        return
     try:
-        clean_leftovers()
+        clean_leftovers(kept_too=True)
     except Exception as err:  # noqa: BLE001 - tidying up after others must not stop this run
         log.warning("could not check for Ray processes that earlier runs left behind: %s", err)
-    _token_auth_as_ray_init()
     scratch = tempfile.mkdtemp(prefix="rlgen-ray-")
     answer = Path(scratch) / "head.json"
     with open(Path(scratch) / "head.log", "wb") as out:
         head = subprocess.Popen([sys.executable, "-c", _HEAD_CODE, json.dumps(init), str(answer), json.dumps(identity())],
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    cluster = _local = LocalCluster(head, scratch)
-    cluster.forget = at_hard_exit(lambda: _kill_now(cluster))
-    if not _atexit_armed:  # a process that ends without release() still takes its cluster down
-        atexit.register(stop_local)
-        _atexit_armed = True
+    cluster = _local = LocalCluster(head, scratch, key=key)
+    _own(cluster)
     try:
         info = _await_head(cluster, answer, timeout_s, stop)
         cluster.address, cluster.session_dir = info["address"], info["session_dir"]
         shutil.rmtree(scratch, ignore_errors=True)  # the head writes into the session's logs now
         with _quiet_connect():
-            ray.init(address=cluster.address, log_to_driver=True)
+            ray.init(address=cluster.address, log_to_driver=True, **_namespace(cluster))
     except BaseException as err:
         stop_local()
         if isinstance(err, (ConnectionError, RuntimeError)) and not isinstance(err, RunError):
             raise RunError(f"could not join the local Ray cluster this run started ({err}).") from err
         raise
     log.info("started a local Ray cluster in a session of its own: %s (head pid %d)", cluster.session_dir, head.pid)
+
+
+def _own(cluster: LocalCluster) -> None:
+    """This process takes the cluster down if it ends without release(), or on a second signal."""
+    global _atexit_armed
+    cluster.forget = at_hard_exit(lambda: _kill_now(cluster))
+    if not _atexit_armed:
+        atexit.register(stop_local)
+        _atexit_armed = True
+
+
+def _take_over(key: str) -> bool:
+    """Join the cluster an earlier run kept warm under key, if there is one with time left, and own it (its
+    marker names this driver, without ``kept``, so neither its head nor another run ends it meanwhile). False
+    when there is none or it cannot be joined (then it is stopped with the other leftovers)."""
+    global _local
+    import ray
+
+    from rlgen.runtime.leftovers import identity, kept_sessions, read_marker, write_marker
+
+    for session, data in kept_sessions():
+        kept = data["kept"]
+        if kept.get("key") != key or float(kept["until"]) < time.time() + _claim_margin():
+            continue
+        with _claim_lock(session):
+            data = read_marker(session) or {}
+            if (data.get("kept") or {}).get("key") != key:
+                continue  # another run took it meanwhile
+            write_marker(session, identity(), head_pid=data["head"]["pid"])
+        cluster = _local = LocalCluster(_Head(data["head"]), tempfile.mkdtemp(prefix="rlgen-ray-"), kept["address"],
+                                        str(session), key=key, taken_over=True)
+        _own(cluster)
+        try:
+            with _quiet_connect():
+                ray.init(address=cluster.address, log_to_driver=True, **_namespace(cluster))
+        except Exception as err:  # noqa: BLE001 - a cluster that cannot be joined is stopped and a new one started
+            log.warning("could not join the Ray cluster an earlier run kept warm (%s); starting a new one", err)
+            stop_local()
+            return False
+        log.info("took over the Ray cluster an earlier run kept warm: %s", session)
+        return True
+    return False
+
+
+def _namespace(cluster: LocalCluster) -> dict[str, str]:
+    """Where a cluster whose engines may be kept warm names them and its placement groups, for the next driver."""
+    from rlgen.runtime.warm import NAMESPACE
+
+    return {"namespace": NAMESPACE} if cluster.key else {}
+
+
+def _claim_margin() -> float:
+    from rlgen.runtime.warm import CLAIM_MARGIN_S
+
+    return CLAIM_MARGIN_S
+
+
+@contextlib.contextmanager
+def _claim_lock(session: Path) -> Iterator[None]:
+    """One run at a time takes a kept cluster over."""
+    import fcntl
+
+    with open(session / "rlgen_claim.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def keep_local(until: float) -> bool:
+    """Leave the local cluster running for a later run to take over (runtime.warm): mark it kept until that time
+    (its head then takes it down), disconnect, and stop owning it. False (nothing changed) where this process
+    owns no local cluster with a key."""
+    global _local
+    from rlgen.runtime.leftovers import read_marker, write_marker
+
+    cluster = _local
+    if cluster is None or not cluster.key or not cluster.session_dir or cluster.head.poll() is not None:
+        return False
+    data = read_marker(cluster.session_dir) or {}
+    head = data.get("head") or {"pid": cluster.head.pid}
+    # no driver: the next run that starts a local cluster stops it unless it takes it over
+    write_marker(cluster.session_dir, {}, head_pid=head["pid"],
+                 kept={"until": float(until), "key": cluster.key, "address": cluster.address})
+    _local = None
+    cluster.forget()
+    bounded(ray_shutdown, SHUTDOWN_S, "ray.shutdown()")
+    shutil.rmtree(cluster.scratch, ignore_errors=True)
+    return True
 
 
 def _await_head(cluster: LocalCluster, answer: Path, timeout_s: float, stop: Any) -> dict[str, str]:

@@ -72,11 +72,13 @@ def _locked_run(plan: Plan, out_dir: Path, console: Console, stop: StopFlag, res
     stop.on_second = lambda signum: status.update_before_exit(state="stopped",
                                                                 reason=f"killed by a second {stop.name}")
     run: Run | None = None
+    finished = False
     try:
         run = set_up(plan, out_dir, resume=resume, stop=stop, console=console, status=status, hooks=hooks)
         status.update(state="running")
         summary = _train_and_report(run)
         status.update(state="finished", step=plan.config.steps, checkpoint=summary["checkpoint_path"], reason=None)
+        finished = True
         return summary
     except BaseException as err:
         ended = _ended(err, out_dir, status, stop, run.state.step if run else (resume.step if resume else 0),
@@ -86,7 +88,7 @@ def _locked_run(plan: Plan, out_dir: Path, console: Console, stop: StopFlag, res
         raise ended from None
     finally:
         if run is not None:
-            tear_down(run)
+            tear_down(run, keep=finished and not stop.requested)
         detach()
 
 

@@ -10,10 +10,14 @@
 4. the weight transport, which sends the starting weights once (its warm-up, kept out of step 0);
 5. the engine keeper (restarts), the rollouts (the engines' side of the loop) and the run state.
 
+With engine.keep_warm_s, a local cluster and its engines outlive a run that ends well (``tear_down(keep=True)``),
+and the next run with the same settings takes them over in steps 2 and 3 (runtime.warm).
+
 Everything comes from the plan; nothing here decides what the plan already decided."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -28,6 +32,7 @@ from rich.markup import escape
 from rlgen.config import RunConfig
 from rlgen.plan import Plan
 from rlgen.plan.placement import plan_bundles
+from rlgen.runtime import warm
 from rlgen.runtime.actors import (
     QUIET_ENV,
     ActorFactory,
@@ -37,11 +42,13 @@ from rlgen.runtime.actors import (
     learner_class,
     ray_session_dir,
     release,
+    warm_cluster,
 )
 from rlgen.runtime.beside import Beside
 from rlgen.runtime.errors import RunError
 from rlgen.runtime.faults import EngineKeeper, EngineLost
 from rlgen.runtime.files import place_run_folders
+from rlgen.runtime.localray import keep_local
 from rlgen.runtime.monitor import CircuitBreaker
 from rlgen.runtime.resume import ResumePoint
 from rlgen.runtime.startup import StartupClock
@@ -134,11 +141,13 @@ def set_up(plan: Plan, out_dir: Path, *, resume: ResumePoint | None = None, stop
         for var, val in QUIET_ENV.items():  # before transformers loads in this process (actors get them too)
             os.environ.setdefault(var, val)
         _engines_ahead(run)
+        algo = Beside(_algorithm, run)  # imports torch: seconds on a GPU host, beside the cluster's start
         model = Beside(_model, run, done=clock.begin("model folder"))
         task = Beside(_task, run, model, done=clock.begin("tokenizer and task"))
         with clock.phase("Ray cluster"):
             _cluster(run)
         model.result(run.stop)
+        algo.result(run.stop, "importing the algorithm")
         _place_folders(run)
         loop_inputs: list[Any] = []  # the task, its prompt renderer and stop ids, once the actors are asked for
         with clock.phase("engines and learners"):
@@ -166,16 +175,20 @@ def _engines_ahead(run: Run) -> None:
 
 def _model(run: Run) -> None:
     """The folders the actors load: the starting model (built and cached, or a checkpoint's)."""
-    from rlgen.algo.registry import algorithm
     from rlgen.models import prepare_model
 
     cfg = run.cfg
-    run.algorithm = algorithm(cfg.algo.kind)
     run.initial_model_path = prepare_model(cfg, device=run.plan.device)
     # Actors start from the checkpoint's policy when resuming; the frozen reference stays the initial model.
     # With LoRA the checkpoint's model folder is an adapter: actors start from the base and the adapter comes after.
     lora = cfg.learner.lora.enabled
     run.start_model_path = str(run.resume.checkpoint / "model") if run.resume and not lora else run.initial_model_path
+
+
+def _algorithm(run: Run) -> None:
+    from rlgen.algo.registry import algorithm
+
+    run.algorithm = algorithm(run.cfg.algo.kind)
 
 
 def _task(run: Run, model: Beside) -> tuple[Any, Any, list[int]]:
@@ -205,7 +218,8 @@ def _task(run: Run, model: Beside) -> tuple[Any, Any, list[int]]:
 
 def _cluster(run: Run) -> None:
     run.placement = plan_bundles(run.plan)
-    run.started_ray, run.node_ids, run.pgs = connect(run.cfg, run.plan, run.placement, run.stop, run.waiter)
+    keep = run.plan.engine.keeps_warm and run.cfg.engine.keep_warm_s > 0
+    run.started_ray, run.node_ids, run.pgs = connect(run.cfg, run.plan, run.placement, run.stop, run.waiter, keep)
 
 
 def _place_folders(run: Run) -> None:
@@ -221,7 +235,8 @@ def _actors(run: Run, hooks: Hooks, before_wait: Callable[[], None] = lambda: No
     engine_cls, engine_kwargs = (hooks.engine_cls, dict(hooks.engine_kwargs)) if hooks.engine_cls else engine_class(plan)
     learner_cls, learner_kwargs = (hooks.learner_cls, {}) if hooks.learner_cls else learner_class(plan)
     run.factory = ActorFactory(cfg, plan, run.placement, run.pgs, run.node_ids, engine_cls, engine_kwargs,
-                               learner_cls, {**learner_kwargs, "algorithm": run.algorithm})
+                               learner_cls, {**learner_kwargs, "algorithm": run.algorithm},
+                               warm=warm_cluster() is not None)
     run.engine_names = [f"engine{s.index}" for s in plan.engines]
     rendezvous = None
     if len(run.placement.learners) > 1:
@@ -251,19 +266,42 @@ def _start_engines(run: Run, asked: dict[str, float],
     only to measure their KV cache: rlgen.engines.vllm.kvcache). Returns the engines and every actor's health
     report; one wait covers engines and learners, so one that fails at start is reported at the latest then."""
     run.start_version = run.state.version
-    engines: list[Any] = []
+    engines = _kept_engines(run, asked)
     for i in range(len(run.plan.engines)):
-        asked[run.engine_names[i]] = time.time()
-        engines.append(run.factory.engine(i, run.folders.engine_paths, run.state.version))
+        if engines[i] is None:
+            asked[run.engine_names[i]] = time.time()
+            engines[i] = run.factory.engine(i, run.folders.engine_paths, run.state.version)
+    rejoined = {i: engines[i].rejoin.remote(run.state.version) for i in run.factory.kept}  # wake while the task loads
     before_wait()
     names = list(run.engine_names) + [f"learner{r}" for r in range(len(run.learners))]
-    health = run.waiter.get([e.health.remote() for e in engines] + [a.health.remote() for a in run.learners],
+    health = run.waiter.get([rejoined[i] if i in rejoined else e.health.remote() for i, e in enumerate(engines)]
+                            + [a.health.remote() for a in run.learners],
                             "actor start-up", run.cfg.startup_timeout_s, names=names,
                             progress=run.clock.waiting(names) if run.clock else None)
     if run.clock:
         for h in health:
             run.clock.actor(h, asked.get(h.get("name"), run.clock.launched))
     return engines, health
+
+
+def _kept_engines(run: Run, asked: dict[str, float]) -> list[Any]:
+    """In a cluster taken over from a run that kept its engines warm (runtime.warm): the kept engines this run
+    would build the same way, by index (None for the others); kept engines of other settings are stopped first,
+    so their memory is free for this run's. A kept engine that does not answer is stopped and started anew."""
+    engines: list[Any] = [None] * len(run.plan.engines)
+    cluster = warm_cluster()
+    if cluster is None or not cluster.taken_over:
+        return engines
+    wanted = run.factory.warm_names(run.folders.engine_paths)
+    dropped = warm.drop_engines(set(wanted))
+    if dropped:
+        log.info("stopped %d kept engine(s) of other settings: %s", len(dropped), ", ".join(dropped))
+    for i, name in enumerate(wanted):
+        asked[run.engine_names[i]] = time.time()
+        engines[i] = warm.answering(warm.find_engine(name))
+        if engines[i] is not None:
+            run.factory.kept.add(i)
+    return engines
 
 
 def _resync_engine(run: Run, index: int, actor: Any, resend: bool) -> None:
@@ -279,6 +317,7 @@ def _transport(run: Run) -> None:
     cfg = run.cfg
     run.transport = make_transport(run.plan, cfg, bucket_mb=cfg.sync.bucket_mb, sleep_level=cfg.sync.sleep_level)
     run.transport.version = run.state.version
+    run.transport.held_weights = bool(run.factory and run.factory.kept)  # kept engines hold an earlier run's
     # ZeRO-3 ranks other than 0 hold only shards: they join every gather while rank 0 sends
     try:
         run.transport.setup(run.learner, run.engines, run.engine_names, gatherers=run.zero3_gatherers)
@@ -301,9 +340,10 @@ def _loop_parts(run: Run, task: Any, renderer: Any, stop_ids: list[int]) -> None
         restore_rollouts(run, run.resume)
 
 
-def tear_down(run: Run) -> None:
+def tear_down(run: Run, keep: bool = False) -> None:
     """Let a checkpoint being written in the background complete (the learners write it), close the rollouts and
-    the transport, and take the actors down (a cluster this process started goes whole)."""
+    the transport, and take the actors down (a cluster this process started goes whole). keep (a run that ended
+    well): where the engines may be kept warm, they and the cluster stay for engine.keep_warm_s instead."""
     from rlgen.runtime.checkpoint import finish_background
 
     try:
@@ -314,7 +354,31 @@ def tear_down(run: Run) -> None:
         run.rollouts.close()
     if run.transport is not None:
         run.transport.close()
+    if keep and run.factory is not None and run.factory.warm and _keep_engines(run):
+        return
     release([*run.engines, *run.learners], run.pgs, run.started_ray)
+
+
+def _keep_engines(run: Run) -> bool:
+    """Park the engines, stop the learners, and leave the cluster to its head until engine.keep_warm_s from now
+    (runtime.warm). False, with nothing kept, where an engine does not park."""
+    import ray
+
+    try:
+        warm.park(run.engines, run.waiter.get)
+    except Exception as err:  # noqa: BLE001 - not keeping them is always safe
+        log.warning("the engines were not kept warm: %s", err)
+        return False
+    for learner in run.learners:  # they end with the driver anyway; now frees their memory before the next run
+        with contextlib.suppress(Exception):
+            ray.kill(learner)
+    if not keep_local(time.time() + run.cfg.engine.keep_warm_s):
+        return False
+    n = len(run.engines)
+    run.console.print(f"kept {n} engine{'s' if n != 1 else ''} warm for {run.cfg.engine.keep_warm_s:.0f} s: the next "
+                      "run with these settings starts from them (engine.keep_warm_s=0 stops them with the run; "
+                      "a run with other settings stops them first)", highlight=False)
+    return True
 
 
 __all__ = ["Hooks", "Run", "set_up", "tear_down"]

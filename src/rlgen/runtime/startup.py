@@ -80,6 +80,8 @@ class StartupClock:
             "steps": {k: round(v, 3) for k, v in (s.get("steps") or {}).items()},
             "parts": {k: round(v, 3) for k, v in (s.get("parts") or {}).items()},
         }
+        if health.get("kept_warm"):  # an engine an earlier run kept warm: how many runs have taken it over
+            self.actors[name]["kept_warm"] = health["kept_warm"]
 
     def first_batch(self) -> None:
         if self.first_rollout_s is None:

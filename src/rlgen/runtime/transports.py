@@ -79,6 +79,7 @@ class _Base:
         self.version = 0  # the last version every engine confirmed; engines start with the learner's weights
         self.slack_s = SLACK_S
         self.broken: str | None = None
+        self.held_weights = False  # engines may hold other weights than the learner's (kept warm by another run)
         self.learner: Any = None
         self.gatherers: list[Any] = []
         self.engines: list[Any] = []
@@ -144,7 +145,7 @@ class ObjectStoreTransport(_Base):
 
     def start(self) -> PushResult | None:
         # a server's engines may hold another run's weights; LoRA engines hold the base until the merged policy comes
-        return self.resend() if self.kind is Transport.http or self.lora else None
+        return self.resend() if self.kind is Transport.http or self.lora or self.held_weights else None
 
     def resend(self) -> PushResult:
         """Every engine to the learner's current weights at the current version (a server's engines may hold

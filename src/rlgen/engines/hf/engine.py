@@ -21,6 +21,7 @@ from rlgen.engines.cancel import CANCELLED, next_event
 from rlgen.engines.hf.adapters import EngineAdapters
 from rlgen.engines.hf.sampling import generate_kwargs, top_logprobs
 from rlgen.engines.hf.stream import Cancelled, StepStreamer
+from rlgen.engines.kept import KeptWarm
 from rlgen.hostinfo import process_info
 from rlgen.phases import ActorClock
 from rlgen.types import Completion, GenRequest, Phase, SamplingParams
@@ -51,7 +52,7 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     return ids, mask
 
 
-class HFEngine:
+class HFEngine(KeptWarm):
     def __init__(
         self,
         model_path: str,
@@ -268,6 +269,9 @@ class HFEngine:
         if self.device != "cpu":
             self.model.to(self.device)
         self.asleep = False
+
+    def _parks_asleep(self) -> bool:
+        return self.device != "cpu"
 
     def health(self) -> dict[str, Any]:
         return {"ok": True, "name": self.name, "version": self.version, "asleep": self.asleep, "start_s": self.start_s,

@@ -46,6 +46,7 @@ ENGINE = EngineSpec(
     memory_share=True,
     default_memory_share=VLLM_DEFAULT_SHARE,
     sleeps=True,
+    keeps_warm=True,
     in_flight_updates=True,
     threaded=True,
     passes_env=True,

@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from rlgen.config import EngineConfig
+from rlgen.engines.kept import KeptWarm
 from rlgen.engines.vllm.adapters import AdapterFolders, AdapterMethods
 from rlgen.engines.vllm.args import REQUIRED_ENV, TUNED_DEFAULTS, build_engine_args, mix_seed
 from rlgen.engines.vllm.common import CALL_TIMEOUT_S, CONTROL_TIMEOUT_S, START_TIMEOUT_S, EngineError
@@ -46,7 +47,7 @@ from rlgen.phases import ActorClock, read_log_times
 from rlgen.types import Completion, GenRequest, Phase
 
 
-class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods):
+class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, KeptWarm):
     """vLLM AsyncLLM engine speaking rlgen's engine protocol (see rlgen.engines.base.Engine).
 
     ``engine_args`` overrides or extends the AsyncEngineArgs built from ``engine`` (for settings EngineConfig
@@ -278,6 +279,19 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods):
     def resume(self) -> None:
         self._loop.run(self.llm.resume_generation(), CONTROL_TIMEOUT_S, f"{self.name}: resume()")
         self.paused = False
+
+    def _tidy(self) -> None:
+        """Between runs (KeptWarm): requests go on, no adapters, no prefixes cached under the old weights."""
+        if self.paused:
+            self.resume()
+        self.lora_request = None
+        self.named_loras.clear()
+        with self._lock:
+            self._version_changes.clear()
+        self._loop.run(self.llm.reset_prefix_cache(), CONTROL_TIMEOUT_S, f"{self.name}: prefix-cache reset")
+
+    def _parks_asleep(self) -> bool:
+        return bool(self.args.get("enable_sleep_mode"))
 
     def health(self) -> dict[str, Any]:
         """Cheap: reads state, does not queue behind generation."""

@@ -1,0 +1,45 @@
+"""park() and rejoin(): an engine that outlives its run, for the next run with the same settings
+(``engine.keep_warm_s``; the runtime side is rlgen.runtime.warm). Imports nothing heavy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlgen.phases import ActorClock
+
+
+class KeptWarm:
+    """For engine classes with name, asleep, version, clock, sleep(), wake() and health(). A kind overrides
+    ``_tidy()`` with what must not pass from one run to the next, and ``_parks_asleep()``."""
+
+    kept_runs = 0  # how many runs took this engine over
+
+    def _tidy(self) -> None:
+        """Drop what belongs to the run that ends (paused requests, adapters, cached prefixes)."""
+
+    def _parks_asleep(self) -> bool:
+        return False
+
+    def park(self, sleep_level: int = 1) -> dict[str, Any]:
+        """The run ends and this engine stays: tidy up, and sleep where that frees memory (level 1 keeps the
+        weights on the CPU, so rejoin() wakes an engine that can generate at once)."""
+        self._tidy()
+        if self._parks_asleep() and not self.asleep:
+            self.sleep(sleep_level)
+        return {"name": self.name, "asleep": self.asleep}
+
+    def rejoin(self, version: int) -> dict[str, Any]:
+        """A new run takes this engine over: wake it, take the run's policy version (the run's first weight push
+        brings its weights), and answer health() with this start's timing."""
+        self.clock = clock = ActorClock()
+        clock.process_start = clock.init_begin  # the process is there already
+        if self.asleep:
+            self.wake()
+        clock.step("wake (kept warm)")
+        self.version = int(version)
+        self.kept_runs += 1
+        clock.done()
+        return {**self.health(), "kept_warm": self.kept_runs}
+
+
+__all__ = ["KeptWarm"]

@@ -1,0 +1,129 @@
+"""Engines kept warm between runs (``engine.keep_warm_s``).
+
+A run on a local cluster that ends well leaves its engines running for keep_warm_s seconds, asleep where the kind
+sleeps (their GPU memory is free then), with the cluster's head process holding the cluster. The next run on this
+host whose cluster and engines would be built the same way joins that cluster and takes the engines over: it
+skips Ray's start, the engines' imports and vLLM's start, and the first weight push gives the engines its own
+starting weights. A run whose engines would differ stops the kept cluster before it starts its own, so kept engines
+never stand in a run's way; so does a run with keep_warm_s=0. Past keep_warm_s the head takes the cluster down.
+
+What is kept is found by its keys: the cluster's (Ray's start arguments and the placement-group bundles) in the
+session's marker (runtime.leftovers), and each engine's (its class and every constructor argument) in the engine
+actor's name. Engines and their placement groups are detached and named in NAMESPACE; learners are not, so they
+end with their run."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import time
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "rlgen_warm"
+PREFIX = "rlgen-warm"
+CLAIM_MARGIN_S = 10.0  # a kept cluster this close to its end is not taken over (its head may be stopping it)
+PARK_TIMEOUT_S = 60.0  # for every engine to tidy up and sleep at the end of a run
+ANSWER_S = 30.0  # for a kept engine to answer its health check when a run takes it over
+NAME_FREE_S = 10.0  # for Ray to free the name of an engine that was killed, before its successor takes it
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha1(json.dumps(obj, sort_keys=True, default=repr).encode()).hexdigest()[:12]
+
+
+def cluster_key(init: dict[str, Any], groups: list[list[dict[str, float]]]) -> str:
+    """What a kept cluster must match to be taken over: Ray's start arguments and the placement-group bundles."""
+    return _digest({"init": init, "groups": groups})
+
+
+def group_name(key: str, index: int) -> str:
+    return f"{PREFIX}-{key}-pg{index}"
+
+
+def engine_key(cls: type, args: dict[str, Any]) -> str:
+    """What a kept engine must match to be taken over: its class and every argument it was built with."""
+    plain = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in args.items()}
+    return _digest({"class": f"{cls.__module__}.{cls.__qualname__}", "args": plain})
+
+
+def engine_name(name: str, key: str) -> str:
+    return f"{PREFIX}-{name}-{key}"
+
+
+def named_engines() -> list[str]:
+    """The names of the detached engines in this cluster."""
+    from ray.util import list_named_actors
+
+    return [a["name"] for a in list_named_actors(all_namespaces=True) if a.get("namespace") == NAMESPACE]
+
+
+def find_engine(name: str) -> Any:
+    """The kept engine actor of that name, or None."""
+    import ray
+
+    try:
+        return ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        return None
+
+
+def drop_engines(keep: set[str]) -> list[str]:
+    """Kill the kept engines not named in keep (another run's settings): their GPU memory goes to this run's."""
+    import ray
+
+    dropped = []
+    for name in named_engines():
+        if name not in keep:
+            actor = find_engine(name)
+            if actor is not None:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor, no_restart=True)
+                dropped.append(name)
+    return dropped
+
+
+def detached_options(name: str) -> dict[str, Any]:
+    return {"name": name, "namespace": NAMESPACE, "lifetime": "detached"}
+
+
+def free_name(name: str, timeout_s: float = NAME_FREE_S) -> None:
+    """Kill the actor holding name (an engine that died and is being re-created) and wait until Ray frees it."""
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while (actor := find_engine(name)) is not None and time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            ray.kill(actor, no_restart=True)
+        time.sleep(0.2)
+
+
+def answering(actor: Any, timeout_s: float = ANSWER_S) -> Any:
+    """The kept engine if it answers its health check in time and is well, else None (it is stopped)."""
+    import ray
+
+    if actor is None:
+        return None
+    try:
+        if ray.get(actor.health.remote(), timeout=timeout_s).get("ok"):
+            return actor
+    except Exception as err:  # noqa: BLE001 - a kept engine that cannot answer is replaced by a new one
+        log.info("a kept engine did not answer (%s); starting a new one", err)
+    with contextlib.suppress(Exception):
+        ray.kill(actor, no_restart=True)
+    return None
+
+
+def park(engines: list[Any], wait: Any) -> list[dict[str, Any]]:
+    """Every engine tidies up for the next run (nothing paused or queued, no adapters, the prefix cache dropped)
+    and sleeps where its kind sleeps (level 1: rejoin() wakes an engine that can generate at once).
+    wait(refs, what, timeout_s) returns their answers."""
+    return wait([e.park.remote(1) for e in engines], "keeping the engines warm", PARK_TIMEOUT_S)
+
+
+__all__ = ["NAMESPACE", "answering", "cluster_key", "detached_options", "drop_engines", "engine_key", "engine_name", "find_engine",
+           "free_name", "group_name", "named_engines", "park"]

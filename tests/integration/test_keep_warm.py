@@ -1,0 +1,98 @@
+"""Engines kept warm between runs (engine.keep_warm_s, rlgen.runtime.warm), on a local Ray cluster on CPU: the next
+run with the same settings takes the engines over and gives them its own starting weights; a run with other
+settings, or with keep_warm_s=0, stops them; past keep_warm_s the cluster's head takes it down."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from rlgen.config.compose import compose_run_config
+from rlgen.metrics.sink import read_jsonl
+from rlgen.plan import build_plan
+from rlgen.runtime.leftovers import clean_leftovers, kept_sessions, same_process, start_time
+from rlgen.runtime.run import run_training
+
+BASE = ["progress=false", "steps=2", "checkpoint.every=0"]
+
+
+def _train(out: Path, *overrides: str) -> tuple[dict, dict, list[dict]]:
+    summary = run_training(build_plan(compose_run_config([*BASE, *overrides])), out)
+    status = json.loads((out / "status.json").read_text())
+    return summary, status, read_jsonl(out / "metrics.jsonl")
+
+
+def _alive(pid: int) -> bool:
+    return start_time(pid) is not None
+
+
+@pytest.fixture
+def no_kept():
+    clean_leftovers(kept_too=True)
+    yield
+    clean_leftovers(kept_too=True)
+    assert kept_sessions() == []
+
+
+@pytest.mark.slow
+def test_next_run_takes_the_kept_engines_over(tmp_path, no_kept):
+    first, status1, rec1 = _train(tmp_path / "a", "engine.keep_warm_s=120")
+    engine_pid = status1["actors"]["engine0"]
+    kept = kept_sessions()
+    assert len(kept) == 1 and _alive(engine_pid)
+    assert "kept_warm" not in first["startup"]["actors"]["engine0"]
+
+    second, status2, rec2 = _train(tmp_path / "b", "engine.keep_warm_s=120")
+    assert status2["actors"]["engine0"] == engine_pid  # the same engine process
+    assert second["startup"]["actors"]["engine0"]["kept_warm"] == 1
+    assert "wake (kept warm)" in second["startup"]["actors"]["engine0"]["steps"]
+    # it generated with this run's starting weights, not the ones the first run trained: the same first step
+    assert rec2[0]["reward_mean"] == pytest.approx(rec1[0]["reward_mean"])
+    assert rec2[0]["mismatch/max_abs_delta"] == pytest.approx(rec1[0]["mismatch/max_abs_delta"], abs=1e-6)
+    assert len(kept_sessions()) == 1
+
+    # keep_warm_s=0 stops the kept engines before this run starts, and keeps nothing at its end
+    third, status3, _ = _train(tmp_path / "c", "engine.keep_warm_s=0")
+    assert not _alive(engine_pid)
+    assert "kept_warm" not in third["startup"]["actors"]["engine0"]
+    assert kept_sessions() == []
+
+
+@pytest.mark.slow
+def test_kept_cluster_ends_after_keep_warm_s(tmp_path, no_kept):
+    _, status, _ = _train(tmp_path / "a", "engine.keep_warm_s=4", "steps=1")
+    (session, marker), = kept_sessions()
+    head, engine_pid = marker["head"], status["actors"]["engine0"]
+    assert same_process(head) and _alive(engine_pid)
+    deadline = time.monotonic() + 60
+    while (same_process(head) or _alive(engine_pid)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not same_process(head) and not _alive(engine_pid)
+    assert kept_sessions() == []
+    assert not (session / "rlgen_driver.json").exists()
+
+
+@pytest.mark.slow
+def test_other_settings_stop_the_kept_engines(tmp_path, no_kept):
+    _, status1, _ = _train(tmp_path / "a", "engine.keep_warm_s=120", "steps=1")
+    engine_pid = status1["actors"]["engine0"]
+    second, status2, _ = _train(tmp_path / "b", "engine.keep_warm_s=120", "steps=1", "engine.max_num_seqs=32")
+    assert status2["actors"]["engine0"] != engine_pid and not _alive(engine_pid)
+    assert "kept_warm" not in second["startup"]["actors"]["engine0"]
+    assert len(kept_sessions()) == 1  # the second run's engines, kept in turn
+
+
+@pytest.mark.slow
+def test_a_kept_engine_that_died_is_started_anew(tmp_path, no_kept):
+    import os
+    import signal
+
+    _, status1, _ = _train(tmp_path / "a", "engine.keep_warm_s=120", "steps=1")
+    engine_pid = status1["actors"]["engine0"]
+    os.kill(engine_pid, signal.SIGKILL)
+    second, status2, records = _train(tmp_path / "b", "engine.keep_warm_s=120", "steps=1")
+    assert status2["actors"]["engine0"] != engine_pid and records
+    assert "kept_warm" not in second["startup"]["actors"]["engine0"]

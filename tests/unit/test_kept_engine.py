@@ -1,0 +1,57 @@
+"""engines.kept.KeptWarm: what an engine does when its run ends and it stays (park), and when a new run takes it
+over (rejoin)."""
+
+from __future__ import annotations
+
+from rlgen.engines.kept import KeptWarm
+from rlgen.phases import ActorClock
+
+
+class _Engine(KeptWarm):
+    def __init__(self, sleeps: bool):
+        self.name, self.asleep, self.version, self.sleeps = "engine0", False, 7, sleeps
+        self.clock, self.calls = ActorClock(), []
+
+    def _tidy(self) -> None:
+        self.calls.append("tidy")
+
+    def _parks_asleep(self) -> bool:
+        return self.sleeps
+
+    def sleep(self, level: int = 1) -> None:
+        self.calls.append(f"sleep{level}")
+        self.asleep = True
+
+    def wake(self) -> None:
+        self.calls.append("wake")
+        self.asleep = False
+
+    def health(self) -> dict:
+        return {"ok": True, "name": self.name, "version": self.version, "startup": self.clock.to_dict()}
+
+
+def test_park_tidies_and_sleeps_where_sleeping_frees_memory():
+    gpu, cpu = _Engine(sleeps=True), _Engine(sleeps=False)
+    assert gpu.park(1) == {"name": "engine0", "asleep": True} and gpu.calls == ["tidy", "sleep1"]
+    assert cpu.park(1) == {"name": "engine0", "asleep": False} and cpu.calls == ["tidy"]
+
+
+def test_rejoin_wakes_takes_the_version_and_times_only_itself():
+    engine = _Engine(sleeps=True)
+    old = engine.clock
+    engine.park(1)
+    health = engine.rejoin(0)
+    assert engine.calls[-1] == "wake" and not engine.asleep
+    assert health["version"] == 0 and health["kept_warm"] == 1
+    startup = health["startup"]
+    assert engine.clock is not old and list(startup["steps"]) == ["wake (kept warm)"]
+    assert startup["process_start"] == startup["init_begin"] <= startup["init_end"]
+    engine.park(1)
+    assert engine.rejoin(3)["kept_warm"] == 2
+
+
+def test_an_awake_engine_is_not_woken():
+    engine = _Engine(sleeps=False)
+    engine.park(1)
+    engine.rejoin(0)
+    assert "wake" not in engine.calls
