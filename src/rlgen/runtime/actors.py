@@ -201,6 +201,7 @@ class ActorFactory:
         env = dict(self.plan.engine_env)  # empty for kinds that take no engine.env
         # this engine's part of its GPU's memory (engines on one GPU split the engines' share)
         engine_cfg = dataclasses.replace(self.cfg.engine, gpu_memory_utilization=slot.memory_share)
+        # the model path and engine config go by position: engine classes name those parameters as they like
         args = dict(model_path=_at(model_path, self.engine_node(index)), engine=engine_cfg, device=self.device,
                     seed=self.cfg.seed + slot.index, name=f"engine{slot.index}", **self.engine_kwargs)
         options: dict[str, Any] = dict(
@@ -227,7 +228,8 @@ class ActorFactory:
         args, options = self._engine_call(index, model_path)
         if self.warm:
             warm.free_name(options["name"])  # an engine re-created in a run: its predecessor's name
-        return ray.remote(self.engine_cls).options(**options).remote(version=version, **args)
+        path, engine_cfg = args.pop("model_path"), args.pop("engine")
+        return ray.remote(self.engine_cls).options(**options).remote(path, engine_cfg, version=version, **args)
 
     def learners(self, model_path: PathByNode, rendezvous: tuple[str, int] | None,
                  **extra: PathByNode | None) -> list[Any]:
