@@ -278,9 +278,9 @@ def clean_leftovers(root: str | Path | None = None, kept_too: bool = False) -> l
         names = ", ".join(s.name for s, mine in pids.items() if mine)
         left = f"; {len(stubborn)} would not stop (pids {sorted(stubborn)})" if stubborn else ""
         kept = sum(1 for _, data in dead if kept_for(data) is not None)
-        why = (f"{kept} of them kept warm for a run with other settings" if kept else "")
-        log.warning("stopped %d Ray process(es) that earlier runs left behind (%s)%s%s", len(every - stubborn), names,
-                    f"; {why}" if why else "", left)
+        why = "when its driver died" if not kept else f"({kept} cluster(s) kept warm for runs with other settings)"
+        log.warning("stopped %d Ray process(es) that an earlier run left behind %s (%s)%s", len(every - stubborn), why,
+                    names, left)
     return cleaned
 
 
