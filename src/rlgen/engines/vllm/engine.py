@@ -281,14 +281,19 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, KeptWarm):
         self.paused = False
 
     def _tidy(self) -> None:
-        """Between runs (KeptWarm): requests go on, no adapters, no prefixes cached under the old weights."""
+        """Between runs (KeptWarm): requests go on, no adapters, no prefixes cached under the old weights (asleep,
+        the KV cache is gone already; the next run's first push drops the prefix cache again). An engine asleep at
+        level 2 has dropped its weights: it is not kept."""
+        if self.asleep and self.slept_level == 2:
+            raise EngineError(f"{self.name} is asleep at level 2 (its weights dropped), so it is not kept warm.")
         if self.paused:
             self.resume()
         self.lora_request = None
         self.named_loras.clear()
         with self._lock:
             self._version_changes.clear()
-        self._loop.run(self.llm.reset_prefix_cache(), CONTROL_TIMEOUT_S, f"{self.name}: prefix-cache reset")
+        if not self.asleep:
+            self._loop.run(self.llm.reset_prefix_cache(), CONTROL_TIMEOUT_S, f"{self.name}: prefix-cache reset")
 
     def _parks_asleep(self) -> bool:
         return bool(self.args.get("enable_sleep_mode"))
