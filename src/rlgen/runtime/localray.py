@@ -29,6 +29,7 @@ from typing import Any
 
 from rlgen.runtime.errors import RunError
 from rlgen.runtime.stop import at_hard_exit
+from rlgen.runtime.warm import CLAIM_MARGIN_S, NAMESPACE
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +191,7 @@ def _take_over(key: str) -> bool:
 
     for session, data in kept_sessions():
         kept = data["kept"]
-        if kept.get("key") != key or float(kept["until"]) < time.time() + _claim_margin():
+        if kept.get("key") != key or float(kept["until"]) < time.time() + CLAIM_MARGIN_S:
             continue
         with _claim_lock(session):
             data = read_marker(session) or {}
@@ -214,15 +215,7 @@ def _take_over(key: str) -> bool:
 
 def _namespace(cluster: LocalCluster) -> dict[str, str]:
     """Where a cluster whose engines may be kept warm names them and its placement groups, for the next driver."""
-    from rlgen.runtime.warm import NAMESPACE
-
     return {"namespace": NAMESPACE} if cluster.key else {}
-
-
-def _claim_margin() -> float:
-    from rlgen.runtime.warm import CLAIM_MARGIN_S
-
-    return CLAIM_MARGIN_S
 
 
 @contextlib.contextmanager
