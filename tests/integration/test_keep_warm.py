@@ -49,7 +49,11 @@ def test_next_run_takes_the_kept_engines_over(tmp_path, no_kept):
     assert status2["actors"]["engine0"] == engine_pid  # the same engine process
     assert second["startup"]["actors"]["engine0"]["kept_warm"] == 1
     assert "wake (kept warm)" in second["startup"]["actors"]["engine0"]["steps"]
-    # it generated with this run's starting weights, not the ones the first run trained: the same first step
+    # the engine took its model folder's weights back when the first run ended, so this run's first batch did not
+    # wait for the learner's first push (none was sent); it generated with this run's starting weights, not the
+    # ones the first run trained: the same first step
+    assert "learners and weight transport (beside the first batch)" in second["startup"]["phases"]
+    assert "first weight push" not in second["startup"]["phases"]
     assert rec2[0]["reward_mean"] == pytest.approx(rec1[0]["reward_mean"])
     assert rec2[0]["mismatch/max_abs_delta"] == pytest.approx(rec1[0]["mismatch/max_abs_delta"], abs=1e-6)
     assert len(kept_sessions()) == 1

@@ -8,12 +8,18 @@ from rlgen.phases import ActorClock
 
 
 class _Engine(KeptWarm):
-    def __init__(self, sleeps: bool):
-        self.name, self.asleep, self.version, self.sleeps = "engine0", False, 7, sleeps
+    def __init__(self, sleeps: bool, restores: bool = True):
+        self.name, self.asleep, self.version, self.sleeps, self.restores = "engine0", False, 7, sleeps, restores
         self.clock, self.calls = ActorClock(), []
 
     def _tidy(self) -> None:
         self.calls.append("tidy")
+
+    def _restore_start_weights(self) -> bool:
+        if self.restores:
+            self.calls.append("restore")
+            self.version = 0
+        return self.restores
 
     def _parks_asleep(self) -> bool:
         return self.sleeps
@@ -30,10 +36,23 @@ class _Engine(KeptWarm):
         return {"ok": True, "name": self.name, "version": self.version, "startup": self.clock.to_dict()}
 
 
-def test_park_tidies_and_sleeps_where_sleeping_frees_memory():
+def test_park_tidies_restores_the_starting_weights_and_sleeps_where_sleeping_frees_memory():
     gpu, cpu = _Engine(sleeps=True), _Engine(sleeps=False)
-    assert gpu.park(1) == {"name": "engine0", "asleep": True} and gpu.calls == ["tidy", "sleep1"]
-    assert cpu.park(1) == {"name": "engine0", "asleep": False} and cpu.calls == ["tidy"]
+    assert gpu.park(1) == {"name": "engine0", "asleep": True, "start_weights": True}
+    assert gpu.calls == ["tidy", "restore", "sleep1"]  # restored while awake, then asleep
+    assert cpu.park(1) == {"name": "engine0", "asleep": False, "start_weights": True}
+    assert cpu.calls == ["tidy", "restore"]
+
+
+def test_rejoin_says_whether_the_engine_holds_its_starting_weights_once():
+    kind_that_cannot = _Engine(sleeps=False, restores=False)
+    kind_that_cannot.park(1)
+    assert kind_that_cannot.rejoin(0)["start_weights"] is False
+    engine = _Engine(sleeps=True)
+    engine.park(1)
+    assert engine.rejoin(0)["start_weights"] is True
+    # its run's updates come after rejoin: a second take-over without a park in between must not claim them
+    assert engine.rejoin(0)["start_weights"] is False
 
 
 def test_rejoin_wakes_takes_the_version_and_times_only_itself():

@@ -10,27 +10,37 @@ from rlgen.phases import ActorClock
 
 class KeptWarm:
     """For engine classes with name, asleep, version, clock, sleep(), wake() and health(). A kind overrides
-    ``_tidy()`` with what must not pass from one run to the next, and ``_parks_asleep()``."""
+    ``_tidy()`` with what must not pass from one run to the next, ``_restore_start_weights()`` and
+    ``_parks_asleep()``."""
 
     kept_runs = 0  # how many runs took this engine over
+    holds_start_weights = False  # since park(): the weights of its model folder again, as a fresh engine has
 
     def _tidy(self) -> None:
         """Drop what belongs to the run that ends (paused requests, adapters, cached prefixes)."""
+
+    def _restore_start_weights(self) -> bool:
+        """Load the weights of the engine's model folder again, in place of the ones the run trained; False where
+        the kind cannot (the next run's first weight push then brings its starting weights)."""
+        return False
 
     def _parks_asleep(self) -> bool:
         return False
 
     def park(self, sleep_level: int = 1) -> dict[str, Any]:
-        """The run ends and this engine stays: tidy up, and sleep where that frees memory (level 1 keeps the
-        weights on the CPU, so rejoin() wakes an engine that can generate at once)."""
+        """The run ends and this engine stays: tidy up, take its starting weights back (so the next run can
+        generate its first batch before its learners are ready), and sleep where that frees memory (level 1
+        keeps the weights on the CPU, so rejoin() wakes an engine that can generate at once)."""
         self._tidy()
+        self.holds_start_weights = self._restore_start_weights()
         if self._parks_asleep() and not self.asleep:
             self.sleep(sleep_level)
-        return {"name": self.name, "asleep": self.asleep}
+        return {"name": self.name, "asleep": self.asleep, "start_weights": self.holds_start_weights}
 
     def rejoin(self, version: int) -> dict[str, Any]:
-        """A new run takes this engine over: wake it, take the run's policy version (the run's first weight push
-        brings its weights), and answer health() with this start's timing."""
+        """A new run takes this engine over: wake it, take the run's policy version, and answer health() with
+        this start's timing and ``start_weights``: whether it holds its model folder's weights (else the run's
+        first weight push must bring them before it generates)."""
         self.clock = clock = ActorClock()
         clock.process_start = clock.init_begin  # the process is there already
         if self.asleep:
@@ -38,8 +48,9 @@ class KeptWarm:
         clock.step("wake (kept warm)")
         self.version = int(version)
         self.kept_runs += 1
+        held, self.holds_start_weights = self.holds_start_weights, False  # this run's updates come next
         clock.done()
-        return {**self.health(), "kept_warm": self.kept_runs}
+        return {**self.health(), "kept_warm": self.kept_runs, "start_weights": held}
 
 
 __all__ = ["KeptWarm"]

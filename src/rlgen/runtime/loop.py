@@ -65,6 +65,7 @@ def _step(run: Run, step: int, sink: Any, tracker: Any) -> str | None:
     t_step = time.time()
     tl = StepTimeline(step)
     batch, got, flight = _rollouts(run, step, tl)
+    run.learners_ready()  # the first batch may have generated while the learners started
     scores = got.scores
     staleness = state.version - batch.version
     for r in _over_engines(run, run.transport.before_train):  # colocated engines sleep while the learner trains

@@ -7,7 +7,10 @@
    folders every node reads;
 3. the learner ranks, then the engines, all at once (vLLM engines sharing a GPU take turns to size their KV
    cache), while the task thread finishes: its result is awaited before the actors are;
-4. the weight transport, which sends the starting weights once (its warm-up, kept out of step 0);
+4. the weight transport, which sends the starting weights once (its warm-up, kept out of step 0). Where the
+   engines hold the starting weights already (fresh from the model folder, or kept warm and given them back) and
+   the transport allows it, the learners' start and the transport's set-up go on beside the first batch instead:
+   the loop waits for them (``Run.learners_ready``) before the first training step;
 5. the engine keeper (restarts), the rollouts (the engines' side of the loop) and the run state.
 
 With engine.keep_warm_s, a local cluster and its engines outlive a run that ends well (``tear_down(keep=True)``),
@@ -58,6 +61,7 @@ from rlgen.runtime.waits import Waiter
 from rlgen.transfer import SyncError
 
 log = logging.getLogger(__name__)
+LEARNERS_BESIDE = "learners and weight transport (beside the first batch)"
 
 
 @dataclass
@@ -100,6 +104,7 @@ class Run:
     initial_model_path: str = ""  # the starting model; the frozen reference stays this one on resume
     start_model_path: str = ""  # what the actors load: the initial model, or the checkpoint's policy
     sink: Any = None  # the metrics sink, once the loop runs
+    learners_pending: Any = None  # runtime.beside.Beside: the learners and transport, set up beside the first batch
     background_write: Any = None  # runtime.checkpoint.BackgroundWrite: a checkpoint being completed
 
     @property
@@ -113,6 +118,12 @@ class Run:
     @property
     def learner(self) -> Any:
         return self.learners[0] if self.learners else None
+
+    def learners_ready(self) -> None:
+        """Wait for the learners and the weight transport where they start beside the first batch."""
+        if self.learners_pending is not None:
+            self.learners_pending.result(self.stop, "starting the learners and the weight transport")
+            self.learners_pending = None
 
     def note_actors(self, health: list[dict[str, Any]]) -> None:
         """Record the actors' pids and nodes in status.json."""
@@ -154,8 +165,12 @@ def set_up(plan: Plan, out_dir: Path, *, resume: ResumePoint | None = None, stop
             _actors(run, hooks or Hooks(), before_wait=lambda: loop_inputs.extend(
                 task.result(run.stop, "preparing the tokenizer and task")))
         task, renderer, stop_ids = loop_inputs
-        with clock.phase("first weight push"):
-            _transport(run)
+        if run.learners_pending is None:
+            with clock.phase("first weight push"):
+                _start_transport(run)
+        else:
+            run.learners_pending = Beside(_learners_beside, run, *run.learners_pending,
+                                          done=clock.begin(LEARNERS_BESIDE, beside=True))
         _loop_parts(run, task, renderer, stop_ids)
     except BaseException:
         tear_down(run)
@@ -263,9 +278,11 @@ def _actors(run: Run, hooks: Hooks, before_wait: Callable[[], None] = lambda: No
 def _start_engines(run: Run, asked: dict[str, float],
                    before_wait: Callable[[], None] = lambda: None) -> tuple[list[Any], list[dict[str, Any]]]:
     """Start every engine at once, beside the learners already starting (vLLM engines that share a GPU take turns
-    only to measure their KV cache: rlgen.engines.vllm.kvcache). Returns the engines and every actor's health
-    report; one wait covers engines and learners, so one that fails at start is reported at the latest then."""
+    only to measure their KV cache: rlgen.engines.vllm.kvcache). Returns the engines and the health reports
+    waited for: the engines', and the learners' unless they may start beside the first batch
+    (run.learners_pending then holds what set_up needs for that)."""
     run.start_version = run.state.version
+    run.transport = _new_transport(run)
     engines = _kept_engines(run, asked)
     for i in range(len(run.plan.engines)):
         if engines[i] is None:
@@ -273,15 +290,42 @@ def _start_engines(run: Run, asked: dict[str, float],
             engines[i] = run.factory.engine(i, run.folders.engine_paths, run.state.version)
     rejoined = {i: engines[i].rejoin.remote(run.state.version) for i in run.factory.kept}  # wake while the task loads
     before_wait()
-    names = list(run.engine_names) + [f"learner{r}" for r in range(len(run.learners))]
-    health = run.waiter.get([rejoined[i] if i in rejoined else e.health.remote() for i, e in enumerate(engines)]
-                            + [a.health.remote() for a in run.learners],
-                            "actor start-up", run.cfg.startup_timeout_s, names=names,
+    engine_refs = [rejoined[i] if i in rejoined else e.health.remote() for i, e in enumerate(engines)]
+    learner_refs = [a.health.remote() for a in run.learners]
+    learner_names = [f"learner{r}" for r in range(len(run.learners))]
+    first = run.transport.generates_before_start and not run.cfg.learner.lora.enabled
+    health = _wait_actors(run, engine_refs + ([] if first else learner_refs),
+                          run.engine_names + ([] if first else learner_names), asked)
+    # kept engines that could not take their starting weights back get them from the transport's start
+    run.transport.held_weights = any(not health[i].get("start_weights") for i in run.factory.kept)
+    if not first:
+        return engines, health
+    if run.transport.held_weights:
+        return engines, health + _wait_actors(run, learner_refs, learner_names, asked)
+    run.learners_pending = (learner_refs, learner_names, asked)  # they start beside the first batch
+    return engines, health
+
+
+def _wait_actors(run: Run, refs: list[Any], names: list[str], asked: dict[str, float],
+                 what: str = "actor start-up") -> list[dict[str, Any]]:
+    """The actors' health reports at start-up, each actor's start timed."""
+    health = run.waiter.get(refs, what, run.cfg.startup_timeout_s, names=names,
                             progress=run.clock.waiting(names) if run.clock else None)
     if run.clock:
         for h in health:
             run.clock.actor(h, asked.get(h.get("name"), run.clock.launched))
-    return engines, health
+    return health
+
+
+def _learners_beside(run: Run, refs: list[Any], names: list[str], asked: dict[str, float]) -> None:
+    """The learners' start and the weight transport's set-up, while the first batch generates (the engines hold
+    the starting weights, so the transport need not send them)."""
+    health = _wait_actors(run, refs, names, asked, "learner start-up")
+    bad = [h for h in health if not h.get("ok")]
+    if bad:
+        raise RunError(f"learners reported unhealthy at start-up: {bad}")
+    run.note_actors(health)
+    _start_transport(run, send=False)
 
 
 def _kept_engines(run: Run, asked: dict[str, float]) -> list[Any]:
@@ -305,23 +349,30 @@ def _kept_engines(run: Run, asked: dict[str, float]) -> list[Any]:
 
 
 def _resync_engine(run: Run, index: int, actor: Any, resend: bool) -> None:
+    run.learners_ready()  # the transport the new engine joins
     try:
         run.transport.replace_engine(index, actor, resend)
     except SyncError as err:
         raise EngineLost(f"{run.engine_names[index]} was re-created but could not get the weights: {err}") from err
 
 
-def _transport(run: Run) -> None:
+def _new_transport(run: Run) -> Any:
+    """The plan's weight transport, not yet joined to the actors."""
     from rlgen.runtime.transports import make_transport
 
     cfg = run.cfg
-    run.transport = make_transport(run.plan, cfg, bucket_mb=cfg.sync.bucket_mb, sleep_level=cfg.sync.sleep_level)
-    run.transport.version = run.state.version
-    run.transport.held_weights = bool(run.factory and run.factory.kept)  # kept engines hold an earlier run's
+    transport = make_transport(run.plan, cfg, bucket_mb=cfg.sync.bucket_mb, sleep_level=cfg.sync.sleep_level)
+    transport.version = run.state.version
+    return transport
+
+
+def _start_transport(run: Run, send: bool = True) -> None:
+    """Join the transport to the learner and the engines; with send, its start (the starting weights once: the
+    first update's one-off costs here rather than in step 0, and kept engines' weights replaced)."""
     # ZeRO-3 ranks other than 0 hold only shards: they join every gather while rank 0 sends
     try:
         run.transport.setup(run.learner, run.engines, run.engine_names, gatherers=run.zero3_gatherers)
-        warm = run.transport.start()  # the first update's one-off costs, here rather than in step 0
+        warm = run.transport.start() if send else None
     except SyncError as err:
         raise RunError(f"weight sync set-up failed: {err}") from err
     run.startup["sync_warmup_s"] = warm.seconds if warm else 0.0

@@ -39,9 +39,10 @@ class StartupClock:
         finally:
             end()
 
-    def begin(self, name: str) -> Callable[[], None]:
+    def begin(self, name: str, beside: bool = False) -> Callable[[], None]:
         """Begin timing a phase (said now, listed in the order phases begin); the function returned ends it, from
-        any thread, so phases that run at once are each timed."""
+        any thread, so phases that run at once are each timed. beside: a phase that goes on beside the first
+        batch (its end is not the end of set-up)."""
         if not self.phases:
             self.phases[LAUNCH] = self.since_launch()
         self.console.print(f"[dim]start-up {self.since_launch():5.1f} s:[/] {name}", highlight=False)
@@ -49,7 +50,8 @@ class StartupClock:
 
         def end() -> None:
             self.phases[name] = before + time.time() - t0
-            self._setup_end = time.time()
+            if not beside:
+                self._setup_end = time.time()
 
         return end
 

@@ -18,7 +18,9 @@ Four transports behind one interface (``WeightTransport``), picked by ``plan.tra
 
 ``start()`` runs once before the first step: it sends the starting weights over the transport, so the first
 update's one-off costs (NCCL's connection set-up, the IPC buffer and its handle, the first loads) fall in start-up
-rather than in step 0, and a server's engines (which may hold another run's weights) get this run's.
+rather than in step 0, and a server's engines (which may hold another run's weights) get this run's. Where the
+engines hold the starting weights already and the transport says so (``generates_before_start``), set-up skips
+it: the first batch generates while the learners start, and the first update pays those costs.
 
 Every wait has a timeout. A timeout inside NCCL or IPC cannot be undone (a blocked collective cannot be
 cancelled), so the transport marks itself broken and every later push fails at once with the reason.
@@ -80,6 +82,9 @@ class _Base:
         self.slack_s = SLACK_S
         self.broken: str | None = None
         self.held_weights = False  # engines may hold other weights than the learner's (kept warm by another run)
+        # engines holding the learner's starting weights may generate before setup() and start() (which then
+        # only warms the transport up): runtime.setup lets the first batch go before the learners are ready
+        self.generates_before_start = False
         self.learner: Any = None
         self.gatherers: list[Any] = []
         self.engines: list[Any] = []
@@ -142,6 +147,7 @@ class ObjectStoreTransport(_Base):
     def __init__(self, *args: Any, kind: Transport = Transport.ray_object_store, lora: bool = False, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.kind, self.lora = kind, bool(lora)
+        self.generates_before_start = kind is not Transport.http and not self.lora
 
     def start(self) -> PushResult | None:
         # a server's engines may hold another run's weights; LoRA engines hold the base until the merged policy comes
@@ -274,6 +280,7 @@ class CudaIpcTransport(_VLLMTransport):
     def __init__(self, *args: Any, sleep_level: int = 1, awake: bool = False, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.sleep_level, self.awake = int(sleep_level), bool(awake)
+        self.generates_before_start = True  # start() sends the weights the engines hold: it sets the buffer up
 
     def setup(self, learner: Any, engines: Sequence[Any], engine_names: Sequence[str], *,
               gatherers: Sequence[Any] = ()) -> None:

@@ -3,8 +3,9 @@
 A run on a local cluster that ends well leaves its engines running for keep_warm_s seconds, asleep where the kind
 sleeps (their GPU memory is free then), with the cluster's head process holding the cluster. The next run on this
 host whose cluster and engines would be built the same way joins that cluster and takes the engines over: it
-skips Ray's start, the engines' imports and vLLM's start, and the first weight push gives the engines its own
-starting weights. A run whose engines would differ stops the kept cluster before it starts its own, so kept engines
+skips Ray's start, the engines' imports and vLLM's start. Each engine loaded its model folder's weights again as
+it parked, so it holds the run's starting weights and generates the first batch while the learners start (an
+engine kind that cannot reload gets them from the run's first weight push instead). A run whose engines would differ stops the kept cluster before it starts its own, so kept engines
 never stand in a run's way; so does a run with keep_warm_s=0. Past keep_warm_s the head takes the cluster down.
 
 What is kept is found by its keys: the cluster's (Ray's start arguments and the placement-group bundles) in the

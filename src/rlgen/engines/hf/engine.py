@@ -12,6 +12,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -81,7 +82,8 @@ class HFEngine(KeptWarm):
         gen = self.model.generation_config
         self.eos_ids = self._as_list(gen.eos_token_id) or self._as_list(self.model.config.eos_token_id)
         self.pad_id = gen.pad_token_id if gen.pad_token_id is not None else (self.eos_ids[0] if self.eos_ids else 0)
-        self.version = int(version)
+        self.version = self.folder_version = int(version)
+        self.model_path = model_path
         self.calls = 0
         self.tokens = 0  # generated, returned or not: a cancelled stream stops adding to it
         self.asleep = False
@@ -272,6 +274,19 @@ class HFEngine(KeptWarm):
 
     def _parks_asleep(self) -> bool:
         return self.device != "cpu"
+
+    def _restore_start_weights(self) -> bool:
+        """The model folder's safetensors files again (False for a folder without them)."""
+        from safetensors.torch import load_file
+
+        files = sorted(Path(self.model_path).glob("*.safetensors"))
+        if not files or self.adapters.names():
+            return False
+        weights: dict[str, torch.Tensor] = {}
+        for f in files:
+            weights.update(load_file(str(f)))
+        self.update_weights(weights, self.folder_version)
+        return True
 
     def health(self) -> dict[str, Any]:
         return {"ok": True, "name": self.name, "version": self.version, "asleep": self.asleep, "start_s": self.start_s,

@@ -83,6 +83,7 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, KeptWarm):
         self.name, self.seed, self.timeout_s = name, seed, timeout_s
         self.engine_cfg = engine
         self.version = int(version)  # of the weights in model_path (a resumed run starts from a checkpoint's)
+        self.folder_version = self.version
         self.asleep = False
         self.slept_level = 0  # the level of the last sleep(); 2 dropped the weights, which then need a full reload
         self.weights_on_gpu = True  # False between sleep() and a wake() that brings the weights back
@@ -282,8 +283,8 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, KeptWarm):
 
     def _tidy(self) -> None:
         """Between runs (KeptWarm): requests go on, no adapters, no prefixes cached under the old weights (asleep,
-        the KV cache is gone already; the next run's first push drops the prefix cache again). An engine asleep at
-        level 2 has dropped its weights: it is not kept."""
+        the KV cache is gone already; the reload of the starting weights drops the prefix cache again). An engine
+        asleep at level 2 has dropped its weights: it is not kept."""
         if self.asleep and self.slept_level == 2:
             raise EngineError(f"{self.name} is asleep at level 2 (its weights dropped), so it is not kept warm.")
         if self.paused:
@@ -294,6 +295,17 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, KeptWarm):
             self._version_changes.clear()
         if not self.asleep:
             self._loop.run(self.llm.reset_prefix_cache(), CONTROL_TIMEOUT_S, f"{self.name}: prefix-cache reset")
+
+    def _restore_start_weights(self) -> bool:
+        """vLLM's reload_weights: each worker reads the model folder again into the weights it holds (in place, so
+        CUDA graphs and sleep mode go on working). An engine asleep at level 1 wakes for it."""
+        if self.asleep:
+            self.wake()
+        what = f"{self.name}: loading its model folder's weights again"
+        self._loop.run(self.llm.collective_rpc("reload_weights", timeout=CONTROL_TIMEOUT_S), CONTROL_TIMEOUT_S, what)
+        self._loop.run(self.llm.reset_prefix_cache(), CONTROL_TIMEOUT_S, f"{self.name}: prefix-cache reset")
+        self.version = self.folder_version
+        return True
 
     def _parks_asleep(self) -> bool:
         return bool(self.args.get("enable_sleep_mode"))
