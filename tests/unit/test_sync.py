@@ -470,3 +470,16 @@ def test_a_failed_in_flight_ipc_update_leaves_no_engine_paused():
     with pytest.raises(RuntimeError, match="worker failed"):
         t.push(1, in_flight=True)
     assert log[0] == ("engine0", "pause:keep") and log[-1] == ("engine0", "resume")
+
+
+def test_vllm_compiles_only_when_asked():
+    from rlgen.config import EngineConfig
+    from rlgen.engines.vllm.args import build_engine_args
+
+    plain = build_engine_args("/m", EngineConfig(kind="vllm"))
+    assert plain["compilation_config"] == {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
+    assert "compilation_config" not in build_engine_args("/m", EngineConfig(kind="vllm", torch_compile=True))
+    eager = build_engine_args("/m", EngineConfig(kind="vllm", enforce_eager=True))
+    assert "compilation_config" not in eager and eager["enforce_eager"] is True
+    given = build_engine_args("/m", EngineConfig(kind="vllm"), overrides={"compilation_config": {"mode": 3}})
+    assert given["compilation_config"] == {"mode": 3}  # engine_args given by the caller win

@@ -131,6 +131,11 @@ class EngineConfig:
     max_model_len: int | None = None  # null: task.max_prompt_tokens + algo.max_new_tokens
     max_num_seqs: int = 256
     enforce_eager: bool = False
+    # vllm: false (default) starts without torch.compile: whole decode steps run as CUDA graphs, prefills eagerly.
+    # On one H100 that started a fresh host's engines in half the time and generated 1.18x faster than compiling
+    # (docs/benchmarks.md). true: vLLM's torch.compile and piecewise graphs (its first start on a host compiles
+    # for about 20 s; later starts read the cache)
+    torch_compile: bool = False
     dtype: str = "bfloat16"
     colocate: bool = False  # share the learners' GPUs; needs enable_sleep_mode
     enable_sleep_mode: bool = False

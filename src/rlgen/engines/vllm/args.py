@@ -69,6 +69,9 @@ def build_engine_args(
         # (vLLM's default, raw_logprobs, is taken before temperature).
         "logprobs_mode": "processed_logprobs",
     }
+    if not engine.torch_compile and not engine.enforce_eager:
+        # vLLM's piecewise CUDA graphs need its compiled model; full graphs of decode steps do not
+        args["compilation_config"] = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
     if engine.tensor_parallel_size > 1:
         # The engine actor already holds its TP GPUs (one placement-group bundle), so vLLM's own worker
         # processes use them. Left to itself, vLLM sees the Ray placement group and picks its Ray executor,
