@@ -267,3 +267,15 @@ def test_kept_for_reads_only_whole_markers():
     assert leftovers.kept_for({"head": head, "kept": {"until": "soon"}}) is None
     assert leftovers.kept_for({"head": head}) is None
     assert leftovers.kept_for(None) is None
+
+
+def test_bench_and_validate_stop_kept_clusters_unless_they_join_a_named_one(tmp_path, spawn, monkeypatch):
+    root = tmp_path / "ray"
+    session = _session(root)
+    head = _sleeper(spawn)
+    _kept(session, head, time.time() + 60)
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # they join that cluster: the kept one is not in their way
+    assert leftovers.stop_kept_for_own_cluster(root) == [] and head.poll() is None
+    monkeypatch.delenv("RAY_ADDRESS")  # they start a local cluster: the kept engines' GPU memory is needed
+    assert leftovers.stop_kept_for_own_cluster(root) == [session]
+    assert _gone(head) and leftovers.kept_sessions(root) == []

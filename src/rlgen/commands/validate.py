@@ -13,12 +13,14 @@ def validate_app(dict_cfg: Any) -> float:
     from rich.console import Console
 
     from rlgen.commands.train import run_dir
+    from rlgen.runtime.leftovers import stop_kept_for_own_cluster
     from rlgen.validate.run import run_validate, split_config
 
     out_dir = run_dir()
     # hypothesis keeps a small cache; keep it in the run folder rather than the caller's working directory
     os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(out_dir / ".hypothesis"))
     cfg, v = split_config(dict_cfg)
+    stop_kept_for_own_cluster()  # engines a run kept warm hold GPU memory the engine under test needs
     report = run_validate(cfg, v, out_dir=out_dir, console=Console())
     if not report.passed:
         sys.exit(1)

@@ -284,9 +284,23 @@ def clean_leftovers(root: str | Path | None = None, kept_too: bool = False) -> l
     return cleaned
 
 
+def stop_kept_for_own_cluster(root: str | Path | None = None) -> list[Path]:
+    """For a command that starts a local Ray cluster of its own (``rlgen bench``, ``rlgen validate``): stop the
+    clusters earlier runs kept warm (their engines hold GPU memory the command needs) and what dead drivers left.
+    Nothing where RAY_ADDRESS names a cluster to join. Returns the sessions cleaned."""
+    if os.environ.get("RAY_ADDRESS"):
+        return []
+    try:
+        return clean_leftovers(root, kept_too=True)
+    except Exception as err:  # noqa: BLE001 - tidying up after others must not stop the command
+        log.warning("could not check for Ray clusters that earlier runs kept: %s", err)
+        return []
+
+
 __all__ = [
     "MARKER",
     "clean_leftovers",
+    "stop_kept_for_own_cluster",
     "identity",
     "kept_for",
     "kept_sessions",
