@@ -1,11 +1,14 @@
 """Files written whole or not at all: a line appended to a log, a file replaced through a synced temporary copy.
-A full disk or an unwritable folder leaves the file as it was, and the OSError names the file and the fix."""
+A full disk or an unwritable folder leaves the file as it was, and the OSError names the file and the fix. And a
+lock file that one process at a time holds (``exclusive_lock``)."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -59,3 +62,14 @@ def replace_text(path: Path, text: str) -> None:
         why, fix = _why(err)
         raise OSError(err.errno, f"{path}: {why}, so it was not rewritten and keeps its previous content; {fix} "
                                  f"and try again.") from err
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path) -> Iterator[None]:
+    """Hold the lock file at path alone (other processes that ask for it wait) until the block ends."""
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -6,9 +6,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import logging
@@ -22,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlgen.charvocab import BOS, CHAR_VOCAB, EOS, PAD, SPECIAL_TOKENS
 from rlgen.config import ModelConfig, RunConfig
+from rlgen.durable import exclusive_lock
 
 if TYPE_CHECKING:
     import torch
@@ -214,16 +213,6 @@ def _build(cfg: RunConfig, out: Path, device: str) -> str:
     return note
 
 
-@contextlib.contextmanager
-def _lock(path: Path):
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 PRESET_ARCHITECTURES = ["Qwen2ForCausalLM"]  # what every preset builds (hf_config)
 
 
@@ -248,7 +237,7 @@ def prepare_model(cfg: RunConfig, device: str = "cpu") -> str:
     final = root / cache_key(cfg, device)
     if final.is_dir():
         return str(final)
-    with _lock(root / f".{final.name}.lock"):
+    with exclusive_lock(root / f".{final.name}.lock"):
         if final.is_dir():  # another process built it while this one waited
             return str(final)
         start = time.perf_counter()

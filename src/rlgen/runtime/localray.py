@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlgen.durable import exclusive_lock
 from rlgen.runtime.errors import RunError
 from rlgen.runtime.stop import at_hard_exit
 from rlgen.runtime.warm import CLAIM_MARGIN_S, NAMESPACE
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 
 HEAD_STOP_S = 20.0  # for the head to take its cluster down before what is left is killed
 SHUTDOWN_S = 30.0  # for ray.shutdown() here; leaving a cluster that is already gone can stall
+CLAIM_LOCK = "rlgen_claim.lock"
 _HEAD_CODE = "import sys; from rlgen.runtime.localray import head_main; head_main(sys.argv[1:])"
 
 
@@ -193,7 +195,7 @@ def _take_over(key: str) -> bool:
         kept = data["kept"]
         if kept.get("key") != key or float(kept["until"]) < time.time() + CLAIM_MARGIN_S:
             continue
-        with _claim_lock(session):
+        with exclusive_lock(session / CLAIM_LOCK):  # one run at a time takes a kept cluster over
             data = read_marker(session) or {}
             if (data.get("kept") or {}).get("key") != key:
                 continue  # another run took it meanwhile
@@ -216,19 +218,6 @@ def _take_over(key: str) -> bool:
 def _namespace(cluster: LocalCluster) -> dict[str, str]:
     """Where a cluster whose engines may be kept warm names them and its placement groups, for the next driver."""
     return {"namespace": NAMESPACE} if cluster.key else {}
-
-
-@contextlib.contextmanager
-def _claim_lock(session: Path) -> Iterator[None]:
-    """One run at a time takes a kept cluster over."""
-    import fcntl
-
-    with open(session / "rlgen_claim.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def keep_local(until: float) -> bool:

@@ -5,8 +5,9 @@ sleeps (their GPU memory is free then), with the cluster's head process holding 
 host whose cluster and engines would be built the same way joins that cluster and takes the engines over: it
 skips Ray's start, the engines' imports and vLLM's start. Each engine loaded its model folder's weights again as
 it parked, so it holds the run's starting weights and generates the first batch while the learners start (an
-engine kind that cannot reload gets them from the run's first weight push instead). A run whose engines would differ stops the kept cluster before it starts its own, so kept engines
-never stand in a run's way; so does a run with keep_warm_s=0. Past keep_warm_s the head takes the cluster down.
+engine kind that cannot reload gets them from the run's first weight push instead). A run whose engines would
+differ stops the kept cluster before it starts its own, so kept engines never stand in a run's way; so does a
+run with keep_warm_s=0. Past keep_warm_s the head takes the cluster down.
 
 What is kept is found by its keys: the cluster's (Ray's start arguments and the placement-group bundles) in the
 session's marker (runtime.leftovers), and each engine's (its class and every constructor argument) in the engine
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 NAMESPACE = "rlgen_warm"
 PREFIX = "rlgen-warm"
 CLAIM_MARGIN_S = 10.0  # a kept cluster this close to its end is not taken over (its head may be stopping it)
-PARK_TIMEOUT_S = 60.0  # for every engine to tidy up and sleep at the end of a run
+PARK_TIMEOUT_S = 60.0  # for every engine to tidy up, reload its starting weights and sleep at the end of a run
 ANSWER_S = 30.0  # for a kept engine to answer its health check when a run takes it over
 NAME_FREE_S = 10.0  # for Ray to free the name of an engine that was killed, before its successor takes it
 
@@ -120,8 +121,9 @@ def answering(actor: Any, timeout_s: float = ANSWER_S) -> Any:
 
 
 def park(engines: list[Any], wait: Any) -> list[dict[str, Any]]:
-    """Every engine tidies up for the next run (nothing paused or queued, no adapters, the prefix cache dropped)
-    and sleeps where its kind sleeps (level 1: rejoin() wakes an engine that can generate at once).
+    """Every engine tidies up for the next run (nothing paused or queued, no adapters, the prefix cache dropped),
+    loads its starting weights again where its kind can, and sleeps where its kind sleeps (level 1: rejoin() wakes
+    an engine that can generate at once).
     wait(refs, what, timeout_s) returns their answers."""
     return wait([e.park.remote(1) for e in engines], "keeping the engines warm", PARK_TIMEOUT_S)
 
