@@ -284,22 +284,26 @@ def clean_leftovers(root: str | Path | None = None, kept_too: bool = False) -> l
     return cleaned
 
 
-def stop_kept_for_own_cluster(root: str | Path | None = None) -> list[Path]:
-    """For a command that starts a local Ray cluster of its own (``rlgen bench``, ``rlgen validate``): stop the
-    clusters earlier runs kept warm (their engines hold GPU memory the command needs) and what dead drivers left.
-    Nothing where RAY_ADDRESS names a cluster to join. Returns the sessions cleaned."""
-    if os.environ.get("RAY_ADDRESS"):
-        return []
+def clear_for_local_cluster(root: str | Path | None = None) -> list[Path]:
+    """Before a local Ray cluster starts: stop what dead drivers left and the clusters kept warm (their engines hold
+    memory the new cluster needs). A failure is logged, never raised. Returns the sessions cleaned."""
     try:
         return clean_leftovers(root, kept_too=True)
-    except Exception as err:  # noqa: BLE001 - tidying up after others must not stop the command
-        log.warning("could not check for Ray clusters that earlier runs kept: %s", err)
+    except Exception as err:  # noqa: BLE001 - tidying up after others must not stop what starts
+        log.warning("could not check for Ray processes that earlier runs left behind or kept warm: %s", err)
         return []
+
+
+def stop_kept_for_own_cluster(root: str | Path | None = None) -> list[Path]:
+    """For a command that starts a local Ray cluster of its own (``rlgen bench``, ``rlgen validate``):
+    clear_for_local_cluster, unless RAY_ADDRESS names a cluster to join. Returns the sessions cleaned."""
+    return [] if os.environ.get("RAY_ADDRESS") else clear_for_local_cluster(root)
 
 
 __all__ = [
     "MARKER",
     "clean_leftovers",
+    "clear_for_local_cluster",
     "stop_kept_for_own_cluster",
     "identity",
     "kept_for",

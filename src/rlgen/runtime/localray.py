@@ -142,16 +142,13 @@ def start_local(init: dict[str, Any], timeout_s: float, stop: Any, key: str = ""
     global _local
     import ray
 
-    from rlgen.runtime.leftovers import clean_leftovers, identity
+    from rlgen.runtime.leftovers import clear_for_local_cluster, identity
 
     stop_local()  # one started before and never released
     _token_auth_as_ray_init()
     if key and _take_over(key):
         return
-    try:
-        clean_leftovers(kept_too=True)
-    except Exception as err:  # noqa: BLE001 - tidying up after others must not stop this run
-        log.warning("could not check for Ray processes that earlier runs left behind: %s", err)
+    clear_for_local_cluster()
     scratch = tempfile.mkdtemp(prefix="rlgen-ray-")
     answer = Path(scratch) / "head.json"
     with open(Path(scratch) / "head.log", "wb") as out:
