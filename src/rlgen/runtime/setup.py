@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -152,9 +153,7 @@ def set_up(plan: Plan, out_dir: Path, *, resume: ResumePoint | None = None, stop
         for var, val in QUIET_ENV.items():  # before transformers loads in this process (actors get them too)
             os.environ.setdefault(var, val)
         _engines_ahead(run)
-        algo = Beside(_algorithm, run)  # imports torch: seconds on a GPU host, beside the cluster's start
-        model = Beside(_model, run, done=clock.begin("model folder"))
-        task = Beside(_task, run, model, done=clock.begin("tokenizer and task"))
+        algo, model, task = start_loaders(run)
         with clock.phase("Ray cluster"):
             _cluster(run)
         model.result(run.stop)
@@ -188,8 +187,47 @@ def _engines_ahead(run: Run) -> None:
         spec.ahead(architectures(run.cfg.model), actor_env(run.cfg, dict(run.plan.engine_env)))
 
 
-def _model(run: Run) -> None:
+def start_loaders(run: Run) -> tuple[Beside, Beside, Beside]:
+    """The algorithm, the model folder and the task, each loading on a thread of its own beside the cluster's
+    start, once the libraries they share are imported (seconds on a GPU host)."""
+    clock = run.clock or StartupClock(run.console)
+    libraries = Beside(_shared_libraries, run.cfg)
+    algo = Beside(_algorithm, run, libraries)
+    model = Beside(_model, run, libraries, done=clock.begin("model folder"))
+    task = Beside(_task, run, libraries, model, done=clock.begin("tokenizer and task"))
+    return algo, model, task
+
+
+SHARED_LIBRARIES = ("torch", "transformers")
+# what the loaders reach for in transformers: its tokenizer and model bases, and the Auto classes
+TRANSFORMERS_NAMES = ("PreTrainedTokenizerBase", "PreTrainedModel", "AutoConfig", "AutoTokenizer", "AutoModelForCausalLM")
+
+
+def _shared_libraries(cfg: RunConfig) -> None:
+    """Import whole, on one thread, what set-up's loaders share, before they run side by side. A library that one
+    thread is still importing looks broken to another: datasets, hashing a data set, found transformers half
+    imported and without PreTrainedTokenizerBase. A library that is not installed is left to the code that needs
+    it, which says how to install it."""
+    import importlib
+    import importlib.util
+
+    from rlgen.tasks import task_libraries
+
+    for name in (*SHARED_LIBRARIES, *task_libraries(cfg.task)):
+        if importlib.util.find_spec(name) is not None:
+            importlib.import_module(name)
+    transformers = sys.modules.get("transformers")
+    for name in TRANSFORMERS_NAMES if transformers is not None else ():
+        getattr(transformers, name)
+
+
+def _after(libraries: Beside, run: Run) -> None:
+    libraries.result(run.stop, "importing torch and transformers")
+
+
+def _model(run: Run, libraries: Beside) -> None:
     """The folders the actors load: the starting model (built and cached, or a checkpoint's)."""
+    _after(libraries, run)
     from rlgen.models import prepare_model
 
     cfg = run.cfg
@@ -200,15 +238,17 @@ def _model(run: Run) -> None:
     run.start_model_path = str(run.resume.checkpoint / "model") if run.resume and not lora else run.initial_model_path
 
 
-def _algorithm(run: Run) -> None:
+def _algorithm(run: Run, libraries: Beside) -> None:
+    _after(libraries, run)
     from rlgen.algo.registry import algorithm
 
     run.algorithm = algorithm(run.cfg.algo.kind)
 
 
-def _task(run: Run, model: Beside) -> tuple[Any, Any, list[int]]:
+def _task(run: Run, libraries: Beside, model: Beside) -> tuple[Any, Any, list[int]]:
     """The task, its prompts as the model's tokenizer renders them and the stop ids: what the loop needs, ready
     while the actors start (loading the tokenizer imports transformers, seconds on a GPU host)."""
+    _after(libraries, run)
     from rlgen.models import load_tokenizer
     from rlgen.tasks import build_task
     from rlgen.tasks.prompts import PromptRenderer, model_stop_ids

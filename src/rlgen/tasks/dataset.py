@@ -110,6 +110,7 @@ def read_dataset(cfg: TaskConfig) -> tuple[list[Prompt], list[Prompt], list[str]
 
 class DatasetTask(RowTask):
     name = "dataset"
+    libraries = ("datasets",)  # imported whole before set-up's threads start (see task_libraries)
 
     def __init__(self, cfg: TaskConfig, rows: tuple[list[Prompt], list[Prompt]] | None = None):
         """rows: (training rows, held-out rows) already read and checked (the validation pass reads them once)."""
