@@ -5,6 +5,7 @@ validation pass run), so a mistake gives one sentence and exit 2, not Hydra's ra
 
 from __future__ import annotations
 
+import shlex
 import sys
 
 USAGE = """usage: rlgen <command> [overrides ...]
@@ -82,9 +83,12 @@ APPS = {
 
 def main(argv: list[str] | None = None) -> int:
     from rlgen.commands.args import split_argv
-    from rlgen.commands.checks import check_command, print_problems
+    from rlgen.commands.checks import check_command, pin_run_dir, print_problems
+    from rlgen.errors import UserError
+    from rlgen.runtime.lock import set_command_line
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    set_command_line(shlex.join(["rlgen", *argv]))
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return 0 if argv else 2
@@ -99,7 +103,13 @@ def main(argv: list[str] | None = None) -> int:
             return code
         # Hydra's argument parser wants its flags before the overrides; a user may type them anywhere.
         args = split_argv(cmd, rest)
-        return _hydra_app(APPS[cmd], [*args.flags, *args.overrides], cmd)
+        overrides = args.overrides
+        if cmd == "train":
+            try:
+                overrides = pin_run_dir(args)
+            except UserError as err:  # a live run holds that directory: refused before Hydra writes there
+                return print_problems([str(err)])
+        return _hydra_app(APPS[cmd], [*args.flags, *overrides], cmd)
     return print_problems([f"unknown command {cmd!r}; choose one of: plan, {', '.join(APPS)} (rlgen --help lists them)."])
 
 

@@ -102,3 +102,58 @@ def check_train(args: Args, cfgs: list[RunConfig]) -> int | None:
     PLANNED.update((config_key(cfg), report.plan) for cfg, problems, report in zip(cfgs, blocking, reports)
                    if not problems)
     return None
+
+
+def pin_run_dir(args: Args) -> list[str]:
+    """A single run's directory, fixed and locked before Hydra writes its .hydra/ files there, so a second run
+    on a live directory is refused before it touches it. Returns the overrides to hand Hydra instead of
+    args.overrides: hydra.run.dir set to the directory (its ${now:...} filled in). Raises RunLocked (a
+    UserError) when a live run holds it. A directory Hydra alone can resolve (another interpolation) is left to
+    the run's own lock, taken when the run starts."""
+    from rlgen.runtime.lock import claim_run_dir
+
+    if args.multirun or args.print_only or args.own_config:
+        return args.overrides
+    path = fill_now(_raw_run_dir(args))
+    if path is None:
+        return args.overrides
+    claim_run_dir(path)  # as Hydra will make it: relative to here, no ~ expanded
+    kept = [o for o in args.overrides if not o.lstrip("+").startswith("hydra.run.dir=")]
+    return [*kept, f"hydra.run.dir={hydra_quoted(path)}"]
+
+
+def _raw_run_dir(args: Args) -> str:
+    """hydra.run.dir as the composed config holds it, interpolations unresolved."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from rlgen.config import register_configs
+    from rlgen.config.compose import CONF_DIR
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=args.overrides, return_hydra_config=True)
+    return str(OmegaConf.to_container(cfg.hydra.run, resolve=False)["dir"])
+
+
+def fill_now(raw: str, now: Any = None) -> str | None:
+    """raw with each ${now:<format>} filled in as Hydra does (one instant for all); None when another
+    interpolation is left."""
+    import datetime
+    import re
+
+    now = now or datetime.datetime.now()
+    filled = re.sub(r"\$\{now:([^}]*)\}", lambda m: now.strftime(m.group(1)), raw)
+    return None if "${" in filled else filled
+
+
+def hydra_quoted(value: str) -> str:
+    """value as Hydra's override parser reads it back unchanged: bare where it can be, else single-quoted."""
+    import re
+
+    if re.fullmatch(r"[\w./+:@%-]+", value):
+        return value
+    # inside quotes a backslash is itself, except before a quote or the closing quote, where it is doubled
+    value = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, value)
+    return "'" + value.replace("'", "\\'") + "'"
+

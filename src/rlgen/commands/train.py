@@ -20,6 +20,7 @@ from rlgen.config import RunConfig, to_run_config
 from rlgen.errors import UserError
 from rlgen.plan import PlanError
 from rlgen.runlog import LOG_FILE, MirroredConsole
+from rlgen.runtime.lock import release_claim
 from rlgen.runtime.run import run_training
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,7 @@ def _move_into(point: Any, hydra_dir: Path) -> None:
     if _in_multirun():
         (hydra_dir / "resumed_into").write_text(str(point.run_dir.resolve()) + "\n")
         return
+    release_claim(hydra_dir)
     if {p.name for p in hydra_dir.iterdir()} <= {".hydra", LOG_FILE}:
         shutil.rmtree(hydra_dir, ignore_errors=True)
 

@@ -13,9 +13,11 @@ another host always counts as alive: its process cannot be probed from here.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -70,8 +72,8 @@ class RunLocked(UserError):
         super().__init__(
             f"Run directory {run_dir} is in use by pid {holder.pid} on {holder.host} since {holder.since()} "
             f"(running: {_short(holder.command)}); wait for that run to end, stop it, or choose another run "
-            f"directory (drop resume= to start a fresh one), and if that process is already gone, delete "
-            f"{lock_path}."
+            f"directory (hydra.run.dir=<another folder>, or drop resume= to start a fresh one), and if that "
+            f"process is already gone, delete {lock_path}."
         )
 
 
@@ -182,11 +184,46 @@ class RunLock:
         self.release()
 
 
+_typed: list[str] = []  # the command line as the user typed it (set_command_line)
+_claimed: dict[Path, RunLock] = {}  # locks taken before the run (claim_run_dir), by resolved directory
+
+
+def set_command_line(line: str) -> None:
+    """The command as the user typed it, which a lock names as its holder's (rlgen's CLI sets it first)."""
+    _typed[:] = [line]
+
+
+def command_line() -> str:
+    """The command as the user typed it, else this process's argv."""
+    return _typed[0] if _typed else " ".join(sys.argv)
+
+
+def claim_run_dir(run_dir: str | Path, command: str | None = None) -> RunLock:
+    """Take the run directory's lock before anything is written there (rlgen train takes it before Hydra writes
+    its .hydra/ files); the run's own acquire_run_lock of that directory in this process then gets this lock.
+    Released when the run ends, at the latest when this process exits. Raises RunLocked as acquire_run_lock."""
+    lock = acquire_run_lock(run_dir, command or command_line())
+    _claimed[Path(run_dir).resolve()] = lock
+    atexit.register(lock.release)
+    return lock
+
+
+def release_claim(run_dir: str | Path) -> None:
+    """Give back a lock claim_run_dir took and no run used (the run went on in another directory)."""
+    lock = _claimed.pop(Path(run_dir).resolve(), None)
+    if lock is not None:
+        lock.release()
+
+
 def acquire_run_lock(run_dir: str | Path, command: str, *,
                      probe: Callable[[LockInfo], bool] | None = None) -> RunLock:
     """Take ``<run_dir>/.rlgen.lock`` for this process (creating ``run_dir`` when needed). Raises RunLocked when
     a live process holds it; takes over a lock whose holder is gone or whose file cannot be read. ``probe``
-    tells whether a holder is alive (holder_alive by default)."""
+    tells whether a holder is alive (holder_alive by default). A lock this process claimed for the directory
+    before (claim_run_dir) is handed over instead."""
+    claimed = _claimed.pop(Path(run_dir).resolve(), None)
+    if claimed is not None and claimed.held():
+        return claimed
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_FILE

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -14,11 +13,12 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from rlgen.durable import disk_full
 from rlgen.plan import Plan
 from rlgen.runlog import MirroredConsole, attach_run_log
 from rlgen.runtime.checkpoint_dir import final_model_from, newest_checkpoint
 from rlgen.runtime.errors import RunError, RunStopped, StopRequested
-from rlgen.runtime.lock import acquire_run_lock
+from rlgen.runtime.lock import acquire_run_lock, command_line
 from rlgen.runtime.setup import Hooks, Run, set_up, tear_down
 from rlgen.runtime.startup import print_startup
 from rlgen.runtime.status import RunStatus
@@ -48,7 +48,7 @@ def run_training(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     # one run per run directory: a second one (resume=auto while the first still runs) is refused in a sentence
-    lock = acquire_run_lock(out_dir, resume_command or " ".join(sys.argv))
+    lock = acquire_run_lock(out_dir, command_line())
     if lock.stale:
         log.info("%s", lock.stale)
     try:
@@ -82,7 +82,7 @@ def _locked_run(plan: Plan, out_dir: Path, console: Console, stop: StopFlag, res
         return summary
     except BaseException as err:
         ended = _ended(err, out_dir, status, stop, run.state.step if run else (resume.step if resume else 0),
-                       started=run is not None and run.sink is not None)
+                       started=run is not None and run.sink is not None, resume_command=resume_command)
         if ended is err:
             raise
         raise ended from None
@@ -163,24 +163,45 @@ def _busy_sampler(plan: Plan) -> Any:
 
 
 def _ended(err: BaseException, out_dir: Path, status: RunStatus, stop: StopFlag, step: int, *,
-           started: bool = False) -> BaseException:
+           started: bool = False, resume_command: str | None = None) -> BaseException:
     """status.json for a run that did not finish, and the error to raise: a stop the loop did not turn into a
     clean stop (during start-up, or while its last checkpoint was being made) becomes RunStopped with the newest
-    checkpoint; anything else goes on as it is."""
+    checkpoint; a full disk behind any other error a RunError saying so; anything else goes on as it is."""
     if isinstance(err, StopRequested):
         ckpt = newest_checkpoint(out_dir)
         when = "while the run was stopping" if started else "during start-up"
         err = RunStopped(f"{stop.name} {when}", exit_code=stop.exit_code, step=step,
                          checkpoint=str(ckpt) if ckpt else None)
     if isinstance(err, RunStopped):
-        status.update(state="stopped", reason=str(err), step=err.step, checkpoint=err.checkpoint,
-                      exit_code=err.exit_code)
+        _say_ended(status, state="stopped", reason=str(err), step=err.step, checkpoint=err.checkpoint,
+                   exit_code=err.exit_code)
         return err
     log.info("the run failed", exc_info=err)
+    full = disk_full(err)
+    if full is not None and not isinstance(err, RunError):  # a RunError already says what was not written
+        err = RunError(_disk_full_sentence(full, out_dir, resume_command))
     ckpt = newest_checkpoint(out_dir)
     reason = str(err) if isinstance(err, RunError) else f"{type(err).__name__}: {err}"
-    status.update(state="failed", reason=reason, step=step, checkpoint=str(ckpt) if ckpt else None)
+    _say_ended(status, state="failed", reason=reason, step=step, checkpoint=str(ckpt) if ckpt else None)
     return err
+
+
+def _say_ended(status: RunStatus, **fields: Any) -> None:
+    """status.json's last update; a failure to write it is logged and never hides why the run ended."""
+    try:
+        status.update(**fields)
+    except OSError as err:
+        log.warning("%s could not be updated (%s); the run ended as %s: %s", status.path, err, fields["state"],
+                    fields["reason"])
+
+
+def _disk_full_sentence(full: OSError, out_dir: Path, resume_command: str | None) -> str:
+    """One sentence for a run stopped by a full disk: the folder, what was not written, and the fix."""
+    path = getattr(full, "path", None) or full.filename
+    what = f"{Path(path).name} could not be written" if path else "a file could not be written"
+    then = f"continue the run with: {resume_command}" if resume_command else f"continue it with resume={out_dir}"
+    return (f"the disk that holds {out_dir} is full ({what}); free space on it (df -h {out_dir} shows what is "
+            f"left), then {then}")
 
 
 def _print_first_rollout(startup: dict[str, float], console: Console) -> None:
