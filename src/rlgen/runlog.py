@@ -3,8 +3,10 @@ the full detail of errors (tracebacks), which the terminal does not show."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,24 @@ class MirroredConsole(Console):
             log.info("%s", plain_text(*objects, **kwargs))
 
 
+class RunLogHandler(logging.FileHandler):
+    """run.log's handler. A record it cannot write (a full disk) is dropped without a word: logging's own report
+    (a traceback under "--- Logging error ---") would land on the terminal in the middle of the run's lines, and
+    the run says in one sentence why it stops."""
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handleError(record)
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError):
+            super().flush()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):  # the file is closed even when its last flush fails
+            super().close()
+
+
 def attach_run_log(run_dir: str | Path) -> Callable[[], None]:
     """Append INFO and above from every logger (Python warnings included) to run_dir/run.log until the
     returned function is called."""
@@ -41,7 +61,7 @@ def attach_run_log(run_dir: str | Path) -> Callable[[], None]:
     for h in root.handlers:  # already attached (e.g. run_training called twice on one directory)
         if isinstance(h, logging.FileHandler) and Path(h.baseFilename) == path.resolve():
             return lambda: None
-    handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+    handler = RunLogHandler(path, mode="a", encoding="utf-8")
     handler.setLevel(logging.INFO)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     old_level = root.level

@@ -324,3 +324,72 @@ def test_a_checkpoint_folder_that_cannot_be_made_is_one_sentence_naming_it(tmp_p
     assert message.startswith(f"checkpoint step_000002 could not be written under {tmp_path / 'checkpoints'} (")
     assert "no earlier checkpoint exists" in message and "\n" not in message
     assert read_status(tmp_path)["state"] == "failed"
+
+
+class FullDisk:
+    """The disk under a run fills up once `after` metrics lines are written: from then on a write that needs a new
+    block fails with ENOSPC (new files, appends past the file's last block), and so does run.log's stream;
+    rewriting a small file within its blocks still works, as on a real disk."""
+
+    BLOCK = 4096
+
+    def __init__(self, monkeypatch, after: int):
+        import errno
+        import logging
+
+        import rlgen.durable
+        from rlgen.metrics.sink import MetricsSink
+
+        self.full, real_write, real_log = False, rlgen.durable._write_all, MetricsSink.log
+
+        def write_all(fd, data):
+            size = os.fstat(fd).st_size
+            at = size if _appends(fd) else os.lseek(fd, 0, os.SEEK_CUR)
+            if self.full and at + len(data) > -(-size // self.BLOCK) * self.BLOCK:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            real_write(fd, data)
+
+        class Full:
+            def write(self, text):
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+            def flush(self):
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+        def log(sink, record):
+            if len(sink.records) >= after and not self.full:
+                self.full = True
+                for h in logging.getLogger().handlers:
+                    if isinstance(h, logging.FileHandler) and h.baseFilename.endswith("run.log"):
+                        h.stream.close()
+                        h.stream = Full()
+            real_log(sink, record)
+
+        monkeypatch.setattr(rlgen.durable, "_write_all", write_all)
+        monkeypatch.setattr(MetricsSink, "log", log)
+
+
+def _appends(fd: int) -> bool:
+    import fcntl
+
+    return bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND)
+
+
+def test_a_disk_that_fills_during_a_run_stops_it_in_one_sentence_and_status_says_failed(tmp_path, monkeypatch, capfd):
+    from rlgen.runtime import RunError
+
+    FullDisk(monkeypatch, after=3)
+    cfg = compose_run_config([*BASE, "steps=8", "checkpoint.every=2"])
+    with pytest.raises(RunError) as info:
+        run_training(build_plan(cfg), tmp_path, Console(quiet=True))
+    message = str(info.value)
+    assert str(tmp_path / "metrics.jsonl") in message and "the disk is full" in message and "\n" not in message
+    assert "free space on that disk and resume the run" in message
+    status = read_status(tmp_path)
+    assert status["state"] == "failed" and status["reason"] == message  # written in place, on the full disk
+    assert len(read_jsonl(tmp_path / "metrics.jsonl")) == 3  # whole lines only
+    err = capfd.readouterr().err
+    assert "Logging error" not in err and "Traceback" not in err, err  # logging kept its own trouble quiet
+    monkeypatch.undo()  # space freed: the run continues where it stopped
+    assert _run(tmp_path, ["steps=8", "checkpoint.every=2"], resume=True) is None
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(8))

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlgen.durable import replace_text
+from rlgen.durable import rewrite_small
 
 STATUS_FILE = "status.json"
 # running: steps are going; finished: all steps done; stopped: a clean stop (signal or fault), resumable;
@@ -19,8 +19,9 @@ STATES = ("starting", "running", "finished", "stopped", "failed", "rejected")
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """``data`` as JSON in ``path``, whole or not at all (rlgen.durable.replace_text)."""
-    replace_text(Path(path), json.dumps(data, indent=2, default=str) + "\n")
+    """``data`` as JSON in ``path``, whole or not at all (rlgen.durable.replace_text); on a full disk overwritten
+    in place (rlgen.durable.rewrite_small), so status.json can still say why a run ended."""
+    rewrite_small(Path(path), json.dumps(data, indent=2, default=str) + "\n")
 
 
 def read_status(run_dir: str | Path) -> dict[str, Any] | None:
