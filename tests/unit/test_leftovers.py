@@ -21,8 +21,8 @@ from rlgen.runtime.leftovers import (
     read_marker,
     remove_marker,
     same_process,
+    cluster_processes,
     session_members,
-    session_processes,
     start_time,
     stop_processes,
     write_marker,
@@ -128,58 +128,82 @@ def test_nonsense_is_dead():
 
 
 # -- the scan -------------------------------------------------------------------------------------------------
+HEAD = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def _head(spawn) -> tuple[subprocess.Popen, int]:
+    """A stand-in for a cluster's head: a process in a session of its own with a child in that session (as Ray's
+    processes are). Returns the head and its child's pid."""
+    head = spawn([sys.executable, "-c", HEAD], start_new_session=True)
+    return head, int(head.stdout.readline())
+
+
+def _wait_gone(pid: int, timeout_s: float = 15) -> bool:
+    deadline = time.time() + timeout_s
+    while start_time(pid) is not None and time.time() < deadline:
+        time.sleep(0.05)
+    return start_time(pid) is None
+
+
 def test_a_dead_drivers_session_is_cleaned_and_only_its_processes_stop(tmp_path, spawn, caplog):
     root = tmp_path / "ray"
     session = _session(root)
-    longer = _session(root, session.name + "2")  # a name that starts with the other's: not the same session
-    inside = _sleeper(spawn, str(session / "logs"))
-    beside = _sleeper(spawn, str(longer))
-    write_marker(session, _dead_identity(spawn))
+    head, child = _head(spawn)
+    other_head, other_child = _head(spawn)  # another cluster's session, whose driver lives
+    write_marker(session, _dead_identity(spawn), head_pid=head.pid)
+    write_marker(_session(root, session.name + "2"), identity(), head_pid=other_head.pid)
 
     with caplog.at_level("WARNING", logger="rlgen.runtime.leftovers"):
         assert clean_leftovers(root) == [session]
-    assert _gone(inside) and inside.returncode == -signal.SIGTERM
-    assert beside.poll() is None
+    assert _gone(head) and head.returncode == -signal.SIGTERM and _wait_gone(child)
+    assert other_head.poll() is None and start_time(other_child) is not None
     assert read_marker(session) is None
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 1 and "stopped 1 Ray process" in lines[0] and session.name in lines[0]
+    assert len(lines) == 1 and "stopped 2 Ray process" in lines[0] and session.name in lines[0]
     assert clean_leftovers(root) == []  # nothing left to do
+
+
+def test_a_process_that_only_names_the_session_folder_is_never_stopped(tmp_path, spawn):
+    """A user's `tail -f` of a log in the session folder is not Ray's, whatever its command line names; the
+    cluster's processes are found by the head's session, also once the head is gone."""
+    root = tmp_path / "ray"
+    session = _session(root)
+    log = session / "logs" / "raylet.out"
+    log.write_text("started\n")
+    head, child = _head(spawn)
+    tail = spawn(["tail", "-f", str(log)])
+    reader = _sleeper(spawn, str(session), str(log))
+    write_marker(session, _dead_identity(spawn), head_pid=head.pid)
+    head.kill()  # the head is gone too: its child lives on in the head's session
+    head.wait(timeout=10)
+    assert cluster_processes(read_marker(session)["head"]) == [child]
+    assert clean_leftovers(root) == [session]
+    assert _wait_gone(child)
+    assert tail.poll() is None and reader.poll() is None
 
 
 def test_a_live_drivers_session_is_kept(tmp_path, spawn):
     root = tmp_path / "ray"
     session = _session(root)
-    proc = _sleeper(spawn, str(session))
-    write_marker(session, identity())
+    head, child = _head(spawn)
+    write_marker(session, identity(), head_pid=head.pid)
     assert clean_leftovers(root) == []
     time.sleep(0.5)
-    assert proc.poll() is None and read_marker(session) is not None
+    assert head.poll() is None and start_time(child) is not None and read_marker(session) is not None
 
 
 def test_a_session_without_a_marker_is_kept(tmp_path, spawn):
     root = tmp_path / "ray"
-    session = _session(root)
-    proc = _sleeper(spawn, str(session))
+    _session(root)
+    head, child = _head(spawn)
     assert clean_leftovers(root) == []
     time.sleep(0.5)
-    assert proc.poll() is None
-
-
-def test_ray_titled_processes_with_a_file_open_in_the_session_count(tmp_path, spawn):
-    """Ray's workers and agents show only a title (ray::...); the files they hold open say which session."""
-    root = tmp_path / "ray"
-    session = _session(root)
-    sleep = shutil.which("sleep")
-    with open(session / "logs" / "worker.out", "w") as log:
-        worker = spawn(["ray::FakeWorker", "60"], executable=sleep, pass_fds=[log.fileno()])
-        reader = spawn(["sleep", "60"], executable=sleep, pass_fds=[log.fileno()])  # not a Ray process
-    deadline = time.time() + 10
-    while not session_processes([session])[str(session)] and time.time() < deadline:
-        time.sleep(0.05)
-    assert session_processes([session])[str(session)] == [worker.pid]
-    write_marker(session, _dead_identity(spawn))
-    assert clean_leftovers(root) == [session]
-    assert _gone(worker) and reader.poll() is None
+    assert head.poll() is None and start_time(child) is not None
 
 
 def test_the_recorded_head_stops_too(tmp_path, spawn):
@@ -194,11 +218,11 @@ def test_the_recorded_head_stops_too(tmp_path, spawn):
 def test_nothing_happens_where_proc_is_missing(tmp_path, spawn, monkeypatch):
     root = tmp_path / "ray"
     session = _session(root)
-    proc = _sleeper(spawn, str(session))
-    write_marker(session, _dead_identity(spawn))
+    head, _ = _head(spawn)
+    write_marker(session, _dead_identity(spawn), head_pid=head.pid)
     monkeypatch.setattr(leftovers, "supported", lambda: False)
     assert clean_leftovers(root) == []
-    assert proc.poll() is None and read_marker(session) is not None
+    assert head.poll() is None and read_marker(session) is not None
 
 
 def test_the_default_root_follows_ray(monkeypatch, tmp_path):

@@ -1,10 +1,13 @@
 """What a dead run's Ray cluster left behind, found and stopped.
 
 A local cluster that rlgen starts gets a marker, ``<session dir>/rlgen_driver.json``, naming the driver that
-asked for it (pid and start time) and the cluster's head process. When the next local cluster starts, every
-session under Ray's temp root whose marker names a driver that is gone has its processes stopped (SIGTERM, then
-SIGKILL) and its marker removed. Sessions without a marker (clusters rlgen did not start) and sessions whose
-driver still runs are never touched. It reads /proc, so it works on Linux and does nothing elsewhere."""
+asked for it (pid and start time) and the cluster's head process, which starts the cluster in a process session
+of its own. The head takes its cluster down itself once its driver is gone (runtime.localray); when the head is
+gone too, the next local cluster's start stops what is left: for every session under Ray's temp root whose
+marker names a driver that is gone, the processes of the head's session (by pid and start time, never by what
+their command line names) get SIGTERM, then SIGKILL, and the marker goes. Sessions without a marker (clusters
+rlgen did not start) and sessions whose driver still runs are never touched. It reads /proc, so it works on
+Linux and does nothing elsewhere."""
 
 from __future__ import annotations
 
@@ -12,7 +15,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import signal
 import sys
 import time
@@ -24,7 +26,6 @@ log = logging.getLogger(__name__)
 
 MARKER = "rlgen_driver.json"
 PROC = Path("/proc")
-RAY_TITLE = "ray::"  # the process title Ray gives its workers and agents (their command line no longer says more)
 TERM_WAIT_S = 5.0  # for processes to end after SIGTERM, before SIGKILL
 KILL_WAIT_S = 2.0  # for them to end after SIGKILL
 
@@ -99,56 +100,22 @@ def _pids() -> list[int]:
         return []
 
 
-def _cmdline(pid: int) -> list[str]:
-    try:
-        raw = (PROC / str(pid) / "cmdline").read_bytes()
-    except OSError:
+def cluster_processes(head: Any) -> list[int]:
+    """The processes of the cluster whose head ``head`` (identity() of it) was: the head while it runs, and every
+    live process of its session (the head starts one of its own) that started no earlier than it did. A session's
+    id stays taken while any member lives, so the id cannot have passed to another session meanwhile, and a
+    process outside the session (a ``tail -f`` of a log in the session folder) is never among them, whatever its
+    command line names. Empty for a marker without a head."""
+    if not isinstance(head, dict) or not isinstance(head.get("pid"), int):
         return []
-    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
-
-
-def _open_paths(pid: int) -> list[str]:
-    try:
-        fds = list((PROC / str(pid) / "fd").iterdir())
-    except OSError:
-        return []
-    paths = []
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            paths.append(os.readlink(fd))
-    return paths
-
-
-def _spellings(session_dir: str | Path) -> set[str]:
-    """The session directory as given and with links resolved (open files show the resolved path)."""
-    path = str(session_dir).rstrip("/")
-    return {path, os.path.realpath(path)}
-
-
-def session_processes(session_dirs: Iterable[str | Path]) -> dict[str, list[int]]:
-    """The processes of each Ray session directory: those whose command line names it (GCS, raylet, monitors,
-    ...), and Ray's workers and agents (titled ``ray::...``) that hold a file open in it. This process is never
-    listed. Keys are the directories as given."""
-    dirs = {str(d): _spellings(d) for d in session_dirs}
-    if not dirs or not supported():
-        return {d: [] for d in dirs}
-    named = {d: re.compile("|".join(re.escape(s) for s in sorted(ss)) + r"(?![\w.-])") for d, ss in dirs.items()}
-    found: dict[str, list[int]] = {d: [] for d in dirs}
-    me = os.getpid()
-    for pid in _pids():
-        if pid == me:
-            continue
-        args = _cmdline(pid)
-        if not args:
-            continue  # kernel threads and zombies
-        line = " ".join(args)
-        hits = {d for d, rx in named.items() if rx.search(line)}
-        if len(hits) < len(dirs) and args[0].startswith(RAY_TITLE):
-            for path in _open_paths(pid):
-                hits.update(d for d, ss in dirs.items() if any(path == s or path.startswith(s + "/") for s in ss))
-        for d in hits:
-            found[d].append(pid)
-    return found
+    if head.get("boot") and boot_id() not in (None, head["boot"]):
+        return []  # the machine started again since: its session ids are new
+    since = head.get("start")
+    members = [pid for pid in session_members(head["pid"])
+               if since is None or (start_time(pid) or 0) >= since]
+    if same_process(head) and head["pid"] not in members and head["pid"] != os.getpid():
+        members.append(head["pid"])
+    return members
 
 
 def session_members(sid: int) -> list[int]:
@@ -260,13 +227,7 @@ def clean_leftovers(root: str | Path | None = None, kept_too: bool = False) -> l
     dead = orphaned_sessions(root, kept_too)
     if not dead:
         return []
-    found = session_processes(str(d) for d, _ in dead)
-    pids: dict[Path, set[int]] = {}
-    for session, data in dead:
-        pids[session] = set(found.get(str(session), []))
-        head = data.get("head")
-        if same_process(head):
-            pids[session].add(head["pid"])
+    pids = {session: set(cluster_processes(data.get("head"))) for session, data in dead}
     every = set().union(*pids.values())
     stubborn = set(stop_processes(every)) if every else set()
     cleaned = []
@@ -314,7 +275,7 @@ __all__ = [
     "remove_marker",
     "same_process",
     "session_members",
-    "session_processes",
+    "cluster_processes",
     "start_time",
     "stop_processes",
     "write_marker",

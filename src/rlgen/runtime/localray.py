@@ -2,7 +2,8 @@
 children in this process's group, so a signal to the group (a scheduler's or timeout's SIGTERM) would kill the
 learner before the stop's checkpoint. Instead a head process in a new session starts the cluster (with
 ray.init, so Ray's defaults hold), marks its session directory with this driver (runtime.leftovers), and takes
-the cluster down on SIGTERM; this process joins it and owns it: ``stop_local`` takes it down, every wait bounded.
+the cluster down on SIGTERM, or by itself within seconds once that driver is gone (killed with no chance to stop
+it); this process joins it and owns it: ``stop_local`` takes it down, every wait bounded.
 
 A run whose engines are kept warm (runtime.warm) leaves instead (``keep_local``): the head holds the cluster until
 the time its marker names, then takes it down itself; a later run with the same cluster key takes it over
@@ -52,6 +53,7 @@ class LocalCluster:
     forget: Callable[[], None] = lambda: None  # takes back the hard-exit hook
     key: str = ""  # the cluster key (runtime.warm) when its engines may be kept warm at the end
     taken_over: bool = False  # a cluster an earlier run kept warm: its engines and placement groups are there
+    head_ident: dict[str, Any] | None = None  # leftovers.identity() of the head: its session is the cluster's
 
 
 class _Head:
@@ -110,18 +112,30 @@ def head_main(argv: list[str]) -> None:
     tmp = answer.with_name(answer.name + ".tmp")
     tmp.write_text(json.dumps({"address": ray.get_runtime_context().gcs_address, "session_dir": session_dir}))
     os.replace(tmp, answer)
-    while not done.wait(1.0) and not _keep_ended(session_dir):
+    why = None
+    while not done.wait(1.0) and (why := _no_longer_needed(session_dir)) is None:
         pass
+    if why:
+        print(f"taking the cluster down: {why}", flush=True)
     ray.shutdown()
     _stop_session(session_dir)
 
 
-def _keep_ended(session_dir: str) -> bool:
-    """Whether the time a run kept this cluster warm for has passed (its marker says until when)."""
-    from rlgen.runtime.leftovers import read_marker
+def _no_longer_needed(session_dir: str) -> str | None:
+    """Why the head should take its cluster down now (None: it is still needed): the time a run kept it warm for
+    has passed, or the driver its marker names is gone (killed, say, with no chance to stop it)."""
+    from rlgen.runtime.leftovers import read_marker, same_process
 
-    kept = (read_marker(session_dir) or {}).get("kept")
-    return isinstance(kept, dict) and time.time() >= float(kept.get("until", 0))
+    marker = read_marker(session_dir)
+    if marker is None:
+        return None  # being rewritten, or removed by whoever stops this head
+    kept = marker.get("kept")
+    if isinstance(kept, dict):
+        return "the time it was kept warm for has passed" if time.time() >= float(kept.get("until", 0)) else None
+    driver = marker.get("driver")
+    if isinstance(driver, dict) and driver.get("pid") is not None and not same_process(driver):
+        return f"its driver (pid {driver['pid']}) is gone"
+    return None
 
 
 def _stop_session(session_dir: str) -> None:
@@ -154,7 +168,7 @@ def start_local(init: dict[str, Any], timeout_s: float, stop: Any, key: str = ""
     with open(Path(scratch) / "head.log", "wb") as out:
         head = subprocess.Popen([sys.executable, "-c", _HEAD_CODE, json.dumps(init), str(answer), json.dumps(identity())],
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    cluster = _local = LocalCluster(head, scratch, key=key)
+    cluster = _local = LocalCluster(head, scratch, key=key, head_ident=identity(head.pid))
     _own(cluster)
     try:
         info = _await_head(cluster, answer, timeout_s, stop)
@@ -198,7 +212,7 @@ def _take_over(key: str) -> bool:
                 continue  # another run took it meanwhile
             write_marker(session, identity(), head_pid=data["head"]["pid"])
         cluster = _local = LocalCluster(_Head(data["head"]), tempfile.mkdtemp(prefix="rlgen-ray-"), kept["address"],
-                                        str(session), key=key, taken_over=True)
+                                        str(session), key=key, taken_over=True, head_ident=data["head"])
         _own(cluster)
         try:
             with _quiet_connect():
@@ -318,7 +332,7 @@ def stop_local() -> None:
     """Leave and take down the local cluster this process started, whatever state it is in; every wait is
     bounded: the head gets HEAD_STOP_S to stop the cluster, then what is left of it is killed."""
     global _local
-    from rlgen.runtime.leftovers import remove_marker, session_members, session_processes, stop_processes
+    from rlgen.runtime.leftovers import cluster_processes, remove_marker, stop_processes
 
     cluster, _local = _local, None
     if cluster is None:
@@ -332,9 +346,7 @@ def stop_local() -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             head.wait(HEAD_STOP_S)
     # The head's pid names its session while any member lives, so this finds only the cluster's processes.
-    left = set(session_members(head.pid))
-    if cluster.session_dir:
-        left.update(session_processes([cluster.session_dir])[cluster.session_dir])
+    left = cluster_processes(cluster.head_ident or {"pid": head.pid})
     stubborn = stop_processes(left) if left else []
     with contextlib.suppress(subprocess.TimeoutExpired):
         head.wait(1.0)
