@@ -191,6 +191,22 @@ def test_context_from_plan():
     assert "async_steps" not in v.advice  # already running ahead
 
 
+@pytest.mark.parametrize("gen, train", [(0.1, 0.9), (0.9, 0.1), (0.5, 0.5)])
+def test_cpu_runs_stay_on_policy_so_the_advice_never_asks_to_run_ahead(gen, train):
+    """The plan keeps CPU runs on-policy (README); the advice does not contradict it, while a vLLM run on GPUs
+    that the config kept on-policy is still told to run one step ahead."""
+    from rlgen.config.compose import compose_run_config
+    from rlgen.plan import build_plan
+
+    record = on_policy_record(0, gen=gen, train=train)
+    cpu = build_plan(compose_run_config([]))
+    assert cpu.device == "cpu" and cpu.async_steps == 0
+    for ctx in (context_from_plan(cpu), context_from_plan(json.loads(cpu.to_json()))):
+        assert "async_steps" not in assess(measure_record(record), ctx).advice
+    gpu = build_plan(compose_run_config(["engine=vllm", "hardware=8xh100", "algo.async_steps=0"]))
+    assert "raise algo.async_steps to 1" in assess(measure_record(record), context_from_plan(gpu)).advice
+
+
 def test_far_off_balance_does_not_count_out_absurd_engine_numbers():
     v = assess(measure_record(on_policy_record(0, gen=3.0, train=0.02)), BalanceContext(num_engines=2, device="cuda"))
     assert v.kind == Kind.generation_bound.value

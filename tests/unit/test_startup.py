@@ -131,3 +131,24 @@ def test_work_beside_set_up_raises_its_error_and_a_stop_does_not_wait_for_it():
     with pytest.raises(StopRequested):
         slow.result(stop)
     assert time.time() - t0 < 1
+
+
+def test_the_lines_said_as_phases_begin_and_the_report_use_one_clock():
+    """A phase's live line says when it began (seconds after launch); the report has that same number in its
+    "at" column and, beside it, the seconds the phase took."""
+    import re
+
+    live = io.StringIO()
+    clock = StartupClock(Console(file=live, width=200), launched=time.time() - 5)
+    with clock.phase("Ray cluster"):
+        time.sleep(0.3)
+    with clock.phase("engines and learners"):
+        time.sleep(0.2)
+    said = dict((name, float(at)) for at, name in re.findall(r"start-up (?:at )?\s*([\d.]+) s: (.+)", live.getvalue()))
+    assert said["Ray cluster"] == 5.0 and said["engines and learners"] == 5.3
+    out = io.StringIO()
+    print_startup(clock.to_dict(), Console(file=out, width=200))
+    rows = {cells[0]: cells[1:] for line in out.getvalue().replace("┃", "│").splitlines()
+            if len(cells := [c.strip() for c in line.strip("│ ").split("│")]) > 1}
+    assert rows["Ray cluster"] == ["5.0", "0.3"] and rows["engines and learners"] == ["5.3", "0.2"]
+    assert rows["phase"] == ["at", "took"]

@@ -4,7 +4,6 @@ into one line and an exit code."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shlex
@@ -166,5 +165,4 @@ def train_app(dict_cfg) -> float:
                            "[bold red]run stopped:[/] ", 1, out)
     finally:
         stop.uninstall()
-    console.print(json.dumps({k: summary[k] for k in ("reward_first_20pct", "reward_last_20pct")}), highlight=False)
     return float(summary["reward_last_20pct"])

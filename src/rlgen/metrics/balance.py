@@ -64,6 +64,7 @@ class BalanceContext:
     learner_gpus: int = 0  # GPUs of their own the learners hold (0 when colocated)
     engine_gpus: int = 0
     engines_per_gpu_next: int | None = None  # one more engine per GPU fits (None: it does not, or unknown)
+    runs_ahead: bool = True  # engines run ahead here by default (False on CPU: no advice to raise async_steps)
     bigger_hardware: tuple[tuple[str, int], ...] = ()  # presets with more GPUs, fewest first: (name, GPUs)
 
 
@@ -86,6 +87,7 @@ def context_from_plan(plan: Any) -> BalanceContext:
         learner_gpus=int(room.get("learner_gpus", 0)),
         engine_gpus=int(room.get("engine_gpus", 0)),
         engines_per_gpu_next=room.get("engines_per_gpu_next"),
+        runs_ahead=bool(room.get("runs_ahead", True)),
         bigger_hardware=tuple((str(n), int(g)) for n, g in room.get("bigger_hardware", ())),
     )
 
@@ -217,7 +219,9 @@ def advise(kind: Kind, m: StepBalance, ctx: BalanceContext = NO_CONTEXT) -> str:
     window = max(m.window_s, 1e-12)
     ratio = m.ratio
     fixes: list[str] = []
-    overlap = ctx.async_steps == 0  # advise async_steps=1 (colocated: the engine then stays awake and overlaps)
+    # advise async_steps=1 (colocated: the engine then stays awake and overlaps) only where the plan itself runs
+    # engines ahead by default (plan.overlap.runs_ahead); CPU runs stay on-policy
+    overlap = ctx.async_steps == 0 and ctx.runs_ahead
     if kind == Kind.generation_bound:
         head = (
             f"generation-bound: the learner waited {m.learner_wait_s / window:.0%} of the step; generating a batch "

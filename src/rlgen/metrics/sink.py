@@ -13,10 +13,10 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
 
 from rlgen.config import RunConfig, WandbMode
 from rlgen.durable import append_line, replace_text
+from rlgen.metrics.summary_table import print_run_summary
 
 log = logging.getLogger("rlgen.console")
 
@@ -45,10 +45,6 @@ def keep_lines(path: Path, n: int) -> list[dict]:
     replace_text(path, "".join(lines[:n]))
     return [json.loads(line) for line in lines[:n]]
 
-
-# summary.json keys the closing report prints on their own (the balance advice once, after its table; the
-# start-up phases in theirs), not as rows of the run summary table
-TABLED_ELSEWHERE = ("balance_advice",)
 
 class MetricsSink:
     def __init__(self, out_dir: Path, cfg: RunConfig, total_steps: int, console: Console | None = None, *,
@@ -155,15 +151,7 @@ class MetricsSink:
         self.progress.stop()
         self._file.close()
         replace_text(self.out_dir / "summary.json", json.dumps(_jsonable(summary), indent=2) + "\n")
-        t = Table(title="run summary", title_justify="left", show_header=False)
-        t.add_column("metric")
-        t.add_column("value")
-        for key, val in summary.items():
-            if key in TABLED_ELSEWHERE or isinstance(val, dict):
-                continue
-            t.add_row(key, f"{val:.4g}" if isinstance(val, float) else str(val))
-        self.console.print(t)
-        self.console.print(f"metrics: {self.path}", highlight=False)
+        print_run_summary(summary, self.console, self.out_dir)
         if self.wandb is not None:
             self.wandb.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float))})
             self.wandb.finish()

@@ -18,9 +18,15 @@ ASLEEP_WHY = ("derived: colocated, and an awake engine and the training learner 
               "engine sleeps while the learner trains (on-policy)")
 
 
+def runs_ahead(cfg: RunConfig, spec: EngineSpec) -> bool:
+    """Whether engines run ahead of the learner here by default: engines on GPUs that take weight updates while
+    they generate. Elsewhere (every CPU run) the plan stays on-policy, and the balancer advises no other."""
+    return spec.in_flight_updates and cfg.hardware.gpus_per_node > 0
+
+
 def default_async_steps(cfg: RunConfig, spec: EngineSpec, colocated: bool) -> Setting:
     """The value and reason for algo.async_steps left null, before memory is fitted."""
-    if spec.in_flight_updates and cfg.hardware.gpus_per_node > 0:
+    if runs_ahead(cfg, spec):
         why = ("derived: colocated vLLM engines stay awake and generate the next batch while the learner trains"
                if colocated else "derived: engines on their own GPUs generate the next batch while the learner trains")
         return Setting("algo.async_steps", 1, why)
@@ -54,4 +60,4 @@ def fit_with_overlap(cfg: RunConfig, spec: EngineSpec, model, ranks: int, per_ra
     return fitted_cfg, [Setting("algo.async_steps", 0, ASLEEP_WHY), *fitted], memory
 
 
-__all__ = ["check_sleep_mode", "default_async_steps", "fit_with_overlap"]
+__all__ = ["check_sleep_mode", "default_async_steps", "fit_with_overlap", "runs_ahead"]

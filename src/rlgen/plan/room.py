@@ -1,6 +1,7 @@
 """What a plan's hardware leaves room for, so the balancer's advice names only changes this hardware can take:
-GPUs no actor uses, one more engine per GPU where engines may share one, and, for its "with more GPUs" clause,
-the hardware presets that have more GPUs. Pure: no torch, no Ray."""
+GPUs no actor uses, one more engine per GPU where engines may share one, whether engines run ahead of the learner
+here (algo.async_steps=1), and, for its "with more GPUs" clause, the hardware presets that have more GPUs. Pure:
+no torch, no Ray."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import re
 from rlgen.config import RunConfig
 from rlgen.engines.registry import EngineSpec
 from rlgen.plan.layout import EngineSlot, Layout, LearnerSlot, ModelSummary
+from rlgen.plan.overlap import runs_ahead
 from rlgen.plan.slots import shared_gpu_problem
 
 ADVISED_ENGINES_PER_GPU = 2
@@ -42,8 +44,9 @@ def bigger_hardware(cfg: RunConfig) -> list[tuple[str, int]]:
 def hardware_room(cfg: RunConfig, spec: EngineSpec, layout: Layout, engines: tuple[EngineSlot, ...],
                   learners: tuple[LearnerSlot, ...], ms: ModelSummary) -> dict:
     """{free_gpus, learner_gpus and engine_gpus (learner_gpus 0 when they share the engines' GPUs),
-    engines_per_gpu_next (None: engines cannot share a GPU more), bigger_hardware: [(name, gpus), ...]} for the
-    balancer (rlgen.metrics.balance.BalanceContext)."""
+    engines_per_gpu_next (None: engines cannot share a GPU more), runs_ahead (engines run ahead of the learner
+    here by default: plan.overlap), bigger_hardware: [(name, gpus), ...]} for the balancer
+    (rlgen.metrics.balance.BalanceContext)."""
     from rlgen.plan.checks import check_engine_floor
 
     hw = cfg.hardware
@@ -59,7 +62,7 @@ def hardware_room(cfg: RunConfig, spec: EngineSpec, layout: Layout, engines: tup
         check_engine_floor(more, spec, ms, p)
     return {"free_gpus": max(total - len(engine_gpus | learner_gpus), 0),
             "learner_gpus": 0 if layout is Layout.colocated else len(learner_gpus), "engine_gpus": len(engine_gpus),
-            "engines_per_gpu_next": k + 1 if fits and not p else None,
+            "engines_per_gpu_next": k + 1 if fits and not p else None, "runs_ahead": runs_ahead(cfg, spec),
             "bigger_hardware": bigger_hardware(cfg) if total else []}
 
 

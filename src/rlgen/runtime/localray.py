@@ -285,15 +285,20 @@ def _head_output(cluster: LocalCluster, limit: int = 20000) -> str:
 def _token_auth_as_ray_init() -> None:
     """Token authentication as ray.init() sets it up for a cluster it starts (on, unless RAY_AUTH_MODE says
     otherwise, with the token saved where Ray looks), so the head, which inherits this environment, and this
-    process agree."""
+    process agree. With RAY_AUTH_MODE unset the mode is set to token here, as ray.init() would, but without the
+    warning ray.init() prints each time it does so (docs/cluster.md)."""
     try:
         from ray._private.authentication.authentication_token_setup import (
             enable_token_auth_by_default,
             ensure_token_if_auth_enabled,
         )
+        from ray._raylet import Config
     except ImportError:  # a Ray without token authentication
         return
-    enable_token_auth_by_default()
+    if "RAY_AUTH_MODE" not in os.environ:
+        os.environ["RAY_AUTH_MODE"] = "token"  # for this process and the head, which inherits it
+        Config.initialize("")  # Ray's cached config reads the mode again
+    enable_token_auth_by_default()  # a mode set explicitly: taken as it is, without a warning
     ensure_token_if_auth_enabled({}, create_token_if_missing=True)
 
 

@@ -1,6 +1,7 @@
-"""A run's start-up, phase by phase: what it is doing is said as it begins, a wait on actors says every
-PROGRESS_S which ones are not ready yet, and the seconds of each phase (and of each actor's own start, from its
-health report) go into summary.json and the closing report."""
+"""A run's start-up, phase by phase: what it is doing is said as it begins ("start-up at 0.8 s: model folder",
+seconds after launch), a wait on actors says every PROGRESS_S which ones are not ready yet, and when each phase
+began and the seconds it took (and each actor's own start, from its health report) go into summary.json and the
+closing report, whose "at" column is the same clock as the lines said as the phases began."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ FIRST_BATCH = "first batch (generate, score)"
 class StartupClock:
     def __init__(self, console: Console, launched: float = STARTED_AT):
         self.console, self.launched = console, launched
-        self.phases: dict[str, float] = {}
+        self.phases: dict[str, float] = {}  # seconds each phase took
+        self.began: dict[str, float] = {}  # when each phase began, in seconds after launch (as it was said)
         self.actors: dict[str, dict[str, Any]] = {}
         self.first_rollout_s: float | None = None
         self._setup_end: float | None = None
@@ -44,8 +46,10 @@ class StartupClock:
         any thread, so phases that run at once are each timed. beside: a phase that goes on beside the first
         batch (its end is not the end of set-up)."""
         if not self.phases:
-            self.phases[LAUNCH] = self.since_launch()
-        self.console.print(f"[dim]start-up {self.since_launch():5.1f} s:[/] {name}", highlight=False)
+            self.phases[LAUNCH], self.began[LAUNCH] = self.since_launch(), 0.0
+        at = self.since_launch()
+        self.began.setdefault(name, at)
+        self.console.print(f"[dim]start-up at {at:5.1f} s:[/] {name}", highlight=False)
         before, t0 = self.phases.setdefault(name, 0.0), time.time()
 
         def end() -> None:
@@ -59,7 +63,7 @@ class StartupClock:
         """A progress callback for Waiter.get over actors named `names` (in the refs' order)."""
         def say(elapsed: float, pending: list[int]) -> None:
             who = ", ".join(names[i] for i in pending[:6]) + (f" and {len(pending) - 6} more" if len(pending) > 6 else "")
-            self.console.print(f"[dim]start-up {self.since_launch():5.1f} s:[/] waiting for {who} ({elapsed:.0f} s "
+            self.console.print(f"[dim]start-up at {self.since_launch():5.1f} s:[/] waiting for {who} ({elapsed:.0f} s "
                                "so far; a vLLM engine imports, loads its weights, compiles, sizes its KV cache and "
                                "captures CUDA graphs)", highlight=False)
         return say
@@ -90,32 +94,41 @@ class StartupClock:
             self.first_rollout_s = self.since_launch()
             if self._setup_end is not None:
                 self.phases[FIRST_BATCH] = time.time() - self._setup_end
+                self.began[FIRST_BATCH] = self._setup_end - self.launched
 
     def to_dict(self) -> dict[str, Any]:
-        return {"phases": {k: round(v, 3) for k, v in self.phases.items()}, "actors": self.actors,
+        return {"phases": {k: round(v, 3) for k, v in self.phases.items()},
+                "began": {k: round(v, 3) for k, v in self.began.items()}, "actors": self.actors,
                 "first_rollout_s": None if self.first_rollout_s is None else round(self.first_rollout_s, 3)}
 
 
 def print_startup(startup: dict[str, Any], console: Console) -> None:
-    """The start-up report: each phase, and each actor's own steps."""
+    """The start-up report: each phase and each actor's own start, when it began (at, in seconds after launch,
+    as the lines said while the run started) and the seconds it took."""
     phases = startup.get("phases") or {}
     if not phases:
         return
-    t = Table(title="start-up", title_justify="left", show_header=False)
+    began = startup.get("began") or {}
+    t = Table(title="start-up (at: seconds after launch; took: seconds)", title_justify="left")
     t.add_column("phase")
-    t.add_column("seconds", justify="right")
+    t.add_column("at", justify="right")
+    t.add_column("took", justify="right")
     for name, seconds in phases.items():
-        t.add_row(name, f"{seconds:.1f}")
+        t.add_row(name, _at(began.get(name)), f"{seconds:.1f}")
     for name, a in (startup.get("actors") or {}).items():
         steps = ", ".join(f"{k} {v:.1f}" for k, v in a["steps"].items())
         parts = ", ".join(f"{k} {v:.1f}" for k, v in a["parts"].items())
         wait = (a["init_begin_s"] - a["asked_s"]) if a.get("asked_s") is not None and a.get("init_begin_s") else None
         t.add_row(f"  {name}: " + ("; ".join(x for x in (steps, parts and f"of which {parts}") if x) or "started")
                   + (f" (began {wait:.1f} s after it was asked for)" if wait is not None else ""),
-                  f"{a['init_s']:.1f}")
+                  _at(a.get("init_begin_s")), f"{a['init_s']:.1f}")
     if startup.get("first_rollout_s") is not None:
-        t.add_row("[bold]time to first rollout[/]", f"[bold]{startup['first_rollout_s']:.1f}[/]")
+        t.add_row("[bold]time to first rollout[/]", f"[bold]{startup['first_rollout_s']:.1f}[/]", "")
     console.print(t)
+
+
+def _at(seconds: float | None) -> str:
+    return "" if seconds is None else f"{seconds:.1f}"
 
 
 __all__ = ["PROGRESS_S", "StartupClock", "print_startup"]
