@@ -139,10 +139,6 @@ def train_app(dict_cfg) -> float:
         if point is not None:
             _move_into(point, out)
             out = point.run_dir
-            if point.step >= cfg.steps:
-                console.print(f"{out} already finished its {point.step} steps; raise steps= to train it further, "
-                              "or drop resume= to start a new run.", highlight=False)
-                return float("nan")
         summary = run_training(plan, out, console, resume=point, stop=stop, resume_command=_resume_command(out))
     except PlanError as err:
         return _job_failed("rejected", "\n".join(err.problems), "[bold red]error:[/] ", 2)
