@@ -51,9 +51,12 @@ def _hydra_app(task_fn_path: str, argv: list[str], name: str) -> int:
         except Exception as err:  # noqa: BLE001 - one line here, the traceback in the run directory
             sys.exit(_unexpected(name, err))
 
+    from rlgen.commands.sweep import sweep_exit_code
+
+    sweep_exit_code()  # a record left by an earlier call in this process
     sys.argv = [f"rlgen-{name}", *argv]
     app()
-    return 0
+    return sweep_exit_code()
 
 
 def _unexpected(name: str, err: BaseException) -> int:

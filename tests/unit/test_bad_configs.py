@@ -40,13 +40,14 @@ PLAN_ERRORS = [
     (
         "reward-weights-all-zero",
         ["+task.rewards.exact_match=0", "+task.rewards.char_match=0"],
-        ["task.rewards: every weight is 0", "task.rewards={exact_match:1.0,char_match:1.0}"],
+        ["task.rewards.exact_match=0 and task.rewards.char_match=0: every weight is 0",
+         "++task.rewards.exact_match=1.0"],
         1,
     ),
     (
         "entropy-top-frac-0",
         ["algo.entropy_top_frac=0"],
-        ["algo.entropy_top_frac=0.0 in (0, 1]"],
+        ["algo.entropy_top_frac=0.0 must be in (0, 1]"],
         1,
     ),
     (

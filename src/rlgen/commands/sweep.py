@@ -19,6 +19,21 @@ from hydra.experimental.callback import Callback
 
 from rlgen.metrics.report import balance_summary, load_run
 
+# The exit codes of this process's sweep jobs that did not run to the end (rejected: 2, failed: 1): the sweep goes on
+# past them, and its own exit code is the largest (sweep_exit_code).
+FAILED_JOBS: list[int] = []
+
+
+def note_failed_job(code: int) -> None:
+    FAILED_JOBS.append(code)
+
+
+def sweep_exit_code() -> int:
+    """The exit code of the sweep this process ran (0 when every job ran), and the record cleared."""
+    code = max(FAILED_JOBS, default=0)
+    FAILED_JOBS.clear()
+    return code
+
 
 def _overrides(job_dir: Path) -> list[str]:
     path = job_dir / ".hydra" / "overrides.yaml"
@@ -188,13 +203,29 @@ class SweepSummary(Callback):
             sweep_dir = _common_parent(dirs)
         if not sweep_dir.is_dir():
             return
-        md, js = write_sweep_summary(sweep_dir, dirs or None)
-        if self.print_table:
-            from rich.console import Console
+        from rich.console import Console
+        from rich.markup import escape
 
+        md, js = write_sweep_summary(sweep_dir, dirs or None)
+        rows = json.loads(js.read_text())["runs"]
+        if self.print_table:
             console = Console(soft_wrap=True)
-            print_sweep(json.loads(js.read_text())["runs"], console)
+            print_sweep(rows, console)
             console.print(f"sweep summary: {md}", highlight=False)
+        if line := unfinished_line(rows):
+            Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(line)}", highlight=False)
+
+
+def unfinished_line(rows: list[dict[str, Any]]) -> str | None:
+    """One sentence naming the sweep points that were rejected, failed or stopped, and why; None when all
+    finished."""
+    common = _common_overrides(rows)
+    bad = [r for r in rows if r.get("status") in ("rejected", "failed", "stopped")]
+    if not bad:
+        return None
+    said = "; ".join(f"{_label(r, common)} ({r['status']}: {' '.join(str(r.get('reason', '')).split()).rstrip('.')})"
+                     for r in bad)
+    return f"{len(bad)} of {len(rows)} sweep points did not run to the end: {said}."
 
 
 def _common_parent(dirs: list[Path]) -> Path:

@@ -49,13 +49,16 @@ def _in_multirun() -> bool:
 def _job_failed(status: str, message: str, prefix: str, code: int, out: Path | None = None, *,
                 end_sweep: bool = False) -> float:
     """Report a job that could not run or stopped. A single run exits with `code`; a job of a multirun writes
-    its reason to status.json (the sweep summary shows it) and returns NaN, so the sweep goes on, unless
-    end_sweep (a stop signal: the user wants the whole sweep to stop)."""
+    its reason to status.json (the sweep summary shows it) and returns NaN, so the sweep goes on (and ends with
+    the largest such code), unless end_sweep (a stop signal: the user wants the whole sweep to stop)."""
     from rlgen.runtime.status import RunStatus, read_status
 
     Console(stderr=True, soft_wrap=True).print(prefix + escape(message), highlight=False)
     if end_sweep or not _in_multirun():
         sys.exit(code)
+    from rlgen.commands.sweep import note_failed_job
+
+    note_failed_job(code)
     out = out or run_dir()
     if (read_status(out) or {}).get("state") not in ("stopped", "failed"):
         RunStatus(out).update(state=status, reason=message)
@@ -140,10 +143,6 @@ def train_app(dict_cfg) -> float:
         if point is not None:
             _move_into(point, out)
             out = point.run_dir
-            if point.step >= cfg.steps:
-                console.print(f"{out} already finished its {point.step} steps; raise steps= to train it further, "
-                              "or drop resume= to start a new run.", highlight=False)
-                return float("nan")
         summary = run_training(plan, out, console, resume=point, stop=stop, resume_command=_resume_command(out))
     except PlanError as err:
         return _job_failed("rejected", "\n".join(err.problems), "[bold red]error:[/] ", 2)

@@ -16,6 +16,7 @@ from rlgen.config import LearnerKind, LoraSync, RunConfig, Setting, Transport, s
 from rlgen.engines.registry import EngineSpec, UnknownEngineKind, engine_spec
 from rlgen.learners.registry import resolve_learner
 from rlgen.plan.checks import check_hardware, check_learners, check_lengths, check_logits, live_vllm_env
+from rlgen.plan.ignored import check_ignored
 from rlgen.plan.layout import BatchGeometry, EngineSlot, Layout, ModelSummary, Plan, PlanError
 from rlgen.plan.lora import resolve_lora
 from rlgen.plan.memory import GIB, adapter_params, checkpoint_bytes, share_part
@@ -24,7 +25,7 @@ from rlgen.plan.overlap import default_async_steps, fit_with_overlap
 from rlgen.plan.recipes import fill_recipe
 from rlgen.plan.room import hardware_room
 from rlgen.plan.slots import default_engines_per_gpu, place_engines, place_learners
-from rlgen.plan.values import check_values
+from rlgen.plan.values import check_values, once_per_nonfinite
 
 
 def count_params(m) -> tuple[int, int]:
@@ -144,6 +145,7 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
     zero_from_recipe = any(s.key == "learner.zero_stage" and s.source.startswith("recipe") for s in settings)
     cfg, lora = resolve_lora(cfg, spec, ms, len(learners), batch.sequences_per_rank, layout is Layout.colocated,
                              zero_from_recipe, p)
+    check_ignored(cfg, p)
     settings = _latest(settings + lora)
     memory = None
     if not p:  # sizes are sound: fit memory, filling micro-batch and engine share when left null
@@ -153,7 +155,7 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
     _check_micro_batch(cfg, ms, batch, bool(learners), p)
     check_lengths(cfg, spec, ms, bool(engines) and cfg.engine.tensor_parallel_size > 0, p)
     if p:
-        raise PlanError(p)
+        raise PlanError(once_per_nonfinite(cfg, p))
     env, dropped = live_vllm_env(cfg.engine.env) if spec.passes_env else ({}, [])
     cfg, background = _checkpoint_background(cfg, device)
     settings.append(background)

@@ -3,21 +3,72 @@ it must be and a usual value. Pure: no torch, no Ray."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from collections.abc import Iterator
+from typing import Any
+
 from rlgen.config import Level, LossAgg, RunConfig, TaskKind
+
+# The most steps a run may ask for: at the tiny CPU model's 0.1 s a step, ten million steps take 12 days, and a
+# step on GPUs takes seconds (months to years). A larger number is a typo, not a run.
+MAX_STEPS = 10_000_000
+MAX_LR = 1.0  # a learning rate of 1 or more makes AdamW's steps as large as the weights: no model trains at it
+MAX_TEMPERATURE = 10.0  # above this every token is about equally likely: sampling is noise
+# Groups the walk for non-finite numbers leaves to their own command's checks (rlgen serve's).
+OWN_CHECKS = ("serve",)
 
 
 def check_values(cfg: RunConfig, p: list[str]) -> None:
-    """Every single value in its range; each failure names the key, the allowed range and a usual value."""
+    """Every single value in its range; each failure names the key, the allowed range and a usual value. A value
+    that is not a finite number (nan, inf) gets that one sentence only."""
+    p.extend(sentence for _, sentence in nonfinite(cfg))
     _check_run(cfg, p)
     _check_algo(cfg, p)
     _check_engine(cfg, p)
     _check_model(cfg, p)
     _check_task(cfg, p)
+    p[:] = once_per_nonfinite(cfg, p)
+
+
+def once_per_nonfinite(cfg: RunConfig, problems: list[str]) -> list[str]:
+    """problems with only the first sentence about each non-finite value: the range checks after it would only
+    say the same of nan or inf again."""
+    bad = {key for key, _ in nonfinite(cfg)}
+    seen: set[str] = set()
+    kept = []
+    for sentence in problems:
+        key = sentence.split("=", 1)[0]
+        if key in bad and key in seen:
+            continue
+        seen.add(key)
+        kept.append(sentence)
+    return kept
+
+
+def nonfinite(cfg: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
+    """(key, sentence) for every float of the config that is nan or infinite, reward weights included."""
+    for f in dataclasses.fields(cfg):
+        key, value = prefix + f.name, getattr(cfg, f.name)
+        if key in OWN_CHECKS:
+            continue
+        if dataclasses.is_dataclass(value):
+            yield from nonfinite(value, key + ".")
+        elif isinstance(value, float) and not math.isfinite(value):
+            yield key, f"{key}={value} is not a finite number; give a finite one, or leave it out for the default."
+        elif isinstance(value, dict):
+            for name, weight in value.items():
+                if isinstance(weight, float) and not math.isfinite(weight):
+                    yield (f"{key}.{name}", f"{key}.{name}={weight} is not a finite number; give the reward a finite "
+                           f"weight, e.g. ++{key}.{name}=1.0.")
 
 
 def _check_run(cfg: RunConfig, p: list[str]) -> None:
     if cfg.steps < 1:
         p.append(f"steps={cfg.steps} must be at least 1; set steps=40 or more.")
+    elif cfg.steps > MAX_STEPS:
+        p.append(f"steps={cfg.steps} is more than the {MAX_STEPS:,} a run may take (at 0.1 s a step, ten million "
+                 "steps take 12 days); give the number of steps to train, e.g. steps=1000.")
     for key in ("timeout_s", "startup_timeout_s"):
         if not getattr(cfg, key) > 0:
             p.append(f"{key}={getattr(cfg, key)} must be a positive number of seconds (default "
@@ -26,24 +77,31 @@ def _check_run(cfg: RunConfig, p: list[str]) -> None:
         p.append(f"hardware.cpus_per_node={cfg.hardware.cpus_per_node} must be at least 1.")
     if cfg.learner.zero_stage not in (2, 3):
         p.append(f"learner.zero_stage={cfg.learner.zero_stage} must be 2 or 3.")
-    if cfg.sync.bucket_mb <= 0 or cfg.sync.sleep_level not in (1, 2):
-        p.append(f"sync.bucket_mb={cfg.sync.bucket_mb} must be > 0 and sync.sleep_level={cfg.sync.sleep_level} 1 or 2.")
+    if cfg.sync.bucket_mb <= 0:
+        p.append(f"sync.bucket_mb={cfg.sync.bucket_mb} must be > 0 (1024 is the default).")
+    if cfg.sync.sleep_level not in (1, 2):
+        p.append(f"sync.sleep_level={cfg.sync.sleep_level} must be 1 or 2.")
     if cfg.checkpoint.every < 0:
         p.append(f"checkpoint.every={cfg.checkpoint.every} must be >= 0 (0: checkpoints only at the end and on a stop).")
     if cfg.checkpoint.keep < 1:
         p.append(f"checkpoint.keep={cfg.checkpoint.keep} must be at least 1: a run keeps its newest checkpoint.")
     mon = cfg.monitor
-    if mon.window < 1 or mon.max_nonfinite_steps < 1:
-        p.append(f"monitor.window={mon.window} and monitor.max_nonfinite_steps={mon.max_nonfinite_steps} must be at "
-                 "least 1.")
-    if not (mon.kl_threshold > 0 and mon.delta_threshold > 0):
-        p.append(f"monitor.kl_threshold={mon.kl_threshold} and monitor.delta_threshold={mon.delta_threshold} must be "
-                 "> 0 (0.05 and 0.5 are the defaults).")
+    for key in ("window", "max_nonfinite_steps"):
+        if getattr(mon, key) < 1:
+            p.append(f"monitor.{key}={getattr(mon, key)} must be at least 1.")
+    for key in ("kl_threshold", "delta_threshold"):
+        if not getattr(mon, key) > 0:
+            p.append(f"monitor.{key}={getattr(mon, key)} must be > 0 (the default is {getattr(RunConfig().monitor, key)}).")
     ev = cfg.eval
-    if ev.every < 0 or ev.samples < 1 or ev.max_prompts < 0:
-        p.append(f"eval.every={ev.every}, eval.samples={ev.samples} and eval.max_prompts={ev.max_prompts}: need every "
-                 ">= 0 (0: no eval), samples >= 1 and max_prompts >= 0 (0: all).")
-    if ev.samples > 1 and ev.temperature <= 0:
+    if ev.every < 0:
+        p.append(f"eval.every={ev.every} must be >= 0 (0: no eval).")
+    if ev.samples < 1:
+        p.append(f"eval.samples={ev.samples} must be at least 1 (1: greedy).")
+    if ev.max_prompts < 0:
+        p.append(f"eval.max_prompts={ev.max_prompts} must be >= 0 (0: every held-out prompt).")
+    if not 0 <= ev.temperature <= MAX_TEMPERATURE:
+        p.append(f"eval.temperature={ev.temperature} must be in [0, {MAX_TEMPERATURE:g}]; 0.6 is usual.")
+    elif ev.samples > 1 and ev.temperature <= 0:
         p.append(f"eval.samples={ev.samples} draws several samples, which needs eval.temperature > 0 (0.6 is usual).")
     if cfg.resume is not None and not str(cfg.resume).strip():
         p.append("resume= is empty; give resume=auto or the run directory to continue, or leave it out.")
@@ -62,6 +120,9 @@ def _check_algo(cfg: RunConfig, p: list[str]) -> None:
         p.append(f"algo.max_new_tokens={a.max_new_tokens} must be at least 1.")
     if a.temperature < 0:
         p.append(f"algo.temperature={a.temperature} must be > 0; 1.0 samples the policy as it is.")
+    elif a.temperature > MAX_TEMPERATURE:
+        p.append(f"algo.temperature={a.temperature} is more than {MAX_TEMPERATURE:g}, where every token is about equally "
+                 "likely; 1.0 samples the policy as it is.")
     elif a.temperature == 0:
         p.append(
             "algo.temperature=0 samples greedily, so every sample of a prompt is the same, GRPO's group "
@@ -71,11 +132,17 @@ def _check_algo(cfg: RunConfig, p: list[str]) -> None:
         p.append(f"algo.top_p={a.top_p} must be in (0, 1]; 1 disables nucleus sampling.")
     if a.lr <= 0:
         p.append(f"algo.lr={a.lr} must be > 0.")
-    if a.weight_decay < 0 or a.grad_clip < 0:
-        p.append(f"algo.weight_decay={a.weight_decay} and algo.grad_clip={a.grad_clip} must be >= 0 (grad_clip 0 "
-                 "turns clipping off).")
-    if a.clip_low < 0 or a.clip_high < 0 or a.clip_low >= 1:
-        p.append(f"algo.clip_low={a.clip_low}, algo.clip_high={a.clip_high}: need 0 <= clip_low < 1 and clip_high >= 0.")
+    elif a.lr >= MAX_LR:
+        p.append(f"algo.lr={a.lr} must be less than {MAX_LR:g}: no model trains at it (1e-6 to 1e-3 are usual); leave it "
+                 "out for the model size's recipe.")
+    if a.weight_decay < 0:
+        p.append(f"algo.weight_decay={a.weight_decay} must be >= 0.")
+    if a.grad_clip < 0:
+        p.append(f"algo.grad_clip={a.grad_clip} must be >= 0 (0 turns clipping off).")
+    if not 0 <= a.clip_low < 1:
+        p.append(f"algo.clip_low={a.clip_low} must be in [0, 1); 0.2 is usual.")
+    if a.clip_high < 0:
+        p.append(f"algo.clip_high={a.clip_high} must be >= 0; 0.2 is usual (0.28 in DAPO).")
     if a.async_steps is not None and a.async_steps < 0:
         p.append(f"algo.async_steps={a.async_steps} must be >= 0 (0 is strictly on-policy).")
     if a.tis_cap != 0 and a.tis_cap < 1:
@@ -94,15 +161,18 @@ def _check_loss_options(a, p: list[str]) -> None:
     if a.importance_level == Level.sequence and a.loss_agg != LossAgg.seq_mean_token_mean:
         p.append(f"algo.importance_level=sequence gives each sequence one ratio, but algo.loss_agg={a.loss_agg} weighs "
                  "a sequence by its length; set algo.loss_agg=seq_mean_token_mean (as algo=gspo does).")
-    if a.entropy_coef < 0 or not 0 < a.entropy_top_frac <= 1:
-        p.append(f"algo.entropy_coef={a.entropy_coef} must be >= 0 and algo.entropy_top_frac={a.entropy_top_frac} in "
-                 "(0, 1] (0.2 keeps the 20% highest-entropy tokens; 1 keeps all).")
+    if a.entropy_coef < 0:
+        p.append(f"algo.entropy_coef={a.entropy_coef} must be >= 0 (0: no entropy bonus).")
+    if not 0 < a.entropy_top_frac <= 1:
+        p.append(f"algo.entropy_top_frac={a.entropy_top_frac} must be in (0, 1] (0.2 keeps the 20% highest-entropy "
+                 "tokens; 1 keeps all).")
     if a.max_gen_batches < 1:
         p.append(f"algo.max_gen_batches={a.max_gen_batches}: dynamic sampling needs at least 1 generation round per "
                  "step (1 generates no more, 3 is usual).")
-    if (a.overlong_buffer or 0) < 0 or a.overlong_penalty < 0:
-        p.append(f"algo.overlong_buffer={a.overlong_buffer} and algo.overlong_penalty={a.overlong_penalty} must be "
-                 ">= 0 (buffer 0: no length penalty).")
+    if a.overlong_penalty < 0:
+        p.append(f"algo.overlong_penalty={a.overlong_penalty} must be >= 0 (1 is usual).")
+    if (a.overlong_buffer or 0) < 0:
+        p.append(f"algo.overlong_buffer={a.overlong_buffer} must be >= 0 (0: no length penalty).")
     elif a.max_new_tokens is not None and (a.overlong_buffer or 0) >= a.max_new_tokens > 0:
         p.append(f"algo.overlong_buffer={a.overlong_buffer} must be less than algo.max_new_tokens={a.max_new_tokens}; "
                  f"a fifth of it ({max(a.max_new_tokens // 5, 1)}) is usual.")
@@ -141,9 +211,12 @@ def _check_model(cfg: RunConfig, p: list[str]) -> None:
         p.append(f"{', '.join(small)}: model sizes must be at least 1; pick a preset (model=tiny) or fix the value.")
     if m.vocab_size < 0:
         p.append(f"model.vocab_size={m.vocab_size} must be >= 0 (0: the tokenizer's size).")
-    if m.warm_start_steps < 0 or m.warm_start_lr <= 0:
-        p.append(f"model.warm_start_steps={m.warm_start_steps} must be >= 0 and model.warm_start_lr="
-                 f"{m.warm_start_lr} > 0.")
+    if m.warm_start_steps < 0:
+        p.append(f"model.warm_start_steps={m.warm_start_steps} must be >= 0 (0: no warm start).")
+    if not 0 < m.warm_start_lr < MAX_LR:
+        p.append(f"model.warm_start_lr={m.warm_start_lr} must be in (0, {MAX_LR:g}); 3e-3 is the default.")
+    if m.rope_theta <= 0:
+        p.append(f"model.rope_theta={m.rope_theta} must be > 0 (10000 is usual).")
     if m.num_heads < 1 or m.hidden_size % m.num_heads:
         p.append(f"model.hidden_size={m.hidden_size} must divide by model.num_heads={m.num_heads}.")
     elif m.num_kv_heads < 1 or m.num_heads % m.num_kv_heads:
@@ -160,9 +233,10 @@ def _check_task(cfg: RunConfig, p: list[str]) -> None:
         p.append(f"task={t.kind.value} needs data: set task.path=<a JSONL, JSON, Parquet or CSV file, or a folder of them>.")
     if not 0 <= t.eval_fraction < 1:
         p.append(f"task.eval_fraction={t.eval_fraction} must be in [0, 1); 0.05 sets aside 5% of the rows.")
-    if t.reward_workers < 0 or not t.reward_timeout_s > 0:
-        p.append(f"task.reward_workers={t.reward_workers} must be >= 0 and task.reward_timeout_s="
-                 f"{t.reward_timeout_s} > 0.")
+    if t.reward_workers < 0:
+        p.append(f"task.reward_workers={t.reward_workers} must be >= 0 (0: score in the driver).")
+    if not t.reward_timeout_s > 0:
+        p.append(f"task.reward_timeout_s={t.reward_timeout_s} must be > 0 (10 is the default).")
     if any(not s for s in t.stop):
         p.append("task.stop holds an empty string, which would end every response at once; remove it.")
     from rlgen.tasks.rewards import RewardSpecError, resolve_reward
@@ -172,9 +246,10 @@ def _check_task(cfg: RunConfig, p: list[str]) -> None:
             resolve_reward(name, "task.rewards" if t.rewards else "task.reward")
         except RewardSpecError as err:
             p.append(str(err))
-        if not isinstance(weight, (int, float)) or weight != weight:
+        if not isinstance(weight, (int, float)):
             p.append(f"task.rewards.{name}={weight} must be a number (its weight).")
-    weights = [w for w in (t.rewards or {}).values() if isinstance(w, (int, float))]
-    if t.rewards and weights and not any(weights):
-        p.append("task.rewards: every weight is 0, so every reward would be 0 and nothing would be learned; give the "
-                 "rewards that count a weight, e.g. task.rewards={" + ",".join(f"{k}:1.0" for k in t.rewards) + "}.")
+    weights = {k: w for k, w in (t.rewards or {}).items() if isinstance(w, (int, float))}
+    if weights and not any(weights.values()):
+        zeros = " and ".join(f"task.rewards.{k}={w:g}" for k, w in weights.items())
+        p.append(f"{zeros}: every weight is 0, so every reward would be 0 and nothing would be learned; give the "
+                 f"rewards that count a weight, e.g. ++task.rewards.{next(iter(weights))}=1.0.")

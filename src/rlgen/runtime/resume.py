@@ -1,9 +1,10 @@
 """Which run and checkpoint ``resume=`` continues, and whether the config still fits it.
 
-``resume=<run dir>`` continues that run from its newest complete checkpoint. ``resume=auto`` looks at this
-run's own directory and then under the output root (``outputs/`` by default: the fixed part of
-``hydra.run.dir``), and continues the newest run whose checkpoint was trained with the same math; with none,
-a new run starts.
+``resume=<run dir>`` continues that run from its newest complete checkpoint (``resume=<run
+dir>/checkpoints/step_<k>``: from that one). ``resume=auto`` looks at this run's own directory and then under the
+output root (``outputs/`` by default: the fixed part of ``hydra.run.dir``), and continues the newest run whose
+checkpoint was trained with the same math; with none, a new run starts. A resume that leaves no step to train is
+refused.
 
 Settings that change the math (model, algo, task, learner, seed, the number of learner ranks, the task
 file's contents) must match the checkpoint's; anything else (steps, logging, timeouts, checkpointing,
@@ -13,13 +14,24 @@ changes are listed.
 
 from __future__ import annotations
 
+import json
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlgen.config import RunConfig, plain
 from rlgen.errors import UserError
-from rlgen.runtime.checkpoint_dir import list_checkpoints, read_state, torn_checkpoints
+from rlgen.runtime.checkpoint_dir import (
+    CHECKPOINTS,
+    MARKER,
+    STATE_FILE,
+    checkpoint_step,
+    is_complete,
+    list_checkpoints,
+    read_state,
+    torn_checkpoints,
+)
 
 MATH_PREFIXES = ("model.", "algo.", "task.", "learner.")
 MATH_KEYS = ("seed", "learner_ranks", "task_digest")
@@ -96,25 +108,77 @@ def refusal(run_dir: Path, diff: dict[str, tuple[Any, Any]]) -> str:
     )
 
 
-def _point(run_dir: Path, current: dict[str, Any]) -> tuple[ResumePoint | None, dict[str, tuple[Any, Any]]]:
-    found = list_checkpoints(run_dir)
-    if not found:
-        return None, {}
-    state = read_state(found[-1])
+def _read(checkpoint: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(the checkpoint's state.json, None), or (None, why it cannot be read)."""
+    try:
+        state = read_state(checkpoint)
+    except ValueError as err:  # cut short or changed: not JSON (or not text)
+        at = f" at line {err.lineno} column {err.colno}" if isinstance(err, json.JSONDecodeError) else ""
+        return None, f"is not valid JSON{at} (cut short, or changed)"
+    except OSError as err:
+        return None, f"cannot be read ({err.strerror})"
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        return None, "holds no step"
+    return state, None
+
+
+def _state(checkpoint: Path, spec: str) -> dict[str, Any]:
+    """The checkpoint's state.json; ResumeError naming the file, and the older checkpoint to resume from instead,
+    when it cannot be read."""
+    state, why = _read(checkpoint)
+    if state is not None:
+        return state
+    step = checkpoint_step(checkpoint) or 0
+    older = [c for c in reversed(list_checkpoints(checkpoint.parent.parent)) if (checkpoint_step(c) or 0) < step]
+    fallback = next((c for c in older if _read(c)[0] is not None), None)
+    fix = (f"resume from the one before with {shlex.quote(f'resume={fallback}')}" if fallback else
+           "the run has no older complete checkpoint; drop resume= to start a new run")
+    raise ResumeError(f"resume={spec}: {checkpoint / STATE_FILE} {why}, so checkpoint {checkpoint.name} cannot be "
+                      f"resumed; {fix}.")
+
+
+def _point(run_dir: Path, current: dict[str, Any], spec: str,
+           checkpoint: Path | None = None) -> tuple[ResumePoint | None, dict[str, tuple[Any, Any]]]:
+    """The point to resume run_dir from: checkpoint, or its newest complete one (None: it has none)."""
+    if checkpoint is None:
+        found = list_checkpoints(run_dir)
+        if not found:
+            return None, {}
+        checkpoint = found[-1]
+    state = _state(checkpoint, spec)
     diff = changes(state, current)
-    point = ResumePoint(run_dir, found[-1], state, {k: v for k, v in diff.items() if k not in math_keys(diff)},
+    point = ResumePoint(run_dir, checkpoint, state, {k: v for k, v in diff.items() if k not in math_keys(diff)},
                         torn_checkpoints(run_dir))
     return point, diff
 
 
+def check_steps(point: ResumePoint, steps: int, spec: str) -> None:
+    """A resume that leaves nothing to train is refused, with the steps that would train on."""
+    what = f"the newest run with these settings, {point.run_dir}," if spec == "auto" else "its checkpoint"
+    if point.step >= steps:
+        raise ResumeError(f"resume={spec}: {what} is at step {point.step} already, so steps={steps} leaves "
+                          f"nothing to train; set steps= above {point.step} (e.g. steps={2 * point.step}) to train it "
+                          "further, or drop resume= to start a new run.")
+
+
+def _checkpoint_folder(path: Path) -> bool:
+    """Whether path is a checkpoint of a run (<run dir>/checkpoints/step_<k>)."""
+    return checkpoint_step(path) is not None and path.parent.name == CHECKPOINTS
+
+
 def resolve_explicit(spec: str, current: dict[str, Any]) -> ResumePoint:
-    run_dir = Path(spec).expanduser()
-    if not run_dir.is_dir():
+    """resume=<run dir> (its newest complete checkpoint) or resume=<run dir>/checkpoints/step_<k> (that one)."""
+    path = Path(spec).expanduser()
+    if not path.is_dir():
         raise ResumeError(
             f"resume={spec}: no such run directory; give the folder a stopped run printed (it holds "
             "checkpoints/), or use resume=auto."
         )
-    point, diff = _point(run_dir, current)
+    if _checkpoint_folder(path) and not is_complete(path):
+        raise ResumeError(f"resume={spec}: the checkpoint is torn (it has no {MARKER} marker); give its run "
+                          f"directory, {path.parent.parent}, to resume from the newest complete one.")
+    run_dir = path.parent.parent if _checkpoint_folder(path) else path
+    point, diff = _point(run_dir, current, spec, path if _checkpoint_folder(path) else None)
     if point is None:
         torn = torn_checkpoints(run_dir)
         extra = f" ({len(torn)} torn checkpoint(s) without their COMPLETE marker were skipped)" if torn else ""
@@ -124,6 +188,7 @@ def resolve_explicit(spec: str, current: dict[str, Any]) -> ResumePoint:
         )
     if math_keys(diff):
         raise ResumeError(refusal(run_dir, diff))
+    check_steps(point, current["config"]["steps"], spec)
     return point
 
 
@@ -149,12 +214,14 @@ def resolve_auto(run_dir: Path, search_root: Path | None, current: dict[str, Any
     fits: list[ResumePoint] = []
     misfits: list[tuple[ResumePoint, dict]] = []
     for d in candidates(run_dir, search_root):
-        point, diff = _point(d, current)
+        point, diff = _point(d, current, "auto")
         if point is None:
             continue
         (misfits.append((point, diff)) if math_keys(diff) else fits.append(point))
     if fits:
-        return max(fits, key=lambda p: (p.checkpoint.stat().st_mtime, p.step)), ""
+        point = max(fits, key=lambda p: (p.checkpoint.stat().st_mtime, p.step))
+        check_steps(point, current["config"]["steps"], "auto")
+        return point, ""
     if misfits:
         point, diff = max(misfits, key=lambda m: m[0].checkpoint.stat().st_mtime)
         what = ", ".join(_describe(k, *diff[k]) for k in math_keys(diff)[:4])
