@@ -27,6 +27,9 @@ class SamplingParams:
     presence_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
     logprobs: int = 0  # the most likely alternatives reported per sampled token (Completion.top_logprobs)
+    # the most likely tokens reported per prompt position besides the prompt's own (Completion.prompt_logprobs);
+    # None: no prompt logprobs; -1: the whole vocabulary
+    prompt_logprobs: int | None = None
 
     def plain(self) -> bool:
         """No sampling field beyond temperature and top-p is in use."""
@@ -55,6 +58,9 @@ class Completion:
     version_changes: list[tuple[int, int]] = field(default_factory=list)
     # per sampled token, the sampling.logprobs most likely tokens and their logprobs (empty unless asked for)
     top_logprobs: list[dict[int, float]] = field(default_factory=list)
+    # with sampling.prompt_logprobs, per prompt position: {token: (logprob, rank)} for the most likely tokens and the
+    # prompt's own, of the model's distribution before temperature (as vLLM's); None at the first, which has none
+    prompt_logprobs: list[dict[int, tuple[float, int]] | None] = field(default_factory=list)
 
     def token_versions(self) -> list[int]:
         """The policy version that sampled each token."""

@@ -6,6 +6,7 @@ connection is closed. The server stays healthy after each."""
 
 from __future__ import annotations
 
+import gc
 import json
 import socket
 import time
@@ -79,6 +80,37 @@ def test_a_disconnect_cancels_a_non_streamed_generation(served):
     assert _metric(url, 'rlgen_requests_total{route="/v1/completions",status="499"}') == gone + 1
     assert _metric(url, "rlgen_queue_depth") == 0  # its place in the queue was released
     _healthy(url)
+
+
+def test_a_disconnect_cancels_a_streamed_generation_at_once():
+    """A client that leaves a large stream after its first chunk: the server is busy sending that step's chunks
+    when it notices, so the stream is left at a chunk, not while waiting for the engine. Its generation stops at
+    the engine's next steps, and its place in the queue is released, without waiting for the garbage collector
+    (off here, as it is between its runs), which before left the engine generating the whole request."""
+    prompts, tokens = 256, 100
+    pool = tiny_pool(1)
+    engine = pool.engines[0]
+    body = json.dumps({**BODY, "prompt": [[5, 6, 7, 8]] * prompts, "stream": True}).encode()
+    with serve_in_thread(make_app(pool, token=None, max_sequences=prompts, max_body_mb=1.0)) as url:
+        gc.disable()
+        try:
+            with _connect(url) as s:
+                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+                answer = b""
+                while b"data: " not in answer:
+                    answer += s.recv(65536)
+            generated = _generated_after(engine, 0)
+            deadline = time.time() + 5
+            while _metric(url, "rlgen_queue_depth") and time.time() < deadline:
+                time.sleep(0.05)
+            depth = _metric(url, "rlgen_queue_depth")
+        finally:
+            gc.enable()
+        assert answer.startswith(b"HTTP/1.1 200")
+        assert generated < prompts * tokens // 4, f"{generated} tokens: the generation ran on after its client left"
+        assert depth == 0
+        _healthy(url)
 
 
 def test_a_request_that_times_out_stops_its_generation(served):

@@ -1,6 +1,6 @@
-"""`rlgen serve` driven by the official `openai` package (sync and async) over in-process hf engines: models, text and
-chat completions with n, seed, stop and logprobs, usage that counts only the returned tokens, errors the SDK reads
-as the server's sentence, and an out-of-vocabulary token id refused with 400."""
+"""`rlgen serve` driven by the official `openai` package (sync and async) over in-process hf engines: models (listed
+and retrieved), text and chat completions with n, seed, stop and logprobs, usage that counts only the returned tokens,
+errors the SDK reads as the server's sentence, and an out-of-vocabulary token id or a zero count refused with 400."""
 
 from __future__ import annotations
 
@@ -32,6 +32,30 @@ def client(app):
 def test_models_lists_the_served_model(client):
     models = client.models.list()
     assert [m.id for m in models.data] == ["tiny"] and models.data[0].owned_by == "rlgen"
+
+
+def test_a_model_is_retrieved_by_its_id(client, app):
+    model = client.models.retrieve("tiny")
+    assert model.id == "tiny" and model.object == "model" and model.owned_by == "rlgen"
+    folder = app.state.serve.pool.model.path  # as requests may name it: slashes and all (the SDK sends %2F)
+    assert "/" in folder and client.models.retrieve(folder).id == "tiny"
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("gpt-4")
+    assert err.value.body["message"].startswith("model 'gpt-4' is not served here; this server serves 'tiny'")
+    assert err.value.body["type"] == "not_found_error"
+
+
+@pytest.mark.parametrize(("chat", "field", "value"), [
+    (False, "max_tokens", 0), (False, "n", 0), (True, "max_tokens", 0), (True, "max_completion_tokens", 0),
+    (True, "n", 0)])
+def test_zero_tokens_or_choices_are_refused_naming_the_field(client, chat, field, value):
+    """As OpenAI's API does: 0 is a value the request set, not a missing one to fill with the default."""
+    with pytest.raises(openai.BadRequestError, match=f"{field}={value} must be at least 1"):
+        if chat:
+            client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "2+2?"}],
+                                           **{field: value})
+        else:
+            client.completions.create(model="tiny", prompt="3+4=", **{field: value})
 
 
 def test_completions_with_n_seed_and_logprobs(client):

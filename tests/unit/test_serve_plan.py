@@ -126,6 +126,48 @@ def test_serve_plan_refusals(overrides, token, text):
     assert any(text in p for p in err.value.problems), err.value.problems
 
 
+@pytest.mark.parametrize(("key", "value", "sentence"), [
+    ("max_queue", "0", "serve.max_queue=0 must be at least 1, such as serve.max_queue=256 (the default)."),
+    ("max_sequences", "-3", "serve.max_sequences=-3 must be at least 1, such as serve.max_sequences=4096 (the "
+     "default)."),
+    ("data_parallel", "0", "serve.data_parallel=0 must be at least 1, such as serve.data_parallel=1 (the default)."),
+    ("max_body_mb", "0", "serve.max_body_mb=0 must be a finite number above 0, such as serve.max_body_mb=64 (the "
+     "default)."),
+    ("request_timeout_s", "nan", "serve.request_timeout_s=nan must be a finite number above 0, such as "
+     "serve.request_timeout_s=600 (the default)."),
+    ("body_timeout_s", "-1", "serve.body_timeout_s=-1 must be a finite number above 0, such as "
+     "serve.body_timeout_s=30 (the default)."),
+    ("header_timeout_s", "inf", "serve.header_timeout_s=inf must be a finite number above 0, such as "
+     "serve.header_timeout_s=30 (the default)."),
+    ("port", "70000", "serve.port=70000 is not a TCP port; choose one in 1..65535, such as serve.port=8000."),
+])
+def test_a_serve_limit_out_of_range_is_named_alone(key, value, sentence):
+    """The refusal names the one wrong value, its range and a value to type instead, not every limit there is."""
+    with pytest.raises(PlanError) as err:
+        build_serve_plan(compose_run_config([f"serve.{key}={value}"]))
+    assert err.value.problems == [sentence]
+
+
+@pytest.mark.parametrize(("overrides", "env", "text"), [
+    (["serve.host=0.0.0.0"], "   ", "RLGEN_SERVE_TOKEN is set but blank (only whitespace), and no client could "
+     "send it; set RLGEN_SERVE_TOKEN=<a secret>, or unset it"),
+    ([], "\t ", "RLGEN_SERVE_TOKEN is set but blank"),  # on loopback too: every request would get 401
+    (["serve.token='  '"], None, "serve.token is blank (only whitespace), and no client could send it; set "
+     "serve.token=<a secret>"),
+])
+def test_a_blank_token_is_refused(monkeypatch, overrides, env, text):
+    from rlgen.serve.checks import serve_token
+
+    if env is None:
+        monkeypatch.delenv("RLGEN_SERVE_TOKEN", raising=False)
+    else:
+        monkeypatch.setenv("RLGEN_SERVE_TOKEN", env)
+    cfg = compose_run_config(overrides)
+    with pytest.raises(PlanError) as err:
+        build_serve_plan(cfg, serve_token(cfg))
+    assert len(err.value.problems) == 1 and text in err.value.problems[0], err.value.problems
+
+
 def test_a_token_allows_any_bind():
     assert build_serve_plan(compose_run_config(["serve.host=0.0.0.0"]), "tok").engines
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")

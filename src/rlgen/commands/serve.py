@@ -24,7 +24,8 @@ from rlgen.serve.checks import serve_token
 log = logging.getLogger(__name__)
 
 
-def _served_model(cfg: RunConfig, plan: Any, model_path: str, dtype: str) -> Any:
+def _served_model(cfg: RunConfig, plan: Any, model_path: str, health: dict[str, Any]) -> Any:
+    """The served model, from the plan and what engine 0 says of itself (its dtype, its logprobs limit)."""
     from rlgen.models import load_tokenizer
     from rlgen.plan.serve import served_adapters
     from rlgen.serve.pool import ServedModel
@@ -36,7 +37,8 @@ def _served_model(cfg: RunConfig, plan: Any, model_path: str, dtype: str) -> Any
                        tensor_parallel_size=cfg.engine.tensor_parallel_size, tokenizer=load_tokenizer(model_path),
                        nccl_weights=plan.transport is Transport.nccl, pauses=plan.engine.in_flight_updates,
                        nccl_env=plan.nccl_env,
-                       adapters=adapters, max_lora_rank=max_lora_rank, config=cfg.model, dtype=dtype)
+                       adapters=adapters, max_lora_rank=max_lora_rank, config=cfg.model,
+                       dtype=health.get("dtype") or str(cfg.engine.dtype), max_logprobs=health.get("max_logprobs"))
 
 
 def serve(plan: Any, out_dir: Path, console: Any) -> None:
@@ -72,7 +74,7 @@ def serve(plan: Any, out_dir: Path, console: Any) -> None:
                       f"{cfg.engine.tensor_parallel_size} for {cfg.model.name}", highlight=False)
         engines = [factory.engine(i, model_path, 0) for i in range(len(plan.engines))]
         health = waiter.get([e.health.remote() for e in engines], "engine start-up", cfg.startup_timeout_s)
-        model = _served_model(cfg, plan, model_path, health[0].get("dtype") or str(cfg.engine.dtype))
+        model = _served_model(cfg, plan, model_path, health[0])
         pool = EnginePool(engines, model, timeout_s=cfg.serve.request_timeout_s)
         app = make_app(pool, token=token, max_sequences=cfg.serve.max_sequences, max_body_mb=cfg.serve.max_body_mb,
                        max_queue=cfg.serve.max_queue, body_timeout_s=cfg.serve.body_timeout_s)

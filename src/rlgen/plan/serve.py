@@ -7,8 +7,9 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import ipaddress
+import math
 
-from rlgen.config import RunConfig, Setting, set_key
+from rlgen.config import RunConfig, ServeConfig, Setting, set_key
 from rlgen.learners.registry import resolve_learner
 from rlgen.plan.build import count_params, layout_of, model_summary, spec_of, transport_of
 from rlgen.plan.checks import check_engine_floor, live_vllm_env
@@ -17,6 +18,7 @@ from rlgen.plan.model_folder import with_model_folder
 from rlgen.plan.recipes import fill_recipe
 from rlgen.plan.slots import place_engines
 from rlgen.plan.values import check_values
+from rlgen.wire.protocol import TOKEN_ENV
 
 
 def is_loopback(host: str) -> bool:
@@ -28,17 +30,43 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+COUNTS = ("data_parallel", "max_sequences", "max_queue")  # whole numbers of at least 1
+AMOUNTS = ("max_body_mb", "request_timeout_s", "body_timeout_s", "header_timeout_s")  # positive and finite
+
+
+def _check_limits(s: ServeConfig, p: list[str]) -> None:
+    """Each of the server's numeric settings in its range, named alone with a value the command line takes."""
+    default = ServeConfig()
+    if not 1 <= s.port <= 65535:
+        p.append(f"serve.port={s.port} is not a TCP port; choose one in 1..65535, such as serve.port={default.port}.")
+    for key in COUNTS:
+        if getattr(s, key) < 1:
+            p.append(f"serve.{key}={getattr(s, key)} must be at least 1, such as serve.{key}={getattr(default, key)} "
+                     "(the default).")
+    for key in AMOUNTS:
+        if not 0 < getattr(s, key) < math.inf:
+            p.append(f"serve.{key}={getattr(s, key):g} must be a finite number above 0, such as "
+                     f"serve.{key}={getattr(default, key):g} (the default).")
+
+
+def _token_problem(cfg: RunConfig, token: str | None) -> str | None:
+    """A sentence for a token of only whitespace: no client could send it, so every request would get 401."""
+    if token is None or token.strip():
+        return None
+    if cfg.serve.token:
+        return ("serve.token is blank (only whitespace), and no client could send it; set serve.token=<a secret>, "
+                "or leave it out.")
+    return (f"{TOKEN_ENV} is set but blank (only whitespace), and no client could send it; set "
+            f"{TOKEN_ENV}=<a secret>, or unset it to serve on 127.0.0.1 without a token.")
+
+
 def check_serve_values(cfg: RunConfig, token: str | None, p: list[str]) -> None:
     s = cfg.serve
-    if not 1 <= s.port <= 65535:
-        p.append(f"serve.port={s.port} is not a TCP port; choose one in 1..65535.")
-    if s.data_parallel < 1:
-        p.append(f"serve.data_parallel={s.data_parallel} must be at least 1.")
-    if (s.max_sequences < 1 or s.max_body_mb <= 0 or s.request_timeout_s <= 0 or s.max_queue < 1
-            or s.body_timeout_s <= 0 or s.header_timeout_s <= 0):
-        p.append("serve.max_sequences, serve.max_body_mb, serve.request_timeout_s, serve.max_queue, "
-                 "serve.body_timeout_s and serve.header_timeout_s must be positive.")
-    if not is_loopback(s.host) and not token:
+    _check_limits(s, p)
+    blank = _token_problem(cfg, token)
+    if blank:
+        p.append(blank)
+    elif not is_loopback(s.host) and not token:
         p.append(f"serve.host={s.host} lets other machines reach the server, which then needs a bearer token: set "
                  "RLGEN_SERVE_TOKEN=<a secret> in the environment (or serve.token=), or bind serve.host=127.0.0.1.")
     if spec_of(cfg).served:

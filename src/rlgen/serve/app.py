@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from rlgen.serve.http import CLIENT_GONE, ClientGone, failure, unless_disconnected
@@ -31,10 +31,11 @@ from rlgen.serve.openai import (
     chat_response,
     completions_request,
     completions_response,
+    model_response,
     models_response,
 )
 from rlgen.serve.pool import EnginePool
-from rlgen.serve.stream import Chunks, sse
+from rlgen.serve.stream import Chunks, ClosingStream, sse
 from rlgen.serve.vllm_api import ROUTES as VLLM_ROUTES
 from rlgen.wire.protocol import (
     BadRequest,
@@ -180,13 +181,18 @@ async def _streamed(request: Request, data: dict[str, Any], reqs: list, chunks: 
     await state.pool.ready(reqs, None)  # an asleep engine or unknown adapter is refused before the stream starts
     request.state.streaming = True
     usage = bool((data.get("stream_options") or {}).get("include_usage"))
-    return StreamingResponse(sse(state.pool.generate_stream(reqs), chunks, usage, state.load.release),
-                             media_type="text/event-stream")
+    return ClosingStream(sse(state.pool.generate_stream(reqs), chunks, usage, state.load.release),
+                         media_type="text/event-stream")
 
 
 async def models(request: Request) -> Any:
     pool = _state(request).pool
     return models_response(pool.model, pool.adapters, pool.started)
+
+
+async def model(request: Request, model_id: str) -> Any:
+    pool = _state(request).pool
+    return model_response(pool.model, pool.adapters, pool.started, model_id)
 
 
 # -- weights -----------------------------------------------------------------------------------------------
@@ -270,6 +276,7 @@ ROUTES: list[tuple[str, str, Callable[..., Any]]] = [
     ("POST", "/v1/completions", completions),
     ("POST", "/v1/chat/completions", chat_completions),
     ("GET", "/v1/models", models),
+    ("GET", "/v1/models/{model_id:path}", model),  # an id may hold slashes (a model folder's path)
     ("POST", "/weights", weights),
     ("POST", "/weights/adapter", policy_adapter),
     ("POST", "/v1/load_lora_adapter", load_lora_adapter),

@@ -1,12 +1,13 @@
 """OpenAI-style routes on top of token-in/token-out generation: text completions (``POST /v1/completions``), chat
 completions (``POST /v1/chat/completions``, the prompt rendered with the model folder's chat template) and the
-model list (``GET /v1/models``: the served model and its loaded LoRA adapters). Prompts are tokenized on the
-server; completions are decoded and cut at stop strings, and the tokens, logprobs and usage count only what is
-returned. Every choice keeps the ``policy_version`` of the weights that made it. The sampling fields vLLM's server
-takes (top_k, min_p, repetition_penalty, frequency_penalty, presence_penalty, logit_bias) reach the engines, and
-logprobs come with their top alternatives. ``stream=true`` answers in server-sent events (rlgen.serve.stream).
-``echo`` puts the prompt's text before each completion's (without prompt logprobs, which would take a scoring
-pass). best_of and tools are not offered; a request that asks for them is refused in one sentence."""
+model list (``GET /v1/models``: the served model and its loaded LoRA adapters; ``GET /v1/models/{id}``: one of
+them). Prompts are tokenized on the server; completions are decoded and cut at stop strings, and the tokens,
+logprobs and usage count only what is returned. Every choice keeps the ``policy_version`` of the weights that made
+it. The sampling fields vLLM's server takes (top_k, min_p, repetition_penalty, frequency_penalty,
+presence_penalty, logit_bias) reach the engines, and logprobs come with their top alternatives; vLLM's
+``prompt_logprobs`` scores the prompt (TRL's get_sequence_logprobs). ``stream=true`` answers in server-sent
+events (rlgen.serve.stream). ``echo`` puts the prompt's text before each completion's (without logprobs). best_of
+and tools are not offered; a request that asks for them is refused in one sentence."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "l
           "stream_options", "top_k", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias",
           # vLLM's own: token ids in the answer (TRL's client asks for both)
           "return_token_ids", "return_tokens_as_token_ids"}
-FIELDS = COMMON | {"prompt", "echo", "best_of"}
+FIELDS = COMMON | {"prompt", "echo", "best_of", "prompt_logprobs"}
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs", "chat_template", "chat_template_kwargs",
                         "tools", "tool_choice"}
 ROLES = {"system", "developer", "user", "assistant", "tool"}
@@ -71,14 +72,46 @@ def _refuse(data: dict[str, Any], known: set[str], route: str) -> None:
     if unknown:
         raise BadRequest(f"unknown field(s) {unknown} for {route}.")
     if data.get("echo") and data.get("logprobs") is not None:
-        raise BadRequest("echo with logprobs would need the prompt's logprobs, which rlgen serve does not compute; "
-                         "ask for one of them.")
+        raise BadRequest("echo with logprobs would need the prompt's logprobs among the choice's, which rlgen serve "
+                         "does not give; ask for one of them, or for prompt_logprobs, which scores the prompt.")
     if data.get("tools"):
         raise BadRequest("tools are not supported by rlgen serve's chat route; render them into the messages.")
     if data.get("stream_options") is not None and not isinstance(data["stream_options"], dict):
         raise BadRequest("stream_options must be an object such as {\"include_usage\": true}.")
     if int(data.get("best_of") or 1) != 1:
         raise BadRequest("best_of is not supported by rlgen serve; use n.")
+    if data.get("prompt_logprobs") is not None and data.get("stream"):
+        raise BadRequest("prompt_logprobs is not offered with stream=true; ask for it without streaming.")
+
+
+def _prompt_logprobs(data: dict[str, Any], model: Any) -> int | None:
+    """vLLM's prompt_logprobs: how many of the most likely tokens to report at each prompt position, beside the
+    prompt's own (-1: all of them), within what the engines give."""
+    value = data.get("prompt_logprobs")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+        raise BadRequest(f"prompt_logprobs={value!r} must be a whole number: the most likely tokens to report at each "
+                         "prompt position (0: the prompt's own alone; -1: every token).")
+    limit = model.max_logprobs
+    if limit is not None and limit >= 0 and not 0 <= value <= limit:
+        raise BadRequest(f"prompt_logprobs={value} is more than this server's engines give (vLLM's max_logprobs="
+                         f"{limit}); ask for 0 to {limit}.")
+    return value
+
+
+def _max_tokens(data: dict[str, Any], keys: tuple[str, ...], default: int) -> int:
+    """The first of ``keys`` the request sets (0 is set, and refused, as OpenAI's API refuses it), else default."""
+    key = next((k for k in keys if data.get(k) is not None), None)
+    if key is None:
+        return default
+    try:
+        value = int(data[key])
+    except (TypeError, ValueError) as err:
+        raise BadRequest(f"{key}={data[key]!r} must be a whole number of tokens.") from err
+    if value < 1:
+        raise BadRequest(f"{key}={value} must be at least 1.")
+    return value
 
 
 def _sampling(data: dict[str, Any], max_tokens: Any, top: Any, model: Any) -> tuple[SamplingParams, list[str]]:
@@ -89,9 +122,11 @@ def _sampling(data: dict[str, Any], max_tokens: Any, top: Any, model: Any) -> tu
         raise BadRequest("stop must be a string or a list of non-empty strings.")
     try:
         extras = {k: v for k, v in sampling_extras(data).items() if k != "logprobs"}
-        sampling = SamplingParams(n=int(data.get("n") or 1), temperature=float(data.get("temperature", 1.0)),
+        sampling = SamplingParams(n=1 if data.get("n") is None else int(data["n"]),  # n=0 is refused, not 1
+                                  temperature=float(data.get("temperature", 1.0)),
                                   top_p=float(data.get("top_p", 1.0)), max_new_tokens=int(max_tokens),
                                   seed=None if data.get("seed") is None else int(data["seed"]), logprobs=int(top or 0),
+                                  prompt_logprobs=_prompt_logprobs(data, model),
                                   logit_bias=logit_bias(data.get("logit_bias"), model.vocab_size, "the request"),
                                   **extras)
     except (TypeError, ValueError) as err:
@@ -113,7 +148,7 @@ def _requests(prompts: list[list[int]], sampling: SamplingParams, model: Any, ad
 def completions_request(data: dict[str, Any], model: Any, adapters: Any = ()) -> tuple[list[GenRequest], list[str]]:
     """The requests of a /v1/completions body, and its stop strings; ``model`` may name a loaded adapter."""
     _refuse(data, FIELDS, "/v1/completions")
-    sampling, stops = _sampling(data, data.get("max_tokens") or 16, data.get("logprobs"), model)
+    sampling, stops = _sampling(data, _max_tokens(data, ("max_tokens",), 16), data.get("logprobs"), model)
     adapter = _adapter(data.get("model"), model, adapters)
     return _requests(_prompts(data.get("prompt"), model), sampling, model, adapter), stops
 
@@ -141,7 +176,7 @@ def chat_request(data: dict[str, Any], model: Any, adapters: Any = ()) -> tuple[
     except Exception as err:  # noqa: BLE001 - a template error (jinja's types vary) is the request's fault
         raise BadRequest(f"the chat template could not render these messages ({err}).") from err
     ids = [int(i) for i in (out["input_ids"] if hasattr(out, "keys") else out)]
-    max_tokens = data.get("max_completion_tokens") or data.get("max_tokens") or max(model.max_model_len - len(ids), 1)
+    max_tokens = _max_tokens(data, ("max_completion_tokens", "max_tokens"), max(model.max_model_len - len(ids), 1))
     sampling, stops = _sampling(data, max_tokens, data.get("top_logprobs"), model)
     return _requests([ids], sampling, model, _adapter(data.get("model"), model, adapters)), stops
 
@@ -217,6 +252,8 @@ def completions_response(completions: list[Completion], reqs: list[GenRequest], 
             choice["logprobs"] = completion_logprobs(tok, c.token_ids[:n], c.logprobs[:n], c.top_logprobs[:n], shape)
         if shape.token_ids:
             choice.update(prompt_token_ids=list(c.prompt_ids), token_ids=list(c.token_ids[:n]))
+        if of[index].sampling.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = prompt_logprobs(tok, c.prompt_logprobs, shape)
         choices.append(choice)
     return _envelope(False, reqs, model, choices, sum(n for _, n, _, _ in returned))
 
@@ -271,6 +308,13 @@ def completion_logprobs(tok: Any, ids: list[int], logprobs: list[float], tops: l
                              for t, lp, top in zip(ids, logprobs, tops)]}
 
 
+def prompt_logprobs(tok: Any, positions: list[dict[int, tuple[float, int]] | None], shape: Shape) -> list[Any]:
+    """A choice's prompt_logprobs as vLLM's server writes them: per prompt position, None at the first, then
+    {token id: {"logprob", "rank", "decoded_token"}} for the most likely tokens and the prompt's own."""
+    return [None if pos is None else {str(t): {"logprob": lp, "rank": rank, "decoded_token": shape.name(tok, t)}
+                                      for t, (lp, rank) in pos.items()} for pos in positions]
+
+
 def chat_logprobs(tok: Any, ids: list[int], logprobs: list[float], tops: list[dict[int, float]],
                   shape: Shape) -> dict[str, Any]:
     """A chat choice's logprobs object ({"content": [...]}) for these tokens."""
@@ -287,3 +331,14 @@ def models_response(model: Any, adapters: Any, created: float) -> dict[str, Any]
     rows = [{"id": model.name, "root": model.path, "parent": None, **entry}]
     rows += [{"id": name, "root": path, "parent": model.name, **entry} for name, path in sorted(dict(adapters).items())]
     return {"object": "list", "data": rows}
+
+
+def model_response(model: Any, adapters: Any, created: float, model_id: str) -> dict[str, Any]:
+    """GET /v1/models/{id}: the row of /v1/models with that id (the served model also by its path); 404 else."""
+    rows = models_response(model, adapters, created)["data"]
+    found = next((r for r in rows if model_id == r["id"] or (r["parent"] is None and model_id == model.path)), None)
+    if found is None:
+        names = ", ".join(repr(r["id"]) for r in rows)
+        raise BadRequest(f"model {model_id!r} is not served here; this server serves {names} (GET /v1/models lists "
+                         "them).", status=404)
+    return found

@@ -5,10 +5,11 @@ to engine objects in this process (``local=True``), through the same code."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -34,6 +35,7 @@ class ServedModel:
     max_lora_rank: int | None = None  # the largest adapter rank they take; None: any
     config: Any = None  # the served model's shape (a ModelConfig), to check an adapter against before loading it
     dtype: str | None = None  # the engines' weights (what a trainer sends weights in)
+    max_logprobs: int | None = None  # the most logprobs per position the engines give (vLLM's max_logprobs); None: any
     nccl_env: dict[str, str] = field(default_factory=dict)  # NCCL_* the engines run with; a trainer joining their
     # NCCL group must run with the same (NCCL cannot join two processes that differ in NCCL_CUMEM_ENABLE)
 
@@ -179,7 +181,7 @@ class EnginePool:
         spans = [span for (i, _), res in zip(jobs, results) for span in _engine_spans(i, res)]
         return {"completions": completions, "spans": spans, "version": max(res["version"] for res in results)}
 
-    async def generate_stream(self, requests: list[GenRequest]) -> AsyncIterator[dict[str, Any]]:
+    async def generate_stream(self, requests: list[GenRequest]) -> AsyncGenerator[dict[str, Any], None]:
         """The requests on one engine (the least busy), streamed: {"deltas": [(request, sample, tokens, logprobs,
         top logprobs)], "version": the engine's policy version} as tokens come, then {"final": completions in
         request order, "version"}. Leaving the iteration early
@@ -191,18 +193,19 @@ class EnginePool:
         self.requests += len(requests)
         self.sequences += sum(r.sampling.n for r in requests)
         try:
-            async for event in self._stream(index, split):
-                if "deltas" in event:
-                    yield {"deltas": [(origin[i][0], origin[i][1] + j, *rest) for i, j, *rest in event["deltas"]],
-                           "version": version}
-                else:
-                    completions = event["final"]["completions"]
-                    self.tokens += sum(len(c.token_ids) for c in completions)
-                    yield {"final": completions, "version": event["final"]["version"]}
+            async with contextlib.aclosing(self._stream(index, split)) as events:  # closed at once when left
+                async for event in events:
+                    if "deltas" in event:
+                        yield {"deltas": [(origin[i][0], origin[i][1] + j, *rest) for i, j, *rest in event["deltas"]],
+                               "version": version}
+                    else:
+                        completions = event["final"]["completions"]
+                        self.tokens += sum(len(c.token_ids) for c in completions)
+                        yield {"final": completions, "version": event["final"]["version"]}
         finally:
             self.in_flight[index] -= 1
 
-    async def _stream(self, index: int, requests: list[GenRequest]) -> AsyncIterator[dict[str, Any]]:
+    async def _stream(self, index: int, requests: list[GenRequest]) -> AsyncGenerator[dict[str, Any], None]:
         engine = self.engines[index]
         if self.local:
             async with self._locks[index]:

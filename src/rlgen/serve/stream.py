@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
+
+from fastapi.responses import StreamingResponse
 
 from rlgen.serve.http import failure
 from rlgen.serve.openai import (
@@ -123,9 +125,10 @@ class Chunks:
         return self._chunk([], usage=usage_of(self.reqs, completion))
 
 
-async def sse(events: AsyncIterator[dict[str, Any]], chunks: Chunks, include_usage: bool,
-              release: Any = None) -> AsyncIterator[str]:
-    """The event stream of one request; ``release`` is called when it ends, however it ends."""
+async def sse(events: AsyncGenerator[dict[str, Any], None], chunks: Chunks, include_usage: bool,
+              release: Any = None) -> AsyncGenerator[str, None]:
+    """The event stream of one request; when it ends, however it ends, ``events`` is closed (which stops the
+    engine's generation) and ``release`` is called."""
     started = False
     try:
         async for event in events:
@@ -147,5 +150,18 @@ async def sse(events: AsyncIterator[dict[str, Any]], chunks: Chunks, include_usa
     except Exception as err:  # noqa: BLE001 - the status is sent; the error goes in the stream, in OpenAI's shape
         yield f"data: {json.dumps(error_body(f'the engines failed: {failure(err)}', 500))}\n\n"
     finally:
+        await events.aclose()
         if release is not None:
             release()
+
+
+class ClosingStream(StreamingResponse):
+    """A StreamingResponse that closes its body when it ends. Starlette stops sending when the client leaves, but
+    leaves the body's generator suspended until the garbage collector finds it, and the engine generating on
+    meanwhile (the whole request, for a large one)."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]

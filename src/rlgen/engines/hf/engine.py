@@ -20,7 +20,7 @@ import torch
 from rlgen.config import EngineConfig
 from rlgen.engines.cancel import CANCELLED, next_event
 from rlgen.engines.hf.adapters import EngineAdapters
-from rlgen.engines.hf.sampling import generate_kwargs, top_logprobs
+from rlgen.engines.hf.sampling import generate_kwargs, ranked_logprobs, top_logprobs
 from rlgen.engines.hf.stream import Cancelled, StepStreamer
 from rlgen.engines.kept import KeptWarm
 from rlgen.hostinfo import process_info
@@ -119,6 +119,11 @@ class HFEngine(KeptWarm):
                 for (i, j), c in zip(chunk, self._generate_rows(requests, chunk, _emit, _cancel)):
                     out[(i, j)] = c
         completions = [out[(i, j)] for i, r in enumerate(requests) for j in range(r.sampling.n)]
+        for i, r in enumerate(requests):
+            if r.sampling.prompt_logprobs is not None:
+                scored = self._prompt_logprobs(r)
+                for j in range(r.sampling.n):
+                    out[(i, j)].prompt_logprobs = scored
         return {"completions": completions, "spans": [(Phase.generate.value, t0, time.time())], "version": self.version}
 
     @torch.no_grad()
@@ -206,6 +211,15 @@ class HFEngine(KeptWarm):
         if "err" in box:
             raise box["err"]
         yield {"final": box["out"]}
+
+    @torch.no_grad()
+    def _prompt_logprobs(self, req: GenRequest) -> list[dict[int, tuple[float, int]] | None]:
+        """The request's prompt scored as vLLM's prompt_logprobs: the model's own distribution (no temperature)."""
+        ids = torch.tensor([req.prompt_ids], dtype=torch.long, device=self.device)
+        with self.adapters.active(req.adapter):
+            logits = self.model(input_ids=ids).logits[0, :-1].float()  # position t: the distribution of token t + 1
+        return [None, *ranked_logprobs(torch.log_softmax(logits, dim=-1), list(req.prompt_ids[1:]),
+                                       int(req.sampling.prompt_logprobs or 0))]
 
     @torch.no_grad()
     def score(self, prompt_ids: list[list[int]], token_ids: list[list[int]], temperature: float = 1.0,

@@ -50,3 +50,19 @@ def top_logprobs(logp: torch.Tensor, k: int, lengths: list[int]) -> list[list[di
         return [[] for _ in lengths]
     values, ids = logp.topk(k, dim=-1)
     return [[dict(zip(ids[r, t].tolist(), values[r, t].tolist())) for t in range(n)] for r, n in enumerate(lengths)]
+
+
+def ranked_logprobs(logp: torch.Tensor, targets: list[int], k: int) -> list[dict[int, tuple[float, int]]]:
+    """Per position (logp: [T, V], the distribution each target was drawn from), {token: (logprob, rank)} for the k
+    most likely tokens (all of them when k is -1) and the target, rank 1 the most likely: vLLM's prompt_logprobs."""
+    k = logp.shape[-1] if k < 0 else min(k, logp.shape[-1])
+    values, ids = logp.topk(k, dim=-1)
+    target = torch.tensor(targets, dtype=torch.long, device=logp.device)
+    chosen = logp.gather(-1, target[:, None]).squeeze(-1)  # [T]
+    ranks = (logp > chosen[:, None]).sum(-1) + 1
+    out = []
+    for t, token in enumerate(targets):
+        entry = {i: (v, r) for r, (i, v) in enumerate(zip(ids[t].tolist(), values[t].tolist()), start=1)}
+        entry[token] = (float(chosen[t]), int(ranks[t]))
+        out.append(entry)
+    return out

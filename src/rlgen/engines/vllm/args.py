@@ -27,6 +27,7 @@ REQUIRED_ENV: dict[str, str] = {
 TUNED_DEFAULTS: dict[str, Any] = {
     "max_num_batched_tokens": 16384,
 }
+VLLM_MAX_LOGPROBS = 20  # vLLM's max_logprobs when unset: the most logprobs per position a request may ask for
 
 
 def model_context_length(model_path: str) -> int | None:
@@ -90,7 +91,7 @@ def mix_seed(seed: int | None, group_id: int) -> int | None:
     return (int(seed) * 1_000_003 + int(group_id) * 7919) % (2**31 - 1)
 
 
-__all__ = ["REQUIRED_ENV", "TUNED_DEFAULTS", "build_engine_args", "mix_seed"]
+__all__ = ["REQUIRED_ENV", "TUNED_DEFAULTS", "VLLM_MAX_LOGPROBS", "build_engine_args", "mix_seed"]
 
 
 # vLLM's LoRA kernels take these ranks; an adapter of another rank gets the next one up

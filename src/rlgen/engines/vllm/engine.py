@@ -26,7 +26,13 @@ from typing import Any
 from rlgen.config import EngineConfig
 from rlgen.engines.kept import KeptWarm
 from rlgen.engines.vllm.adapters import AdapterFolders, AdapterMethods
-from rlgen.engines.vllm.args import REQUIRED_ENV, TUNED_DEFAULTS, build_engine_args, mix_seed
+from rlgen.engines.vllm.args import (
+    REQUIRED_ENV,
+    TUNED_DEFAULTS,
+    VLLM_MAX_LOGPROBS,
+    build_engine_args,
+    mix_seed,
+)
 from rlgen.engines.vllm.common import CALL_TIMEOUT_S, CONTROL_TIMEOUT_S, START_TIMEOUT_S, EngineError
 from rlgen.engines.vllm.fork import FORK, FORK_FAILED, choose_core_start, spawn_from_now
 from rlgen.engines.vllm.kvcache import KVSizes, MeasuredWatch, engine_versions
@@ -161,6 +167,8 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, KeptWarm):
                 extra["repetition_penalty"] = s.repetition_penalty
             if s.logit_bias:
                 extra["logit_bias"] = dict(s.logit_bias)
+        if s.prompt_logprobs is not None:
+            extra["prompt_logprobs"] = s.prompt_logprobs
         return VSamplingParams(
             **extra,
             n=s.n,
@@ -201,6 +209,15 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, KeptWarm):
         return [{int(t): float(lp.logprob) for t, lp in logprobs[i].items() if lp.rank is not None and lp.rank <= k}
                 for i in range(length)]
 
+    @staticmethod
+    def _prompt_logprobs(out: Any) -> list[dict[int, tuple[float, int]] | None]:
+        """vLLM's prompt logprobs (asked for with sampling.prompt_logprobs) as {token: (logprob, rank)} per position,
+        None at the first."""
+        if out.prompt_logprobs is None:
+            return []
+        return [{int(t): (float(lp.logprob), int(lp.rank)) for t, lp in pos.items()} if pos else None
+                for pos in (out.prompt_logprobs[i] for i in range(len(out.prompt_logprobs)))]
+
     def generate(self, requests: list[GenRequest], version: int | None = None) -> dict[str, Any]:
         """n completions per request, in request order, each tagged with the policy version that was loaded
         when the call started (pause()/update_weights()/resume() during a call can mix versions)."""
@@ -240,6 +257,7 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, KeptWarm):
                         token_ids=toks,
                         logprobs=self._sampled_logprobs(toks, o.logprobs),
                         top_logprobs=self._top_logprobs(o.logprobs, req.sampling.logprobs, len(toks)),
+                        prompt_logprobs=self._prompt_logprobs(out),
                         finish_reason=o.finish_reason,
                         version=v,
                         version_changes=version_changes(changes.get((f"{self.name}-{call}-{i}", o.index), []),
@@ -320,6 +338,7 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, KeptWarm):
             "asleep": self.asleep,
             "paused": self.paused,
             "dtype": str(self.args.get("dtype")),
+            "max_logprobs": self.args.get("max_logprobs", VLLM_MAX_LOGPROBS),  # vLLM refuses more, prompt's too
             "start_s": self.start_s,
             "kv_size": self.kv_size,  # the KV cache's size: measured by vLLM, stored by an earlier start, or given
             "core_start": self.core_start,  # how vLLM's engine-core process was started: fork or spawn
