@@ -4,7 +4,6 @@ that stops the processes of sessions whose driver died, and only those."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,11 +16,11 @@ from rlgen.runtime import leftovers
 from rlgen.runtime.leftovers import (
     MARKER,
     clean_leftovers,
+    cluster_processes,
     identity,
     read_marker,
     remove_marker,
     same_process,
-    cluster_processes,
     session_members,
     start_time,
     stop_processes,
