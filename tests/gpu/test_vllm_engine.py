@@ -155,6 +155,29 @@ def test_logprobs_finite_nonpositive_and_match_hf(engine, model_path):
     assert mean < 0.1 and max(deltas) < 1.0  # bf16 on both sides
 
 
+def test_prompt_logprobs_match_hf_and_rank_the_prompts_own_tokens(engine, model_path):
+    """rlgen serve's prompt_logprobs (TRL's get_sequence_logprobs asks for them): vLLM's per prompt position, in
+    the shape the hf engine gives, with the same values to bf16."""
+    from rlgen.engines.hf.engine import HFEngine
+
+    prompts = _prompts(4, length=24, seed=5)
+    sampling = SamplingParams(n=1, max_new_tokens=1, ignore_eos=True, prompt_logprobs=3)
+    reqs = [GenRequest(p, sampling, group_id=i) for i, p in enumerate(prompts)]
+    ref = HFEngine(model_path, EngineConfig(kind="hf", dtype="bfloat16"), device="cuda")
+    got = engine.generate(reqs)["completions"]
+    want = ref.generate(reqs)["completions"]
+    deltas = []
+    for c, h, p in zip(got, want, prompts):
+        assert len(c.prompt_logprobs) == len(p) and c.prompt_logprobs[0] is None
+        for t, (pos, hpos) in enumerate(zip(c.prompt_logprobs[1:], h.prompt_logprobs[1:]), start=1):
+            own = p[t]
+            assert own in pos and len(pos) in (3, 4) and pos[own][1] >= 1  # the top 3 and the prompt's own token
+            deltas.append(abs(pos[own][0] - hpos[own][0]))
+    print(f"vllm vs hf prompt logprobs: mean |d| {sum(deltas) / len(deltas):.4f}, max |d| {max(deltas):.4f} "
+          f"over {len(deltas)} positions")
+    assert sum(deltas) / len(deltas) < 0.1 and max(deltas) < 1.0  # bf16 on both sides
+
+
 def test_weight_update_changes_outputs_and_restores(engine, model_path):
     import torch
 
