@@ -22,3 +22,21 @@ def local_model(tmp_path_factory):
     preset = dataclasses.replace(compose_run_config([]).model, max_position_embeddings=1024)
     build_folder(root / "model", preset, [r["question"] + "\n" + r["answer"] for r in rows], vocab_size=1000)
     return root
+
+
+class Tripwire(Exception):
+    pass
+
+
+@pytest.fixture
+def tripwires(monkeypatch):
+    """Anything that would start a run raises, so a case that got past the checks fails loudly."""
+    import ray
+
+    import rlgen.commands.train as train
+
+    def tripped(*args, **kwargs):
+        raise Tripwire("the run started: the validation pass let this mistake through")
+
+    monkeypatch.setattr(ray, "init", tripped)
+    monkeypatch.setattr(train, "run_training", tripped)

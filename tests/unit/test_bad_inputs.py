@@ -40,24 +40,6 @@ def _write_files(tmp: Path, files: dict) -> None:
                 f.write(content.get("suffix", ""))
 
 
-class Tripwire(Exception):
-    pass
-
-
-@pytest.fixture
-def tripwires(monkeypatch):
-    """Anything that would start a run raises, so a case that got past the checks fails loudly."""
-    import ray
-
-    import rlgen.commands.train as train
-
-    def tripped(*args, **kwargs):
-        raise Tripwire("the run started: the validation pass let this mistake through")
-
-    monkeypatch.setattr(ray, "init", tripped)
-    monkeypatch.setattr(train, "run_training", tripped)
-
-
 def test_the_corpus_is_large_and_ids_are_unique():
     assert len(CASES) >= 60
     assert len({c["id"] for c in CASES}) == len(CASES)

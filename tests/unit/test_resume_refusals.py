@@ -7,29 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from rlgen.config.compose import compose_run_config
 from rlgen.plan import build_plan
 from rlgen.runtime.checkpoint_dir import STATE_FILE, write_checkpoint
 from rlgen.runtime.resume import identity
-
-
-class Tripwire(Exception):
-    pass
-
-
-@pytest.fixture
-def nothing_starts(monkeypatch):
-    import ray
-
-    import rlgen.commands.train as train
-
-    def tripped(*args, **kwargs):
-        raise Tripwire("the run started")
-
-    monkeypatch.setattr(ray, "init", tripped)
-    monkeypatch.setattr(train, "run_training", tripped)
 
 
 def _run_with(run: Path, *steps: int) -> None:
@@ -51,7 +32,7 @@ def _rlgen(capsys, *argv: str) -> tuple[int, str]:
     return rc, " ".join(err.split())
 
 
-def test_resuming_a_finished_run_with_no_more_steps_is_refused(tmp_path, capsys, monkeypatch, nothing_starts):
+def test_resuming_a_finished_run_with_no_more_steps_is_refused(tmp_path, capsys, monkeypatch, tripwires):
     monkeypatch.chdir(tmp_path)
     _run_with(tmp_path / "done", 150)
     rc, err = _rlgen(capsys, "train", "resume=done", "steps=3", "progress=false")
@@ -63,7 +44,7 @@ def test_resuming_a_finished_run_with_no_more_steps_is_refused(tmp_path, capsys,
     assert not (tmp_path / "outputs").exists()  # refused before Hydra made a run directory
 
 
-def test_resume_auto_that_picks_a_finished_run_is_refused(tmp_path, capsys, monkeypatch, nothing_starts):
+def test_resume_auto_that_picks_a_finished_run_is_refused(tmp_path, capsys, monkeypatch, tripwires):
     monkeypatch.chdir(tmp_path)
     _run_with(tmp_path / "outputs" / "old", 150)
     rc, err = _rlgen(capsys, "train", "resume=auto", "steps=3", "progress=false", "hydra.run.dir=outputs/new")
@@ -78,7 +59,7 @@ def _tear(checkpoint: Path) -> Path:
     return state
 
 
-def test_a_torn_state_json_is_named_with_the_checkpoint_to_fall_back_to(tmp_path, capsys, monkeypatch, nothing_starts):
+def test_a_torn_state_json_is_named_with_the_checkpoint_to_fall_back_to(tmp_path, capsys, monkeypatch, tripwires):
     monkeypatch.chdir(tmp_path)
     _run_with(tmp_path / "run", 50, 100)
     _tear(tmp_path / "run" / "checkpoints" / "step_000100")
@@ -92,7 +73,7 @@ def test_a_torn_state_json_is_named_with_the_checkpoint_to_fall_back_to(tmp_path
     assert check_command("train", ["resume=run/checkpoints/step_000050", "steps=200"]) is None  # the fix is taken
 
 
-def test_a_torn_state_json_without_an_older_checkpoint(tmp_path, capsys, monkeypatch, nothing_starts):
+def test_a_torn_state_json_without_an_older_checkpoint(tmp_path, capsys, monkeypatch, tripwires):
     monkeypatch.chdir(tmp_path)
     _run_with(tmp_path / "outputs" / "old", 100)
     _tear(tmp_path / "outputs" / "old" / "checkpoints" / "step_000100")
