@@ -60,7 +60,7 @@ def test_verdict_follows_the_bottleneck(tmp_path):
 
 @pytest.mark.slow
 def test_multirun_writes_one_sweep_summary(tmp_path):
-    """Two runs, plus a third point the plan rejects: the sweep goes on and the summary says why."""
+    """Two runs, plus a third point the plan rejects: the sweep goes on, the summary says why, and the sweep exits 2."""
     sweep = tmp_path / "sweep"
     cmd = [
         sys.executable, "-m", "rlgen.cli", "train", "-m", "engine.num_engines=1,0,2", "steps=5", "progress=false",
@@ -68,7 +68,8 @@ def test_multirun_writes_one_sweep_summary(tmp_path):
     ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]  # the others ran; the refused one counts
+    assert "1 of 3 sweep points did not run to the end: engine.num_engines=0 (rejected" in " ".join(proc.stderr.split())
     summary = json.loads((sweep / "sweep_summary.json").read_text())
     runs = summary["runs"]
     rejected = [r for r in runs if r["status"] == "rejected"]
