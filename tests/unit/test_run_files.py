@@ -239,7 +239,7 @@ def test_a_stop_signal_during_a_status_write_neither_deadlocks_nor_is_lost(tmp_p
     import rlgen.runtime.status as status_mod
 
     status = RunStatus(tmp_path, command="train")
-    real, fired = status_mod.replace_text, []
+    real, fired = status_mod.rewrite_small, []
 
     def write_then_signal(path, text):  # the handler runs between two bytecodes of the write
         real(path, text)
@@ -247,7 +247,7 @@ def test_a_stop_signal_during_a_status_write_neither_deadlocks_nor_is_lost(tmp_p
             fired.append(True)
             status.update(state="stopped", reason="SIGTERM; stopping at the next safe point")
 
-    monkeypatch.setattr(status_mod, "replace_text", write_then_signal)
+    monkeypatch.setattr(status_mod, "rewrite_small", write_then_signal)
     worker = threading.Thread(target=status.update, kwargs={"state": "running", "checkpoint": "step_000005"},
                               daemon=True)
     worker.start()
@@ -264,7 +264,7 @@ def test_a_second_signal_in_the_middle_of_an_update_is_written_before_the_exit(t
     import rlgen.runtime.status as status_mod
 
     status = RunStatus(tmp_path, command="train")
-    real, fired = status_mod.replace_text, []
+    real, fired = status_mod.rewrite_small, []
 
     class Exited(BaseException):  # stands in for os._exit: nothing after it runs
         pass
@@ -276,7 +276,7 @@ def test_a_second_signal_in_the_middle_of_an_update_is_written_before_the_exit(t
             status.update_before_exit(state="stopped", reason="killed by a second Ctrl-C")
             raise Exited
 
-    monkeypatch.setattr(status_mod, "replace_text", write_then_second_signal)
+    monkeypatch.setattr(status_mod, "rewrite_small", write_then_second_signal)
     with pytest.raises(Exited):
         status.update(state="stopped", reason="Ctrl-C; stopping at the next safe point")
     on_disk = read_status(tmp_path)
