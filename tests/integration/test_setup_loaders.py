@@ -24,8 +24,9 @@ from rich.console import Console
 
 from rlgen.config.compose import compose_run_config
 from rlgen.plan.preflight import preflight
+from rlgen.runtime.loaders import start_loaders
 from rlgen.runtime.monitor import CircuitBreaker
-from rlgen.runtime.setup import Run, start_loaders
+from rlgen.runtime.setup import Run
 from rlgen.runtime.state import RunState
 from rlgen.runtime.stop import StopFlag
 from rlgen.runtime.waits import Waiter

@@ -1,0 +1,99 @@
+"""Set-up's loaders: the algorithm, the starting model folder and the task (with its tokenizer, prompts and stop
+ids), each on a thread of its own beside the cluster's start, once the libraries they share are imported whole.
+``run`` is the runtime.setup.Run being set up; each loader fills in its part of it."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from rlgen.config import RunConfig
+from rlgen.runtime.beside import Beside
+from rlgen.runtime.startup import StartupClock
+
+
+def start_loaders(run: Any) -> tuple[Beside, Beside, Beside]:
+    """The algorithm, the model folder and the task, each loading on a thread of its own beside the cluster's
+    start, once the libraries they share are imported (seconds on a GPU host)."""
+    clock = run.clock or StartupClock(run.console)
+    libraries = Beside(_shared_libraries, run.cfg)
+    algo = Beside(_algorithm, run, libraries)
+    model = Beside(_model, run, libraries, done=clock.begin("model folder"))
+    task = Beside(_task, run, libraries, model, done=clock.begin("tokenizer and task"))
+    return algo, model, task
+
+
+SHARED_LIBRARIES = ("torch", "transformers")
+# what the loaders reach for in transformers: its tokenizer and model bases, and the Auto classes
+TRANSFORMERS_NAMES = ("PreTrainedTokenizerBase", "PreTrainedModel", "AutoConfig", "AutoTokenizer", "AutoModelForCausalLM")
+
+
+def _shared_libraries(cfg: RunConfig) -> None:
+    """Import whole, on one thread, what set-up's loaders share, before they run side by side. A library that one
+    thread is still importing looks broken to another: datasets, hashing a data set, found transformers half
+    imported and without PreTrainedTokenizerBase. A library that is not installed is left to the code that needs
+    it, which says how to install it."""
+    import importlib
+    import importlib.util
+
+    from rlgen.tasks import task_libraries
+
+    for name in (*SHARED_LIBRARIES, *task_libraries(cfg.task)):
+        if importlib.util.find_spec(name) is not None:
+            importlib.import_module(name)
+    transformers = sys.modules.get("transformers")
+    for name in TRANSFORMERS_NAMES if transformers is not None else ():
+        getattr(transformers, name)
+
+
+def _after(libraries: Beside, run: Any) -> None:
+    libraries.result(run.stop, "importing torch and transformers")
+
+
+def _model(run: Any, libraries: Beside) -> None:
+    """The folders the actors load: the starting model (built and cached, or a checkpoint's)."""
+    _after(libraries, run)
+    from rlgen.models import prepare_model
+
+    cfg = run.cfg
+    run.initial_model_path = prepare_model(cfg, device=run.plan.device)
+    # Actors start from the checkpoint's policy when resuming; the frozen reference stays the initial model.
+    # With LoRA the checkpoint's model folder is an adapter: actors start from the base and the adapter comes after.
+    lora = cfg.learner.lora.enabled
+    run.start_model_path = str(run.resume.checkpoint / "model") if run.resume and not lora else run.initial_model_path
+
+
+def _algorithm(run: Any, libraries: Beside) -> None:
+    _after(libraries, run)
+    from rlgen.algo.registry import algorithm
+
+    run.algorithm = algorithm(run.cfg.algo.kind)
+
+
+def _task(run: Any, libraries: Beside, model: Beside) -> tuple[Any, Any, list[int]]:
+    """The task, its prompts as the model's tokenizer renders them and the stop ids: what the loop needs, ready
+    while the actors start (loading the tokenizer imports transformers, seconds on a GPU host)."""
+    _after(libraries, run)
+    from rlgen.models import load_tokenizer
+    from rlgen.tasks import build_task
+    from rlgen.tasks.prompts import PromptRenderer, model_stop_ids
+
+    cfg = run.cfg
+    task = build_task(cfg.task)
+    model.result(run.stop)
+    run.tokenizer = load_tokenizer(run.start_model_path)
+    renderer = PromptRenderer(run.tokenizer, cfg.task)
+    if cfg.task.long_prompts.value == "skip" and hasattr(task, "keep_rows"):
+        dropped = task.keep_rows(lambda p: renderer.fits(p.text))
+        if dropped:
+            run.console.print(f"left out {dropped} rows over task.max_prompt_tokens={cfg.task.max_prompt_tokens} "
+                              "(task.long_prompts=skip)", highlight=False)
+    if hasattr(task, "rows"):
+        run.console.print(f"task {task.name}: {len(task.rows)} rows, {len(task.eval_prompts())} held out; prompts "
+                          f"as {renderer.format} text", highlight=False)
+    stop_ids = model_stop_ids(run.start_model_path, run.tokenizer, cfg.task.stop_token_ids)
+    run.pad_id = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else (stop_ids or [0])[0]
+    return task, renderer, stop_ids
+
+
+__all__ = ["start_loaders"]
