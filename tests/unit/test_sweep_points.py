@@ -7,11 +7,11 @@ from collections import defaultdict
 
 
 def test_a_point_is_named_by_what_sets_it_apart():
-    from rlgen.commands.checks import point_label
+    from rlgen.commands.sweep import common_overrides, point_label
 
     points = [["algo.lr=0.001", "steps=2"], ["algo.lr=-1", "steps=2"]]
-    assert point_label(points, 1) == "algo.lr=-1"
-    assert point_label([["steps=2"]], 0) == "steps=2"
+    assert point_label(points[1], common_overrides(points)) == "algo.lr=-1"
+    assert point_label(["steps=2"], common_overrides([["steps=2"]])) == "steps=2"
 
 
 def test_a_sweep_with_a_refused_point_runs_the_others_and_exits_2(tmp_path, capsys, monkeypatch):

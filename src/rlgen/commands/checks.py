@@ -79,12 +79,6 @@ def check_command(command: str, argv: list[str]) -> int | None:
     return check_train(args, cfgs)
 
 
-def point_label(points: list[list[str]], i: int) -> str:
-    """Sweep point i by the overrides that set it apart from the other points."""
-    own = [o for o in points[i] if not all(o in other for other in points)]
-    return " ".join(own or points[i]) or "(defaults)"
-
-
 def check_train(args: Args, cfgs: list[RunConfig]) -> int | None:
     from rlgen.plan.preflight import preflight
     from rlgen.runtime.resume import ResumeError, identity, resolve_explicit
@@ -102,8 +96,11 @@ def check_train(args: Args, cfgs: list[RunConfig]) -> int | None:
     if bad and (not args.multirun or len(bad) == len(cfgs)):
         return print_problems(list(dict.fromkeys(p for problems in bad for p in problems)))
     if bad:
+        from rlgen.commands.sweep import common_overrides, point_label
+
         points = jobs(args)
-        said = "; ".join(f"{point_label(points, i)} ({' '.join(problems).rstrip('.')})"
+        common = common_overrides(points)
+        said = "; ".join(f"{point_label(points[i], common)} ({' '.join(problems).rstrip('.')})"
                          for i, problems in enumerate(blocking) if problems)
         Console(stderr=True, soft_wrap=True).print(
             f"[yellow]note:[/] {len(bad)} of {len(cfgs)} sweep points cannot run; the others run, and the sweep "

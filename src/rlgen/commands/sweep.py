@@ -102,14 +102,23 @@ def _cell(x: Any, fmt: str = "") -> str:
     return str(x).replace("|", "\\|")
 
 
+def common_overrides(points: list[list[str]]) -> list[str]:
+    """The overrides every point of a sweep shares (none for a single point)."""
+    return [o for o in points[0] if all(o in p for p in points[1:])] if len(points) > 1 else []
+
+
+def point_label(overrides: list[str], common: list[str]) -> str:
+    """A sweep point by the overrides that set it apart from the others (common_overrides)."""
+    own = [o for o in overrides if o not in common]
+    return " ".join(own) or "(defaults)"
+
+
 def _common_overrides(rows: list[dict[str, Any]]) -> list[str]:
-    sets = [r.get("overrides") or [] for r in rows]
-    return [o for o in sets[0] if all(o in s for s in sets[1:])] if len(sets) > 1 else []
+    return common_overrides([r.get("overrides") or [] for r in rows])
 
 
 def _label(row: dict[str, Any], common: list[str]) -> str:
-    own = [o for o in row.get("overrides") or [] if o not in common]
-    return " ".join(own) or "(defaults)"
+    return point_label(row.get("overrides") or [], common)
 
 
 def to_markdown(rows: list[dict[str, Any]], sweep_dir: Path) -> str:
