@@ -8,8 +8,8 @@ import datetime
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from rlgen.commands.args import split_argv
-from rlgen.commands.checks import _raw_run_dir, fill_now, hydra_quoted
+from rlgen.commands.checks import fill_now, hydra_quoted
+from rlgen.config.compose import run_dir_template
 
 
 @pytest.mark.parametrize("path", ["outputs/2026-11-26/13-18-02", "/data/a b/c'd", "/data/x\\y", "/data/a,b=c",
@@ -20,10 +20,10 @@ def test_a_path_goes_through_hydras_parser_unchanged(path):
 
 
 def test_the_default_directory_is_hydras_with_the_time_filled_in():
-    raw = _raw_run_dir(split_argv("train", ["steps=3"]))
+    raw = run_dir_template(["steps=3"])
     assert raw == "outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}"
     assert fill_now(raw, datetime.datetime(2026, 11, 26, 13, 5, 9)) == "outputs/2026-11-26/13-05-09"
-    assert _raw_run_dir(split_argv("train", ["hydra.run.dir=/data/r"])) == "/data/r"
+    assert run_dir_template(["hydra.run.dir=/data/r"]) == "/data/r"
 
 
 def test_a_directory_only_hydra_can_resolve_is_left_to_the_run():

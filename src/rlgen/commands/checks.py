@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from rlgen.commands.args import Args, jobs, split_argv
 from rlgen.config import RunConfig, plain
-from rlgen.config.compose import ConfigError, compose_run_config
+from rlgen.config.compose import ConfigError, compose_run_config, run_dir_template
 
 # The plans of the configs this process has already validated, by config: the Hydra job takes its plan from here
 # instead of building it again (a sweep point that failed the pass is not here, so its job records why it was
@@ -120,26 +120,12 @@ def pin_run_dir(args: Args) -> list[str]:
 
     if args.multirun or args.print_only or args.own_config:
         return args.overrides
-    path = fill_now(_raw_run_dir(args))
+    path = fill_now(run_dir_template(args.overrides))
     if path is None:
         return args.overrides
     claim_run_dir(path)  # as Hydra will make it: relative to here, no ~ expanded
     kept = [o for o in args.overrides if not o.lstrip("+").startswith("hydra.run.dir=")]
     return [*kept, f"hydra.run.dir={hydra_quoted(path)}"]
-
-
-def _raw_run_dir(args: Args) -> str:
-    """hydra.run.dir as the composed config holds it, interpolations unresolved."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from rlgen.config import register_configs
-    from rlgen.config.compose import CONF_DIR
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=args.overrides, return_hydra_config=True)
-    return str(OmegaConf.to_container(cfg.hydra.run, resolve=False)["dir"])
 
 
 def fill_now(raw: str, now: Any = None) -> str | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from rlgen.config import RunConfig, register_configs, to_run_config
 from rlgen.errors import UserError
@@ -15,20 +16,33 @@ class ConfigError(UserError, ValueError):
     """An override or YAML value that does not fit the schema."""
 
 
+def _compose(overrides: list[str], with_hydra: bool) -> Any:
+    """The packaged tree composed with overrides (a DictConfig), with Hydra's own node where with_hydra."""
+    from hydra import compose, initialize_config_dir
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides, return_hydra_config=with_hydra)
+
+
+def run_dir_template(overrides: list[str]) -> str:
+    """hydra.run.dir for these overrides (Hydra's and rlgen's), its interpolations left as written; the overrides
+    must compose (compose_run_config has checked them)."""
+    from omegaconf import OmegaConf
+
+    return str(OmegaConf.to_container(_compose(overrides, with_hydra=True).hydra.run, resolve=False)["dir"])
+
+
 def compose_run_config(overrides: list[str] | tuple[str, ...] = (), hydra_overrides: list[str] | tuple[str, ...] = ()
                        ) -> RunConfig:
     """The RunConfig for overrides; hydra_overrides (hydra.run.dir=... and the like) are checked too, then
     left to Hydra. Every error becomes ConfigError with one sentence."""
-    from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf import open_dict
     from omegaconf.errors import OmegaConfBaseException
 
-    register_configs()
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=[*overrides, *hydra_overrides],
-                          return_hydra_config=bool(hydra_overrides))
+        cfg = _compose([*overrides, *hydra_overrides], with_hydra=bool(hydra_overrides))
         if hydra_overrides:
             with open_dict(cfg):
                 del cfg["hydra"]
