@@ -4,7 +4,7 @@ putting it in Ray's object store), scaled to the layout's batch.
 
     python benchmarks/scale_on_paper.py OUT.json
 
-Prints a table and writes OUT.json. CPU only: the GPU numbers are the planner's model (src/rlgen/plan/planner.py,
+Prints a table and writes OUT.json. CPU only: the GPU numbers are the planner's model (src/rlgen/plan/prediction.py,
 calibrated on H100/H200 runs); the driver numbers are measured on this machine with rlgen's own functions.
 """
 
@@ -16,7 +16,7 @@ import time
 
 from rlgen.config.compose import compose_run_config
 from rlgen.plan import build_plan
-from rlgen.plan.planner import predict
+from rlgen.plan.prediction import predict
 
 # vLLM's packed NCCL update, as measured end to end (docs/benchmarks.md, 1.5B on 2xH200): 29 GB/s, bound by
 # load_weights and RPCs in each engine rather than by the wire (raw NCCL there: 267 GB/s). Every engine loads in
@@ -49,7 +49,7 @@ def driver_costs(sequences: int = 1024, prompt: int = 512, response: int = MEAN_
     import ray
 
     from rlgen.models import build_tokenizer
-    from rlgen.runtime.batch import StepPrompts, build_batch
+    from rlgen.runtime.rollouts.batch import StepPrompts, build_batch
     from rlgen.tasks.base import Prompt
     from rlgen.tasks.rewards import exact_match
     from rlgen.types import Completion

@@ -56,7 +56,7 @@ def main() -> None:
     from rlgen.learners.weight_sender import WeightSender
     from rlgen.models import prepare_model
     from rlgen.plan import Transport, build_plan
-    from rlgen.runtime.transports import make_transport
+    from rlgen.runtime.policy.weight_transports import make_transport
 
     overrides = ["engine=vllm", f"hardware={args.hardware}", f"model={args.model}", "engine.max_model_len=1024",
                  f"engine.enforce_eager={not args.graphs}"]

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlgen.commands.args import split_argv
     from rlgen.commands.checks import check_command, pin_run_dir, print_problems
     from rlgen.errors import UserError
-    from rlgen.runtime.lock import set_command_line
+    from rlgen.runtime.durability.run_lock import set_command_line
 
     argv = list(sys.argv[1:] if argv is None else argv)
     set_command_line(shlex.join(["rlgen", *argv]))

@@ -21,7 +21,7 @@ from helpers import algo_cfg
 from rlgen.config import EngineConfig, MonitorConfig
 from rlgen.engines.vllm.args import engine_args_for
 from rlgen.learners.weight_sender import WeightSender
-from rlgen.runtime.transports import make_transport
+from rlgen.runtime.policy.weight_transports import make_transport
 from rlgen.types import GenRequest, SamplingParams
 
 pytestmark = pytest.mark.gpu

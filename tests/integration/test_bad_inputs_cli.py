@@ -20,8 +20,8 @@ from rlgen.engines.hf.engine import HFEngine
 from rlgen.learners.torch import TorchLearner
 from rlgen.plan import build_plan
 from rlgen.runtime import RunError
+from rlgen.runtime.durability.status_file import read_status
 from rlgen.runtime.run import run_training
-from rlgen.runtime.status import read_status
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 LIMIT_S = 10.0
@@ -51,7 +51,7 @@ def test_a_typo_in_train_is_one_line_from_a_fresh_process(tmp_path):
 
 
 def test_a_gpu_preset_on_a_machine_without_gpus_fails_at_once(tmp_path):
-    from rlgen.plan.environment import has_package, local_gpus
+    from rlgen.plan.checks.machine import has_package, local_gpus
 
     if local_gpus() or has_package("vllm"):
         pytest.skip("this machine has a GPU or vllm")
@@ -78,7 +78,7 @@ def test_plan_prints_the_config_and_writes_json_into_a_new_folder(tmp_path):
 
 
 def test_plan_shows_what_this_machine_lacks_as_a_note(tmp_path):
-    from rlgen.plan.environment import local_gpus
+    from rlgen.plan.checks.machine import local_gpus
 
     if local_gpus():
         pytest.skip("this machine has a GPU")

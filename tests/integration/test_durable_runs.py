@@ -22,11 +22,11 @@ from rlgen.learners.torch import TorchLearner
 from rlgen.metrics.sink import read_jsonl
 from rlgen.plan import build_plan
 from rlgen.runtime import RunStopped
-from rlgen.runtime.checkpoint_dir import list_checkpoints
-from rlgen.runtime.resume import identity, resolve_explicit
+from rlgen.runtime.durability.checkpoint_folder import list_checkpoints
+from rlgen.runtime.durability.resume import identity, resolve_explicit
+from rlgen.runtime.durability.status_file import read_status
 from rlgen.runtime.run import run_training
-from rlgen.runtime.status import read_status
-from rlgen.runtime.stop import StopFlag
+from rlgen.runtime.signals import StopFlag
 
 # Ray workers cannot import this test module, so its actor classes travel by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -299,9 +299,9 @@ def test_a_failed_checkpoint_write_leaves_the_previous_one_usable(tmp_path):
 
 
 def test_too_little_disk_for_a_checkpoint_is_one_sentence_before_writing(tmp_path, monkeypatch):
-    from rlgen.runtime.diskspace import DiskFull
+    from rlgen.runtime.durability.disk_space import DiskFull
 
-    monkeypatch.setattr("rlgen.runtime.diskspace.free_bytes_at", lambda path: 10 * 2**20)
+    monkeypatch.setattr("rlgen.runtime.durability.disk_space.free_bytes_at", lambda path: 10 * 2**20)
     cfg = compose_run_config([*BASE, "steps=6", "checkpoint.every=2"])
     with pytest.raises(DiskFull) as info:
         run_training(build_plan(cfg), tmp_path, Console(quiet=True))

@@ -1,4 +1,4 @@
-"""Engines kept warm between runs (engine.keep_warm_s, rlgen.runtime.warm), on a local Ray cluster on CPU: the next
+"""Engines kept warm between runs (engine.keep_warm_s, rlgen.runtime.cluster.kept_engines), on a local Ray cluster on CPU: the next
 run with the same settings takes the engines over and gives them its own starting weights; a run with other
 settings, or with keep_warm_s=0, stops them; past keep_warm_s the cluster's head takes it down."""
 
@@ -13,7 +13,7 @@ import pytest
 from rlgen.config.compose import compose_run_config
 from rlgen.metrics.sink import read_jsonl
 from rlgen.plan import build_plan
-from rlgen.runtime.leftovers import clean_leftovers, kept_sessions, same_process, start_time
+from rlgen.runtime.cluster.dead_runs import clean_leftovers, kept_sessions, same_process, start_time
 from rlgen.runtime.run import run_training
 
 BASE = ["progress=false", "steps=2", "checkpoint.every=0"]

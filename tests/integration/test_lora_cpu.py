@@ -20,7 +20,7 @@ from rlgen.config.compose import compose_run_config
 from rlgen.metrics.sink import read_jsonl
 from rlgen.plan import build_plan
 from rlgen.runtime import RunStopped
-from rlgen.runtime.resume import identity, resolve_explicit
+from rlgen.runtime.durability.resume import identity, resolve_explicit
 from rlgen.runtime.run import run_training
 
 pytest.importorskip("peft")

@@ -18,8 +18,8 @@ from rich.console import Console
 from rlgen.config.compose import compose_run_config
 from rlgen.plan import build_plan
 from rlgen.plan.placement import plan_bundles
-from rlgen.runtime.actors import ActorFactory, reserve
-from rlgen.runtime.cluster import NodeInfo, assign_nodes, cluster_nodes
+from rlgen.runtime.cluster.actors import ActorFactory, reserve
+from rlgen.runtime.cluster.nodes import NodeInfo, assign_nodes, cluster_nodes
 from rlgen.runtime.errors import RunError
 from rlgen.runtime.run import run_training
 
@@ -129,7 +129,7 @@ def test_hf_engines_on_one_node_and_the_learner_on_another_learn(cluster, tmp_pa
 
 def test_folders_are_read_in_place_where_shared_and_shipped_where_not(cluster, tmp_path):
     from rlgen.config import ShareMode
-    from rlgen.runtime.files import fingerprint, place_folder, sees_run_dir
+    from rlgen.runtime.durability.shared_folders import fingerprint, place_folder, sees_run_dir
 
     folder = tmp_path / "model"
     folder.mkdir()

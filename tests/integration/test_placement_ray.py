@@ -80,7 +80,7 @@ def test_one_strict_pack_group_per_node(ray_cluster):
 
 
 def test_the_two_node_cluster_holds_the_plan_and_a_bigger_plan_fails_at_once(ray_cluster):
-    from rlgen.runtime.cluster import assign_nodes, cluster_nodes
+    from rlgen.runtime.cluster.nodes import assign_nodes, cluster_nodes
     from rlgen.runtime.errors import RunError
 
     nodes = cluster_nodes()

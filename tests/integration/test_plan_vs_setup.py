@@ -17,7 +17,7 @@ from rich.console import Console
 
 from rlgen.config.compose import compose_run_config
 from rlgen.plan import PlanError, Transport, build_plan
-from rlgen.runtime import actors as actor_classes
+from rlgen.runtime.cluster import actors as actor_classes
 from rlgen.runtime.setup import set_up, tear_down
 
 ray = pytest.importorskip("ray")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rlgen.runtime.status import read_status
+from rlgen.runtime.durability.status_file import read_status
 
 TRAIN = [sys.executable, "-m", "rlgen.cli", "train", "progress=false", "algo.prompts_per_step=8"]
 
@@ -48,7 +48,7 @@ def test_a_second_run_on_a_running_directory_is_refused_in_one_sentence(tmp_path
 
 HOLD = """
 import sys, time
-from rlgen.runtime.lock import acquire_run_lock
+from rlgen.runtime.durability.run_lock import acquire_run_lock
 acquire_run_lock(sys.argv[1], sys.argv[2])
 print("held", flush=True)
 time.sleep(120)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from rlgen.config import EngineConfig
-from rlgen.runtime.transports import NcclTransport
+from rlgen.runtime.policy.weight_transports import NcclTransport
 from rlgen.serve.app import make_app
 from rlgen.serve.pool import EnginePool, ServedModel
 from rlgen.wire.client import GenerationClient

@@ -24,12 +24,12 @@ from rich.console import Console
 
 from rlgen.config.compose import compose_run_config
 from rlgen.plan.preflight import preflight
-from rlgen.runtime.loaders import start_loaders
-from rlgen.runtime.monitor import CircuitBreaker
+from rlgen.runtime.start.loaders import start_loaders
+from rlgen.runtime.policy.breaker import CircuitBreaker
 from rlgen.runtime.setup import Run
-from rlgen.runtime.state import RunState
-from rlgen.runtime.stop import StopFlag
-from rlgen.runtime.waits import Waiter
+from rlgen.runtime.policy.state import RunState
+from rlgen.runtime.signals import StopFlag
+from rlgen.runtime.cluster.waits import Waiter
 
 out, rows = Path(sys.argv[1]), sys.argv[2]
 cfg = compose_run_config([f"cache_dir={out}/cache", "task=dataset", f"task.path={rows}", "task.max_prompt_tokens=64"])

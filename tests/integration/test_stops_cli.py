@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from rlgen.metrics.sink import read_jsonl
-from rlgen.runtime.checkpoint_dir import is_complete, list_checkpoints
+from rlgen.runtime.durability.checkpoint_folder import is_complete, list_checkpoints
 
 TRAIN = [sys.executable, "-m", "rlgen.cli", "train", "progress=false", "algo.prompts_per_step=8"]
 

@@ -19,7 +19,7 @@ LIMIT_S = 10.0
 
 def _has(thing: str) -> bool:
     if thing == "gpu":
-        from rlgen.plan.environment import local_gpus
+        from rlgen.plan.checks.machine import local_gpus
 
         return local_gpus() > 0
     return importlib.util.find_spec(thing) is not None

@@ -9,8 +9,7 @@ import pytest
 
 from rlgen.config.compose import compose_run_config
 from rlgen.plan import build_plan
-from rlgen.runtime.batch import RolloutCountError, StepPrompts, check_complete
-from rlgen.runtime.checkpoint_dir import (
+from rlgen.runtime.durability.checkpoint_folder import (
     MARKER,
     capture_rng,
     list_checkpoints,
@@ -20,7 +19,15 @@ from rlgen.runtime.checkpoint_dir import (
     torn_checkpoints,
     write_checkpoint,
 )
-from rlgen.runtime.resume import ResumeError, changes, identity, math_keys, resolve_auto, resolve_explicit
+from rlgen.runtime.durability.resume import (
+    ResumeError,
+    changes,
+    identity,
+    math_keys,
+    resolve_auto,
+    resolve_explicit,
+)
+from rlgen.runtime.rollouts.batch import RolloutCountError, StepPrompts, check_complete
 from rlgen.tasks.base import Prompt
 from rlgen.types import Completion
 

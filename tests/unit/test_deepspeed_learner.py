@@ -144,7 +144,7 @@ def test_ds_config_rejects_other_stages(stage):
 
 
 def test_importing_the_learner_and_sync_needs_neither_deepspeed_nor_vllm():
-    code = ("import sys, rlgen.learners.deepspeed, rlgen.runtime.transports; "
+    code = ("import sys, rlgen.learners.deepspeed, rlgen.runtime.policy.weight_transports; "
             "print(sorted(m for m in ('deepspeed', 'vllm') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

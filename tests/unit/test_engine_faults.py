@@ -7,7 +7,7 @@ import pytest
 import ray
 
 from rlgen.engines.base import EngineDead
-from rlgen.runtime.faults import EngineKeeper, EngineLost, death_detail, engine_died
+from rlgen.runtime.rollouts.engine_restarts import EngineKeeper, EngineLost, death_detail, engine_died
 
 
 class Wrapped(Exception):

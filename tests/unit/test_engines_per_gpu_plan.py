@@ -10,8 +10,8 @@ from rlgen.config.compose import compose_run_config
 from rlgen.plan import PlanError, build_plan
 from rlgen.plan.memory import ENGINE_PROCESS_GIB
 from rlgen.plan.placement import ActorPlacement, plan_bundles
-from rlgen.plan.planner import predict
-from rlgen.plan.view import memory_line
+from rlgen.plan.prediction import predict
+from rlgen.plan.view import choice_lines, memory_line
 
 ONE_GPU = ["engine=vllm", "hardware=1xh100", "model=qwen2_5_0_5b"]
 
@@ -112,3 +112,13 @@ def test_left_null_one_engine_per_gpu_when_two_do_not_fit_beside_the_learner():
     plan = plan_of("engine.gpu_memory_utilization=0.03")
     assert plan.config.engine.engines_per_gpu == 1
     assert settings(plan)["engine.engines_per_gpu"][1].startswith("derived: 2 engines per GPU do not fit")
+    # the choice is explicit: both candidates, and the problem that ruled out two, are on the plan and shown
+    (choice,) = plan.choices
+    assert choice.key == "engine.engines_per_gpu" and choice.chosen == 1
+    assert [value for value, _ in choice.tried] == [2, 1]
+    assert "engine.gpu_memory_utilization" in choice.tried[0][1] and choice.tried[1][1] == ""
+    (line,) = choice_lines(plan)
+    assert line.startswith("chosen: engine.engines_per_gpu=1 of [2, 1] (engine.engines_per_gpu=2 ruled out: ")
+    assert plan.to_dict()["choices"][0]["tried"][0][0] == 2
+    # where the first candidate builds, the choice has one entry and `rlgen plan` adds no line for it
+    assert [c.tried for c in plan_of().choices] == [((2, ""),)] and choice_lines(plan_of()) == []

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 
 from rlgen.config import EngineConfig
 from rlgen.engines.hf.engine import HFEngine
-from rlgen.runtime.batch import build_batch
+from rlgen.runtime.rollouts.batch import build_batch
 from rlgen.types import Completion, GenRequest, SamplingParams
 
 EOS = 1

@@ -13,7 +13,7 @@ import yaml
 from rlgen.config import RunConfig, get_key, set_key
 from rlgen.config.compose import CONF_DIR, compose_run_config
 from rlgen.plan import PlanError, build_plan
-from rlgen.plan.ignored import SWITCHES, governed
+from rlgen.plan.checks.ignored import SWITCHES, governed
 
 
 def _problems(overrides: list[str]) -> list[str]:

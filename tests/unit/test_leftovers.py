@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from rlgen.runtime import leftovers
-from rlgen.runtime.leftovers import (
+from rlgen.runtime.cluster import dead_runs as leftovers
+from rlgen.runtime.cluster.dead_runs import (
     MARKER,
     clean_leftovers,
     cluster_processes,
@@ -157,7 +157,7 @@ def test_a_dead_drivers_session_is_cleaned_and_only_its_processes_stop(tmp_path,
     write_marker(session, _dead_identity(spawn), head_pid=head.pid)
     write_marker(_session(root, session.name + "2"), identity(), head_pid=other_head.pid)
 
-    with caplog.at_level("WARNING", logger="rlgen.runtime.leftovers"):
+    with caplog.at_level("WARNING", logger="rlgen.runtime.cluster.dead_runs"):
         assert clean_leftovers(root) == [session]
     assert _gone(head) and head.returncode == -signal.SIGTERM and _wait_gone(child)
     assert other_head.poll() is None and start_time(other_child) is not None

@@ -14,7 +14,7 @@ pytest.importorskip("ray")
 
 CALL = """
 import json, os
-from rlgen.runtime.localray import _token_auth_as_ray_init
+from rlgen.runtime.cluster.local_ray import _token_auth_as_ray_init
 from ray._raylet import AuthenticationMode, get_authentication_mode
 _token_auth_as_ray_init()
 print(json.dumps({"env": os.environ.get("RAY_AUTH_MODE"), "token": get_authentication_mode() == AuthenticationMode.TOKEN,

@@ -54,7 +54,7 @@ def test_long_prompts_are_refused_cut_or_left_out(tok):
 
 
 def test_the_validation_pass_counts_tokens_as_the_run_renders_them(local_model, tok):
-    from rlgen.plan.inputs import PromptEncoder
+    from rlgen.plan.checks.inputs import PromptEncoder
 
     cfg = compose_run_config([f"model.path={local_model / 'model'}", "task.system_prompt=Be brief."])
     text = "Cleo has 12 stamps. How many?"

@@ -1,4 +1,4 @@
-"""Dynamic sampling and overlong shaping on the driver (rlgen.runtime.refill), with stand-ins for the engines and
+"""Dynamic sampling and overlong shaping on the driver (rlgen.runtime.rollouts.refill), with stand-ins for the engines and
 the scorer: groups whose rewards are all equal never reach the batch, the batch is refilled to full from further
 rounds, and the cap on rounds holds."""
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from helpers import algo_cfg
-from rlgen.runtime.refill import shaped_rewards, step_rollouts
+from rlgen.runtime.rollouts.refill import shaped_rewards, step_rollouts
 from rlgen.tasks.scoring import Scores
 from rlgen.types import Completion, StepTimeline
 
@@ -110,7 +110,7 @@ def test_advantages_of_the_wrong_length_get_a_sentence():
     import torch
 
     from rlgen.algo.loss import AdvantageShapeError
-    from rlgen.runtime.batch import build_batch
+    from rlgen.runtime.rollouts.batch import build_batch
 
     comps = [c for c, _ in _group(0, MIXED)]
     with pytest.raises(AdvantageShapeError, match=r"shape \[5\] for a batch of 4 completions; .* shape \[4\]"):
@@ -120,7 +120,7 @@ def test_advantages_of_the_wrong_length_get_a_sentence():
 
 
 def test_truncated_responses_leave_the_loss_with_mask_truncated():
-    from rlgen.runtime.batch import build_batch
+    from rlgen.runtime.rollouts.batch import build_batch
 
     comps = [Completion(0, [1], [5, 6], [-0.1, -0.2], reason, 0) for reason in ("stop", "length", "stop", "length")]
     masked = build_batch(comps, [1.0, 0.0, 1.0, 0.0], 0, mask_truncated=True)

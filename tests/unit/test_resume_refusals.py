@@ -9,8 +9,8 @@ from pathlib import Path
 
 from rlgen.config.compose import compose_run_config
 from rlgen.plan import build_plan
-from rlgen.runtime.checkpoint_dir import STATE_FILE, write_checkpoint
-from rlgen.runtime.resume import identity
+from rlgen.runtime.durability.checkpoint_folder import STATE_FILE, write_checkpoint
+from rlgen.runtime.durability.resume import identity
 
 
 def _run_with(run: Path, *steps: int) -> None:
@@ -85,7 +85,7 @@ def test_a_torn_state_json_without_an_older_checkpoint(tmp_path, capsys, monkeyp
 
 
 def test_resume_from_a_checkpoint_folder_continues_its_run_from_it(tmp_path):
-    from rlgen.runtime.resume import resolve_explicit
+    from rlgen.runtime.durability.resume import resolve_explicit
 
     _run_with(tmp_path / "run", 50, 100)
     ident = identity(build_plan(compose_run_config([])).config, 1)

@@ -14,9 +14,16 @@ from rich.console import Console
 from rlgen.config.compose import compose_run_config
 from rlgen.errors import UserError
 from rlgen.metrics.sink import MetricsSink, keep_lines, read_jsonl
-from rlgen.runtime.diskspace import DiskFull, check_free_space, folder_bytes
-from rlgen.runtime.lock import LOCK_FILE, LockInfo, RunLocked, acquire_run_lock, holder_alive, process_start
-from rlgen.runtime.status import RunStatus, read_status, write_json_atomic
+from rlgen.runtime.durability.disk_space import DiskFull, check_free_space, folder_bytes
+from rlgen.runtime.durability.run_lock import (
+    LOCK_FILE,
+    LockInfo,
+    RunLocked,
+    acquire_run_lock,
+    holder_alive,
+    process_start,
+)
+from rlgen.runtime.durability.status_file import RunStatus, read_status, write_json_atomic
 
 _real_write = os.write
 
@@ -236,7 +243,7 @@ def test_a_stop_signal_during_a_status_write_neither_deadlocks_nor_is_lost(tmp_p
     (it did: the run hung) and must not be lost: it is written right after."""
     import threading
 
-    import rlgen.runtime.status as status_mod
+    import rlgen.runtime.durability.status_file as status_mod
 
     status = RunStatus(tmp_path, command="train")
     real, fired = status_mod.rewrite_small, []
@@ -261,7 +268,7 @@ def test_a_second_signal_in_the_middle_of_an_update_is_written_before_the_exit(t
     """The second Ctrl-C exits at once (os._exit) after recording why. When it comes while the main thread is in
     the middle of a status update (the first Ctrl-C's, say), its fields must reach the disk then: the interrupted
     update, which would write pending fields after its own, never resumes."""
-    import rlgen.runtime.status as status_mod
+    import rlgen.runtime.durability.status_file as status_mod
 
     status = RunStatus(tmp_path, command="train")
     real, fired = status_mod.rewrite_small, []

@@ -9,9 +9,9 @@ import time
 from rich.console import Console
 
 from rlgen.phases import ActorClock, process_start_time, read_log_times
-from rlgen.runtime.startup import StartupClock, print_startup
-from rlgen.runtime.stop import StopFlag
-from rlgen.runtime.waits import Waiter
+from rlgen.runtime.cluster.waits import Waiter
+from rlgen.runtime.signals import StopFlag
+from rlgen.runtime.start.progress import StartupClock, print_startup
 
 VLLM_LOG = [
     "Loading weights took 0.98 seconds",
@@ -96,7 +96,7 @@ def test_the_report_lists_each_phase_and_actor():
 
 
 def test_phases_that_run_at_once_are_each_timed_in_the_order_they_began():
-    from rlgen.runtime.beside import Beside
+    from rlgen.runtime.start.on_thread import Beside
 
     clock = StartupClock(Console(file=io.StringIO()))
     t0 = time.time()
@@ -114,8 +114,8 @@ def test_phases_that_run_at_once_are_each_timed_in_the_order_they_began():
 def test_work_beside_set_up_raises_its_error_and_a_stop_does_not_wait_for_it():
     import pytest
 
-    from rlgen.runtime.beside import Beside
     from rlgen.runtime.errors import StopRequested
+    from rlgen.runtime.start.on_thread import Beside
 
     def bad() -> None:
         raise ValueError("model.path=/nowhere is not a model folder")

@@ -23,7 +23,12 @@ from rlgen.engines.vllm.args import engine_args_for
 from rlgen.engines.vllm.ipc_buffer import ALIGN_BYTES, buffer_bytes, chunk_views, ipc_layout
 from rlgen.learners.weight_sender import WeightSender
 from rlgen.plan import Transport, build_plan
-from rlgen.runtime.transports import CudaIpcTransport, NcclTransport, ObjectStoreTransport, make_transport
+from rlgen.runtime.policy.weight_transports import (
+    CudaIpcTransport,
+    NcclTransport,
+    ObjectStoreTransport,
+    make_transport,
+)
 from rlgen.transfer import SyncError, SyncTimeoutError, get_all, plan_buckets, run_with_timeout
 
 

@@ -7,8 +7,8 @@ import json
 
 import torch
 
-from rlgen.runtime.batch import build_batch
-from rlgen.runtime.records import token_version_metrics
+from rlgen.runtime.rollouts.batch import build_batch
+from rlgen.runtime.step_record import token_version_metrics
 from rlgen.tasks.prompts import cut_at_stop
 from rlgen.types import Completion
 from rlgen.wire.protocol import completion_from_json, completion_to_json

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from rlgen.config import EngineConfig
-from rlgen.runtime import warm
+from rlgen.runtime.cluster import kept_engines as warm
 
 
 class _Engine:

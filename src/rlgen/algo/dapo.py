@@ -2,7 +2,7 @@
 - clip-higher: a wider upper clip (algo.clip_high=0.28 against clip_low=0.2);
 - a token-level loss (algo.loss_agg=token_mean): every token of the batch weighs the same;
 - dynamic sampling (algo.dynamic_sampling): groups whose rewards are all equal are dropped and more prompts are
-  generated until the batch is full (rlgen.runtime.refill);
+  generated until the batch is full (rlgen.runtime.rollouts.refill);
 - overlong reward shaping (algo.overlong_buffer, algo.overlong_penalty) and overlong filtering
   (algo.mask_truncated), applied to the rewards and the batch on the driver;
 - no KL term (algo.kl_coef=0).

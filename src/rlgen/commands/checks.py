@@ -81,7 +81,7 @@ def check_command(command: str, argv: list[str]) -> int | None:
 
 def check_train(args: Args, cfgs: list[RunConfig]) -> int | None:
     from rlgen.plan.preflight import preflight
-    from rlgen.runtime.resume import ResumeError, identity, resolve_explicit
+    from rlgen.runtime.durability.resume import ResumeError, identity, resolve_explicit
 
     run_dir = run_dir_hint(args)
     reports = [preflight(cfg, run_dir=run_dir) for cfg in cfgs]
@@ -116,7 +116,7 @@ def pin_run_dir(args: Args) -> list[str]:
     args.overrides: hydra.run.dir set to the directory (its ${now:...} filled in). Raises RunLocked (a
     UserError) when a live run holds it. A directory Hydra alone can resolve (another interpolation) is left to
     the run's own lock, taken when the run starts."""
-    from rlgen.runtime.lock import claim_run_dir
+    from rlgen.runtime.durability.run_lock import claim_run_dir
 
     if args.multirun or args.print_only or args.own_config:
         return args.overrides

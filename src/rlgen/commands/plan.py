@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
     for m in report.machine:
         console.print(f"[yellow]this machine cannot run it:[/] {escape(m)}", highlight=False)
     if json_path:
-        from rlgen.plan.planner import predict
+        from rlgen.plan.prediction import predict
 
         path = Path(json_path).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -74,7 +74,7 @@ def _take_json(argv: list[str]) -> tuple[str | int | None, list[str]]:
     path = argv[i + 1]
     if Path(path).expanduser().is_dir():
         return print_problems([f"--json {path} is a folder; give a file path, e.g. --json {path.rstrip('/')}/plan.json"]), argv
-    from rlgen.plan.inputs import writable
+    from rlgen.plan.checks.inputs import writable
 
     if why := writable(Path(path).expanduser().parent):
         return print_problems([f"--json {path} cannot be written: {why}; choose another path."]), argv

@@ -47,10 +47,10 @@ def serve(plan: Any, out_dir: Path, console: Any) -> None:
 
     from rlgen.models import prepare_model
     from rlgen.plan.placement import plan_bundles
-    from rlgen.runtime.actors import QUIET_ENV, ActorFactory, connect, engine_class, release
-    from rlgen.runtime.beside import Beside
-    from rlgen.runtime.stop import StopFlag
-    from rlgen.runtime.waits import Waiter
+    from rlgen.runtime.cluster.actors import QUIET_ENV, ActorFactory, connect, engine_class, release
+    from rlgen.runtime.cluster.waits import Waiter
+    from rlgen.runtime.signals import StopFlag
+    from rlgen.runtime.start.on_thread import Beside
     from rlgen.serve.app import make_app
     from rlgen.serve.pool import EnginePool
     from rlgen.serve.server import server_config

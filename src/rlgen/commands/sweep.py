@@ -48,7 +48,7 @@ def _overrides(job_dir: Path) -> list[str]:
 def collect_run(job_dir: str | Path) -> dict[str, Any]:
     """One job's row: its overrides, status, throughput and balance verdict. A job that resumed an earlier
     run (``resumed_into``) reports that run's directory."""
-    from rlgen.runtime.status import read_status
+    from rlgen.runtime.durability.status_file import read_status
 
     job_dir = Path(job_dir)
     row: dict[str, Any] = {"job_dir": str(job_dir), "overrides": _overrides(job_dir)}

@@ -19,7 +19,7 @@ from rlgen.config import RunConfig, to_run_config
 from rlgen.errors import UserError
 from rlgen.plan import PlanError
 from rlgen.runlog import LOG_FILE, MirroredConsole
-from rlgen.runtime.lock import release_claim
+from rlgen.runtime.durability.run_lock import release_claim
 from rlgen.runtime.run import run_training
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ def _job_failed(status: str, message: str, prefix: str, code: int, out: Path | N
     """Report a job that could not run or stopped. A single run exits with `code`; a job of a multirun writes
     its reason to status.json (the sweep summary shows it) and returns NaN, so the sweep goes on (and ends with
     the largest such code), unless end_sweep (a stop signal: the user wants the whole sweep to stop)."""
-    from rlgen.runtime.status import RunStatus, read_status
+    from rlgen.runtime.durability.status_file import RunStatus, read_status
 
     Console(stderr=True, soft_wrap=True).print(prefix + escape(message), highlight=False)
     if end_sweep or not _in_multirun():
@@ -85,7 +85,12 @@ def _shown(path: str | Path) -> str:
 def _resolve_resume(plan: Any, out: Path, console: Console) -> Any:
     """The ResumePoint for the config's resume= (None: start a new run). Raises ResumeError when it cannot be
     honoured."""
-    from rlgen.runtime.resume import identity, resolve_auto, resolve_explicit, search_root_from_hydra
+    from rlgen.runtime.durability.resume import (
+        identity,
+        resolve_auto,
+        resolve_explicit,
+        search_root_from_hydra,
+    )
 
     cfg = plan.config
     current = identity(cfg, len(plan.learners))
@@ -128,8 +133,8 @@ def _plan(cfg: RunConfig, out: Path) -> Any:
 def train_app(dict_cfg) -> float:
     """Hydra entry point. Returns the last-20% mean reward, so sweeps have an objective."""
     from rlgen.runtime import RunError, RunStopped
-    from rlgen.runtime.resume import ResumeError
-    from rlgen.runtime.stop import StopFlag
+    from rlgen.runtime.durability.resume import ResumeError
+    from rlgen.runtime.signals import StopFlag
 
     console = MirroredConsole()
     stop = StopFlag()

@@ -13,7 +13,7 @@ def validate_app(dict_cfg: Any) -> float:
     from rich.console import Console
 
     from rlgen.commands.train import run_dir
-    from rlgen.runtime.leftovers import stop_kept_for_own_cluster
+    from rlgen.runtime.cluster.dead_runs import stop_kept_for_own_cluster
     from rlgen.validate.run import run_validate, split_config
 
     out_dir = run_dir()

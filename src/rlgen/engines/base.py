@@ -19,7 +19,7 @@ class EngineStartError(RuntimeError):
 class EngineDead(RuntimeError):
     """The engine inside a live actor can no longer work: vLLM's engine core process died, or a CUDA error left
     its GPU state unusable. The actor answers, but only a new actor helps: the run re-creates it in its place,
-    gives it the current weights and sends its requests again (rlgen.runtime.faults)."""
+    gives it the current weights and sends its requests again (rlgen.runtime.rollouts.engine_restarts)."""
 
 
 @runtime_checkable

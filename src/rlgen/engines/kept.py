@@ -1,5 +1,5 @@
 """park() and rejoin(): an engine that outlives its run, for the next run with the same settings
-(``engine.keep_warm_s``; the runtime side is rlgen.runtime.warm). Imports nothing heavy."""
+(``engine.keep_warm_s``; the runtime side is rlgen.runtime.cluster.kept_engines). Imports nothing heavy."""
 
 from __future__ import annotations
 

@@ -374,7 +374,7 @@ class TorchLearner:
 
     def save_checkpoint_packed(self) -> bytes:
         """save_checkpoint into a temporary folder on this node, returned packed: for a learner on a node that
-        cannot write into the driver's run directory (see rlgen.runtime.files)."""
+        cannot write into the driver's run directory (see rlgen.runtime.durability.shared_folders)."""
         import tempfile
 
         from rlgen.packing import pack

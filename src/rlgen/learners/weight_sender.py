@@ -1,5 +1,5 @@
 """The learner-side half of the GPU weight transports: a mixin that exports, packs and sends a learner's
-weights to vLLM engines over NCCL or CUDA IPC (``rlgen.runtime.transports`` holds the driver side). vllm is imported lazily.
+weights to vLLM engines over NCCL or CUDA IPC (``rlgen.runtime.policy.weight_transports`` holds the driver side). vllm is imported lazily.
 """
 
 from __future__ import annotations

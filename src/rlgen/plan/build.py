@@ -15,17 +15,23 @@ from rlgen.charvocab import CHAR_VOCAB_SIZE
 from rlgen.config import LearnerKind, LoraSync, RunConfig, Setting, Transport, set_key
 from rlgen.engines.registry import EngineSpec, UnknownEngineKind, engine_spec
 from rlgen.learners.registry import resolve_learner
-from rlgen.plan.checks import check_hardware, check_learners, check_lengths, check_logits, live_vllm_env
-from rlgen.plan.ignored import check_ignored
-from rlgen.plan.layout import BatchGeometry, EngineSlot, Layout, ModelSummary, Plan, PlanError
+from rlgen.plan.checks.ignored import check_ignored
+from rlgen.plan.checks.spanning import (
+    check_hardware,
+    check_learners,
+    check_lengths,
+    check_logits,
+    live_vllm_env,
+)
+from rlgen.plan.checks.values import check_values, once_per_nonfinite
+from rlgen.plan.headroom import hardware_room
+from rlgen.plan.layout import BatchGeometry, Choice, EngineSlot, Layout, ModelSummary, Plan, PlanError
 from rlgen.plan.lora import resolve_lora
 from rlgen.plan.memory import GIB, adapter_params, checkpoint_bytes, share_part
 from rlgen.plan.model_folder import with_model_folder
 from rlgen.plan.overlap import default_async_steps, fit_with_overlap
 from rlgen.plan.recipes import fill_recipe
-from rlgen.plan.room import hardware_room
 from rlgen.plan.slots import default_engines_per_gpu, place_engines, place_learners
-from rlgen.plan.values import check_values, once_per_nonfinite
 
 
 def count_params(m) -> tuple[int, int]:
@@ -171,19 +177,27 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
 
 
 def _with_engines_per_gpu(cfg: RunConfig, runnable: bool) -> Plan:
-    """The plan with engine.engines_per_gpu derived (default_engines_per_gpu): two engines per GPU where they
-    help and fit, else one; the settings table says which and why."""
+    """The plan with engine.engines_per_gpu chosen: the derived value (default_engines_per_gpu: two engines per
+    GPU where they help), or 1 where the plan with two does not build. The choice, with what ruled out each
+    candidate, goes on the plan (Plan.choices) and into the settings table."""
     spec = spec_of(cfg)
     params, _ = count_params(with_model_folder(cfg).model)
     k, why = default_engines_per_gpu(cfg, spec, layout_of(cfg, spec), params)
-    if k > 1:
+    tried: list[tuple[int, str]] = []
+    for candidate in dict.fromkeys((k, 1)):
         try:
-            plan = build_plan(set_key(cfg, "engine.engines_per_gpu", k), runnable=runnable)
-            return dataclasses.replace(plan, settings=plan.settings + (Setting("engine.engines_per_gpu", k, why),))
-        except PlanError:
-            k, why = 1, f"derived: {k} engines per GPU do not fit this GPU's memory beside the learner"
-    plan = build_plan(set_key(cfg, "engine.engines_per_gpu", 1), runnable=runnable)
-    return dataclasses.replace(plan, settings=plan.settings + (Setting("engine.engines_per_gpu", 1, why),))
+            plan = build_plan(set_key(cfg, "engine.engines_per_gpu", candidate), runnable=runnable)
+        except PlanError as err:
+            if candidate == 1:
+                raise
+            tried.append((candidate, err.problems[0] if err.problems else "does not build"))
+            continue
+        if tried:
+            why = f"derived: {tried[0][0]} engines per GPU do not fit this GPU's memory beside the learner"
+        choice = Choice("engine.engines_per_gpu", candidate, why, tuple(tried) + ((candidate, ""),))
+        return dataclasses.replace(plan, settings=plan.settings + (Setting("engine.engines_per_gpu", candidate, why),),
+                                   choices=plan.choices + (choice,))
+    raise AssertionError("unreachable: the last candidate either builds or raises")
 
 
 def _latest(settings: list[Setting]) -> list[Setting]:

@@ -23,6 +23,18 @@ class PlanError(UserError, ValueError):
         super().__init__("\n".join(self.problems))
 
 
+@dataclass(frozen=True)
+class Choice:
+    """A value the plan chose between candidates, by building the plan with each in turn (best first): the
+    first that builds is taken. ``tried`` holds each candidate with the reason it was ruled out ("" for the
+    one taken); ``rlgen plan`` shows it."""
+
+    key: str
+    chosen: Any
+    why: str  # why the first candidate was proposed
+    tried: tuple[tuple[Any, str], ...]
+
+
 class Layout(StrEnum):
     """Where engines sit relative to the learners: the one place this is decided."""
 
@@ -91,7 +103,8 @@ class Plan:
     settings: tuple[Setting, ...] = ()  # the values the config left null (auto), filled, and every one's source
     memory: MemorySplit | None = None  # per GPU: the engine's share, the learner's idle and peak footprint
     checkpoint_gib: float = 0.0  # one checkpoint on disk (estimated from the model and the learner)
-    room: dict | None = None  # what the hardware leaves room for (plan.room.hardware_room), for the balancer
+    room: dict | None = None  # what the hardware leaves room for (plan.headroom.hardware_room), for the balancer
+    choices: tuple[Choice, ...] = ()  # values chosen by building the plan with each candidate (plan.build)
 
     @property
     def engine_kind(self) -> str:
@@ -118,10 +131,10 @@ class Plan:
         d: dict[str, Any] = {"engine_kind": self.engine.kind, "learner_kind": self.learner_kind.value,
                              "layout": self.layout.value, "colocated": self.colocated}
         for name in ("device", "hardware", "nodes", "gpus_per_node", "engines", "learners", "transport", "batch",
-                     "model", "async_steps", "engine_env", "warnings", "settings", "memory", "checkpoint_gib", "room"):
+                     "model", "async_steps", "engine_env", "warnings", "settings", "memory", "checkpoint_gib", "room", "choices"):
             value = getattr(self, name)
             d[name] = plain(asdict(value) if hasattr(value, "__dataclass_fields__") else
-                            [asdict(v) for v in value] if name in ("engines", "learners", "settings") else value)
+                            [asdict(v) for v in value] if name in ("engines", "learners", "settings", "choices") else value)
         d["config"] = plain(self.config)
         return d
 
@@ -129,4 +142,4 @@ class Plan:
         return json.dumps(self.to_dict(), indent=2, default=str)
 
 
-__all__ = ["BatchGeometry", "EngineSlot", "LearnerSlot", "Layout", "ModelSummary", "Plan", "PlanError"]
+__all__ = ["BatchGeometry", "Choice", "EngineSlot", "LearnerSlot", "Layout", "ModelSummary", "Plan", "PlanError"]

@@ -32,7 +32,7 @@ def resolve_lora(cfg: RunConfig, spec: EngineSpec, model, ranks: int, per_rank: 
         cfg = set_key(cfg, "learner.zero_stage", 2)
         settings.append(Setting("learner.zero_stage", 2, "derived: LoRA (the frozen base is whole on every rank; the "
                                 "adapters' optimizer state is small)"))
-    if not cfg.learner.lora.enabled:  # a key set for nothing is refused with the others (plan/ignored.py)
+    if not cfg.learner.lora.enabled:  # a key set for nothing is refused with the others (plan/checks/ignored.py)
         return cfg, settings
     init = _read_init(lc.init, p) if lc.init else None
     if lc.rank is not None and lc.rank < 1:

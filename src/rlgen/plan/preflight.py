@@ -32,8 +32,8 @@ def _unique(items: list[str]) -> list[str]:
 def preflight(cfg: RunConfig, *, run_dir: Path | None = None, machine: bool = True) -> Report:
     """Every problem of cfg that can be known before start. run_dir: where the run will write (checked for
     writability); machine: also check this machine's GPUs and packages against the plan."""
-    from rlgen.plan.environment import check_environment
-    from rlgen.plan.inputs import check_dirs, check_model, check_task
+    from rlgen.plan.checks.inputs import check_dirs, check_model, check_task
+    from rlgen.plan.checks.machine import check_environment
 
     problems: list[str] = []
     plan = None

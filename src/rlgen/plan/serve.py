@@ -12,12 +12,12 @@ import math
 from rlgen.config import RunConfig, ServeConfig, Setting, set_key
 from rlgen.learners.registry import resolve_learner
 from rlgen.plan.build import count_params, layout_of, model_summary, spec_of, transport_of
-from rlgen.plan.checks import check_engine_floor, live_vllm_env
+from rlgen.plan.checks.spanning import check_engine_floor, live_vllm_env
+from rlgen.plan.checks.values import check_values
 from rlgen.plan.layout import BatchGeometry, Layout, Plan, PlanError
 from rlgen.plan.model_folder import with_model_folder
 from rlgen.plan.recipes import fill_recipe
 from rlgen.plan.slots import place_engines
-from rlgen.plan.values import check_values
 from rlgen.wire.protocol import TOKEN_ENV
 
 

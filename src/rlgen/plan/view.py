@@ -85,6 +85,15 @@ def resolved_lines(plan: Plan) -> list[str]:
     return [f"{s.key}={s.value}  ({s.source})" for s in plan.settings if s.source != "config"]
 
 
+def choice_lines(plan: Plan) -> list[str]:
+    """One line per value the plan chose by trying candidates: what it took, and what ruled out the others."""
+    lines = []
+    for c in (c for c in plan.choices if len(c.tried) > 1):
+        out = "; ".join(f"{c.key}={v} ruled out: {escape(r)}" for v, r in c.tried if r)
+        lines.append(f"chosen: {c.key}={c.chosen} of {[v for v, _ in c.tried]}" + (f" ({out})" if out else ""))
+    return lines
+
+
 def print_plan(plan: Plan, console: Console | None = None) -> None:
     cfg = plan.config
     console = console or Console(soft_wrap=True)
@@ -134,6 +143,8 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
     for setting in plan.settings:
         s.add_row(setting.key, str(setting.value), "the config" if setting.source == "config" else setting.source)
     console.print(s)
+    for line in choice_lines(plan):
+        console.print(line, highlight=False)
     line = memory_line(plan)
     if line:
         console.print(line, highlight=False)
@@ -143,7 +154,7 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
 
 
 def print_plan_and_prediction(plan: Plan, console: Console | None = None) -> None:
-    from rlgen.plan.planner import predict, print_prediction
+    from rlgen.plan.prediction import predict, print_prediction
 
     console = console or Console(soft_wrap=True)
     print_plan(plan, console)

@@ -1,7 +1,7 @@
 """The GRPO loop over a set-up Run. One step: engines generate the step's rollouts (policy version v), the driver
 scores them, the learner trains (v -> v+1), and the new weights go to the engines. Up to ``state.async_steps``
 generations run ahead of the learner, so generation of step s+1 overlaps training of step s; 0 is strictly
-on-policy. The engines' side (flights, collection, scoring, eval) is ``rlgen.runtime.rollouts``.
+on-policy. The engines' side (flights, collection, scoring, eval) is ``rlgen.runtime.rollouts.generation``.
 
 A stop request, or an engine that dies too often, ends the loop with a checkpoint (RunStopped); a dead learner
 ends it at the last checkpoint."""
@@ -16,13 +16,13 @@ from rich.markup import escape
 from rlgen import STARTED_AT
 from rlgen.config import BreakerAction, KLPenalty
 from rlgen.errors import causes
-from rlgen.runtime.checkpoint import save, stopped
+from rlgen.runtime.cluster.waits import LearnerLost
+from rlgen.runtime.durability.checkpoint import save, stopped
 from rlgen.runtime.errors import RunError, StopRequested
-from rlgen.runtime.faults import EngineLost
-from rlgen.runtime.flights import InFlight
-from rlgen.runtime.records import step_record
+from rlgen.runtime.rollouts.engine_restarts import EngineLost
+from rlgen.runtime.rollouts.in_flight import InFlight
 from rlgen.runtime.setup import Run
-from rlgen.runtime.waits import LearnerLost
+from rlgen.runtime.step_record import step_record
 from rlgen.transfer import SyncError
 from rlgen.types import Phase, StepTimeline
 
@@ -101,10 +101,10 @@ def _step(run: Run, step: int, sink: Any, tracker: Any) -> str | None:
 
 def _rollouts(run: Run, step: int, tl: StepTimeline) -> tuple[Any, Any, InFlight]:
     """The step's rollouts: launched (with those up to async_steps ahead), collected, scored, shaped and refilled
-    (rlgen.runtime.refill), and batched with the algorithm's advantages. Returns (batch, StepRollouts, flight)."""
+    (rlgen.runtime.rollouts.refill), and batched with the algorithm's advantages. Returns (batch, StepRollouts, flight)."""
     from rlgen.algo.loss import AdvantageShapeError
-    from rlgen.runtime.batch import build_batch
-    from rlgen.runtime.refill import step_rollouts
+    from rlgen.runtime.rollouts.batch import build_batch
+    from rlgen.runtime.rollouts.refill import step_rollouts
     from rlgen.tasks.scoring import RewardError
 
     ro, algo = run.rollouts, run.cfg.algo

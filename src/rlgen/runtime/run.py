@@ -16,13 +16,13 @@ from rich.markup import escape
 from rlgen.durable import disk_full
 from rlgen.plan import Plan
 from rlgen.runlog import MirroredConsole, attach_run_log
-from rlgen.runtime.checkpoint_dir import final_model_from, newest_checkpoint
+from rlgen.runtime.durability.checkpoint_folder import final_model_from, newest_checkpoint
+from rlgen.runtime.durability.run_lock import acquire_run_lock, command_line
+from rlgen.runtime.durability.status_file import RunStatus
 from rlgen.runtime.errors import RunError, RunStopped, StopRequested
-from rlgen.runtime.lock import acquire_run_lock, command_line
 from rlgen.runtime.setup import Hooks, Run, set_up, tear_down
-from rlgen.runtime.startup import print_startup
-from rlgen.runtime.status import RunStatus
-from rlgen.runtime.stop import StopFlag
+from rlgen.runtime.signals import StopFlag
+from rlgen.runtime.start.progress import print_startup
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@
 5. the engine keeper (restarts), the rollouts (the engines' side of the loop) and the run state.
 
 With engine.keep_warm_s, a local cluster and its engines outlive a run that ends well (``tear_down(keep=True)``),
-and the next run with the same settings takes them over in steps 2 and 3 (runtime.warm).
+and the next run with the same settings takes them over in steps 2 and 3 (runtime.cluster.kept_engines).
 
 Everything comes from the plan; nothing here decides what the plan already decided."""
 
@@ -35,8 +35,8 @@ from rich.markup import escape
 from rlgen.config import RunConfig
 from rlgen.plan import Plan
 from rlgen.plan.placement import plan_bundles
-from rlgen.runtime import warm
-from rlgen.runtime.actors import (
+from rlgen.runtime.cluster import kept_engines
+from rlgen.runtime.cluster.actors import (
     QUIET_ENV,
     ActorFactory,
     actor_env,
@@ -47,18 +47,18 @@ from rlgen.runtime.actors import (
     release,
     warm_cluster,
 )
-from rlgen.runtime.beside import Beside
+from rlgen.runtime.cluster.local_ray import keep_local
+from rlgen.runtime.cluster.waits import Waiter
+from rlgen.runtime.durability.resume import ResumePoint
+from rlgen.runtime.durability.shared_folders import place_run_folders
 from rlgen.runtime.errors import RunError
-from rlgen.runtime.faults import EngineKeeper, EngineLost
-from rlgen.runtime.files import place_run_folders
-from rlgen.runtime.loaders import start_loaders
-from rlgen.runtime.localray import keep_local
-from rlgen.runtime.monitor import CircuitBreaker
-from rlgen.runtime.resume import ResumePoint
-from rlgen.runtime.startup import StartupClock
-from rlgen.runtime.state import RunState
-from rlgen.runtime.stop import StopFlag
-from rlgen.runtime.waits import Waiter
+from rlgen.runtime.policy.breaker import CircuitBreaker
+from rlgen.runtime.policy.state import RunState
+from rlgen.runtime.rollouts.engine_restarts import EngineKeeper, EngineLost
+from rlgen.runtime.signals import StopFlag
+from rlgen.runtime.start.loaders import start_loaders
+from rlgen.runtime.start.on_thread import Beside
+from rlgen.runtime.start.progress import StartupClock
 from rlgen.transfer import SyncError
 
 log = logging.getLogger(__name__)
@@ -285,7 +285,7 @@ def _learners_beside(run: Run, refs: list[Any], names: list[str], asked: dict[st
 
 
 def _kept_engines(run: Run, asked: dict[str, float]) -> list[Any]:
-    """In a cluster taken over from a run that kept its engines warm (runtime.warm): the kept engines this run
+    """In a cluster taken over from a run that kept its engines warm (runtime.cluster.kept_engines): the kept engines this run
     would build the same way, by index (None for the others); kept engines of other settings are stopped first,
     so their memory is free for this run's. A kept engine that does not answer is stopped and started anew."""
     engines: list[Any] = [None] * len(run.plan.engines)
@@ -293,12 +293,12 @@ def _kept_engines(run: Run, asked: dict[str, float]) -> list[Any]:
     if cluster is None or not cluster.taken_over:
         return engines
     wanted = run.factory.warm_names(run.folders.engine_paths)
-    dropped = warm.drop_engines(set(wanted))
+    dropped = kept_engines.drop_engines(set(wanted))
     if dropped:
         log.info("stopped %d kept engine(s) of other settings: %s", len(dropped), ", ".join(dropped))
     for i, name in enumerate(wanted):
         asked[run.engine_names[i]] = time.time()
-        engines[i] = warm.answering(warm.find_engine(name))
+        engines[i] = kept_engines.answering(kept_engines.find_engine(name))
         if engines[i] is not None:
             run.factory.kept.add(i)
     return engines
@@ -314,7 +314,7 @@ def _resync_engine(run: Run, index: int, actor: Any, resend: bool) -> None:
 
 def _new_transport(run: Run) -> Any:
     """The plan's weight transport, not yet joined to the actors."""
-    from rlgen.runtime.transports import make_transport
+    from rlgen.runtime.policy.weight_transports import make_transport
 
     cfg = run.cfg
     transport = make_transport(run.plan, cfg, bucket_mb=cfg.sync.bucket_mb, sleep_level=cfg.sync.sleep_level)
@@ -336,8 +336,8 @@ def _start_transport(run: Run, send: bool = True) -> None:
 
 def _loop_parts(run: Run, task: Any, renderer: Any, stop_ids: list[int]) -> None:
     """The engines' side of the loop, and, resuming, the rollouts the checkpoint kept."""
-    from rlgen.runtime.checkpoint import restore_rollouts
-    from rlgen.runtime.rollouts import Rollouts
+    from rlgen.runtime.durability.checkpoint import restore_rollouts
+    from rlgen.runtime.rollouts.generation import Rollouts
     from rlgen.tasks.scoring import Scorer
 
     cfg = run.cfg
@@ -351,7 +351,7 @@ def tear_down(run: Run, keep: bool = False) -> None:
     """Let a checkpoint being written in the background complete (the learners write it), close the rollouts and
     the transport, and take the actors down (a cluster this process started goes whole). keep (a run that ended
     well): where the engines may be kept warm, they and the cluster stay for engine.keep_warm_s instead."""
-    from rlgen.runtime.checkpoint import finish_background
+    from rlgen.runtime.durability.checkpoint import finish_background
 
     try:
         finish_background(run)
@@ -368,11 +368,11 @@ def tear_down(run: Run, keep: bool = False) -> None:
 
 def _keep_engines(run: Run) -> bool:
     """Park the engines, stop the learners, and leave the cluster to its head until engine.keep_warm_s from now
-    (runtime.warm). False, with nothing kept, where an engine does not park."""
+    (runtime.cluster.kept_engines). False, with nothing kept, where an engine does not park."""
     import ray
 
     try:
-        warm.park(run.engines, run.waiter.get)
+        kept_engines.park(run.engines, run.waiter.get)
     except Exception as err:  # noqa: BLE001 - not keeping them is always safe
         log.warning("the engines were not kept warm: %s", err)
         return False

@@ -30,7 +30,7 @@ def port_problem(host: str, port: int) -> str | None:
 def serve_problems(cfg: RunConfig) -> tuple[Any, list[str]]:
     """(the server's plan, or None; everything that stops `rlgen serve` before it starts an engine)."""
     from rlgen.plan import PlanError
-    from rlgen.plan.environment import cluster_address, engine_package_problem, local_gpus
+    from rlgen.plan.checks.machine import cluster_address, engine_package_problem, local_gpus
     from rlgen.plan.serve import build_serve_plan
 
     try:

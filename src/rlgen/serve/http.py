@@ -30,7 +30,7 @@ def state(request: Request) -> Any:
 
 def failure(err: BaseException) -> str:
     """An engine's failure in one line: the cause a Ray task error carries, else the error."""
-    from rlgen.runtime.waits import short
+    from rlgen.runtime.cluster.waits import short
 
     return short(getattr(err, "cause", None) or err)
 

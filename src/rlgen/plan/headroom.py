@@ -47,7 +47,7 @@ def hardware_room(cfg: RunConfig, spec: EngineSpec, layout: Layout, engines: tup
     engines_per_gpu_next (None: engines cannot share a GPU more), runs_ahead (engines run ahead of the learner
     here by default: plan.overlap), bigger_hardware: [(name, gpus), ...]} for the balancer
     (rlgen.metrics.balance.BalanceContext)."""
-    from rlgen.plan.checks import check_engine_floor
+    from rlgen.plan.checks.spanning import check_engine_floor
 
     hw = cfg.hardware
     total = hw.nodes * hw.gpus_per_node

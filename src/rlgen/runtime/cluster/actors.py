@@ -14,10 +14,17 @@ from typing import Any
 
 from rlgen.config import RunConfig, Transport
 from rlgen.plan import Plan
-from rlgen.plan.environment import cluster_address as ray_address
-from rlgen.runtime import warm
+from rlgen.plan.checks.machine import cluster_address as ray_address
+from rlgen.runtime.cluster import kept_engines
+from rlgen.runtime.cluster.local_ray import (
+    SHUTDOWN_S,
+    bounded,
+    local_cluster,
+    ray_shutdown,
+    start_local,
+    stop_local,
+)
 from rlgen.runtime.errors import RunError
-from rlgen.runtime.localray import SHUTDOWN_S, bounded, local_cluster, ray_shutdown, start_local, stop_local
 
 log = logging.getLogger(__name__)
 QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
@@ -26,7 +33,7 @@ QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "err
 def start_ray(cfg: RunConfig, plan: Plan, placement: Any, stop: Any = None, keep_warm: bool = False) -> bool:
     """Join the cluster at ray.address (or RAY_ADDRESS), or start a fresh local one sized for the plan (after
     stopping what runs that died left of theirs, and clusters kept warm for other settings). keep_warm: take over
-    a local cluster kept warm for these settings (runtime.warm) where there is one. True if this process connected
+    a local cluster kept warm for these settings (runtime.cluster.kept_engines) where there is one. True if this process connected
     (and so disconnects at the end). A stop requested while the local cluster starts raises StopRequested."""
     import ray
 
@@ -38,7 +45,7 @@ def start_ray(cfg: RunConfig, plan: Plan, placement: Any, stop: Any = None, keep
         init = {"num_cpus": int(max(os.cpu_count() or 1, need_cpus + 1)),
                 "object_store_memory": 512 * 2**20 if plan.device == "cpu" else None}
         init = {k: v for k, v in init.items() if v is not None}
-        key = warm.cluster_key(init, [list(g) for g in placement.groups]) if keep_warm else ""
+        key = kept_engines.cluster_key(init, [list(g) for g in placement.groups]) if keep_warm else ""
         start_local(init, cfg.startup_timeout_s, stop, key=key)
         return True
     try:
@@ -53,9 +60,9 @@ def connect(cfg: RunConfig, plan: Plan, placement: Any, stop: Any, waiter: Any,
             keep_warm: bool = False) -> tuple[bool, list[str], list[Any]]:
     """Join or start the cluster, give each plan node its own Ray node, and reserve the bundles there. Returns
     (whether this process connected, the Ray node of each plan node, the placement groups). keep_warm: a local
-    cluster whose engines may be kept warm (runtime.warm): its placement groups are detached and named by the
+    cluster whose engines may be kept warm (runtime.cluster.kept_engines): its placement groups are detached and named by the
     cluster's key, and those of a cluster taken over are used again."""
-    from rlgen.runtime.cluster import assign_nodes, cluster_nodes
+    from rlgen.runtime.cluster.nodes import assign_nodes, cluster_nodes
 
     started = start_ray(cfg, plan, placement, stop, keep_warm)
     stop.rearm()  # ray.init takes SIGTERM for itself; take it back
@@ -85,14 +92,14 @@ def ray_session_dir() -> str | None:
 def reserve(placement: Any, node_ids: list[str], timeout_s: float, wait: Callable[[list[Any], str, float], Any],
             key: str = "", again: bool = False) -> list[Any]:
     """One STRICT_PACK placement group per plan node, pinned to its Ray node, ready within timeout_s. key: the
-    groups are detached and named by it (runtime.warm); again: those of that name are used where they exist."""
+    groups are detached and named by it (runtime.cluster.kept_engines); again: those of that name are used where they exist."""
     import ray
     from ray.util.placement_group import get_placement_group, placement_group
 
-    from rlgen.runtime.cluster import NODE_ID_LABEL
+    from rlgen.runtime.cluster.nodes import NODE_ID_LABEL
 
     def group(i: int, bundles: Any, node: str) -> Any:
-        named = {"name": warm.group_name(key, i), "lifetime": "detached"} if key else {}
+        named = {"name": kept_engines.group_name(key, i), "lifetime": "detached"} if key else {}
         if key and again:
             with contextlib.suppress(ValueError):
                 return get_placement_group(named["name"])
@@ -170,7 +177,7 @@ class ActorFactory:
     engine_kwargs: dict[str, Any]
     learner_cls: type
     learner_kwargs: dict[str, Any]
-    warm: bool = False  # engines are detached and named by their settings, to be kept warm (runtime.warm)
+    warm: bool = False  # engines are detached and named by their settings, to be kept warm (runtime.cluster.kept_engines)
     kept: set[int] = dataclasses.field(default_factory=set)  # engines an earlier run kept warm, taken over (set-up)
 
     @property
@@ -212,8 +219,8 @@ class ActorFactory:
         if self.warm:
             settings = {**args, "options": {k: v for k, v in options.items() if k != "scheduling_strategy"},
                         "bundle": (ap.group, ap.bundle)}
-            options.update(warm.detached_options(warm.engine_name(args["name"], warm.engine_key(self.engine_cls,
-                                                                                                settings))))
+            key = kept_engines.engine_key(self.engine_cls, settings)
+            options.update(kept_engines.detached_options(kept_engines.engine_name(args["name"], key)))
         return args, options
 
     def warm_names(self, model_path: PathByNode) -> list[str]:
@@ -227,7 +234,7 @@ class ActorFactory:
 
         args, options = self._engine_call(index, model_path)
         if self.warm:
-            warm.free_name(options["name"])  # an engine re-created in a run: its predecessor's name
+            kept_engines.free_name(options["name"])  # an engine re-created in a run: its predecessor's name
         path, engine_cfg = args.pop("model_path"), args.pop("engine")
         return ray.remote(self.engine_cls).options(**options).remote(path, engine_cfg, version=version, **args)
 

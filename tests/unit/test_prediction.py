@@ -1,4 +1,4 @@
-"""The analytical planner against a hand calculation, its calibration, and its limits."""
+"""The step-time prediction against a hand calculation, its calibration, and its limits."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from rich.console import Console
 
 from rlgen.config.compose import compose_run_config
 from rlgen.metrics.balance import Kind
-from rlgen.plan import build_plan, planner
-from rlgen.plan.planner import predict, print_prediction
+from rlgen.plan import build_plan, prediction
+from rlgen.plan.prediction import predict, print_prediction
 
 # Qwen2.5-1.5B on 8xH100 (4 engine GPUs, 4 learner GPUs), 64 prompts x 8 samples, 128 + 512 tokens.
 GPU_RUN = (
@@ -84,14 +84,14 @@ def test_hand_calculation_qwen2_5_1_5b_on_8xh100():
 
 def test_calibration_reproduces_the_measured_decode_rate():
     """vLLM, 0.5B, one H100, 1024 sequences in flight, 128 + 512 tokens: 19.6k tok/s with logprobs."""
-    assert 45e-6 < planner.DECODE_OVERHEAD_S_PER_TOKEN < 52e-6
+    assert 45e-6 < prediction.DECODE_OVERHEAD_S_PER_TOKEN < 52e-6
     p = _predict(
         "hardware=1xh100", "engine=vllm", "model=qwen2_5_0_5b", "engine.max_num_seqs=1024",
         "algo.prompts_per_step=128", "algo.samples_per_prompt=8", "task.max_prompt_tokens=128",
         "algo.max_new_tokens=512",
     )
     assert p.concurrency == 1024
-    assert p.engine_tokens_per_s == pytest.approx(planner.CALIBRATION_TOKENS_PER_S, rel=1e-9)
+    assert p.engine_tokens_per_s == pytest.approx(prediction.CALIBRATION_TOKENS_PER_S, rel=1e-9)
     assert p.roofline_tokens_per_s > 20 * p.engine_tokens_per_s  # overhead-bound, as measured
 
 
@@ -144,15 +144,15 @@ def test_printed_prediction_names_its_sources():
 
 
 def test_learner_mfu_interpolates_between_measured_shapes():
-    assert planner.learner_mfu(64) == 0.22
-    assert planner.learner_mfu(896) == 0.22
-    assert 0.22 < planner.learner_mfu(1024) < 0.36
-    assert planner.learner_mfu(3584) == 0.36
+    assert prediction.learner_mfu(64) == 0.22
+    assert prediction.learner_mfu(896) == 0.22
+    assert 0.22 < prediction.learner_mfu(1024) < 0.36
+    assert prediction.learner_mfu(3584) == 0.36
 
 
 def test_planner_and_balancer_stay_light():
     code = (
-        "import sys, rlgen.plan.planner, rlgen.metrics.balance; "
+        "import sys, rlgen.plan.prediction, rlgen.metrics.balance; "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'ray', 'vllm', 'matplotlib'}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -98,7 +98,7 @@ class Waiter:
             return self.get(refs, what, interruptible=False, names=names)
         except RunError as err:
             if isinstance(err.__cause__, RayActorError):
-                from rlgen.runtime.cluster import node_alive
+                from rlgen.runtime.cluster.nodes import node_alive
 
                 gone = [f"learner{r}" for r, n in enumerate(nodes or []) if not node_alive(n)]
                 why = (f"the node of {', '.join(gone)} left the Ray cluster" if gone

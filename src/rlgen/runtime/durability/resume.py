@@ -22,7 +22,7 @@ from typing import Any
 
 from rlgen.config import RunConfig, plain
 from rlgen.errors import UserError
-from rlgen.runtime.checkpoint_dir import (
+from rlgen.runtime.durability.checkpoint_folder import (
     CHECKPOINTS,
     MARKER,
     STATE_FILE,

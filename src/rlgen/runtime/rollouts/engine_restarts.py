@@ -69,7 +69,7 @@ class EngineKeeper:
 
         name, detail = self.names[index], death_detail(err)
         if self.node_of is not None:
-            from rlgen.runtime.cluster import node_alive
+            from rlgen.runtime.cluster.nodes import node_alive
 
             node = self.node_of(index)
             if not node_alive(node):

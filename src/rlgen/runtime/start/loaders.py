@@ -8,8 +8,8 @@ import sys
 from typing import Any
 
 from rlgen.config import RunConfig
-from rlgen.runtime.beside import Beside
-from rlgen.runtime.startup import StartupClock
+from rlgen.runtime.start.on_thread import Beside
+from rlgen.runtime.start.progress import StartupClock
 
 
 def start_loaders(run: Any) -> tuple[Beside, Beside, Beside]:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlgen.runtime.errors import StopRequested
-from rlgen.runtime.stop import StopFlag
+from rlgen.runtime.signals import StopFlag
 
 
 class Beside:

@@ -1,5 +1,5 @@
 """Checkpoint and restore, as functions of a Run and its RunState. The folder's format (what each file holds,
-the COMPLETE marker, rotation, the driver's RNG) is ``rlgen.runtime.checkpoint_dir``.
+the COMPLETE marker, rotation, the driver's RNG) is ``rlgen.runtime.durability.checkpoint_folder``.
 
 A checkpoint taken after k steps holds everything needed to run step k next: the learners' state, the policy
 and its tokenizer, the run state, and the rollouts generated ahead of the learner with older weights. Rollouts
@@ -27,7 +27,8 @@ from typing import Any
 
 from rlgen.learners.background import DONE, FAILED, marker
 from rlgen.plan.memory import GIB
-from rlgen.runtime.checkpoint_dir import (
+from rlgen.runtime.cluster.waits import POLL_S
+from rlgen.runtime.durability.checkpoint_folder import (
     CHECKPOINTS,
     begin_checkpoint,
     checkpoint_name,
@@ -37,11 +38,10 @@ from rlgen.runtime.checkpoint_dir import (
     read_rollouts,
     run_state,
 )
-from rlgen.runtime.diskspace import DiskFull, check_free_space, folder_bytes
+from rlgen.runtime.durability.disk_space import DiskFull, check_free_space, folder_bytes
+from rlgen.runtime.durability.resume import identity
 from rlgen.runtime.errors import RunError, RunStopped, StopRequested
-from rlgen.runtime.flights import InFlight
-from rlgen.runtime.resume import identity
-from rlgen.runtime.waits import POLL_S
+from rlgen.runtime.rollouts.in_flight import InFlight
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ import time
 from collections import deque
 from typing import Any
 
+from rlgen.runtime.cluster.waits import POLL_S, short
 from rlgen.runtime.errors import RunError, StopRequested
-from rlgen.runtime.flights import InFlight, results_from_json
-from rlgen.runtime.waits import POLL_S, short
+from rlgen.runtime.rollouts.in_flight import InFlight, results_from_json
 from rlgen.types import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ class Rollouts:
 
     # -- flights ----------------------------------------------------------------------------------------
     def new_flight(self, step: int, launch_version: int) -> InFlight:
-        from rlgen.runtime.batch import encode_prompts, sampling_params, split_requests
+        from rlgen.runtime.rollouts.batch import encode_prompts, sampling_params, split_requests
 
         sp = encode_prompts(step, self.task, self.renderer, self.cfg)
         sampling = sampling_params(self.cfg, self.stop_ids, seed=self.cfg.seed * 100_003 + step)
@@ -47,7 +47,7 @@ class Rollouts:
     def extra_flight(self, step: int, round: int, n: int, version: int) -> InFlight:
         """Generation round `round` >= 1 of a step (dynamic sampling): n more prompts of the task, their own
         seeds, launched now."""
-        from rlgen.runtime.batch import encode_prompts, sampling_params, split_requests
+        from rlgen.runtime.rollouts.batch import encode_prompts, sampling_params, split_requests
 
         more = getattr(self.task, "extra_prompts", None)
         if more is None:
@@ -86,7 +86,7 @@ class Rollouts:
         import ray
         from ray.exceptions import RayActorError, RayTaskError
 
-        from rlgen.runtime.faults import engine_died
+        from rlgen.runtime.rollouts.engine_restarts import engine_died
 
         what = f"generation for step {flight.step}"
         timeout = self.cfg.timeout_s
@@ -128,7 +128,7 @@ class Rollouts:
         """Decode, cut at stop strings, check, and hand the completions to the scorer (once per flight)."""
         if flight.scoring is not None:
             return
-        from rlgen.runtime.batch import RolloutCountError, check_complete
+        from rlgen.runtime.rollouts.batch import RolloutCountError, check_complete
 
         comps, texts = self._decoded(flight)
         try:
@@ -183,7 +183,7 @@ class Rollouts:
     def evaluate(self, step: int, version: int) -> dict[str, float]:
         """The held-out prompts, greedy (eval.samples=1) or eval.samples at eval.temperature: pass@k of the first
         reward (a prompt passes when one of its samples scores 1) and the mean reward."""
-        from rlgen.runtime.batch import StepPrompts, split_requests
+        from rlgen.runtime.rollouts.batch import StepPrompts, split_requests
 
         if not self.eval_set:
             return {}

@@ -1,6 +1,6 @@
 """Room on disk for what a run writes: a check before a checkpoint is written (so a full disk stops the run with
 a sentence instead of a torn write), and the size of a folder (the last checkpoint predicts the next). Whether a
-folder can be written at all is the validation pass's (rlgen.plan.inputs.writable)."""
+folder can be written at all is the validation pass's (rlgen.plan.checks.inputs.writable)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,3 @@
+"""What outlives a run's process: checkpoints (``checkpoint``, with the folder format in ``checkpoint_folder``),
+which checkpoint ``resume=`` continues (``resume``), room on disk (``disk_space``), folders other nodes read and
+write (``shared_folders``), status.json (``status_file``) and the one-run-per-folder lock (``run_lock``)."""

@@ -1,0 +1,2 @@
+"""Set-up's helpers: the loaders that run beside the cluster's start (``loaders``), work on a thread of its own
+(``on_thread``) and the start-up's progress lines and timings (``progress``)."""
