@@ -1,4 +1,4 @@
-"""runtime.leftovers: the marker a local cluster's session gets, whether its driver still runs, and the scan
+"""runtime.cluster.dead_runs: the marker a local cluster's session gets, whether its driver still runs, and the scan
 that stops the processes of sessions whose driver died, and only those."""
 
 from __future__ import annotations
@@ -254,7 +254,7 @@ def test_session_members_lists_a_new_session(spawn):
     assert os.getpid() not in session_members(os.getsid(0))
 
 
-# -- clusters kept warm for the next run (runtime.warm) ---------------------------------------------------------
+# -- clusters kept warm for the next run (runtime.cluster.kept_engines) ---------------------------------------------------------
 def _kept(session: Path, head: subprocess.Popen, until: float) -> None:
     write_marker(session, {}, head_pid=head.pid, kept={"until": until, "key": "k", "address": "a"})
 

@@ -1,4 +1,4 @@
-"""runtime.warm's keys: a kept cluster or engine is taken over only by a run that would build it the same way."""
+"""runtime.cluster.kept_engines's keys: a kept cluster or engine is taken over only by a run that would build it the same way."""
 
 from __future__ import annotations
 

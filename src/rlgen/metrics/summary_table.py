@@ -1,6 +1,6 @@
 """The run summary as the terminal shows it at the end: a few rows, rounded, with units. summary.json keeps every
 number in full; the step's times and throughput are in the balance table that follows (metrics.report), the
-start-up in its own (runtime.startup)."""
+start-up in its own (runtime.start.progress)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Set-up and tear-down: a plan becomes a Run, the actors and the objects that drive them, in this order:
 
 1. what the engine kind can begin ahead (vLLM: its inspection of the model class), then on threads of their own
-   (runtime.loaders, once the libraries they share are imported) the algorithm, the starting model (built and
+   (runtime.start.loaders, once the libraries they share are imported) the algorithm, the starting model (built and
    cached, or a checkpoint's), and the task with its tokenizer, prompts and stop ids, while
 2. a Ray cluster starts, with one placement group per plan node; then, once the model folder is ready, the
    folders every node reads;
@@ -14,7 +14,7 @@
 5. the engine keeper (restarts), the rollouts (the engines' side of the loop) and the run state.
 
 With engine.keep_warm_s, a local cluster and its engines outlive a run that ends well (``tear_down(keep=True)``),
-and the next run with the same settings takes them over in steps 2 and 3 (runtime.cluster.kept_engines).
+and the next run with the same settings takes them over in steps 2 and 3 (runtime.cluster.nodes.kept_engines).
 
 Everything comes from the plan; nothing here decides what the plan already decided."""
 
@@ -77,7 +77,7 @@ class Hooks:
 @dataclass
 class Run:
     """A run that is set up: its plan, its actors, and what drives them. The loop (runtime.loop) and checkpoints
-    (runtime.checkpoint) work on it and on its RunState."""
+    (runtime.durability.checkpoint) work on it and on its RunState."""
 
     plan: Plan
     out_dir: Path
@@ -85,28 +85,28 @@ class Run:
     stop: StopFlag
     waiter: Waiter
     state: RunState
-    status: Any = None  # runtime.status.RunStatus, kept up to date with actors and checkpoints
+    status: Any = None  # runtime.durability.status_file.RunStatus, kept up to date with actors and checkpoints
     resume: ResumePoint | None = None
     startup: dict[str, float] = field(default_factory=dict)  # setup_s, sync_warmup_s, first_rollout_s
-    clock: Any = None  # runtime.startup.StartupClock: each start-up phase, and each actor's start
+    clock: Any = None  # runtime.start.progress.StartupClock: each start-up phase, and each actor's start
     learners: list[Any] = field(default_factory=list)  # every rank, rank 0 first (it speaks for the group)
     engine_names: list[str] = field(default_factory=list)
     pgs: list[Any] = field(default_factory=list)
     node_ids: list[str] = field(default_factory=list)
     started_ray: bool = False
-    folders: Any = None  # runtime.files.RunFolders: where each node reads the model, who writes checkpoints
+    folders: Any = None  # runtime.durability.shared_folders.RunFolders: where each node reads the model, who writes checkpoints
     factory: ActorFactory | None = None
     transport: Any = None
     keeper: EngineKeeper | None = None
-    rollouts: Any = None  # runtime.rollouts.Rollouts
+    rollouts: Any = None  # runtime.rollouts.generation.Rollouts
     tokenizer: Any = None
     pad_id: int = 0
     algorithm: Any = None  # rlgen.algo.registry.Algorithm of algo.kind
     initial_model_path: str = ""  # the starting model; the frozen reference stays this one on resume
     start_model_path: str = ""  # what the actors load: the initial model, or the checkpoint's policy
     sink: Any = None  # the metrics sink, once the loop runs
-    learners_pending: Any = None  # runtime.beside.Beside: the learners and transport, set up beside the first batch
-    background_write: Any = None  # runtime.checkpoint.BackgroundWrite: a checkpoint being completed
+    learners_pending: Any = None  # runtime.start.on_thread.Beside: the learners and transport, set up beside the first batch
+    background_write: Any = None  # runtime.durability.checkpoint.BackgroundWrite: a checkpoint being completed
 
     @property
     def cfg(self) -> RunConfig:
@@ -285,7 +285,7 @@ def _learners_beside(run: Run, refs: list[Any], names: list[str], asked: dict[st
 
 
 def _kept_engines(run: Run, asked: dict[str, float]) -> list[Any]:
-    """In a cluster taken over from a run that kept its engines warm (runtime.cluster.kept_engines): the kept engines this run
+    """In a cluster taken over from a run that kept its engines warm (runtime.cluster.nodes.kept_engines): the kept engines this run
     would build the same way, by index (None for the others); kept engines of other settings are stopped first,
     so their memory is free for this run's. A kept engine that does not answer is stopped and started anew."""
     engines: list[Any] = [None] * len(run.plan.engines)
@@ -368,7 +368,7 @@ def tear_down(run: Run, keep: bool = False) -> None:
 
 def _keep_engines(run: Run) -> bool:
     """Park the engines, stop the learners, and leave the cluster to its head until engine.keep_warm_s from now
-    (runtime.cluster.kept_engines). False, with nothing kept, where an engine does not park."""
+    (runtime.cluster.nodes.kept_engines). False, with nothing kept, where an engine does not park."""
     import ray
 
     try:

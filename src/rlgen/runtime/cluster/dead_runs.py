@@ -2,7 +2,7 @@
 
 A local cluster that rlgen starts gets a marker, ``<session dir>/rlgen_driver.json``, naming the driver that
 asked for it (pid and start time) and the cluster's head process, which starts the cluster in a process session
-of its own. The head takes its cluster down itself once its driver is gone (runtime.localray); when the head is
+of its own. The head takes its cluster down itself once its driver is gone (runtime.cluster.local_ray); when the head is
 gone too, the next local cluster's start stops what is left: for every session under Ray's temp root whose
 marker names a driver that is gone, the processes of the head's session (by pid and start time, never by what
 their command line names) get SIGTERM, then SIGKILL, and the marker goes. Sessions without a marker (clusters

@@ -10,7 +10,7 @@ differ stops the kept cluster before it starts its own, so kept engines never st
 run with keep_warm_s=0. Past keep_warm_s the head takes the cluster down.
 
 What is kept is found by its keys: the cluster's (Ray's start arguments and the placement-group bundles) in the
-session's marker (runtime.leftovers), and each engine's (its class and every constructor argument) in the engine
+session's marker (runtime.cluster.dead_runs), and each engine's (its class and every constructor argument) in the engine
 actor's name. Engines and their placement groups are detached and named in NAMESPACE; learners are not, so they
 end with their run."""
 

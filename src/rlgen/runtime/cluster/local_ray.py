@@ -1,11 +1,11 @@
 """A local Ray cluster in a session of its own. ray.init() would start Ray's processes (GCS, raylet, workers) as
 children in this process's group, so a signal to the group (a scheduler's or timeout's SIGTERM) would kill the
 learner before the stop's checkpoint. Instead a head process in a new session starts the cluster (with
-ray.init, so Ray's defaults hold), marks its session directory with this driver (runtime.leftovers), and takes
+ray.init, so Ray's defaults hold), marks its session directory with this driver (runtime.cluster.dead_runs), and takes
 the cluster down on SIGTERM, or by itself within seconds once that driver is gone (killed with no chance to stop
 it); this process joins it and owns it: ``stop_local`` takes it down, every wait bounded.
 
-A run whose engines are kept warm (runtime.warm) leaves instead (``keep_local``): the head holds the cluster until
+A run whose engines are kept warm (runtime.cluster.kept_engines) leaves instead (``keep_local``): the head holds the cluster until
 the time its marker names, then takes it down itself; a later run with the same cluster key takes it over
 (``start_local(key=...)``)."""
 
@@ -51,7 +51,7 @@ class LocalCluster:
     address: str = ""
     session_dir: str = ""
     forget: Callable[[], None] = lambda: None  # takes back the hard-exit hook
-    key: str = ""  # the cluster key (runtime.warm) when its engines may be kept warm at the end
+    key: str = ""  # the cluster key (runtime.cluster.kept_engines) when its engines may be kept warm at the end
     taken_over: bool = False  # a cluster an earlier run kept warm: its engines and placement groups are there
     head_ident: dict[str, Any] | None = None  # leftovers.identity() of the head: its session is the cluster's
 
@@ -150,7 +150,7 @@ def _stop_session(session_dir: str) -> None:
 
 
 def start_local(init: dict[str, Any], timeout_s: float, stop: Any, key: str = "") -> None:
-    """Start a local cluster in a session of its own and join it (see above). With key (runtime.warm's cluster
+    """Start a local cluster in a session of its own and join it (see above). With key (runtime.cluster.kept_engines's cluster
     key), a cluster an earlier run kept warm under that key is taken over instead. Every other kept cluster is
     stopped first: its engines hold memory this run needs."""
     global _local
@@ -232,7 +232,7 @@ def _namespace(cluster: LocalCluster) -> dict[str, str]:
 
 
 def keep_local(until: float) -> bool:
-    """Leave the local cluster running for a later run to take over (runtime.warm): mark it kept until that time
+    """Leave the local cluster running for a later run to take over (runtime.cluster.kept_engines): mark it kept until that time
     (its head then takes it down), disconnect, and stop owning it. False (nothing changed) where this process
     owns no local cluster with a key."""
     global _local

@@ -14,7 +14,7 @@ class RunState:
     step: int = 0  # steps finished: the next step to run
     version: int = 0  # the learner's policy version; engines start with the same weights
     async_steps: int = 0  # how far engines may run ahead: the plan's, until the breaker tightens it to 0
-    breaker: Any = None  # the circuit breaker (runtime.monitor.CircuitBreaker); a checkpoint saves its state
+    breaker: Any = None  # the circuit breaker (runtime.policy.breaker.CircuitBreaker); a checkpoint saves its state
     wall_before: float = 0.0  # wall time the run spent before this resume
     last_checkpoint: Path | None = None
     checkpoint_seconds: list[float] = field(default_factory=list)  # what each checkpoint cost the loop
@@ -26,7 +26,7 @@ class RunState:
 
     @classmethod
     def resumed(cls, point: Any, breaker: Any) -> RunState:
-        """The state a checkpoint saved (point: a runtime.resume.ResumePoint), the breaker loaded with its part."""
+        """The state a checkpoint saved (point: a runtime.durability.resume.ResumePoint), the breaker loaded with its part."""
         s = point.state
         breaker.load_state_dict(s.get("breaker", {}))
         return cls(step=int(s["step"]), version=int(s["version"]), async_steps=int(s["async_steps"]), breaker=breaker,
