@@ -1,21 +1,10 @@
 """`rlgen bench`: one RL-shaped generation workload, run on several engines side by side in one process.
 
-The workload (``cfg.bench``): ``num_prompts`` random prompts of ``prompt_len`` token ids, ``samples_per_prompt``
-samples each, and a per-request ``max_tokens`` drawn from a seeded lognormal (median ``response_len_median``,
-sigma ``response_len_sigma``) clipped to [``response_len_min``, ``response_len_max``]. ``ignore_eos`` holds every
-response to its drawn length, so all engines do the same work and lengths vary the way RL rollouts do.
-
-Engines (``cfg.bench.engines``), each in its own Ray actor with one GPU, one after another on the same requests:
-- ``vllm``: rlgen's VLLMEngine with ``cfg.engine``, as a training run runs it; with
-  ``bench.engines_per_gpu`` k > 1, k such engines share one GPU and split the requests (round-robin). Left
-  null, k is the plan's default: 2 at TP 1 up to 2B parameters, else 1.
-- ``vllm_raw``: ``vllm.LLM(model).generate`` with vLLM's default engine settings and the same sampling params.
-- ``hf``: rlgen's HFEngine (transformers ``generate``) on a prefix of the prompts, batch after batch, until a
-  time budget is spent; its tokens/s is over the batches it finished.
-
-Useful tokens/s = generated tokens / wall time of the generate call, measured by the driver around the actor
-call (so it includes returning the completions). GPU busy % is nvidia-smi's utilization.gpu during the calls:
-well under 100 means the engine's CPU work, not the GPU, set the pace. Results go to ``<out_dir>/bench.json`` and a table.
+The workload (``cfg.bench``) is random prompts with per-request lengths drawn from a seeded lognormal and
+``ignore_eos``, so every engine does the same work. The engines (``cfg.bench.engines``: ``vllm`` as a training
+run runs it, ``vllm_raw``, ``hf``) each run in a Ray actor with one GPU, one after another on the same
+requests. Results (useful tokens/s, GPU busy %) go to ``<out_dir>/bench.json`` and a table. The settings and
+what each number measures: docs/benchmarks.md ("vLLM engine and `rlgen bench`").
 
     python -m rlgen.bench engine=vllm model=qwen2_5_1_5b hardware=1xh100 [--out DIR]
 """

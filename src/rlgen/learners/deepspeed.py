@@ -1,22 +1,11 @@
 """A DeepSpeed ZeRO learner (stage 2 or 3) on one GPU per rank: bf16, gradient checkpointing, micro-batches.
 
-Same protocol, metrics keys and GRPO loss as ``TorchLearner``; the differences are what ZeRO forces:
-
-- The loss is divided by the whole batch's denominator *before* backward, since ZeRO reduces and partitions
-  gradients during backward and there is no full gradient to divide afterwards. With
-  ``algo.seq_mask_cap > 0`` the denominator depends on the trainer's logprobs, so a no-grad forward over the
-  batch computes it first (one extra forward).
-- Micro-batches accumulate with DeepSpeed's own boundary (``set_gradient_accumulation_boundary``) and one
-  ``engine.step()`` per batch; clipping is DeepSpeed's ``gradient_clipping``.
-- Non-finite guard: a non-finite loss poisons the last micro-batch's loss with NaN, so DeepSpeed's overflow
-  check (bf16 ``check_grad_overflow``) skips the step and clears the gradients; a non-finite gradient norm
-  is skipped the same way. Both leave parameters and optimizer state untouched, as in TorchLearner.
-  Parameters that turn non-finite *after* an applied step cannot be rolled back here (TorchLearner keeps a
-  copy; ZeRO's fp32 partitions are not copied): the step counts as skipped, the learner refuses to export
-  weights, and the run's breaker halts it after monitor.max_nonfinite_steps skipped steps.
-
-The optimizer is torch's AdamW (no DeepSpeed op is compiled), handed to ZeRO as a client optimizer.
-deepspeed is imported only when a learner is built. Measurements on GPUs: docs/weight_sync.md and docs/benchmarks.md.
+Same protocol, metrics keys and GRPO loss as ``TorchLearner``; what differs is what ZeRO forces. The loss is
+divided by the whole batch's denominator before backward, micro-batches accumulate with DeepSpeed's own
+boundary, and a non-finite step is skipped through DeepSpeed's overflow check (parameters that turn non-finite
+after a step cannot be rolled back, so their export is refused). The optimizer is torch's AdamW, handed to ZeRO
+as a client optimizer. deepspeed is imported only when a learner is built. docs/weight_sync.md ("DeepSpeed
+learner") has the details; measurements are in docs/benchmarks.md.
 """
 
 from __future__ import annotations

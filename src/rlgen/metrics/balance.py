@@ -1,28 +1,9 @@
 """StepTimeline -> which side of the loop is the bottleneck, by how much, and what to change.
 
-Producer/consumer model. Per step the engines *produce* a batch (generate, plus loading the newest weights)
-and the learner *consumes* it (scoring, training, exporting weights). With P the producer time and C the
-consumer time of a batch:
-
-    generation throughput = batch tokens / P        required throughput = batch tokens / C
-    ratio = P / C = required / generation
-
-ratio > 1 + band: generation-bound (the learner waits for batches); ratio < 1 / (1 + band): training-bound
-(engines wait for weights); in between: balanced. The band is symmetric on a log scale, so "15% slower"
-means the same either way round.
-
-Per step (from the spans of one StepTimeline):
-- the step window runs from the first to the last span of the learner and the driver;
-- learner wait: the learner's ``wait`` spans; consumer time C = window - learner wait;
-- each engine's busy time: its ``generate`` plus ``sync`` spans; P = the busiest engine's busy time (a batch
-  is ready when the slowest engine is done);
-- engine idle: window - busy time, averaged over engines: the part of the step an engine spent neither
-  generating nor loading weights. With async_steps > 0 an engine's generate call for a step can start in
-  an earlier step's window; counting busy time per batch rather than clipping spans to the window keeps the
-  number right in steady state.
-
-The rolling verdict (``BalanceTracker``) changes kind only after the new kind has held for ``hold``
-consecutive steps, so one noisy step does not flip it; its numbers are means over the last ``window`` steps.
+The engines produce a batch (generate, load weights: P seconds) and the learner consumes it (score, train,
+export: C seconds). With ratio = P / C, above 1 + band the step is generation-bound, below 1 / (1 + band)
+training-bound, and balanced in between. ``BalanceTracker`` changes its verdict only after the new kind has
+held for ``hold`` steps in a row. How P and C are read from a step's spans: docs/plan.md.
 Pure Python: no torch, no Ray.
 """
 

@@ -1,29 +1,11 @@
 """GPU memory: what a learner rank holds, how much of a shared GPU the engine may take, and the largest
 learner micro-batch that fits. Pure arithmetic on the model's shape: no torch.
 
-The learner's footprint per rank (bytes, P parameters, N ranks):
-- weights in bf16: 2P (ZeRO-2) or 2P/N (ZeRO-3); a frozen reference model adds 2P when algo.kl_coef > 0
-- fp32 master weights and AdamW's two moments: 12P/N
-- gradients while training: bf16 2P plus an fp32 partition 4P/N (ZeRO-2), or 6P/N (ZeRO-3)
-- activations of one micro-batch: with gradient checkpointing, each layer's input plus one layer recomputed;
-  without, every layer's
-- the micro-batch's fp32 logits over the vocabulary, three copies (logits, log-softmax, its gradient)
-- a fixed allowance for the CUDA context, NCCL and DeepSpeed's buckets
-- colocated with vLLM engines, the resident IPC buffer the weights travel through (one sync bucket at most)
-
-With LoRA (learner.lora.enabled), A adapter parameters train on a frozen base: the base in bf16 (2P), the adapters
-in bf16 (2A) with their fp32 master copy and AdamW moments (12A/N) and gradients (2A + 4A/N); the reference is the
-base with the adapters off (nothing more); activations and logits are those of full fine-tuning.
-
-Colocated with ``algo.async_steps=0``, the engine is awake only while the learner is idle (the learner returns
-its cached memory after each step), and asleep while it trains; so the engine may take what the idle learner
-leaves, and the learner's peak must fit beside a sleeping engine. Colocated with ``algo.async_steps>0``, the
-engine stays awake and generates the next batch while the learner trains, so the learner's peak and the whole
-engine must fit AWAKE_SHARE of the GPU at once: the engine gets what the learner's peak leaves.
-
-With ``engine.engines_per_gpu`` k > 1 (colocated), engine.gpu_memory_utilization is the share of all k engines on
-a GPU, split evenly between them: each engine's part must hold its weights and one sequence, and every engine
-process past the first holds ENGINE_PROCESS_GIB outside its part.
+A learner rank holds its weights, the fp32 master weights and AdamW moments under its ZeRO stage, gradients,
+one micro-batch's activations and logits, a fixed allowance and, colocated, the IPC buffer; with LoRA only the
+adapters train. Colocated, the engines take what the idle learner leaves (``algo.async_steps=0``) or what its
+peak leaves of AWAKE_SHARE (``async_steps>0``), split evenly between ``engine.engines_per_gpu`` engines.
+docs/plan.md gives every term.
 """
 
 from __future__ import annotations

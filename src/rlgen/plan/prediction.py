@@ -1,18 +1,10 @@
 """Plan + RunConfig -> predicted step times and balance, before any GPU is touched.
 
-Model (per engine of tensor-parallel size t, running c sequences at a time):
-- decode step time = max(bytes / HBM bandwidth, FLOPs / matmul rate) + c * per-token engine overhead, where
-  bytes = (bf16 weights + c * mean context * KV bytes per token) / t and
-  FLOPs = c * (2 * params + 4 * layers * hidden * mean context) / t;
-- c = min(engine.max_num_seqs, KV capacity / tokens per sequence, sequences of the busiest engine);
-- generation time of a batch = waves of c sequences, each max_new_tokens decode steps, plus prefill;
-- learner step time = 6 * params * tokens / (learner GPUs * peak bf16 * learner MFU), 8 * ... with a
-  reference model (kl_coef > 0);
-- weight sync = bf16 weights / transport bandwidth.
-Responses are assumed to run to algo.max_new_tokens and prompts to task.max_prompt_tokens unless the caller
-gives mean lengths: an upper bound on the work of a step.
-
-Every efficiency factor below says where it comes from. Pure Python: no torch, no Ray, no GPU.
+A roofline model: an engine's decode step is bound by memory bandwidth or by matmul rate, plus a per-sequence
+overhead; a batch generates in waves of the sequences that fit at once; the learner's step is 6 x params x
+tokens at an assumed MFU; a weight sync is the bf16 weights over the transport's bandwidth. Lengths are taken
+at their maxima unless the caller gives means, so a prediction bounds a step's work from above. docs/plan.md
+has the formulas. Every efficiency factor below says where it comes from. Pure Python: no torch, no Ray, no GPU.
 """
 
 from __future__ import annotations

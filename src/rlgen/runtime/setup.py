@@ -1,20 +1,10 @@
-"""Set-up and tear-down: a plan becomes a Run, the actors and the objects that drive them, in this order:
+"""Set-up and tear-down: a plan becomes a Run, the actors and the objects that drive them.
 
-1. what the engine kind can begin ahead (vLLM: its inspection of the model class), then on threads of their own
-   (runtime.start.loaders, once the libraries they share are imported) the algorithm, the starting model (built and
-   cached, or a checkpoint's), and the task with its tokenizer, prompts and stop ids, while
-2. a Ray cluster starts, with one placement group per plan node; then, once the model folder is ready, the
-   folders every node reads;
-3. the learner ranks, then the engines, all at once (vLLM engines sharing a GPU take turns to size their KV
-   cache), while the task thread finishes: its result is awaited before the actors are;
-4. the weight transport, which sends the starting weights once (its warm-up, kept out of step 0). Where the
-   engines hold the starting weights already (fresh from the model folder, or kept warm and given them back) and
-   the transport allows it, the learners' start and the transport's set-up go on beside the first batch instead:
-   the loop waits for them (``Run.learners_ready``) before the first training step;
-5. the engine keeper (restarts), the rollouts (the engines' side of the loop) and the run state.
-
-With engine.keep_warm_s, a local cluster and its engines outlive a run that ends well (``tear_down(keep=True)``),
-and the next run with the same settings takes them over in steps 2 and 3 (runtime.cluster.nodes.kept_engines).
+In order: the algorithm, the model and the task load on threads of their own while a Ray cluster starts; the
+learner ranks and the engines start all at once; the weight transport sends the starting weights (or, where
+the engines hold them already, the learners finish beside the first batch); then come the engine keeper, the
+rollouts and the run state. With engine.keep_warm_s a cluster and its engines outlive a run that ends well,
+and the next run with the same settings takes them over. docs/startup.md walks through each phase.
 
 Everything comes from the plan; nothing here decides what the plan already decided."""
 
@@ -285,7 +275,7 @@ def _learners_beside(run: Run, refs: list[Any], names: list[str], asked: dict[st
 
 
 def _kept_engines(run: Run, asked: dict[str, float]) -> list[Any]:
-    """In a cluster taken over from a run that kept its engines warm (runtime.cluster.nodes.kept_engines): the kept engines this run
+    """In a cluster taken over from a run that kept its engines warm (runtime.cluster.kept_engines): the kept engines this run
     would build the same way, by index (None for the others); kept engines of other settings are stopped first,
     so their memory is free for this run's. A kept engine that does not answer is stopped and started anew."""
     engines: list[Any] = [None] * len(run.plan.engines)
@@ -368,7 +358,7 @@ def tear_down(run: Run, keep: bool = False) -> None:
 
 def _keep_engines(run: Run) -> bool:
     """Park the engines, stop the learners, and leave the cluster to its head until engine.keep_warm_s from now
-    (runtime.cluster.nodes.kept_engines). False, with nothing kept, where an engine does not park."""
+    (runtime.cluster.kept_engines). False, with nothing kept, where an engine does not park."""
     import ray
 
     try:

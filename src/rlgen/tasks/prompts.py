@@ -1,14 +1,9 @@
 """Prompt text -> the token ids an engine gets, and where a response ends.
 
-``task.prompt_format``: ``chat`` renders the tokenizer's chat template (an optional ``task.system_prompt``,
-the user's turn, and the assistant's turn opened), ``raw`` encodes the text as it is (after the system
-prompt, when one is set), ``auto`` picks chat when the tokenizer has a template. A prompt longer than
-``task.max_prompt_tokens`` in those tokens is refused before the run starts (``long_prompts=reject``), left
-out of the data (``skip``), or cut to its last tokens (``truncate``: the end of a chat prompt stays whole).
-
-A response ends at the model's end-of-sequence ids (its generation_config.json and tokenizer), at
-``task.stop_token_ids``, or after the first of ``task.stop`` strings it contains (cut on the driver, at the
-token that completes the string).
+``task.prompt_format`` is ``chat`` (the tokenizer's chat template), ``raw`` or ``auto``; a prompt over
+``task.max_prompt_tokens`` is refused, left out or cut (``task.long_prompts``). A response ends at the model's
+end-of-sequence ids, at ``task.stop_token_ids``, or after the first ``task.stop`` string (cut on the driver).
+docs/tasks.md has each choice in full.
 """
 
 from __future__ import annotations

@@ -2,15 +2,11 @@
 same methods. Generate token-in/token-out, push weights, and drive sleep/wake and pause/resume from your own
 training loop::
 
-    from rlgen.wire.client import GenerationClient
-
     with GenerationClient("http://127.0.0.1:8000") as client:
         out = client.generate_ids([[1, 2, 3]], n=4, max_tokens=32, temperature=1.0)
-        client.update_weights(model.state_dict(), version=1)
-        client.load_lora_adapter("style", "/path/to/adapter")  # then generate_ids(..., adapter="style")
 
-The bearer token comes from ``token=`` or the RLGEN_SERVE_TOKEN environment variable. Every call has a timeout;
-a server that is down or refuses a request raises ``ServerError`` with the server's one-sentence reason.
+The bearer token comes from ``token=`` or RLGEN_SERVE_TOKEN. Every call has a timeout; a server that is down or
+refuses a request raises ``ServerError`` with its one-sentence reason. docs/serve.md has a longer example.
 """
 
 from __future__ import annotations

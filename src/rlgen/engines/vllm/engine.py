@@ -1,18 +1,11 @@
 """The vllm engine: vLLM 0.26's AsyncLLM behind the engine protocol. One engine per Ray actor on its own GPU(s).
 
-Token-in/token-out: prompts go in as token ids (``skip_tokenizer_init=True``), completions come back as token
-ids with the logprob of each sampled token (``logprobs=0``), the quantity the learner recomputes.
-
-Why a background event loop and a plain class, rather than an async Ray actor: AsyncLLM needs one asyncio
-loop that outlives every call, and the run, the benchmark and the GPU tests all call the engine the
-same way (plain methods, directly or through ``ray.remote``). So the engine owns a daemon thread running its
-own loop (``rlgen.engines.vllm.loop``, which also holds the coroutines); every public method submits a
-coroutine to it and waits with a timeout. Any thread of a threaded actor (``max_concurrency > 1``) can call
-in, so ``health()``, ``pause()`` and weight updates work while a ``generate()`` is in flight.
-
-vllm is imported only when an engine is built. Engine arguments and sampling seeds: ``args``; weights into the
-workers: ``updates`` (the engine's calls), ``weights`` (object store) and ``ipc_buffer`` (colocated); LoRA calls:
-``adapters``; streaming: ``stream``; the KV-cache size stored for the next start: ``kvcache``.
+Token-in/token-out, with the logprob of each sampled token (the quantity the learner recomputes). A plain class
+that owns a daemon thread running one asyncio loop (``rlgen.engines.vllm.loop``), so any thread of a threaded
+actor can call in while a ``generate()`` is in flight; docs/architecture.md says why it is not an async actor.
+vllm is imported only when an engine is built. Its parts: engine arguments and seeds (``args``), weight updates
+(``updates``, ``weights``, ``ipc_buffer``), LoRA (``adapters``), streaming (``stream``), stored KV-cache sizes
+(``kvcache``).
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """How an engine actor starts vLLM's engine-core process: by fork where it safely can, else by spawn.
 
-AsyncLLM runs its engine core in a child process. A spawned child starts a new interpreter and imports vLLM,
-torch and the model code all over again (8-14 s on the hosts measured); a forked child has them already. vLLM
-forks by default, but switches to spawn inside any Ray actor, which is where rlgen's engines live. The engine
-actor forks anyway when all of these hold:
-
-- ``VLLM_WORKER_MULTIPROC_METHOD`` is ``fork`` (rlgen's default; ``+engine.env.VLLM_WORKER_MULTIPROC_METHOD=spawn``
-  restores vLLM's choice),
-- the engine has one GPU (tensor parallelism starts its workers the way vLLM chooses),
-- this process has not initialized CUDA, which a forked child could not use. The actor checks for a GPU
-  through NVML (``PYTORCH_NVML_BASED_CUDA_CHECK``), so its own checks do not initialize CUDA,
-- and the engine is a Ray actor, a process that ran only rlgen's engine code. An engine built inside another
-  program (a test, a script) spawns: that program may have asked CUDA for its devices before, which leaves a
-  forked child unable to use CUDA although ``torch.cuda.is_initialized()`` says False. A forked start that fails
-  that way is started again by spawn (``FORK_FAILED``).
-
-vLLM's other reasons to spawn (CUDA initialized, WSL, NUMA binding) still apply. No vllm import at module level.
+A spawned engine core imports vLLM, torch and the model code all over again; a forked one has them already.
+vLLM spawns inside any Ray actor, but rlgen's engine actor forks when ``VLLM_WORKER_MULTIPROC_METHOD`` is
+``fork`` (the default), the engine has one GPU, this process has not initialized CUDA, and the engine is a Ray
+actor. A forked start that fails is started again by spawn (``FORK_FAILED``). docs/startup.md says why each
+condition is needed. No vllm import at module level.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """The resident CUDA IPC buffer that carries a colocated learner's weights into its vLLM engines.
 
-The learner allocates one buffer for the life of the run and shares it once; each engine worker opens it
-once and keeps it open. An update then costs the packing copies on the learner's side and, per chunk of the
-layout, one call into the engine that views the buffer and loads the weights in place: no allocation, no
-handle registered or opened again, no copy of the weights on the engine's side.
-
-The layout cuts the weights (in the learner's export order) into chunks of at most ``bucket_bytes``; a model
-that fits one bucket moves in one call. Offsets are aligned so every tensor's view keeps its dtype's alignment.
-
-``load_ipc_on_worker`` runs inside each vLLM worker through ``collective_rpc`` and is pickled by reference, so
-it stays a module-level function. torch is imported inside the functions: importing this module is free.
+The learner allocates one buffer for the run and shares it once; each engine worker opens it once, keeps it
+open, and loads each chunk of the layout (at most ``bucket_bytes``, aligned for every dtype) in place: no
+allocation, no handle opened again, no copy on the engine's side. docs/weight_sync.md ("CUDA IPC") has the
+whole update. ``load_ipc_on_worker`` runs inside each vLLM worker through ``collective_rpc`` and is pickled by
+reference, so it stays a module-level function. torch is imported inside the functions: importing this module
+is free.
 """
 
 from __future__ import annotations

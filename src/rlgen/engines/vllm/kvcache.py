@@ -1,25 +1,11 @@
 """The KV-cache size a vLLM engine measured, kept for its next start, and a per-GPU lock around the measuring.
 
-vLLM sizes an engine's KV cache by profiling: it runs the model and reads how much of the GPU's memory is still
-free. Another process that allocates memory on that GPU meanwhile, such as a second engine starting, skews the
-reading, so engines that share a GPU could only start one after another. Now:
-
-- An engine that has no stored size measures it holding its GPU's lock alone, then stores it (bytes, one small
-  JSON file under ``vllm-kv/`` in the run's cache_dir). The key covers everything the size depends on: the engine
-  arguments except the model's path and the seed, the model's config.json, the vLLM and torch versions, and the
-  GPU's name and memory. A changed setting is a new key, never a stale size.
-- An engine that finds its size passes it to vLLM as ``kv_cache_memory_bytes``, which skips the profiling. Such
-  starts share the lock, so they run side by side, and wait only for an engine of the GPU that is measuring.
-  Learners loading onto the GPU share it too (``rlgen.gpustart``), so their memory never skews a measurement.
-- A start that fails with a stored size drops it, so the next start measures again.
-- A measuring engine hands the lock over as soon as vLLM has logged the size ("Available KV cache memory"),
-  before its CUDA graphs and kernel warm-up: the engines waiting for it start with that size (rounded down to
-  10 MiB) while it finishes, and its exact size replaces the logged one when its start ends.
-
-The stored bytes reproduce vLLM's block count exactly: blocks x block size x the KV bytes of a token (all
-layers, this GPU's part under tensor parallelism). Models whose config.json does not give the attention shape,
-and KV caches not in the model's dtype, are not stored; nor is anything where NVML cannot name the GPU. No vllm or
-torch import here at module level.
+vLLM sizes the KV cache by profiling the GPU's free memory, which another process starting on that GPU skews.
+So an engine with no stored size measures it holding its GPU's lock alone and stores the bytes under
+``vllm-kv/`` in the cache_dir, keyed by everything the size depends on; a later start passes it to vLLM as
+``kv_cache_memory_bytes`` and shares the lock, so such starts run side by side. A start that fails drops its
+stored size. docs/startup.md has the key, the lock's early hand-over and what is never stored.
+No vllm or torch import here at module level.
 """
 
 from __future__ import annotations

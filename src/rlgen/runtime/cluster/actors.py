@@ -33,7 +33,7 @@ QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "err
 def start_ray(cfg: RunConfig, plan: Plan, placement: Any, stop: Any = None, keep_warm: bool = False) -> bool:
     """Join the cluster at ray.address (or RAY_ADDRESS), or start a fresh local one sized for the plan (after
     stopping what runs that died left of theirs, and clusters kept warm for other settings). keep_warm: take over
-    a local cluster kept warm for these settings (runtime.cluster.nodes.kept_engines) where there is one. True if this process connected
+    a local cluster kept warm for these settings (runtime.cluster.kept_engines) where there is one. True if this process connected
     (and so disconnects at the end). A stop requested while the local cluster starts raises StopRequested."""
     import ray
 
@@ -60,7 +60,7 @@ def connect(cfg: RunConfig, plan: Plan, placement: Any, stop: Any, waiter: Any,
             keep_warm: bool = False) -> tuple[bool, list[str], list[Any]]:
     """Join or start the cluster, give each plan node its own Ray node, and reserve the bundles there. Returns
     (whether this process connected, the Ray node of each plan node, the placement groups). keep_warm: a local
-    cluster whose engines may be kept warm (runtime.cluster.nodes.kept_engines): its placement groups are detached and named by the
+    cluster whose engines may be kept warm (runtime.cluster.kept_engines): its placement groups are detached and named by the
     cluster's key, and those of a cluster taken over are used again."""
     from rlgen.runtime.cluster.nodes import assign_nodes, cluster_nodes
 
@@ -92,7 +92,7 @@ def ray_session_dir() -> str | None:
 def reserve(placement: Any, node_ids: list[str], timeout_s: float, wait: Callable[[list[Any], str, float], Any],
             key: str = "", again: bool = False) -> list[Any]:
     """One STRICT_PACK placement group per plan node, pinned to its Ray node, ready within timeout_s. key: the
-    groups are detached and named by it (runtime.cluster.nodes.kept_engines); again: those of that name are used where they exist."""
+    groups are detached and named by it (runtime.cluster.kept_engines); again: those of that name are used where they exist."""
     import ray
     from ray.util.placement_group import get_placement_group, placement_group
 
@@ -177,7 +177,7 @@ class ActorFactory:
     engine_kwargs: dict[str, Any]
     learner_cls: type
     learner_kwargs: dict[str, Any]
-    warm: bool = False  # engines are detached and named by their settings, to be kept warm (runtime.cluster.nodes.kept_engines)
+    warm: bool = False  # engines are detached and named by their settings, to be kept warm (runtime.cluster.kept_engines)
     kept: set[int] = dataclasses.field(default_factory=set)  # engines an earlier run kept warm, taken over (set-up)
 
     @property

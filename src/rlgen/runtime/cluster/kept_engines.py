@@ -1,18 +1,10 @@
 """Engines kept warm between runs (``engine.keep_warm_s``).
 
-A run on a local cluster that ends well leaves its engines running for keep_warm_s seconds, asleep where the kind
-sleeps (their GPU memory is free then), with the cluster's head process holding the cluster. The next run on this
-host whose cluster and engines would be built the same way joins that cluster and takes the engines over: it
-skips Ray's start, the engines' imports and vLLM's start. Each engine loaded its model folder's weights again as
-it parked, so it holds the run's starting weights and generates the first batch while the learners start (an
-engine kind that cannot reload gets them from the run's first weight push instead). A run whose engines would
-differ stops the kept cluster before it starts its own, so kept engines never stand in a run's way; so does a
-run with keep_warm_s=0. Past keep_warm_s the head takes the cluster down.
-
-What is kept is found by its keys: the cluster's (Ray's start arguments and the placement-group bundles) in the
-session's marker (runtime.cluster.dead_runs), and each engine's (its class and every constructor argument) in the engine
-actor's name. Engines and their placement groups are detached and named in NAMESPACE; learners are not, so they
-end with their run."""
+A local run that ends well leaves its cluster and engines running, asleep, for keep_warm_s seconds; the next run
+on this host whose cluster and engines would be built the same way takes them over and skips Ray's and vLLM's
+start. A run whose engines would differ, or one with keep_warm_s=0, stops the kept cluster first. What is kept
+is found by its keys: the cluster's in the session's marker, each engine's in its actor's name.
+docs/startup.md has the whole life of a kept engine."""
 
 from __future__ import annotations
 

@@ -1,16 +1,11 @@
-"""Checkpoint and restore, as functions of a Run and its RunState. The folder's format (what each file holds,
-the COMPLETE marker, rotation, the driver's RNG) is ``rlgen.runtime.durability.checkpoint_folder``.
+"""Checkpoint and restore, as functions of a Run and its RunState. The folder's format is
+``rlgen.runtime.durability.checkpoint_folder``.
 
-A checkpoint taken after k steps holds everything needed to run step k next: the learners' state, the policy
-and its tokenizer, the run state, and the rollouts generated ahead of the learner with older weights. Rollouts
-launched with the current weights are not kept: the resumed run generates them again with the same seeds, and
-gets the same ones.
-
-Before writing, the free space is checked against the size of the last checkpoint (the plan's estimate for the
-first); a write that fails leaves the checkpoints already there as they were and says why in one sentence.
-Periodic checkpoints with ``checkpoint.background`` cost the loop only the copy of the learners' state to host
-memory: the learners write their files from a thread, and a thread here waits for them and completes the
-checkpoint. One such write runs at a time; the next checkpoint, the end of the run and its tear-down wait for it.
+A checkpoint taken after k steps holds everything needed to run step k next, the rollouts generated ahead with
+older weights included (those launched with the current weights are generated again, the same). The free space
+is checked first, and a write that fails leaves the checkpoints already there as they were. With
+``checkpoint.background`` the loop pays only the copy to host memory; one such write runs at a time.
+docs/durability.md has the details.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """Checkpoint folders: ``<run dir>/checkpoints/step_<k>/`` holds everything needed to run step k next.
 
-    model/          the policy as a plain Hugging Face folder (weights, config, generation config, tokenizer)
-    learner/        each learner rank's optimizer state, counters and RNG states (DeepSpeed's own checkpoint
-                    on GPU: fp32 master weights and optimizer partitions)
-    state.json      step, policy version, data cursor, metrics line count, breaker state, the run's config
-    rollouts.json   rollouts generated ahead of the learner (async_steps > 0) that the resumed run reuses
-    rng.json        the driver's RNG states (Python, NumPy, torch)
-    COMPLETE        written last
-
-A checkpoint is written into a temporary folder and renamed into place, so a crash mid-write leaves no folder
-that looks complete; a ``step_<k>`` folder without ``COMPLETE`` (torn) is never resumed from.
+``model/`` (the policy as a Hugging Face folder), ``learner/`` (each rank's optimizer state, counters and RNG
+states), ``state.json`` (the run state and config), ``rollouts.json`` (rollouts generated ahead), ``rng.json``
+(the driver's RNG states) and ``COMPLETE``, written last. A checkpoint is written into a temporary folder and
+renamed into place, so a folder without ``COMPLETE`` is torn and never resumed from. docs/durability.md has
+the layout file by file.
 """
 
 from __future__ import annotations

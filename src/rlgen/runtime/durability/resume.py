@@ -1,15 +1,10 @@
 """Which run and checkpoint ``resume=`` continues, and whether the config still fits it.
 
-``resume=<run dir>`` continues that run from its newest complete checkpoint (``resume=<run
-dir>/checkpoints/step_<k>``: from that one). ``resume=auto`` looks at this run's own directory and then under the
-output root (``outputs/`` by default: the fixed part of ``hydra.run.dir``), and continues the newest run whose
-checkpoint was trained with the same math; with none, a new run starts. A resume that leaves no step to train is
-refused.
-
-Settings that change the math (model, algo, task, learner, seed, the number of learner ranks, the task
-file's contents) must match the checkpoint's; anything else (steps, logging, timeouts, checkpointing,
-engines, and the micro-batch size and gradient checkpointing, which change memory only) may change, and the
-changes are listed.
+``resume=<run dir>`` continues from that run's newest complete checkpoint (or from the ``step_<k>`` folder it
+names); ``resume=auto`` continues the newest run under the output root whose checkpoint was trained with the
+same math, or starts a new one. A resume that leaves no step to train is refused. Settings that change the math
+must match the checkpoint's; anything else may change, and the changes are listed. docs/durability.md says
+which settings are which.
 """
 
 from __future__ import annotations

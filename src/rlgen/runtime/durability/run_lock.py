@@ -1,14 +1,12 @@
 """One run per run directory: ``<run dir>/.rlgen.lock`` names the process that writes there.
 
-``acquire_run_lock`` creates the file atomically (O_CREAT|O_EXCL) with the holder's pid, host name, start time
-and command. A lock whose holder is alive refuses a second run with ``RunLocked``; a lock whose holder is gone
-(same host, and no such pid or another process now has it) or that cannot be read is taken over. A lock from
-another host always counts as alive: its process cannot be probed from here.
+``acquire_run_lock`` creates the file atomically with the holder's pid, host, start time and command. A live
+holder refuses a second run (``RunLocked``); a lock whose holder is gone, or that cannot be read, is taken
+over; a lock from another host always counts as alive. docs/durability.md says how a dead holder is told.
 
     with acquire_run_lock(run_dir, "rlgen train ...") as lock:
         if lock.stale:
             log.warning(lock.stale)
-        ...
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """The circuit breaker: watches each step's trainer/engine mismatch and non-finite skips, and acts.
 
-Fed once per step with the learner's metrics (``mismatch/k3_kl`` and friends, ``skipped``, ``skip_reason``).
-
-- Mismatch: a step *breaches* when ``mismatch/k3_kl`` exceeds ``monitor.kl_threshold`` or is not finite.
-  ``monitor.window`` breaching steps in a row trip the breaker, which then answers ``monitor.action``:
-  warn (say so), tighten (the caller drops async_steps to 0), or halt (archive the offending batches, write a
-  report, and the caller stops the run). After a trip the count starts again, so a drift that persists trips
-  again one window later.
-- Non-finite: a step the learner skipped (non-finite loss, gradient or weight) gives a warn event;
-  ``monitor.max_nonfinite_steps`` skips in a row give a halt event, whatever ``monitor.action`` says.
-
-Halting writes ``<out_dir>/breaker/step_<k>/``: ``report.json`` (the event, the thresholds, the metrics of
-the steps in the streak) and ``batch_<step>.pt`` for each offending batch kept (the RolloutBatch's tensors).
+Fed once per step with the learner's metrics. ``monitor.window`` steps in a row whose ``mismatch/k3_kl`` is over
+``monitor.kl_threshold`` (or not finite) trip it, and it answers ``monitor.action``: warn, tighten (the caller
+drops async_steps to 0) or halt. ``monitor.max_nonfinite_steps`` skipped steps in a row halt whatever the action.
+A halt archives the offending batches and a report under ``<out_dir>/breaker/step_<k>/``. docs/correctness.md
+("Circuit breaker") has the rules and what the archive holds.
 """
 
 from __future__ import annotations

@@ -1,32 +1,11 @@
 """Weight transports: the learner's new weights -> every engine, after each applied optimizer step.
 
-Four transports behind one interface (``WeightTransport``), picked by ``plan.transport``:
-
-- ``ObjectStoreTransport`` (CPU, hf engines): the learner's CPU state dict through Ray's object store into
-  ``engine.update_weights``. Returns the engines' refs without waiting, as the loop did before.
-- ``NcclTransport`` (engines and learner on separate GPUs): vLLM's NCCL weight-transfer engine. One NCCL
-  group joins learner rank 0 (rank 0) with every engine worker; each update is one packed broadcast that
-  the engines receive through ``update_weights`` while the learner runs ``trainer_send_weights``.
-- ``CudaIpcTransport`` (colocated): the learner packs its weights into a resident buffer it shared once through
-  CUDA IPC (``rlgen.engines.vllm.ipc_buffer``); each engine worker keeps the buffer open and loads from it in place.
-  With ``algo.async_steps=0`` engines sleep while the learner trains and wake their weights for the update,
-  then their KV cache. With ``async_steps>0`` they stay awake and generate the next batch meanwhile; an update
-  in flight pauses them (requests keep their KV cache) for the loads only, inside the engine actor.
-
-- ``AdapterTransport`` (LoRA, ``learner.lora.sync=adapter``): engines keep the base model; learner rank 0 exports
-  each new adapter (megabytes) through the object store and every engine loads it as a new vLLM LoRA adapter.
-
-``start()`` runs once before the first step: it sends the starting weights over the transport, so the first
-update's one-off costs (NCCL's connection set-up, the IPC buffer and its handle, the first loads) fall in start-up
-rather than in step 0, and a server's engines (which may hold another run's weights) get this run's. Where the
-engines hold the starting weights already and the transport says so (``generates_before_start``), set-up skips
-it: the first batch generates while the learners start, and the first update pays those costs.
-
-Every wait has a timeout. A timeout inside NCCL or IPC cannot be undone (a blocked collective cannot be
-cancelled), so the transport marks itself broken and every later push fails at once with the reason.
-
-The learner-side half is ``rlgen.learners.weight_sender.WeightSender``, a mixin for learner classes.
-vllm is imported lazily, inside the functions that need it.
+One interface (``WeightTransport``), picked by ``plan.transport``: Ray's object store (CPU, hf engines), vLLM's
+NCCL weight transfer (engines on GPUs of their own), a resident CUDA IPC buffer (colocated), or LoRA adapters
+(``learner.lora.sync=adapter``). ``start()`` sends the starting weights once during set-up, so the first
+update's one-off costs stay out of step 0. Every wait has a timeout; a transport whose NCCL or IPC call timed
+out marks itself broken and fails every later push at once. The learner's half is
+``rlgen.learners.weight_sender``; vllm is imported lazily. docs/weight_sync.md has each transport step by step.
 """
 
 from __future__ import annotations
