@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 from test_torch_learner import make_batch
-from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM
 
-from helpers import algo_cfg
+from helpers import algo_cfg, save_tiny_qwen2
 from rlgen.config import LORA_BLOCK_LINEARS, MonitorConfig
 from rlgen.learners.lora import (
     LoraError,
@@ -28,12 +28,7 @@ LORA = {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": LORA_BLOCK_LI
 
 @pytest.fixture(scope="module")
 def base_dir(tmp_path_factory):
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2))
-    path = tmp_path_factory.mktemp("base")
-    model.save_pretrained(path)
-    return str(path)
+    return save_tiny_qwen2(tmp_path_factory.mktemp("base"))
 
 
 def _base(path):
