@@ -51,6 +51,18 @@ def save_small_qwen2(path, seed: int = 0) -> str:
     return str(path)
 
 
+def plan_problems(overrides: list[str]) -> list[str]:
+    """The sentences of the PlanError the plan of the composed overrides raises (the test fails if it raises none)."""
+    import pytest
+
+    from rlgen.config.compose import compose_run_config
+    from rlgen.plan import PlanError, build_plan
+
+    with pytest.raises(PlanError) as info:
+        build_plan(compose_run_config(overrides))
+    return info.value.problems
+
+
 MIN_REWARD_GAIN = 0.2  # what the embedded default run must learn by on a [0, 1] reward (make smoke)
 
 
@@ -91,12 +103,20 @@ def lora_model(base_dir: str, seed: int, rank: int = 4, scale: float = 0.3):
 
     model = wrap(AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32),
                  LoraSpec(rank, 2.0 * rank, 0.0, LORA_BLOCK_LINEARS))
+    nudge_lora(model, seed, scale)
+    return model.eval()
+
+
+def nudge_lora(peft_model, seed: int = 1, scale: float = 0.1) -> None:
+    """Give a PEFT model's lora_B seeded random values times scale, in place (PEFT starts it at zero, which would
+    leave the adapter without effect)."""
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for name, p in peft_model.named_parameters():
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * scale)
-    return model.eval()
 
 
 def lora_export(model, dtype=None) -> dict:
