@@ -11,6 +11,58 @@ def algo_cfg(**values) -> AlgoConfig:
     return AlgoConfig(**{"lr": 1e-3, "max_new_tokens": 8, "micro_batch_size": 0, **values})
 
 
+# The random Qwen2 models tests train and serve: TINY_QWEN2 on CPU (two 32-wide layers, 32 tokens), SMALL_QWEN2 on
+# GPUs (four 512-wide layers, 2048 tokens, tied embeddings, sharper next-token distributions than the default init
+# so greedy outputs are stable, special ids pad 0, eos 1, bos 2).
+TINY_QWEN2 = {"vocab_size": 32, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2}
+SMALL_QWEN2 = {"vocab_size": 2048, "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 4,
+               "num_attention_heads": 8, "num_key_value_heads": 2, "max_position_embeddings": 2048,
+               "tie_word_embeddings": True, "initializer_range": 0.1, "pad_token_id": 0, "eos_token_id": 1,
+               "bos_token_id": 2}
+
+
+def tiny_qwen2(seed: int = 0, **config):
+    """A random-init Qwen2 causal LM (float32) of TINY_QWEN2 with config's fields changed, drawn after
+    torch.manual_seed(seed)."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(Qwen2Config(**{**TINY_QWEN2, **config}))
+
+
+def save_tiny_qwen2(path, seed: int = 0, **config) -> str:
+    """tiny_qwen2(seed, **config) saved as a Hugging Face model folder at path; the folder's path."""
+    tiny_qwen2(seed, **config).save_pretrained(path)
+    return str(path)
+
+
+def save_small_qwen2(path, seed: int = 0) -> str:
+    """A random-init SMALL_QWEN2 model in bfloat16, with a generation config of its special ids, saved as a Hugging
+    Face model folder at path (drawn after torch.manual_seed(seed)); the folder's path."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig, Qwen2Config
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(Qwen2Config(**SMALL_QWEN2), dtype=torch.bfloat16)
+    model.generation_config = GenerationConfig(eos_token_id=1, pad_token_id=0, bos_token_id=2)
+    model.save_pretrained(path)
+    return str(path)
+
+
+def plan_problems(overrides: list[str]) -> list[str]:
+    """The sentences of the PlanError the plan of the composed overrides raises (the test fails if it raises none)."""
+    import pytest
+
+    from rlgen.config.compose import compose_run_config
+    from rlgen.plan import PlanError, build_plan
+
+    with pytest.raises(PlanError) as info:
+        build_plan(compose_run_config(overrides))
+    return info.value.problems
+
+
 MIN_REWARD_GAIN = 0.2  # what the embedded default run must learn by on a [0, 1] reward (make smoke)
 
 
@@ -51,12 +103,20 @@ def lora_model(base_dir: str, seed: int, rank: int = 4, scale: float = 0.3):
 
     model = wrap(AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32),
                  LoraSpec(rank, 2.0 * rank, 0.0, LORA_BLOCK_LINEARS))
+    nudge_lora(model, seed, scale)
+    return model.eval()
+
+
+def nudge_lora(peft_model, seed: int = 1, scale: float = 0.1) -> None:
+    """Give a PEFT model's lora_B seeded random values times scale, in place (PEFT starts it at zero, which would
+    leave the adapter without effect)."""
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for name, p in peft_model.named_parameters():
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * scale)
-    return model.eval()
 
 
 def lora_export(model, dtype=None) -> dict:

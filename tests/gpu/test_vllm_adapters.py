@@ -6,31 +6,19 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import lora_export, lora_model
+from helpers import lora_export, lora_model, save_small_qwen2
 from rlgen.config import EngineConfig
 from rlgen.types import GenRequest, SamplingParams
 
 pytestmark = pytest.mark.gpu
 
-VOCAB = 2048
 PROMPTS = [[5, 6, 7, 8, 9], [20, 21, 22], [100, 200, 300, 400]]
 BASE_GAP = 0.08  # mean |Δ logprob| between bf16 vLLM and the fp32 hf reference on the base (0.050 measured)
 
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory) -> str:
-    import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig, Qwen2Config
-
-    path = tmp_path_factory.mktemp("qwen2-lora")
-    config = Qwen2Config(vocab_size=VOCAB, hidden_size=512, intermediate_size=1408, num_hidden_layers=4,
-                         num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048,
-                         tie_word_embeddings=True, initializer_range=0.1, pad_token_id=0, eos_token_id=1, bos_token_id=2)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    model.generation_config = GenerationConfig(eos_token_id=1, pad_token_id=0, bos_token_id=2)
-    model.save_pretrained(path)
-    return str(path)
+    return save_small_qwen2(tmp_path_factory.mktemp("qwen2-lora"))
 
 
 def _adapter(model_path: str, seed: int, rank: int = 8) -> dict:

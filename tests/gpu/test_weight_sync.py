@@ -17,7 +17,7 @@ import os
 
 import pytest
 
-from helpers import algo_cfg
+from helpers import SMALL_QWEN2, algo_cfg, save_small_qwen2
 from rlgen.config import EngineConfig, MonitorConfig
 from rlgen.engines.vllm.args import engine_args_for
 from rlgen.learners.weight_sender import WeightSender
@@ -25,7 +25,7 @@ from rlgen.runtime.policy.weight_transports import make_transport
 from rlgen.types import GenRequest, SamplingParams
 
 pytestmark = pytest.mark.gpu
-VOCAB = 2048
+VOCAB = SMALL_QWEN2["vocab_size"]
 TIMEOUT_S = 300.0
 
 
@@ -40,23 +40,9 @@ needs_two = pytest.mark.skipif(_gpus() < 2, reason="needs 2 GPUs on one host")
 needs_ds = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed")
 
 
-def _save_model(path, seed: int) -> str:
-    import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig, Qwen2Config
-
-    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=512, intermediate_size=1408, num_hidden_layers=4,
-                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048,
-                      tie_word_embeddings=True, initializer_range=0.1, pad_token_id=0, eos_token_id=1, bos_token_id=2)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    model.generation_config = GenerationConfig(eos_token_id=1, pad_token_id=0, bos_token_id=2)
-    model.save_pretrained(path)
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> tuple[str, str]:
-    return _save_model(tmp_path_factory.mktemp("a"), 0), _save_model(tmp_path_factory.mktemp("b"), 1)
+    return save_small_qwen2(tmp_path_factory.mktemp("a"), 0), save_small_qwen2(tmp_path_factory.mktemp("b"), 1)
 
 
 @pytest.fixture(scope="module")

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
-from helpers import algo_cfg
+from helpers import algo_cfg, save_tiny_qwen2
 from rlgen.algo.advantages import group_advantages
 from rlgen.config import AlgoConfig, LossAgg, MonitorConfig
 from rlgen.learners.deepspeed import DeepSpeedLearner, build_ds_config, micro_batches
@@ -38,12 +38,7 @@ RESPONSES = [[12, 13, 14], [15, 16], [17, 18, 19, 20], [21]]
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
-    torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2)
-    path = tmp_path_factory.mktemp("qwen2-ds")
-    Qwen2ForCausalLM(cfg).save_pretrained(path)
-    return str(path)
+    return save_tiny_qwen2(tmp_path_factory.mktemp("qwen2-ds"))
 
 
 def make_batch(engine_shift: float = -0.1, advantages=None) -> RolloutBatch:
@@ -288,17 +283,13 @@ REAL_ENGINE = textwrap.dedent("""
         s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import deepspeed
-    from transformers import Qwen2Config, Qwen2ForCausalLM
     from rlgen.config import AlgoConfig, MonitorConfig
     from rlgen.learners.deepspeed import DeepSpeedLearner, build_ds_config
-    from helpers import algo_cfg
+    from helpers import algo_cfg, tiny_qwen2
     from test_deepspeed_learner import make_batch
     stage = int(sys.argv[1])
     deepspeed.init_distributed(dist_backend="gloo")
-    torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2)
-    module = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
+    module = tiny_qwen2().to(torch.bfloat16)
     algo = algo_cfg(micro_batch_size=2, lr=1e-2)
     opt = torch.optim.AdamW(module.parameters(), lr=algo.lr)
     engine, *_ = deepspeed.initialize(model=module, optimizer=opt,

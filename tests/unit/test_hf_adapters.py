@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM
 
-from helpers import lora_export, lora_model
+from helpers import lora_export, lora_model, save_tiny_qwen2
 from rlgen.config import EngineConfig
 from rlgen.engines.hf.adapters import AdapterError
 from rlgen.engines.hf.engine import HFEngine
@@ -21,11 +21,7 @@ PROMPTS = [[3, 5, 7, 9], [4, 6, 8, 10, 12]]
 
 
 def _tiny(path, seed=0, hidden=32):
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=40, hidden_size=hidden, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2, eos_token_id=1))
-    model.save_pretrained(path)
-    return str(path)
+    return save_tiny_qwen2(path, seed, vocab_size=40, hidden_size=hidden, eos_token_id=1)
 
 
 def _adapter(base_dir, seed, rank=4):

@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config
 
+from helpers import save_tiny_qwen2
 from rlgen.config import EngineConfig
 from rlgen.engines.hf.engine import HFEngine
 from rlgen.runtime.rollouts.batch import build_batch
@@ -18,14 +18,9 @@ EOS = 1
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory) -> HFEngine:
-    path = tmp_path_factory.mktemp("tiny")
-    cfg = Qwen2Config(
-        vocab_size=24, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, eos_token_id=EOS, pad_token_id=0, max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
-    return HFEngine(str(path), EngineConfig(dtype="float32", max_num_seqs=16), seed=0)
+    path = save_tiny_qwen2(tmp_path_factory.mktemp("tiny"), vocab_size=24, eos_token_id=EOS, pad_token_id=0,
+                           max_position_embeddings=64)
+    return HFEngine(path, EngineConfig(dtype="float32", max_num_seqs=16), seed=0)
 
 
 def _req(prompt, gid, **kw) -> GenRequest:

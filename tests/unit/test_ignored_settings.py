@@ -10,20 +10,15 @@ from enum import Enum
 import pytest
 import yaml
 
+from helpers import plan_problems
 from rlgen.config import RunConfig, get_key, set_key
 from rlgen.config.compose import CONF_DIR, compose_run_config
 from rlgen.plan import PlanError, build_plan
 from rlgen.plan.checks.ignored import SWITCHES, governed
 
 
-def _problems(overrides: list[str]) -> list[str]:
-    with pytest.raises(PlanError) as info:
-        build_plan(compose_run_config(overrides))
-    return info.value.problems
-
-
 def test_a_lora_setting_with_lora_off_is_refused_with_the_fix():
-    assert _problems(["learner.lora.enabled=false", "learner.lora.rank=8"]) == [
+    assert plan_problems(["learner.lora.enabled=false", "learner.lora.rank=8"]) == [
         "learner.lora.rank=8 has no effect with learner.lora.enabled=false; drop it or set learner.lora.enabled=true."]
 
 
@@ -36,7 +31,7 @@ def test_a_lora_setting_with_lora_off_is_refused_with_the_fix():
                                  "algo.kl_coef="),
 ])
 def test_each_switch_refuses_what_it_ignores(overrides, sentence):
-    problems = _problems(overrides)
+    problems = plan_problems(overrides)
     assert len(problems) == 1 and problems[0].startswith(sentence), problems
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 from test_torch_learner import make_batch
-from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM
 
-from helpers import algo_cfg
+from helpers import algo_cfg, nudge_lora, save_tiny_qwen2
 from rlgen.config import LORA_BLOCK_LINEARS, MonitorConfig
 from rlgen.learners.lora import (
     LoraError,
@@ -28,25 +28,11 @@ LORA = {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": LORA_BLOCK_LI
 
 @pytest.fixture(scope="module")
 def base_dir(tmp_path_factory):
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2))
-    path = tmp_path_factory.mktemp("base")
-    model.save_pretrained(path)
-    return str(path)
+    return save_tiny_qwen2(tmp_path_factory.mktemp("base"))
 
 
 def _base(path):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-
-
-def _nudge(peft_model, seed=1):
-    """Give lora_B non-zero values (PEFT starts it at 0, which would make every check below trivially true)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in peft_model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
 
 
 IDS = torch.tensor([[3, 5, 7, 9, 11, 2], [4, 6, 8, 10, 12, 14]])
@@ -54,7 +40,7 @@ IDS = torch.tensor([[3, 5, 7, 9, 11, 2], [4, 6, 8, 10, 12, 14]])
 
 def test_merged_weights_are_peft_merge_under_the_base_names(base_dir):
     model = wrap(_base(base_dir), LoraSpec(**LORA))
-    _nudge(model)
+    nudge_lora(model)
     merged = dict(merged_weights(model))
     reference = wrap(_base(base_dir), LoraSpec(**LORA))
     reference.load_state_dict(model.state_dict())
@@ -68,7 +54,7 @@ def test_merged_weights_are_peft_merge_under_the_base_names(base_dir):
 
 def test_the_reference_is_the_base_with_the_adapters_off(base_dir):
     learner = TorchLearner(base_dir, algo_cfg(lr=1e-3, kl_coef=0.1), MonitorConfig(), lora=LORA)
-    _nudge(learner.peft)
+    nudge_lora(learner.peft)
     with torch.no_grad():
         ref = learner.ref_model(input_ids=IDS).logits
         policy = learner.model(input_ids=IDS).logits
@@ -96,7 +82,7 @@ def test_only_the_adapters_train_and_the_export_keeps_the_base_names(base_dir):
 
 def test_an_adapter_saved_to_a_folder_comes_back_exactly(base_dir, tmp_path):
     model = wrap(_base(base_dir), LoraSpec(**LORA))
-    _nudge(model)
+    nudge_lora(model)
     write_adapter(str(tmp_path / "a"), adapter_weights(model), adapter_config(model))
     again = wrap(_base(base_dir), LoraSpec(rank=8, alpha=1.0), str(tmp_path / "a"))  # the folder's rank wins
     with torch.no_grad():
@@ -106,7 +92,7 @@ def test_an_adapter_saved_to_a_folder_comes_back_exactly(base_dir, tmp_path):
 
 def test_a_learner_starts_from_an_adapter_folder(base_dir, tmp_path):
     model = wrap(_base(base_dir), LoraSpec(**LORA))
-    _nudge(model)
+    nudge_lora(model)
     write_adapter(str(tmp_path / "a"), adapter_weights(model), adapter_config(model))
     learner = TorchLearner(base_dir, algo_cfg(lr=1e-3), MonitorConfig(), lora=LORA, lora_init=str(tmp_path / "a"))
     merged = dict(merged_weights(model))
@@ -126,7 +112,7 @@ def test_the_gpu_weight_paths_send_the_merged_weights_under_the_base_names(base_
 
     cls = type("TorchLearnerWithSender", (WeightSender, TorchLearner), {})
     learner = cls(base_dir, algo_cfg(lr=1e-3), MonitorConfig(), lora=LORA)
-    _nudge(learner.peft)
+    nudge_lora(learner.peft)
     base = _base(base_dir)
     meta = learner.weight_meta("float32")
     assert meta["names"] == [n for n, _ in base.named_parameters()]

@@ -3,9 +3,9 @@ import os
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
-from helpers import algo_cfg
+from helpers import algo_cfg, tiny_qwen2
 from rlgen.algo.advantages import group_advantages
 from rlgen.config import LossAgg, MonitorConfig
 from rlgen.learners.base import Learner
@@ -23,17 +23,7 @@ GROUPS = [0, 0, 1, 1]
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
-    torch.manual_seed(0)
-    qwen = Qwen2ForCausalLM(
-        Qwen2Config(
-            vocab_size=32,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-    )
+    qwen = tiny_qwen2()
     # absolute position embeddings and dropout 0.1: wrong positions or live dropout show up as mismatch
     gpt2 = GPT2LMHeadModel(
         GPT2Config(

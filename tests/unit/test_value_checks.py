@@ -10,6 +10,7 @@ import re
 
 import pytest
 
+from helpers import plan_problems
 from rlgen.config import RunConfig, set_key
 from rlgen.config.compose import compose_run_config
 from rlgen.plan import PlanError, build_plan
@@ -33,12 +34,6 @@ def _default():
     return compose_run_config([])
 
 
-def _problems(overrides: list[str]) -> list[str]:
-    with pytest.raises(PlanError) as info:
-        build_plan(compose_run_config(overrides))
-    return info.value.problems
-
-
 def test_the_walk_sees_the_floats_that_matter():
     assert {"algo.lr", "algo.temperature", "algo.kl_coef", "timeout_s", "eval.temperature", "learner.lora.alpha",
             "hardware.gpu.memory_gb"} <= set(FLOAT_KEYS)
@@ -58,12 +53,12 @@ def test_every_float_that_is_not_finite_gets_one_sentence(key, value):
                                        ["hardware=1xh100", "engine=vllm", "hardware.gpu.memory_gb=nan"]])
 def test_nan_and_inf_from_the_command_line_are_refused(overrides):
     key = overrides[-1].lstrip("+").split("=")[0]
-    problems = _problems(overrides)
+    problems = plan_problems(overrides)
     assert len(problems) == 1 and problems[0].startswith(f"{key}=") and "is not a finite number" in problems[0]
 
 
 def test_steps_past_any_run_are_refused_and_the_bound_itself_is_not():
-    assert _problems([f"steps={MAX_STEPS + 1}"]) == [
+    assert plan_problems([f"steps={MAX_STEPS + 1}"]) == [
         f"steps={MAX_STEPS + 1} is more than the 10,000,000 a run may take (at 0.1 s a step, ten million steps take "
         "12 days); give the number of steps to train, e.g. steps=1000."]
     assert build_plan(compose_run_config([f"steps={MAX_STEPS}"])).config.steps == MAX_STEPS
@@ -77,7 +72,7 @@ def test_steps_past_any_run_are_refused_and_the_bound_itself_is_not():
     ("model.rope_theta=0", "model.rope_theta=0.0 must be > 0"),
 ])
 def test_values_past_a_sane_range_are_refused(override, phrase):
-    problems = _problems([override])
+    problems = plan_problems([override])
     assert len(problems) == 1 and phrase in problems[0], problems
 
 
@@ -93,14 +88,14 @@ KEY = re.compile(r"\b[a-z_]+(?:\.[a-z_]+)*(?==)")
 ])
 def test_a_refusal_names_only_the_value_that_is_wrong(override):
     key = override.split("=")[0]
-    problems = _problems([override])
+    problems = plan_problems([override])
     assert len(problems) == 1, problems
     assert set(KEY.findall(problems[0])) == {key}, problems[0]
 
 
 def test_all_zero_reward_weights_name_them_and_advise_an_override_the_command_line_takes():
     given = ["+task.rewards.exact_match=0", "+task.rewards.char_match=0"]
-    (problem,) = _problems(given)
+    (problem,) = plan_problems(given)
     assert problem.startswith("task.rewards.exact_match=0 and task.rewards.char_match=0: every weight is 0")
     fix = re.search(r"e\.g\. (\S+)\.$", problem).group(1)
     assert fix == "++task.rewards.exact_match=1.0"

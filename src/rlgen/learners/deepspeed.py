@@ -21,7 +21,7 @@ from rlgen.algo.registry import Algorithm
 from rlgen.algo.registry import algorithm as find_algorithm
 from rlgen.config import AlgoConfig, LossAgg, MonitorConfig
 from rlgen.gpustart import beside_engine_starts
-from rlgen.learners.background import BackgroundWriter, to_host
+from rlgen.learners.background import to_host
 from rlgen.learners.grpo_step import (
     StepSums,
     assemble_metrics,
@@ -30,8 +30,9 @@ from rlgen.learners.grpo_step import (
     micro_loss,
     unpack_batch,
 )
-from rlgen.learners.lora import AdapterOff, LoraSpec, wrap
-from rlgen.learners.torch import NonFiniteWeightsError, TorchLearner, _disable_dropout
+from rlgen.learners.lora import AdapterOff
+from rlgen.learners.policy import adamw, frozen_model, load_policy, with_lora
+from rlgen.learners.torch import NonFiniteWeightsError, TorchLearner
 from rlgen.learners.weight_sender import WeightSender
 from rlgen.phases import ActorClock
 from rlgen.transfer import DEFAULT_BUCKET_BYTES, plan_buckets
@@ -162,7 +163,7 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
             import deepspeed
         except ImportError as err:
             raise RuntimeError(f"DeepSpeedLearner needs deepspeed: pip install 'rlgen[gpu]' ({err}).") from err
-        from transformers import AutoModelForCausalLM
+        import transformers  # noqa: F401 - timed with deepspeed, as the clock's first phase
 
         self.clock.step("import deepspeed")
 
@@ -178,20 +179,16 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
             rows = rows_per_step or algo.prompts_per_step * algo.samples_per_prompt
             self.ds_config = build_ds_config(algo, zero_stage=self.zero_stage, rows_per_step=rows, world_size=world_size)
 
-            module = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16).to(self.device)
-            _disable_dropout(module)
+            module = load_policy(model_path, torch.bfloat16, self.device)
             if gradient_checkpointing:
                 module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
                 module.config.use_cache = False
             if lora:  # only the adapters train; the base with them off is the KL reference
-                adapter = os.path.join(resume_from, "model") if resume_from else lora_init
-                module = self.peft = wrap(module, LoraSpec(**lora), adapter)
+                module = self.peft = with_lora(module, lora, resume_from, lora_init)
             elif algo.kl_coef > 0:  # a full bf16 copy; fine for the sizes rlgen targets on one GPU
-                self.ref_model = AutoModelForCausalLM.from_pretrained(ref_model_path or model_path, dtype=torch.bfloat16)
-                self.ref_model.to(self.device).eval().requires_grad_(False)
+                self.ref_model = frozen_model(ref_model_path or model_path, torch.bfloat16, self.device)
             self.clock.step("weights")
-            params = [p for p in module.parameters() if p.requires_grad]
-            optimizer = torch.optim.AdamW(params, lr=algo.lr, weight_decay=algo.weight_decay)
+            _, optimizer = adamw(module, algo)
             _dist_env(rank, world_size, master_addr, master_port)
             deepspeed.init_distributed(dist_backend="nccl")
             self.engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=self.ds_config)
@@ -211,17 +208,13 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
     def _init_state(self, algo, monitor, rank, name, device, zero_stage, sync_bucket_bytes, world_size=1,
                     release_memory=False, algorithm: Algorithm | None = None) -> None:
         """Bookkeeping shared by every construction path (tests build the learner around a stand-in engine)."""
-        self.algo, self.monitor, self.rank, self.name, self.device = algo, monitor, rank, name, device
+        self._init_common(algo, monitor, rank, name, device)
         self.loss_agg = LossAgg(algo.loss_agg)
         self.loss_fn = (algorithm or find_algorithm(algo.kind)).loss
         self.zero_stage = int(zero_stage)
         self.sync_bucket_bytes = int(sync_bucket_bytes)
         self.world_size = int(world_size)
         self.release_memory = bool(release_memory)
-        self.ref_model = None
-        self.peft = None  # the PEFT model with LoRA
-        self._init_counters()
-        self._writer = BackgroundWriter()
         self._ckpt_files = DeferredFiles(None)  # wraps DeepSpeed's checkpoint engine once there is one
         self.sync_blocked = None
 

@@ -24,15 +24,8 @@ from rlgen.learners.grpo_step import (
     sequence_kl,
     unpack_batch,
 )
-from rlgen.learners.lora import (
-    AdapterOff,
-    LoraSpec,
-    adapter_config,
-    adapter_weights,
-    merged_weights,
-    save_merged,
-    wrap,
-)
+from rlgen.learners.lora import AdapterOff, adapter_config, adapter_weights, merged_weights, save_merged
+from rlgen.learners.policy import adamw, frozen_model, load_policy, with_lora
 from rlgen.phases import ActorClock
 from rlgen.transfer import write_adapter
 from rlgen.types import RolloutBatch
@@ -40,15 +33,6 @@ from rlgen.types import RolloutBatch
 
 class NonFiniteWeightsError(RuntimeError):
     pass
-
-
-def _disable_dropout(model: nn.Module) -> None:
-    """Zero dropout modules and the float attention-dropout rates HF attention layers read in train mode."""
-    for module in model.modules():
-        if isinstance(module, nn.Dropout):
-            module.p = 0.0
-        if isinstance(getattr(module, "attention_dropout", None), float):
-            module.attention_dropout = 0.0
 
 
 def _as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
@@ -91,48 +75,41 @@ class TorchLearner:
         algo.kind's). lora: LoraSpec's fields: only adapters train, and the reference is the base with them off;
         lora_init: an adapter folder to start from."""
         self.clock = ActorClock()
-        from transformers import AutoModelForCausalLM
+        import transformers  # noqa: F401 - its import time is the clock's first phase
 
         if num_threads:
             torch.set_num_threads(num_threads)
         torch.manual_seed(seed)
-        self.algo = algo
-        self.monitor = monitor
-        self.device = torch.device(device)
-        self.rank = rank
-        self.name = name
+        self._init_common(algo, monitor, rank, name, torch.device(device))
         self.loss_agg = LossAgg(algo.loss_agg)
         self.loss_fn = (algorithm or find_algorithm(algo.kind)).loss
         self.clock.step("import transformers")
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
+        self.model = load_policy(model_path, torch.float32, self.device)
         self.clock.step("weights")
-        _disable_dropout(self.model)
-        self.peft = self._with_lora(lora, os.path.join(resume_from, "model") if resume_from else lora_init)
+        if lora:
+            self.model = self.peft = with_lora(self.model, lora, resume_from, lora_init)
+            self.clock.step("LoRA adapters")
         self.model.train()
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=algo.lr, weight_decay=algo.weight_decay)
-        self.ref_model: nn.Module | None = None
+        self.params, self.optimizer = adamw(self.model, algo)
         if algo.kl_coef > 0 and self.peft is not None:
             self.ref_model = AdapterOff(self.model, self.peft)
         elif algo.kl_coef > 0:
-            ref = self.model if ref_model_path is None else AutoModelForCausalLM.from_pretrained(ref_model_path, dtype=torch.float32)
-            self.ref_model = copy.deepcopy(ref).to(self.device).eval().requires_grad_(False)
-        self._init_counters()
-        self._writer = BackgroundWriter()
+            self.ref_model = frozen_model(ref_model_path or self.model, torch.float32, self.device)
         if resume_from:
             state = load_learner_state(resume_from, self.rank)
             self.optimizer.load_state_dict(state["optimizer"])
             self._restore_counters(state)
         self.clock.done()
 
-    def _with_lora(self, lora: dict[str, Any] | None, adapter: str | None) -> nn.Module | None:
-        """Wrap self.model in LoRA adapters (new, or those of the adapter folder: learner.lora.init's or a resumed
-        checkpoint's); the PEFT model, or None without LoRA."""
-        if not lora:
-            return None
-        self.model = wrap(self.model, LoraSpec(**lora), adapter)
-        self.clock.step("LoRA adapters")
-        return self.model
+    def _init_common(self, algo: AlgoConfig, monitor: MonitorConfig, rank: int, name: str,
+                     device: torch.device) -> None:
+        """What every learner holds before its model: settings, identity, no LoRA or reference yet, step counters
+        and the checkpoint writer."""
+        self.algo, self.monitor, self.rank, self.name, self.device = algo, monitor, rank, name, device
+        self.ref_model: nn.Module | None = None
+        self.peft: nn.Module | None = None  # the PEFT model with LoRA
+        self._init_counters()
+        self._writer = BackgroundWriter()
 
     def _init_counters(self) -> None:
         """Step bookkeeping: version (applied updates), train_step calls, skipped steps."""

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from rlgen.config import TaskConfig
-from rlgen.tasks.base import EVAL_PROMPTS_SYNTHETIC, BaseTask, Prompt, TaskDataError, step_rng
+from rlgen.tasks.base import DrawnTask, Prompt, TaskDataError
 
 
-class ArithTask(BaseTask):
+class ArithTask(DrawnTask):
     name = "arith"
 
     def __init__(self, cfg: TaskConfig):
@@ -27,15 +27,3 @@ class ArithTask(BaseTask):
             a, b = rng.randrange(self.max_operand), rng.randrange(self.max_operand)
             out.append(Prompt(f"{a}+{b}=", str(a + b)))
         return out
-
-    def prompts(self, step: int, n: int) -> list[Prompt]:
-        return self._draw(step_rng(self.seed, "prompts", step), n)
-
-    def extra_prompts(self, step: int, round: int, n: int) -> list[Prompt]:
-        return self._draw(step_rng(self.seed, f"extra/{round}", step), n)
-
-    def demonstrations(self, n: int, seed: int) -> list[Prompt]:
-        return self._draw(step_rng(seed, "demos", 0), n)
-
-    def eval_prompts(self) -> list[Prompt]:
-        return self._draw(step_rng(self.seed, "eval", 0), EVAL_PROMPTS_SYNTHETIC)

@@ -77,6 +77,26 @@ class BaseTask:
         return []
 
 
+class DrawnTask(BaseTask):
+    """A synthetic task: every prompt list is drawn by ``_draw(rng, n)`` from a generator of its own stream
+    (prompts per step, extra rounds, demonstrations, held-out eval), so (seed, stream, step) fixes it."""
+
+    def _draw(self, rng: random.Random, n: int) -> list[Prompt]:
+        raise NotImplementedError
+
+    def prompts(self, step: int, n: int) -> list[Prompt]:
+        return self._draw(step_rng(self.seed, "prompts", step), n)
+
+    def extra_prompts(self, step: int, round: int, n: int) -> list[Prompt]:
+        return self._draw(step_rng(self.seed, f"extra/{round}", step), n)
+
+    def demonstrations(self, n: int, seed: int) -> list[Prompt]:
+        return self._draw(step_rng(seed, "demos", 0), n)
+
+    def eval_prompts(self) -> list[Prompt]:
+        return self._draw(step_rng(self.seed, "eval", 0), EVAL_PROMPTS_SYNTHETIC)
+
+
 class RowTask(BaseTask):
     """A task over a fixed list of rows: step s takes rows s*n .. s*n+n-1 of an endless sequence of seeded
     shuffles of them (one shuffle per epoch), so (seed, step) always gives the same prompts."""

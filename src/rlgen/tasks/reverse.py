@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from rlgen.config import TaskConfig
-from rlgen.tasks.base import EVAL_PROMPTS_SYNTHETIC, BaseTask, Prompt, TaskDataError, step_rng
+from rlgen.tasks.base import DrawnTask, Prompt, TaskDataError
 
 SEPARATOR = ">"
 
 
-class ReverseTask(BaseTask):
+class ReverseTask(DrawnTask):
     name = "reverse"
 
     def __init__(self, cfg: TaskConfig):
@@ -33,15 +33,3 @@ class ReverseTask(BaseTask):
             word = "".join(rng.choice(self.alphabet) for _ in range(self.length))
             out.append(Prompt(word + SEPARATOR, word[::-1]))
         return out
-
-    def prompts(self, step: int, n: int) -> list[Prompt]:
-        return self._draw(step_rng(self.seed, "prompts", step), n)
-
-    def extra_prompts(self, step: int, round: int, n: int) -> list[Prompt]:
-        return self._draw(step_rng(self.seed, f"extra/{round}", step), n)
-
-    def demonstrations(self, n: int, seed: int) -> list[Prompt]:
-        return self._draw(step_rng(seed, "demos", 0), n)
-
-    def eval_prompts(self) -> list[Prompt]:
-        return self._draw(step_rng(self.seed, "eval", 0), EVAL_PROMPTS_SYNTHETIC)
