@@ -1,18 +1,13 @@
-"""Engines kept warm between runs (``engine.keep_warm_s``).
+"""Engines kept warm between runs (``engine.keep_warm_s``; the engine side is the KeepsWarm capability).
 
-A run on a local cluster that ends well leaves its engines running for keep_warm_s seconds, asleep where the kind
-sleeps (their GPU memory is free then), with the cluster's head process holding the cluster. The next run on this
-host whose cluster and engines would be built the same way joins that cluster and takes the engines over: it
-skips Ray's start, the engines' imports and vLLM's start. Each engine loaded its model folder's weights again as
-it parked, so it holds the run's starting weights and generates the first batch while the learners start (an
-engine kind that cannot reload gets them from the run's first weight push instead). A run whose engines would
-differ stops the kept cluster before it starts its own, so kept engines never stand in a run's way; so does a
-run with keep_warm_s=0. Past keep_warm_s the head takes the cluster down.
-
-What is kept is found by its keys: the cluster's (Ray's start arguments and the placement-group bundles) in the
-session's marker (runtime.leftovers), and each engine's (its class and every constructor argument) in the engine
-actor's name. Engines and their placement groups are detached and named in NAMESPACE; learners are not, so they
-end with their run."""
+A local run that ends well leaves its engines for keep_warm_s seconds, asleep where the kind sleeps, with the
+cluster's head process holding the cluster; each loaded its model folder's weights again as it was kept. The next
+run on this host whose cluster and engines would be built the same way takes them over: no Ray start, no imports,
+no vLLM start, and its first batch generates while its learners start. A run whose engines would differ, or with
+keep_warm_s=0, stops the kept cluster first; past keep_warm_s the head takes it down. What is kept is found by its
+keys: the cluster's (Ray's start arguments and placement-group bundles) in the session's marker (runtime.leftovers),
+each engine's (its class and constructor arguments) in its actor's name. Engines and their placement groups are
+detached and named in NAMESPACE; learners are not, so they end with their run."""
 
 from __future__ import annotations
 
@@ -29,7 +24,7 @@ log = logging.getLogger(__name__)
 NAMESPACE = "rlgen_warm"
 PREFIX = "rlgen-warm"
 CLAIM_MARGIN_S = 10.0  # a kept cluster this close to its end is not taken over (its head may be stopping it)
-PARK_TIMEOUT_S = 60.0  # for every engine to tidy up, reload its starting weights and sleep at the end of a run
+KEEP_TIMEOUT_S = 60.0  # for every engine to tidy up, reload its starting weights and sleep at the end of a run
 ANSWER_S = 30.0  # for a kept engine to answer its health check when a run takes it over
 NAME_FREE_S = 10.0  # for Ray to free the name of an engine that was killed, before its successor takes it
 
@@ -120,13 +115,12 @@ def answering(actor: Any, timeout_s: float = ANSWER_S) -> Any:
     return None
 
 
-def park(engines: list[Any], wait: Any) -> list[dict[str, Any]]:
-    """Every engine tidies up for the next run (nothing paused or queued, no adapters, the prefix cache dropped),
-    loads its starting weights again where its kind can, and sleeps where its kind sleeps (level 1: rejoin() wakes
-    an engine that can generate at once).
-    wait(refs, what, timeout_s) returns their answers."""
-    return wait([e.park.remote(1) for e in engines], "keeping the engines warm", PARK_TIMEOUT_S)
+def keep_for_next_run(engines: list[Any], wait: Any) -> list[dict[str, Any]]:
+    """Every engine (KeepsWarm) tidies up for the next run (nothing paused or queued, no adapters, the prefix cache
+    dropped), loads its starting weights again where its kind can, and sleeps where its kind sleeps (level 1:
+    take_over() wakes an engine that can generate at once). wait(refs, what, timeout_s) returns their answers."""
+    return wait([e.keep_for_next_run.remote(1) for e in engines], "keeping the engines warm", KEEP_TIMEOUT_S)
 
 
 __all__ = ["NAMESPACE", "answering", "cluster_key", "detached_options", "drop_engines", "engine_key", "engine_name", "find_engine",
-           "free_name", "group_name", "named_engines", "park"]
+           "free_name", "group_name", "keep_for_next_run", "named_engines"]
