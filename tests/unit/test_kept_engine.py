@@ -1,9 +1,9 @@
-"""engines.kept.KeptWarm: what an engine does when its run ends and it stays (park), and when a new run takes it
-over (rejoin)."""
+"""engines.kept_warm.KeptWarm: what an engine does when its run ends and it stays (keep_for_next_run), and when a
+new run takes it over (take_over)."""
 
 from __future__ import annotations
 
-from rlgen.engines.kept import KeptWarm
+from rlgen.engines.kept_warm import KeptWarm
 from rlgen.phases import ActorClock
 
 
@@ -21,7 +21,7 @@ class _Engine(KeptWarm):
             self.version = 0
         return self.restores
 
-    def _parks_asleep(self) -> bool:
+    def _sleeps_while_kept(self) -> bool:
         return self.sleeps
 
     def sleep(self, level: int = 1) -> None:
@@ -36,41 +36,42 @@ class _Engine(KeptWarm):
         return {"ok": True, "name": self.name, "version": self.version, "startup": self.clock.to_dict()}
 
 
-def test_park_tidies_restores_the_starting_weights_and_sleeps_where_sleeping_frees_memory():
+def test_keep_for_next_run_tidies_restores_the_starting_weights_and_sleeps_where_sleeping_frees_memory():
     gpu, cpu = _Engine(sleeps=True), _Engine(sleeps=False)
-    assert gpu.park(1) == {"name": "engine0", "asleep": True, "start_weights": True}
+    assert gpu.keep_for_next_run(1) == {"name": "engine0", "asleep": True, "start_weights": True}
     assert gpu.calls == ["tidy", "restore", "sleep1"]  # restored while awake, then asleep
-    assert cpu.park(1) == {"name": "engine0", "asleep": False, "start_weights": True}
+    assert cpu.keep_for_next_run(1) == {"name": "engine0", "asleep": False, "start_weights": True}
     assert cpu.calls == ["tidy", "restore"]
 
 
-def test_rejoin_says_whether_the_engine_holds_its_starting_weights_once():
+def test_take_over_says_whether_the_engine_holds_its_starting_weights_once():
     kind_that_cannot = _Engine(sleeps=False, restores=False)
-    kind_that_cannot.park(1)
-    assert kind_that_cannot.rejoin(0)["start_weights"] is False
+    kind_that_cannot.keep_for_next_run(1)
+    assert kind_that_cannot.take_over(0)["start_weights"] is False
     engine = _Engine(sleeps=True)
-    engine.park(1)
-    assert engine.rejoin(0)["start_weights"] is True
-    # its run's updates come after rejoin: a second take-over without a park in between must not claim them
-    assert engine.rejoin(0)["start_weights"] is False
+    engine.keep_for_next_run(1)
+    assert engine.take_over(0)["start_weights"] is True
+    # its run's updates come after take_over: a second take-over with no keep_for_next_run between must not
+    # claim them
+    assert engine.take_over(0)["start_weights"] is False
 
 
-def test_rejoin_wakes_takes_the_version_and_times_only_itself():
+def test_take_over_wakes_takes_the_version_and_times_only_itself():
     engine = _Engine(sleeps=True)
     old = engine.clock
-    engine.park(1)
-    health = engine.rejoin(0)
+    engine.keep_for_next_run(1)
+    health = engine.take_over(0)
     assert engine.calls[-1] == "wake" and not engine.asleep
     assert health["version"] == 0 and health["kept_warm"] == 1
     startup = health["startup"]
     assert engine.clock is not old and list(startup["steps"]) == ["wake (kept warm)"]
     assert startup["process_start"] == startup["init_begin"] <= startup["init_end"]
-    engine.park(1)
-    assert engine.rejoin(3)["kept_warm"] == 2
+    engine.keep_for_next_run(1)
+    assert engine.take_over(3)["kept_warm"] == 2
 
 
 def test_an_awake_engine_is_not_woken():
     engine = _Engine(sleeps=False)
-    engine.park(1)
-    engine.rejoin(0)
+    engine.keep_for_next_run(1)
+    engine.take_over(0)
     assert "wake" not in engine.calls

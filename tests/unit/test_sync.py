@@ -9,6 +9,7 @@ engines run in tests/gpu/test_weight_sync.py.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -19,6 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rlgen.config.compose import compose_run_config
+from rlgen.engines.contract import CapabilityMissing
 from rlgen.engines.vllm.args import engine_args_for
 from rlgen.engines.vllm.ipc_buffer import ALIGN_BYTES, buffer_bytes, chunk_views, ipc_layout
 from rlgen.learners.weight_sender import WeightSender
@@ -209,6 +211,22 @@ def test_engine_args_and_transport_choice_follow_the_plan():
     assert isinstance(make_transport(build_plan(cfg), cfg), ObjectStoreTransport)
     cfg = compose_run_config(["engine=vllm_tp2", "hardware=8xh100"])
     assert make_transport(build_plan(cfg), cfg).tp_sizes == [2] * len(build_plan(cfg).engines)
+
+
+def test_a_transport_needs_the_capability_it_calls():
+    """make_transport refuses a weight path the engine kind does not claim (rlgen.engines.contract), and an update
+    in flight refuses engines that do not pause."""
+    cfg = compose_run_config([])  # hf engines: no NCCL receiving, no pausing
+    plan = build_plan(cfg)
+    with pytest.raises(CapabilityMissing, match="ReceivesNccl"):
+        make_transport(dataclasses.replace(plan, transport=Transport.nccl), cfg)
+    assert make_transport(plan, cfg).pauses is False
+    cfg = compose_run_config(["engine=vllm", "hardware=2xh200"])
+    t = make_transport(build_plan(cfg), cfg)
+    assert t.pauses is True
+    t.pauses = False
+    with pytest.raises(SyncError, match="PausesInFlight"):
+        t._paused(True, lambda: [])
 
 
 def test_weight_meta_and_iter_weights_round_trip():

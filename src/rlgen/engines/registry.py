@@ -5,9 +5,9 @@ A kind is found in one of two places:
 - registered in this process with ``register_engine(spec)`` (an engine of your own, or a test's stand-in);
 - ``rlgen.engines.<kind>``, a module or package whose ``ENGINE`` is the spec (hf, vllm and remote live there).
 
-So a new engine kind is one new file (or folder) under ``engines/`` plus its preset in ``conf/engine/``. A spec
-module imports no torch, vllm or Ray: the plan reads specs on machines without them, and the actor class is
-imported only where an actor is made (``spec.actor_class()``).
+A new engine kind is a folder under ``engines/`` (its spec and its actor class, which implements the protocols of
+``rlgen.engines.contract`` its flags claim) plus its preset in ``conf/engine/``. A spec module imports no torch,
+vllm or Ray: the plan reads specs without them; ``spec.actor_class()`` imports the actor where one is made.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class EngineSpec:
     runtime would otherwise answer by comparing kind names."""
 
     kind: str
-    actor: str  # "package.module:Class" of the Ray actor that speaks the engine protocol (rlgen.engines.base)
+    actor: str  # "package.module:Class" of the Ray actor; it implements what the flags claim (engines.contract)
     devices: tuple[str, ...] = ("cpu", "cuda")  # where its engines can run
     package: str | None = None  # the pip package its actor imports, checked before a run starts
     tensor_parallel: bool = False  # one engine can shard over several GPUs (engine.tensor_parallel_size)
@@ -40,15 +40,20 @@ class EngineSpec:
     #                             sizes, and may split a GPU with other engines (engine.engines_per_gpu)
     default_memory_share: float | None = None  # its own share when alone on its GPUs
     sleeps: bool = False  # sleep()/wake() free and refill the GPU: can sit beside colocated learners while they train
-    in_flight_updates: bool = False  # pause()/resume() and weight updates while generating: generation overlaps
-    #                                  training by default on GPUs (algo.async_steps=1)
+    in_flight_updates: bool = False  # PausesInFlight, pause()/resume(), and weight updates while generating:
+    #                                  generation overlaps training by default on GPUs (algo.async_steps=1)
+    receives_nccl: bool = False  # ReceivesNccl: init_weight_transfer()/receive_weights(), weights over NCCL
+    receives_ipc: bool = False  # ReceivesIpc: init_weight_transfer({})/receive_ipc(), weights over CUDA IPC (colocated)
     threaded: bool = False  # the actor answers calls while generate() runs (pause, weights in flight)
     passes_env: bool = False  # engine.env reaches its processes
     served: bool = False  # its engines belong to a running `rlgen serve`: a run starts one small proxy per engine
+    #                       (a kind that is not served is Servable: `rlgen serve` runs it)
     reference: bool = False  # the engine `rlgen validate` compares every other engine with
-    adapters: bool = False  # holds the base model and takes LoRA adapters: each policy version (learner.lora.sync=
-    #                         adapter) and, under `rlgen serve`, named ones
-    keeps_warm: bool = False  # park()/rejoin(): its engines can outlive a run for the next one (engine.keep_warm_s)
+    adapters: bool = False  # PolicyAdapters (and NamedAdapters unless served): holds the base model and takes
+    #                         LoRA adapters: each policy version (learner.lora.sync=adapter) and, under `rlgen serve`,
+    #                         named ones
+    keeps_warm: bool = False  # KeepsWarm, keep_for_next_run()/take_over(): its engines can outlive a run for the next
+    #                           one (engine.keep_warm_s)
     adapter_room: bool = False  # sets room for adapters aside at start, up to engine.max_lora_rank: a server takes
     #                             adapters only when that is set
     # The weight path to it: (colocated with the learners, the config) -> Transport.

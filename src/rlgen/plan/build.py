@@ -195,8 +195,8 @@ def _with_engines_per_gpu(cfg: RunConfig, runnable: bool) -> Plan:
         if tried:
             why = f"derived: {tried[0][0]} engines per GPU do not fit this GPU's memory beside the learner"
         choice = Choice("engine.engines_per_gpu", candidate, why, tuple(tried) + ((candidate, ""),))
-        return dataclasses.replace(plan, settings=plan.settings + (Setting("engine.engines_per_gpu", candidate, why),),
-                                   choices=plan.choices + (choice,))
+        setting = Setting("engine.engines_per_gpu", candidate, why)
+        return dataclasses.replace(plan, settings=plan.settings + (setting,), choices=plan.choices + (choice,))
     raise AssertionError("unreachable: the last candidate either builds or raises")
 
 

@@ -130,11 +130,13 @@ class Plan:
         """The plan as JSON values (plan.json, `rlgen plan --json`); the config under "config"."""
         d: dict[str, Any] = {"engine_kind": self.engine.kind, "learner_kind": self.learner_kind.value,
                              "layout": self.layout.value, "colocated": self.colocated}
+        listed = ("engines", "learners", "settings", "choices")  # tuples of dataclasses
         for name in ("device", "hardware", "nodes", "gpus_per_node", "engines", "learners", "transport", "batch",
-                     "model", "async_steps", "engine_env", "warnings", "settings", "memory", "checkpoint_gib", "room", "choices"):
+                     "model", "async_steps", "engine_env", "warnings", "settings", "memory", "checkpoint_gib", "room",
+                     "choices"):
             value = getattr(self, name)
             d[name] = plain(asdict(value) if hasattr(value, "__dataclass_fields__") else
-                            [asdict(v) for v in value] if name in ("engines", "learners", "settings", "choices") else value)
+                            [asdict(v) for v in value] if name in listed else value)
         d["config"] = plain(self.config)
         return d
 

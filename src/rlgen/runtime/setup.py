@@ -234,9 +234,10 @@ def _start_engines(run: Run, asked: dict[str, float],
         if engines[i] is None:
             asked[run.engine_names[i]] = time.time()
             engines[i] = run.factory.engine(i, run.folders.engine_paths, run.state.version)
-    rejoined = {i: engines[i].rejoin.remote(run.state.version) for i in run.factory.kept}  # wake while the task loads
+    # KeepsWarm: only kinds that claim it are kept (_cluster), so only they are taken over; they wake as the task loads
+    taken = {i: engines[i].take_over.remote(run.state.version) for i in run.factory.kept}
     before_wait()
-    engine_refs = [rejoined[i] if i in rejoined else e.health.remote() for i, e in enumerate(engines)]
+    engine_refs = [taken[i] if i in taken else e.health.remote() for i, e in enumerate(engines)]
     learner_refs = [a.health.remote() for a in run.learners]
     learner_names = [f"learner{r}" for r in range(len(run.learners))]
     first = run.transport.generates_before_start and not run.cfg.learner.lora.enabled
@@ -351,18 +352,20 @@ def tear_down(run: Run, keep: bool = False) -> None:
         run.rollouts.close()
     if run.transport is not None:
         run.transport.close()
-    if keep and run.factory is not None and run.factory.warm and _keep_engines(run):
+    kept_kind = run.factory is not None and run.factory.warm and run.plan.engine.keeps_warm  # KeepsWarm
+    if keep and kept_kind and _keep_engines(run):
         return
     release([*run.engines, *run.learners], run.pgs, run.started_ray)
 
 
 def _keep_engines(run: Run) -> bool:
-    """Park the engines, stop the learners, and leave the cluster to its head until engine.keep_warm_s from now
-    (runtime.cluster.kept_engines). False, with nothing kept, where an engine does not park."""
+    """Keep the engines for the next run, stop the learners, and leave the cluster to its head until
+    engine.keep_warm_s from now (runtime.cluster.kept_engines). False, with nothing kept, where an engine could
+    not be kept."""
     import ray
 
     try:
-        kept_engines.park(run.engines, run.waiter.get)
+        kept_engines.keep_for_next_run(run.engines, run.waiter.get)
     except Exception as err:  # noqa: BLE001 - not keeping them is always safe
         log.warning("the engines were not kept warm: %s", err)
         return False

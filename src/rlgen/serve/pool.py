@@ -29,9 +29,10 @@ class ServedModel:
     engine_kind: str  # its name, for people; what the pool does depends on the two flags below
     tensor_parallel_size: int
     tokenizer: Any = None  # for /v1/completions
-    nccl_weights: bool = False  # the engines take vLLM's NCCL weight transfer from a trainer's rank 0
-    pauses: bool = False  # the engines freeze running requests (and keep their KV cache) on pause()
-    adapters: bool = False  # the engines take LoRA adapters (named ones, and a trainer's policy adapter)
+    # What the engines claim (rlgen.engines.contract); the pool calls a capability's methods only where it is set.
+    nccl_weights: bool = False  # ReceivesNccl: vLLM's NCCL weight transfer from a trainer's rank 0
+    pauses: bool = False  # PausesInFlight: the engines freeze running requests (and keep their KV cache) on pause()
+    adapters: bool = False  # PolicyAdapters and NamedAdapters: a trainer's policy adapter, and named ones
     max_lora_rank: int | None = None  # the largest adapter rank they take; None: any
     config: Any = None  # the served model's shape (a ModelConfig), to check an adapter against before loading it
     dtype: str | None = None  # the engines' weights (what a trainer sends weights in)
@@ -68,6 +69,8 @@ def _engine_spans(index: int, result: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 class EnginePool:
+    """The engines of `rlgen serve`: kinds that are Servable (not served), called through rlgen.engines.contract."""
+
     def __init__(self, engines: Sequence[Any], model: ServedModel, *, timeout_s: float, local: bool = False):
         self.engines, self.model, self.timeout_s, self.local = list(engines), model, float(timeout_s), local
         self.versions = [0] * len(self.engines)

@@ -1,4 +1,5 @@
-"""The hf engine: transformers generate() behind the engine protocol. CPU default and validation reference.
+"""The hf engine: transformers generate() behind the engine contract (rlgen.engines.contract). CPU default and
+validation reference.
 
 Token-in/token-out. The logprob reported for a sampled token is log_softmax(logits / temperature) at that
 token (no top-p renormalisation), the same quantity the learner recomputes.
@@ -22,7 +23,7 @@ from rlgen.engines.cancel import CANCELLED, next_event
 from rlgen.engines.hf.adapters import EngineAdapters
 from rlgen.engines.hf.sampling import generate_kwargs, ranked_logprobs, top_logprobs
 from rlgen.engines.hf.stream import Cancelled, StepStreamer
-from rlgen.engines.kept import KeptWarm
+from rlgen.engines.kept_warm import KeptWarm
 from rlgen.hostinfo import process_info
 from rlgen.phases import ActorClock
 from rlgen.types import Completion, GenRequest, Phase, SamplingParams
@@ -281,12 +282,13 @@ class HFEngine(KeptWarm):
             torch.cuda.empty_cache()
         self.asleep = True
 
-    def wake(self) -> None:
+    def wake(self, tags: list[str] | None = None) -> None:
+        """All of it, whatever the tags: the model is one piece, and there is no KV cache kept between calls."""
         if self.device != "cpu":
             self.model.to(self.device)
         self.asleep = False
 
-    def _parks_asleep(self) -> bool:
+    def _sleeps_while_kept(self) -> bool:
         return self.device != "cpu"
 
     def _restore_start_weights(self) -> bool:

@@ -26,6 +26,7 @@ ENGINE = EngineSpec(
     served=True,
     passes_env=True,  # engine.env reaches the proxies and its NCCL_* the learners: with_server sets the server's
     adapters=True,  # when the server's engines take them (its /info max_lora_rank, read by the plan)
+    receives_nccl=True,  # from learners on GPUs, when the server's engines take it (engine.weights_over=nccl)
     transport=_transport,
     actor_kwargs=_actor_kwargs,
     resolve=with_server,

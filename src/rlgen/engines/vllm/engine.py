@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from rlgen.config import EngineConfig
-from rlgen.engines.kept import KeptWarm
+from rlgen.engines.kept_warm import KeptWarm
 from rlgen.engines.vllm.adapters import AdapterFolders, AdapterMethods
 from rlgen.engines.vllm.args import (
     REQUIRED_ENV,
@@ -47,7 +47,7 @@ from rlgen.types import Completion, GenRequest, Phase
 
 
 class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, KeptWarm):
-    """vLLM AsyncLLM engine speaking rlgen's engine protocol (see rlgen.engines.base.Engine).
+    """vLLM AsyncLLM engine: Engine and every capability its spec claims (rlgen.engines.contract).
 
     ``engine_args`` overrides or extends the AsyncEngineArgs built from ``engine`` (for settings EngineConfig
     does not carry, e.g. ``max_num_batched_tokens`` or ``cudagraph_capture_sizes``). ``env`` is applied to
@@ -318,7 +318,7 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, KeptWarm):
         self.version = self.folder_version
         return True
 
-    def _parks_asleep(self) -> bool:
+    def _sleeps_while_kept(self) -> bool:
         return bool(self.args.get("enable_sleep_mode"))
 
     def health(self) -> dict[str, Any]:

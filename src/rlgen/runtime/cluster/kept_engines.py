@@ -1,4 +1,4 @@
-"""Engines kept warm between runs (``engine.keep_warm_s``).
+"""Engines kept warm between runs (``engine.keep_warm_s``; the engine side is the KeepsWarm capability).
 
 A local run that ends well leaves its cluster and engines running, asleep, for keep_warm_s seconds; the next run
 on this host whose cluster and engines would be built the same way takes them over and skips Ray's and vLLM's
@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 NAMESPACE = "rlgen_warm"
 PREFIX = "rlgen-warm"
 CLAIM_MARGIN_S = 10.0  # a kept cluster this close to its end is not taken over (its head may be stopping it)
-PARK_TIMEOUT_S = 60.0  # for every engine to tidy up, reload its starting weights and sleep at the end of a run
+KEEP_TIMEOUT_S = 60.0  # for every engine to tidy up, reload its starting weights and sleep at the end of a run
 ANSWER_S = 30.0  # for a kept engine to answer its health check when a run takes it over
 NAME_FREE_S = 10.0  # for Ray to free the name of an engine that was killed, before its successor takes it
 
@@ -112,13 +112,12 @@ def answering(actor: Any, timeout_s: float = ANSWER_S) -> Any:
     return None
 
 
-def park(engines: list[Any], wait: Any) -> list[dict[str, Any]]:
-    """Every engine tidies up for the next run (nothing paused or queued, no adapters, the prefix cache dropped),
-    loads its starting weights again where its kind can, and sleeps where its kind sleeps (level 1: rejoin() wakes
-    an engine that can generate at once).
-    wait(refs, what, timeout_s) returns their answers."""
-    return wait([e.park.remote(1) for e in engines], "keeping the engines warm", PARK_TIMEOUT_S)
+def keep_for_next_run(engines: list[Any], wait: Any) -> list[dict[str, Any]]:
+    """Every engine (KeepsWarm) tidies up for the next run (nothing paused or queued, no adapters, the prefix cache
+    dropped), loads its starting weights again where its kind can, and sleeps where its kind sleeps (level 1:
+    take_over() wakes an engine that can generate at once). wait(refs, what, timeout_s) returns their answers."""
+    return wait([e.keep_for_next_run.remote(1) for e in engines], "keeping the engines warm", KEEP_TIMEOUT_S)
 
 
 __all__ = ["NAMESPACE", "answering", "cluster_key", "detached_options", "drop_engines", "engine_key", "engine_name", "find_engine",
-           "free_name", "group_name", "named_engines", "park"]
+           "free_name", "group_name", "keep_for_next_run", "named_engines"]

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rlgen.engines.contract import PausesInFlight, PolicyAdapters, ReceivesIpc, ReceivesNccl, has, require
 from rlgen.plan import Plan, Transport
 from rlgen.transfer import (
     DEFAULT_BUCKET_BYTES,
@@ -64,6 +65,7 @@ class _Base:
         # engines holding the learner's starting weights may generate before setup() and start() (which then
         # only warms the transport up): runtime.setup lets the first batch go before the learners are ready
         self.generates_before_start = False
+        self.pauses = True  # the engines claim PausesInFlight (make_transport reads their spec)
         self.learner: Any = None
         self.gatherers: list[Any] = []
         self.engines: list[Any] = []
@@ -178,6 +180,9 @@ class _VLLMTransport(_Base):
         engine's sync span is the whole pause, the time the update kept it from generating."""
         if not in_flight:
             return body()
+        if not self.pauses:
+            raise SyncError("these engines cannot pause for a weight update while requests run (PausesInFlight); "
+                            "set algo.async_steps=0.")
         t0 = time.time()
         self._get([e.pause.remote("keep", False) for e in self.engines], "pausing engines (in-flight update; engine "
                   "actors need max_concurrency >= 2)", self.engine_names)
@@ -203,7 +208,7 @@ class NcclTransport(_VLLMTransport):
         addr, port = self._get([self.learner.sync_endpoint.remote()], "picking the NCCL rendezvous port")[0]
         world = 1 + sum(self.tp_sizes)
         offsets = [1 + sum(self.tp_sizes[:i]) for i in range(len(self.engines))]
-        refs = [
+        refs = [  # ReceivesNccl
             e.init_weight_transfer.remote(
                 {"master_address": addr, "master_port": port, "rank_offset": off, "world_size": world}, self.timeout_s
             )
@@ -267,6 +272,7 @@ class CudaIpcTransport(_VLLMTransport):
             raise SyncError("the IPC weight path sends from one learner rank; colocated runs train on one rank.")
         super().setup(learner, engines, engine_names)
         self._meta()
+        # ReceivesIpc (the learner calls receive_ipc)
         self._get([e.init_weight_transfer.remote({}, self.timeout_s) for e in self.engines], "IPC set-up", self.engine_names)
 
     def start(self) -> PushResult:
@@ -378,7 +384,7 @@ class AdapterTransport(_Base):
         adapter = self.learner.get_adapter.remote(self.dtype)
         self._get([adapter], f"the learner exporting its adapter (version {version})", ["learner0"])
         t1 = time.time()
-        refs = [self.engines[i].load_adapter.remote(adapter, int(version)) for i in picked]
+        refs = [self.engines[i].load_adapter.remote(adapter, int(version)) for i in picked]  # PolicyAdapters
         results = self._get(refs, f"loading adapter version {version} into the engines",
                             [self.engine_names[i] for i in picked])
         check_versions(results, int(version), "LoRA adapter update")
@@ -388,15 +394,23 @@ class AdapterTransport(_Base):
 
 
 def make_transport(plan: Plan, cfg: Any, *, bucket_mb: float | None = None, sleep_level: int = 1) -> _Base:
-    """The transport for plan.transport. cfg is the RunConfig (timeout_s, engine.dtype)."""
+    """The transport for plan.transport, once the engine kind claims the capability it calls. cfg is the RunConfig
+    (timeout_s, engine.dtype)."""
     bucket = int(bucket_mb * 2**20) if bucket_mb else DEFAULT_BUCKET_BYTES
     kwargs = {"timeout_s": cfg.timeout_s, "dtype": str(cfg.engine.dtype), "bucket_bytes": bucket,
               "tp_sizes": [e.tensor_parallel_size for e in plan.engines]}
+    transport: _Base
     if plan.transport is Transport.nccl:
-        return NcclTransport(**kwargs)
-    if plan.transport is Transport.cuda_ipc:
-        return CudaIpcTransport(**kwargs, sleep_level=sleep_level, awake=plan.engines_awake)
-    if plan.transport is Transport.lora_adapter:
-        return AdapterTransport(**kwargs, asleep=plan.colocated and not plan.engines_awake)
-    return ObjectStoreTransport(**kwargs, kind=plan.transport, lora=bool(plan.config.learner.lora.enabled))
+        require(plan.engine, ReceivesNccl, "weights over NCCL")
+        transport = NcclTransport(**kwargs)
+    elif plan.transport is Transport.cuda_ipc:
+        require(plan.engine, ReceivesIpc, "weights over CUDA IPC")
+        transport = CudaIpcTransport(**kwargs, sleep_level=sleep_level, awake=plan.engines_awake)
+    elif plan.transport is Transport.lora_adapter:
+        require(plan.engine, PolicyAdapters, "LoRA adapters as the policy")
+        transport = AdapterTransport(**kwargs, asleep=plan.colocated and not plan.engines_awake)
+    else:
+        transport = ObjectStoreTransport(**kwargs, kind=plan.transport, lora=bool(plan.config.learner.lora.enabled))
+    transport.pauses = has(plan.engine, PausesInFlight)
+    return transport
 

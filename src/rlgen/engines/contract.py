@@ -1,0 +1,174 @@
+"""The engine contract: the calls every engine answers (``Engine``) and one protocol per capability a kind claims
+through its ``EngineSpec`` (``CAPABILITIES``: each protocol and the flag that claims it).
+
+The runtime, ``rlgen serve`` and the learners' weight senders call engines through these methods only, and a
+capability's methods only on kinds whose spec claims it. Where they are called, engines are Ray actor handles, so
+no isinstance check can hold them to it: ``claims(spec)`` and ``require(spec, protocol, what)`` read the spec, and
+tests/unit/test_engine_contract.py checks every registered kind's class against what its spec claims."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, runtime_checkable
+
+from rlgen.engines.registry import EngineSpec
+from rlgen.types import GenRequest
+
+TRANSFER_TIMEOUT_S = 300.0  # the protocols' default; a kind may default to its own
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Every engine kind (no flag): generation, weights, memory and health."""
+
+    def generate(self, requests: list[GenRequest], version: int | None = None) -> dict[str, Any]:
+        """Token-in/token-out. Returns {"completions": list[Completion] (n per request, in request order),
+        "spans": [(phase, start, end), ...], "version": int}."""
+
+    def update_weights(self, weights: Any, version: int) -> dict[str, Any]:
+        """Load new policy weights (a name -> tensor mapping); returns {"version": int, "spans": [...]}."""
+
+    def sleep(self, level: int = 1) -> None:
+        """Give up accelerator memory until wake() (a no-op where there is none to give up)."""
+
+    def wake(self, tags: list[str] | None = None) -> None:
+        """Take back what sleep() gave up: all of it, or only the parts tagged ("weights", "kv_cache")."""
+
+    def health(self) -> dict[str, Any]:
+        """{"ok": bool, "name": str, "version": int, ...}; cheap, answers within a second."""
+
+
+@runtime_checkable
+class PausesInFlight(Protocol):
+    """Flag ``in_flight_updates`` (or ``served``): weights change while requests run, which wait meanwhile."""
+
+    def pause(self, mode: str = "keep", clear_cache: bool = False) -> None:
+        """Freeze the running requests (mode "keep": with their KV cache) until resume()."""
+
+    def resume(self) -> None:
+        """Let the frozen requests go on; new ones are taken again."""
+
+
+@runtime_checkable
+class JoinsWeightTransfer(Protocol):
+    """Flag ``receives_nccl`` or ``receives_ipc``: the set-up both weight paths share."""
+
+    def init_weight_transfer(self, init_info: dict[str, Any], timeout_s: float = TRANSFER_TIMEOUT_S) -> dict[str, Any]:
+        """Join the learners' weight path: an NCCL group ({master_address, master_port, rank_offset, world_size})
+        or, with {}, CUDA IPC."""
+
+
+@runtime_checkable
+class ReceivesNccl(JoinsWeightTransfer, Protocol):
+    """Flag ``receives_nccl``: weights broadcast over NCCL by the learners' rank 0."""
+
+    def receive_weights(self, update_info: dict[str, Any], version: int,
+                        timeout_s: float = TRANSFER_TIMEOUT_S) -> dict[str, Any]:
+        """Receive one whole update (names, dtypes, shapes in update_info) while rank 0 sends it; take version."""
+
+
+@runtime_checkable
+class ReceivesIpc(JoinsWeightTransfer, Protocol):
+    """Flag ``receives_ipc``: weights from a learner on the same GPU, through a buffer shared over CUDA IPC."""
+
+    def receive_ipc(self, handle: dict[str, Any], chunk: dict[str, Any], version: int, *, first: bool = True,
+                    last: bool = True, pause: bool = False, timeout_s: float = TRANSFER_TIMEOUT_S) -> dict[str, Any]:
+        """Load one chunk of the shared buffer; the last one takes version (pause: freeze requests around it)."""
+
+
+@runtime_checkable
+class PolicyAdapters(Protocol):
+    """Flag ``adapters``: the engine keeps the base model and each policy version is a LoRA adapter."""
+
+    def load_adapter(self, adapter: dict[str, Any], version: int, timeout_s: float | None = None) -> dict[str, Any]:
+        """Make adapter ({"tensors", "config"}) the policy at version for requests that name no adapter."""
+
+
+@runtime_checkable
+class NamedAdapters(Protocol):
+    """Flag ``adapters`` on a kind `rlgen serve` runs (not ``served``): adapters loaded by name for its clients."""
+
+    def add_adapter(self, name: str, path: str) -> dict[str, Any]:
+        """Load the PEFT adapter folder at path under name, for the requests that name it."""
+
+    def remove_adapter(self, name: str) -> dict[str, Any]:
+        """Unload the adapter loaded under name."""
+
+
+@runtime_checkable
+class Servable(Protocol):
+    """Not ``served``: a kind `rlgen serve` runs, which streams and drops its prefix cache on request."""
+
+    def generate_stream(self, requests: list[GenRequest]) -> Iterator[dict[str, Any]]:
+        """generate(), streamed: {"deltas": [...]} as tokens come, then {"final": generate()'s result}."""
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached prefix (computed under older weights); True when done."""
+
+
+@runtime_checkable
+class KeepsWarm(Protocol):
+    """Flag ``keeps_warm``: an engine that outlives its run for the next one with the same settings."""
+
+    def keep_for_next_run(self, sleep_level: int = 1) -> dict[str, Any]:
+        """The run ends and the engine stays: tidy up, load its starting weights again, sleep where that frees
+        memory. Returns {"name", "asleep", "start_weights"}."""
+
+    def take_over(self, version: int) -> dict[str, Any]:
+        """A new run takes the kept engine: wake it, take version; returns health() plus "start_weights"."""
+
+
+# Each capability, the flags that claim it (as people read them) and the test on a spec.
+CAPABILITIES: tuple[tuple[type, str, Callable[[EngineSpec], bool]], ...] = (
+    # a served kind's proxies pause the server, which holds new requests (and freezes running ones where it can)
+    (PausesInFlight, "in_flight_updates or served", lambda s: s.in_flight_updates or s.served),
+    (JoinsWeightTransfer, "receives_nccl or receives_ipc", lambda s: s.receives_nccl or s.receives_ipc),
+    (ReceivesNccl, "receives_nccl", lambda s: s.receives_nccl),
+    (ReceivesIpc, "receives_ipc", lambda s: s.receives_ipc),
+    (PolicyAdapters, "adapters", lambda s: s.adapters),
+    (NamedAdapters, "adapters and not served", lambda s: s.adapters and not s.served),
+    (Servable, "not served", lambda s: not s.served),
+    (KeepsWarm, "keeps_warm", lambda s: s.keeps_warm),
+)
+PROTOCOLS: tuple[type, ...] = (Engine, *(p for p, _, _ in CAPABILITIES))
+
+
+class CapabilityMissing(RuntimeError):
+    """A call of a capability the engine kind's spec does not claim."""
+
+
+def claims(spec: EngineSpec) -> list[type]:
+    """The protocols an engine kind's class must implement: Engine and every capability its spec claims."""
+    return [Engine, *(p for p, _, has in CAPABILITIES if has(spec))]
+
+
+def has(spec: EngineSpec, protocol: type) -> bool:
+    """Whether the kind claims protocol."""
+    return protocol in claims(spec)
+
+
+def flag_of(protocol: type) -> str:
+    """The spec flag(s) that claim a capability ("" for Engine, which every kind implements)."""
+    return next((flag for p, flag, _ in CAPABILITIES if p is protocol), "")
+
+
+def require(spec: EngineSpec, protocol: type, what: str) -> None:
+    """Raise CapabilityMissing unless the kind claims protocol; what: the work that needs it."""
+    if not has(spec, protocol):
+        raise CapabilityMissing(f"{what} needs engines with {protocol.__name__} (EngineSpec {flag_of(protocol)}), "
+                                f"and engine={spec.kind} does not claim it; pick an engine kind that does.")
+
+
+def protocol_methods(protocol: type) -> list[str]:
+    """The methods a protocol declares itself (not those of the protocols it extends)."""
+    return [name for name, value in vars(protocol).items() if callable(value) and not name.startswith("_")]
+
+
+def owner_of(method: str) -> type | None:
+    """The one protocol that declares method, or None."""
+    return next((p for p in PROTOCOLS if method in protocol_methods(p)), None)
+
+
+__all__ = ["CAPABILITIES", "PROTOCOLS", "CapabilityMissing", "Engine", "JoinsWeightTransfer", "KeepsWarm",
+           "NamedAdapters", "PausesInFlight", "PolicyAdapters", "ReceivesIpc", "ReceivesNccl", "Servable", "claims",
+           "flag_of", "has", "owner_of", "protocol_methods", "require"]
