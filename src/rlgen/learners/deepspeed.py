@@ -5,7 +5,8 @@ Same protocol, metrics keys and GRPO loss as ``TorchLearner``; the differences a
 - The loss is divided by the whole batch's denominator *before* backward, since ZeRO reduces and partitions
   gradients during backward and there is no full gradient to divide afterwards. With
   ``algo.seq_mask_cap > 0`` the denominator depends on the trainer's logprobs, so a no-grad forward over the
-  batch computes it first (one extra forward).
+  batch computes it first (one extra forward; with ``algo.old_logprobs=trainer`` the forward that recomputes
+  the old logprobs serves).
 - Micro-batches accumulate with DeepSpeed's own boundary (``set_gradient_accumulation_boundary``) and one
   ``engine.step()`` per batch; clipping is DeepSpeed's ``gradient_clipping``.
 - Non-finite guard: a non-finite loss poisons the last micro-batch's loss with NaN, so DeepSpeed's overflow
@@ -40,6 +41,7 @@ from rlgen.learners.grpo_step import (
     inverse,
     micro_loss,
     unpack_batch,
+    with_old_logprobs,
 )
 from rlgen.learners.lora import AdapterOff, LoraSpec, wrap
 from rlgen.learners.torch import NonFiniteWeightsError, TorchLearner, _disable_dropout
@@ -237,13 +239,15 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         self.sync_blocked = None
 
     # -- training --------------------------------------------------------------------------------------
-    def _micro_step(self, ids, attn, mask, engine_logp, advantages, prompt_len: int, scale: float, poison: bool):
+    def _micro_step(self, ids, attn, mask, engine_logp, advantages, old_logp, prompt_len: int, scale: float,
+                    poison: bool):
         """Forward and backward of one micro-batch; the loss is pre-divided by the batch denominator (scale =
-        1/denominator). ids, attn: [n, P+L]; mask, engine_logp: [n, L]; advantages: [n]. poison, or a
-        non-finite loss, makes the loss NaN so that DeepSpeed's overflow check skips the step."""
+        1/denominator). ids, attn: [n, P+L]; mask, engine_logp: [n, L]; advantages: [n]; old_logp: [n, L] or None
+        (StepBatch.rows). poison, or a non-finite loss, makes the loss NaN so that DeepSpeed's overflow check
+        skips the step."""
         micro = micro_loss(
             self.model, self.ref_model if self._kl_in_loss() else None, ids, attn, mask, engine_logp, advantages,
-            prompt_len, self.algo, self.loss_agg, self.loss_fn,
+            prompt_len, self.algo, self.loss_agg, self.loss_fn, old_logp,
         )
         total = micro.total
         if poison or not math.isfinite(micro.pg + micro.kl + micro.ent):
@@ -257,7 +261,8 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         step_index = self.calls
         self.calls += 1
         algo = self.algo
-        step = unpack_batch(batch, self.device, algo.micro_batch_size)
+        # algo.old_logprobs=trainer: every row's logprobs before the update, one no-grad forward per micro-batch
+        step = with_old_logprobs(self.model, unpack_batch(batch, self.device, algo.micro_batch_size), algo)
         # The whole batch's denominator over every rank's shard; DeepSpeed then averages the ranks' gradients,
         # so each rank scales by world_size / denominator.
         denom = self._sum_over_ranks(batch_denominator(self.model, step, algo, self.loss_agg))
