@@ -181,3 +181,20 @@ def serve_in_thread(app, header_timeout_s: float = 30.0):
             thread.join(10)
 
     return running()
+
+
+def clip_loss(logp, engine_logp, advantages, mask, *, agg, denominator=None, token_weight=None, old_logp=None,
+              loss="ppo_clip", **settings):
+    """A registered policy loss on one micro-batch, as (loss, metrics): the AlgoConfig is algo_cfg with
+    loss_agg=agg and the settings given (clip_low, tis_cap, importance_level, ...); old_logp None: pi_old is the
+    engine's logprobs (old_logprobs=engine), else the trainer's (old_logprobs=trainer)."""
+    from rlgen.algo.inputs import LossInputs
+    from rlgen.algo.registry import policy_loss
+
+    old = "engine" if old_logp is None else "trainer"
+    algo = algo_cfg(loss_agg=agg, old_logprobs=old, **settings)
+    inputs = LossInputs(logp=logp, old_logp=engine_logp if old_logp is None else old_logp, engine_logp=engine_logp,
+                        advantages=advantages, mask=mask, token_weight=token_weight, denominator=denominator,
+                        old_from_trainer=old_logp is not None)
+    out = policy_loss(loss)(inputs, algo)
+    return out.loss, out.metrics

@@ -1,4 +1,4 @@
-"""The algorithm presets and loss options end to end on a local Ray cluster on CPU: dapo and gspo learn, dynamic
+"""The algorithm presets and loss options end to end on a local Ray cluster on CPU: the presets learn, dynamic
 sampling drops constant groups and still fills the batch, NaN rewards are counted and do no harm, and the KL,
 entropy and importance-sampling options run."""
 
@@ -24,7 +24,7 @@ def _run(tmp_path, overrides: list[str]):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", ["dapo", "gspo"])
+@pytest.mark.parametrize("preset", ["dapo", "gspo", "rloo", "reinforce_pp", "cispo"])
 def test_preset_learns_on_the_default_task(preset, tmp_path):
     cfg, records, summary = _run(tmp_path, [f"algo={preset}"])
     assert cfg.algo.kind == preset
@@ -61,9 +61,12 @@ def test_nan_rewards_get_zero_advantage_and_are_counted(tmp_path, capsys):
 @pytest.mark.parametrize("overrides", [
     ["algo.kl_coef=0.05", "algo.kl_penalty=reward", "algo.kl_estimator=k1"],
     ["algo.kl_coef=0.05", "algo.kl_estimator=k2", "algo.kl_bias_correction=true"],
-    ["algo.entropy_coef=0.01", "algo.entropy_top_frac=0.2", "algo.tis_level=sequence", "algo.tis_mode=mask"],
+    ["algo.entropy_coef=0.01", "algo.entropy_top_frac=0.2", "algo.tis_level=sequence", "algo.tis_mode=mask",
+     "algo.old_logprobs=trainer"],
+    ["algo=reinforce_pp", "algo.advantage=reinforce_pp_baseline", "algo.seq_mask_cap=2"],
     ["algo=dr_grpo", "algo.scale_rewards=batch", "algo.reward_std=unbiased"],
-], ids=["kl-in-reward", "kl-k2-bias-corrected", "entropy-and-sequence-mask", "dr-grpo-batch-std"])
+], ids=["kl-in-reward", "kl-k2-bias-corrected", "entropy-and-sequence-is", "reinforce-pp-baseline",
+     "dr-grpo-batch-std"])
 def test_loss_options_run(overrides, tmp_path):
     cfg, records, _ = _run(tmp_path, [*overrides, "steps=3"])
     assert len(records) == 3

@@ -1,6 +1,7 @@
-"""A new engine kind and a new algorithm plug in through their registries alone: this file registers a stand-in
-of each (no other file names them) and a CPU run on Ray uses both, end to end: the plan reads the engine's spec,
-the run builds its actors from it, the driver takes the algorithm's advantages and the learner its loss."""
+"""A new engine kind, advantage estimator and policy loss plug in through their registries alone: this file
+registers a stand-in of each (no other file names them) and a CPU run on Ray uses them, end to end: the plan reads
+the engine's spec, the run builds its actors from it, the driver takes the estimator's advantages and the learner
+the loss."""
 
 from __future__ import annotations
 
@@ -14,8 +15,14 @@ import ray.cloudpickle
 import torch
 from rich.console import Console
 
+from rlgen.algo.inputs import LossOutputs
 from rlgen.algo.loss import aggregate
-from rlgen.algo.registry import Algorithm, register_algorithm, unregister_algorithm
+from rlgen.algo.registry import (
+    register_advantage,
+    register_policy_loss,
+    unregister_advantage,
+    unregister_policy_loss,
+)
 from rlgen.config.compose import compose_run_config
 from rlgen.engines.hf.engine import HFEngine
 from rlgen.engines.registry import EngineSpec, register_engine, unregister_engine
@@ -50,13 +57,13 @@ def mean_baseline(rewards: torch.Tensor, group_ids: torch.Tensor, algo, calls: l
     return out
 
 
-def plain_pg(logp, engine_logp, advantages, mask, algo, denominator=None, *, marks: str):
-    """The stand-in algorithm's loss: -A * logp per token (no ratio, no clip), token mean; each call noted."""
+def plain_pg(inputs, algo, *, marks: str) -> LossOutputs:
+    """The stand-in policy loss: -A * logp per token (no ratio, no clip), token mean; each call noted."""
     n = len(list(Path(marks).glob("loss-*")))
     (Path(marks) / f"loss-{n}").touch()
-    loss = -aggregate(advantages.unsqueeze(-1) * logp, mask, algo.loss_agg, algo.max_new_tokens,
-                      denominator=denominator)
-    return loss, {"ratio_mean": 1.0}
+    loss = -aggregate(inputs.advantages.unsqueeze(-1) * inputs.logp, inputs.mask, algo.loss_agg, algo.max_new_tokens,
+                      denominator=inputs.denominator)
+    return LossOutputs(loss, {"ratio_mean": 1.0})
 
 
 @pytest.fixture
@@ -66,19 +73,21 @@ def stand_ins(tmp_path):
     calls: list[int] = []
     register_engine(EngineSpec(kind="noting", actor=f"{__name__}:NotingEngine",
                                actor_kwargs=lambda cfg, transport, env: {"marks": str(marks)}))
-    register_algorithm(Algorithm("baseline_pg", advantages=functools.partial(mean_baseline, calls=calls),
-                                 loss=functools.partial(plain_pg, marks=str(marks))))
+    register_advantage("mean_baseline", functools.partial(mean_baseline, calls=calls))
+    register_policy_loss("plain_pg", functools.partial(plain_pg, marks=str(marks)))
     yield marks, calls
     unregister_engine("noting")
-    unregister_algorithm("baseline_pg")
+    unregister_advantage("mean_baseline")
+    unregister_policy_loss("plain_pg")
 
 
 def test_a_registered_engine_kind_and_algorithm_run_on_cpu(stand_ins, tmp_path):
     marks, calls = stand_ins
-    cfg = compose_run_config(["engine.kind=noting", "algo.kind=baseline_pg", f"steps={STEPS}", "progress=false",
+    cfg = compose_run_config(["engine.kind=noting", "algo.advantage=mean_baseline", "algo.policy_loss=plain_pg",
+                              f"steps={STEPS}", "progress=false",
                               "algo.prompts_per_step=4", "algo.samples_per_prompt=4", "checkpoint.every=0"])
     plan = build_plan(cfg)
-    assert plan.engine_kind == "noting" and plan.layout is Layout.cpu and plan.config.algo.kind == "baseline_pg"
+    assert plan.engine_kind == "noting" and plan.layout is Layout.cpu and plan.config.algo.policy_loss == "plain_pg"
     summary = run_training(plan, tmp_path / "run", Console(quiet=True))
 
     records = read_jsonl(tmp_path / "run" / "metrics.jsonl")

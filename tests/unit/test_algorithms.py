@@ -8,16 +8,16 @@ import pytest
 import torch
 from torch import nn
 
+from helpers import clip_loss
 from rlgen.algo.advantages import group_advantages, informative_groups, overlong_penalty
-from rlgen.algo.grpo import grpo_loss
 from rlgen.algo.loss import (
     AdvantageShapeError,
     is_weight,
     kl_estimate,
-    policy_loss,
     token_entropy,
     top_entropy_mask,
 )
+from rlgen.algo.registry import configured_loss
 from rlgen.config import AlgoConfig, ISMode, KLEstimator, Level, LossAgg
 from rlgen.learners.grpo_step import StepSums, micro_loss, token_kl
 
@@ -106,7 +106,7 @@ def test_gspo_sequence_ratio_value_gradient_and_padding():
     mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 1, 0]], dtype=torch.bool)
     logp = (engine + delta).requires_grad_()
     adv = torch.tensor([1.0, -2.0, 1.0, -1.0])
-    loss, metrics = policy_loss(logp, engine, adv, mask, clip_low=0.2, clip_high=0.3, tis_cap=0.0, seq_mask_cap=0.0,
+    loss, metrics = clip_loss(logp, engine, adv, mask, clip_low=0.2, clip_high=0.3, tis_cap=0.0, seq_mask_cap=0.0,
                                 agg=LossAgg.seq_mean_token_mean, max_new_tokens=3, importance_level=Level.sequence)
     s0, s1, s2, s3 = math.exp(0.1), math.exp(0.2), math.exp(0.5), math.exp(-0.5)
     assert loss.item() == pytest.approx(-(s0 * 1 + s1 * -2 + 1.3 * 1 + 0.8 * -1) / 4, rel=1e-6)
@@ -156,7 +156,7 @@ def test_policy_loss_with_is_correction(level, mode, w0, tis_frac):
     logp = torch.tensor([[math.log(9.0), 0.0, 5.0], [math.log(1.5), math.log(0.5), 0.0]], requires_grad=True)
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.bool)
     adv = torch.tensor([-1.0, 1.0])
-    loss, metrics = policy_loss(logp, engine, adv, mask, clip_low=0.2, clip_high=0.2, tis_cap=2.0, seq_mask_cap=0.0,
+    loss, metrics = clip_loss(logp, engine, adv, mask, clip_low=0.2, clip_high=0.2, tis_cap=2.0, seq_mask_cap=0.0,
                                 agg=LossAgg.token_mean, max_new_tokens=3, tis_level=level, tis_mode=mode)
     # row 0 (A=-1): rho [9, 1] unclipped -> [-9, -1]; row 1 (A=+1): rho [1.5, 0.5, 1] -> [1.2 (clipped), 0.5, 1]
     assert loss.item() == pytest.approx(-(w0[0] * -9 + w0[1] * -1 + 1.2 + 0.5 + 1.0) / 5, rel=1e-6)
@@ -248,7 +248,7 @@ def test_wrong_advantage_shape_raises_readable_error(shape):
     # advantages must be [N], one per sequence of logp [N, L]
     logp = torch.zeros(3, 2)
     with pytest.raises(AdvantageShapeError, match=r"shape \[3\]") as err:
-        policy_loss(logp, logp, torch.zeros(shape), torch.ones(3, 2), agg=LossAgg.token_mean, **NO_IS)
+        clip_loss(logp, logp, torch.zeros(shape), torch.ones(3, 2), agg=LossAgg.token_mean, **NO_IS)
     assert str(list(shape)) in str(err.value) and "3 sequences" in str(err.value)
     assert isinstance(err.value, ValueError)
 
@@ -277,7 +277,7 @@ def test_micro_loss_adds_kl_and_subtracts_entropy_bonus():
     algo = AlgoConfig(max_new_tokens=4, kl_coef=0.5, kl_estimator=KLEstimator.k1, entropy_coef=0.1, tis_cap=0.0)
     ids, attn = torch.tensor([[0, 1, 0]]), torch.ones(1, 3, dtype=torch.long)
     out = micro_loss(model, ref, ids, attn, torch.ones(1, 2, dtype=torch.bool), torch.tensor([lp]),
-                     torch.tensor([2.0]), 1, algo, LossAgg.token_mean, grpo_loss)
+                     torch.tensor([2.0]), 1, algo, LossAgg.token_mean, configured_loss)
     ent = [-q * math.log(q) - (1 - q) * math.log(1 - q) for q in p]
     kl = sum(x - math.log(0.5) for x in lp)
     assert out.pg == pytest.approx(-4.0)

@@ -22,7 +22,35 @@ PLAN_ERRORS = [
     (
         "unknown-algorithm",
         ["algo.kind=ppo2"],
-        ["algo.kind=ppo2 is not an algorithm; choose one of: dapo, dr_grpo, grpo, gspo"],
+        ["algo.kind=ppo2 is not an algorithm preset; choose one of: cispo, dapo, dr_grpo, grpo, gspo, reinforce_pp, "
+         "rloo (pick one with algo=<name>"],
+        1,
+    ),
+    (
+        # the maths are two registries (rlgen.algo.registry): each unknown name is one sentence with the choices
+        "unknown-advantage-and-loss",
+        ["algo.advantage=ppo", "algo.policy_loss=sapo"],
+        ["algo.advantage=ppo is not an advantage estimator; choose one of: grpo, reinforce_pp, "
+         "reinforce_pp_baseline, rloo", "algo.policy_loss=sapo is not a policy loss; choose one of: cispo, ppo_clip"],
+        2,
+    ),
+    (
+        "sequence-tis-under-token-ratio",
+        ["algo.tis_level=sequence"],
+        ["algo.tis_level=sequence with algo.importance_level=token and algo.old_logprobs=engine is not "
+         "sequence-level IS", "or algo.tis_level=token"],
+        1,
+    ),
+    (
+        "k1-kl-in-the-loss",
+        ["algo.kl_coef=0.01", "algo.kl_estimator=k1"],
+        ["algo.kl_estimator=k1 in the loss has zero expected gradient", "algo.kl_penalty=reward"],
+        1,
+    ),
+    (
+        "clip-low-1-outside-cispo",
+        ["algo.clip_low=1.0"],
+        ["algo.clip_low=1.0 must be in [0, 1)", "only the cispo policy loss takes >= 1"],
         1,
     ),
     (

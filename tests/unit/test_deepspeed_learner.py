@@ -153,12 +153,15 @@ def test_construction_without_cuda_says_what_to_use(model_dir):
 
 # -- the step against TorchLearner's --------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    "agg,micro,seq_mask_cap",
-    [(LossAgg.token_mean, 0, 0.0), (LossAgg.token_mean, 1, 0.0), (LossAgg.seq_mean_token_mean, 2, 0.0),
-     (LossAgg.seq_mean_token_sum_norm, 1, 0.0), (LossAgg.token_mean, 2, 1.05)],
+    "agg,micro,seq_mask_cap,old",
+    [(LossAgg.token_mean, 0, 0.0, "engine"), (LossAgg.token_mean, 1, 0.0, "engine"),
+     (LossAgg.seq_mean_token_mean, 2, 0.0, "engine"), (LossAgg.seq_mean_token_sum_norm, 1, 0.0, "engine"),
+     (LossAgg.token_mean, 2, 1.05, "engine"), (LossAgg.token_mean, 2, 0.0, "trainer"),
+     (LossAgg.token_mean, 1, 1.05, "trainer")],
 )
-def test_step_matches_torch_learner(model_dir, agg, micro, seq_mask_cap):
-    algo = algo_cfg(lr=1e-2, loss_agg=agg, micro_batch_size=micro, seq_mask_cap=seq_mask_cap, grad_clip=0.5)
+def test_step_matches_torch_learner(model_dir, agg, micro, seq_mask_cap, old):
+    algo = algo_cfg(lr=1e-2, loss_agg=agg, micro_batch_size=micro, seq_mask_cap=seq_mask_cap, grad_clip=0.5,
+                    old_logprobs=old)
     batch = make_batch()
     ref = TorchLearner(model_dir, algo, MonitorConfig())
     ref_grads = {}
@@ -184,6 +187,8 @@ def test_step_matches_torch_learner(model_dir, agg, micro, seq_mask_cap):
         assert torch.allclose(ds.engine.grads[k] * clip, g, rtol=1e-4, atol=1e-8), k
     n_micro = 1 if micro == 0 else math.ceil(4 / micro)
     assert ds.engine.backwards == [False] * (n_micro - 1) + [True]  # one boundary, at the last micro-batch
+    if old == "trainer":  # pi_old is the trainer's own, recomputed before the update: the ratio is 1
+        assert got["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and got["clip_frac"] == 0.0
 
 
 def test_nan_advantage_skips_without_touching_parameters(model_dir):
@@ -329,15 +334,16 @@ def test_real_deepspeed_engine_on_cpu_steps_skips_and_exports(stage):
 
 
 # -- a learner group of two ranks --------------------------------------------------------------------------
-@pytest.mark.parametrize("agg", [LossAgg.token_mean, LossAgg.seq_mean_token_mean])
-def test_two_ranks_on_shards_make_the_whole_batch_step(model_dir, agg):
+@pytest.mark.parametrize("agg,old", [(LossAgg.token_mean, "engine"), (LossAgg.seq_mean_token_mean, "engine"),
+                                     (LossAgg.token_mean, "trainer")])
+def test_two_ranks_on_shards_make_the_whole_batch_step(model_dir, agg, old):
     """Rank r trains on its shard with the whole batch's denominator and scales by world_size, so DeepSpeed's
     average of the two ranks' gradients is the one-rank gradient, and the merged metrics are the one-rank
     metrics."""
     from rlgen.learners.group import merge_rank_metrics, shard_rows
     from rlgen.learners.grpo_step import batch_denominator, unpack_batch
 
-    algo = algo_cfg(lr=1e-2, loss_agg=agg, micro_batch_size=1, grad_clip=0.0)
+    algo = algo_cfg(lr=1e-2, loss_agg=agg, micro_batch_size=1, grad_clip=0.0, old_logprobs=old)
     batch = make_batch()
     whole = ds_learner(model_dir, algo)
     want = whole.train_step(batch)

@@ -3,12 +3,12 @@ import math
 import pytest
 import torch
 
+from helpers import clip_loss
 from rlgen.algo.advantages import group_advantages
 from rlgen.algo.loss import (
     aggregate,
     kl_k3,
     normaliser,
-    policy_loss,
     sequence_keep,
     token_logprobs,
 )
@@ -100,7 +100,7 @@ def test_aggregate_of_empty_mask_is_zero(agg):
     assert aggregate(VALUES, torch.zeros(3, 3), agg, max_new_tokens=4).item() == 0.0
 
 
-# -- policy_loss ---------------------------------------------------------------------------------------------
+# -- ppo_clip_loss -------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -118,7 +118,7 @@ def test_on_policy_loss_is_minus_mean_advantage(agg, norm):
     logp = engine.clone().requires_grad_()
     adv = torch.tensor([1.0, -2.0])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    loss, metrics = policy_loss(logp, engine, adv, mask, agg=agg, **LOSS_KW)
+    loss, metrics = clip_loss(logp, engine, adv, mask, agg=agg, **LOSS_KW)
     want = -aggregate(adv.unsqueeze(-1).expand(2, 3), mask, agg, max_new_tokens=4)
     assert loss.item() == pytest.approx(want.item())
     loss.backward()
@@ -131,7 +131,7 @@ def test_clipped_token_has_no_gradient_and_is_counted():
     engine = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]])
     logp = (engine + torch.tensor([[math.log(1.5), 0.0], [math.log(1.5), 0.0]])).requires_grad_()
     adv = torch.tensor([1.0, -1.0])
-    loss, metrics = policy_loss(logp, engine, adv, torch.ones(2, 2), agg=LossAgg.token_mean, **LOSS_KW)
+    loss, metrics = clip_loss(logp, engine, adv, torch.ones(2, 2), agg=LossAgg.token_mean, **LOSS_KW)
     # row 0 (A=+1): s = [min(1.5, 1.2), 1] = [1.2, 1]; row 1 (A=-1): s = [min(-1.5, -1.2), -1] = [-1.5, -1]
     assert loss.item() == pytest.approx(-(1.2 + 1.0 - 1.5 - 1.0) / 4)
     loss.backward()
@@ -147,7 +147,7 @@ def test_truncated_is_caps_value_and_gradient():
     logp = (engine + torch.tensor([[math.log(5.0), 0.0]])).requires_grad_()
     adv = torch.tensor([-1.0])
     kw = {**LOSS_KW, "tis_cap": 2.0}
-    loss, metrics = policy_loss(logp, engine, adv, torch.ones(1, 2), agg=LossAgg.token_mean, **kw)
+    loss, metrics = clip_loss(logp, engine, adv, torch.ones(1, 2), agg=LossAgg.token_mean, **kw)
     # token 0: rho = 5, unclipped branch (A < 0), truncated to value C*A = -2; token 1: -1. Normaliser 2.
     assert loss.item() == pytest.approx(-(2 * -1.0 + -1.0) / 2)
     loss.backward()
@@ -156,7 +156,7 @@ def test_truncated_is_caps_value_and_gradient():
 
     # without the cap the same token carries the full weight rho*A
     logp.grad = None
-    loss, metrics = policy_loss(logp, engine, adv, torch.ones(1, 2), agg=LossAgg.token_mean, **LOSS_KW)
+    loss, metrics = clip_loss(logp, engine, adv, torch.ones(1, 2), agg=LossAgg.token_mean, **LOSS_KW)
     assert loss.item() == pytest.approx(-(5 * -1.0 + -1.0) / 2)
     loss.backward()
     torch.testing.assert_close(logp.grad, torch.tensor([[5 / 2, 1 / 2]]))
@@ -167,7 +167,7 @@ def test_truncated_is_on_a_clipped_token_keeps_zero_gradient():
     engine = torch.tensor([[-2.0]])
     logp = (engine + math.log(5.0)).requires_grad_()
     kw = {**LOSS_KW, "tis_cap": 2.0}
-    loss, _ = policy_loss(logp, engine, torch.tensor([1.0]), torch.ones(1, 1), agg=LossAgg.token_mean, **kw)
+    loss, _ = clip_loss(logp, engine, torch.tensor([1.0]), torch.ones(1, 1), agg=LossAgg.token_mean, **kw)
     assert loss.item() == pytest.approx(-1.2 * 2 / 5)  # clipped value (1 + clip_high) * A, scaled by C / rho
     loss.backward()
     assert logp.grad.item() == 0.0
@@ -180,7 +180,7 @@ def test_sequence_mask_drops_drifted_sequence():
     adv = torch.tensor([1.0, 1.0, 1.0])
     kw = {**LOSS_KW, "seq_mask_cap": 2.0}  # log 2 = 0.693: row 2 goes, row 1 stays
     assert sequence_keep(logp, engine, torch.ones(3, 2), 2.0).tolist() == [True, True, False]
-    loss, metrics = policy_loss(logp, engine, adv, torch.ones(3, 2), agg=LossAgg.token_mean, **kw)
+    loss, metrics = clip_loss(logp, engine, adv, torch.ones(3, 2), agg=LossAgg.token_mean, **kw)
     rho = [1.0, 1.0, math.exp(0.5), math.exp(-0.5)]
     s = [min(r, 1.2) for r in rho]  # A = 1: min(rho, clip(rho, 0.8, 1.2)) = min(rho, 1.2)
     assert loss.item() == pytest.approx(-sum(s) / 4)
@@ -188,7 +188,7 @@ def test_sequence_mask_drops_drifted_sequence():
     assert logp.grad[2].tolist() == [0.0, 0.0]
     assert metrics["seq_masked_frac"] == pytest.approx(1 / 3)
     # with masking off all three rows count
-    loss_all, m_all = policy_loss(logp, engine, adv, torch.ones(3, 2), agg=LossAgg.token_mean, **LOSS_KW)
+    loss_all, m_all = clip_loss(logp, engine, adv, torch.ones(3, 2), agg=LossAgg.token_mean, **LOSS_KW)
     assert m_all["seq_masked_frac"] == 0.0
     assert loss_all.item() != pytest.approx(loss.item())
 
@@ -197,7 +197,7 @@ def test_non_finite_logp_is_not_masked_away():
     engine = torch.zeros(2, 2)
     logp = torch.tensor([[0.0, math.nan], [0.0, 0.0]])
     kw = {**LOSS_KW, "seq_mask_cap": 2.0, "tis_cap": 2.0}
-    loss, metrics = policy_loss(logp, engine, torch.ones(2), torch.ones(2, 2), agg=LossAgg.token_mean, **kw)
+    loss, metrics = clip_loss(logp, engine, torch.ones(2), torch.ones(2, 2), agg=LossAgg.token_mean, **kw)
     assert math.isnan(loss.item())
     assert math.isnan(metrics["ratio_max"])
 
@@ -205,7 +205,7 @@ def test_non_finite_logp_is_not_masked_away():
 def test_values_under_a_zero_mask_never_leak():
     engine = torch.tensor([[-1.0, 0.0]])
     logp = torch.tensor([[-1.0, math.inf]], requires_grad=True)
-    loss, _ = policy_loss(
+    loss, _ = clip_loss(
         logp, engine, torch.tensor([2.0]), torch.tensor([[1.0, 0.0]]), agg=LossAgg.token_mean, **LOSS_KW
     )
     assert loss.item() == pytest.approx(-2.0)

@@ -269,3 +269,25 @@ def test_save_writes_a_loadable_checkpoint(model_dirs, tmp_path):
         torch.testing.assert_close(reloaded[name], tensor, rtol=0, atol=0)
     state = torch.load(os.path.join(tmp_path, "ckpt", "learner_state.pt"), weights_only=False)
     assert state["version"] == 1
+
+
+@pytest.mark.parametrize("micro", [0, 1, 3])
+def test_trainer_old_logprobs_measure_policy_change_not_staleness(model_dirs, micro):
+    # The second step trains on the same batch after an update, so its engine logprobs are one version stale (as
+    # with algo.async_steps=1). With old_logprobs=engine the ratio carries that staleness; with trainer it is 1 at
+    # the update (pi_old recomputed by a no-grad forward before it), and the staleness goes into the capped IS
+    # weight instead. Any micro-batch split gives the same step.
+    path = model_dirs["qwen2"]
+    batch = make_batch(load(path))
+    outs = {}
+    for old, size in (("engine", 0), ("trainer", 0), ("trainer", micro)):
+        learner = TorchLearner(path, algo_cfg(lr=5e-2, old_logprobs=old, micro_batch_size=size,
+                                              clip_low=0.01, clip_high=0.01), MonitorConfig())
+        outs[old, size] = [learner.train_step(batch) for _ in range(2)]
+    stale_engine, stale_trainer = outs["engine", 0][1], outs["trainer", 0][1]
+    assert stale_engine["ratio_max"] > 1.01 and stale_engine["clip_frac"] > 0  # the clip binds on staleness
+    assert stale_trainer["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and stale_trainer["clip_frac"] == 0.0
+    assert stale_trainer["mismatch/max_abs_delta"] == pytest.approx(stale_engine["mismatch/max_abs_delta"])
+    for a, b in zip(outs["trainer", 0], outs["trainer", micro]):
+        for key in ("loss", "grad_norm", "clip_frac", "tis_frac", "ratio_mean"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key

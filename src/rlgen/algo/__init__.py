@@ -1,2 +1,2 @@
-"""Algorithms (``registry``: found by ``algo.kind``) and their maths: ``grpo`` holds group advantages, token
-logprobs, loss aggregation, the clipped policy loss and the k3 KL, which other algorithms reuse."""
+"""Algorithms as registered parts (``registry``): advantage estimators and policy losses by name, which a preset
+in conf/algo picks. ``inputs`` holds LossInputs/LossOutputs, ``loss`` the maths the losses share."""

@@ -7,7 +7,13 @@ import math
 
 import torch
 
-from rlgen.config import RewardStd, ScaleRewards
+from rlgen.config import AlgoConfig, RewardStd, ScaleRewards
+
+
+def grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, algo: AlgoConfig) -> torch.Tensor:
+    """GRPO's estimator (algo.advantage=grpo): rewards [N], group_ids [N] -> [N], centred on the group mean and
+    scaled as algo.scale_rewards and algo.reward_std say; a non-finite reward gets 0."""
+    return group_advantages(rewards, group_ids, algo.scale_rewards, algo.reward_std)
 
 
 def group_advantages(
@@ -78,4 +84,4 @@ def informative_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.
     return (lo < hi)[inv]
 
 
-__all__ = ["group_advantages", "informative_groups", "overlong_penalty"]
+__all__ = ["grpo_advantages", "group_advantages", "informative_groups", "overlong_penalty"]

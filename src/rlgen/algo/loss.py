@@ -1,6 +1,6 @@
-"""The policy-gradient maths the algorithms share: token logprobs, loss aggregation, the clipped surrogate (per
-token or per sequence) with the engine/trainer importance-sampling correction, the KL estimators and the token
-entropy. Pure torch functions; docs/algorithms.md gives each formula and its source.
+"""The policy-gradient maths the losses share: token logprobs, loss aggregation, ratios, the engine/trainer
+importance-sampling correction, sequence masking, the loss metrics, the KL estimators and the token entropy.
+Pure torch functions; docs/algorithms.md gives each formula and its source.
 
 N = sequences, L = response length, T = positions, V = vocabulary. Masks are float or bool tensors with 1 on
 tokens that count; values under a 0 are never read (they may be non-finite without leaking into results).
@@ -96,106 +96,69 @@ def sequence_keep(
     return ~(mean > math.log(seq_mask_cap))
 
 
-def _log_ratio(logp: torch.Tensor, engine_logp: torch.Tensor, m: torch.Tensor, level: Level) -> torch.Tensor:
-    """log(pi / pi_engine) per token [N, L] (0 off the mask), or per sequence, the mean over its tokens, broadcast
+def log_ratio(logp: torch.Tensor, base_logp: torch.Tensor, m: torch.Tensor, level: Level | str) -> torch.Tensor:
+    """log(pi / pi_base) per token [N, L] (0 off the mask), or per sequence, the mean over its tokens, broadcast
     to its tokens (a sequence without tokens: 0)."""
-    log_ratio = _masked(logp - engine_logp, m)  # [N, L]
-    if level is Level.token:
-        return log_ratio
-    seq = log_ratio.sum(dim=-1) / m.sum(dim=-1).clamp(min=1)  # [N]
-    return seq.unsqueeze(-1).expand_as(log_ratio)
+    per_token = _masked(logp - base_logp, m)  # [N, L]
+    if Level(level) is Level.token:
+        return per_token
+    seq = per_token.sum(dim=-1) / m.sum(dim=-1).clamp(min=1)  # [N]
+    return seq.unsqueeze(-1).expand_as(per_token)
 
 
 def is_weight(
-    logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor, cap: float, level: Level | str, mode: ISMode | str
+    logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor, cap: float, level: Level | str,
+    mode: ISMode | str, *, in_ratio: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The engine/trainer importance-sampling correction (no gradient): (weight [N, L] that multiplies each
     token's surrogate, over [N, L] bool: tokens whose IS weight w exceeded the cap).
 
-    w = sg(pi / pi_engine) per token, or per sequence the geometric mean over its tokens, sg(exp(mean_t log rho)).
-    truncate: weight = min(1, cap / w), so a weight above the cap counts as the cap; mask: weight = 0 where
-    w > cap (the token, or the whole sequence, leaves the loss's numerator; denominators are unchanged).
-    cap <= 0: all ones.
+    logp: the trainer's logprobs before the update (LossInputs.trainer_before). w = sg(pi / pi_engine) per token,
+    or per sequence the geometric mean over its tokens, sg(exp(mean_t log rho)).
+    in_ratio (old_logprobs=engine: the ratio already carries w): truncate gives min(1, cap / w), so a w above
+    the cap counts as the cap; mask gives 0 where w > cap.
+    not in_ratio (old_logprobs=trainer: w is a factor of its own): truncate gives min(w, cap); mask gives w, or 0
+    where w > cap. A masked token (or sequence) leaves the numerator; denominators are unchanged.
+    cap <= 0: all ones (no correction).
     """
     m = mask.bool()
     ones = torch.ones_like(logp)
     if cap <= 0:
         return ones, torch.zeros_like(m)
-    w = torch.exp(_log_ratio(logp.detach(), engine_logp, m, Level(level)))  # [N, L]
+    w = torch.exp(log_ratio(logp.detach(), engine_logp, m, Level(level)))  # [N, L]; 1 off the mask
     over = (w > cap) & m  # [N, L]
+    kept = ones if in_ratio else w  # [N, L]
     if ISMode(mode) is ISMode.truncate:
-        return torch.where(over, cap / w, ones), over
-    return torch.where(over, torch.zeros_like(w), ones), over
+        return torch.where(over, cap / w if in_ratio else torch.full_like(w, cap), kept), over
+    return torch.where(over, torch.zeros_like(w), kept), over
 
 
-def policy_loss(
-    logp: torch.Tensor,
-    engine_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    clip_low: float,
-    clip_high: float,
-    tis_cap: float,
-    seq_mask_cap: float,
-    agg: LossAgg,
-    max_new_tokens: int,
-    denominator: float | None = None,
-    importance_level: Level | str = Level.token,
-    tis_level: Level | str = Level.token,
-    tis_mode: ISMode | str = ISMode.truncate,
-    token_weight: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The clipped surrogate against the engine's (behaviour) logprobs.
-
-    logp, engine_logp, mask: [N, L]; advantages: [N]. sg = stop-gradient.
-      ratio          token (GRPO): rho_t = exp(logp_t - engine_t); sequence (GSPO): s = exp(mean_t (logp_t -
-                     engine_t)), the same for every token of the sequence
-      PPO surrogate  v = min(rho * A, clip(rho, 1 - clip_low, 1 + clip_high) * A)
-      IS correction  v <- v * is_weight(...) (tis_cap, tis_level, tis_mode): truncate keeps a token whose weight
-                     is over the cap at the cap (value cap * A, gradient cap * A * grad logp on the unclipped
-                     branch); mask drops it
-      sequence mask  if seq_mask_cap > 0: a sequence whose mean over its tokens of sg|logp - engine_logp|
-                     exceeds log(seq_mask_cap) gets mask 0 (mask' = mask * keep)
-      token weight   v <- v * token_weight (the entropy mask; None: 1)
-      loss           -aggregate(v, mask', agg, max_new_tokens)
-    Metrics (floats): clip_frac and tis_frac are fractions of the tokens under mask' whose clipped branch is
-    active (A > 0 and rho > 1 + clip_high, or A < 0 and rho < 1 - clip_low), resp. whose IS weight exceeded the
-    cap; seq_masked_frac is the fraction of sequences with >= 1 token that were masked; ratio_mean and ratio_max
-    are of rho over all tokens under mask. `denominator` is passed to `aggregate`.
-    Raises AdvantageShapeError when advantages is not [N].
-    """
-    if advantages.shape != (logp.shape[0],):
-        raise AdvantageShapeError(
-            f"the advantages have shape {list(advantages.shape)}, but the batch has {logp.shape[0]} sequences: an "
-            f"algorithm's advantages must give one value per sequence, shape [{logp.shape[0]}].")
-    m = mask.bool()  # [N, L]
-    ratio = torch.exp(_log_ratio(logp, engine_logp, m, Level(importance_level)))  # [N, L]; 1 off the mask
-    adv = advantages.to(logp.dtype).unsqueeze(-1)  # [N, 1]
-    unclipped = ratio * adv  # [N, L]
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv  # [N, L]
-    surrogate = torch.minimum(unclipped, clipped)  # [N, L]
-    clip_active = ((adv > 0) & (ratio > 1.0 + clip_high)) | ((adv < 0) & (ratio < 1.0 - clip_low))  # [N, L]
-    weight, over_cap = is_weight(logp, engine_logp, m, tis_cap, tis_level, tis_mode)  # [N, L]
-    surrogate = surrogate * weight
-    if token_weight is not None:
-        surrogate = surrogate * token_weight
-    keep = sequence_keep(logp, engine_logp, m, seq_mask_cap)  # [N]
+def ratio_metrics(ratio: torch.Tensor, clip_active: torch.Tensor, over_cap: torch.Tensor, m: torch.Tensor,
+                  keep: torch.Tensor) -> dict[str, float]:
+    """A loss's metrics. ratio, clip_active, over_cap, m: [N, L] (m bool: the response mask); keep: [N] bool
+    (sequence_keep). clip_frac and tis_frac are fractions of the tokens under the loss mask m * keep whose clip
+    is active, resp. whose IS weight exceeded the cap; seq_masked_frac the fraction of sequences with >= 1
+    token that were masked; ratio_mean and ratio_max are of the ratio over the tokens under m."""
     loss_mask = m & keep.unsqueeze(-1)  # [N, L]
-    loss = -aggregate(surrogate, loss_mask, agg, max_new_tokens, denominator=denominator)
-
     loss_tokens = max(int(loss_mask.sum().item()), 1)
     tokens = int(m.sum().item())
     seqs = m.any(dim=-1)  # [N]
     r = ratio.detach()[m]  # [tokens]
-    metrics = {
+    return {
         "clip_frac": float((clip_active & loss_mask).sum().item()) / loss_tokens,
         "tis_frac": float((over_cap & loss_mask).sum().item()) / loss_tokens,
         "seq_masked_frac": float((seqs & ~keep).sum().item()) / max(int(seqs.sum().item()), 1),
         "ratio_mean": float(r.mean().item()) if tokens else 1.0,
         "ratio_max": float(r.max().item()) if tokens else 1.0,
     }
-    return loss, metrics
+
+
+def check_advantages(advantages: torch.Tensor, logp: torch.Tensor) -> None:
+    """Raises AdvantageShapeError when advantages [N] does not give one value per sequence of logp [N, L]."""
+    if advantages.shape != (logp.shape[0],):
+        raise AdvantageShapeError(
+            f"the advantages have shape {list(advantages.shape)}, but the batch has {logp.shape[0]} sequences: an "
+            f"algorithm's advantages must give one value per sequence, shape [{logp.shape[0]}].")
 
 
 def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: KLEstimator | str = KLEstimator.k3) -> torch.Tensor:
@@ -236,5 +199,5 @@ def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, frac: float) -> 
     return (m & (entropy.detach() >= threshold)).to(entropy.dtype)
 
 
-__all__ = ["AdvantageShapeError", "aggregate", "is_weight", "kl_estimate", "kl_k3", "normaliser", "policy_loss",
-           "sequence_keep", "token_entropy", "token_logprobs", "top_entropy_mask"]
+__all__ = ["AdvantageShapeError", "aggregate", "check_advantages", "is_weight", "kl_estimate", "kl_k3", "log_ratio",
+           "normaliser", "ratio_metrics", "sequence_keep", "token_entropy", "token_logprobs", "top_entropy_mask"]

@@ -1,106 +1,129 @@
-"""Algorithms by name (``algo.kind``): how a group's rewards become advantages, on the driver, and the policy
-loss of a micro-batch, on the learner.
+"""The maths by name: two tables, advantage estimators (rewards [N] -> advantages [N], on the driver) and policy
+losses (LossInputs -> LossOutputs, on the learner). A preset, conf/algo/<name>.yaml, picks one of each with
+algo.advantage and algo.policy_loss plus their settings.
 
-An algorithm is found in one of two places:
-- registered in this process with ``register_algorithm(Algorithm(...))`` (your own, or a test's stand-in);
-- ``rlgen.algo.<kind>``, a module whose top level defines ``ALGORITHM`` (grpo lives there).
-
-So a new algorithm is one new file in ``algo/`` plus its preset in ``conf/algo/``, which holds its settings.
-Whether a kind exists is read from the module's source, without importing it: the plan checks ``algo.kind`` on
-machines without torch, and the functions are imported only where they run (``algorithm(kind)``).
+Entries are "module:function" strings, imported only where they run, so the plan checks names without torch.
+register_advantage / register_policy_loss add your own (a function or a "module:function" string).
 """
 
 from __future__ import annotations
 
-import ast
 import importlib
-import importlib.util
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 # advantages(rewards [N], group_ids [N], algo: AlgoConfig) -> advantages [N] float32
 Advantages = Callable[..., Any]
-# loss(logp [n, L], engine_logp [n, L], advantages [n], mask [n, L] bool, algo: AlgoConfig, denominator,
-#      token_weight=None) ->
-#   (loss [] with grad: the micro-batch's summed loss over `denominator`, metrics: dict of floats). mask is the
-#   response mask; the learner's denominator leaves out what algo.seq_mask_cap drops, so a loss applies it too
-#   (rlgen.algo.loss.sequence_keep). token_weight [n, L] (passed only with algo.entropy_top_frac < 1) multiplies
-#   each token's term. Metrics it may report, each as a fraction or mean of its tokens: clip_frac, tis_frac,
-#   seq_masked_frac, ratio_mean, ratio_max.
-Loss = Callable[..., tuple[Any, dict[str, float]]]
+# loss(inputs: rlgen.algo.inputs.LossInputs, algo: AlgoConfig) -> rlgen.algo.inputs.LossOutputs
+Loss = Callable[..., Any]
+
+ADVANTAGE_ESTIMATORS: dict[str, str | Advantages] = {
+    "grpo": "rlgen.algo.advantages:grpo_advantages",
+    "rloo": "rlgen.algo.rloo:rloo_advantages",
+    "reinforce_pp": "rlgen.algo.reinforce_pp:reinforce_pp_advantages",
+    "reinforce_pp_baseline": "rlgen.algo.reinforce_pp:reinforce_pp_baseline_advantages",
+}
+
+POLICY_LOSSES: dict[str, str | Loss] = {
+    "ppo_clip": "rlgen.algo.ppo_clip:ppo_clip_loss",
+    "cispo": "rlgen.algo.cispo:cispo_loss",
+}
 
 
 class UnknownAlgorithm(LookupError):
-    """algo.kind names no registered algorithm and no module of rlgen.algo that defines ALGORITHM."""
+    """algo.advantage or algo.policy_loss names nothing registered."""
+
+
+def register_advantage(name: str, fn: str | Advantages) -> None:
+    """Make ``algo.advantage=<name>`` choose fn, in this process."""
+    ADVANTAGE_ESTIMATORS[name] = fn
+
+
+def register_policy_loss(name: str, fn: str | Loss) -> None:
+    """Make ``algo.policy_loss=<name>`` choose fn, in this process."""
+    POLICY_LOSSES[name] = fn
+
+
+def unregister_advantage(name: str) -> None:
+    ADVANTAGE_ESTIMATORS.pop(name, None)
+
+
+def unregister_policy_loss(name: str) -> None:
+    POLICY_LOSSES.pop(name, None)
+
+
+_TABLES = (("advantage", "an advantage estimator", ADVANTAGE_ESTIMATORS, "register_advantage"),
+           ("policy_loss", "a policy loss", POLICY_LOSSES, "register_policy_loss"))
+
+
+def algorithm_problems(algo: Any) -> list[str]:
+    """One sentence, with the choices, for algo.kind when it names no preset and for each of algo.advantage and
+    algo.policy_loss that names nothing registered. Imports nothing heavy."""
+    from rlgen.config.compose import group_options
+
+    problems = []
+    presets = group_options("algo")
+    if str(algo.kind) not in presets:
+        problems.append(f"algo.kind={algo.kind} is not an algorithm preset; choose one of: {', '.join(presets)} "
+                        "(pick one with algo=<name>; algo.advantage and algo.policy_loss choose the maths).")
+    for key, what, table, register in _TABLES:
+        name = str(getattr(algo, key))
+        if name not in table:
+            problems.append(f"algo.{key}={name} is not {what}; choose one of: {', '.join(sorted(table))} (or add "
+                            f"yours with rlgen.algo.registry.{register}).")
+    return problems
+
+
+def _resolve(table: dict[str, Any], key: str, name: str) -> Callable[..., Any]:
+    if name not in table:
+        raise UnknownAlgorithm(f"algo.{key}={name} is not registered; choose one of: {', '.join(sorted(table))}.")
+    found = table[name]
+    if isinstance(found, str):
+        module, _, attr = found.partition(":")
+        found = getattr(importlib.import_module(module), attr)
+    return found
+
+
+def advantage_estimator(name: str) -> Advantages:
+    """The registered advantage estimator (imports its module, and so torch)."""
+    return _resolve(ADVANTAGE_ESTIMATORS, "advantage", str(name))
+
+
+def policy_loss(name: str) -> Loss:
+    """The registered policy loss (imports its module, and so torch)."""
+    return _resolve(POLICY_LOSSES, "policy_loss", str(name))
+
+
+def configured_advantages(rewards: Any, group_ids: Any, algo: Any) -> Any:
+    """The advantages of the estimator algo.advantage names."""
+    return advantage_estimator(algo.advantage)(rewards, group_ids, algo)
+
+
+def configured_loss(inputs: Any, algo: Any) -> Any:
+    """The loss algo.policy_loss names."""
+    return policy_loss(algo.policy_loss)(inputs, algo)
 
 
 @dataclass(frozen=True)
 class Algorithm:
+    """What the driver and the learners call: kind is the preset's name (a label); the functions look up the
+    AlgoConfig they are given, so a run's overrides of algo.advantage and algo.policy_loss take effect."""
+
     kind: str
-    advantages: Advantages
-    loss: Loss
+    advantages: Advantages = configured_advantages
+    loss: Loss = configured_loss
 
 
-_REGISTERED: dict[str, Algorithm] = {}
+def algorithm(algo: Any) -> Algorithm:
+    """A run's algorithm. Given the AlgoConfig: its estimator and loss, resolved here (so a function registered in
+    this process travels with the Algorithm to actors). Given only the preset's name: functions that look up the
+    AlgoConfig each call receives, in the process that calls them."""
+    if isinstance(algo, str):
+        return Algorithm(algo)
+    return Algorithm(str(algo.kind), advantage_estimator(algo.advantage), policy_loss(algo.policy_loss))
 
 
-def register_algorithm(algo: Algorithm) -> Algorithm:
-    """Make ``algo.kind`` an algorithm every command knows, in this process."""
-    _REGISTERED[algo.kind] = algo
-    return algo
-
-
-def unregister_algorithm(kind: str) -> None:
-    _REGISTERED.pop(kind, None)
-
-
-def _defines_algorithm(path: str | None) -> bool:
-    """Whether a module's source assigns ALGORITHM at its top level (read, not imported)."""
-    if not path or not path.endswith(".py"):
-        return False
-    tree = ast.parse(Path(path).read_text())
-    return any(isinstance(node, (ast.Assign, ast.AnnAssign)) and any(
-        isinstance(t, ast.Name) and t.id == "ALGORITHM" for t in (node.targets if isinstance(node, ast.Assign)
-                                                               else [node.target])) for node in tree.body)
-
-
-def algorithm_kinds() -> list[str]:
-    """Every algorithm: the registered ones and the modules of rlgen.algo that define ALGORITHM."""
-    import rlgen.algo as pkg
-
-    found = {m.name for m in pkgutil.iter_modules(pkg.__path__)
-             if _defines_algorithm(str(Path(pkg.__path__[0]) / f"{m.name}.py"))}
-    return sorted(set(_REGISTERED) | found)
-
-
-def algorithm_problem(kind: str) -> str | None:
-    """Why algo.kind cannot be used, with the fix (None: it can). Imports nothing heavy."""
-    kind = str(kind)
-    if kind in _REGISTERED:
-        return None
-    spec = importlib.util.find_spec(f"{__package__}.{kind}") if kind.isidentifier() else None
-    if spec is not None and _defines_algorithm(spec.origin):
-        return None
-    return (f"algo.kind={kind} is not an algorithm; choose one of: {', '.join(algorithm_kinds())} (each is a "
-            "module of rlgen.algo, or register your own with rlgen.algo.registry.register_algorithm).")
-
-
-def algorithm(kind: str) -> Algorithm:
-    """The algorithm's functions (imports its module, and so torch)."""
-    kind = str(kind)
-    if kind in _REGISTERED:
-        return _REGISTERED[kind]
-    why = algorithm_problem(kind)
-    if why:
-        raise UnknownAlgorithm(why)
-    found = importlib.import_module(f"{__package__}.{kind}").ALGORITHM
-    if not isinstance(found, Algorithm):
-        raise UnknownAlgorithm(f"rlgen.algo.{kind}.ALGORITHM is a {type(found).__name__}, not an Algorithm.")
-    return found
-
-
-__all__ = ["Algorithm", "UnknownAlgorithm", "algorithm", "algorithm_kinds", "algorithm_problem", "register_algorithm",
-           "unregister_algorithm"]
+__all__ = ["ADVANTAGE_ESTIMATORS", "POLICY_LOSSES", "Algorithm", "UnknownAlgorithm", "advantage_estimator",
+           "algorithm", "algorithm_problems", "configured_advantages", "configured_loss", "policy_loss",
+           "register_advantage", "register_policy_loss", "unregister_advantage", "unregister_policy_loss"]

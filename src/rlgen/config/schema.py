@@ -57,6 +57,13 @@ class ISMode(StrEnum):
     mask = "mask"  # tokens (or sequences) whose weight is above the cap leave the loss
 
 
+class OldLogprobs(StrEnum):
+    """The policy the PPO ratio's denominator (pi_old) comes from."""
+
+    engine = "engine"  # the engine's sampling logprobs: engine/trainer mismatch and staleness go into the ratio
+    trainer = "trainer"  # the trainer's own, recomputed without gradient before the step's update
+
+
 class KLEstimator(StrEnum):
     k1 = "k1"  # log pi - log ref
     k2 = "k2"  # (log pi - log ref)^2 / 2
@@ -157,9 +164,11 @@ class EngineConfig:
 
 @dataclass
 class AlgoConfig:
-    # the algorithm: grpo, dr_grpo, dapo, gspo, or a module of rlgen.algo (or a registered one) that defines its
-    # advantages and loss; conf/algo/<kind>.yaml holds its settings (docs/algorithms.md gives every formula)
-    kind: str = "grpo"
+    kind: str = "grpo"  # the preset's name (conf/algo/<kind>.yaml), shown by the plan and the report
+    # the maths, by registered name (rlgen.algo.registry; docs/algorithms.md gives every formula)
+    advantage: str = "grpo"  # how rewards become advantages: grpo, rloo, reinforce_pp, reinforce_pp_baseline
+    policy_loss: str = "ppo_clip"  # the loss on the learner: ppo_clip, cispo
+    old_logprobs: OldLogprobs = OldLogprobs.engine  # pi_old of the ratio: the engine's, or the trainer's
     prompts_per_step: int = 8
     samples_per_prompt: int = 8  # GRPO group size
     max_new_tokens: int | None = None  # null: the model size's recipe (rlgen plan shows the value and its source)
@@ -177,8 +186,9 @@ class AlgoConfig:
     kl_bias_correction: bool = False  # weigh each token's KL by pi / pi_engine (the engine sampled the token)
     kl_penalty: KLPenalty = KLPenalty.loss  # where kl_coef * KL goes: the loss, or the reward
     async_steps: int | None = None  # 0: strictly on-policy; k: engines may run k versions ahead; null: the plan picks
-    # engine/trainer mismatch correction: the weight pi/pi_engine per token or per sequence (geometric mean),
-    # truncated at tis_cap or masked above it; 0 disables
+    # engine/trainer mismatch correction: the weight pi_trainer/pi_engine per token, or one per sequence (the
+    # geometric mean of its tokens'; needs importance_level=sequence), truncated at tis_cap or masked above it;
+    # 0 disables
     tis_cap: float = 2.0
     tis_level: Level = Level.token
     tis_mode: ISMode = ISMode.truncate

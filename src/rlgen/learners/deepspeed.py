@@ -2,10 +2,11 @@
 
 Same protocol, metrics keys and GRPO loss as ``TorchLearner``; what differs is what ZeRO forces. The loss is
 divided by the whole batch's denominator before backward, micro-batches accumulate with DeepSpeed's own
-boundary, and a non-finite step is skipped through DeepSpeed's overflow check (parameters that turn non-finite
-after a step cannot be rolled back, so their export is refused). The optimizer is torch's AdamW, handed to ZeRO
-as a client optimizer. deepspeed is imported only when a learner is built. docs/weight_sync.md ("DeepSpeed
-learner") has the details; measurements are in docs/benchmarks.md.
+boundary (a no-grad forward comes first where the denominator or algo.old_logprobs=trainer needs the trainer's
+logprobs), and a non-finite step is skipped through DeepSpeed's overflow check (parameters that turn
+non-finite after a step cannot be rolled back, so their export is refused). The optimizer is torch's AdamW,
+handed to ZeRO as a client optimizer; deepspeed is imported only when a learner is built. docs/weight_sync.md
+("DeepSpeed learner") has the details; measurements are in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from rlgen.learners.grpo_step import (
     inverse,
     micro_loss,
     unpack_batch,
+    with_old_logprobs,
 )
 from rlgen.learners.lora import AdapterOff
 from rlgen.learners.policy import adamw, frozen_model, load_policy, with_lora
@@ -219,13 +221,15 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         self.sync_blocked = None
 
     # -- training --------------------------------------------------------------------------------------
-    def _micro_step(self, ids, attn, mask, engine_logp, advantages, prompt_len: int, scale: float, poison: bool):
+    def _micro_step(self, ids, attn, mask, engine_logp, advantages, old_logp, prompt_len: int, scale: float,
+                    poison: bool):
         """Forward and backward of one micro-batch; the loss is pre-divided by the batch denominator (scale =
-        1/denominator). ids, attn: [n, P+L]; mask, engine_logp: [n, L]; advantages: [n]. poison, or a
-        non-finite loss, makes the loss NaN so that DeepSpeed's overflow check skips the step."""
+        1/denominator). ids, attn: [n, P+L]; mask, engine_logp: [n, L]; advantages: [n]; old_logp: [n, L] or None
+        (StepBatch.rows). poison, or a non-finite loss, makes the loss NaN so that DeepSpeed's overflow check
+        skips the step."""
         micro = micro_loss(
             self.model, self.ref_model if self._kl_in_loss() else None, ids, attn, mask, engine_logp, advantages,
-            prompt_len, self.algo, self.loss_agg, self.loss_fn,
+            prompt_len, self.algo, self.loss_agg, self.loss_fn, old_logp,
         )
         total = micro.total
         if poison or not math.isfinite(micro.pg + micro.kl + micro.ent):
@@ -239,7 +243,8 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         step_index = self.calls
         self.calls += 1
         algo = self.algo
-        step = unpack_batch(batch, self.device, algo.micro_batch_size)
+        # algo.old_logprobs=trainer: every row's logprobs before the update, one no-grad forward per micro-batch
+        step = with_old_logprobs(self.model, unpack_batch(batch, self.device, algo.micro_batch_size), algo)
         # The whole batch's denominator over every rank's shard; DeepSpeed then averages the ranks' gradients,
         # so each rank scales by world_size / denominator.
         denom = self._sum_over_ranks(batch_denominator(self.model, step, algo, self.loss_agg))

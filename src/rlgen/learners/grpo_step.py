@@ -7,6 +7,7 @@ AdamW, or a DeepSpeed engine) and its non-finite guard.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlgen.algo.inputs import LossInputs
 from rlgen.algo.loss import (
     aggregate,
     kl_estimate,
@@ -25,7 +27,7 @@ from rlgen.algo.loss import (
     top_entropy_mask,
 )
 from rlgen.algo.registry import Loss
-from rlgen.config import AlgoConfig, LossAgg
+from rlgen.config import AlgoConfig, LossAgg, OldLogprobs
 from rlgen.metrics.mismatch import mismatch_metrics
 from rlgen.types import Phase, RolloutBatch
 
@@ -41,6 +43,7 @@ class StepBatch:
     advantages: torch.Tensor  # [N] float32
     prompt_len: int
     micro: int  # rows per micro-batch
+    old_logp: torch.Tensor | None = None  # [N, L] float32: the trainer's before the update (old_logprobs=trainer)
 
     @property
     def n_rows(self) -> int:
@@ -55,8 +58,10 @@ class StepBatch:
         return [slice(lo, lo + self.micro) for lo in range(0, self.n_rows, self.micro)]
 
     def rows(self, r: slice) -> tuple[torch.Tensor, ...]:
-        """(ids, attn, mask, engine_logp, advantages) of rows r."""
-        return self.ids[r], self.attn[r], self.mask[r], self.engine_logp[r], self.advantages[r]
+        """(ids, attn, mask, engine_logp, advantages, old_logp) of rows r; old_logp is the trainer's logprobs
+        before the update (algo.old_logprobs=trainer), or None: the ratio's pi_old is engine_logp."""
+        old = None if self.old_logp is None else self.old_logp[r]
+        return self.ids[r], self.attn[r], self.mask[r], self.engine_logp[r], self.advantages[r], old
 
 
 def unpack_batch(batch: RolloutBatch, device: torch.device, micro_batch_size: int) -> StepBatch:
@@ -114,14 +119,31 @@ def policy_logprobs(
     engine_logp: torch.Tensor,
     prompt_len: int,
     algo: AlgoConfig,
+    old_logp: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(logits [n, L, V], trainer logprobs [n, L], loss mask [n, L]) for ids, attn [n, P+L] and mask,
     engine_logp [n, L]. The loss mask is the response mask less the sequences that sequence masking
-    (algo.seq_mask_cap) drops."""
+    (algo.seq_mask_cap) drops, judged on the trainer's logprobs before the update: old_logp [n, L] when
+    given (old_logprobs=trainer), else the current ones (equal before the update)."""
     logits = response_logits(model, ids, attn, mask.shape[1], algo.temperature)  # [n, L, V]
     logp = token_logprobs(logits, ids[:, prompt_len:])  # [n, L]
-    keep = sequence_keep(logp, engine_logp, mask, algo.seq_mask_cap)  # [n]
+    before = logp.detach() if old_logp is None else old_logp  # [n, L]
+    keep = sequence_keep(before, engine_logp, mask, algo.seq_mask_cap)  # [n]
     return logits, logp, mask & keep.unsqueeze(-1)
+
+
+def with_old_logprobs(model: nn.Module, step: StepBatch, algo: AlgoConfig) -> StepBatch:
+    """algo.old_logprobs=trainer: the step with the trainer's own logprobs of every row, from a no-grad forward
+    of each micro-batch before any backward (so before the step's optimizer step; each learner rank does its
+    own rows). Otherwise the step as it is: the ratio's pi_old is the engine's logprobs."""
+    if OldLogprobs(algo.old_logprobs) is not OldLogprobs.trainer:
+        return step
+    old = torch.zeros_like(step.engine_logp)  # [N, L]
+    with torch.no_grad():
+        for r in step.micro_slices():
+            logits = response_logits(model, step.ids[r], step.attn[r], step.resp_len, algo.temperature)  # [n, L, V]
+            old[r] = token_logprobs(logits, step.ids[r, step.prompt_len:])
+    return dataclasses.replace(step, old_logp=old)
 
 
 def batch_denominator(model: nn.Module, step: StepBatch, algo: AlgoConfig, agg: LossAgg) -> float:
@@ -132,9 +154,13 @@ def batch_denominator(model: nn.Module, step: StepBatch, algo: AlgoConfig, agg: 
     total = 0.0
     with torch.no_grad():
         for r in step.micro_slices():
-            _, _, loss_mask = policy_logprobs(
-                model, step.ids[r], step.attn[r], step.mask[r], step.engine_logp[r], step.prompt_len, algo
-            )  # [n, L]
+            if step.old_logp is not None:  # the trainer's logprobs are there already: no forward
+                keep = sequence_keep(step.old_logp[r], step.engine_logp[r], step.mask[r], algo.seq_mask_cap)  # [n]
+                loss_mask = step.mask[r] & keep.unsqueeze(-1)
+            else:
+                _, _, loss_mask = policy_logprobs(
+                    model, step.ids[r], step.attn[r], step.mask[r], step.engine_logp[r], step.prompt_len, algo
+                )  # [n, L]
             total += normaliser(loss_mask, agg, algo.max_new_tokens)
     return total
 
@@ -193,24 +219,30 @@ def micro_loss(
     algo: AlgoConfig,
     agg: LossAgg,
     loss_fn: Loss,
+    old_logp: torch.Tensor | None = None,
 ) -> MicroLoss:
     """The loss of one micro-batch, summed over tokens/sequences (denominator 1): the algorithm's policy loss
     (loss_fn, rlgen.algo.registry), plus algo.kl_coef times the KL to ref_model (the learner passes it only when
     the KL goes in the loss), minus algo.entropy_coef times the aggregated token entropy. With
     algo.entropy_top_frac < 1 only this micro-batch's highest-entropy tokens get a policy gradient.
 
-    ids, attn: [n, P+L]; mask, engine_logp: [n, L] (mask bool); advantages: [n].
+    ids, attn: [n, P+L]; mask, engine_logp: [n, L] (mask bool); advantages: [n]; old_logp: [n, L], the trainer's
+    logprobs before the update (StepBatch.old_logp), or None: the ratio's pi_old is engine_logp.
     """
-    logits, logp, loss_mask = policy_logprobs(model, ids, attn, mask, engine_logp, prompt_len, algo)
+    logits, logp, loss_mask = policy_logprobs(model, ids, attn, mask, engine_logp, prompt_len, algo, old_logp)
     bonus = algo.entropy_coef > 0
     entropy = token_entropy(logits) if bonus else None  # [n, L], with grad
-    kwargs = {}
+    token_weight = None
     if algo.entropy_top_frac < 1.0:
         if entropy is None:
             with torch.no_grad():
                 entropy = token_entropy(logits)
-        kwargs["token_weight"] = top_entropy_mask(entropy, loss_mask, algo.entropy_top_frac)  # [n, L]
-    pg, metrics = loss_fn(logp, engine_logp, advantages, mask, algo, 1.0, **kwargs)
+        token_weight = top_entropy_mask(entropy, loss_mask, algo.entropy_top_frac)  # [n, L]
+    inputs = LossInputs(logp=logp, old_logp=engine_logp if old_logp is None else old_logp, engine_logp=engine_logp,
+                        advantages=advantages, mask=mask, token_weight=token_weight, denominator=1.0,
+                        old_from_trainer=old_logp is not None)
+    out = loss_fn(inputs, algo)
+    pg, metrics = out.loss, out.metrics
     total, kl_sum, ent_sum = pg, 0.0, 0.0
     if ref_model is not None:
         kl = aggregate(token_kl(logp, engine_logp, reference_logprobs(ref_model, ids, attn, mask.shape[1], prompt_len,
@@ -259,7 +291,7 @@ def sequence_kl(ref_model: nn.Module, step: StepBatch, algo: AlgoConfig) -> torc
     per micro-batch."""
     out = torch.zeros(step.n_rows, device=step.ids.device)  # [N]
     for r in step.micro_slices():
-        ids, attn, mask, engine_logp, _ = step.rows(r)
+        ids, attn, mask, engine_logp, _, _ = step.rows(r)
         ref_logp = reference_logprobs(ref_model, ids, attn, mask.shape[1], step.prompt_len, algo)  # [n, L]
         kl = kl_estimate(engine_logp, ref_logp, algo.kl_estimator)  # [n, L]
         out[r] = torch.where(mask, kl, torch.zeros_like(kl)).sum(dim=-1)
@@ -364,4 +396,5 @@ __all__ = [
     "sequence_kl",
     "token_kl",
     "unpack_batch",
+    "with_old_logprobs",
 ]

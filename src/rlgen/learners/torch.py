@@ -23,6 +23,7 @@ from rlgen.learners.grpo_step import (
     micro_loss,
     sequence_kl,
     unpack_batch,
+    with_old_logprobs,
 )
 from rlgen.learners.lora import AdapterOff, adapter_config, adapter_weights, merged_weights, save_merged
 from rlgen.learners.policy import adamw, frozen_model, load_policy, with_lora
@@ -128,12 +129,13 @@ class TorchLearner:
         mask: torch.Tensor,
         engine_logp: torch.Tensor,
         advantages: torch.Tensor,
+        old_logp: torch.Tensor | None,
         prompt_len: int,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """Forward and backward of one micro-batch with the loss left undivided (denominator 1).
 
-        ids, attn: [n, P+L]; mask, engine_logp: [n, L] (mask bool); advantages: [n]. Returns the detached
-        trainer logprobs [n, L] and `MicroLoss.sums()`.
+        ids, attn: [n, P+L]; mask, engine_logp: [n, L] (mask bool); advantages: [n]; old_logp: [n, L] or None
+        (StepBatch.rows). Returns the detached trainer logprobs [n, L] and `MicroLoss.sums()`.
         """
         micro = micro_loss(
             self.model,
@@ -147,6 +149,7 @@ class TorchLearner:
             self.algo,
             self.loss_agg,
             self.loss_fn,
+            old_logp,
         )
         micro.total.backward()
         return micro.logp.detach(), micro.sums()
@@ -175,7 +178,7 @@ class TorchLearner:
         step_index = self.calls
         self.calls += 1
         algo = self.algo
-        step = unpack_batch(batch, self.device, algo.micro_batch_size)
+        step = with_old_logprobs(self.model, unpack_batch(batch, self.device, algo.micro_batch_size), algo)
 
         self.optimizer.zero_grad(set_to_none=True)
         sums = StepSums(step)

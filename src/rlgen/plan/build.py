@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from rlgen.algo.registry import algorithm_problem
+from rlgen.algo.registry import algorithm_problems
 from rlgen.charvocab import CHAR_VOCAB_SIZE
 from rlgen.config import LearnerKind, LoraSync, RunConfig, Setting, Transport, set_key
 from rlgen.engines.registry import EngineSpec, UnknownEngineKind, engine_spec
@@ -132,8 +132,7 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
     spec = spec_of(cfg)
     cfg, settings = _resolve(cfg, spec)
     p: list[str] = []
-    if why := algorithm_problem(cfg.algo.kind):
-        p.append(why)
+    p.extend(algorithm_problems(cfg.algo))
     check_values(cfg, p)
     layout = layout_of(cfg, spec)
     derived_async = default_async_steps(cfg, spec, layout is Layout.colocated) if cfg.algo.async_steps is None else None

@@ -65,8 +65,11 @@ def algorithm_rows(a) -> list[tuple[str, str]]:
     if a.entropy_top_frac < 1:
         entropy += f"; policy gradient on the top {a.entropy_top_frac:.0%} entropy tokens"
     scale = {"group": "group std", "batch": "batch std", "none": "not scaled"}[str(a.scale_rewards)]
+    advantages = (f"reward - group mean, {scale}" + ("" if a.scale_rewards == "none" else f" ({a.reward_std})")
+                  if a.advantage == "grpo" else f"{a.advantage} (docs/algorithms.md)")
     rows = [
-        ("advantages", f"reward - group mean, {scale}" + ("" if a.scale_rewards == "none" else f" ({a.reward_std})")),
+        ("advantages", advantages),
+        ("policy loss", f"{a.policy_loss}; pi_old: the {a.old_logprobs}'s logprobs"),
         ("ratio and clip", f"{ratio}, [1 - {a.clip_low:g}, 1 + {a.clip_high:g}]"),
         ("loss aggregation", str(a.loss_agg)),
         ("engine/trainer IS correction", is_fix),

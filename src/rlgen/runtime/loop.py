@@ -137,7 +137,7 @@ def _rollouts(run: Run, step: int, tl: StepTimeline) -> tuple[Any, Any, InFlight
                             lambda rewards, groups: run.algorithm.advantages(rewards, groups, algo),
                             mask_truncated=algo.mask_truncated)
     except AdvantageShapeError as err:
-        raise RunError(f"algo.kind={algo.kind}: {err}") from err
+        raise RunError(f"algo.advantage={algo.advantage}: {err}") from err
     tl.add("driver", Phase.reward, t0, time.time())
     return batch, got, flight
 

@@ -91,7 +91,7 @@ class Run:
     rollouts: Any = None  # runtime.rollouts.generation.Rollouts
     tokenizer: Any = None
     pad_id: int = 0
-    algorithm: Any = None  # rlgen.algo.registry.Algorithm of algo.kind
+    algorithm: Any = None  # rlgen.algo.registry.Algorithm: algo.advantage and algo.policy_loss
     initial_model_path: str = ""  # the starting model; the frozen reference stays this one on resume
     start_model_path: str = ""  # what the actors load: the initial model, or the checkpoint's policy
     sink: Any = None  # the metrics sink, once the loop runs

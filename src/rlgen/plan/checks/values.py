@@ -8,7 +8,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from rlgen.config import Level, LossAgg, RunConfig, TaskKind
+from rlgen.config import KLEstimator, KLPenalty, Level, LossAgg, OldLogprobs, RunConfig, TaskKind
 
 # The most steps a run may ask for: at the tiny CPU model's 0.1 s a step, ten million steps take 12 days, and a
 # step on GPUs takes seconds (months to years). A larger number is a typo, not a run.
@@ -139,8 +139,9 @@ def _check_algo(cfg: RunConfig, p: list[str]) -> None:
         p.append(f"algo.weight_decay={a.weight_decay} must be >= 0.")
     if a.grad_clip < 0:
         p.append(f"algo.grad_clip={a.grad_clip} must be >= 0 (0 turns clipping off).")
-    if not 0 <= a.clip_low < 1:
-        p.append(f"algo.clip_low={a.clip_low} must be in [0, 1); 0.2 is usual.")
+    if a.clip_low < 0 or (a.clip_low >= 1 and a.policy_loss != "cispo"):
+        p.append(f"algo.clip_low={a.clip_low} must be in [0, 1); 0.2 is usual (only the cispo policy loss takes "
+                 ">= 1, for no lower bound).")
     if a.clip_high < 0:
         p.append(f"algo.clip_high={a.clip_high} must be >= 0; 0.2 is usual (0.28 in DAPO).")
     if a.async_steps is not None and a.async_steps < 0:
@@ -161,6 +162,7 @@ def _check_loss_options(a, p: list[str]) -> None:
     if a.importance_level == Level.sequence and a.loss_agg != LossAgg.seq_mean_token_mean:
         p.append(f"algo.importance_level=sequence gives each sequence one ratio, but algo.loss_agg={a.loss_agg} weighs "
                  "a sequence by its length; set algo.loss_agg=seq_mean_token_mean (as algo=gspo does).")
+    _check_is_and_kl(a, p)
     if a.entropy_coef < 0:
         p.append(f"algo.entropy_coef={a.entropy_coef} must be >= 0 (0: no entropy bonus).")
     if not 0 < a.entropy_top_frac <= 1:
@@ -176,6 +178,21 @@ def _check_loss_options(a, p: list[str]) -> None:
     elif a.max_new_tokens is not None and (a.overlong_buffer or 0) >= a.max_new_tokens > 0:
         p.append(f"algo.overlong_buffer={a.overlong_buffer} must be less than algo.max_new_tokens={a.max_new_tokens}; "
                  f"a fifth of it ({max(a.max_new_tokens // 5, 1)}) is usual.")
+
+
+def _check_is_and_kl(a, p: list[str]) -> None:
+    """Combinations whose maths is not what their names say."""
+    if a.tis_cap > 0 and a.tis_level == Level.sequence and a.importance_level == Level.token \
+            and a.old_logprobs == OldLogprobs.engine:
+        p.append("algo.tis_level=sequence with algo.importance_level=token and algo.old_logprobs=engine is not "
+                 "sequence-level IS: each token's ratio still carries its own engine/trainer mismatch and only the "
+                 "cap is per sequence; set algo.importance_level=sequence (with algo.loss_agg=seq_mean_token_mean), "
+                 "algo.old_logprobs=trainer (a separate per-sequence weight), or algo.tis_level=token.")
+    if a.kl_coef > 0 and a.kl_penalty == KLPenalty.loss and a.kl_estimator == KLEstimator.k1 \
+            and not a.kl_bias_correction:
+        p.append("algo.kl_estimator=k1 in the loss has zero expected gradient (E[grad log pi] = 0 on the policy's "
+                 "samples), so it adds only noise; use algo.kl_estimator=k3 (or k2), set "
+                 "algo.kl_bias_correction=true, or put it in the reward with algo.kl_penalty=reward.")
 
 
 ENGINE_DTYPES = ("float32", "bfloat16", "float16", "half", "auto")

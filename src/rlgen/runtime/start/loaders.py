@@ -67,7 +67,7 @@ def _algorithm(run: Any, libraries: Beside) -> None:
     _after(libraries, run)
     from rlgen.algo.registry import algorithm
 
-    run.algorithm = algorithm(run.cfg.algo.kind)
+    run.algorithm = algorithm(run.cfg.algo)
 
 
 def _task(run: Any, libraries: Beside, model: Beside) -> tuple[Any, Any, list[int]]:

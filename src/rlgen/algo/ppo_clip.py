@@ -1,0 +1,44 @@
+"""The PPO clipped surrogate (GRPO, Dr. GRPO, DAPO, GSPO, REINFORCE++ and RLOO presets): the ratio per token or per
+sequence against pi_old, clipped to [1 - clip_low, 1 + clip_high], with the engine/trainer IS correction."""
+
+from __future__ import annotations
+
+import torch
+
+from rlgen.algo.inputs import LossInputs, LossOutputs
+from rlgen.algo.loss import aggregate, check_advantages, is_weight, log_ratio, ratio_metrics, sequence_keep
+from rlgen.config import AlgoConfig, OldLogprobs
+
+
+def ppo_clip_loss(inputs: LossInputs, algo: AlgoConfig) -> LossOutputs:
+    """sg = stop-gradient; A = advantages [n] broadcast over each sequence's tokens.
+      ratio          token: rho_t = exp(logp_t - old_t); sequence (GSPO): s = exp(mean_t (logp_t - old_t)) for every
+                     token of the sequence (algo.importance_level)
+      surrogate      v = min(rho * A, clip(rho, 1 - clip_low, 1 + clip_high) * A)
+      IS correction  v <- v * is_weight(trainer_before, engine_logp, ...) (algo.tis_cap, tis_level, tis_mode)
+      sequence mask  algo.seq_mask_cap > 0: a sequence whose mean sg|trainer - engine| exceeds log(seq_mask_cap)
+                     leaves the loss (mask' = mask * keep)
+      token weight   v <- v * token_weight (the entropy mask)
+      loss           -aggregate(v, mask', algo.loss_agg, algo.max_new_tokens, inputs.denominator)
+    Raises AdvantageShapeError when the advantages are not [n].
+    """
+    logp, m = inputs.logp, inputs.mask.bool()  # [n, L]
+    check_advantages(inputs.advantages, logp)
+    ratio = torch.exp(log_ratio(logp, inputs.old_logp, m, algo.importance_level))  # [n, L]; 1 off the mask
+    adv = inputs.advantages.to(logp.dtype).unsqueeze(-1)  # [n, 1]
+    clipped = torch.clamp(ratio, 1.0 - algo.clip_low, 1.0 + algo.clip_high) * adv  # [n, L]
+    surrogate = torch.minimum(ratio * adv, clipped)  # [n, L]
+    clip_active = ((adv > 0) & (ratio > 1.0 + algo.clip_high)) | ((adv < 0) & (ratio < 1.0 - algo.clip_low))
+    trainer = inputs.trainer_before()  # [n, L]
+    weight, over_cap = is_weight(trainer, inputs.engine_logp, m, algo.tis_cap, algo.tis_level, algo.tis_mode,
+                                 in_ratio=OldLogprobs(algo.old_logprobs) is OldLogprobs.engine)  # [n, L]
+    surrogate = surrogate * weight
+    if inputs.token_weight is not None:
+        surrogate = surrogate * inputs.token_weight
+    keep = sequence_keep(trainer, inputs.engine_logp, m, algo.seq_mask_cap)  # [n]
+    loss_mask = m & keep.unsqueeze(-1)  # [n, L]
+    loss = -aggregate(surrogate, loss_mask, algo.loss_agg, algo.max_new_tokens, denominator=inputs.denominator)
+    return LossOutputs(loss, ratio_metrics(ratio, clip_active, over_cap, m, keep))
+
+
+__all__ = ["ppo_clip_loss"]
