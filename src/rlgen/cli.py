@@ -5,8 +5,16 @@ validation pass run), so a mistake gives one sentence and exit 2, not Hydra's ra
 
 from __future__ import annotations
 
+import importlib
 import shlex
 import sys
+import traceback
+
+from rlgen.commands.args import split_argv
+from rlgen.config import register_configs
+from rlgen.config.compose import CONF_DIR
+from rlgen.errors import UserError
+from rlgen.runtime.durability.run_lock import set_command_line
 
 USAGE = """usage: rlgen <command> [overrides ...]
 
@@ -28,14 +36,10 @@ examples:
 
 def _hydra_app(task_fn_path: str, argv: list[str], name: str) -> int:
     """Run `module:function(cfg)` as a Hydra app so -m, --cfg and --help behave as Hydra documents."""
-    import importlib
 
     import hydra
 
     from rlgen.commands.checks import print_problems
-    from rlgen.config import register_configs
-    from rlgen.config.compose import CONF_DIR
-    from rlgen.errors import UserError
 
     register_configs()
     module, _, fn_name = task_fn_path.partition(":")
@@ -61,7 +65,6 @@ def _hydra_app(task_fn_path: str, argv: list[str], name: str) -> int:
 
 def _unexpected(name: str, err: BaseException) -> int:
     """An error no check foresaw: one line on the terminal, the traceback in <run dir>/error.log. Returns 1."""
-    import traceback
 
     from rlgen.commands.checks import print_problems
     from rlgen.commands.train import run_dir
@@ -85,10 +88,7 @@ APPS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rlgen.commands.args import split_argv
     from rlgen.commands.checks import check_command, pin_run_dir, print_problems
-    from rlgen.errors import UserError
-    from rlgen.runtime.durability.run_lock import set_command_line
 
     argv = list(sys.argv[1:] if argv is None else argv)
     set_command_line(shlex.join(["rlgen", *argv]))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import shutil
 import tarfile
 import tempfile
 from pathlib import Path
@@ -45,7 +46,6 @@ def unpack(data: bytes, dest: str) -> str:
     try:
         os.rename(tmp, target)
     except OSError:  # another process unpacked it first
-        import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
     return str(target)

@@ -4,6 +4,8 @@ bucketing, and waits that always end (a thread with a timeout, Ray refs or futur
 from __future__ import annotations
 
 import concurrent.futures
+import json
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -106,8 +108,6 @@ def check_versions(results: Sequence[dict[str, Any]], version: int, what: str) -
 def write_adapter(folder: str, tensors: dict[str, Any], config: dict[str, Any]) -> None:
     """A PEFT adapter folder (adapter_config.json, adapter_model.safetensors) from a LoRA adapter's tensors and
     config: what a learner's checkpoint holds and what a vllm engine loads."""
-    import json
-    import os
 
     from safetensors.torch import save_file
 
@@ -120,8 +120,6 @@ def write_adapter(folder: str, tensors: dict[str, Any], config: dict[str, Any]) 
 def read_adapter_config(folder: str) -> tuple[dict[str, Any] | None, str | None]:
     """(adapter_config.json of the PEFT adapter folder, None), or (None, why it cannot be read: the end of a
     sentence that starts with the folder)."""
-    import json
-    import os
 
     path = os.path.join(os.path.expanduser(folder), "adapter_config.json")
     if not os.path.isfile(path):

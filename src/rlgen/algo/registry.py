@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rlgen.config.compose import group_options
+
 # advantages(rewards [N], group_ids [N], algo: AlgoConfig) -> advantages [N] float32
 Advantages = Callable[..., Any]
 # loss(inputs: rlgen.algo.inputs.LossInputs, algo: AlgoConfig) -> rlgen.algo.inputs.LossOutputs
@@ -60,7 +62,6 @@ _TABLES = (("advantage", "an advantage estimator", ADVANTAGE_ESTIMATORS, "regist
 def algorithm_problems(algo: Any) -> list[str]:
     """One sentence, with the choices, for algo.kind when it names no preset and for each of algo.advantage and
     algo.policy_loss that names nothing registered. Imports nothing heavy."""
-    from rlgen.config.compose import group_options
 
     problems = []
     presets = group_options("algo")

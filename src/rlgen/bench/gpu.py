@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 import time
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from rlgen.gpubusy import BusySampler  # noqa: F401 - the bench's busy-time sampler lives a layer below
@@ -50,7 +51,6 @@ def gpu_used_gib() -> float | None:
 
 
 def versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
 
     out = {"python": sys.version.split()[0]}
     for pkg in ("vllm", "torch", "transformers", "ray"):

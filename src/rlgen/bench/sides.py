@@ -18,6 +18,8 @@ from rlgen.bench.workload import (
     check_completions,
 )
 from rlgen.config import EngineConfig
+from rlgen.engines.registry import engine_spec
+from rlgen.plan.memory import engine_part
 from rlgen.types import GenRequest
 
 
@@ -118,7 +120,6 @@ def run_vllm_side(
     generate at once. engine_cls replaces VLLMEngine (tests run a stand-in without a GPU);
     busy_gpu adds the GPU's busy percentage to each run."""
     if engine_cls is None:
-        from rlgen.engines.registry import engine_spec
 
         engine_cls = engine_spec("vllm").actor_class()
 
@@ -148,7 +149,6 @@ def run_vllm_side(
 
 def _engine_each(engine: EngineConfig, k: int) -> EngineConfig:
     """The config of each of k engines sharing one GPU: 1/k of its memory share (k = 1: engine as given)."""
-    from rlgen.plan.memory import engine_part
 
     if k == 1:
         return engine
@@ -297,7 +297,6 @@ def run_hf_side(
     """rlgen's HFEngine in a Ray actor with one GPU, batch after batch until budget_s of generation."""
     import ray
 
-    from rlgen.engines.registry import engine_spec
 
     HFEngine = engine_spec("hf").actor_class()  # noqa: N806 - the class, as the registry holds it
 

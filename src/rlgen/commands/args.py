@@ -3,6 +3,7 @@ every job of the sweep. Each mistake becomes one sentence (ConfigError) instead 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from rlgen.config.compose import ConfigError
@@ -112,7 +113,6 @@ def jobs(args: Args) -> list[list[str]]:
 
 def explain_parse_error(msg: str) -> str:
     """One sentence from Hydra's override parser error."""
-    import re
 
     lines = [ln for ln in msg.splitlines() if ln.strip() and not ln.startswith("See https")]
     m = re.search(r"Error (?:parsing|when parsing) override '([^']*)'", msg)

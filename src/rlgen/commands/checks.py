@@ -3,7 +3,9 @@ validation pass run. Problems print one sentence each and the command exits 2, b
 
 from __future__ import annotations
 
+import datetime
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,10 @@ from rich.markup import escape
 from rlgen.commands.args import Args, jobs, split_argv
 from rlgen.config import RunConfig, plain
 from rlgen.config.compose import ConfigError, compose_run_config, run_dir_template
+from rlgen.plan.preflight import preflight
+from rlgen.runtime.durability.resume import ResumeError, identity, resolve_explicit
+from rlgen.runtime.durability.run_lock import claim_run_dir
+from rlgen.serve.checks import serve_problems
 
 # The plans of the configs this process has already validated, by config: the Hydra job takes its plan from here
 # instead of building it again (a sweep point that failed the pass is not here, so its job records why it was
@@ -66,7 +72,6 @@ def check_command(command: str, argv: list[str]) -> int | None:
     if args.print_only or not cfgs:
         return None
     if command == "serve":
-        from rlgen.serve.checks import serve_problems
 
         checked = [(cfg, *serve_problems(cfg)) for cfg in cfgs]
         problems = [p for _, _, found in checked for p in found]
@@ -80,8 +85,6 @@ def check_command(command: str, argv: list[str]) -> int | None:
 
 
 def check_train(args: Args, cfgs: list[RunConfig]) -> int | None:
-    from rlgen.plan.preflight import preflight
-    from rlgen.runtime.durability.resume import ResumeError, identity, resolve_explicit
 
     run_dir = run_dir_hint(args)
     reports = [preflight(cfg, run_dir=run_dir) for cfg in cfgs]
@@ -116,7 +119,6 @@ def pin_run_dir(args: Args) -> list[str]:
     args.overrides: hydra.run.dir set to the directory (its ${now:...} filled in). Raises RunLocked (a
     UserError) when a live run holds it. A directory Hydra alone can resolve (another interpolation) is left to
     the run's own lock, taken when the run starts."""
-    from rlgen.runtime.durability.run_lock import claim_run_dir
 
     if args.multirun or args.print_only or args.own_config:
         return args.overrides
@@ -131,8 +133,6 @@ def pin_run_dir(args: Args) -> list[str]:
 def fill_now(raw: str, now: Any = None) -> str | None:
     """raw with each ${now:<format>} filled in as Hydra does (one instant for all); None when another
     interpolation is left."""
-    import datetime
-    import re
 
     now = now or datetime.datetime.now()
     filled = re.sub(r"\$\{now:([^}]*)\}", lambda m: now.strftime(m.group(1)), raw)
@@ -141,7 +141,6 @@ def fill_now(raw: str, now: Any = None) -> str | None:
 
 def hydra_quoted(value: str) -> str:
     """value as Hydra's override parser reads it back unchanged: bare where it can be, else single-quoted."""
-    import re
 
     if re.fullmatch(r"[\w./+:@%-]+", value):
         return value

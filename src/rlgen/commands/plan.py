@@ -11,6 +11,10 @@ from rich.markup import escape
 
 from rlgen.commands.checks import compose_jobs, print_problems
 from rlgen.config.compose import ConfigError
+from rlgen.plan.checks.inputs import writable
+from rlgen.plan.prediction import predict
+from rlgen.plan.preflight import preflight
+from rlgen.plan.view import print_plan_and_prediction
 
 USAGE = """usage: rlgen plan [overrides ...] [--json PATH] [--cfg job]
 
@@ -20,7 +24,6 @@ USAGE = """usage: rlgen plan [overrides ...] [--json PATH] [--cfg job]
 
 
 def main(argv: list[str]) -> int:
-    from rlgen.plan.preflight import preflight
 
     if any(a in ("-h", "--help") for a in argv):
         print(USAGE)
@@ -47,14 +50,12 @@ def main(argv: list[str]) -> int:
     report = preflight(cfg)
     if report.problems:
         return print_problems(report.problems)
-    from rlgen.plan.view import print_plan_and_prediction
 
     console = Console(soft_wrap=True)
     print_plan_and_prediction(report.plan, console)
     for m in report.machine:
         console.print(f"[yellow]this machine cannot run it:[/] {escape(m)}", highlight=False)
     if json_path:
-        from rlgen.plan.prediction import predict
 
         path = Path(json_path).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -74,7 +75,6 @@ def _take_json(argv: list[str]) -> tuple[str | int | None, list[str]]:
     path = argv[i + 1]
     if Path(path).expanduser().is_dir():
         return print_problems([f"--json {path} is a folder; give a file path, e.g. --json {path.rstrip('/')}/plan.json"]), argv
-    from rlgen.plan.checks.inputs import writable
 
     if why := writable(Path(path).expanduser().parent):
         return print_problems([f"--json {path} cannot be written: {why}; choose another path."]), argv

@@ -18,17 +18,27 @@ from typing import Any
 
 from rich.markup import escape
 
+from rlgen.commands.checks import planned, print_problems
+from rlgen.commands.train import run_dir
 from rlgen.config import RunConfig, Transport, to_run_config
+from rlgen.models import load_tokenizer, prepare_model
+from rlgen.plan import PlanError
+from rlgen.plan.placement import plan_bundles
+from rlgen.plan.serve import build_serve_plan, served_adapters
+from rlgen.runlog import LOG_FILE, MirroredConsole, attach_run_log
+from rlgen.runtime.cluster.actors import QUIET_ENV, ActorFactory, connect, engine_class, release
+from rlgen.runtime.cluster.waits import Waiter
+from rlgen.runtime.errors import RunError, StopRequested
+from rlgen.runtime.signals import StopFlag
+from rlgen.runtime.start.on_thread import Beside
 from rlgen.serve.checks import serve_token
+from rlgen.serve.pool import EnginePool, ServedModel
 
 log = logging.getLogger(__name__)
 
 
 def _served_model(cfg: RunConfig, plan: Any, model_path: str, health: dict[str, Any]) -> Any:
     """The served model, from the plan and what engine 0 says of itself (its dtype, its logprobs limit)."""
-    from rlgen.models import load_tokenizer
-    from rlgen.plan.serve import served_adapters
-    from rlgen.serve.pool import ServedModel
 
     adapters, max_lora_rank = served_adapters(cfg, plan.engine)
     return ServedModel(name=cfg.model.name if not cfg.model.path else str(cfg.model.path), path=model_path,
@@ -46,14 +56,7 @@ def serve(plan: Any, out_dir: Path, console: Any) -> None:
     """Start the plan's engines, serve until a signal, and take everything down."""
     import uvicorn
 
-    from rlgen.models import prepare_model
-    from rlgen.plan.placement import plan_bundles
-    from rlgen.runtime.cluster.actors import QUIET_ENV, ActorFactory, connect, engine_class, release
-    from rlgen.runtime.cluster.waits import Waiter
-    from rlgen.runtime.signals import StopFlag
-    from rlgen.runtime.start.on_thread import Beside
     from rlgen.serve.app import make_app
-    from rlgen.serve.pool import EnginePool
     from rlgen.serve.server import server_config
 
     cfg = plan.config
@@ -108,8 +111,6 @@ def serve(plan: Any, out_dir: Path, console: Any) -> None:
 
 def _plan(cfg: RunConfig) -> Any:
     """The plan the command line built, or (called without it) built here."""
-    from rlgen.commands.checks import planned
-    from rlgen.plan.serve import build_serve_plan
 
     return planned(cfg) or build_serve_plan(cfg, serve_token(cfg))
 
@@ -124,11 +125,6 @@ def _signalled(signum: int, frame: Any) -> None:
 
 def serve_app(dict_cfg: Any) -> None:
     """Hydra entry point of `rlgen serve`."""
-    from rlgen.commands.checks import print_problems
-    from rlgen.commands.train import run_dir
-    from rlgen.plan import PlanError
-    from rlgen.runlog import LOG_FILE, MirroredConsole, attach_run_log
-    from rlgen.runtime.errors import RunError, StopRequested
 
     console = MirroredConsole()
     out = run_dir()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 
 from rlgen.metrics.report import balance_summary, load_run
+from rlgen.runtime.durability.status_file import read_status
 
 # The exit codes of this process's sweep jobs that did not run to the end (rejected: 2, failed: 1): the sweep goes on
 # past them, and its own exit code is the largest (sweep_exit_code).
@@ -48,7 +50,6 @@ def _overrides(job_dir: Path) -> list[str]:
 def collect_run(job_dir: str | Path) -> dict[str, Any]:
     """One job's row: its overrides, status, throughput and balance verdict. A job that resumed an earlier
     run (``resumed_into``) reports that run's directory."""
-    from rlgen.runtime.durability.status_file import read_status
 
     job_dir = Path(job_dir)
     row: dict[str, Any] = {"job_dir": str(job_dir), "overrides": _overrides(job_dir)}
@@ -238,6 +239,5 @@ def unfinished_line(rows: list[dict[str, Any]]) -> str | None:
 
 
 def _common_parent(dirs: list[Path]) -> Path:
-    import os
 
     return Path(os.path.commonpath([str(d) for d in dirs])) if len(dirs) > 1 else dirs[0].parent

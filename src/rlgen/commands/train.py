@@ -15,12 +15,24 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from rlgen.commands.checks import planned
 from rlgen.config import RunConfig, to_run_config
 from rlgen.errors import UserError
 from rlgen.plan import PlanError
+from rlgen.plan.preflight import preflight
 from rlgen.runlog import LOG_FILE, MirroredConsole
+from rlgen.runtime import RunError, RunStopped
+from rlgen.runtime.durability.resume import (
+    ResumeError,
+    identity,
+    resolve_auto,
+    resolve_explicit,
+    search_root_from_hydra,
+)
 from rlgen.runtime.durability.run_lock import release_claim
+from rlgen.runtime.durability.status_file import RunStatus, read_status
 from rlgen.runtime.run import run_training
+from rlgen.runtime.signals import StopFlag
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +63,6 @@ def _job_failed(status: str, message: str, prefix: str, code: int, out: Path | N
     """Report a job that could not run or stopped. A single run exits with `code`; a job of a multirun writes
     its reason to status.json (the sweep summary shows it) and returns NaN, so the sweep goes on (and ends with
     the largest such code), unless end_sweep (a stop signal: the user wants the whole sweep to stop)."""
-    from rlgen.runtime.durability.status_file import RunStatus, read_status
 
     Console(stderr=True, soft_wrap=True).print(prefix + escape(message), highlight=False)
     if end_sweep or not _in_multirun():
@@ -85,12 +96,6 @@ def _shown(path: str | Path) -> str:
 def _resolve_resume(plan: Any, out: Path, console: Console) -> Any:
     """The ResumePoint for the config's resume= (None: start a new run). Raises ResumeError when it cannot be
     honoured."""
-    from rlgen.runtime.durability.resume import (
-        identity,
-        resolve_auto,
-        resolve_explicit,
-        search_root_from_hydra,
-    )
 
     cfg = plan.config
     current = identity(cfg, len(plan.learners))
@@ -118,8 +123,6 @@ def _move_into(point: Any, hydra_dir: Path) -> None:
 def _plan(cfg: RunConfig, out: Path) -> Any:
     """The plan the command line built with its validation pass, or (a job the command line did not see) the
     pass run here; a config it refuses raises PlanError (a refused sweep point: its job records why)."""
-    from rlgen.commands.checks import planned
-    from rlgen.plan.preflight import preflight
 
     plan = planned(cfg)
     if plan is not None:
@@ -132,9 +135,6 @@ def _plan(cfg: RunConfig, out: Path) -> Any:
 
 def train_app(dict_cfg) -> float:
     """Hydra entry point. Returns the last-20% mean reward, so sweeps have an objective."""
-    from rlgen.runtime import RunError, RunStopped
-    from rlgen.runtime.durability.resume import ResumeError
-    from rlgen.runtime.signals import StopFlag
 
     console = MirroredConsole()
     stop = StopFlag()

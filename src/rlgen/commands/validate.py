@@ -7,14 +7,15 @@ import os
 import sys
 from typing import Any
 
+from rlgen.runtime.cluster.dead_runs import stop_kept_for_own_cluster
+from rlgen.validate.run import run_validate, split_config
+
 
 def validate_app(dict_cfg: Any) -> float:
     """Returns the overall k3 KL (the objective of a sweep)."""
     from rich.console import Console
 
     from rlgen.commands.train import run_dir
-    from rlgen.runtime.cluster.dead_runs import stop_kept_for_own_cluster
-    from rlgen.validate.run import run_validate, split_config
 
     out_dir = run_dir()
     # hypothesis keeps a small cache; keep it in the run folder rather than the caller's working directory

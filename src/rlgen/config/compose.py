@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,6 @@ def compose_run_config(overrides: list[str] | tuple[str, ...] = (), hydra_overri
 
 def _known_keys(dotted: str) -> list[str] | None:
     """The schema's field names at the parent of a dotted key, or None if the parent is unknown."""
-    import dataclasses
 
     node: type | None = RunConfig
     for part in dotted.split(".")[:-1]:
@@ -78,7 +78,6 @@ def _known_keys(dotted: str) -> list[str] | None:
 
 def _is_map(dotted: str) -> bool:
     """Whether a dotted key of the schema is a dict field (a free-form map such as engine.env)."""
-    import dataclasses
 
     node: type | None = RunConfig
     parts = dotted.split(".")

@@ -23,6 +23,7 @@ from rlgen.algo.registry import algorithm as find_algorithm
 from rlgen.config import AlgoConfig, LossAgg, MonitorConfig
 from rlgen.gpustart import beside_engine_starts
 from rlgen.learners.background import to_host
+from rlgen.learners.group import free_endpoint
 from rlgen.learners.grpo_step import (
     StepSums,
     assemble_metrics,
@@ -37,8 +38,8 @@ from rlgen.learners.policy import adamw, frozen_model, load_policy, with_lora
 from rlgen.learners.torch import NonFiniteWeightsError, TorchLearner
 from rlgen.learners.weight_sender import WeightSender
 from rlgen.phases import ActorClock
-from rlgen.transfer import DEFAULT_BUCKET_BYTES, plan_buckets
-from rlgen.types import RolloutBatch
+from rlgen.transfer import DEFAULT_BUCKET_BYTES, plan_buckets, run_with_timeout
+from rlgen.types import Phase, RolloutBatch
 
 MEASURE_WAIT_S = 600.0  # at most this long for an engine on the learner's GPU to size its KV cache, then go on
 DS_TAG = "zero"  # the tag of DeepSpeed's checkpoint inside a checkpoint's learner/ folder
@@ -112,7 +113,6 @@ def _dist_env(rank: int, world_size: int, master_addr: str | None, master_port: 
     if master_addr is None or master_port is None:
         if world_size > 1:
             raise ValueError("a learner group of several ranks needs master_addr and master_port from rank 0")
-        from rlgen.learners.group import free_endpoint
 
         master_addr, master_port = free_endpoint(local=True)
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(world_size),
@@ -327,8 +327,6 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
     def drain_weights(self, version: int, dtype: str, bucket_bytes: int, timeout_s: float) -> dict:
         """A rank other than 0 under ZeRO-3: take part in the bucketed gathers while rank 0 sends the weights
         (each gather is a collective over the group); the tensors are dropped here."""
-        from rlgen.transfer import run_with_timeout
-        from rlgen.types import Phase
 
         self._check_send(version)
         t0 = time.time()

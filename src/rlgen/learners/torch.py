@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import tempfile
 import time
 from typing import Any
 
@@ -27,6 +28,7 @@ from rlgen.learners.grpo_step import (
 )
 from rlgen.learners.lora import AdapterOff, adapter_config, adapter_weights, merged_weights, save_merged
 from rlgen.learners.policy import adamw, frozen_model, load_policy, with_lora
+from rlgen.packing import pack
 from rlgen.phases import ActorClock
 from rlgen.transfer import write_adapter
 from rlgen.types import RolloutBatch
@@ -355,9 +357,7 @@ class TorchLearner:
     def save_checkpoint_packed(self) -> bytes:
         """save_checkpoint into a temporary folder on this node, returned packed: for a learner on a node that
         cannot write into the driver's run directory (see rlgen.runtime.durability.shared_folders)."""
-        import tempfile
 
-        from rlgen.packing import pack
 
         with tempfile.TemporaryDirectory(prefix="rlgen-ckpt-") as tmp:
             self.save_checkpoint(tmp)

@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from rlgen.engines.vllm.ipc_buffer import buffer_bytes, chunk_views, ipc_layout, share
 from rlgen.transfer import (
     DEFAULT_BUCKET_BYTES,
     NUM_BUFFERS,
@@ -134,7 +135,6 @@ class WeightSender:
         during a run)."""
         import torch
 
-        from rlgen.engines.vllm.ipc_buffer import buffer_bytes, chunk_views, ipc_layout
 
         key = (dtype, int(bucket_bytes))
         made = getattr(self, "_ipc", None)
@@ -148,7 +148,6 @@ class WeightSender:
         return self._ipc[1], self._ipc[2], self._ipc[3]
 
     def _share_ipc(self, buffer: Any) -> dict[str, Any]:
-        from rlgen.engines.vllm.ipc_buffer import share
 
         return share(buffer)
 

@@ -15,12 +15,14 @@ import shutil
 import tempfile
 import time
 from enum import Enum
+from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlgen.charvocab import BOS, CHAR_VOCAB, EOS, PAD, SPECIAL_TOKENS
 from rlgen.config import ModelConfig, RunConfig
 from rlgen.durable import exclusive_lock
+from rlgen.tasks import build_task
 
 if TYPE_CHECKING:
     import torch
@@ -121,7 +123,6 @@ def _build_device(m: ModelConfig, device: str) -> str:
 def cache_key(cfg: RunConfig, device: str = "cpu") -> str:
     """``<name>-<hash>`` over everything that changes the built weights. Reads the transformers version without
     importing it (seconds on a GPU host), so a cached build is found at once."""
-    from importlib.metadata import version
 
     material: dict[str, Any] = {
         "format": BUILD_FORMAT,
@@ -196,7 +197,6 @@ def _build(cfg: RunConfig, out: Path, device: str) -> str:
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if big else torch.float32)
         if cfg.model.warm_start_steps > 0:
-            from rlgen.tasks import build_task
 
             task = build_task(cfg.task)
             steps, lr = cfg.model.warm_start_steps, cfg.model.warm_start_lr

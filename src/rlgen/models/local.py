@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from rlgen.config import ModelConfig
+from rlgen.config.compose import compose_run_config
 
 PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 CHAT_TEMPLATE = (
@@ -89,7 +90,6 @@ def build_folder(out: str | Path, preset: ModelConfig, texts: list[str], vocab_s
 
 
 def main(argv: list[str]) -> int:
-    from rlgen.config.compose import compose_run_config
 
     out = Path(argv[0])
     preset = compose_run_config([f"model={argv[1]}"] if len(argv) > 1 else []).model

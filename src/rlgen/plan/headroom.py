@@ -9,6 +9,7 @@ import dataclasses
 import re
 
 from rlgen.config import RunConfig
+from rlgen.config.compose import group_options
 from rlgen.engines.registry import EngineSpec
 from rlgen.plan.layout import EngineSlot, Layout, LearnerSlot, ModelSummary
 from rlgen.plan.overlap import runs_ahead
@@ -31,7 +32,6 @@ def preset_gpus(name: str) -> tuple[int, str] | None:
 def bigger_hardware(cfg: RunConfig) -> list[tuple[str, int]]:
     """The hardware presets with more GPUs than cfg's, fewest first (of equal counts, those of cfg's GPU kind
     first)."""
-    from rlgen.config.compose import group_options
 
     hw = cfg.hardware
     have = hw.nodes * hw.gpus_per_node

@@ -3,6 +3,7 @@ splits from the real model rather than the preset. Pure: JSON only, no torch."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -18,7 +19,6 @@ HF_FIELDS = {  # ModelConfig field <- a Hugging Face config.json key
 def with_model_folder(cfg: RunConfig) -> RunConfig:
     """cfg with model.* read from model.path's config.json when it is a local folder (the plan sizes memory,
     lengths and TP splits from the real model, not the preset); cfg itself otherwise."""
-    import dataclasses
 
     if not cfg.model.path:
         return cfg

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from rlgen.config import RunConfig
 from rlgen.plan.build import Plan, PlanError, build_plan
+from rlgen.plan.checks.inputs import check_dirs, check_model, check_task
+from rlgen.plan.checks.machine import check_environment
 
 
 @dataclass
@@ -32,8 +34,6 @@ def _unique(items: list[str]) -> list[str]:
 def preflight(cfg: RunConfig, *, run_dir: Path | None = None, machine: bool = True) -> Report:
     """Every problem of cfg that can be known before start. run_dir: where the run will write (checked for
     writability); machine: also check this machine's GPUs and packages against the plan."""
-    from rlgen.plan.checks.inputs import check_dirs, check_model, check_task
-    from rlgen.plan.checks.machine import check_environment
 
     problems: list[str] = []
     plan = None

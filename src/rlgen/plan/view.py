@@ -7,6 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from rlgen.plan import Plan
+from rlgen.plan.prediction import predict, print_prediction
 
 
 def _gpus(plan: Plan, gpus: tuple[int, ...] | int | None) -> str:
@@ -157,7 +158,6 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
 
 
 def print_plan_and_prediction(plan: Plan, console: Console | None = None) -> None:
-    from rlgen.plan.prediction import predict, print_prediction
 
     console = console or Console(soft_wrap=True)
     print_plan(plan, console)

@@ -16,13 +16,17 @@ from rich.markup import escape
 from rlgen import STARTED_AT
 from rlgen.config import BreakerAction, KLPenalty
 from rlgen.errors import causes
+from rlgen.learners.group import merge_rank_metrics, shard_rows
+from rlgen.metrics.balance import BalanceTracker, context_from_plan
 from rlgen.runtime.cluster.waits import LearnerLost
 from rlgen.runtime.durability.checkpoint import save, stopped
 from rlgen.runtime.errors import RunError, StopRequested
 from rlgen.runtime.rollouts.engine_restarts import EngineLost
 from rlgen.runtime.rollouts.in_flight import InFlight
+from rlgen.runtime.rollouts.refill import step_rollouts
 from rlgen.runtime.setup import Run
 from rlgen.runtime.step_record import step_record
+from rlgen.tasks.scoring import RewardError
 from rlgen.transfer import SyncError
 from rlgen.types import Phase, StepTimeline
 
@@ -30,7 +34,6 @@ from rlgen.types import Phase, StepTimeline
 def train(run: Run, sink: Any) -> dict:
     """Run steps state.step .. steps-1, checkpointing every checkpoint.every steps and at the end; returns the
     sink's summary."""
-    from rlgen.metrics.balance import BalanceTracker, context_from_plan
 
     cfg, state = run.cfg, run.state
     run.sink = sink
@@ -104,8 +107,6 @@ def _rollouts(run: Run, step: int, tl: StepTimeline) -> tuple[Any, Any, InFlight
     (rlgen.runtime.rollouts.refill), and batched with the algorithm's advantages. Returns (batch, StepRollouts, flight)."""
     from rlgen.algo.loss import AdvantageShapeError
     from rlgen.runtime.rollouts.batch import build_batch
-    from rlgen.runtime.rollouts.refill import step_rollouts
-    from rlgen.tasks.scoring import RewardError
 
     ro, algo = run.rollouts, run.cfg.algo
     # The run's first batch generates alone: nothing trains meanwhile, and a batch launched ahead beside it would
@@ -171,7 +172,6 @@ def _train(run: Run, batch: Any, step: int, tl: StepTimeline) -> dict:
     """One optimizer step of the learner group: each rank trains on its shard of the rows; one metrics dict
     comes back, every rank's spans go on the timeline. While it trains, the next flight's rollouts are prepared
     and scored if they are in."""
-    from rlgen.learners.group import merge_rank_metrics
 
     shards = _shards(run, batch)
     penalty: dict[str, float] = {}
@@ -200,7 +200,6 @@ def _shards(run: Run, batch: Any) -> list[Any]:
         return [batch]
     import torch
 
-    from rlgen.learners.group import shard_rows
 
     return [batch.select(torch.arange(r.start, r.stop)) for r in shard_rows(batch.num_sequences, len(run.learners))]
 

@@ -14,12 +14,18 @@ from rich.console import Console
 from rich.markup import escape
 
 from rlgen.durable import disk_full
+from rlgen.gpubusy import BusySampler
+from rlgen.metrics.balance import context_from_plan
+from rlgen.metrics.report import balance_summary, print_summary, write_report
+from rlgen.metrics.sink import MetricsSink
 from rlgen.plan import Plan
+from rlgen.plan.view import memory_line, resolved_lines
 from rlgen.runlog import MirroredConsole, attach_run_log
 from rlgen.runtime.durability.checkpoint_folder import final_model_from, newest_checkpoint
 from rlgen.runtime.durability.run_lock import acquire_run_lock, command_line
 from rlgen.runtime.durability.status_file import RunStatus
 from rlgen.runtime.errors import RunError, RunStopped, StopRequested
+from rlgen.runtime.loop import train
 from rlgen.runtime.setup import Hooks, Run, set_up, tear_down
 from rlgen.runtime.signals import StopFlag
 from rlgen.runtime.start.progress import print_startup
@@ -94,10 +100,6 @@ def _locked_run(plan: Plan, out_dir: Path, console: Console, stop: StopFlag, res
 
 def _train_and_report(run: Run) -> dict:
     """The loop, then the summary, the report PNGs and the last lines on the terminal."""
-    from rlgen.metrics.balance import context_from_plan
-    from rlgen.metrics.report import balance_summary, print_summary, write_report
-    from rlgen.metrics.sink import MetricsSink
-    from rlgen.runtime.loop import train
 
     plan, console, state = run.plan, run.console, run.state
     sink = MetricsSink(run.out_dir, plan.config, plan.config.steps, console,
@@ -155,7 +157,6 @@ def _busy_sampler(plan: Plan) -> Any:
     (summary gpu_busy_pct; None where nvidia-smi cannot be run). None on CPU."""
     if plan.device != "cuda":
         return None
-    from rlgen.gpubusy import BusySampler
 
     busy = BusySampler(all_gpus=True)
     busy.start()
@@ -214,7 +215,6 @@ def _print_first_rollout(startup: dict[str, float], console: Console) -> None:
 
 def _print_resolved(plan: Plan, console: Console) -> None:
     """What the plan chose for the values the config left null, and the GPU memory split (logged too)."""
-    from rlgen.plan.view import memory_line, resolved_lines
 
     lines = resolved_lines(plan)
     if lines:

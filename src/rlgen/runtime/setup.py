@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from rlgen.config import RunConfig
+from rlgen.models import architectures
 from rlgen.plan import Plan
 from rlgen.plan.placement import plan_bundles
 from rlgen.runtime.cluster import kept_engines
@@ -39,16 +40,20 @@ from rlgen.runtime.cluster.actors import (
 )
 from rlgen.runtime.cluster.local_ray import keep_local
 from rlgen.runtime.cluster.waits import Waiter
+from rlgen.runtime.durability.checkpoint import finish_background, restore_rollouts
 from rlgen.runtime.durability.resume import ResumePoint
 from rlgen.runtime.durability.shared_folders import place_run_folders
 from rlgen.runtime.errors import RunError
 from rlgen.runtime.policy.breaker import CircuitBreaker
 from rlgen.runtime.policy.state import RunState
+from rlgen.runtime.policy.weight_transports import make_transport
 from rlgen.runtime.rollouts.engine_restarts import EngineKeeper, EngineLost
+from rlgen.runtime.rollouts.generation import Rollouts
 from rlgen.runtime.signals import StopFlag
 from rlgen.runtime.start.loaders import start_loaders
 from rlgen.runtime.start.on_thread import Beside
 from rlgen.runtime.start.progress import StartupClock
+from rlgen.tasks.scoring import Scorer
 from rlgen.transfer import SyncError
 
 log = logging.getLogger(__name__)
@@ -170,7 +175,6 @@ def set_up(plan: Plan, out_dir: Path, *, resume: ResumePoint | None = None, stop
 
 def _engines_ahead(run: Run) -> None:
     """What the engine kind can begin on this host before its engines are asked for (engines on GPUs only)."""
-    from rlgen.models import architectures
 
     spec = run.plan.engine
     if spec.ahead is not None and run.plan.device == "cuda":
@@ -305,7 +309,6 @@ def _resync_engine(run: Run, index: int, actor: Any, resend: bool) -> None:
 
 def _new_transport(run: Run) -> Any:
     """The plan's weight transport, not yet joined to the actors."""
-    from rlgen.runtime.policy.weight_transports import make_transport
 
     cfg = run.cfg
     transport = make_transport(run.plan, cfg, bucket_mb=cfg.sync.bucket_mb, sleep_level=cfg.sync.sleep_level)
@@ -327,9 +330,6 @@ def _start_transport(run: Run, send: bool = True) -> None:
 
 def _loop_parts(run: Run, task: Any, renderer: Any, stop_ids: list[int]) -> None:
     """The engines' side of the loop, and, resuming, the rollouts the checkpoint kept."""
-    from rlgen.runtime.durability.checkpoint import restore_rollouts
-    from rlgen.runtime.rollouts.generation import Rollouts
-    from rlgen.tasks.scoring import Scorer
 
     cfg = run.cfg
     run.rollouts = Rollouts(cfg, task, run.tokenizer, renderer, stop_ids, run.keeper,
@@ -342,7 +342,6 @@ def tear_down(run: Run, keep: bool = False) -> None:
     """Let a checkpoint being written in the background complete (the learners write it), close the rollouts and
     the transport, and take the actors down (a cluster this process started goes whole). keep (a run that ended
     well): where the engines may be kept warm, they and the cluster stay for engine.keep_warm_s instead."""
-    from rlgen.runtime.durability.checkpoint import finish_background
 
     try:
         finish_background(run)

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import signal
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -72,7 +73,6 @@ class StopFlag:
 
     def rearm(self) -> None:
         """Install again if installed before (ray.init replaces the SIGTERM handler); no-op otherwise."""
-        import threading
 
         if self.armed and threading.current_thread() is threading.main_thread():
             self.install()

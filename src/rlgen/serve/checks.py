@@ -8,6 +8,9 @@ import socket
 from typing import Any
 
 from rlgen.config import RunConfig
+from rlgen.plan import PlanError
+from rlgen.plan.checks.machine import cluster_address, engine_package_problem, local_gpus
+from rlgen.plan.serve import build_serve_plan
 from rlgen.wire.protocol import TOKEN_ENV
 
 
@@ -29,9 +32,6 @@ def port_problem(host: str, port: int) -> str | None:
 
 def serve_problems(cfg: RunConfig) -> tuple[Any, list[str]]:
     """(the server's plan, or None; everything that stops `rlgen serve` before it starts an engine)."""
-    from rlgen.plan import PlanError
-    from rlgen.plan.checks.machine import cluster_address, engine_package_problem, local_gpus
-    from rlgen.plan.serve import build_serve_plan
 
     try:
         plan = build_serve_plan(cfg, serve_token(cfg))

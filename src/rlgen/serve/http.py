@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
+from rlgen.runtime.cluster.waits import short
 from rlgen.serve.load import read_body
 from rlgen.wire.protocol import BadRequest
 
@@ -30,7 +31,6 @@ def state(request: Request) -> Any:
 
 def failure(err: BaseException) -> str:
     """An engine's failure in one line: the cause a Ray task error carries, else the error."""
-    from rlgen.runtime.cluster.waits import short
 
     return short(getattr(err, "cause", None) or err)
 

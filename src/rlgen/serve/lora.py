@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from rlgen.plan.lora import adapter_misfit
 from rlgen.serve.http import failure
 from rlgen.serve.pool import EnginePool
 from rlgen.transfer import read_adapter_config
@@ -40,7 +41,6 @@ def _folder_rank(path: str) -> int:
 
 
 def _check_fits(pool: EnginePool, path: str) -> None:
-    from rlgen.plan.lora import adapter_misfit
 
     if pool.model.config is not None and (why := adapter_misfit(pool.model.config, path)):
         raise BadRequest(f"lora_path={path} {why}", status=400)

@@ -7,6 +7,7 @@ kept-alive connection that sent nothing is closed without an answer. The body's 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -15,7 +16,6 @@ from rlgen.wire.protocol import error_body
 
 
 def _timeout_answer(seconds: float) -> bytes:
-    import json
 
     body = json.dumps(error_body(f"the request's headers did not arrive within {seconds:g} s "
                                  "(serve.header_timeout_s); send them whole.", 408)).encode()

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rlgen.tasks.math_reward import format_reward, math_equal
+
 RewardFn = Callable[[str, str], float]
 
 
@@ -63,14 +65,12 @@ def numeric(completion: str, answer: str) -> float:
 
 def math_reward(completion: str, answer: str) -> float:
     """Mathematical equality of the final answer (rlgen.tasks.math_reward; needs math-verify)."""
-    from rlgen.tasks.math_reward import math_equal
 
     return math_equal(completion, answer)
 
 
 def answer_format(completion: str, answer: str) -> float:
     """1 when the completion states its answer in a \\boxed{} or after ####."""
-    from rlgen.tasks.math_reward import format_reward
 
     return format_reward(completion, answer)
 

@@ -16,7 +16,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlgen.tasks.rewards import RewardCallError, RewardSet
+from rlgen.tasks.rewards import RewardCallError, RewardSet, RewardValueError
 
 log = logging.getLogger(__name__)
 _REWARDS: RewardSet | None = None  # a worker's own reward set
@@ -40,7 +40,6 @@ def _score_in_worker(text: str, answer: str) -> tuple:
 
 
 def _what(err: BaseException) -> str:
-    from rlgen.tasks.rewards import RewardValueError
 
     return str(err) if isinstance(err, RewardValueError) else f"raised {type(err).__name__}: {err}"
 

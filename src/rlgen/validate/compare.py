@@ -10,6 +10,7 @@ from enum import Enum
 from typing import Any
 
 from rlgen.config import ValidateConfig
+from rlgen.types import GenRequest, SamplingParams
 from rlgen.validate.cases import DrawnRequest
 
 
@@ -133,7 +134,6 @@ def compare(
     reference, candidate, cases: list[list[DrawnRequest]], v: ValidateConfig, stop_ids: tuple[int, ...], threshold: float
 ) -> tuple[list[CheckRow], list[dict[str, Any]]]:
     """Run every case through both engines; the table's rows and a per-case summary."""
-    from rlgen.types import GenRequest, SamplingParams
 
     by_temp: dict[float, _Acc] = {}
     generated, forced = _Acc(), _Acc()

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlgen.config import Transport
+from rlgen.plan import PlanError
 
 
 def policy_adapter(plan: Any) -> dict[str, Any] | None:
@@ -44,7 +45,6 @@ def merged_policy(model_path: str, folder: str, device: str, dtype_name: str) ->
 def refuse_on_a_server(plan: Any) -> None:
     """A server's engines serve other clients too: validate gives them an adapter by name and drops it after, but
     merged weights would replace what the server serves, so that is refused (PlanError) before anything starts."""
-    from rlgen.plan import PlanError
 
     init = plan.config.learner.lora.init
     if plan.engine.served and init and plan.transport is not Transport.lora_adapter:

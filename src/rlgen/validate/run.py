@@ -17,7 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlgen.config import Perturb, RunConfig, Runner, ValidateConfig
+from rlgen.config import Perturb, RunConfig, Runner, ValidateConfig, to_run_config
+from rlgen.models import load_tokenizer, prepare_model
+from rlgen.plan import build_plan
 from rlgen.validate.cases import DrawnRequest, draw_cases
 from rlgen.validate.compare import CheckRow, ValidationReport, compare, jsonable
 from rlgen.validate.engines import InActor, InProcess, perturbed_hf_engine_cls
@@ -59,8 +61,6 @@ def run_validate(
     reference on hypothesis-drawn cases. Prints the table when ``console`` is given and writes
     ``validate.json`` to ``out_dir`` when given."""
     from rlgen.engines.hf.engine import HFEngine
-    from rlgen.models import load_tokenizer, prepare_model
-    from rlgen.plan import build_plan
 
     v = v or getattr(cfg, "validate", None) or ValidateConfig()
     start = time.time()
@@ -172,7 +172,6 @@ def split_config(dict_cfg) -> tuple[RunConfig, ValidateConfig]:
     """The composed Hydra config -> (RunConfig, ValidateConfig); the ``validate`` node is optional."""
     from omegaconf import OmegaConf
 
-    from rlgen.config import to_run_config
 
     node = OmegaConf.to_container(dict_cfg, resolve=True)
     v_node = node.pop("validate", None) or {}

@@ -4,6 +4,7 @@ No torch import at module level."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -196,7 +197,6 @@ ADAPTER_CONFIG_KEY = "adapter_config"  # the safetensors metadata entry an adapt
 def adapter_to_bytes(adapter: Mapping[str, Any]) -> bytes:
     """A LoRA adapter ({"tensors", "config"}, as a learner exports it) as one safetensors blob, its
     adapter_config.json contents in the metadata."""
-    import json
 
     from safetensors.torch import save
 
@@ -206,7 +206,6 @@ def adapter_to_bytes(adapter: Mapping[str, Any]) -> bytes:
 
 def adapter_from_bytes(blob: bytes) -> dict[str, Any]:
     """adapter_to_bytes's blob -> {"tensors", "config"}."""
-    import json
 
     tensors = weights_from_bytes(blob)
     try:

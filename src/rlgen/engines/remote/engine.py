@@ -17,6 +17,7 @@ from rlgen.config import EngineConfig
 from rlgen.engines.base import EngineStartError
 from rlgen.hostinfo import process_info
 from rlgen.types import GenRequest, Phase
+from rlgen.wire.client import GenerationClient, ServerError
 from rlgen.wire.protocol import TOKEN_ENV
 
 START_TIMEOUT_S = 30.0
@@ -31,7 +32,6 @@ class RemoteEngine:
                  name: str = "engine0", version: int = 0, timeout_s: float = 600.0):
         """Engine ``name`` (engineK) of the run speaks for engine K of the server at engine.url (the plan checked
         that the server has it). model_path, device and seed belong to the server, which built its engines."""
-        from rlgen.wire.client import GenerationClient, ServerError
 
         t0 = time.time()
         self.name, self.url = name, str(engine.url)

@@ -9,13 +9,14 @@ import os
 from typing import Any
 
 from rlgen.config import RunConfig, Setting, WeightsOver, set_key
+from rlgen.wire.client import GenerationClient, ServerError
+from rlgen.wire.protocol import TOKEN_ENV
 
 INFO_TIMEOUT_S = 10.0
 
 
 def fetch_info(url: str, token: str | None, timeout_s: float = INFO_TIMEOUT_S) -> dict[str, Any]:
     """The server's /info; raises ServerError with one sentence when there is no good answer."""
-    from rlgen.wire.client import GenerationClient
 
     with GenerationClient(url, token=token, timeout_s=timeout_s) as client:
         return client.info()
@@ -24,8 +25,6 @@ def fetch_info(url: str, token: str | None, timeout_s: float = INFO_TIMEOUT_S) -
 def with_server(cfg: RunConfig, params: int, vocab: int, p: list[str]) -> tuple[RunConfig, list[Setting]]:
     """cfg with the server's engine count, TP size, max_model_len and weight path filled in (each a Setting
     whose source is the server); problems go to p."""
-    from rlgen.wire.client import ServerError
-    from rlgen.wire.protocol import TOKEN_ENV
 
     e = cfg.engine
     if not e.url:

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from rlgen.engines.vllm.common import CONTROL_TIMEOUT_S, EngineError
+from rlgen.transfer import write_adapter
 from rlgen.types import GenRequest, Phase
 
 KEEP = 4  # vLLM keeps this many adapters on the CPU (max_cpu_loras); their folders stay
@@ -27,7 +28,6 @@ class AdapterFolders:
         self.versions: list[int] = []
 
     def write(self, version: int, tensors: dict[str, Any], config: dict[str, Any]) -> str:
-        from rlgen.transfer import write_adapter
 
         if self.root is None:
             base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None

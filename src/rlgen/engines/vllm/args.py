@@ -3,7 +3,9 @@ for an EngineConfig and the per-request sampling seed. Importing this module imp
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from rlgen.config import EngineConfig
@@ -32,8 +34,6 @@ VLLM_MAX_LOGPROBS = 20  # vLLM's max_logprobs when unset: the most logprobs per 
 
 def model_context_length(model_path: str) -> int | None:
     """max_position_embeddings from a model folder's config.json, or None when it does not say."""
-    import json
-    from pathlib import Path
 
     path = Path(model_path) / "config.json"
     if not path.is_file():

@@ -10,6 +10,7 @@ is free.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +53,6 @@ def buffer_bytes(layout: Sequence[dict[str, Any]]) -> int:
 
 def chunk_views(buffer: torch.Tensor, chunk: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
     """(name, tensor) views of one chunk inside a flat uint8 buffer."""
-    import math
 
     import torch
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from rlgen.engines.base import EngineDead
 from rlgen.engines.cancel import CallCancelled
 from rlgen.engines.vllm.common import CONTROL_TIMEOUT_S, EngineError, nccl_join_failed
+from rlgen.engines.vllm.ipc_buffer import load_ipc_on_worker
 from rlgen.engines.vllm.loop import live_token_counts
 from rlgen.engines.vllm.weights import chunk_weights, load_weights_on_worker, to_wire
 from rlgen.types import Phase
@@ -148,7 +149,6 @@ class UpdateMethods:
         the first chunk and resume them after the last, all inside this actor, so the pause lasts the loads
         only. The last chunk drops the prefix cache and takes the new policy version. After sleep level 2 the
         load goes through vLLM's layerwise reload (start/finish) with copies of the views."""
-        from rlgen.engines.vllm.ipc_buffer import load_ipc_on_worker
 
         if not self.weights_on_gpu:
             raise EngineError(f"{self.name} is asleep; wake(['weights']) it before a weight update.")

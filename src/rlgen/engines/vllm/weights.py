@@ -8,6 +8,7 @@ module. torch is imported inside the functions; importing this module imports ne
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +45,6 @@ def to_wire(name: str, t: torch.Tensor) -> tuple[str, str, list[int], bytes]:
 
 
 def from_wire(dtype: str, shape: list[int], raw: bytes) -> torch.Tensor:
-    import warnings
 
     import torch
 

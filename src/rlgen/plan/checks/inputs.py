@@ -10,7 +10,14 @@ import re
 import tempfile
 from pathlib import Path
 
+from rlgen.charvocab import CHAR_VOCAB
 from rlgen.config import RunConfig, TaskKind
+from rlgen.tasks import build_task
+from rlgen.tasks.base import TaskDataError
+from rlgen.tasks.dataset import DatasetTask, read_dataset
+from rlgen.tasks.jsonl import read_rows
+from rlgen.tasks.prompts import PromptRenderer
+from rlgen.tasks.rewards import RewardSpecError
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -100,7 +107,6 @@ class CharTokenizer:
     eos_token_id = None
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        from rlgen.charvocab import CHAR_VOCAB
 
         index = {ch: i for i, ch in enumerate(CHAR_VOCAB)}
         return [index.get(ch, -1) for ch in text]
@@ -111,7 +117,6 @@ class PromptEncoder:
     prompt), with the preset's character tokenizer or the tokenizer of model.path, without building a model."""
 
     def __init__(self, cfg: RunConfig):
-        from rlgen.tasks.prompts import PromptRenderer
 
         self.path = cfg.model.path
         if self.path:
@@ -174,10 +179,6 @@ def check_task(cfg: RunConfig, problems: list[str], model_ok: bool = True) -> ob
     """Build the task (its data file read whole), check every prompt it can give and probe its reward.
     model_ok=False (model.path has problems of its own): prompts are not measured with its tokenizer.
     Returns the task, or None when it cannot be built."""
-    from rlgen.tasks import build_task
-    from rlgen.tasks.base import TaskDataError
-    from rlgen.tasks.jsonl import read_rows
-    from rlgen.tasks.rewards import RewardSpecError
 
     t = cfg.task
     task = None
@@ -188,7 +189,6 @@ def check_task(cfg: RunConfig, problems: list[str], model_ok: bool = True) -> ob
             if t.kind == TaskKind.jsonl:
                 _, bad = read_rows(t.path)
             else:
-                from rlgen.tasks.dataset import DatasetTask, read_dataset
 
                 rows, held, bad = read_dataset(t)
                 task = None if bad else DatasetTask.from_rows(t, rows, held)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from rlgen.config import RunConfig, WandbMode
 from rlgen.learners.registry import LEARNERS
+from rlgen.tasks.rewards import NEEDS
 
 
 def cluster_address(cfg: RunConfig) -> str | None:
@@ -124,7 +125,6 @@ def check_environment(cfg: RunConfig, plan, problems: list[str]) -> None:
     if cfg.task.kind.value == "dataset" and not has_package("datasets"):
         problems.append("task=dataset reads files with Hugging Face datasets, which is not installed; pip install "
                         "'rlgen[data]'.")
-    from rlgen.tasks.rewards import NEEDS
 
     for name in (cfg.task.rewards or {cfg.task.reward: 1.0}):
         if name in NEEDS and not has_package(NEEDS[name]):

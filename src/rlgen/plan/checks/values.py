@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from rlgen.config import KLEstimator, KLPenalty, Level, LossAgg, OldLogprobs, RunConfig, TaskKind
+from rlgen.tasks.rewards import RewardSpecError, resolve_reward
 
 # The most steps a run may ask for: at the tiny CPU model's 0.1 s a step, ten million steps take 12 days, and a
 # step on GPUs takes seconds (months to years). A larger number is a typo, not a run.
@@ -256,7 +257,6 @@ def _check_task(cfg: RunConfig, p: list[str]) -> None:
         p.append(f"task.reward_timeout_s={t.reward_timeout_s} must be > 0 (10 is the default).")
     if any(not s for s in t.stop):
         p.append("task.stop holds an empty string, which would end every response at once; remove it.")
-    from rlgen.tasks.rewards import RewardSpecError, resolve_reward
 
     for name, weight in (t.rewards or {t.reward: 1.0}).items():
         try:

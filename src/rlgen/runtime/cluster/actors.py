@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlgen.config import RunConfig, Transport
+from rlgen.learners.group import free_endpoint
+from rlgen.learners.registry import LEARNERS
+from rlgen.learners.weight_sender import WeightSender
 from rlgen.plan import Plan
 from rlgen.plan.checks.machine import cluster_address as ray_address
 from rlgen.runtime.cluster import kept_engines
@@ -24,6 +27,7 @@ from rlgen.runtime.cluster.local_ray import (
     start_local,
     stop_local,
 )
+from rlgen.runtime.cluster.nodes import NODE_ID_LABEL, assign_nodes, cluster_nodes
 from rlgen.runtime.errors import RunError
 
 log = logging.getLogger(__name__)
@@ -62,7 +66,6 @@ def connect(cfg: RunConfig, plan: Plan, placement: Any, stop: Any, waiter: Any,
     (whether this process connected, the Ray node of each plan node, the placement groups). keep_warm: a local
     cluster whose engines may be kept warm (runtime.cluster.kept_engines): its placement groups are detached and named by the
     cluster's key, and those of a cluster taken over are used again."""
-    from rlgen.runtime.cluster.nodes import assign_nodes, cluster_nodes
 
     started = start_ray(cfg, plan, placement, stop, keep_warm)
     stop.rearm()  # ray.init takes SIGTERM for itself; take it back
@@ -96,7 +99,6 @@ def reserve(placement: Any, node_ids: list[str], timeout_s: float, wait: Callabl
     import ray
     from ray.util.placement_group import get_placement_group, placement_group
 
-    from rlgen.runtime.cluster.nodes import NODE_ID_LABEL
 
     def group(i: int, bundles: Any, node: str) -> Any:
         named = {"name": kept_engines.group_name(key, i), "lifetime": "detached"} if key else {}
@@ -267,7 +269,6 @@ class ActorFactory:
         """A ref to (address, port) on rank 0's node, for a learner group's torch.distributed rendezvous."""
         import ray
 
-        from rlgen.learners.group import free_endpoint
 
         ap0 = self.placement.learners[0]
         return ray.remote(free_endpoint).options(num_cpus=0, scheduling_strategy=self.strategy(ap0)).remote()
@@ -282,12 +283,10 @@ def engine_class(plan: Plan) -> tuple[type, dict[str, Any]]:
 def learner_class(plan: Plan) -> tuple[type, dict[str, Any]]:
     """The learner class of the plan's learner kind and its extra constructor kwargs. A learner that feeds
     engines over NCCL or CUDA IPC gets the weight sender's methods (the DeepSpeed learner has them already)."""
-    from rlgen.learners.registry import LEARNERS
 
     spec = LEARNERS[plan.learner_kind]
     cls = spec.actor_class()
     if plan.transport in (Transport.nccl, Transport.cuda_ipc):
-        from rlgen.learners.weight_sender import WeightSender
 
         if not issubclass(cls, WeightSender):
             cls = type(f"{cls.__name__}WithSender", (WeightSender, cls), {})

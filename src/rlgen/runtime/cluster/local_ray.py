@@ -29,8 +29,20 @@ from pathlib import Path
 from typing import Any
 
 from rlgen.durable import exclusive_lock
+from rlgen.runtime.cluster.dead_runs import (
+    clear_for_local_cluster,
+    cluster_processes,
+    identity,
+    kept_sessions,
+    read_marker,
+    remove_marker,
+    same_process,
+    session_members,
+    stop_processes,
+    write_marker,
+)
 from rlgen.runtime.cluster.kept_engines import CLAIM_MARGIN_S, NAMESPACE
-from rlgen.runtime.errors import RunError
+from rlgen.runtime.errors import RunError, StopRequested
 from rlgen.runtime.signals import at_hard_exit
 
 log = logging.getLogger(__name__)
@@ -63,7 +75,6 @@ class _Head:
         self.ident, self.pid = ident, int(ident["pid"])
 
     def poll(self) -> int | None:
-        from rlgen.runtime.cluster.dead_runs import same_process
 
         return None if same_process(self.ident) else 0
 
@@ -92,7 +103,6 @@ def head_main(argv: list[str]) -> None:
 
     import ray
 
-    from rlgen.runtime.cluster.dead_runs import write_marker
 
     init, answer, driver = json.loads(argv[0]), Path(argv[1]), json.loads(argv[2])
     done = threading.Event()
@@ -124,7 +134,6 @@ def head_main(argv: list[str]) -> None:
 def _no_longer_needed(session_dir: str) -> str | None:
     """Why the head should take its cluster down now (None: it is still needed): the time a run kept it warm for
     has passed, or the driver its marker names is gone (killed, say, with no chance to stop it)."""
-    from rlgen.runtime.cluster.dead_runs import read_marker, same_process
 
     marker = read_marker(session_dir)
     if marker is None:
@@ -141,7 +150,6 @@ def _no_longer_needed(session_dir: str) -> str | None:
 def _stop_session(session_dir: str) -> None:
     """The head, on its way out: stop what is left in its session (the kept engines' own processes) and remove
     the marker, so nothing of the cluster outlives it."""
-    from rlgen.runtime.cluster.dead_runs import remove_marker, session_members, stop_processes
 
     left = session_members(os.getpid())
     if left:
@@ -156,7 +164,6 @@ def start_local(init: dict[str, Any], timeout_s: float, stop: Any, key: str = ""
     global _local
     import ray
 
-    from rlgen.runtime.cluster.dead_runs import clear_for_local_cluster, identity
 
     stop_local()  # one started before and never released
     _token_auth_as_ray_init()
@@ -200,7 +207,6 @@ def _take_over(key: str) -> bool:
     global _local
     import ray
 
-    from rlgen.runtime.cluster.dead_runs import identity, kept_sessions, read_marker, write_marker
 
     for session, data in kept_sessions():
         kept = data["kept"]
@@ -236,7 +242,6 @@ def keep_local(until: float) -> bool:
     (its head then takes it down), disconnect, and stop owning it. False (nothing changed) where this process
     owns no local cluster with a key."""
     global _local
-    from rlgen.runtime.cluster.dead_runs import read_marker, write_marker
 
     cluster = _local
     if cluster is None or not cluster.key or not cluster.session_dir or cluster.head.poll() is not None:
@@ -255,7 +260,6 @@ def keep_local(until: float) -> bool:
 
 def _await_head(cluster: LocalCluster, answer: Path, timeout_s: float, stop: Any) -> dict[str, str]:
     """The head's answer (address, session_dir), within timeout_s."""
-    from rlgen.runtime.errors import StopRequested
 
     deadline = time.monotonic() + timeout_s
     while True:
@@ -321,7 +325,6 @@ def _quiet_connect() -> Iterator[None]:
 
 def _kill_now(cluster: LocalCluster) -> None:
     """SIGKILL to every process of the cluster's session, at once (a second signal is ending this process)."""
-    from rlgen.runtime.cluster.dead_runs import remove_marker, session_members
 
     with contextlib.suppress(OSError):
         os.killpg(cluster.head.pid, signal.SIGKILL)
@@ -337,7 +340,6 @@ def stop_local() -> None:
     """Leave and take down the local cluster this process started, whatever state it is in; every wait is
     bounded: the head gets HEAD_STOP_S to stop the cluster, then what is left of it is killed."""
     global _local
-    from rlgen.runtime.cluster.dead_runs import cluster_processes, remove_marker, stop_processes
 
     cluster, _local = _local, None
     if cluster is None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rlgen.engines.base import COULD_NOT_START
+from rlgen.runtime.cluster.nodes import node_alive
 from rlgen.runtime.errors import RunError, StopRequested, actor_death_detail
 
 log = logging.getLogger(__name__)
@@ -98,7 +99,6 @@ class Waiter:
             return self.get(refs, what, interruptible=False, names=names)
         except RunError as err:
             if isinstance(err.__cause__, RayActorError):
-                from rlgen.runtime.cluster.nodes import node_alive
 
                 gone = [f"learner{r}" for r, n in enumerate(nodes or []) if not node_alive(n)]
                 why = (f"the node of {', '.join(gone)} left the Ray cluster" if gone

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rlgen.learners.background import DONE, FAILED, marker
+from rlgen.packing import unpack_into
 from rlgen.plan.memory import GIB
 from rlgen.runtime.cluster.waits import POLL_S
 from rlgen.runtime.durability.checkpoint_folder import (
@@ -209,7 +210,6 @@ def _ahead(run: Any) -> list[InFlight]:
 def _fill(run: Any, tmp: Path, background: bool) -> None:
     """The learners' files (or, background, their host copies) and the tokenizer into the checkpoint's
     temporary folder. A learner on a node that cannot see the run directory sends its files back packed."""
-    from rlgen.packing import unpack_into
 
     here = [run.folders.writes_here.get(n, True) for n in run.folders.learner_nodes]
     refs = [a.save_checkpoint.remote(str(tmp), background) if ok else a.save_checkpoint_packed.remote()

@@ -15,6 +15,7 @@ import os
 import random
 import re
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -211,7 +212,6 @@ def link_tree(src: Path, dst: Path) -> None:
 # -- the driver's RNG states -------------------------------------------------------------------------------
 def capture_rng() -> dict[str, Any]:
     """Python's, NumPy's (when imported) and torch's (when imported) global RNG states, as JSON values."""
-    import sys
 
     state: dict[str, Any] = {"python": _jsonable(random.getstate())}
     if "numpy" in sys.modules:

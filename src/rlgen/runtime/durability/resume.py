@@ -17,6 +17,7 @@ from typing import Any
 
 from rlgen.config import RunConfig, plain
 from rlgen.errors import UserError
+from rlgen.models import file_digest
 from rlgen.runtime.durability.checkpoint_folder import (
     CHECKPOINTS,
     MARKER,
@@ -57,7 +58,6 @@ class ResumePoint:
 def identity(cfg: RunConfig, learner_ranks: int) -> dict[str, Any]:
     """What a checkpoint records to compare a later config with: the config, the learner ranks and the digest
     of the task's data file."""
-    from rlgen.models import file_digest
 
     path = cfg.task.path
     digest = file_digest(path) if path and Path(path).expanduser().is_file() else None

@@ -12,6 +12,7 @@ from typing import Any
 
 from rlgen.engines.base import EngineDead
 from rlgen.errors import causes
+from rlgen.runtime.cluster.nodes import node_alive
 from rlgen.runtime.errors import RunError, actor_death_detail
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,6 @@ class EngineKeeper:
 
         name, detail = self.names[index], death_detail(err)
         if self.node_of is not None:
-            from rlgen.runtime.cluster.nodes import node_alive
 
             node = self.node_of(index)
             if not node_alive(node):

@@ -13,7 +13,10 @@ from typing import Any
 
 from rlgen.runtime.cluster.waits import POLL_S, short
 from rlgen.runtime.errors import RunError, StopRequested
+from rlgen.runtime.rollouts.engine_restarts import engine_died
 from rlgen.runtime.rollouts.in_flight import InFlight, results_from_json
+from rlgen.tasks.prompts import cut_at_stop
+from rlgen.tasks.scoring import RewardError, finite_mean
 from rlgen.types import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -86,7 +89,6 @@ class Rollouts:
         import ray
         from ray.exceptions import RayActorError, RayTaskError
 
-        from rlgen.runtime.rollouts.engine_restarts import engine_died
 
         what = f"generation for step {flight.step}"
         timeout = self.cfg.timeout_s
@@ -141,7 +143,6 @@ class Rollouts:
         flight.scoring = self.scorer.submit(texts, [p.answer for p in prompts], where, flight.step)
 
     def _decoded(self, flight: InFlight) -> tuple[list[Any], list[str]]:
-        from rlgen.tasks.prompts import cut_at_stop
 
         comps = flight.completions()
         texts = self.tokenizer.batch_decode([c.token_ids for c in comps], skip_special_tokens=True)
@@ -164,7 +165,6 @@ class Rollouts:
         refs = [ref for _, ref in flight.refs.values()] + [ref for _, ref in flight.updates.values()]
         if refs and len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) < len(refs):
             return
-        from rlgen.tasks.scoring import RewardError
 
         try:
             self.collect(flight, interruptible=False)
@@ -195,7 +195,6 @@ class Rollouts:
         sampling = SamplingParams(n=e.samples, temperature=0.0 if e.samples == 1 else e.temperature, top_p=1.0,
                                   max_new_tokens=self.cfg.algo.max_new_tokens, stop_token_ids=tuple(self.stop_ids),
                                   seed=self.cfg.seed * 100_003 + EVAL_SEED_OFFSET + step)
-        from rlgen.tasks.scoring import RewardError, finite_mean
 
         flight = self._send(InFlight(step, sp, split_requests(sp, sampling, len(self.engines)), version))
         self.collect(flight)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlgen.runtime.errors import RunError
+from rlgen.tasks.scoring import RewardError
 from rlgen.types import Completion, Phase, StepTimeline
 
 
@@ -108,7 +109,6 @@ def _refilled(run: Any, step: int, flight: Any, scores: Any, rewards: list[float
 
 def _round(run: Any, step: int, round: int, n: int, tl: StepTimeline) -> StepRollouts:
     """One more generation round of n prompts: generated, scored, shaped (not refilled)."""
-    from rlgen.tasks.scoring import RewardError
 
     ro = run.rollouts
     flight = ro.extra_flight(step, round, n, run.transport.version)

@@ -4,12 +4,18 @@ ids), each on a thread of its own beside the cluster's start, once the libraries
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import sys
 from typing import Any
 
+from rlgen.algo.registry import algorithm
 from rlgen.config import RunConfig
+from rlgen.models import load_tokenizer, prepare_model
 from rlgen.runtime.start.on_thread import Beside
 from rlgen.runtime.start.progress import StartupClock
+from rlgen.tasks import build_task, task_libraries
+from rlgen.tasks.prompts import PromptRenderer, model_stop_ids
 
 
 def start_loaders(run: Any) -> tuple[Beside, Beside, Beside]:
@@ -33,10 +39,7 @@ def _shared_libraries(cfg: RunConfig) -> None:
     thread is still importing looks broken to another: datasets, hashing a data set, found transformers half
     imported and without PreTrainedTokenizerBase. A library that is not installed is left to the code that needs
     it, which says how to install it."""
-    import importlib
-    import importlib.util
 
-    from rlgen.tasks import task_libraries
 
     for name in (*SHARED_LIBRARIES, *task_libraries(cfg.task)):
         if importlib.util.find_spec(name) is not None:
@@ -53,7 +56,6 @@ def _after(libraries: Beside, run: Any) -> None:
 def _model(run: Any, libraries: Beside) -> None:
     """The folders the actors load: the starting model (built and cached, or a checkpoint's)."""
     _after(libraries, run)
-    from rlgen.models import prepare_model
 
     cfg = run.cfg
     run.initial_model_path = prepare_model(cfg, device=run.plan.device)
@@ -65,7 +67,6 @@ def _model(run: Any, libraries: Beside) -> None:
 
 def _algorithm(run: Any, libraries: Beside) -> None:
     _after(libraries, run)
-    from rlgen.algo.registry import algorithm
 
     run.algorithm = algorithm(run.cfg.algo)
 
@@ -74,9 +75,6 @@ def _task(run: Any, libraries: Beside, model: Beside) -> tuple[Any, Any, list[in
     """The task, its prompts as the model's tokenizer renders them and the stop ids: what the loop needs, ready
     while the actors start (loading the tokenizer imports transformers, seconds on a GPU host)."""
     _after(libraries, run)
-    from rlgen.models import load_tokenizer
-    from rlgen.tasks import build_task
-    from rlgen.tasks.prompts import PromptRenderer, model_stop_ids
 
     cfg = run.cfg
     task = build_task(cfg.task)
