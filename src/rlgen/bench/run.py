@@ -28,8 +28,15 @@ from rlgen.bench.workload import (
     make_workload,
     workload_summary,
 )
-from rlgen.config import RunConfig
+from rlgen.charvocab import CHAR_VOCAB_SIZE
+from rlgen.config import RunConfig, set_key
+from rlgen.config.compose import ConfigError, compose_run_config
+from rlgen.engines.registry import engine_spec
+from rlgen.models import prepare_model
 from rlgen.plan import live_vllm_env
+from rlgen.plan.build import count_params
+from rlgen.plan.model_folder import with_model_folder
+from rlgen.plan.slots import SHARED_GPU_MAX_PARAMS
 from rlgen.types import GenRequest
 
 
@@ -41,7 +48,6 @@ def engine_env(cfg: RunConfig) -> dict[str, str]:
 def _build_model(cfg: RunConfig) -> str:
     import ray
 
-    from rlgen.models import prepare_model
 
     task = ray.remote(num_gpus=1, runtime_env={"env_vars": _env_vars()})(prepare_model)
     return _get(task.remote(cfg, "cuda"), "building the model folder")
@@ -60,11 +66,6 @@ def with_engines_per_gpu(cfg: RunConfig) -> RunConfig:
     """cfg with bench.engines_per_gpu resolved when null: 2 for an engine kind that splits its GPU's memory
     (vLLM) at TP 1 up to SHARED_GPU_MAX_PARAMS parameters (an engine core's CPU work sets the decode pace
     there), else 1."""
-    from rlgen.config import set_key
-    from rlgen.engines.registry import engine_spec
-    from rlgen.plan.build import count_params
-    from rlgen.plan.model_folder import with_model_folder
-    from rlgen.plan.slots import SHARED_GPU_MAX_PARAMS
 
     if cfg.bench.engines_per_gpu is not None:
         return cfg
@@ -115,7 +116,6 @@ def run_bench(
     """Run cfg.bench's workload on each engine of cfg.bench.engines; write bench.json; print a table."""
     import ray
 
-    from rlgen.charvocab import CHAR_VOCAB_SIZE
 
     cfg = with_engines_per_gpu(cfg)
     _check(cfg)
@@ -302,23 +302,11 @@ def print_table(result: dict) -> None:
 
 # -- entry points --------------------------------------------------------------------------------------------
 def compose(overrides: list[str]) -> RunConfig:
-    try:
-        from rlgen.config.compose import compose_run_config
-    except ImportError:
-        from hydra import compose as hydra_compose
-        from hydra import initialize_config_dir
 
-        import rlgen
-        from rlgen.config import register_configs, to_run_config
-
-        register_configs()
-        with initialize_config_dir(config_dir=str(Path(rlgen.__file__).parent / "conf"), version_base="1.3"):
-            return to_run_config(hydra_compose("config", overrides))
     return compose_run_config(overrides)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rlgen.config.compose import ConfigError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     out_dir = f"outputs/bench-{time.strftime('%Y%m%d-%H%M%S')}"
