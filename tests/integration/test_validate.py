@@ -102,6 +102,7 @@ def test_candidate_in_a_ray_actor_fails_the_same_way(cfg):
 def test_engine_vllm_builds_vllm_engine_with_its_env(cfg, monkeypatch):
     """engine=vllm imports rlgen.engines.vllm.engine.VLLMEngine lazily and passes the plan's env (a stand-in here)."""
     import rlgen.plan
+    import rlgen.validate.run
 
     made = []
 
@@ -117,7 +118,7 @@ def test_engine_vllm_builds_vllm_engine_with_its_env(cfg, monkeypatch):
     vcfg = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, kind="vllm", dtype="float32"))
     vllm_plan = dataclasses.replace(plan, config=dataclasses.replace(plan.config, engine=vcfg.engine),
                                     engine=engine_spec("vllm"), engine_env={"X": "1"})
-    monkeypatch.setattr(rlgen.plan, "build_plan", lambda c: vllm_plan)
+    monkeypatch.setattr(rlgen.validate.run, "build_plan", lambda c: vllm_plan)
     report = run_validate(vcfg, ValidateConfig(cases=3, runner="local"))
     assert report.passed and report.engine == "vllm" and report.candidate == "vllm float32"
     assert made[0]["env"] == {"X": "1"} and made[0]["name"] == "candidate"
