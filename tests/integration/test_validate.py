@@ -121,6 +121,8 @@ def test_engine_vllm_builds_vllm_engine_with_its_env(cfg, monkeypatch):
     monkeypatch.setattr(rlgen.validate.run, "build_plan", lambda c: vllm_plan)
     report = run_validate(vcfg, ValidateConfig(cases=3, runner="local"))
     assert report.passed and report.engine == "vllm" and report.candidate == "vllm float32"
+    # the stand-in has HFEngine's score(), but the vllm kind claims no ScoresTokens: no teacher-forced row
+    assert "teacher-forced" not in [r.name for r in report.rows]
     assert made[0]["env"] == {"X": "1"} and made[0]["name"] == "candidate"
     assert made[0]["engine"].gpu_memory_utilization <= 0.5  # it shares the GPU with the reference
 

@@ -1,6 +1,6 @@
 """The engine contract (rlgen.engines.contract) holds: every registered engine kind's class has each method of every
 protocol its EngineSpec claims, with a signature the callers can use, and every engine method the runtime, the
-server, the commands and the learners call belongs to exactly one protocol."""
+server, the commands, the learners, `rlgen validate` and `rlgen bench` call belongs to exactly one protocol."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from rlgen.engines.contract import (
     KeepsWarm,
     PausesInFlight,
     ReceivesNccl,
+    ScoresTokens,
     claims,
     owner_of,
     protocol_methods,
@@ -27,14 +28,22 @@ from rlgen.engines.contract import (
 from rlgen.engines.registry import engine_kinds, engine_spec
 
 SRC = Path(rlgen.__file__).parent
-CALLERS = ["runtime", "serve", "learners", "commands"]  # the code that calls engine actors
+CALLERS = ["runtime", "serve", "learners", "commands", "validate", "bench"]  # the code that calls engines
+
+# The one actor in CALLERS that is no engine: bench/raw.py drives vLLM's own offline LLM (RawVLLM, the bench's
+# baseline with no rlgen around it) in an actor of its own. It is no engine kind, so no spec claims anything for
+# it. The methods called on it there that no protocol declares are named here, per file: each must be a method of
+# that class and of no protocol, and is allowed in that file alone. The calls it shares with the engines
+# (generate, and shutdown through bench/sides.py) are checked like any engine's: Engine, ShutsDown.
+NOT_ENGINES = {"bench/raw.py": ("RawVLLM", {"ready"})}
 
 # What each built-in kind claims: a flag taken off a spec (or added) shows here.
 BUILT_IN = {
-    "hf": {"Engine", "PolicyAdapters", "NamedAdapters", "Servable", "KeepsWarm"},
+    "hf": {"Engine", "PolicyAdapters", "NamedAdapters", "Servable", "KeepsWarm", "ScoresTokens"},
     "vllm": {"Engine", "PausesInFlight", "JoinsWeightTransfer", "ReceivesNccl", "ReceivesIpc", "PolicyAdapters",
-             "NamedAdapters", "Servable", "KeepsWarm"},
-    "remote": {"Engine", "PausesInFlight", "JoinsWeightTransfer", "ReceivesNccl", "PolicyAdapters"},
+             "NamedAdapters", "Servable", "KeepsWarm", "ShutsDown"},
+    "remote": {"Engine", "PausesInFlight", "JoinsWeightTransfer", "ReceivesNccl", "PolicyAdapters",
+               "UsesNamedAdapter"},
 }
 
 
@@ -97,6 +106,13 @@ def test_each_built_in_kind_claims_what_it_did(kind):
     assert {p.__name__ for p in claims(engine_spec(kind))} == BUILT_IN[kind]
 
 
+@pytest.mark.parametrize("kind", engine_kinds())
+def test_a_reference_kind_scores(kind):
+    """`rlgen validate` scores the candidate's tokens on the reference."""
+    spec = engine_spec(kind)
+    assert not spec.reference or ScoresTokens in claims(spec)
+
+
 def test_a_missing_or_mismatched_method_is_a_breach():
     class Half:
         def generate(self, requests, version=None): ...
@@ -116,8 +132,9 @@ def test_each_method_belongs_to_one_protocol():
 
 
 def _called_names(tree: ast.AST) -> set[str]:
-    """Method names called as actor methods (``x.name.remote(...)``, ``x.name.options(...).remote(...)``) or by
-    name through the serve pool (``pool.call(index, "name", ...)``)."""
+    """Method names called as actor methods (``x.name.remote(...)``, ``x.name.options(...).remote(...)``), by
+    name through the serve pool (``pool.call(index, "name", ...)``) or through validate's engine hosts
+    (``host.call("name", ...)``)."""
     out = set()
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
@@ -129,8 +146,9 @@ def _called_names(tree: ast.AST) -> set[str]:
                 target = target.func.value
             if isinstance(target, ast.Attribute):
                 out.add(target.attr)
-        elif node.func.attr == "call" and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant):
-            out.add(node.args[1].value)
+        elif node.func.attr == "call":
+            named = [a.value for a in node.args[:2] if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            out.update(named[:1])
     return out
 
 
@@ -144,18 +162,33 @@ def _learner_methods() -> set[str]:
             for f in c.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)}
 
 
+def _class_methods(tree: ast.AST, cls: str) -> set[str]:
+    return {f.name for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name == cls
+            for f in c.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)}
+
+
+def test_the_calls_on_no_engine_are_that_actors_own():
+    trees = dict(_trees(CALLERS))
+    for path, (cls, names) in NOT_ENGINES.items():
+        assert names <= _class_methods(trees[path], cls), f"{path}: {cls} has no {names}"
+        assert [n for n in names if owner_of(n) is not None] == [], "a protocol's method: check it as an engine's"
+        assert names <= _called_names(trees[path]), f"{path} no longer calls {names}: take them off NOT_ENGINES"
+
+
 def test_every_engine_call_belongs_to_a_protocol():
     learners, outside = _learner_methods(), []
     found: set[str] = set()
     for path, tree in _trees(CALLERS):
+        not_engine = NOT_ENGINES.get(path, ("", set()))[1]
         for name in _called_names(tree):
             found.add(name)
-            if owner_of(name) is None and name not in learners:
+            if owner_of(name) is None and name not in learners and name not in not_engine:
                 outside.append(f"{path}: {name}")
     assert outside == [], "engine calls outside rlgen.engines.contract; add them to a protocol"
     # the scan sees the calls it is meant to see
     assert {"generate", "health", "pause", "receive_weights", "receive_ipc", "load_adapter", "add_adapter",
-            "reset_prefix_cache", "generate_stream", "keep_for_next_run", "take_over"} <= found
+            "reset_prefix_cache", "generate_stream", "keep_for_next_run", "take_over", "score",
+            "use_named_adapter", "drop_named_adapter", "update_weights", "shutdown"} <= found
 
 
 def test_require_names_the_protocol_and_its_flag():

@@ -121,4 +121,4 @@ def run_raw_side(
                                                **({"gpu_busy_pct": gpu_busy} if gpu_busy is not None else {})})
     except Exception as err:  # noqa: BLE001
         rec = {"engine": label, "error": f"{type(err).__name__}: {err}"}
-    return _finish_side(actor, mem, baseline, rec)
+    return _finish_side(actor, mem, baseline, rec, graceful=True)  # RawVLLM.shutdown() stops vLLM's engine core

@@ -18,6 +18,7 @@ from rlgen.bench.workload import (
     check_completions,
 )
 from rlgen.config import EngineConfig
+from rlgen.engines.contract import ShutsDown, has
 from rlgen.engines.registry import engine_spec
 from rlgen.plan.memory import engine_part
 from rlgen.types import GenRequest
@@ -45,9 +46,10 @@ def _get(ref: Any, what: str, timeout: float = ACTOR_TIMEOUT_S) -> Any:
 
 
 def _finish_side(
-    actor: Any, mem: MemorySampler, baseline: float, rec: dict[str, Any], graceful: bool = True
+    actor: Any, mem: MemorySampler, baseline: float, rec: dict[str, Any], graceful: bool
 ) -> dict[str, Any]:
-    """Peak memory into rec, then the actor (or list of actors) stopped and the GPU waited for."""
+    """Peak memory into rec, then the actor (or list of actors) stopped and the GPU waited for. graceful: the
+    actors answer shutdown(), engines whose kind claims ShutsDown (or bench.raw's RawVLLM)."""
     import ray
 
     rec["peak_gpu_gib"] = round(max(mem.peak() - baseline, 0.0), 2)
@@ -144,7 +146,7 @@ def run_vllm_side(
             _sync_vllm_weights(rec, actors, sync_weights, label)
     except Exception as err:  # noqa: BLE001 - one side failing must not lose the others' numbers
         rec = _vllm_failed(rec, label, err)
-    return _finish_side(actors, mem, baseline, rec)
+    return _finish_side(actors, mem, baseline, rec, graceful=has(engine_spec("vllm"), ShutsDown))
 
 
 def _engine_each(engine: EngineConfig, k: int) -> EngineConfig:
@@ -336,7 +338,7 @@ def run_hf_side(
         }
     except Exception as err:  # noqa: BLE001
         rec = {"engine": label, "error": f"{type(err).__name__}: {err}"}
-    return _finish_side(actor, mem, baseline, rec, graceful=False)
+    return _finish_side(actor, mem, baseline, rec, graceful=has(engine_spec("hf"), ShutsDown))
 
 
 def _summarise_runs(runs: list[dict[str, Any]], combine: bool = False) -> dict[str, Any]:

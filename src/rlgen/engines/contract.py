@@ -1,10 +1,11 @@
 """The engine contract: the calls every engine answers (``Engine``) and one protocol per capability a kind claims
 through its ``EngineSpec`` (``CAPABILITIES``: each protocol and the flag that claims it).
 
-The runtime, ``rlgen serve`` and the learners' weight senders call engines through these methods only, and a
-capability's methods only on kinds whose spec claims it. Where they are called, engines are Ray actor handles, so
-no isinstance check can hold them to it: ``claims(spec)`` and ``require(spec, protocol, what)`` read the spec, and
-tests/unit/test_engine_contract.py checks every registered kind's class against what its spec claims."""
+The runtime, ``rlgen serve``, the learners' weight senders, ``rlgen validate`` and ``rlgen bench`` call engines
+through these methods only, and a capability's methods only on kinds whose spec claims it. Where they are called,
+engines are Ray actor handles (or validate's hosts), so no isinstance check can hold them to it: ``claims(spec)``
+and ``require(spec, protocol, what)`` read the spec, and tests/unit/test_engine_contract.py checks every
+registered kind's class against what its spec claims."""
 
 from __future__ import annotations
 
@@ -118,6 +119,38 @@ class KeepsWarm(Protocol):
         """A new run takes the kept engine: wake it, take version; returns health() plus "start_weights"."""
 
 
+@runtime_checkable
+class ScoresTokens(Protocol):
+    """Flag ``scores``: teacher-forced logprobs of given tokens (`rlgen validate`'s reference, and its
+    "teacher-forced" row for a candidate that claims it)."""
+
+    def score(self, prompt_ids: list[list[int]], token_ids: list[list[int]],
+              temperature: float = 1.0) -> list[list[float]]:
+        """The logprob of each of token_ids[i] after prompt_ids[i] and the tokens before it, the logits divided
+        by temperature (> 0); one list per row."""
+
+
+@runtime_checkable
+class UsesNamedAdapter(Protocol):
+    """Flags ``adapters`` and ``served``: a server's engine generates with an adapter the server loads by name,
+    and the server's policy stays for its other clients (`rlgen validate` with a LoRA adapter)."""
+
+    def use_named_adapter(self, path: str) -> str:
+        """Have the server load the adapter folder at path under a name of this engine's own and generate with it
+        from now on; returns the name."""
+
+    def drop_named_adapter(self) -> None:
+        """Unload the adapter use_named_adapter() loaded (nothing when there is none)."""
+
+
+@runtime_checkable
+class ShutsDown(Protocol):
+    """Flag ``shuts_down``: processes of the engine's own (vLLM's engine core) hold its GPU until they stop."""
+
+    def shutdown(self) -> None:
+        """Stop them, so the GPU is free as soon as the actor is killed (`rlgen bench` measures that)."""
+
+
 # Each capability, the flags that claim it (as people read them) and the test on a spec.
 CAPABILITIES: tuple[tuple[type, str, Callable[[EngineSpec], bool]], ...] = (
     # a served kind's proxies pause the server, which holds new requests (and freezes running ones where it can)
@@ -129,6 +162,9 @@ CAPABILITIES: tuple[tuple[type, str, Callable[[EngineSpec], bool]], ...] = (
     (NamedAdapters, "adapters and not served", lambda s: s.adapters and not s.served),
     (Servable, "not served", lambda s: not s.served),
     (KeepsWarm, "keeps_warm", lambda s: s.keeps_warm),
+    (ScoresTokens, "scores", lambda s: s.scores),
+    (UsesNamedAdapter, "adapters and served", lambda s: s.adapters and s.served),
+    (ShutsDown, "shuts_down", lambda s: s.shuts_down),
 )
 PROTOCOLS: tuple[type, ...] = (Engine, *(p for p, _, _ in CAPABILITIES))
 
@@ -170,5 +206,6 @@ def owner_of(method: str) -> type | None:
 
 
 __all__ = ["CAPABILITIES", "PROTOCOLS", "CapabilityMissing", "Engine", "JoinsWeightTransfer", "KeepsWarm",
-           "NamedAdapters", "PausesInFlight", "PolicyAdapters", "ReceivesIpc", "ReceivesNccl", "Servable", "claims",
-           "flag_of", "has", "owner_of", "protocol_methods", "require"]
+           "NamedAdapters", "PausesInFlight", "PolicyAdapters", "ReceivesIpc", "ReceivesNccl", "ScoresTokens",
+           "Servable", "ShutsDown", "UsesNamedAdapter", "claims", "flag_of", "has", "owner_of", "protocol_methods",
+           "require"]

@@ -48,12 +48,15 @@ class EngineSpec:
     passes_env: bool = False  # engine.env reaches its processes
     served: bool = False  # its engines belong to a running `rlgen serve`: a run starts one small proxy per engine
     #                       (a kind that is not served is Servable: `rlgen serve` runs it)
-    reference: bool = False  # the engine `rlgen validate` compares every other engine with
+    reference: bool = False  # the engine `rlgen validate` compares every other engine with (it claims scores too)
     adapters: bool = False  # PolicyAdapters (and NamedAdapters unless served): holds the base model and takes
     #                         LoRA adapters: each policy version (learner.lora.sync=adapter) and, under `rlgen serve`,
     #                         named ones
     keeps_warm: bool = False  # KeepsWarm, keep_for_next_run()/take_over(): its engines can outlive a run for the next
     #                           one (engine.keep_warm_s)
+    scores: bool = False  # ScoresTokens, score(): teacher-forced logprobs of given tokens; a reference kind claims it
+    shuts_down: bool = False  # ShutsDown, shutdown(): stops processes of its own that hold the GPU before the actor
+    #                           is killed
     adapter_room: bool = False  # sets room for adapters aside at start, up to engine.max_lora_rank: a server takes
     #                             adapters only when that is set
     # The weight path to it: (colocated with the learners, the config) -> Transport.

@@ -131,13 +131,14 @@ def _score_by_temperature(engine, prompts: list[list[int]], tokens: list[list[in
 
 
 def compare(
-    reference, candidate, cases: list[list[DrawnRequest]], v: ValidateConfig, stop_ids: tuple[int, ...], threshold: float
+    reference, candidate, cases: list[list[DrawnRequest]], v: ValidateConfig, stop_ids: tuple[int, ...],
+    threshold: float, *, can_score: bool = False,
 ) -> tuple[list[CheckRow], list[dict[str, Any]]]:
-    """Run every case through both engines; the table's rows and a per-case summary."""
+    """Run every case through both engines; the table's rows and a per-case summary. The reference scores
+    (ScoresTokens); can_score: the candidate's kind claims it too, which adds the "teacher-forced" row."""
 
     by_temp: dict[float, _Acc] = {}
     generated, forced = _Acc(), _Acc()
-    can_score = candidate.has("score")
     summaries = []
     for k, case in enumerate(cases):
         requests = [

@@ -1,5 +1,6 @@
 """Where `rlgen validate` runs its engines: in this process or in a Ray actor, behind one small interface
-(``has(method)``, ``call(method, *args)``, ``close()``), and the hf engine with perturbed weights."""
+(``call(method, *args)``, ``close()``), and the hf engine with perturbed weights. Which methods it calls is the
+engine contract's business (rlgen.engines.contract: what the kind's spec claims), not the host's."""
 
 from __future__ import annotations
 
@@ -49,9 +50,6 @@ class InProcess:
         self.engine = cls(*args, **kwargs)
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def has(self, method: str) -> bool:
-        return callable(getattr(self.engine, method, None))
-
     def call(self, method: str, *args: Any) -> Any:
         out = getattr(self.engine, method)(*args)
         if inspect.isawaitable(out):
@@ -83,13 +81,6 @@ class InActor:
             self._started = True
         self.handle = ray.remote(cls).options(num_cpus=1, num_gpus=num_gpus).remote(*args, **kwargs)
         self.call("health")
-
-    def has(self, method: str) -> bool:
-        try:
-            getattr(self.handle, method)
-        except AttributeError:
-            return False
-        return True
 
     def call(self, method: str, *args: Any) -> Any:
         import ray

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlgen.config import Transport
+from rlgen.engines.contract import UsesNamedAdapter, require
 from rlgen.plan import PlanError
 
 
@@ -44,7 +45,8 @@ def merged_policy(model_path: str, folder: str, device: str, dtype_name: str) ->
 
 def refuse_on_a_server(plan: Any) -> None:
     """A server's engines serve other clients too: validate gives them an adapter by name and drops it after, but
-    merged weights would replace what the server serves, so that is refused (PlanError) before anything starts."""
+    merged weights would replace what the server serves, so that is refused (PlanError) before anything starts, as
+    is a served kind that does not claim UsesNamedAdapter (CapabilityMissing)."""
 
     init = plan.config.learner.lora.init
     if plan.engine.served and init and plan.transport is not Transport.lora_adapter:
@@ -52,6 +54,8 @@ def refuse_on_a_server(plan: Any) -> None:
                          f"server at {plan.config.engine.url} serves; use learner.lora.sync=adapter (the server loads "
                          "the adapter by name for the check and unloads it after), on a server started with "
                          "engine.max_lora_rank."])
+    if plan.engine.served and init and plan.config.learner.lora.enabled:  # give_policy loads it by name
+        require(plan.engine, UsesNamedAdapter, f"validating learner.lora.init={init} on a server's engines")
 
 
 def give_policy(plan: Any, model_path: str, device: str, reference: Any,

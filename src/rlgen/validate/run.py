@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from rlgen.config import Perturb, RunConfig, Runner, ValidateConfig, to_run_config
+from rlgen.engines.contract import ScoresTokens, has, require
+from rlgen.engines.registry import engine_spec
 from rlgen.models import load_tokenizer, prepare_model
 from rlgen.plan import build_plan
 from rlgen.validate.cases import DrawnRequest, draw_cases
@@ -57,9 +59,9 @@ def run_validate(
     engine_cls: type | None = None,
     engine_kwargs: dict[str, Any] | None = None,
 ) -> ValidationReport:
-    """Compare the candidate engine of ``cfg.engine`` (or ``engine_cls(..., **engine_kwargs)``) with the hf
-    reference on hypothesis-drawn cases. Prints the table when ``console`` is given and writes
-    ``validate.json`` to ``out_dir`` when given."""
+    """Compare the candidate engine of ``cfg.engine`` (or ``engine_cls(..., **engine_kwargs)``, which stands in
+    for that kind and answers what its spec claims) with the hf reference on hypothesis-drawn cases. Prints the
+    table when ``console`` is given and writes ``validate.json`` to ``out_dir`` when given."""
     from rlgen.engines.hf.engine import HFEngine
 
     v = v or getattr(cfg, "validate", None) or ValidateConfig()
@@ -75,6 +77,7 @@ def run_validate(
     cases = draw_cases(v, vocab, set(tok.all_special_ids))
 
     ref_engine = dataclasses.replace(cfg.engine, kind="hf", dtype=v.reference_dtype)
+    require(engine_spec(ref_engine.kind), ScoresTokens, "rlgen validate's reference")
     reference = InProcess(HFEngine, (model_path, ref_engine), {"device": device, "seed": cfg.seed, "name": "reference", "threads": None})
     cls, extra, description = _candidate_spec(cfg, v, plan, engine_cls, engine_kwargs)
     cand_engine = dataclasses.replace(
@@ -96,7 +99,8 @@ def run_validate(
         lora, undo = give_policy(plan, model_path, device, reference, candidate)
         if lora:
             description = f"{description}, {lora}"
-        rows, summaries = compare(reference, candidate, cases, v, stop_ids, cfg.monitor.delta_threshold)
+        rows, summaries = compare(reference, candidate, cases, v, stop_ids, cfg.monitor.delta_threshold,
+                                  can_score=has(plan.engine, ScoresTokens))
     finally:
         try:
             if undo is not None:

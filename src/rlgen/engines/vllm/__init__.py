@@ -47,6 +47,7 @@ ENGINE = EngineSpec(
     default_memory_share=VLLM_DEFAULT_SHARE,
     sleeps=True,
     keeps_warm=True,
+    shuts_down=True,
     in_flight_updates=True,
     receives_nccl=True,
     receives_ipc=True,
