@@ -126,7 +126,7 @@ def _stand_ins(monkeypatch) -> None:
     from rlgen.models import prepare_model
 
     tiny = prepare_model(compose_run_config([]))  # what every stand-in is handed; no preset is built
-    monkeypatch.setattr("rlgen.models.prepare_model", lambda cfg, device="cpu": tiny)
+    monkeypatch.setattr("rlgen.runtime.start.loaders.prepare_model", lambda cfg, device="cpu": tiny)
     monkeypatch.setattr("rlgen.runtime.setup.engine_class",
                         _stand_in(actor_classes.engine_class, StandInEngine))
     monkeypatch.setattr("rlgen.runtime.setup.learner_class",

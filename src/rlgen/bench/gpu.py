@@ -51,7 +51,6 @@ def gpu_used_gib() -> float | None:
 
 
 def versions() -> dict[str, str]:
-
     out = {"python": sys.version.split()[0]}
     for pkg in ("vllm", "torch", "transformers", "ray"):
         try:

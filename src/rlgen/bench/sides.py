@@ -299,7 +299,6 @@ def run_hf_side(
     """rlgen's HFEngine in a Ray actor with one GPU, batch after batch until budget_s of generation."""
     import ray
 
-
     HFEngine = engine_spec("hf").actor_class()  # noqa: N806 - the class, as the registry holds it
 
     baseline = gpu_used_gib() or 0.0

@@ -85,7 +85,6 @@ def check_command(command: str, argv: list[str]) -> int | None:
 
 
 def check_train(args: Args, cfgs: list[RunConfig]) -> int | None:
-
     run_dir = run_dir_hint(args)
     reports = [preflight(cfg, run_dir=run_dir) for cfg in cfgs]
     blocking = [r.blocking() for r in reports]

@@ -24,7 +24,6 @@ USAGE = """usage: rlgen plan [overrides ...] [--json PATH] [--cfg job]
 
 
 def main(argv: list[str]) -> int:
-
     if any(a in ("-h", "--help") for a in argv):
         print(USAGE)
         return 0

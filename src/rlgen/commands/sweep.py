@@ -239,5 +239,4 @@ def unfinished_line(rows: list[dict[str, Any]]) -> str | None:
 
 
 def _common_parent(dirs: list[Path]) -> Path:
-
     return Path(os.path.commonpath([str(d) for d in dirs])) if len(dirs) > 1 else dirs[0].parent

@@ -344,7 +344,6 @@ class TorchLearner:
         self._writer.run(jobs, path, self.rank, background)
         return {"actor": self.name, "version": self.version, "seconds": time.time() - t0, "background": background}
 
-
     def _model_folder_job(self, model_dir: str, background: bool) -> Any:
         """A job writing the policy's folder: the adapter folder with LoRA (megabytes), else the HF model folder.
         background: the tensors are copied to host memory now, written later."""
@@ -357,7 +356,6 @@ class TorchLearner:
     def save_checkpoint_packed(self) -> bytes:
         """save_checkpoint into a temporary folder on this node, returned packed: for a learner on a node that
         cannot write into the driver's run directory (see rlgen.runtime.durability.shared_folders)."""
-
 
         with tempfile.TemporaryDirectory(prefix="rlgen-ckpt-") as tmp:
             self.save_checkpoint(tmp)

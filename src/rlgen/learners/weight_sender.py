@@ -135,7 +135,6 @@ class WeightSender:
         during a run)."""
         import torch
 
-
         key = (dtype, int(bucket_bytes))
         made = getattr(self, "_ipc", None)
         if made is None or made[0] != key:
@@ -148,7 +147,6 @@ class WeightSender:
         return self._ipc[1], self._ipc[2], self._ipc[3]
 
     def _share_ipc(self, buffer: Any) -> dict[str, Any]:
-
         return share(buffer)
 
     def send_weights_ipc(self, engines: list[Any], version: int, dtype: str, bucket_bytes: int, timeout_s: float,

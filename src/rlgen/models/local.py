@@ -90,7 +90,6 @@ def build_folder(out: str | Path, preset: ModelConfig, texts: list[str], vocab_s
 
 
 def main(argv: list[str]) -> int:
-
     out = Path(argv[0])
     preset = compose_run_config([f"model={argv[1]}"] if len(argv) > 1 else []).model
     vocab = int(argv[2]) if len(argv) > 2 else 2000

@@ -158,7 +158,6 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
 
 
 def print_plan_and_prediction(plan: Plan, console: Console | None = None) -> None:
-
     console = console or Console(soft_wrap=True)
     print_plan(plan, console)
     print_prediction(predict(plan), console)

@@ -200,7 +200,6 @@ def _shards(run: Run, batch: Any) -> list[Any]:
         return [batch]
     import torch
 
-
     return [batch.select(torch.arange(r.start, r.stop)) for r in shard_rows(batch.num_sequences, len(run.learners))]
 
 

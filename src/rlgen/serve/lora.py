@@ -41,7 +41,6 @@ def _folder_rank(path: str) -> int:
 
 
 def _check_fits(pool: EnginePool, path: str) -> None:
-
     if pool.model.config is not None and (why := adapter_misfit(pool.model.config, path)):
         raise BadRequest(f"lora_path={path} {why}", status=400)
 

@@ -16,7 +16,6 @@ from rlgen.wire.protocol import error_body
 
 
 def _timeout_answer(seconds: float) -> bytes:
-
     body = json.dumps(error_body(f"the request's headers did not arrive within {seconds:g} s "
                                  "(serve.header_timeout_s); send them whole.", 408)).encode()
     return (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"

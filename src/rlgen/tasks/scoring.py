@@ -40,7 +40,6 @@ def _score_in_worker(text: str, answer: str) -> tuple:
 
 
 def _what(err: BaseException) -> str:
-
     return str(err) if isinstance(err, RewardValueError) else f"raised {type(err).__name__}: {err}"
 
 

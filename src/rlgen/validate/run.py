@@ -176,7 +176,6 @@ def split_config(dict_cfg) -> tuple[RunConfig, ValidateConfig]:
     """The composed Hydra config -> (RunConfig, ValidateConfig); the ``validate`` node is optional."""
     from omegaconf import OmegaConf
 
-
     node = OmegaConf.to_container(dict_cfg, resolve=True)
     v_node = node.pop("validate", None) or {}
     v = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ValidateConfig), v_node))

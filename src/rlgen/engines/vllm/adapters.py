@@ -28,7 +28,6 @@ class AdapterFolders:
         self.versions: list[int] = []
 
     def write(self, version: int, tensors: dict[str, Any], config: dict[str, Any]) -> str:
-
         if self.root is None:
             base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
             self.root = tempfile.mkdtemp(prefix=f"rlgen-{self.name}-lora-", dir=base)

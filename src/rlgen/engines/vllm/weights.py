@@ -45,7 +45,6 @@ def to_wire(name: str, t: torch.Tensor) -> tuple[str, str, list[int], bytes]:
 
 
 def from_wire(dtype: str, shape: list[int], raw: bytes) -> torch.Tensor:
-
     import torch
 
     if not raw:

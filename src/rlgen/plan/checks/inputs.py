@@ -107,7 +107,6 @@ class CharTokenizer:
     eos_token_id = None
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-
         index = {ch: i for i, ch in enumerate(CHAR_VOCAB)}
         return [index.get(ch, -1) for ch in text]
 
@@ -117,7 +116,6 @@ class PromptEncoder:
     prompt), with the preset's character tokenizer or the tokenizer of model.path, without building a model."""
 
     def __init__(self, cfg: RunConfig):
-
         self.path = cfg.model.path
         if self.path:
             folder = Path(self.path).expanduser()

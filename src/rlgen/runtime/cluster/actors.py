@@ -99,7 +99,6 @@ def reserve(placement: Any, node_ids: list[str], timeout_s: float, wait: Callabl
     import ray
     from ray.util.placement_group import get_placement_group, placement_group
 
-
     def group(i: int, bundles: Any, node: str) -> Any:
         named = {"name": kept_engines.group_name(key, i), "lifetime": "detached"} if key else {}
         if key and again:
@@ -268,7 +267,6 @@ class ActorFactory:
     def rendezvous_ref(self) -> Any:
         """A ref to (address, port) on rank 0's node, for a learner group's torch.distributed rendezvous."""
         import ray
-
 
         ap0 = self.placement.learners[0]
         return ray.remote(free_endpoint).options(num_cpus=0, scheduling_strategy=self.strategy(ap0)).remote()

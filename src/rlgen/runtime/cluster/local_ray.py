@@ -75,7 +75,6 @@ class _Head:
         self.ident, self.pid = ident, int(ident["pid"])
 
     def poll(self) -> int | None:
-
         return None if same_process(self.ident) else 0
 
     def terminate(self) -> None:
@@ -102,7 +101,6 @@ def head_main(argv: list[str]) -> None:
     import threading
 
     import ray
-
 
     init, answer, driver = json.loads(argv[0]), Path(argv[1]), json.loads(argv[2])
     done = threading.Event()
@@ -164,7 +162,6 @@ def start_local(init: dict[str, Any], timeout_s: float, stop: Any, key: str = ""
     global _local
     import ray
 
-
     stop_local()  # one started before and never released
     _token_auth_as_ray_init()
     if key and _take_over(key):
@@ -206,7 +203,6 @@ def _take_over(key: str) -> bool:
     when there is none or it cannot be joined (then it is stopped with the other leftovers)."""
     global _local
     import ray
-
 
     for session, data in kept_sessions():
         kept = data["kept"]

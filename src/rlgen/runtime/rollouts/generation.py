@@ -89,7 +89,6 @@ class Rollouts:
         import ray
         from ray.exceptions import RayActorError, RayTaskError
 
-
         what = f"generation for step {flight.step}"
         timeout = self.cfg.timeout_s
         deadline = time.time() + timeout
@@ -143,7 +142,6 @@ class Rollouts:
         flight.scoring = self.scorer.submit(texts, [p.answer for p in prompts], where, flight.step)
 
     def _decoded(self, flight: InFlight) -> tuple[list[Any], list[str]]:
-
         comps = flight.completions()
         texts = self.tokenizer.batch_decode([c.token_ids for c in comps], skip_special_tokens=True)
         if self.cfg.task.stop:

@@ -40,7 +40,6 @@ def _shared_libraries(cfg: RunConfig) -> None:
     imported and without PreTrainedTokenizerBase. A library that is not installed is left to the code that needs
     it, which says how to install it."""
 
-
     for name in (*SHARED_LIBRARIES, *task_libraries(cfg.task)):
         if importlib.util.find_spec(name) is not None:
             importlib.import_module(name)
