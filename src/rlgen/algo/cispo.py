@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from rlgen.algo.inputs import LossInputs, LossOutputs
-from rlgen.algo.loss import aggregate, check_advantages, is_weight, log_ratio, ratio_metrics, sequence_keep
-from rlgen.config import AlgoConfig, Level, OldLogprobs
+from rlgen.algo.loss import check_advantages, corrected_loss, log_ratio
+from rlgen.config import AlgoConfig, Level
 
 
 def cispo_loss(inputs: LossInputs, algo: AlgoConfig) -> LossOutputs:
@@ -23,16 +23,8 @@ def cispo_loss(inputs: LossInputs, algo: AlgoConfig) -> LossOutputs:
     low, high = max(0.0, 1.0 - algo.clip_low), 1.0 + algo.clip_high
     weight = torch.clamp(ratio, low, high)  # [n, L]
     adv = inputs.advantages.to(logp.dtype).unsqueeze(-1)  # [n, 1]
-    trainer = inputs.trainer_before()  # [n, L]
-    tis, over_cap = is_weight(trainer, inputs.engine_logp, m, algo.tis_cap, algo.tis_level, algo.tis_mode,
-                              in_ratio=OldLogprobs(algo.old_logprobs) is OldLogprobs.engine)  # [n, L]
-    values = weight * tis * adv * logp  # [n, L]
-    if inputs.token_weight is not None:
-        values = values * inputs.token_weight
-    keep = sequence_keep(trainer, inputs.engine_logp, m, algo.seq_mask_cap)  # [n]
-    loss_mask = m & keep.unsqueeze(-1)  # [n, L]
-    loss = -aggregate(values, loss_mask, algo.loss_agg, algo.max_new_tokens, denominator=inputs.denominator)
-    return LossOutputs(loss, ratio_metrics(ratio, (ratio > high) | (ratio < low), over_cap, m, keep))
+    values = weight * adv * logp  # [n, L]
+    return corrected_loss(values, ratio, (ratio > high) | (ratio < low), inputs, algo)
 
 
 __all__ = ["cispo_loss"]

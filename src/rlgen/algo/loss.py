@@ -12,7 +12,8 @@ import math
 
 import torch
 
-from rlgen.config import ISMode, KLEstimator, Level, LossAgg
+from rlgen.algo.inputs import LossInputs, LossOutputs
+from rlgen.config import AlgoConfig, ISMode, KLEstimator, Level, LossAgg, OldLogprobs
 
 
 class AdvantageShapeError(ValueError):
@@ -153,6 +154,24 @@ def ratio_metrics(ratio: torch.Tensor, clip_active: torch.Tensor, over_cap: torc
     }
 
 
+def corrected_loss(values: torch.Tensor, ratio: torch.Tensor, clip_active: torch.Tensor, inputs: LossInputs,
+                   algo: AlgoConfig) -> LossOutputs:
+    """What every policy loss does after its per-token values [n, L]: the engine/trainer IS weight (algo.tis_*,
+    against the trainer's logprobs before the update), the token weight, sequence masking (algo.seq_mask_cap),
+    -aggregate as algo.loss_agg says, and the metrics (ratio_metrics of ratio and clip_active, [n, L])."""
+    m = inputs.mask.bool()  # [n, L]
+    trainer = inputs.trainer_before()  # [n, L]
+    weight, over_cap = is_weight(trainer, inputs.engine_logp, m, algo.tis_cap, algo.tis_level, algo.tis_mode,
+                                 in_ratio=OldLogprobs(algo.old_logprobs) is OldLogprobs.engine)  # [n, L]
+    values = values * weight
+    if inputs.token_weight is not None:
+        values = values * inputs.token_weight
+    keep = sequence_keep(trainer, inputs.engine_logp, m, algo.seq_mask_cap)  # [n]
+    loss_mask = m & keep.unsqueeze(-1)  # [n, L]
+    loss = -aggregate(values, loss_mask, algo.loss_agg, algo.max_new_tokens, denominator=inputs.denominator)
+    return LossOutputs(loss, ratio_metrics(ratio, clip_active, over_cap, m, keep))
+
+
 def check_advantages(advantages: torch.Tensor, logp: torch.Tensor) -> None:
     """Raises AdvantageShapeError when advantages [N] does not give one value per sequence of logp [N, L]."""
     if advantages.shape != (logp.shape[0],):
@@ -199,5 +218,5 @@ def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, frac: float) -> 
     return (m & (entropy.detach() >= threshold)).to(entropy.dtype)
 
 
-__all__ = ["AdvantageShapeError", "aggregate", "check_advantages", "is_weight", "kl_estimate", "kl_k3", "log_ratio",
+__all__ = ["AdvantageShapeError", "aggregate", "check_advantages", "corrected_loss", "is_weight", "kl_estimate", "kl_k3", "log_ratio",
            "normaliser", "ratio_metrics", "sequence_keep", "token_entropy", "token_logprobs", "top_entropy_mask"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from rlgen.algo.inputs import LossInputs, LossOutputs
-from rlgen.algo.loss import aggregate, check_advantages, is_weight, log_ratio, ratio_metrics, sequence_keep
-from rlgen.config import AlgoConfig, OldLogprobs
+from rlgen.algo.loss import check_advantages, corrected_loss, log_ratio
+from rlgen.config import AlgoConfig
 
 
 def ppo_clip_loss(inputs: LossInputs, algo: AlgoConfig) -> LossOutputs:
@@ -29,16 +29,7 @@ def ppo_clip_loss(inputs: LossInputs, algo: AlgoConfig) -> LossOutputs:
     clipped = torch.clamp(ratio, 1.0 - algo.clip_low, 1.0 + algo.clip_high) * adv  # [n, L]
     surrogate = torch.minimum(ratio * adv, clipped)  # [n, L]
     clip_active = ((adv > 0) & (ratio > 1.0 + algo.clip_high)) | ((adv < 0) & (ratio < 1.0 - algo.clip_low))
-    trainer = inputs.trainer_before()  # [n, L]
-    weight, over_cap = is_weight(trainer, inputs.engine_logp, m, algo.tis_cap, algo.tis_level, algo.tis_mode,
-                                 in_ratio=OldLogprobs(algo.old_logprobs) is OldLogprobs.engine)  # [n, L]
-    surrogate = surrogate * weight
-    if inputs.token_weight is not None:
-        surrogate = surrogate * inputs.token_weight
-    keep = sequence_keep(trainer, inputs.engine_logp, m, algo.seq_mask_cap)  # [n]
-    loss_mask = m & keep.unsqueeze(-1)  # [n, L]
-    loss = -aggregate(surrogate, loss_mask, algo.loss_agg, algo.max_new_tokens, denominator=inputs.denominator)
-    return LossOutputs(loss, ratio_metrics(ratio, clip_active, over_cap, m, keep))
+    return corrected_loss(surrogate, ratio, clip_active, inputs, algo)
 
 
 __all__ = ["ppo_clip_loss"]
