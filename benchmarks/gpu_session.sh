@@ -18,6 +18,10 @@
 #     lora-7b [OVERRIDES]  the 7B one-liner as typed (5 steps): LoRA picked by the plan, its sync by `auto`
 #     lora-validate [ARGS]  a 0.5B LoRA adapter with random lora_B (benchmarks/random_adapter.py ARGS), then
 #                       `rlgen validate` of it both ways: vLLM's adapter kernels and merged weights
+#     serve-nccl [TRAIN_OVERRIDES]  two GPUs: `rlgen serve` (0.5B) on GPU 0, then two `rlgen train engine=remote` jobs
+#                       on GPU 1, one after the other, weights over NCCL (benchmarks/serve_remote.py)
+#     nccl-kill [OVERRIDES]  two GPUs: the engine's vLLM core killed inside the NCCL update of step 3; the run
+#                       must finish (benchmarks/kill_in_nccl_update.py)
 #     nccl-env         two GPUs: NCCL joins with NCCL_CUMEM_ENABLE set alike and unlike (benchmarks/nccl_cumem_check.py)
 #     serve-lora ADAPTER [OVERRIDES]  `rlgen serve` with vLLM adapters: load, generate with and without, unload
 #                       (benchmarks/serve_lora.py)
@@ -122,6 +126,15 @@ EOF3
         learner.lora.sync=$sync hydra.run.dir="$out/validate-$sync" > "$out/validate-$sync.log" 2>&1
       echo "validate $sync: exit $?" | tee -a "$out/lora-validate.log"
     done
+    ;;
+  serve-nccl)
+    "$py" benchmarks/serve_remote.py --server-gpus 0 --train-gpus 1 --trainers 2 "$out/serve-nccl" engine=vllm \
+      hardware=1xh100 model=qwen2_5_0_5b engine.gpu_memory_utilization=0.5 engine.max_model_len=1024 -- \
+      hardware=1xh100 model=qwen2_5_0_5b engine.weights_over=nccl steps=6 algo.max_new_tokens=256 "$@" \
+      2>&1 | tee "$out/serve-nccl.log"
+    ;;
+  nccl-kill)
+    "$py" benchmarks/kill_in_nccl_update.py "$out/nccl-kill" "$@" 2>&1 | tee "$out/nccl-kill.log"
     ;;
   nccl-env)
     "$py" benchmarks/nccl_cumem_check.py 2>&1 | tee "$out/nccl-env.log"

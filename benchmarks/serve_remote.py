@@ -4,6 +4,8 @@
     python benchmarks/serve_remote.py /tmp/sr -- steps=20                                   # CPU, tiny
     python benchmarks/serve_remote.py /tmp/sr -- weights        # only time HTTP weight pushes of the served model
     python benchmarks/serve_remote.py --compare /tmp/sr -- steps=40  # and the same run with engines of its own
+    python benchmarks/serve_remote.py --server-gpus 0 --train-gpus 1 --trainers 2 /tmp/sr engine=vllm ... -- \\
+        engine.weights_over=nccl ...             # the server on GPU 0, two trainers on GPU 1, one after the other
     python benchmarks/serve_remote.py /tmp/sr engine=vllm hardware=1xh100 model=qwen2_5_0_5b \\
         engine.gpu_memory_utilization=0.35 engine.max_model_len=512 -- hardware=1xh100 model=qwen2_5_0_5b \\
         engine.weights_over=http steps=5 algo.max_new_tokens=256 ...
@@ -123,15 +125,32 @@ def stop_server(server: subprocess.Popen) -> int | str:
         return "killed"
 
 
+def side_env(gpus: str | None) -> dict | None:
+    """This process's environment with CUDA_VISIBLE_DEVICES=gpus (None: unchanged)."""
+    return None if gpus is None else {**os.environ, "CUDA_VISIBLE_DEVICES": gpus}
+
+
+def options(argv: list[str]) -> tuple[dict, list[str]]:
+    """--compare, --trainers N, --server-gpus G, --train-gpus G (before OUT), and the rest."""
+    opts: dict = {"compare": False, "trainers": 1, "server_gpus": None, "train_gpus": None}
+    while argv and argv[0].startswith("--") and argv[0] != "--":
+        flag, argv = argv[0][2:].replace("-", "_"), argv[1:]
+        if flag == "compare":
+            opts["compare"] = True
+        else:
+            opts[flag], argv = (int(argv[0]) if flag == "trainers" else argv[0]), argv[1:]
+    return opts, argv
+
+
 def main(argv: list[str]) -> int:
-    compare = "--compare" in argv
-    argv = [a for a in argv if a != "--compare"]
+    opts, argv = options(argv)
+    compare = opts["compare"]
     out = Path(argv[0])
     rest = argv[1:]
     split = rest.index("--") if "--" in rest else len(rest)
     server_over, train_over = rest[:split], rest[split + 1:]
     out.mkdir(parents=True, exist_ok=True)
-    server, url, info, start_s = start_server(out, server_over)
+    server, url, info, start_s = start_server(out, server_over, env=side_env(opts["server_gpus"]))
     result: dict = {"server_overrides": server_over, "train_overrides": train_over, "url": url}
     if info is None:
         stop_server(server)
@@ -141,7 +160,7 @@ def main(argv: list[str]) -> int:
     result["server_start_s"] = start_s
     result["server_info"] = info
     try:
-        run_train(url, out, train_over, info, result)
+        run_train(url, out, train_over, info, result, trainers=opts["trainers"], env=side_env(opts["train_gpus"]))
     finally:
         result["server_rc"] = stop_server(server)
         (out / "serve_remote.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -152,7 +171,7 @@ def main(argv: list[str]) -> int:
                                                            / result["in_process"]["median_step_s"])
         (out / "serve_remote.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "server_info"}, indent=2)[:4000])
-    return 0 if result["train"]["rc"] == 0 else 1
+    return 0 if all(t["rc"] == 0 for t in result.get("trainers") or [result["train"]]) else 1
 
 
 def weight_push(url: str, model_path: str, repeats: int = 3) -> dict:
@@ -180,7 +199,10 @@ def weight_push(url: str, model_path: str, repeats: int = 3) -> dict:
     return {"rows": rows, "median_call_s": statistics.median(r["call_s"] for r in rows)}
 
 
-def run_train(url: str, out: Path, train_over: list[str], info: dict, result: dict) -> None:
+def run_train(url: str, out: Path, train_over: list[str], info: dict, result: dict, trainers: int = 1,
+              env: dict | None = None) -> None:
+    """The client's throughput, then ``trainers`` training jobs against the server, one after the other (each
+    joins once the one before has left): result["train"] is the first, result["trainers"] all of them."""
     from rlgen.wire.client import GenerationClient
 
     result["client_generate"] = client_throughput(url, int(info["vocab_size"]), int(info["max_model_len"]))
@@ -192,14 +214,20 @@ def run_train(url: str, out: Path, train_over: list[str], info: dict, result: di
         text = c.complete([[11, 12, 13, 14]], max_tokens=8, n=2, temperature=0.0, logprobs=1)
     result["v1_completions"] = {"choices": len(text["choices"]), "usage": text["usage"],
                                 "finish": [ch["finish_reason"] for ch in text["choices"]]}
-    t1 = time.time()
-    run = out / "run"
-    train = subprocess.run([sys.executable, "-m", "rlgen.cli", "train", "progress=false", f"hydra.run.dir={run}",
-                            "engine=remote", f"engine.url={url}", *train_over], capture_output=True, text=True,
-                           timeout=1800)
-    result["train"] = {"rc": train.returncode, "wall_s": time.time() - t1, "stderr_tail": train.stderr[-2000:]}
-    if (run / "metrics.jsonl").is_file():
-        result["train"].update(train_summary(run))
+    result["trainers"] = []
+    for k in range(trainers):
+        t1 = time.time()
+        run = out / ("run" if k == 0 else f"run{k + 1}")
+        train = subprocess.run([sys.executable, "-m", "rlgen.cli", "train", "progress=false", f"hydra.run.dir={run}",
+                                "engine=remote", f"engine.url={url}", *train_over], capture_output=True, text=True,
+                               timeout=1800, env=env)
+        one = {"rc": train.returncode, "wall_s": time.time() - t1, "stderr_tail": train.stderr[-2000:]}
+        if (run / "metrics.jsonl").is_file():
+            one.update(train_summary(run))
+        with GenerationClient(url, timeout_s=10) as c:
+            one["server_after"] = {k: v for k, v in c.info().items() if k in ("version", "versions", "counters")}
+        result["trainers"].append(one)
+    result["train"] = result["trainers"][0]
     with GenerationClient(url, timeout_s=10) as c:
         result["server_after"] = c.info()
 

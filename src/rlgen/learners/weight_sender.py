@@ -21,6 +21,8 @@ from rlgen.transfer import (
 )
 from rlgen.types import Phase
 
+CONTROL_GROUP = "control"  # the learner's concurrency group for calls that must not wait behind a blocked one
+
 
 class WeightSender:
     """Learner-side half of the GPU transports. The learner class provides ``version``, ``name``, ``device``
@@ -101,6 +103,16 @@ class WeightSender:
         )
         return {"actor": self.name, "spans": [(Phase.sync.value, t0, time.time())]}
 
+    def abort_weight_group(self) -> bool:
+        """Abort the NCCL weight-transfer group (ncclCommAbort): a broadcast blocked on an engine that died mid-update
+        returns, and the next init_nccl_sender() forms a new group. Called in the learner's "control" concurrency
+        group, beside the blocked send_weights_nccl(). True when there was a group to abort."""
+        group, self._nccl_group = self._nccl_group, None
+        if group is None:
+            return False
+        group.destroy()  # vLLM's PyNcclCommunicator: ncclCommAbort on a thread, waited for a few seconds
+        return True
+
     def send_weights_nccl(self, version: int, dtype: str, bucket_bytes: int, timeout_s: float) -> dict:
         """Broadcast every weight, packed, to the engines (which must be in receive_weights concurrently)."""
         import torch
@@ -122,11 +134,15 @@ class WeightSender:
             torch.cuda.synchronize()
 
         t0 = time.time()
+        group = self._nccl_group
         try:
             run_with_timeout(send, timeout_s, f"{self.name}: NCCL broadcast of version {version}")
         except SyncTimeoutError:
             self.sync_blocked = "an NCCL broadcast timed out and may still be blocked"
             raise
+        if self._nccl_group is not group:  # aborted while it ran: the engines did not all receive this version
+            raise SyncError(f"{self.name}: the NCCL broadcast of version {version} was aborted (an engine died "
+                            "during the update); a new weight-transfer group is formed.")
         return {"actor": self.name, "version": int(version), "spans": [(Phase.sync.value, t0, time.time())]}
 
     def _ipc_buffer(self, dtype: str, bucket_bytes: int) -> tuple[dict[str, Any], list[dict[str, Any]], list[list]]:

@@ -15,7 +15,7 @@ from typing import Any
 from rlgen.config import RunConfig, Transport
 from rlgen.learners.group import free_endpoint
 from rlgen.learners.registry import LEARNERS
-from rlgen.learners.weight_sender import WeightSender
+from rlgen.learners.weight_sender import CONTROL_GROUP, WeightSender
 from rlgen.plan import Plan
 from rlgen.plan.checks.machine import cluster_address as ray_address
 from rlgen.runtime.cluster import kept_engines
@@ -192,6 +192,13 @@ class ActorFactory:
         queued before a generate apply first."""
         return self.plan.engine.threaded or self.plan.transport is Transport.nccl
 
+    @property
+    def learner_groups(self) -> dict[str, Any]:
+        """A learner that sends weights over NCCL takes one call beside its others, in its "control" concurrency
+        group: abort_weight_group(), which frees a broadcast blocked on an engine that died mid-update. Its other
+        calls still run one at a time, in order."""
+        return {"concurrency_groups": {CONTROL_GROUP: 1}} if self.plan.transport is Transport.nccl else {"max_concurrency": 1}
+
     def strategy(self, ap: Any) -> Any:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -255,7 +262,7 @@ class ActorFactory:
         for rank, ap in enumerate(self.placement.learners):
             node = self.learner_node(rank)
             actors.append(
-                ray.remote(self.learner_cls)
+                ray.remote(**self.learner_groups)(self.learner_cls)
                 .options(num_cpus=ap.num_cpus, num_gpus=ap.num_gpus, scheduling_strategy=self.strategy(ap),
                          runtime_env={"env_vars": actor_env(self.cfg, nccl)})
                 .remote(_at(model_path, node), self.cfg.algo, self.cfg.monitor, seed=self.cfg.seed, device=self.device,

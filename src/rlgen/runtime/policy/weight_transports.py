@@ -10,13 +10,17 @@ out marks itself broken and fails every later push at once. The learner's half i
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rlgen.engines.contract import PausesInFlight, PolicyAdapters, ReceivesIpc, ReceivesNccl, has, require
+from rlgen.learners.weight_sender import CONTROL_GROUP
 from rlgen.plan import Plan, Transport
+from rlgen.runtime.rollouts.engine_restarts import engine_died
 from rlgen.transfer import (
     DEFAULT_BUCKET_BYTES,
     NUM_BUFFERS,
@@ -27,6 +31,10 @@ from rlgen.transfer import (
     get_all,
 )
 from rlgen.types import Phase
+
+log = logging.getLogger(__name__)
+ABORT_GRACE_S = 2.0  # after a failed NCCL update, how long each side may take to leave the broadcast on its own
+ABORT_WAIT_S = 30.0  # for the learner's aborted broadcast to return
 
 
 # -- driver side --------------------------------------------------------------------------------------------
@@ -199,6 +207,10 @@ class _VLLMTransport(_Base):
 class NcclTransport(_VLLMTransport):
     kind = Transport.nccl
 
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.rejoining: set[int] = set()  # engines that left a failed update: the new group waits for them all
+
     def setup(self, learner: Any, engines: Sequence[Any], engine_names: Sequence[str], *,
               gatherers: Sequence[Any] = ()) -> None:
         super().setup(learner, engines, engine_names, gatherers=gatherers)
@@ -226,12 +238,48 @@ class NcclTransport(_VLLMTransport):
 
     def replace_engine(self, index: int, actor: Any, resend: bool = True) -> None:
         """A new NCCL group of every engine and the learner (the old one lost a member), then the current
-        weights to all. Written against vLLM 0.26's weight-transfer API; not yet run on GPUs."""
+        weights to all; after a failed update, once every engine that left it (rejoining) is re-created."""
         self.engines[index] = actor
+        self.rejoining.discard(index)
+        if self.rejoining:
+            return
         self.broken = None
         self.setup(self.learner, self.engines, self.engine_names, gatherers=self.gatherers)
         if resend:
             self.push(self.version, resend=True)
+
+    def _free_blocked(self, refs: Sequence[Any]) -> None:
+        """After an update failed (an engine died inside the broadcast): abort the learner's side of the group,
+        which NCCL would otherwise keep waiting in, and stop the engines still inside it (a vLLM worker blocked in
+        NCCL cannot be reached), so that the engine keeper re-creates them with the dead one and replace_engine()
+        forms a new group. A learner that does not come free leaves the transport broken: the run stops."""
+        import ray
+
+        *received, sent = refs[: len(self.engines) + 1]
+        if not ray.wait([sent], timeout=ABORT_GRACE_S)[0]:
+            t0 = time.time()
+            abort = self.learner.abort_weight_group.options(concurrency_group=CONTROL_GROUP).remote()
+            with contextlib.suppress(Exception):
+                ray.get(abort, timeout=ABORT_WAIT_S)
+            if not ray.wait([sent], timeout=ABORT_WAIT_S)[0]:
+                log.warning("the learner's NCCL broadcast did not return after its group was aborted")
+                return
+            log.info("an engine died inside an NCCL update: the learner's broadcast was still waiting for it, so "
+                     "its weight-transfer group was aborted (%.1f s); a new group forms", time.time() - t0)
+        done, _ = ray.wait(received, num_returns=len(received), timeout=ABORT_GRACE_S)
+        for i, (engine, ref) in enumerate(zip(self.engines, received)):
+            if ref not in done:
+                log.info("%s was still inside the failed NCCL update and cannot leave it: stopped, to be re-created",
+                         self.engine_names[i])
+                with contextlib.suppress(Exception):
+                    ray.kill(engine, no_restart=True)
+                self.rejoining.add(i)
+            else:
+                with contextlib.suppress(Exception):
+                    ray.get(ref)
+                    continue
+                self.rejoining.add(i)
+        self.broken = None  # the learner is free: a new group forms once every engine in rejoining is back
 
     def push(self, version: int, *, in_flight: bool = False, resend: bool = False) -> PushResult:
         t0 = self._begin(version, resend=resend)
@@ -246,6 +294,8 @@ class NcclTransport(_VLLMTransport):
             except Exception as err:
                 # One side failed while the other may still sit in the broadcast: the group is unusable.
                 self.broken = self.broken or f"an NCCL update failed: {err}"
+                if engine_died(err):  # otherwise (a hang, the learner's own failure) it stays broken: the run stops
+                    self._free_blocked(refs)
                 raise
 
         results = self._paused(in_flight, body)
