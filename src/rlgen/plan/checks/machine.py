@@ -1,5 +1,6 @@
-"""Checks of the machine against the plan, before anything starts: GPUs (on a local cluster), the packages the
-run imports (vllm, deepspeed, wandb), and a CPU-only torch under a GPU plan. Each problem is one sentence.
+"""Checks of the machine against the plan, before anything starts: the Ray cluster named by ray.address answers
+and takes this machine's token (plan.checks.ray_token), GPUs (on a local cluster), the packages the run imports
+(vllm, deepspeed, wandb), and a CPU-only torch under a GPU plan. Each problem is one sentence.
 
 ``rlgen train`` refuses to start on such a problem; ``rlgen plan`` shows it as a note about this machine,
 since a plan is often made on one machine for another."""
@@ -45,8 +46,20 @@ def reachable(hostport: str, timeout_s: float = 3.0) -> bool:
         return False
 
 
+def cluster_join_mode(target: str, address: str) -> str | None:
+    """This process in the authentication mode of the cluster at target (plan.checks.ray_token), or the sentence
+    saying why it cannot join; None also where this Ray has no token authentication."""
+    try:
+        from rlgen.plan.checks.ray_token import join_mode
+
+        return join_mode(target, address)
+    except ImportError:  # a Ray without token authentication
+        return None
+
+
 def check_cluster(cfg: RunConfig, problems: list[str]) -> None:
-    """A cluster named by ray.address (or RAY_ADDRESS) answers, before anything starts."""
+    """A cluster named by ray.address (or RAY_ADDRESS) answers, and takes this machine's token where it wants
+    one, before anything starts."""
     address = cluster_address(cfg)
     if not address:
         return
@@ -58,6 +71,10 @@ def check_cluster(cfg: RunConfig, problems: list[str]) -> None:
     elif not reachable(target):
         problems.append(f"the Ray cluster at {target} (ray.address={address}) does not answer; check that it is "
                         "running (ray status) and reachable from here.")
+    elif not address.startswith("ray://"):  # Ray Client: its server speaks for the cluster, and Ray handles it
+        problem = cluster_join_mode(target, address)
+        if problem:
+            problems.append(problem)
 
 
 def local_gpus() -> int:

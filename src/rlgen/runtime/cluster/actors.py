@@ -17,6 +17,7 @@ from rlgen.learners.group import free_endpoint
 from rlgen.learners.registry import LEARNERS
 from rlgen.learners.weight_sender import CONTROL_GROUP, WeightSender
 from rlgen.plan import Plan
+from rlgen.plan.checks.machine import bootstrap_address, cluster_join_mode
 from rlgen.plan.checks.machine import cluster_address as ray_address
 from rlgen.runtime.cluster import kept_engines
 from rlgen.runtime.cluster.local_ray import (
@@ -35,10 +36,11 @@ QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "err
 
 
 def start_ray(cfg: RunConfig, plan: Plan, placement: Any, stop: Any = None, keep_warm: bool = False) -> bool:
-    """Join the cluster at ray.address (or RAY_ADDRESS), or start a fresh local one sized for the plan (after
-    stopping what runs that died left of theirs, and clusters kept warm for other settings). keep_warm: take over
-    a local cluster kept warm for these settings (runtime.cluster.kept_engines) where there is one. True if this process connected
-    (and so disconnects at the end). A stop requested while the local cluster starts raises StopRequested."""
+    """Join the cluster at ray.address (or RAY_ADDRESS), in its token mode (plan.checks.ray_token), or start a
+    fresh local one sized for the plan (after stopping what runs that died left of theirs, and clusters kept warm
+    for other settings). keep_warm: take over a local cluster kept warm for these settings
+    (runtime.cluster.kept_engines) where there is one. True if this process connected (and so disconnects at the
+    end). A stop requested while the local cluster starts raises StopRequested."""
     import ray
 
     if ray.is_initialized():
@@ -52,8 +54,17 @@ def start_ray(cfg: RunConfig, plan: Plan, placement: Any, stop: Any = None, keep
         key = kept_engines.cluster_key(init, [list(g) for g in placement.groups]) if keep_warm else ""
         start_local(init, cfg.startup_timeout_s, stop, key=key)
         return True
+    target = bootstrap_address(address)
+    if target is not None and not address.startswith("ray://"):
+        problem = cluster_join_mode(target, address)  # the cluster's token mode, as the checks found it
+        if problem:
+            raise RunError(problem)
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=True)
+    except getattr(ray.exceptions, "AuthenticationError", ()) as err:  # a token changed since the check
+        raise RunError(f"the Ray cluster at {address} refused this machine's authentication token ({err.message}); "
+                       "copy the head node's ~/.ray/auth_token here, or set RAY_AUTH_TOKEN=<the cluster's token>."
+                       ) from err
     except ConnectionError as err:
         raise RunError(f"could not join the Ray cluster at {address} ({err}); start it with ray start --head, or "
                        "fix ray.address.") from err
