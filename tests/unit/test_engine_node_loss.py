@@ -4,6 +4,7 @@ the answer (moves it and re-creates it there, or stops the run with a sentence n
 from __future__ import annotations
 
 import pytest
+import ray
 from ray.exceptions import RayActorError
 
 import rlgen.runtime.rollouts.engine_restarts as restarts
@@ -21,6 +22,7 @@ def test_spare_nodes_prefer_nodes_without_the_runs_groups_and_need_room():
 
 
 def _keeper(monkeypatch, alive: set[str], place_again):
+    monkeypatch.setattr(ray, "kill", lambda a, no_restart=True: None)  # the stand-in actors are plain strings
     monkeypatch.setattr(restarts, "node_alive", lambda node: node in alive)
     monkeypatch.setattr(restarts, "node_name", lambda node: f"10.0.0.9 ({node[:8]})")
     where = {0: "nodeAAAAAAAAAA", 1: "nodeAAAAAAAAAA"}
