@@ -22,7 +22,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from rlgen.config import RunConfig
+from rlgen.config import RunConfig, ShareMode
 from rlgen.models import architectures
 from rlgen.plan import Plan
 from rlgen.plan.placement import plan_bundles
@@ -42,7 +42,7 @@ from rlgen.runtime.cluster.local_ray import keep_local
 from rlgen.runtime.cluster.waits import Waiter
 from rlgen.runtime.durability.checkpoint import finish_background, restore_rollouts
 from rlgen.runtime.durability.resume import ResumePoint
-from rlgen.runtime.durability.shared_folders import place_run_folders
+from rlgen.runtime.durability.shared_folders import place_folder, place_run_folders
 from rlgen.runtime.errors import RunError
 from rlgen.runtime.policy.breaker import CircuitBreaker
 from rlgen.runtime.policy.state import RunState
@@ -221,6 +221,7 @@ def _actors(run: Run, hooks: Hooks, before_wait: Callable[[], None] = lambda: No
         resync=lambda i, actor, resend: _resync_engine(run, i, actor, resend),
         say=lambda msg: run.console.print(f"[yellow]engine restart:[/] {escape(msg)}", highlight=False),
         node_of=run.factory.engine_node,
+        place_again=lambda i, gone: _place_engine_again(run, i, gone),
     )
     run.zero3_gatherers = run.learners[1:] if learner_kwargs.get("zero_stage") == 3 else []
 
@@ -297,6 +298,15 @@ def _kept_engines(run: Run, asked: dict[str, float]) -> list[Any]:
         if engines[i] is not None:
             run.factory.kept.add(i)
     return engines
+
+
+def _place_engine_again(run: Run, index: int, gone: str) -> str | None:
+    """Engine ``index``'s node left: its bundle on another node with room, and the model folder placed there."""
+    node = run.factory.place_engine_again(index, gone)
+    if node is not None and node not in run.folders.engine_paths:
+        run.folders.engine_paths.update(place_folder(run.start_model_path, [node], ShareMode(run.cfg.ray.share),
+                                                     run.cfg.startup_timeout_s))
+    return node
 
 
 def _resync_engine(run: Run, index: int, actor: Any, resend: bool) -> None:

@@ -1,6 +1,6 @@
 """Set-up, from the plan: a Ray cluster (a local one in a session of its own), one placement group per node, and
 the engine and learner actors in their bundles. ``ActorFactory.engine(i)`` is also how a dead engine is
-re-created in the same place."""
+re-created in the same place, or, once ``place_engine_again`` moved its bundle off a node that left, in the new one."""
 
 from __future__ import annotations
 
@@ -28,10 +28,11 @@ from rlgen.runtime.cluster.local_ray import (
     start_local,
     stop_local,
 )
-from rlgen.runtime.cluster.nodes import NODE_ID_LABEL, assign_nodes, cluster_nodes
+from rlgen.runtime.cluster.nodes import NODE_ID_LABEL, assign_nodes, cluster_nodes, free_per_node, spare_nodes
 from rlgen.runtime.errors import RunError
 
 log = logging.getLogger(__name__)
+MOVE_TIMEOUT_S = 30.0  # reserving one engine's bundle on a node that has the room for it
 QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -191,6 +192,7 @@ class ActorFactory:
     learner_kwargs: dict[str, Any]
     warm: bool = False  # engines are detached and named by their settings, to be kept warm (runtime.cluster.kept_engines)
     kept: set[int] = dataclasses.field(default_factory=set)  # engines an earlier run kept warm, taken over (set-up)
+    moved: dict[int, tuple[Any, str]] = dataclasses.field(default_factory=dict)  # engine -> (its own group, node)
 
     @property
     def device(self) -> str:
@@ -216,7 +218,45 @@ class ActorFactory:
         return PlacementGroupSchedulingStrategy(self.pgs[ap.group], placement_group_bundle_index=ap.bundle)
 
     def engine_node(self, index: int) -> str:
+        if index in self.moved:
+            return self.moved[index][1]
         return self.node_ids[self.placement.engines[index].group]
+
+    def engine_strategy(self, index: int) -> Any:
+        """Where engine ``index`` runs: its bundle in its plan node's group, or the group it was moved to."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        if index in self.moved:
+            return PlacementGroupSchedulingStrategy(self.moved[index][0], placement_group_bundle_index=0)
+        return self.strategy(self.placement.engines[index])
+
+    def engine_bundle(self, index: int) -> dict[str, float]:
+        ap = self.placement.engines[index]
+        return dict(self.placement.groups[ap.group][ap.bundle])
+
+    def place_engine_again(self, index: int, gone: str) -> str | None:
+        """Engine ``index``'s node (``gone``) left the cluster: reserve a bundle of the same shape on another
+        alive node with room for it (nodes that hold none of the run's groups first; beside another plan
+        node's actors only where it fits in what they left free). The new node, or None where none has room."""
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        bundle = self.engine_bundle(index)
+        held = set(self.node_ids) | {node for _, node in self.moved.values()}
+        for node in spare_nodes(bundle, free_per_node(), held, {gone}):
+            pg = placement_group([bundle], strategy="STRICT_PACK", bundle_label_selector=[{NODE_ID_LABEL: node}])
+            ready, _ = ray.wait([pg.ready()], timeout=MOVE_TIMEOUT_S)
+            if not ready:  # taken meanwhile: try the next
+                with contextlib.suppress(Exception):
+                    remove_placement_group(pg)
+                continue
+            if index in self.moved:  # the group it was moved to before went with its node
+                with contextlib.suppress(Exception):
+                    remove_placement_group(self.moved[index][0])
+            self.moved[index] = (pg, node)
+            self.pgs.append(pg)  # released with the run's groups
+            return node
+        return None
 
     def learner_node(self, rank: int) -> str:
         return self.node_ids[self.placement.learners[rank].group]
@@ -231,7 +271,7 @@ class ActorFactory:
         args = dict(model_path=_at(model_path, self.engine_node(index)), engine=engine_cfg, device=self.device,
                     seed=self.cfg.seed + slot.index, name=f"engine{slot.index}", **self.engine_kwargs)
         options: dict[str, Any] = dict(
-            num_cpus=ap.num_cpus, num_gpus=ap.num_gpus, scheduling_strategy=self.strategy(ap),
+            num_cpus=ap.num_cpus, num_gpus=ap.num_gpus, scheduling_strategy=self.engine_strategy(index),
             max_concurrency=4 if self.threaded_engines else 1,
             runtime_env={"env_vars": actor_env(self.cfg, env)},
         )

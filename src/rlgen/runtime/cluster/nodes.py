@@ -71,3 +71,31 @@ def assign_nodes(placement: Any, nodes: list[NodeInfo], where: str = "the cluste
         f"the Ray cluster at {where} cannot hold the plan: it needs {len(demands)} separate node(s) ({need}), but "
         f"has {have}; add nodes with those resources, or choose hardware=<preset> that fits the cluster."
     )
+
+
+def node_name(node_id: str) -> str:
+    """A node by its address and id prefix, also one that has left the cluster (Ray keeps its record)."""
+    import ray
+
+    address = next((n.get("NodeManagerAddress", "?") for n in ray.nodes() if n["NodeID"] == node_id), "?")
+    return f"{address} ({node_id[:8]})"
+
+
+def fits(bundle: dict[str, float], free: dict[str, float]) -> bool:
+    return all(free.get(k, 0.0) >= v for k, v in bundle.items() if v > 0)
+
+
+def spare_nodes(bundle: dict[str, float], free: dict[str, dict[str, float]], held: set[str],
+                gone: set[str]) -> list[str]:
+    """The alive nodes whose unreserved resources (free: node -> resources) hold ``bundle``, nodes that hold
+    none of the plan's groups (held) first, then the smallest; never one of ``gone``."""
+    fit = [n for n, r in free.items() if n not in gone and fits(bundle, r)]
+    return sorted(fit, key=lambda n: (n in held, free[n].get("GPU", 0.0), free[n].get("CPU", 0.0)))
+
+
+def free_per_node() -> dict[str, dict[str, float]]:
+    """What each alive node has left that no placement group or actor holds."""
+    from ray._private.state import available_resources_per_node  # DeveloperAPI: per node, not summed
+
+    alive = {n.node_id for n in cluster_nodes()}
+    return {n: dict(r) for n, r in available_resources_per_node().items() if n in alive}

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rlgen.engines.base import COULD_NOT_START
-from rlgen.runtime.cluster.nodes import node_alive
+from rlgen.runtime.cluster.nodes import node_alive, node_name
 from rlgen.runtime.errors import RunError, StopRequested, actor_death_detail
 
 log = logging.getLogger(__name__)
@@ -100,8 +100,8 @@ class Waiter:
         except RunError as err:
             if isinstance(err.__cause__, RayActorError):
 
-                gone = [f"learner{r}" for r, n in enumerate(nodes or []) if not node_alive(n)]
-                why = (f"the node of {', '.join(gone)} left the Ray cluster" if gone
+                gone = [f"{node_name(n)} of learner{r}" for r, n in enumerate(nodes or []) if not node_alive(n)]
+                why = (f"the node {', '.join(gone)} left the Ray cluster" if gone
                        else actor_death_detail(err.__cause__, limit=300))
                 raise LearnerLost(f"{what}: {why}") from err
             raise

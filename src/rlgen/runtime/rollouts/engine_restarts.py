@@ -1,8 +1,9 @@
 """Engine faults: an engine that dies is re-created in its bundle, brought to the current weights, and its
 unfinished requests are sent again. An engine dies in two ways: its actor process dies (RayActorError), or the
 engine inside a live actor does (EngineDead: vLLM's engine core exited, or a CUDA error); both are handled the
-same way. Each engine may die ``engine.max_restarts`` times; one more death raises EngineLost, which stops the
-run cleanly."""
+same way. An engine whose node left the cluster is re-created on another node with room for its bundle, or, where
+none has, raises EngineLost. Each engine may die ``engine.max_restarts`` times; one more death raises EngineLost,
+which stops the run cleanly with a checkpoint."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 
 from rlgen.engines.base import EngineDead
 from rlgen.errors import causes
-from rlgen.runtime.cluster.nodes import node_alive
+from rlgen.runtime.cluster.nodes import node_alive, node_name
 from rlgen.runtime.errors import RunError, actor_death_detail
 
 log = logging.getLogger(__name__)
@@ -48,11 +49,14 @@ class EngineKeeper:
     def __init__(self, engines: list[Any], names: list[str], max_restarts: int,
                  create: Callable[[int], Any], ready: Callable[[Any, str], None],
                  resync: Callable[[int, Any, bool], None], say: Callable[[str], None],
-                 node_of: Callable[[int], str] | None = None):
+                 node_of: Callable[[int], str] | None = None,
+                 place_again: Callable[[int, str], str | None] | None = None):
         """create(i): a new actor for engine i. ready(actor, what): wait for its health. resync(i, actor, resend):
-        join it to the weight transport and, with resend, give it the current weights (the transport's job). say(msg): one line to the user. node_of(i): the Ray node
-        of engine i's bundle (an engine whose node left the cluster cannot come back there)."""
-        self.engines, self.names, self.node_of = engines, names, node_of
+        join it to the weight transport and, with resend, give it the current weights (the transport's job).
+        say(msg): one line to the user. node_of(i): the Ray node of engine i's bundle. place_again(i, gone): move
+        engine i's bundle off node ``gone`` (it left the cluster) to another node; that node, or None where no
+        node has room (then create(i) builds it there)."""
+        self.engines, self.names, self.node_of, self._place_again = engines, names, node_of, place_again
         self.max_restarts = max_restarts
         self.incarnation = [0] * len(engines)
         self.restarts = [0] * len(engines)
@@ -69,12 +73,7 @@ class EngineKeeper:
         import ray
 
         name, detail = self.names[index], death_detail(err)
-        if self.node_of is not None:
-
-            node = self.node_of(index)
-            if not node_alive(node):
-                raise EngineLost(f"the node holding {name} ({node[:8]}) left the Ray cluster, and its place in the "
-                                 "plan went with it")
+        detail = self._move_off_dead_node(index) or detail
         self.restarts[index] += 1
         if self.restarts[index] > self.max_restarts:
             raise EngineLost(
@@ -86,22 +85,53 @@ class EngineKeeper:
             ray.kill(self.engines[index], no_restart=True)
         except Exception:  # noqa: BLE001 - it is gone already
             pass
-        actor = self._create(index)
-        try:
-            self._ready(actor, f"restarting {name}")
-            self._resync(index, actor, resync)
-        except BaseException:
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - best effort on the way out
-                pass
-            raise
+        actor = self._start(index, resync, again=self.node_of is not None)
+        if actor is None:  # its node was dying, not yet marked dead when the engine's calls broke: move it now
+            detail = self._move_off_dead_node(index) or detail
+            actor = self._start(index, resync, again=False)
         self.engines[index] = actor
         self.incarnation[index] += 1
         self._say(
             f"{name} died ({detail}); restarted it ({self.restarts[index]} of engine.max_restarts="
             f"{self.max_restarts}) with the current weights, and sent its requests again"
         )
+
+    def _start(self, index: int, resync: bool, again: bool) -> Any:
+        """A new actor for engine ``index``, healthy and joined (resync: with the current weights). One that fails
+        is taken down again, so it holds no GPU share; with ``again``, None where its node has left meanwhile."""
+        import ray
+
+        actor = self._create(index)
+        try:
+            self._ready(actor, f"restarting {self.names[index]}")
+            self._resync(index, actor, resync)
+        except BaseException:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
+            if again and not node_alive(self.node_of(index)):
+                return None
+            raise
+        return actor
+
+    def _move_off_dead_node(self, index: int) -> str:
+        """Where engine ``index``'s node left the cluster: its bundle placed on another node (what happened, in a
+        few words), or EngineLost naming the node where no node has room. "" where its node is alive."""
+        if self.node_of is None:
+            return ""
+        gone = self.node_of(index)
+        if node_alive(gone):
+            return ""
+        held = [n for i, n in enumerate(self.names) if self.node_of(i) == gone]
+        new = self._place_again(index, gone) if self._place_again is not None else None
+        if new is None:
+            raise EngineLost(
+                f"the node {node_name(gone)} left the Ray cluster with {', '.join(held)} on it, and no other node has "
+                f"room for {self.names[index]}; resume=auto continues the run once the cluster has the resources again"
+            )
+        log.info("%s's node %s left the cluster; placing it on %s", self.names[index], gone, new)
+        return f"its node {node_name(gone)} left the Ray cluster; placed again on {node_name(new)}"
 
     def find_dead(self) -> list[int]:
         """The engines whose actor or engine is gone, by asking each for its health (a busy engine that does not
