@@ -26,7 +26,15 @@ from rlgen.runtime.durability.run_lock import acquire_run_lock, command_line
 from rlgen.runtime.durability.status_file import RunStatus
 from rlgen.runtime.errors import RunError, RunStopped, StopRequested
 from rlgen.runtime.loop import train
-from rlgen.runtime.setup import Hooks, Run, set_up, tear_down
+from rlgen.runtime.setup import (
+    Hooks,
+    Run,
+    TakeOverFailed,
+    say_cold_start,
+    set_up,
+    take_over_failed,
+    tear_down,
+)
 from rlgen.runtime.signals import StopFlag
 from rlgen.runtime.start.progress import print_startup
 
@@ -80,9 +88,20 @@ def _locked_run(plan: Plan, out_dir: Path, console: Console, stop: StopFlag, res
     run: Run | None = None
     finished = False
     try:
-        run = set_up(plan, out_dir, resume=resume, stop=stop, console=console, status=status, hooks=hooks)
-        status.update(state="running")
-        summary = _train_and_report(run)
+        for cold in (False, True):  # a run that cannot start on a kept cluster it took over starts again cold
+            try:
+                run = set_up(plan, out_dir, resume=resume, stop=stop, console=console, status=status, hooks=hooks)
+                status.update(state="running")
+                summary = _train_and_report(run)
+                break
+            except Exception as err:
+                if cold or not take_over_failed(run, err):
+                    raise err.err if isinstance(err, TakeOverFailed) else err  # noqa: B904 - err goes on as it is
+                if run is not None:
+                    tear_down(run)  # takes the cluster it took over down whole
+                    run = None
+                say_cold_start(err)
+                status.update(state="starting")
         status.update(state="finished", step=plan.config.steps, checkpoint=summary["checkpoint_path"], reason=None)
         finished = True
         return summary

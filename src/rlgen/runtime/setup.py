@@ -43,7 +43,7 @@ from rlgen.runtime.cluster.waits import Waiter
 from rlgen.runtime.durability.checkpoint import finish_background, restore_rollouts
 from rlgen.runtime.durability.resume import ResumePoint
 from rlgen.runtime.durability.shared_folders import place_folder, place_run_folders
-from rlgen.runtime.errors import RunError
+from rlgen.runtime.errors import RunError, StopRequested
 from rlgen.runtime.policy.breaker import CircuitBreaker
 from rlgen.runtime.policy.state import RunState
 from rlgen.runtime.policy.weight_transports import make_transport
@@ -89,6 +89,7 @@ class Run:
     pgs: list[Any] = field(default_factory=list)
     node_ids: list[str] = field(default_factory=list)
     started_ray: bool = False
+    taken_over: bool = False  # its cluster was kept warm by an earlier run and taken over (runtime.cluster.kept_engines)
     folders: Any = None  # runtime.durability.shared_folders.RunFolders: where each node reads the model, who writes checkpoints
     factory: ActorFactory | None = None
     transport: Any = None
@@ -166,11 +167,42 @@ def set_up(plan: Plan, out_dir: Path, *, resume: ResumePoint | None = None, stop
             run.learners_pending = Beside(_learners_beside, run, *run.learners_pending,
                                           done=clock.begin(LEARNERS_BESIDE, beside=True))
         _loop_parts(run, task, renderer, stop_ids)
-    except BaseException:
+    except BaseException as err:
         tear_down(run)
+        if take_over_failed(run, err):
+            raise TakeOverFailed(err) from err
         raise
     run.startup["setup_s"] = time.time() - t0
     return run
+
+
+class TakeOverFailed(Exception):
+    """Set-up on a cluster taken over from a run that kept it warm failed; what was taken over is stopped, and a
+    cold start may well succeed. ``err`` is what failed."""
+
+    def __init__(self, err: BaseException):
+        super().__init__(str(err))
+        self.err = err
+
+
+def take_over_failed(run: Run | None, err: BaseException) -> bool:
+    """Whether err ended a run that took a kept cluster over before its first step was done (not a stop someone
+    asked for): the cluster may not start this run's workers as a new one would, so the run starts cold instead."""
+    if isinstance(err, TakeOverFailed):
+        return True
+    if run is None or not run.taken_over or not isinstance(err, Exception) or isinstance(err, StopRequested):
+        return False
+    first = run.resume.step if run.resume else 0
+    return not run.stop.requested and run.state.step == first
+
+
+def say_cold_start(err: BaseException) -> None:
+    """The one line for a run that falls back from a kept cluster it took over to a cold start."""
+    cause = err.err if isinstance(err, TakeOverFailed) else err
+    first = next((ln.strip() for ln in str(cause).splitlines() if ln.strip()), type(cause).__name__)
+    first = first.split(" Metrics up to the last finished step")[0].rstrip(".")  # none: the run starts again
+    log.warning("the run could not start on the kept Ray cluster it took over (%s); that cluster was stopped and "
+                "the run starts again on a new one", first if len(first) <= 400 else first[:400] + "...")
 
 
 def _engines_ahead(run: Run) -> None:
@@ -184,7 +216,12 @@ def _engines_ahead(run: Run) -> None:
 def _cluster(run: Run) -> None:
     run.placement = plan_bundles(run.plan)
     keep = run.plan.engine.keeps_warm and run.cfg.engine.keep_warm_s > 0
-    run.started_ray, run.node_ids, run.pgs = connect(run.cfg, run.plan, run.placement, run.stop, run.waiter, keep)
+    try:
+        run.started_ray, run.node_ids, run.pgs = connect(run.cfg, run.plan, run.placement, run.stop, run.waiter, keep)
+    finally:
+        cluster = warm_cluster()
+        run.taken_over = bool(cluster is not None and cluster.taken_over)
+        run.started_ray = run.started_ray or cluster is not None  # one joined before connect failed goes whole
 
 
 def _place_folders(run: Run) -> None:
@@ -390,4 +427,4 @@ def _keep_engines(run: Run) -> bool:
     return True
 
 
-__all__ = ["Hooks", "Run", "set_up", "tear_down"]
+__all__ = ["Hooks", "Run", "TakeOverFailed", "say_cold_start", "set_up", "take_over_failed", "tear_down"]

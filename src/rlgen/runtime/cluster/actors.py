@@ -19,7 +19,7 @@ from rlgen.learners.weight_sender import CONTROL_GROUP, WeightSender
 from rlgen.plan import Plan
 from rlgen.plan.checks.machine import bootstrap_address, cluster_join_mode
 from rlgen.plan.checks.machine import cluster_address as ray_address
-from rlgen.runtime.cluster import kept_engines
+from rlgen.runtime.cluster import kept_engines, kept_fingerprint
 from rlgen.runtime.cluster.local_ray import (
     SHUTDOWN_S,
     bounded,
@@ -53,7 +53,8 @@ def start_ray(cfg: RunConfig, plan: Plan, placement: Any, stop: Any = None, keep
                 "object_store_memory": 512 * 2**20 if plan.device == "cpu" else None}
         init = {k: v for k, v in init.items() if v is not None}
         key = kept_engines.cluster_key(init, [list(g) for g in placement.groups]) if keep_warm else ""
-        start_local(init, cfg.startup_timeout_s, stop, key=key)
+        seen = kept_fingerprint.of_run(cfg, actor_env(cfg, dict(plan.engine_env))) if keep_warm else None
+        start_local(init, cfg.startup_timeout_s, stop, key=key, fingerprint=seen)
         return True
     target = bootstrap_address(address)
     if target is not None and not address.startswith("ray://"):

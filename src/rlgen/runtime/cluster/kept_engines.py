@@ -1,9 +1,10 @@
 """Engines kept warm between runs (``engine.keep_warm_s``; the engine side is the KeepsWarm capability).
 
 A local run that ends well leaves its cluster and engines running, asleep, for keep_warm_s seconds; the next run
-on this host whose cluster and engines would be built the same way takes them over and skips Ray's and vLLM's
-start. A run whose engines would differ, or one with keep_warm_s=0, stops the kept cluster first. What is kept
-is found by its keys: the cluster's in the session's marker, each engine's in its actor's name.
+on this host whose cluster and engines would be built the same way, and whose workers would start as the
+cluster's do (runtime.cluster.kept_fingerprint), takes them over and skips Ray's and vLLM's start. Another local
+run stops the kept cluster first. What is kept is found by its keys: the cluster's (with its fingerprint) in the
+session's marker, each engine's in its actor's name.
 docs/startup.md has the whole life of a kept engine."""
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ from rlgen.runtime.cluster.dead_runs import (
     write_marker,
 )
 from rlgen.runtime.cluster.kept_engines import CLAIM_MARGIN_S, NAMESPACE
+from rlgen.runtime.cluster.kept_fingerprint import differs
 from rlgen.runtime.errors import RunError, StopRequested
 from rlgen.runtime.signals import at_hard_exit
 
@@ -66,6 +67,7 @@ class LocalCluster:
     key: str = ""  # the cluster key (runtime.cluster.kept_engines) when its engines may be kept warm at the end
     taken_over: bool = False  # a cluster an earlier run kept warm: its engines and placement groups are there
     head_ident: dict[str, Any] | None = None  # leftovers.identity() of the head: its session is the cluster's
+    fingerprint: dict[str, Any] | None = None  # runtime.cluster.kept_fingerprint: what started it, kept with it
 
 
 class _Head:
@@ -155,16 +157,18 @@ def _stop_session(session_dir: str) -> None:
     remove_marker(session_dir)
 
 
-def start_local(init: dict[str, Any], timeout_s: float, stop: Any, key: str = "") -> None:
+def start_local(init: dict[str, Any], timeout_s: float, stop: Any, key: str = "",
+                fingerprint: dict[str, Any] | None = None) -> None:
     """Start a local cluster in a session of its own and join it (see above). With key (runtime.cluster.kept_engines's cluster
-    key), a cluster an earlier run kept warm under that key is taken over instead. Every other kept cluster is
-    stopped first: its engines hold memory this run needs."""
+    key) and fingerprint (runtime.cluster.kept_fingerprint: this run's), a cluster an earlier run kept warm under
+    that key and fingerprint is taken over instead. Every other kept cluster is stopped first: its engines hold
+    memory this run needs."""
     global _local
     import ray
 
     stop_local()  # one started before and never released
     _token_auth_as_ray_init()
-    if key and _take_over(key):
+    if key and _take_over(key, fingerprint or {}):
         return
     clear_for_local_cluster()
     scratch = tempfile.mkdtemp(prefix="rlgen-ray-")
@@ -172,7 +176,7 @@ def start_local(init: dict[str, Any], timeout_s: float, stop: Any, key: str = ""
     with open(Path(scratch) / "head.log", "wb") as out:
         head = subprocess.Popen([sys.executable, "-c", _HEAD_CODE, json.dumps(init), str(answer), json.dumps(identity())],
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    cluster = _local = LocalCluster(head, scratch, key=key, head_ident=identity(head.pid))
+    cluster = _local = LocalCluster(head, scratch, key=key, head_ident=identity(head.pid), fingerprint=fingerprint)
     _own(cluster)
     try:
         info = _await_head(cluster, answer, timeout_s, stop)
@@ -197,10 +201,11 @@ def _own(cluster: LocalCluster) -> None:
         _atexit_armed = True
 
 
-def _take_over(key: str) -> bool:
-    """Join the cluster an earlier run kept warm under key, if there is one with time left, and own it (its
-    marker names this driver, without ``kept``, so neither its head nor another run ends it meanwhile). False
-    when there is none or it cannot be joined (then it is stopped with the other leftovers)."""
+def _take_over(key: str, fingerprint: dict[str, Any]) -> bool:
+    """Join the cluster an earlier run kept warm under key, if there is one with time left that would start
+    workers as this run would (its fingerprint: runtime.cluster.kept_fingerprint), and own it (its marker names
+    this driver, without ``kept``, so neither its head nor another run ends it meanwhile). False when there is
+    none, it differs (one line says how) or it cannot be joined; then it is stopped with the other leftovers."""
     global _local
     import ray
 
@@ -208,13 +213,18 @@ def _take_over(key: str) -> bool:
         kept = data["kept"]
         if kept.get("key") != key or float(kept["until"]) < time.time() + CLAIM_MARGIN_S:
             continue
+        why = differs(kept.get("fingerprint"), fingerprint, head_pid=(data.get("head") or {}).get("pid"))
+        if why:
+            log.warning("%s; starting a new one", why)
+            continue
         with exclusive_lock(session / CLAIM_LOCK):  # one run at a time takes a kept cluster over
             data = read_marker(session) or {}
             if (data.get("kept") or {}).get("key") != key:
                 continue  # another run took it meanwhile
             write_marker(session, identity(), head_pid=data["head"]["pid"])
         cluster = _local = LocalCluster(_Head(data["head"]), tempfile.mkdtemp(prefix="rlgen-ray-"), kept["address"],
-                                        str(session), key=key, taken_over=True, head_ident=data["head"])
+                                        str(session), key=key, taken_over=True, head_ident=data["head"],
+                                        fingerprint=kept.get("fingerprint"))
         _own(cluster)
         try:
             with _quiet_connect():
@@ -246,7 +256,8 @@ def keep_local(until: float) -> bool:
     head = data.get("head") or {"pid": cluster.head.pid}
     # no driver: the next run that starts a local cluster stops it unless it takes it over
     write_marker(cluster.session_dir, {}, head_pid=head["pid"],
-                 kept={"until": float(until), "key": cluster.key, "address": cluster.address})
+                 kept={"until": float(until), "key": cluster.key, "address": cluster.address,
+                       "fingerprint": cluster.fingerprint})
     _local = None
     cluster.forget()
     bounded(ray_shutdown, SHUTDOWN_S, "ray.shutdown()")
