@@ -24,6 +24,7 @@ from helpers import algo_cfg
 from rlgen.config import MonitorConfig
 from rlgen.learners.group import CollectiveFailed
 from rlgen.learners.torch import TorchLearner
+from rlgen.runtime.cluster.waits import LearnerLost, _ranks_result
 from rlgen.runtime.durability.learner_loss import fallback_sentence, stand_in_problem
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -174,3 +175,27 @@ def test_the_hang_timeout_reaches_the_learners_and_must_be_positive():
     assert compose_run_config([]).runtime.hang_timeout_s == 300.0
     with pytest.raises(PlanError, match=r"runtime.hang_timeout_s=0.0 must be a positive number of seconds"):
         build_plan(compose_run_config(["runtime.hang_timeout_s=0"]))
+
+
+def _collective(timed_out: bool) -> SimpleNamespace:
+    """A rank's call that raised CollectiveFailed, as Ray hands it back (the exception as its cause)."""
+    return SimpleNamespace(cause=CollectiveFailed(0, "the gradient all-reduce of step 7", timed_out, "gloo"))
+
+
+def test_a_rank_still_running_after_its_peer_timed_out_is_named_with_the_operation():
+    with pytest.raises(LearnerLost) as info:
+        _ranks_result([None, None], [("collective", _collective(True)), ("pending", None)], "training step 7",
+                      None, None, 60.0, [0, 1])
+    assert str(info.value) == ("learner rank 1 did not finish the gradient all-reduce of step 7 within "
+                               "runtime.hang_timeout_s=60")
+    assert info.value.hung and info.value.ranks == [1]
+
+
+def test_a_dead_rank_is_named_before_the_collective_it_broke():
+    died = RuntimeError("The actor died unexpectedly before finishing this task.")
+    with pytest.raises(LearnerLost) as info:
+        _ranks_result([None, None], [("collective", _collective(False)), ("dead", died)], "training step 3",
+                      None, None, 60.0, [0, 1])
+    assert str(info.value) == ("learner rank 1 died during training step 3 (The actor died unexpectedly before "
+                               "finishing this task.)")
+    assert not info.value.hung and info.value.ranks == [1]
