@@ -1,8 +1,8 @@
 """Learner ranks that fail while a run runs, on a local Ray cluster on CPU with two torch learner ranks (gloo): a
-rank killed inside a step, and a rank that hangs before the gradient all-reduce. Either stops the run with a
-checkpoint of the last whole step written by the surviving rank, in one sentence that names the rank and says
-resume=auto; the resumed run's per-step metrics equal the uninterrupted run's to 1e-6, and nothing is left
-running."""
+rank killed inside a step, and a rank that hangs before the gradient all-reduce, with rollouts generated one step
+ahead. Either stops the run with a checkpoint of the last whole step written by the surviving rank, in one
+sentence that names the rank and says resume=auto; the resumed run's per-step metrics equal the uninterrupted
+run's to 1e-6, and nothing is left running."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ from rlgen.runtime.run import run_training
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 HANG_S = 20
-OVERRIDES = ["progress=false", "algo.prompts_per_step=8", "checkpoint.every=0", "steps=5",
+# async_steps=1: the failed step trained on rollouts generated ahead with older weights, which the checkpoint keeps
+OVERRIDES = ["progress=false", "algo.prompts_per_step=8", "checkpoint.every=0", "steps=5", "algo.async_steps=1",
              "hardware.learner_ranks=2", f"runtime.hang_timeout_s={HANG_S}"]
 EXACT = ("reward_mean", "reward_std", "loss", "pg_loss", "grad_norm", "entropy", "mismatch/k3_kl")
 
@@ -46,7 +47,9 @@ def reference(tmp_path_factory) -> list[dict]:
     """The uninterrupted run's metrics."""
     out = tmp_path_factory.mktemp("whole")
     assert _run(out) is None
-    return read_jsonl(out / "metrics.jsonl")
+    records = read_jsonl(out / "metrics.jsonl")
+    assert [r["staleness"] for r in records] == [0, 1, 1, 1, 1]
+    return records
 
 
 def _run(out: Path, *, resume: bool = False, **kwargs) -> RunStopped | None:
