@@ -44,11 +44,16 @@ def test_cpu_plan():
     assert plan.engine_env == {}  # vLLM settings never reach an hf engine
 
 
-def test_several_cpu_learner_ranks_are_refused_by_the_plan():
-    # Only the DeepSpeed learner (GPUs) trains with several ranks; the plan says so before anything starts,
-    # rather than the run's set-up after Ray and the warm start.
-    with pytest.raises(PlanError, match=r"2 learner ranks, but only the DeepSpeed learner .* set hardware.learner_ranks=1"):
-        plan_of("hardware.learner_ranks=2")
+def test_several_cpu_learner_ranks_plan_as_torch_learner_ranks():
+    # The torch learner trains with several data-parallel ranks on CPU (gloo); each gets its shard of the rows.
+    plan = plan_of("hardware.learner_ranks=2")
+    assert plan.learner_kind.value == "torch" and len(plan.learners) == 2 and plan.batch.learner_ranks == 2
+
+
+def test_several_torch_learner_ranks_on_gpus_are_refused_by_the_plan():
+    with pytest.raises(PlanError, match=r"4 learner ranks, but the torch learner trains with several only on CPU; use "
+                                        r"learner.kind=auto \(DeepSpeed\)"):
+        plan_of("hardware=8xh100", "engine=vllm", "learner.kind=torch")
 
 
 def test_two_cpu_nodes_put_engines_on_the_first_and_the_learner_on_the_last():

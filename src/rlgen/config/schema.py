@@ -443,6 +443,16 @@ class CheckpointConfig:
 
 
 @dataclass
+class RuntimeConfig:
+    """Faults while a run runs (docs/durability.md, "Faults while running")."""
+
+    # A collective of the learner ranks (the gradient all-reduce, their rendezvous) or a weight update that has not
+    # finished after this long is a hang: the run stops with a checkpoint and names the rank and the operation.
+    # Well under NCCL's own 10-30 minutes, and far above a healthy collective (seconds, even for large models).
+    hang_timeout_s: float = 300.0
+
+
+@dataclass
 class WandbConfig:
     mode: WandbMode = WandbMode.disabled
     project: str = "rlgen"
@@ -466,6 +476,7 @@ class RunConfig:
     bench: BenchConfig = field(default_factory=BenchConfig)
     validate: ValidateConfig = field(default_factory=ValidateConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     steps: int = 40
     seed: int = 0
     timeout_s: float = 300.0  # every wait on an actor during the run gives up after this long

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -120,6 +121,10 @@ def _dist_env(rank: int, world_size: int, master_addr: str | None, master_port: 
 
 
 class DeepSpeedLearner(WeightSender, TorchLearner):
+    # ZeRO partitions the optimizer state (and with stage 3 the parameters) over the ranks: a surviving rank
+    # cannot write a lost rank's files, so a lost rank stops the run at the last complete checkpoint.
+    replicas = False
+
     """ZeRO-2/3 learner. Constructor arguments are plain values so the class can be wrapped in ray.remote.
 
     zero_stage: 2 or 3. gradient_checkpointing: recompute activations in backward (HF's non-reentrant
@@ -157,6 +162,7 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         algorithm: Algorithm | None = None,
         lora: dict[str, Any] | None = None,
         lora_init: str | None = None,
+        hang_timeout_s: float = 300.0,
     ) -> None:
         self.clock = ActorClock()
         if not torch.cuda.is_available():
@@ -192,7 +198,8 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
             self.clock.step("weights")
             _, optimizer = adamw(module, algo)
             _dist_env(rank, world_size, master_addr, master_port)
-            deepspeed.init_distributed(dist_backend="nccl")
+            os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")  # a timed-out collective raises on its rank
+            deepspeed.init_distributed(dist_backend="nccl", timeout=timedelta(seconds=float(hang_timeout_s)))
             self.engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=self.ds_config)
             self._ckpt_files.inner = self.engine.checkpoint_engine  # background checkpoints hand their files over
             self.engine.checkpoint_engine = self._ckpt_files

@@ -19,6 +19,19 @@ MEANS = {
 }
 
 
+class CollectiveFailed(RuntimeError):
+    """A collective of the learner group did not complete on this rank: timed_out when it waited
+    runtime.hang_timeout_s for a peer, else it failed at once (a peer's connection closed)."""
+
+    def __init__(self, rank: int, operation: str, timed_out: bool, detail: str) -> None:
+        self.rank, self.operation, self.timed_out, self.detail = rank, operation, timed_out, detail
+        how = "timed out" if timed_out else "failed"
+        super().__init__(f"learner rank {rank}: {operation} {how} ({detail})")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # crosses Ray as the same exception
+        return (CollectiveFailed, (self.rank, self.operation, self.timed_out, self.detail))
+
+
 def free_endpoint(local: bool = False) -> tuple[str, int]:
     """This host's address (127.0.0.1 when local) and a port free right now, for a rendezvous."""
     if local:
@@ -83,4 +96,4 @@ def merge_rank_metrics(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["free_endpoint", "merge_rank_metrics", "shard_rows"]
+__all__ = ["CollectiveFailed", "free_endpoint", "merge_rank_metrics", "shard_rows"]

@@ -17,7 +17,7 @@ class LearnerSpec:
     kind: LearnerKind
     actor: str  # "package.module:Class"
     devices: tuple[str, ...]  # where it trains
-    ranks: bool  # trains with several ranks (one process per GPU)
+    ranks: tuple[str, ...]  # the devices on which it trains with several ranks (one process each)
     label: str  # its name in sentences
     package: str | None = None  # the pip package it needs, checked before a run starts
     # Extra constructor arguments: (the resolved config, the plan) -> kwargs. The plan is passed as a value;
@@ -39,9 +39,14 @@ def _lora_kwargs(cfg: RunConfig, plan: Any = None) -> dict[str, Any]:
                      "target_modules": tuple(lora.target_modules)}}
 
 
+def _torch_kwargs(cfg: RunConfig, plan: Any = None) -> dict[str, Any]:
+    """LoRA's settings, and how long a collective of several ranks may wait (runtime.hang_timeout_s)."""
+    return {**_lora_kwargs(cfg), "hang_timeout_s": float(cfg.runtime.hang_timeout_s)}
+
+
 def _deepspeed_kwargs(cfg: RunConfig, plan: Any) -> dict[str, Any]:
     return {
-        **_lora_kwargs(cfg),
+        **_torch_kwargs(cfg),
         "zero_stage": cfg.learner.zero_stage,
         "gradient_checkpointing": cfg.learner.gradient_checkpointing,
         "rows_per_step": plan.batch.sequences_per_rank,
@@ -53,9 +58,9 @@ def _deepspeed_kwargs(cfg: RunConfig, plan: Any) -> dict[str, Any]:
 
 LEARNERS: dict[LearnerKind, LearnerSpec] = {
     LearnerKind.torch: LearnerSpec(LearnerKind.torch, "rlgen.learners.torch:TorchLearner", ("cpu", "cuda"),
-                                   ranks=False, label="the torch learner", actor_kwargs=_lora_kwargs),
+                                   ranks=("cpu",), label="the torch learner", actor_kwargs=_torch_kwargs),
     LearnerKind.deepspeed: LearnerSpec(LearnerKind.deepspeed, "rlgen.learners.deepspeed:DeepSpeedLearner", ("cuda",),
-                                       ranks=True, label="DeepSpeed", package="deepspeed",
+                                       ranks=("cuda",), label="DeepSpeed", package="deepspeed",
                                        actor_kwargs=_deepspeed_kwargs),
 }
 

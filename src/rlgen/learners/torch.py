@@ -17,6 +17,8 @@ from rlgen.algo.registry import algorithm as find_algorithm
 from rlgen.config import AlgoConfig, KLPenalty, LossAgg, MonitorConfig
 from rlgen.hostinfo import process_info
 from rlgen.learners.background import BackgroundWriter, to_host
+from rlgen.learners.collective import join_group, rng_digest, sum_over_ranks
+from rlgen.learners.group import CollectiveFailed
 from rlgen.learners.grpo_step import (
     StepSums,
     assemble_metrics,
@@ -70,13 +72,19 @@ class TorchLearner:
         algorithm: Algorithm | None = None,
         lora: dict[str, Any] | None = None,
         lora_init: str | None = None,
+        world_size: int = 1,
+        master_addr: str | None = None,
+        master_port: int | None = None,
+        hang_timeout_s: float = 300.0,
     ) -> None:
         """ref_model_path: the frozen reference for algo.kl_coef > 0 (default: model_path). resume_from: a
         checkpoint folder whose learner state (optimizer, counters, RNG) this learner continues from; its
         model_path is then the checkpoint's model folder (with LoRA: still the base, and the checkpoint's model
         folder holds the adapter). algorithm: the loss's algorithm (the driver passes the one it resolved; None:
         algo.kind's). lora: LoraSpec's fields: only adapters train, and the reference is the base with them off;
-        lora_init: an adapter folder to start from."""
+        lora_init: an adapter folder to start from. world_size > 1: data-parallel ranks (rank 0's master_addr and
+        master_port), each training on its shard with the gradients summed over the group; every collective
+        waits at most hang_timeout_s (rlgen.learners.collective)."""
         self.clock = ActorClock()
         import transformers  # noqa: F401 - its import time is the clock's first phase
 
@@ -102,6 +110,12 @@ class TorchLearner:
             state = load_learner_state(resume_from, self.rank)
             self.optimizer.load_state_dict(state["optimizer"])
             self._restore_counters(state)
+        self.world_size, self.hang_timeout_s = int(world_size), float(hang_timeout_s)
+        if self.world_size > 1:
+            if master_addr is None or master_port is None:
+                raise ValueError("a learner group of several ranks needs master_addr and master_port from rank 0")
+            join_group(rank, self.world_size, master_addr, int(master_port), self.hang_timeout_s, self.device)
+            self.clock.step("process group")
         self.clock.done()
 
     def _init_common(self, algo: AlgoConfig, monitor: MonitorConfig, rank: int, name: str,
@@ -167,8 +181,30 @@ class TorchLearner:
         step = unpack_batch(batch, self.device, self.algo.micro_batch_size)
         return [float(v) for v in sequence_kl(self.ref_model, step, self.algo).cpu()]
 
+    # Every rank holds the same parameters and optimizer state (data parallel, gradients summed before the step),
+    # so a surviving rank can write a lost rank's checkpoint files (save_checkpoint_for).
+    replicas = True
+
     def train_step(self, batch: RolloutBatch) -> dict[str, Any]:
-        """One optimizer step. See `Learner.train_step` for the returned keys.
+        """One optimizer step. See `Learner.train_step` for the returned keys; with several ranks also rng_digest
+        (rlgen.learners.collective.rng_digest after the step).
+
+        A step whose all-reduce did not complete applied no update: the step counter and RNG states go back to
+        the last whole step's, and CollectiveFailed is raised."""
+        calls, rng = self.calls, torch.get_rng_state()
+        try:
+            out = self._train_step(batch)
+        except CollectiveFailed:
+            self.calls = calls
+            torch.set_rng_state(rng)
+            self.optimizer.zero_grad(set_to_none=True)
+            raise
+        if self.world_size > 1:
+            out["rng_digest"] = rng_digest(self.device)
+        return out
+
+    def _train_step(self, batch: RolloutBatch) -> dict[str, Any]:
+        """One optimizer step.
 
         Micro-batches of algo.micro_batch_size rows (0: all rows) each backpropagate their loss summed
         over tokens/sequences (denominator 1); once all are done the gradients are divided by the whole
@@ -188,6 +224,8 @@ class TorchLearner:
             sums.add(rows, *self._micro_backward(*step.rows(rows), step.prompt_len))
 
         denom = sums.totals["denom"]
+        if self.world_size > 1:
+            denom = self._sum_gradients(step_index, denom)
         if denom > 0:
             for p in self.params:
                 if p.grad is not None:
@@ -216,6 +254,36 @@ class TorchLearner:
             delta_threshold=self.monitor.delta_threshold,
             start=start,
         )
+
+    def _sum_gradients(self, step_index: int, denom: float) -> float:
+        """The gradient all-reduce: every rank's gradients (undivided) and loss denominator summed over the group.
+        Returns the whole batch's denominator; raises CollectiveFailed when the all-reduce does not complete."""
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        return sum_over_ranks([p.grad for p in self.params], denom, rank=self.rank,
+                              operation=f"the gradient all-reduce of step {step_index}",
+                              timeout_s=self.hang_timeout_s)
+
+    def whole_step(self) -> dict[str, Any]:
+        """What a surviving rank holds: train_step calls, policy version, the digest of its RNG states, and whether
+        the ranks are replicas."""
+        return {"calls": self.calls, "version": self.version, "rng_digest": rng_digest(self.device),
+                "replicas": type(self).replicas}
+
+    def save_checkpoint_for(self, path: str, ranks: list[int]) -> dict[str, Any]:
+        """save_checkpoint written as each of ranks: this rank's optimizer state, counters and RNG states under
+        each rank's name, and the model folder when rank 0 is among them. Valid only where the ranks are
+        replicas with equal RNG states (the caller checks whole_step's digests)."""
+        t0 = time.time()
+        jobs = []
+        if 0 in ranks:
+            jobs.append(self._model_folder_job(os.path.join(path, "model"), False))
+        state = {**self._counters(), "optimizer": self.optimizer.state_dict()}
+        jobs.extend((lambda r=r: save_learner_state(path, r, state)) for r in ranks)
+        for job in jobs:
+            job()
+        return {"actor": self.name, "ranks": list(ranks), "version": self.version, "seconds": time.time() - t0}
 
     def _counters(self) -> dict[str, Any]:
         """Counters and RNG states a checkpoint keeps (plain values and CPU tensors)."""

@@ -3,8 +3,8 @@ scores them, the learner trains (v -> v+1), and the new weights go to the engine
 generations run ahead of the learner, so generation of step s+1 overlaps training of step s; 0 is strictly
 on-policy. The engines' side (flights, collection, scoring, eval) is ``rlgen.runtime.rollouts.generation``.
 
-A stop request, or an engine that dies too often, ends the loop with a checkpoint (RunStopped); a dead learner
-ends it at the last checkpoint."""
+A stop request, or an engine that dies too often, ends the loop with a checkpoint (RunStopped); so does a learner
+rank that dies or hangs, from a surviving rank where it can (rlgen.runtime.durability.learner_loss)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from rlgen.learners.group import merge_rank_metrics, shard_rows
 from rlgen.metrics.balance import BalanceTracker, context_from_plan
 from rlgen.runtime.cluster.waits import LearnerLost
 from rlgen.runtime.durability.checkpoint import save, stopped
+from rlgen.runtime.durability.learner_loss import WeightUpdateHung, learner_lost, update_hung
 from rlgen.runtime.errors import RunError, StopRequested
 from rlgen.runtime.rollouts.engine_restarts import EngineLost
 from rlgen.runtime.rollouts.in_flight import InFlight
@@ -27,7 +28,7 @@ from rlgen.runtime.rollouts.refill import step_rollouts
 from rlgen.runtime.setup import Run
 from rlgen.runtime.step_record import step_record
 from rlgen.tasks.scoring import RewardError
-from rlgen.transfer import SyncError
+from rlgen.transfer import SyncError, SyncTimeoutError
 from rlgen.types import Phase, StepTimeline
 
 
@@ -57,7 +58,9 @@ def train(run: Run, sink: Any) -> dict:
     except EngineLost as err:
         raise stopped(run, str(err), 1, write=True) from err
     except LearnerLost as err:
-        raise stopped(run, f"a learner died ({err})", 1, write=False) from err
+        raise learner_lost(run, err) from err
+    except WeightUpdateHung as err:
+        raise update_hung(run, err) from err
     return sink.summary()
 
 
@@ -74,7 +77,11 @@ def _step(run: Run, step: int, sink: Any, tracker: Any) -> str | None:
     for r in _over_engines(run, run.transport.before_train):  # colocated engines sleep while the learner trains
         for phase, a, b in r["spans"]:
             tl.add(r["actor"], Phase(phase), a, b)
-    metrics = _train(run, batch, step, tl)
+    try:
+        metrics = _train(run, batch, step, tl)
+    except LearnerLost:  # the step runs again on resume, on these rollouts where they were generated ahead
+        run.rollouts.pending.appendleft(flight)
+        raise
     metrics.update(scores.means())
     metrics.update(got.metrics)
     _warn_rewards(run, step, got)
@@ -183,11 +190,17 @@ def _train(run: Run, batch: Any, step: int, tl: StepTimeline) -> dict:
     run.rollouts.prefetch()
     names = [f"learner{r}" for r in range(len(run.learners))]
     try:
-        per_rank = run.waiter.learner_get(refs, f"training step {step}", names, run.folders.learner_nodes)
+        per_rank = run.waiter.learner_get(refs, f"training step {step}", names, run.folders.learner_nodes,
+                                          hang_s=run.cfg.runtime.hang_timeout_s)
+    except LearnerLost:
+        raise
     except RunError as err:
         if out_of_memory(err):
             raise RunError(_oom_sentence(run, step)) from err
         raise
+    for rank, m in enumerate(per_rank):  # each rank's RNG after the step: a survivor may stand in for it later
+        if "rng_digest" in m:
+            run.rank_rng[rank] = (step + 1, m.pop("rng_digest"))
     for rank, m in enumerate(per_rank):
         for phase, a, b in m.get("spans", []):
             tl.add(f"learner{rank}", Phase(phase), a, b)
@@ -233,6 +246,11 @@ def _push(run: Run, metrics: dict, halt: bool, tl: StepTimeline) -> None:
     in_flight = state.async_steps > 0 and bool(run.rollouts.pending)
     try:
         res = _over_engines(run, lambda: run.transport.push(state.version, in_flight=in_flight), resync=False)
+    except SyncTimeoutError as err:
+        cfg = run.cfg
+        key = "runtime.hang_timeout_s" if cfg.runtime.hang_timeout_s <= cfg.timeout_s else "timeout_s"
+        raise WeightUpdateHung(f"the weight update to version {state.version} did not finish within {key}="
+                               f"{min(cfg.runtime.hang_timeout_s, cfg.timeout_s):g} ({err})") from err
     except SyncError as err:
         raise RunError(f"weight sync to version {state.version} failed: {err}") from err
     for r in res.results:

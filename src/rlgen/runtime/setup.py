@@ -103,6 +103,7 @@ class Run:
     sink: Any = None  # the metrics sink, once the loop runs
     learners_pending: Any = None  # runtime.start.on_thread.Beside: the learners and transport, set up beside the first batch
     background_write: Any = None  # runtime.durability.checkpoint.BackgroundWrite: a checkpoint being completed
+    rank_rng: dict[int, tuple[int, str]] = field(default_factory=dict)  # rank -> (steps done, its RNG digest)
 
     @property
     def cfg(self) -> RunConfig:
@@ -235,7 +236,8 @@ def _actors(run: Run, hooks: Hooks, before_wait: Callable[[], None] = lambda: No
     """The learner ranks, then the engines; every actor healthy. before_wait runs once all are asked for."""
     cfg, plan = run.cfg, run.plan
     engine_cls, engine_kwargs = (hooks.engine_cls, dict(hooks.engine_kwargs)) if hooks.engine_cls else engine_class(plan)
-    learner_cls, learner_kwargs = (hooks.learner_cls, {}) if hooks.learner_cls else learner_class(plan)
+    learner_cls, learner_kwargs = learner_class(plan)
+    learner_cls = hooks.learner_cls or learner_cls  # a test's class takes the kind's arguments
     run.factory = ActorFactory(cfg, plan, run.placement, run.pgs, run.node_ids, engine_cls, engine_kwargs,
                                learner_cls, {**learner_kwargs, "algorithm": run.algorithm},
                                warm=warm_cluster() is not None)

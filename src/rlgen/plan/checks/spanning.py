@@ -49,9 +49,10 @@ def check_learners(cfg: RunConfig, learner: LearnerSpec, learners: tuple[Learner
                  "(the torch learner on CPU).")
         return
     ranks = len(learners)
-    if ranks > 1 and not learner.ranks:
+    if ranks > 1 and ("cuda" if gpus else "cpu") not in learner.ranks:
         fix = "set hardware.learner_ranks=1" if not gpus else "use learner.kind=auto (DeepSpeed) or one learner GPU"
-        p.append(f"the plan has {ranks} learner ranks, but only the DeepSpeed learner (on GPUs) trains with several; "
+        where = " and ".join("GPUs" if d == "cuda" else "CPU" for d in learner.ranks) or "no device"
+        p.append(f"the plan has {ranks} learner ranks, but {learner.label} trains with several only on {where}; "
                  f"{fix}.")
     if ranks > 1 and layout is Layout.colocated:
         p.append(

@@ -74,6 +74,9 @@ def _check_run(cfg: RunConfig, p: list[str]) -> None:
         if not getattr(cfg, key) > 0:
             p.append(f"{key}={getattr(cfg, key)} must be a positive number of seconds (default "
                      f"{getattr(RunConfig(), key):g}).")
+    if not cfg.runtime.hang_timeout_s > 0:
+        p.append(f"runtime.hang_timeout_s={cfg.runtime.hang_timeout_s} must be a positive number of seconds "
+                 "(default 300).")
     if cfg.hardware.cpus_per_node < 1:
         p.append(f"hardware.cpus_per_node={cfg.hardware.cpus_per_node} must be at least 1.")
     if cfg.learner.zero_stage not in (2, 3):

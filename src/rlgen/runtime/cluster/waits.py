@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from rlgen.engines.base import COULD_NOT_START
-from rlgen.runtime.cluster.nodes import node_alive, node_name
+from rlgen.learners.group import CollectiveFailed
+from rlgen.runtime.cluster.nodes import node_alive
 from rlgen.runtime.errors import RunError, StopRequested, actor_death_detail
 
 log = logging.getLogger(__name__)
@@ -17,7 +18,12 @@ POLL_S = 0.25  # waits wake this often to notice a stop request
 
 
 class LearnerLost(RunError):
-    """A learner actor died: its state is gone, so the run stops and resumes from the last checkpoint."""
+    """Learner ranks died (hung=False) or did not finish a collective in time (hung=True): the run stops. ranks:
+    the lost ranks; the others, if any, may stand in for them (rlgen.runtime.durability.learner_loss)."""
+
+    def __init__(self, message: str, *, ranks: list[int] | None = None, hung: bool = False):
+        super().__init__(message)
+        self.ranks, self.hung = list(ranks or []), bool(hung)
 
 
 def short(err: BaseException | None, limit: int = 300) -> str:
@@ -89,19 +95,101 @@ class Waiter:
             who = _culprit(list(refs) if many else [refs], names) or "an actor"
             raise RunError(f"{what}: {who} raised {short(err.cause)}") from err
 
-    def learner_get(self, refs: Any, what: str, names: list[str] | None = None,
-                    nodes: list[str] | None = None) -> Any:
-        """A learner call: never interrupted (the learner's state must stay whole); a dead learner (nodes: the
-        Ray node of each rank) raises LearnerLost."""
-        from ray.exceptions import RayActorError
+    def learner_get(self, refs: list[Any], what: str, names: list[str] | None = None,
+                    nodes: list[str] | None = None, hang_s: float | None = None,
+                    ranks: list[int] | None = None) -> list[Any]:
+        """A call on every learner rank (refs in rank order): never interrupted (the learner's state must stay
+        whole). A dead rank (nodes: the Ray node of each rank) raises LearnerLost at once. hang_s: once a rank
+        has finished, the others must finish within hang_s; a rank whose collective timed out, or one still
+        running after that, marks the ranks still running as hung (LearnerLost with hung=True). ranks: the rank
+        of each ref (default 0, 1, ...)."""
+        import ray
 
-        try:
-            return self.get(refs, what, interruptible=False, names=names)
-        except RunError as err:
-            if isinstance(err.__cause__, RayActorError):
+        refs = list(refs)
+        start = time.time()
+        deadline, hang_at = start + self.timeout_s, None
+        todo, outcomes = list(refs), [("pending", None)] * len(refs)
+        index = {r: i for i, r in enumerate(refs)}
+        while todo:
+            ready, todo = ray.wait(todo, num_returns=len(todo), timeout=POLL_S)
+            for ref in ready:  # each call's outcome once, as it finishes
+                outcomes[index[ref]] = _outcome(ref)
+            kinds = {k for k, _ in outcomes}
+            if "dead" in kinds or "raised" in kinds or (todo and any(_timed_out(e) for _, e in outcomes)):
+                break  # the group cannot finish this call: a rank died, raised, or a collective timed out
+            if hang_s is not None and hang_at is None and len(todo) < len(refs):
+                hang_at = time.time() + hang_s  # a rank finished: the others are past the collective too
+            if todo and hang_at is not None and time.time() >= hang_at:
+                break
+            if todo and time.time() >= deadline:
+                raise RunError(f"{what} did not finish within timeout_s={self.timeout_s:.0f} s; a learner may be "
+                               "stuck or the step too large. Raise timeout_s=<seconds> or shrink "
+                               "algo.prompts_per_step.")
+        return _ranks_result(refs, outcomes, what, names, nodes, hang_s, ranks or list(range(len(refs))))
 
-                gone = [f"{node_name(n)} of learner{r}" for r, n in enumerate(nodes or []) if not node_alive(n)]
-                why = (f"the node {', '.join(gone)} left the Ray cluster" if gone
-                       else actor_death_detail(err.__cause__, limit=300))
-                raise LearnerLost(f"{what}: {why}") from err
-            raise
+
+def _outcome(ref: Any) -> tuple[str, BaseException | None]:
+    """("ok" | "dead" | "raised" | "pending", the error) of one call, without waiting."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+    try:
+        ray.get(ref, timeout=0)
+    except GetTimeoutError:
+        return "pending", None
+    except RayActorError as err:
+        return "dead", err
+    except RayTaskError as err:
+        return ("collective" if isinstance(err.cause, CollectiveFailed) else "raised"), err
+    return "ok", None
+
+
+def _timed_out(err: BaseException | None) -> bool:
+    cause = getattr(err, "cause", None)
+    return isinstance(cause, CollectiveFailed) and cause.timed_out
+
+
+def _ranks_result(refs: list[Any], outcomes: list[tuple[str, Any]], what: str, names: list[str] | None,
+                  nodes: list[str] | None, hang_s: float | None, ranks: list[int]) -> list[Any]:
+    """The ranks' results, or the error that says which rank failed and how (i: a ref's index)."""
+    import ray
+
+    where = [node_address(n) for n in (nodes or [])]
+
+    def rank(i: int) -> str:
+        return f"learner rank {ranks[i]}" + (f" on node {where[i]}" if i < len(where) and where[i] else "")
+
+    dead = [i for i, (k, _) in enumerate(outcomes) if k == "dead"]
+    if dead:
+        i, err = dead[0], outcomes[dead[0]][1]
+        gone = i < len(nodes or []) and not node_alive((nodes or [])[i])
+        why = "its node left the Ray cluster" if gone else actor_death_detail(err, limit=300)
+        raise LearnerLost(f"{rank(i)} died during {what} ({why})", ranks=[ranks[j] for j in dead]) from err
+    raised = [(i, e) for i, (k, e) in enumerate(outcomes) if k == "raised"]
+    if raised:
+        i, err = raised[0]
+        log.info("%s raised in learner rank %d", what, ranks[i], exc_info=err)
+        who = names[i] if names else f"learner{ranks[i]}"
+        raise RunError(f"{what}: {who} raised {short(getattr(err, 'cause', err))}") from err
+    pending = [i for i, (k, _) in enumerate(outcomes) if k == "pending"]
+    failed = [e.cause for k, e in outcomes if k == "collective" and e is not None]
+    if pending:
+        operation = failed[0].operation if failed else what
+        hung = ", ".join(rank(i) for i in pending)
+        raise LearnerLost(f"{hung} did not finish {operation} within runtime.hang_timeout_s={hang_s or 0:g}",
+                          ranks=[ranks[i] for i in pending], hung=True)
+    if failed:  # every rank's collective failed and none is left running: no rank to blame
+        raise RunError(f"{what}: {failed[0]}; the learner group cannot go on")
+    return ray.get(refs)
+
+
+def node_address(node_id: str | None) -> str | None:
+    """A Ray node's address (its id's first 8 characters when Ray no longer lists it)."""
+    import ray
+
+    if not node_id:
+        return None
+    try:
+        return next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id), node_id[:8])
+    except Exception:  # noqa: BLE001 - a sentence is still worth saying without the address
+        return node_id[:8]

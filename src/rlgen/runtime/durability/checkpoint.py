@@ -23,7 +23,7 @@ from typing import Any
 from rlgen.learners.background import DONE, FAILED, marker
 from rlgen.packing import unpack_into
 from rlgen.plan.memory import GIB
-from rlgen.runtime.cluster.waits import POLL_S
+from rlgen.runtime.cluster.waits import POLL_S, LearnerLost
 from rlgen.runtime.durability.checkpoint_folder import (
     CHECKPOINTS,
     begin_checkpoint,
@@ -55,10 +55,10 @@ class BackgroundWrite:
     path: Path | None = None
 
 
-def save(run: Any, reason: str, *, background: bool = False) -> Path:
+def save(run: Any, reason: str, *, background: bool = False, stand_ins: dict[int, int] | None = None) -> Path:
     """Write checkpoint step_<state.step> (run: a runtime.setup.Run) and return its path; with background (and
     learners that write into the run directory) return once the learners hold a copy of their state, while the
-    checkpoint is completed in the background."""
+    checkpoint is completed in the background. stand_ins: {lost rank: surviving rank that writes its files}."""
     state = run.state
     path = run.out_dir / CHECKPOINTS / checkpoint_name(state.step)
     if is_complete(path) and state.last_checkpoint is not None and state.last_checkpoint.name == path.name:
@@ -77,10 +77,14 @@ def save(run: Any, reason: str, *, background: bool = False) -> Path:
         identity=identity(run.cfg, len(run.learners)),
     )
     rollouts = {"flights": [f.to_json() for f in kept]}
-    background = background and all(run.folders.writes_here.get(n, True) for n in run.folders.learner_nodes)
+    background = background and not stand_ins and all(run.folders.writes_here.get(n, True)
+                                                      for n in run.folders.learner_nodes)
     tmp = _begin(run, state.step)
     try:
-        _fill(run, tmp, background)
+        _fill(run, tmp, background, stand_ins or {})
+    except LearnerLost:  # the loop ends the run (rlgen.runtime.durability.learner_loss)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
         raise _write_failed(run, state.step, err) from err
@@ -207,16 +211,25 @@ def _ahead(run: Any) -> list[InFlight]:
     return kept
 
 
-def _fill(run: Any, tmp: Path, background: bool) -> None:
+def _fill(run: Any, tmp: Path, background: bool, stand_ins: dict[int, int]) -> None:
     """The learners' files (or, background, their host copies) and the tokenizer into the checkpoint's
-    temporary folder. A learner on a node that cannot see the run directory sends its files back packed."""
+    temporary folder. A learner on a node that cannot see the run directory sends its files back packed. A lost
+    rank's files are written by its stand-in (stand_ins), which must write into the run directory."""
 
     here = [run.folders.writes_here.get(n, True) for n in run.folders.learner_nodes]
-    refs = [a.save_checkpoint.remote(str(tmp), background) if ok else a.save_checkpoint_packed.remote()
-            for a, ok in zip(run.learners, here)]
-    names = [f"learner{r}" for r in range(len(run.learners))]
-    for ok, out in zip(here, run.waiter.learner_get(refs, "writing a checkpoint", names, run.folders.learner_nodes)):
-        if not ok:
+    ranks = [r for r in range(len(run.learners)) if r not in stand_ins]
+    refs = []
+    for r in ranks:
+        a, ok = run.learners[r], here[r]
+        if stand_ins and not ok:
+            raise RunError(f"learner rank {r} cannot write into {run.out_dir}, so it cannot stand in for a lost rank")
+        if stand_ins:
+            refs.append(a.save_checkpoint_for.remote(str(tmp), [r, *sorted(d for d, s in stand_ins.items() if s == r)]))
+        else:
+            refs.append(a.save_checkpoint.remote(str(tmp), background) if ok else a.save_checkpoint_packed.remote())
+    names, nodes = [f"learner{r}" for r in ranks], [run.folders.learner_nodes[r] for r in ranks]
+    for r, out in zip(ranks, run.waiter.learner_get(refs, "writing a checkpoint", names, nodes, ranks=ranks)):
+        if not here[r]:
             unpack_into(out, str(tmp))
     run.tokenizer.save_pretrained(str(tmp / "model"))  # a complete HF folder: the learner saves weights only
 

@@ -445,9 +445,9 @@ class AdapterTransport(_Base):
 
 def make_transport(plan: Plan, cfg: Any, *, bucket_mb: float | None = None, sleep_level: int = 1) -> _Base:
     """The transport for plan.transport, once the engine kind claims the capability it calls. cfg is the RunConfig
-    (timeout_s, engine.dtype)."""
+    (timeout_s, engine.dtype); an update waits at most runtime.hang_timeout_s where that is shorter."""
     bucket = int(bucket_mb * 2**20) if bucket_mb else DEFAULT_BUCKET_BYTES
-    kwargs = {"timeout_s": cfg.timeout_s, "dtype": str(cfg.engine.dtype), "bucket_bytes": bucket,
+    kwargs = {"timeout_s": min(cfg.timeout_s, cfg.runtime.hang_timeout_s), "dtype": str(cfg.engine.dtype), "bucket_bytes": bucket,
               "tp_sizes": [e.tensor_parallel_size for e in plan.engines]}
     transport: _Base
     if plan.transport is Transport.nccl:
