@@ -175,6 +175,21 @@ def test_a_dead_engine_is_recreated_and_the_run_is_unchanged(tmp_path):
     assert all(r["sequences"] == 8 * 8 for r in records)
 
 
+def test_an_engine_recreated_in_a_resumed_run_starts_from_the_kept_resume_checkpoint(tmp_path):
+    """The resumed run's engines start from its checkpoint's model folder; with checkpoint.keep=1 that
+    checkpoint would be pruned by the next one, and an engine re-created after it could not start."""
+    overrides = ["steps=7", "checkpoint.every=1", "checkpoint.keep=1"]
+    out = tmp_path / "resumed"
+    err = _run(out, overrides, stop=StopAtStep(2, out))
+    assert err is not None and Path(err.checkpoint).name == "step_000002"
+    marker = tmp_path / "engine-died"
+    assert _run(out, overrides, resume=True, engine_cls=DiesOnce, engine_kwargs={"marker": str(marker), "at": 4}) is None
+    assert marker.is_file()  # it died in the resumed run's fourth generation, after step 2's checkpoint was due to go
+    records = read_jsonl(out / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(7)) and records[-1]["engine_restarts"] == 1
+    assert [c.name for c in list_checkpoints(out)] == ["step_000002", "step_000007"]  # kept while it ran
+
+
 @pytest.mark.parametrize("in_update", [False, True], ids=["in-generate", "in-weight-update"])
 def test_an_engine_whose_core_dies_inside_a_live_actor_is_recreated_and_the_run_is_unchanged(tmp_path, in_update):
     overrides = ["steps=6"]

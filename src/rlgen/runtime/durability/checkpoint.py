@@ -117,13 +117,21 @@ def _begin(run: Any, step: int) -> Path:
 def _finish(run: Any, step: int, tmp: Path, saved: dict[str, Any], rollouts: dict[str, Any]) -> Path:
     """The state files and the marker in, renamed into place; the run state and status.json learn of it."""
     try:
-        final = finish_checkpoint(run.out_dir, step, tmp, saved, rollouts, run.cfg.checkpoint.keep)
+        final = finish_checkpoint(run.out_dir, step, tmp, saved, rollouts, run.cfg.checkpoint.keep, _pinned(run))
     except OSError as err:
         raise _write_failed(run, step, err) from err
     run.state.last_checkpoint = final
     if run.status is not None:
         run.status.update(checkpoint=str(final), step=step)
     return final
+
+
+def _pinned(run: Any) -> list[Path]:
+    """The checkpoint a resumed run started from, kept while it runs: an engine re-created after a fault loads
+    its model folder (then takes the current weights), so pruning it would leave that engine nothing to start
+    from. A later resume of the run lets it go."""
+    start = Path(run.start_model_path) if getattr(run, "start_model_path", "") else None
+    return [start.parent] if start is not None and start.name == "model" and run.resume is not None else []
 
 
 def _complete(run: Any, job: BackgroundWrite, saved: dict[str, Any], rollouts: dict[str, Any]) -> None:

@@ -17,7 +17,7 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,10 +114,10 @@ def begin_checkpoint(run_dir: str | Path, step: int) -> Path:
 
 
 def finish_checkpoint(run_dir: str | Path, step: int, tmp: Path, state: dict[str, Any], rollouts: dict[str, Any],
-                      keep: int) -> Path:
+                      keep: int, pinned: Sequence[str | Path] = ()) -> Path:
     """The state files and the marker into ``tmp`` (which holds the learners' files), renamed into place; then
-    the newest ``keep`` complete checkpoints stay and torn ones go. On failure ``tmp`` is removed and the
-    checkpoints already there are untouched."""
+    the newest ``keep`` complete checkpoints stay (and the ``pinned`` ones) and torn ones go. On failure ``tmp``
+    is removed and the checkpoints already there are untouched."""
     root = Path(run_dir) / CHECKPOINTS
     final = root / checkpoint_name(step)
     try:
@@ -132,7 +132,7 @@ def finish_checkpoint(run_dir: str | Path, step: int, tmp: Path, state: dict[str
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    prune(run_dir, keep)
+    prune(run_dir, keep, pinned)
     return final
 
 
@@ -180,10 +180,13 @@ def run_state(*, step: int, steps: int, version: int, async_steps: int, metrics_
     }
 
 
-def prune(run_dir: str | Path, keep: int) -> list[Path]:
-    """Remove all but the newest ``keep`` complete checkpoints, and every torn one. Returns what it removed."""
+def prune(run_dir: str | Path, keep: int, pinned: Sequence[str | Path] = ()) -> list[Path]:
+    """Remove all but the newest ``keep`` complete checkpoints and the ``pinned`` ones (a resumed run's engines
+    start from its checkpoint), and every torn one. Returns what it removed."""
     complete = list_checkpoints(run_dir)
-    doomed = complete[: max(0, len(complete) - max(keep, 1))] + torn_checkpoints(run_dir)
+    held = {Path(p).resolve() for p in pinned}
+    older = complete[: max(0, len(complete) - max(keep, 1))]
+    doomed = [p for p in older if Path(p).resolve() not in held] + torn_checkpoints(run_dir)
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
     return doomed
