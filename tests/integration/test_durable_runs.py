@@ -175,6 +175,22 @@ def test_a_dead_engine_is_recreated_and_the_run_is_unchanged(tmp_path):
     assert all(r["sequences"] == 8 * 8 for r in records)
 
 
+def test_an_engine_lost_while_it_generates_ahead_of_the_learner_is_recreated_at_that_flight_s_version(tmp_path):
+    """With async_steps=1 a flight is launched at version v while the learner trains to v+1; the engine that dies
+    under it is re-created at v+1, goes back to v for that flight, then takes v+1 again: the run is unchanged."""
+    overrides = ["steps=6", "algo.async_steps=1"]
+    assert _run(tmp_path / "whole", overrides) is None
+    reference = read_jsonl(tmp_path / "whole" / "metrics.jsonl")
+    assert max(r["staleness"] for r in reference) == 1
+
+    marker = tmp_path / "engine-died"
+    out = tmp_path / "faulty"
+    assert _run(out, overrides, engine_cls=DiesOnce, engine_kwargs={"marker": str(marker), "at": 4}) is None
+    records = read_jsonl(out / "metrics.jsonl")
+    assert records[-1]["engine_restarts"] == 1
+    _assert_same_steps(records, reference)
+
+
 def test_an_engine_recreated_in_a_resumed_run_starts_from_the_kept_resume_checkpoint(tmp_path):
     """The resumed run's engines start from its checkpoint's model folder; with checkpoint.keep=1 that
     checkpoint would be pruned by the next one, and an engine re-created after it could not start."""

@@ -383,6 +383,7 @@ def _loop_parts(run: Run, task: Any, renderer: Any, stop_ids: list[int]) -> None
     cfg = run.cfg
     run.rollouts = Rollouts(cfg, task, run.tokenizer, renderer, stop_ids, run.keeper,
                             Scorer(task.rewards, cfg.task, cfg.task.reward), run.stop)
+    run.rollouts.transport = run.transport
     if run.resume:
         restore_rollouts(run, run.resume)
 

@@ -56,6 +56,7 @@ class WeightTransport(Protocol):
     def push(self, version: int, *, in_flight: bool = False) -> PushResult: ...
     def no_update(self) -> list[dict[str, Any]]: ...
     def replace_engine(self, index: int, actor: Any, resend: bool = True) -> None: ...
+    def generate_at(self, index: int, version: int, generate: Callable[[], Any]) -> tuple[Any, list[Any]]: ...
     def close(self) -> None: ...
 
 
@@ -112,6 +113,12 @@ class _Base:
         engine died is pushed again to all, the new one included)."""
         raise SyncError(f"{self.kind.value} transport cannot take a re-created engine.")
 
+    def generate_at(self, index: int, version: int, generate: Callable[[], Any]) -> tuple[Any, list[Any]]:
+        """generate() on re-created engine ``index`` for a flight launched at ``version``, and the weight updates
+        queued after it (refs). Here at the engine's current weights, none queued: engines that take updates while
+        they generate mix versions within a flight anyway."""
+        return generate(), []
+
     def _begin(self, version: int, *, resend: bool = False) -> float:
         if self.broken:
             raise SyncError(f"{self.kind.value} weight sync is broken ({self.broken}); restart the run.")
@@ -133,10 +140,38 @@ class ObjectStoreTransport(_Base):
 
     kind = Transport.ray_object_store
 
-    def __init__(self, *args: Any, kind: Transport = Transport.ray_object_store, lora: bool = False, **kwargs: Any):
+    def __init__(self, *args: Any, kind: Transport = Transport.ray_object_store, lora: bool = False,
+                 history: int = 1, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.kind, self.lora = kind, bool(lora)
         self.generates_before_start = kind is not Transport.http and not self.lora
+        # the weights of the newest ``history`` versions (algo.async_steps + 1), by version: a flight launched
+        # ahead of the learner and lost with its engine is generated again at its own version (generate_at)
+        self.history, self.sent = max(1, int(history)), {}
+
+    def setup(self, learner: Any, engines: Sequence[Any], engine_names: Sequence[str], *,
+              gatherers: Sequence[Any] = ()) -> None:
+        super().setup(learner, engines, engine_names, gatherers=gatherers)
+        if self.kind is Transport.ray_object_store and self.history > 1 and not self.gatherers:
+            self._keep(self.version, self.learner.get_weights.remote())  # what the engines start with
+
+    def _keep(self, version: int, weights: Any) -> None:
+        self.sent[int(version)] = weights
+        for old in [v for v in self.sent if v <= int(version) - self.history]:
+            del self.sent[old]
+
+    def generate_at(self, index: int, version: int, generate: Callable[[], Any]) -> tuple[Any, list[Any]]:
+        """Engines here apply calls in order, and the weights of the last ``history`` versions are kept: the
+        re-created engine goes back to ``version``, generates, then takes each later version again, so the
+        flight's rollouts are the ones the engine that died would have made."""
+        if int(version) >= self.version or int(version) not in self.sent:
+            return generate(), []
+        engine, name = self.engines[index], self.engine_names[index]
+        self._get([engine.update_weights.remote(self.sent[int(version)], int(version))],
+                  f"taking the re-created {name} back to version {version} for a flight launched then")
+        ref = generate()
+        later = sorted(v for v in self.sent if int(version) < v <= self.version)
+        return ref, [engine.update_weights.remote(self.sent[v], v) for v in later]
 
     def start(self) -> PushResult | None:
         # a server's engines may hold another run's weights; LoRA engines hold the base until the merged policy comes
@@ -163,6 +198,8 @@ class ObjectStoreTransport(_Base):
         t1 = time.time()
         pending = [e.update_weights.remote(weights, version) for e in self.engines]
         self.version = int(version)  # engines apply it in call order, before their next generate()
+        if self.kind is Transport.ray_object_store and self.history > 1 and not self.gatherers:
+            self._keep(version, weights)
         sync = {"actor": "learner0", "spans": [(Phase.sync.value, t0, t1)]}
         return PushResult(int(version), pending=pending, results=[sync], seconds=time.time() - t0)
 
@@ -460,7 +497,8 @@ def make_transport(plan: Plan, cfg: Any, *, bucket_mb: float | None = None, slee
         require(plan.engine, PolicyAdapters, "LoRA adapters as the policy")
         transport = AdapterTransport(**kwargs, asleep=plan.colocated and not plan.engines_awake)
     else:
-        transport = ObjectStoreTransport(**kwargs, kind=plan.transport, lora=bool(plan.config.learner.lora.enabled))
+        transport = ObjectStoreTransport(**kwargs, kind=plan.transport, lora=bool(plan.config.learner.lora.enabled),
+                                         history=plan.async_steps + 1)
     transport.pauses = has(plan.engine, PausesInFlight)
     return transport
 

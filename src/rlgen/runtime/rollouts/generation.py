@@ -29,6 +29,7 @@ class Rollouts:
                  scorer: Any, stop: Any):
         self.cfg, self.task, self.tokenizer, self.renderer = cfg, task, tokenizer, renderer
         self.stop_ids, self.keeper, self.scorer, self.stop = stop_ids, keeper, scorer, stop
+        self.transport: Any = None  # the run's weight transport (runtime.setup sets it): generate_at, after a death
         self.pending: deque[InFlight] = deque()
         self.queued_updates: dict[int, tuple[int, Any]] = {}  # object store: applied before each engine's next generate
         self.next_gen = 0  # the next step to launch generation for
@@ -113,7 +114,7 @@ class Rollouts:
                         raise RunError(f"{what}: {name} raised {short(err.cause)}") from err
                     # its actor, or the engine inside it, is gone: a new one gets the same requests and seeds
                     self.keeper.is_dead(i, inc, err)
-                    flight.refs[i] = (self.keeper.incarnation[i], self.engines[i].generate.remote(flight.shards[i]))
+                    flight.refs[i] = (self.keeper.incarnation[i], self._generate_again(i, flight))
                     deadline = time.time() + timeout
         for i, (inc, ref) in list(flight.updates.items()):  # weights queued before this generate (object store)
             try:
@@ -123,6 +124,21 @@ class Rollouts:
                     raise RunError(f"a weight update of {self.keeper.names[i]} failed: {short(err)}") from err
                 self.keeper.is_dead(i, inc, err)  # the re-created engine got the current weights already
             del flight.updates[i]
+
+    def _generate_again(self, i: int, flight: InFlight) -> Any:
+        """Engine i's requests of ``flight`` sent to its re-created actor, at the weights the flight was launched
+        with where the transport keeps those (a flight launched ahead of the learner); the later versions it then
+        takes again are queued before its next generate, as a push's are."""
+
+        def generate() -> Any:
+            return self.engines[i].generate.remote(flight.shards[i])
+
+        if self.transport is None:
+            return generate()
+        ref, updates = self.transport.generate_at(i, flight.launch_version, generate)
+        if updates:
+            self.queued_updates[i] = (self.keeper.incarnation[i], updates[-1])
+        return ref
 
     # -- on the driver ------------------------------------------------------------------------------------
     def prepare(self, flight: InFlight) -> None:
