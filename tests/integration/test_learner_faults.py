@@ -62,14 +62,14 @@ def _run(out: Path, *, resume: bool = False, **kwargs) -> RunStopped | None:
     return None
 
 
-def _rank_failing_at(call: int, marker: str, how: str) -> type:
-    """Rank 1, once per marker file, at its call-th step after its forward and backward and before the gradient
+def _rank_failing_at(call: int, marker: str, how: str, rank: int = 1) -> type:
+    """Rank ``rank``, once per marker file, at its call-th step after its forward and backward and before the gradient
     all-reduce: kills its own process (how="kill"), or sleeps for good (how="hang"). The marker holds its pid and
     the time."""
 
     class FailingRank(TorchLearner):
         def _sum_gradients(self, step_index, denom):
-            if self.rank == 1 and step_index == call and not os.path.exists(marker):
+            if self.rank == rank and step_index == call and not os.path.exists(marker):
                 Path(marker).write_text(f"{os.getpid()} {time.time()}")
                 if how == "kill":
                     os.kill(os.getpid(), signal.SIGKILL)
@@ -104,13 +104,16 @@ def _gone(pid: int, within_s: float = 15.0) -> bool:
     return False
 
 
-def test_a_killed_learner_rank_stops_the_run_at_the_last_whole_step_and_resume_matches(tmp_path, reference):
+@pytest.mark.parametrize("killed", [1, 0])
+def test_a_killed_learner_rank_stops_the_run_at_the_last_whole_step_and_resume_matches(tmp_path, reference, killed):
+    """Rank 0 too: the survivor then writes the model folder as well, outside the broken process group."""
     marker = str(tmp_path / "killed")
-    err = _run(tmp_path / "run", learner_cls=_rank_failing_at(3, marker, "kill"))
+    err = _run(tmp_path / "run", learner_cls=_rank_failing_at(3, marker, "kill", rank=killed))
     assert err is not None and err.exit_code == 1 and err.step == 3
     text = str(err)
-    assert text.startswith("learner rank 1 on node ") and "died during training step 3" in text, text
-    assert "a checkpoint of the last whole step, step_000003, written by learner rank 0" in text, text
+    assert text.startswith(f"learner rank {killed} on node ") and "died during training step 3" in text, text
+    assert f"a checkpoint of the last whole step, step_000003, written by learner rank {1 - killed}" in text, text
+    assert (Path(err.checkpoint) / "model" / "config.json").is_file()
     assert text.endswith("Continue it with resume=auto."), text
     _assert_whole_checkpoint(err, 3)
     assert _run(tmp_path / "run", resume=True) is None

@@ -17,7 +17,7 @@ from rlgen.algo.registry import algorithm as find_algorithm
 from rlgen.config import AlgoConfig, KLPenalty, LossAgg, MonitorConfig
 from rlgen.hostinfo import process_info
 from rlgen.learners.background import BackgroundWriter, to_host
-from rlgen.learners.collective import join_group, rng_digest, sum_over_ranks
+from rlgen.learners.collective import join_group, leave_group, rng_digest, sum_over_ranks
 from rlgen.learners.group import CollectiveFailed
 from rlgen.learners.grpo_step import (
     StepSums,
@@ -278,6 +278,8 @@ class TorchLearner:
         t0 = time.time()
         jobs = []
         if 0 in ranks:
+            if self.rank != 0:  # transformers writes a model folder only on torch.distributed rank 0, and this
+                leave_group()   # group lost a rank anyway: the run stops once this checkpoint is written
             jobs.append(self._model_folder_job(os.path.join(path, "model"), False))
         state = {**self._counters(), "optimizer": self.optimizer.state_dict()}
         jobs.extend((lambda r=r: save_learner_state(path, r, state)) for r in ranks)
