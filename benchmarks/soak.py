@@ -217,6 +217,7 @@ class Soak:
         self.launches: list[dict] = []
         self.failures: list[str] = []
         self.ballast: Path | None = None
+        self.live: list[Launch] = []  # every launch, to end those still running when the soak is interrupted
         self.t0 = time.time()
 
     def elapsed(self) -> float:
@@ -227,6 +228,7 @@ class Soak:
         logs = self.out / "launches"
         logs.mkdir(parents=True, exist_ok=True)
         launch = Launch(cmd, logs / f"{len(self.launches):03d}-{name}.log", self.env, tail)
+        self.live.append(launch)
         self.launches.append({"name": name, "at_s": round(self.elapsed(), 1), "steps": steps, "resume": resume,
                               "from_step": tail.lines if resume else 0, "log": launch.log.name})
         print(f"[{self.elapsed():7.0f} s] launch {name} steps={steps} resume={resume}", flush=True)
@@ -429,12 +431,17 @@ def refusal(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str]) -> int:
     args, overrides = parse(argv)
     problem = refusal(args)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, _interrupt)  # a SIGTERM to the soak ends its runs as Ctrl-C does
     soak = Soak(args, overrides)
     soak.out.mkdir(parents=True, exist_ok=True)
     ref = soak.run_reference(args.steps) if args.side_by_side else None
@@ -446,18 +453,28 @@ def main(argv: list[str]) -> int:
             ref = soak.run_reference(soak.steps)
         ref_ok = bool(ref) and finished and soak.finish_reference(ref)
     except KeyboardInterrupt:
-        soak.failures.append("interrupted (Ctrl-C)")
+        soak.failures.append("interrupted (Ctrl-C or SIGTERM)")
         soak_wall, ref_ok = soak.elapsed(), False
     finally:
+        for launch in soak.live:
+            if launch.proc.poll() is None:
+                launch.kill(soak.ref_dir if "reference" in launch.log.name else soak.run_dir)
         for run_dir in (soak.run_dir, soak.ref_dir):
             stop_processes(run_processes(run_dir))
         if soak.ballast is not None:
             soak.ballast.unlink(missing_ok=True)
         shutil.rmtree(soak.ray_tmp, ignore_errors=True)
+    kept = soak.out / "soak_run"  # the run root may be a tmpfs that goes with the soak
+    kept.mkdir(exist_ok=True)
+    for name in ("metrics.jsonl", "resumes.jsonl", "status.json", "run.log"):
+        with contextlib.suppress(OSError):
+            shutil.copy2(soak.run_dir / name, kept / name)
     records = read_jsonl(soak.run_dir / "metrics.jsonl")
     reference = read_jsonl(soak.ref_dir / "metrics.jsonl")
     verdict = compare(records, reference) if ref_ok else {"passed": False}
     faults = [asdict(f) for f in soak.faults]
+    if finished and faults and all(f["fired_s"] is None for f in faults):
+        soak.failures.append(f"no fault fired: the run ended before the first was due ({faults[0]['at_s']} s)")
     result = {
         "passed": finished and ref_ok and verdict["passed"] and not soak.failures
                   and all(f["ok"] is not False for f in faults),
