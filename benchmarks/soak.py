@@ -33,14 +33,15 @@ from rlgen.runtime.durability.disk_space import folder_bytes, needed_with_headro
 from rlgen.runtime.durability.status_file import read_status
 
 KINDS = ("engine_kill", "driver_sigterm", "learner_kill", "disk_full")
-DEFAULT_OVERRIDES = ["engine.num_engines=2", "algo.async_steps=1", "checkpoint.every=10", "engine.max_restarts=1000"]
+DEFAULT_OVERRIDES = ["engine.num_engines=2", "hardware.learner_ranks=2", "algo.async_steps=1", "checkpoint.every=10",
+                     "engine.max_restarts=1000"]
 EXACT = ("reward_mean", "reward_std", "loss", "pg_loss", "grad_norm", "entropy", "mismatch/k3_kl")
 EQUAL = ("version", "staleness", "sequences")
 TOLERANCE = 1e-6
 OPEN_ENDED_STEPS = 10_000_000  # --hours without --steps: the soak runs until its time is up, then ends cleanly
 FINAL_STEPS = 5  # ... then trains this many steps more from that stop, so the end is a resumed run finishing
 MAX_BALLAST = 8 * 2**30  # a run root with more free space than this is not the small file system asked for
-EXPECTED = {"driver_sigterm": (143, "stopped at step"), "learner_kill": (1, "a learner died"),
+EXPECTED = {"driver_sigterm": (143, "stopped at step"), "learner_kill": (1, " died during "),
             "disk_full": (1, " free but a checkpoint needs about ")}
 
 
