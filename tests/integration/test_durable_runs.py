@@ -177,8 +177,9 @@ def test_a_dead_engine_is_recreated_and_the_run_is_unchanged(tmp_path):
 
 def test_an_engine_lost_while_it_generates_ahead_of_the_learner_is_recreated_at_that_flight_s_version(tmp_path):
     """With async_steps=1 a flight is launched at version v while the learner trains to v+1; the engine that dies
-    under it is re-created at v+1, goes back to v for that flight, then takes v+1 again: the run is unchanged."""
-    overrides = ["steps=6", "algo.async_steps=1"]
+    under it is re-created at v+1, goes back to v for that flight, then takes v+1 again: the run is unchanged.
+    Its death is seen while the learner trains (the next flight is prefetched then); it is handled after the push."""
+    overrides = ["steps=8", "algo.async_steps=1", "engine.num_engines=2"]
     assert _run(tmp_path / "whole", overrides) is None
     reference = read_jsonl(tmp_path / "whole" / "metrics.jsonl")
     assert max(r["staleness"] for r in reference) == 1

@@ -263,6 +263,32 @@ def test_object_store_queues_updates_without_waiting():
         t.push(1)
 
 
+def test_object_store_gives_a_re_created_engine_each_version_s_own_weights():
+    """The learner may already hold the next version's weights (it trains while a flight generated ahead is looked
+    at): an engine re-created at version 1 gets version 1's weights, and for a flight launched at version 0 it
+    goes back to version 0, generates, and then takes version 1 again."""
+    log = []
+    learner = FakeLearner(log)
+    t = ObjectStoreTransport(timeout_s=5, history=2)
+    t.setup(Handle(learner), [Handle(FakeEngine("engine0", log))], ["engine0"])
+    v0 = t.sent[0].result()["0.weight"].clone()
+    with torch.no_grad():
+        learner.model[0].weight.add_(1.0)  # trained to version 1
+    get_all(t.push(1).pending, 5, "the update")
+    v1 = learner.get_weights()["0.weight"]
+    with torch.no_grad():
+        learner.model[0].weight.add_(1.0)  # and on, to what will be version 2
+    new = FakeEngine("engine0", log)
+    t.replace_engine(0, Handle(new))
+    assert new.version == 1 and torch.equal(new.weights["0.weight"], v1)
+    seen = []
+    _, later = t.generate_at(0, 0, lambda: seen.append((new.version, new.weights["0.weight"].clone())))
+    get_all(later, 5, "taking version 1 again")
+    assert seen[0][0] == 0 and torch.equal(seen[0][1], v0)
+    assert new.version == 1 and torch.equal(new.weights["0.weight"], v1)
+    assert t.generate_at(0, 1, lambda: "now")[0] == "now"  # a flight of the current version: nothing to rewind
+
+
 def nccl_setup(tp_sizes=(1, 2), hang=False):
     log = []
     barrier = threading.Barrier(len(tp_sizes) + 1)

@@ -207,8 +207,11 @@ class ObjectStoreTransport(_Base):
         self.engines[index] = actor
         if not resend:
             return
-        weights = self.learner.get_weights.remote()
-        gathers = self._gather_refs(self.version)
+        # the version's own weights where kept: the learner may already hold the next version's (it trains while
+        # the driver looks at a flight generated ahead)
+        kept = self.sent.get(self.version)
+        weights = kept if kept is not None else self.learner.get_weights.remote()
+        gathers = self._gather_refs(self.version) if kept is None else []
         name = self.engine_names[index]
         self._get([actor.update_weights.remote(weights, self.version), *gathers],
                   f"bringing the re-created {name} to version {self.version}")

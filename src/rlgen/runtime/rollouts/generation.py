@@ -24,6 +24,17 @@ EVAL_SEED_OFFSET = 7_919_000  # eval sampling seeds, apart from every training s
 REFILL_SEED_STRIDE = 15_485_863  # dynamic sampling's round r of a step: seeds r strides from the step's own
 
 
+def _failed(ref: Any) -> bool:
+    """Whether a finished call raised."""
+    import ray
+
+    try:
+        ray.get(ref, timeout=0)
+    except Exception:  # noqa: BLE001 - any failure: the caller leaves it to the step that needs the result
+        return True
+    return False
+
+
 class Rollouts:
     def __init__(self, cfg: Any, task: Any, tokenizer: Any, renderer: Any, stop_ids: list[int], keeper: Any,
                  scorer: Any, stop: Any):
@@ -179,6 +190,8 @@ class Rollouts:
         refs = [ref for _, ref in flight.refs.values()] + [ref for _, ref in flight.updates.values()]
         if refs and len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) < len(refs):
             return
+        if any(_failed(ref) for ref in refs):  # an engine died: re-created once the learner is done (its weights
+            return                             # are read then, and the version they are labelled with is theirs)
 
         try:
             self.collect(flight, interruptible=False)
