@@ -40,3 +40,14 @@ def tripwires(monkeypatch):
 
     monkeypatch.setattr(ray, "init", tripped)
     monkeypatch.setattr(train, "run_training", tripped)
+
+
+@pytest.fixture
+def no_kept():
+    """No Ray cluster kept warm by an earlier run, before and after the test (and none left at its end)."""
+    from rlgen.runtime.cluster.dead_runs import clean_leftovers, kept_sessions
+
+    clean_leftovers(kept_too=True)
+    yield
+    clean_leftovers(kept_too=True)
+    assert kept_sessions() == []

@@ -198,3 +198,17 @@ def clip_loss(logp, engine_logp, advantages, mask, *, agg, denominator=None, tok
                         old_from_trainer=old_logp is not None)
     out = policy_loss(loss)(inputs, algo)
     return out.loss, out.metrics
+
+
+# the per-step metrics a resumed or re-created run must reproduce exactly (to 1e-6) on CPU
+EXACT = ("reward_mean", "reward_std", "loss", "pg_loss", "grad_norm", "entropy", "mismatch/k3_kl")
+
+
+def assert_same_steps(records: list[dict], reference: list[dict], *, staleness: bool = True) -> None:
+    """Every step of reference, once, in order, with EXACT metrics equal to 1e-6 and the same policy version
+    (and staleness)."""
+    assert [r["step"] for r in records] == [r["step"] for r in reference], "a step is missing or logged twice"
+    for r, ref in zip(records, reference):
+        for key in EXACT:
+            assert abs(float(r[key]) - float(ref[key])) <= 1e-6, f"step {r['step']}: {key} {r[key]} != {ref[key]}"
+        assert r["version"] == ref["version"] and (not staleness or r["staleness"] == ref["staleness"])

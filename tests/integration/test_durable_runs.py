@@ -15,6 +15,7 @@ import ray
 import ray.cloudpickle
 from rich.console import Console
 
+from helpers import assert_same_steps
 from rlgen.config.compose import compose_run_config
 from rlgen.engines.base import EngineDead
 from rlgen.engines.hf.engine import HFEngine
@@ -32,7 +33,6 @@ from rlgen.runtime.signals import StopFlag
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 BASE = ["progress=false", "algo.prompts_per_step=8", "checkpoint.every=0"]
-EXACT = ("reward_mean", "reward_std", "loss", "pg_loss", "grad_norm", "entropy", "mismatch/k3_kl")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -129,14 +129,6 @@ def _run(out: Path, overrides: list[str], *, stop=None, resume: bool = False, **
     return None
 
 
-def _assert_same_steps(records: list[dict], reference: list[dict]) -> None:
-    assert [r["step"] for r in records] == [r["step"] for r in reference], "a step is missing or logged twice"
-    for r, ref in zip(records, reference):
-        for key in EXACT:
-            assert abs(float(r[key]) - float(ref[key])) <= 1e-6, f"step {r['step']}: {key} {r[key]} != {ref[key]}"
-        assert r["version"] == ref["version"] and r["staleness"] == ref["staleness"]
-
-
 @pytest.mark.parametrize("async_steps", [0, 1])
 def test_stopped_and_resumed_twice_equals_the_uninterrupted_run(tmp_path, async_steps):
     overrides = ["steps=9", f"algo.async_steps={async_steps}"]
@@ -152,7 +144,7 @@ def test_stopped_and_resumed_twice_equals_the_uninterrupted_run(tmp_path, async_
         status = read_status(out)
         assert status["state"] == "stopped" and status["step"] == stop_at and status["checkpoint"] == err.checkpoint
     assert _run(out, overrides, resume=True) is None
-    _assert_same_steps(read_jsonl(out / "metrics.jsonl"), reference)
+    assert_same_steps(read_jsonl(out / "metrics.jsonl"), reference)
     assert read_status(out)["state"] == "finished"
     if async_steps:  # the stop kept the rollouts generated ahead, and the resumed run trained on them
         assert max(r["staleness"] for r in reference) == 1
@@ -170,7 +162,7 @@ def test_a_dead_engine_is_recreated_and_the_run_is_unchanged(tmp_path):
     records = read_jsonl(out / "metrics.jsonl")
     # The re-created engine got the current weights and the same requests with the same seeds: every prompt
     # was scored exactly once (the loop checks each step), and the rollouts are the ones it would have made.
-    _assert_same_steps(records, reference)
+    assert_same_steps(records, reference)
     assert [r["engine_restarts"] for r in records] == [0, 0, 1, 1, 1, 1]
     assert all(r["sequences"] == 8 * 8 for r in records)
 
@@ -189,7 +181,7 @@ def test_an_engine_lost_while_it_generates_ahead_of_the_learner_is_recreated_at_
     assert _run(out, overrides, engine_cls=DiesOnce, engine_kwargs={"marker": str(marker), "at": 4}) is None
     records = read_jsonl(out / "metrics.jsonl")
     assert records[-1]["engine_restarts"] == 1
-    _assert_same_steps(records, reference)
+    assert_same_steps(records, reference)
 
 
 def test_an_engine_recreated_in_a_resumed_run_starts_from_the_kept_resume_checkpoint(tmp_path):
@@ -219,7 +211,7 @@ def test_an_engine_whose_core_dies_inside_a_live_actor_is_recreated_and_the_run_
     assert _run(out, overrides, engine_cls=CoreDiesOnce, engine_kwargs=kwargs) is None
     assert marker.read_text() == "3"
     records = read_jsonl(out / "metrics.jsonl")
-    _assert_same_steps(records, reference)  # the same rollouts, every prompt scored once
+    assert_same_steps(records, reference)  # the same rollouts, every prompt scored once
     restarts = [r["engine_restarts"] for r in records]
     assert restarts[-1] == 1 and restarts[0] == 0 and restarts == sorted(restarts)
     log = (out / "run.log").read_text()
@@ -297,7 +289,7 @@ def test_background_checkpoints_resume_to_the_same_metrics_as_synchronous_ones(t
     assert err is not None and err.step == 5
     assert not list((out / "checkpoints").glob(".step_*"))  # every background write completed or was removed
     assert _run(out, background, resume=True) is None
-    _assert_same_steps(read_jsonl(out / "metrics.jsonl"), reference)
+    assert_same_steps(read_jsonl(out / "metrics.jsonl"), reference)
     status = read_status(out)
     assert status["state"] == "finished" and status["checkpoint"].endswith("step_000008")
     log = (out / "run.log").read_text()

@@ -13,7 +13,7 @@ import pytest
 from rlgen.config.compose import compose_run_config
 from rlgen.metrics.sink import read_jsonl
 from rlgen.plan import build_plan
-from rlgen.runtime.cluster.dead_runs import clean_leftovers, kept_sessions, same_process, start_time
+from rlgen.runtime.cluster.dead_runs import kept_sessions, same_process, start_time
 from rlgen.runtime.run import run_training
 
 BASE = ["progress=false", "steps=2", "checkpoint.every=0"]
@@ -27,14 +27,6 @@ def _train(out: Path, *overrides: str) -> tuple[dict, dict, list[dict]]:
 
 def _alive(pid: int) -> bool:
     return start_time(pid) is not None
-
-
-@pytest.fixture
-def no_kept():
-    clean_leftovers(kept_too=True)
-    yield
-    clean_leftovers(kept_too=True)
-    assert kept_sessions() == []
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from rlgen.engines.hf.engine import HFEngine
 from rlgen.learners.torch import TorchLearner
 from rlgen.metrics.sink import read_jsonl
 from rlgen.plan import build_plan
-from rlgen.runtime.cluster.dead_runs import clean_leftovers, kept_sessions, start_time
+from rlgen.runtime.cluster.dead_runs import kept_sessions, start_time
 from rlgen.runtime.run import run_training
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors below, in Ray's workers
@@ -42,14 +42,6 @@ def _refused(log: str) -> list[str]:
     """What the run.log's one line says the kept cluster did not share with the run."""
     return [ln.split(": ", 1)[1].removesuffix("; starting a new one") for ln in log.splitlines()
             if ln.endswith("; starting a new one")]
-
-
-@pytest.fixture
-def no_kept():
-    clean_leftovers(kept_too=True)
-    yield
-    clean_leftovers(kept_too=True)
-    assert kept_sessions() == []
 
 
 @pytest.mark.slow
