@@ -263,7 +263,8 @@ def test_a_dead_learner_stops_the_run_and_resume_continues_from_the_last_checkpo
     assert len(read_jsonl(tmp_path / "metrics.jsonl")) == 5  # step 4 ran but is redone from the checkpoint
     assert _run(tmp_path, ["steps=8", "checkpoint.every=2"], resume=True) is None
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(8))
-    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000006", "step_000008"]  # checkpoint.keep=2
+    # checkpoint.keep=2, and the checkpoint it resumed from, kept while the resumed run ran
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000004", "step_000006", "step_000008"]
 
 
 def test_a_torn_checkpoint_is_skipped_on_resume(tmp_path):
