@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from ray_nodes import RayNodes
 from rlgen.config.compose import compose_run_config
 from rlgen.metrics.sink import read_jsonl
 from rlgen.plan import build_plan
+from rlgen.plan.checks.ray_token import set_auth_mode
 from rlgen.runtime import RunStopped
 from rlgen.runtime.durability.resume import identity, resolve_auto
 from rlgen.runtime.run import run_training
@@ -31,8 +33,12 @@ KILL_AFTER = 5  # steps recorded before the engines' node dies
 
 @pytest.fixture
 def nodes(tmp_path, monkeypatch):
+    """The nodes run without token authentication; this process joins them so too, although an earlier
+    ray.init in it (with Ray's default, token mode) left that mode in Ray's cached config."""
+    before = os.environ.get("RAY_AUTH_MODE")
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    set_auth_mode("disabled")
     home = tmp_path / "home"
     home.mkdir()
     cluster = RayNodes(home)
@@ -42,6 +48,7 @@ def nodes(tmp_path, monkeypatch):
         if ray.is_initialized():
             ray.shutdown()
         cluster.close()
+        set_auth_mode(before)
 
 
 def _start(nodes: RayNodes, workers: int) -> None:

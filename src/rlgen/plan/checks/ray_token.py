@@ -16,7 +16,7 @@ HOW_TO_GET_IT = ("copy the head node's ~/.ray/auth_token to ~/.ray/auth_token on
                  "RAY_AUTH_TOKEN=<the cluster's token>")
 
 
-def _set_mode(mode: str | None) -> None:
+def set_auth_mode(mode: str | None) -> None:
     """RAY_AUTH_MODE for this process (None: unset), read again by Ray's cached config and token loader."""
     from ray._raylet import AuthenticationTokenLoader, Config
 
@@ -83,7 +83,7 @@ def _verdict(target: str, user_mode: str | None, has_token: bool) -> str:
         return "wrong-token" if answer == "refused" else answer
     # unset: disabled, Ray's default, said out loud, so that ray.init(address="auto") does not turn token mode on
     # against a cluster that wants none because a token lies here
-    _set_mode(user_mode or "disabled")
+    set_auth_mode(user_mode or "disabled")
     answer = _answer(target)
     if answer != "refused":
         return answer
@@ -91,7 +91,7 @@ def _verdict(target: str, user_mode: str | None, has_token: bool) -> str:
         return "disabled-here"
     if not has_token:
         return "no-token"
-    _set_mode("token")  # the cluster wants a token and there is one here: join in token mode, if it is right
+    set_auth_mode("token")  # the cluster wants a token and there is one here: join in token mode, if it is right
     answer = _answer(target)
     return "wrong-token" if answer == "refused" else answer
 
@@ -108,7 +108,7 @@ def join_mode(target: str, address: str) -> str | None:
     if verdict == "ok":
         return None
     if os.environ.get("RAY_AUTH_MODE") != user_mode:
-        _set_mode(user_mode)
+        set_auth_mode(user_mode)
     where = f"the Ray cluster at {target}" + (f" (ray.address={address})" if address != target else "")
     if verdict == "no-token" and user_mode == "token":
         return (f"RAY_AUTH_MODE=token here, but there is no authentication token on this machine to join {where}; "
