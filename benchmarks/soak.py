@@ -4,8 +4,9 @@ soak's per-step metrics end equal (to 1e-6) to those of an uninterrupted run of 
     python benchmarks/soak.py OUT [--hours 2] [--steps N] [--seed S] [--run-root DIR] [-- OVERRIDES ...]
 
 Faults: an engine actor or the learner actor SIGKILLed, SIGTERM to the driver, the disk filled by a ballast
-file. The reference runs after the soak by default (--side-by-side, which needs --steps, runs it beside: on a
-2-core machine that doubles the load and slows both). How to run it, the options and soak.json's fields:
+file. The reference runs after the soak by default; --side-by-side runs it beside (on a 2-core machine that
+doubles the load and slows both): with --hours alone it runs open-ended and is stopped once it has passed the
+soak's last step, and only the steps both have are compared. How to run it, the options and soak.json's fields:
 docs/benchmarks.md ("Soak"). Linux only (reads /proc).
 """
 
@@ -353,8 +354,16 @@ class Soak:
         return self.launch(self.ref_dir, MetricsTail(self.ref_dir / "metrics.jsonl"), steps, False, "reference")
 
     def finish_reference(self, ref: Launch) -> bool:
+        """Waits for the reference's end; an open-ended one (beside an --hours soak) is stopped once it has
+        logged as many steps as the soak has."""
         bound = time.time() + self.args.hours * 3600 * 3 + 3600
+        open_ended = ref.cmd.count(f"steps={OPEN_ENDED_STEPS}") > 0
         while ref.poll() is None:
+            if open_ended and ref.tail.lines >= self.tail.lines:
+                print(f"[{self.elapsed():7.0f} s] the reference has passed step {self.tail.lines}: stopping it",
+                      flush=True)
+                ref.kill(self.ref_dir)
+                return True
             if time.time() > bound or time.time() - ref.progress_at > self.args.stall_s:
                 self.failures.append("the reference run hung; killed")
                 ref.kill(self.ref_dir)
@@ -402,7 +411,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--faults", default=",".join(KINDS), help=f"which, comma-separated, of {','.join(KINDS)}")
     ap.add_argument("--mean-gap", type=float, default=300.0, help="seconds between faults, on average")
     ap.add_argument("--warmup", type=float, default=60.0, help="seconds before the first fault")
-    ap.add_argument("--side-by-side", action="store_true", help="run the reference beside the soak (needs --steps)")
+    ap.add_argument("--side-by-side", action="store_true", help="run the reference beside the soak "
+                    "(with --hours alone, open-ended, stopped once past the soak's last step)")
     ap.add_argument("--stall-s", type=float, default=900.0, help="a launch with no new step this long is killed")
     ap.add_argument("--wait-s", type=float, default=900.0, help="how long a fault's outcome may take")
     ap.add_argument("--max-launches", type=int, default=500)
@@ -416,8 +426,6 @@ def refusal(args: argparse.Namespace) -> str | None:
     unknown = [k for k in args.faults if k not in KINDS]
     if unknown:
         return f"unknown fault kind(s) {unknown}; choose from {','.join(KINDS)}."
-    if args.side_by_side and not args.steps:
-        return "--side-by-side needs --steps N: the reference starts before the soak's length is known."
     if "disk_full" in args.faults:
         if not args.run_root:
             return ("the disk_full fault needs --run-root DIR, a small file system of its own (as root: mkdir DIR && "
@@ -445,7 +453,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # a SIGTERM to the soak ends its runs as Ctrl-C does
     soak = Soak(args, overrides)
     soak.out.mkdir(parents=True, exist_ok=True)
-    ref = soak.run_reference(args.steps) if args.side_by_side else None
+    ref = soak.run_reference(soak.steps) if args.side_by_side else None
     finished = False
     try:
         finished = soak.run_soak(ref)
@@ -472,7 +480,7 @@ def main(argv: list[str]) -> int:
             shutil.copy2(soak.run_dir / name, kept / name)
     records = read_jsonl(soak.run_dir / "metrics.jsonl")
     reference = read_jsonl(soak.ref_dir / "metrics.jsonl")
-    verdict = compare(records, reference) if ref_ok else {"passed": False}
+    verdict = compare(records, reference[: len(records)]) if ref_ok else {"passed": False}
     faults = [asdict(f) for f in soak.faults]
     if finished and faults and all(f["fired_s"] is None for f in faults):
         soak.failures.append(f"no fault fired: the run ended before the first was due ({faults[0]['at_s']} s)")

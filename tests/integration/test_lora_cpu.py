@@ -12,10 +12,10 @@ import pytest
 import ray
 import torch
 from rich.console import Console
-from test_durable_runs import StopAtStep, _assert_same_steps
+from test_durable_runs import StopAtStep
 from transformers import AutoModelForCausalLM
 
-from helpers import assert_learned
+from helpers import assert_learned, assert_same_steps
 from rlgen.config.compose import compose_run_config
 from rlgen.metrics.sink import read_jsonl
 from rlgen.plan import build_plan
@@ -75,7 +75,7 @@ def test_a_lora_run_stopped_and_resumed_equals_the_uninterrupted_run(tmp_path):
     assert (checkpoint / "model" / "adapter_model.safetensors").is_file()
     assert not (checkpoint / "model" / "model.safetensors").exists()
     assert _run(out, overrides, resume=True) is None
-    _assert_same_steps(read_jsonl(out / "metrics.jsonl"), reference)
+    assert_same_steps(read_jsonl(out / "metrics.jsonl"), reference)
 
 
 def test_a_run_from_an_adapter_folder_starts_its_engines_on_it(tmp_path):

@@ -121,10 +121,40 @@ def test_arguments_that_cannot_make_a_soak_are_refused_in_one_sentence(soak, tmp
     assert "--run-root" in refused() and "mount -t tmpfs" in refused()
     assert refused("--faults", "engine_kill,driver_sigterm,learner_kill") is None
     assert "unknown fault kind" in refused("--faults", "engine_kill,meteor")
-    assert "needs --steps" in refused("--side-by-side", "--faults", "engine_kill")
+    assert refused("--side-by-side", "--faults", "engine_kill") is None  # open-ended reference beside --hours
     assert "is not a folder" in refused("--run-root", str(tmp_path / "none"))
     for text in (refused(), refused("--faults", "x"), refused("--run-root", str(tmp_path / "none"))):
         assert "\n" not in text
+
+
+def test_an_open_ended_reference_beside_the_soak_is_stopped_once_past_the_soaks_last_step(soak, tmp_path, monkeypatch):
+    args, overrides = soak.parse([str(tmp_path / "out"), "--hours", "0.01", "--side-by-side", "--faults",
+                                  "engine_kill"])
+    run = soak.Soak(args, overrides)
+    (tmp_path / "soak.jsonl").write_text("".join(json.dumps({"step": i}) + "\n" for i in range(1, 6)))
+    run.tail = soak.MetricsTail(tmp_path / "soak.jsonl")
+    run.tail.poll()
+
+    class Reference:  # logs one step per poll and never ends by itself
+        def __init__(self):
+            self.cmd = [f"steps={soak.OPEN_ENDED_STEPS}"]
+            self.tail, self.steps, self.killed = soak.MetricsTail(tmp_path / "ref.jsonl"), 0, 0
+            self.progress_at = float("inf")
+
+        def poll(self):
+            self.steps += 1
+            with open(tmp_path / "ref.jsonl", "a") as f:
+                f.write(json.dumps({"step": self.steps}) + "\n")
+            self.tail.poll()
+            return None
+
+        def kill(self, run_dir):
+            self.killed += 1
+
+    monkeypatch.setattr(soak.time, "sleep", lambda s: None)
+    ref = Reference()
+    assert run.finish_reference(ref) is True
+    assert ref.killed == 1 and ref.tail.lines == 5 and run.failures == []
 
 
 def test_overrides_after_the_double_dash_come_after_the_defaults(soak):
