@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -43,6 +43,9 @@ class GenRequest:
     sampling: SamplingParams
     group_id: int  # the prompt's index in the step; its n completions share it
     adapter: str | None = None  # a LoRA adapter the engine loaded by name; None: the engine's policy
+    # a multi-turn task: the environment each of the n samples plays an episode against
+    # (rlgen.engines.episodes.EpisodeSpec); None: one completion per sample
+    episode: Any = None
 
 
 @dataclass
@@ -61,6 +64,12 @@ class Completion:
     # with sampling.prompt_logprobs, per prompt position: {token: (logprob, rank)} for the most likely tokens and the
     # prompt's own, of the model's distribution before temperature (as vLLM's); None at the first, which has none
     prompt_logprobs: list[dict[int, tuple[float, int]] | None] = field(default_factory=list)
+    # an episode (a multi-turn task): per token of token_ids, 1 where the policy sampled it and 0 where the
+    # environment wrote it (its logprob is 0 there); empty: every token is the policy's
+    loss_mask: list[int] = field(default_factory=list)
+    env_reward: float | None = None  # the episode's reward from its environment (the sum of its steps' rewards)
+    turns: int = 0  # the policy's turns in the episode
+    env_error: str = ""  # why the environment ended the episode early (raised, timed out, malformed): reward 0
 
     def token_versions(self) -> list[int]:
         """The policy version that sampled each token."""
@@ -77,6 +86,7 @@ class Phase(StrEnum):
     train = "train"
     sync = "sync"  # weights leaving the learner or entering an engine
     idle = "idle"  # an engine waiting for weights
+    env = "env"  # an engine waiting for its episodes' environment calls (multi-turn tasks)
 
 
 @dataclass(frozen=True)

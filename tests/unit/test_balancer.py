@@ -257,3 +257,20 @@ def test_one_gpu_advice_asks_for_more_gpus_only_in_its_with_more_gpus_clause(har
                 assert "engine.engines_per_gpu=2" in head, advice
             else:  # two already: a shorter response is what is left on this GPU
                 assert plan.config.engine.engines_per_gpu == 2 and "algo.max_new_tokens" in head, advice
+
+
+def test_an_environment_that_takes_most_of_the_engines_time_is_named_as_the_bottleneck():
+    def step(env_share: float) -> dict:
+        tl = StepTimeline(0)
+        tl.add("learner0", Phase.wait, 1000.0, 1001.0)
+        tl.add("engine0", Phase.generate, 1000.0, 1000.0 + (1 - env_share))  # turns, then environment calls
+        tl.add("engine0", Phase.env, 1000.0 + (1 - env_share), 1001.0)
+        tl.add("learner0", Phase.train, 1001.0, 1001.1)
+        return {"step": 0, "response_tokens": 100, "timeline": tl.to_dict()["spans"]}
+
+    slow = measure_record(step(0.6))
+    assert slow.env_s == pytest.approx(0.6) and slow.producer_s == pytest.approx(1.0)  # waiting on it is engine work
+    advice = assess(slow, BalanceContext(num_engines=1)).advice
+    assert "60% of the engines' time is their environment's" in advice
+    assert "raise task.env_workers (the environment is the bottleneck)" in advice
+    assert "environment" not in assess(measure_record(step(0.1)), BalanceContext(num_engines=1)).advice

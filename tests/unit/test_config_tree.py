@@ -41,6 +41,8 @@ def _companions(group: str, name: str, tmp_path: Path) -> list[str]:
     if group == "task" and name in ("dataset", "gsm8k", "math"):  # long prompts: a model with a longer context
         return [f"task.path={tmp_path / 'rows.jsonl'}", "model.max_position_embeddings=2048",
                 "engine.max_model_len=2048"]
+    if group == "task" and name == "env":  # an environment of one's own, and room for its episodes
+        return ["task.env=chain", "model.max_position_embeddings=512"]
     return []
 
 

@@ -80,6 +80,7 @@ class TaskKind(StrEnum):
     reverse = "reverse"
     jsonl = "jsonl"
     dataset = "dataset"  # local JSONL, JSON or Parquet through Hugging Face datasets
+    env = "env"  # multi-turn: each sample an episode against task.env (docs/environments.md)
 
 
 class PromptFormat(StrEnum):
@@ -320,6 +321,13 @@ class TaskConfig:
     eval_fraction: float = 0.0  # ... or this fraction of task.path, set aside with task.seed
     reward_workers: int = 0  # processes scoring rewards off the driver (0: in the driver)
     reward_timeout_s: float = 10.0  # a reward call that takes longer scores 0 (counted as reward/timeouts)
+    # env: the environment (a registered name or module:Class), its keyword arguments, and the episode's bounds
+    env: str | None = None
+    env_args: dict[str, Any] = field(default_factory=dict)
+    max_turns: int = 4  # the policy's turns per episode at most
+    max_total_tokens: int = 256  # the episode's tokens after the prompt (the policy's and the environment's)
+    env_timeout_s: float = 30.0  # a reset or step that takes longer ends its episode with reward 0
+    env_workers: int = 16  # environment calls run at once, per engine
     seed: int = 0
 
 

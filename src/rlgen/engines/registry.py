@@ -57,6 +57,8 @@ class EngineSpec:
     scores: bool = False  # ScoresTokens, score(): teacher-forced logprobs of given tokens; a reference kind claims it
     shuts_down: bool = False  # ShutsDown, shutdown(): stops processes of its own that hold the GPU before the actor
     #                           is killed
+    episodes: bool = False  # Episodic (rlgen.engines.episodes): generate() plays requests with an EpisodeSpec as
+    #                         multi-turn episodes against their environment (task.kind=env)
     adapter_room: bool = False  # sets room for adapters aside at start, up to engine.max_lora_rank: a server takes
     #                             adapters only when that is set
     # The weight path to it: (colocated with the learners, the config) -> Transport.

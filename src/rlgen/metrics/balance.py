@@ -87,6 +87,7 @@ class StepBalance:
     sync_s: float  # learner export + slowest engine load
     tokens: int
     num_engines: int
+    env_s: float = 0.0  # busiest engine: waiting for its episodes' environment calls (multi-turn tasks)
 
     @property
     def ratio(self) -> float:
@@ -94,6 +95,9 @@ class StepBalance:
         if self.consumer_s <= 0:
             return math.inf if self.producer_s > 0 else 1.0
         return self.producer_s / self.consumer_s
+
+
+ENV_BOUND_FRAC = 0.3  # an environment taking this share of the engines' busy time is named as the bottleneck
 
 
 def _span(s: Any) -> tuple[str, str, float, float]:
@@ -122,12 +126,15 @@ def measure(spans: Iterable[Any], tokens: int, step: int = 0, num_engines: int |
     busy: dict[str, float] = {}
     gen: dict[str, float] = {}
     sync_engine: dict[str, float] = {}
+    env: dict[str, float] = {}
     for actor, phase, a, b in rows:
         if not actor.startswith("engine"):
             continue
         busy.setdefault(actor, 0.0)
-        if phase in ("generate", "sync"):
+        if phase in ("generate", "sync", "env"):  # an engine's episodes waiting for their environment: still its work
             busy[actor] += b - a
+        if phase == "env":
+            env[actor] = env.get(actor, 0.0) + b - a
         if phase == "generate":
             gen[actor] = gen.get(actor, 0.0) + b - a
         if phase == "sync":
@@ -147,6 +154,7 @@ def measure(spans: Iterable[Any], tokens: int, step: int = 0, num_engines: int |
         sync_s=learner_sync + max(sync_engine.values(), default=0.0),
         tokens=int(tokens),
         num_engines=n,
+        env_s=max(env.values(), default=0.0),
     )
 
 
@@ -216,6 +224,10 @@ def advise(kind: Kind, m: StepBalance, ctx: BalanceContext = NO_CONTEXT) -> str:
             )
         if overlap:
             fixes.append("raise algo.async_steps to 1 so generation overlaps training")
+        if m.env_s > ENV_BOUND_FRAC * m.producer_s:
+            head += f", and {m.env_s / max(m.producer_s, 1e-12):.0%} of the engines' time is their environment's"
+            fixes.insert(0, "make the environment answer faster or raise task.env_workers (the environment is the "
+                            "bottleneck)")
         fixes.append("shorten responses (algo.max_new_tokens)")
     elif kind == Kind.training_bound:
         head = (
@@ -339,6 +351,7 @@ def combine(ms: Sequence[StepBalance], how: str = "mean") -> StepBalance:
         sync_s=f("sync_s"),
         tokens=round(f("tokens")),
         num_engines=max(m.num_engines for m in ms),
+        env_s=f("env_s"),
     )
 
 

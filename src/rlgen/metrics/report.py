@@ -31,6 +31,7 @@ PHASE_COLORS = {
     "train": "#1f77b4",
     "wait": "#d62728",
     "reward": "#ff7f0e",
+    "env": "#8c564b",
     "idle": "#bdbdbd",
 }
 KIND_SHADE = {Kind.generation_bound.value: "#f4cccc", Kind.training_bound.value: "#cfe2f3"}

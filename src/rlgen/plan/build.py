@@ -17,11 +17,13 @@ from rlgen.engines.registry import EngineSpec, UnknownEngineKind, engine_spec
 from rlgen.learners.registry import resolve_learner
 from rlgen.plan.checks.ignored import check_ignored
 from rlgen.plan.checks.spanning import (
+    check_episodes,
     check_hardware,
     check_learners,
     check_lengths,
     check_logits,
     live_vllm_env,
+    response_bound,
 )
 from rlgen.plan.checks.values import check_values, once_per_nonfinite
 from rlgen.plan.headroom import hardware_room
@@ -96,9 +98,10 @@ def _resolve(cfg: RunConfig, spec: EngineSpec) -> tuple[RunConfig, list[Setting]
         cfg = set_key(cfg, "algo.overlong_buffer", buffer)
         settings.append(Setting("algo.overlong_buffer", buffer, "derived: algo.max_new_tokens / 5"))
     if cfg.engine.max_model_len is None:
-        need = cfg.task.max_prompt_tokens + cfg.algo.max_new_tokens
+        name, resp = response_bound(cfg)
+        need = cfg.task.max_prompt_tokens + resp
         cfg = set_key(cfg, "engine.max_model_len", need)
-        settings.append(Setting("engine.max_model_len", need, "derived: task.max_prompt_tokens + algo.max_new_tokens"))
+        settings.append(Setting("engine.max_model_len", need, f"derived: task.max_prompt_tokens + {name}"))
     return cfg, settings
 
 
@@ -159,6 +162,7 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
         settings += fitted
     _check_micro_batch(cfg, ms, batch, bool(learners), p)
     check_lengths(cfg, spec, ms, bool(engines) and cfg.engine.tensor_parallel_size > 0, p)
+    check_episodes(cfg, spec, p)
     if p:
         raise PlanError(once_per_nonfinite(cfg, p))
     env, dropped = live_vllm_env(cfg.engine.env) if spec.passes_env else ({}, [])

@@ -8,6 +8,7 @@ rank that dies or hangs, from a surviving rank where it can (rlgen.runtime.durab
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -30,6 +31,8 @@ from rlgen.runtime.step_record import step_record
 from rlgen.tasks.scoring import RewardError
 from rlgen.transfer import SyncError, SyncTimeoutError
 from rlgen.types import Phase, StepTimeline
+
+log = logging.getLogger(__name__)
 
 
 def train(run: Run, sink: Any) -> dict:
@@ -156,6 +159,15 @@ def _warn_rewards(run: Run, step: int, got: Any) -> None:
     if nan:
         run.sink.console.print(f"[yellow]reward:[/] step {step}: {nan} of {len(got.scores.totals)} rewards were NaN; "
                                "those completions get advantage 0 (reward/nan counts them).", highlight=False)
+    errors = [c.env_error for c in got.completions if c.env_error]
+    for c in got.completions:
+        if c.env_error:
+            log.info("step %d, group %d: the episode scored 0: %s", step, c.group_id, c.env_error)
+    if errors and not run.rollouts.said_env_error:  # once per run; env/errors counts them every step
+        run.rollouts.said_env_error = True
+        run.sink.console.print(f"[yellow]environment:[/] step {step}: {len(errors)} episodes ended with an error and "
+                               f"scored 0, the first: {escape(errors[0])} (env/errors counts them each step; "
+                               "run.log has each).", highlight=False)
     want = run.cfg.algo.prompts_per_step
     kept = got.metrics.get("dynamic/groups_kept")
     if kept is not None and kept < want:

@@ -6,6 +6,7 @@ from rlgen.config import TaskConfig, TaskKind
 from rlgen.tasks.arith import ArithTask
 from rlgen.tasks.base import Prompt, Task, TaskDataError
 from rlgen.tasks.dataset import DatasetTask
+from rlgen.tasks.env_task import EnvTask
 from rlgen.tasks.jsonl import JsonlTask
 from rlgen.tasks.reverse import ReverseTask
 
@@ -14,6 +15,7 @@ _TASKS: dict[TaskKind, type] = {
     TaskKind.reverse: ReverseTask,
     TaskKind.jsonl: JsonlTask,
     TaskKind.dataset: DatasetTask,
+    TaskKind.env: EnvTask,
 }
 
 

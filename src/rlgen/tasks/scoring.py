@@ -103,6 +103,13 @@ class Scorer:
             pending.handles = [self.pool.apply_async(_score_in_worker, (t, a)) for t, a in zip(texts, answers)]
         return pending
 
+    def given(self, rewards: list[float], where: list[str], step: int) -> Pending:
+        """Rewards that came with the completions (a multi-turn episode's, from its environment), as a scoring."""
+        first = self.rewards.names[0]
+        pending = Pending([""] * len(rewards), [""] * len(rewards), where, step)
+        pending.done = Scores([float(r) for r in rewards], {first: [float(r) for r in rewards]})
+        return pending
+
     def result(self, pending: Pending) -> Scores:
         if pending.done is not None:
             return pending.done

@@ -20,6 +20,7 @@ import torch
 
 from rlgen.config import EngineConfig
 from rlgen.engines.cancel import CANCELLED, next_event
+from rlgen.engines.episodes import Episodic, is_episodes
 from rlgen.engines.hf.adapters import EngineAdapters
 from rlgen.engines.hf.sampling import generate_kwargs, ranked_logprobs, top_logprobs
 from rlgen.engines.hf.stream import Cancelled, StepStreamer
@@ -54,7 +55,9 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     return ids, mask
 
 
-class HFEngine(KeptWarm):
+class HFEngine(Episodic, KeptWarm):
+    one_seed_per_batch = True  # one generate() call samples its whole batch from one seed
+
     def __init__(
         self,
         model_path: str,
@@ -103,6 +106,8 @@ class HFEngine(KeptWarm):
         """_emit and _cancel: generate_stream's callback for each step's tokens, and its signal to stop early."""
         if self.asleep:
             raise RuntimeError(f"{self.name} is asleep; call wake() before generate().")
+        if is_episodes(requests):
+            return self.play_episodes(requests)
         for r in requests:
             self.adapters.check(r.adapter)
         t0 = time.time()

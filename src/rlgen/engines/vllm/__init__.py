@@ -55,6 +55,7 @@ ENGINE = EngineSpec(
     passes_env=True,
     adapters=True,
     adapter_room=True,
+    episodes=True,
     transport=_transport,
     actor_kwargs=_actor_kwargs,
     ahead=_ahead,

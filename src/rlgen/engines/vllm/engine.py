@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from rlgen.config import EngineConfig
+from rlgen.engines.episodes import Episodic, is_episodes
 from rlgen.engines.kept_warm import KeptWarm
 from rlgen.engines.vllm.adapters import AdapterFolders, AdapterMethods
 from rlgen.engines.vllm.args import (
@@ -46,7 +47,7 @@ from rlgen.phases import ActorClock, read_log_times
 from rlgen.types import Completion, GenRequest, Phase
 
 
-class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, KeptWarm):
+class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, Episodic, KeptWarm):
     """vLLM AsyncLLM engine: Engine and every capability its spec claims (rlgen.engines.contract).
 
     ``engine_args`` overrides or extends the AsyncEngineArgs built from ``engine`` (for settings EngineConfig
@@ -101,7 +102,7 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, KeptWarm):
         self.named_loras: dict[str, Any] = {}  # adapters loaded by name (rlgen serve), for requests that name them
         self._named_count = 0
         self._adapters = AdapterFolders(name)
-        self.args = build_engine_args(model_path, engine, seed, engine_args)
+        self.model_path, self.args = model_path, build_engine_args(model_path, engine, seed, engine_args)
         check_free_memory(name, self.args["gpu_memory_utilization"])
         self.kv_size = "given" if "kv_cache_memory_bytes" in self.args else "measured"
         sizes = KVSizes(self.args, engine_versions())
@@ -216,6 +217,8 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, KeptWarm):
         when the call started (pause()/update_weights()/resume() during a call can mix versions)."""
         if self.asleep:
             raise EngineError(f"{self.name} is asleep; call wake() before generate().")
+        if is_episodes(requests):
+            return self.play_episodes(requests)
         with self._lock:
             self._calls += 1
             call = self._calls

@@ -4,7 +4,7 @@ problem is one sentence that names the settings that cause it and says how to fi
 
 from __future__ import annotations
 
-from rlgen.config import VLLM_ENV_REMOVED_IN_0_26, RunConfig
+from rlgen.config import VLLM_ENV_REMOVED_IN_0_26, RunConfig, TaskKind
 from rlgen.engines.registry import EngineSpec
 from rlgen.learners.registry import LearnerSpec
 from rlgen.plan.layout import Layout, LearnerSlot, ModelSummary
@@ -61,15 +61,44 @@ def check_learners(cfg: RunConfig, learner: LearnerSpec, learners: tuple[Learner
         )
 
 
+def check_episodes(cfg: RunConfig, spec: EngineSpec, p: list[str]) -> None:
+    """A multi-turn task needs an engine kind that plays episodes, and an environment that can be built here."""
+    t = cfg.task
+    if t.kind != TaskKind.env:
+        return
+    if not spec.episodes:
+        p.append(f"task.kind=env plays multi-turn episodes inside the engines, which engine={spec.kind} does not; "
+                 "use engine=hf (CPU or GPU) or engine=vllm.")
+    if t.stop:
+        p.append("task.stop cuts a response at a string, which would cut an episode's environment turns too; leave "
+                 "task.stop empty for task.kind=env (the environment ends each episode).")
+    from rlgen.tasks.base import TaskDataError
+    from rlgen.tasks.envs import make_env
+
+    if t.env:  # none: the value checks have said so
+        try:
+            make_env(t.env, dict(t.env_args))
+        except TaskDataError as err:
+            p.append(str(err))
+
+
+def response_bound(cfg: RunConfig) -> tuple[str, int]:
+    """The setting that bounds a response's tokens, and its value: a multi-turn episode's are its whole
+    (the policy's turns and the environment's answers)."""
+    if cfg.task.kind == TaskKind.env:
+        return "task.max_total_tokens", cfg.task.max_total_tokens
+    return "algo.max_new_tokens", cfg.algo.max_new_tokens
+
+
 def check_lengths(cfg: RunConfig, spec: EngineSpec, ms: ModelSummary, has_engines: bool, p: list[str]) -> None:
     """A prompt plus its response fits the engine's max_model_len and the model's positions. The sentence names
     both parts and puts the larger first among the fixes."""
-    e, a, t, m = cfg.engine, cfg.algo, cfg.task, cfg.model
-    need = t.max_prompt_tokens + a.max_new_tokens
-    parts = f"task.max_prompt_tokens={t.max_prompt_tokens} + algo.max_new_tokens={a.max_new_tokens} = {need}"
-    shorter = ("lower task.max_prompt_tokens (or shorten the prompts) or algo.max_new_tokens"
-               if t.max_prompt_tokens >= a.max_new_tokens else
-               "lower algo.max_new_tokens or task.max_prompt_tokens")
+    e, t, m = cfg.engine, cfg.task, cfg.model
+    name, resp = response_bound(cfg)
+    need = t.max_prompt_tokens + resp
+    parts = f"task.max_prompt_tokens={t.max_prompt_tokens} + {name}={resp} = {need}"
+    shorter = (f"lower task.max_prompt_tokens (or shorten the prompts) or {name}" if t.max_prompt_tokens >= resp
+               else f"lower {name} or task.max_prompt_tokens")
     if e.max_model_len < need:
         fix = (f"start the server with engine.max_model_len>={need}, or {shorter}" if spec.served
                else f"set engine.max_model_len>={need}")
@@ -105,7 +134,7 @@ def check_logits(cfg: RunConfig, ms: ModelSummary, per_rank: int, p: list[str]) 
     """A learner micro-batch's fp32 logits over the whole vocabulary must fit its GPU: with large vocabularies
     (Qwen2.5: 151,936) one pass over every row needs far more memory than the GPU has."""
     a, hw = cfg.algo, cfg.hardware
-    seq = cfg.task.max_prompt_tokens + a.max_new_tokens
+    seq = cfg.task.max_prompt_tokens + response_bound(cfg)[1]
     per_row = logits_bytes(seq, ms.vocab_size)
     budget = logits_budget_bytes(hw)
     rows = a.micro_batch_size if a.micro_batch_size > 0 else per_rank

@@ -244,6 +244,20 @@ def _check_model(cfg: RunConfig, p: list[str]) -> None:
         p.append(f"model.num_heads={m.num_heads} must divide by model.num_kv_heads={m.num_kv_heads}.")
 
 
+def _check_episode_bounds(t: Any, p: list[str]) -> None:
+    if not t.env:
+        p.append("task.kind=env needs task.env=<a registered environment or module:Class>; see docs/environments.md.")
+    if t.max_turns < 1:
+        p.append(f"task.max_turns={t.max_turns} must be at least 1 (the policy's turns per episode).")
+    if t.max_total_tokens < 1:
+        p.append(f"task.max_total_tokens={t.max_total_tokens} must be at least 1 (an episode's tokens after its "
+                 "prompt).")
+    if not t.env_timeout_s > 0:
+        p.append(f"task.env_timeout_s={t.env_timeout_s} must be > 0 (30 is the default).")
+    if t.env_workers < 1:
+        p.append(f"task.env_workers={t.env_workers} must be at least 1 (16 is the default).")
+
+
 def _check_task(cfg: RunConfig, p: list[str]) -> None:
     t = cfg.task
     if t.max_prompt_tokens < 1:
@@ -258,6 +272,8 @@ def _check_task(cfg: RunConfig, p: list[str]) -> None:
         p.append(f"task.reward_workers={t.reward_workers} must be >= 0 (0: score in the driver).")
     if not t.reward_timeout_s > 0:
         p.append(f"task.reward_timeout_s={t.reward_timeout_s} must be > 0 (10 is the default).")
+    if t.kind == TaskKind.env:
+        _check_episode_bounds(t, p)
     if any(not s for s in t.stop):
         p.append("task.stop holds an empty string, which would end every response at once; remove it.")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -57,11 +58,14 @@ def sampling_params(cfg: RunConfig, eos_ids: list[int], seed: int) -> SamplingPa
     )
 
 
-def split_requests(sp: StepPrompts, sampling: SamplingParams, num_engines: int) -> list[list[GenRequest]]:
-    """Round-robin whole groups over engines; group_id is the prompt's index in the step."""
+def split_requests(sp: StepPrompts, sampling: SamplingParams, num_engines: int,
+                   episode: Callable[[Prompt], Any] | None = None) -> list[list[GenRequest]]:
+    """Round-robin whole groups over engines; group_id is the prompt's index in the step. episode(prompt): the
+    EpisodeSpec its samples play (a multi-turn task), or None."""
     shards: list[list[GenRequest]] = [[] for _ in range(num_engines)]
     for i, ids in enumerate(sp.prompt_ids):
-        shards[i % num_engines].append(GenRequest(tuple(ids), sampling, i))
+        spec = episode(sp.prompts[i]) if episode is not None else None
+        shards[i % num_engines].append(GenRequest(tuple(ids), sampling, i, episode=spec))
     return shards
 
 
@@ -92,7 +96,8 @@ def build_batch(
     """Completions (any order) -> RolloutBatch sorted by group. Prompts left-padded, responses right-padded.
     advantages(rewards [N], group_ids [N]) -> [N]: the algorithm's (GRPO's group-normalised ones when None).
     mask_truncated: a completion that ran into max_new_tokens (finish_reason "length") keeps its reward's place in
-    its group's advantages but gets response mask 0, so it leaves the loss (DAPO's overlong filtering)."""
+    its group's advantages but gets response mask 0, so it leaves the loss (DAPO's overlong filtering). An
+    episode's response mask is its loss_mask: 1 on the policy's tokens, 0 on the environment's."""
     order = sorted(range(len(completions)), key=lambda i: completions[i].group_id)
     comps = [completions[i] for i in order]
     rw = torch.tensor([rewards[i] for i in order], dtype=torch.float32)  # [N]
@@ -111,7 +116,12 @@ def build_batch(
         if t:
             input_ids[row, p_len : p_len + t] = torch.tensor(c.token_ids, dtype=torch.long)
             attention[row, p_len : p_len + t] = 1
-            response_mask[row, :t] = 0.0 if mask_truncated and c.finish_reason == "length" else 1.0
+            if mask_truncated and c.finish_reason == "length":
+                response_mask[row, :t] = 0.0
+            elif c.loss_mask:  # an episode: the environment's tokens stay out of the loss
+                response_mask[row, :t] = torch.tensor(c.loss_mask[:t], dtype=torch.float32)
+            else:
+                response_mask[row, :t] = 1.0
             engine_logprobs[row, :t] = torch.tensor(c.logprobs, dtype=torch.float32)
             token_versions[row, :t] = torch.tensor(c.token_versions(), dtype=torch.long)
     group_ids = torch.tensor([c.group_id for c in comps], dtype=torch.long)  # [N]

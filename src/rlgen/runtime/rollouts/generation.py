@@ -24,6 +24,23 @@ EVAL_SEED_OFFSET = 7_919_000  # eval sampling seeds, apart from every training s
 REFILL_SEED_STRIDE = 15_485_863  # dynamic sampling's round r of a step: seeds r strides from the step's own
 
 
+def episode_specs(cfg: Any, renderer: Any) -> Any:
+    """For a multi-turn task (task.kind=env): prompt -> the EpisodeSpec each of its samples plays; else None."""
+    from rlgen.config import TaskKind
+
+    t = cfg.task
+    if t.kind != TaskKind.env:
+        return None
+    from rlgen.engines.episodes import EpisodeSpec
+
+    def spec(prompt: Any) -> EpisodeSpec:
+        return EpisodeSpec(env=t.env, env_args=dict(t.env_args), prompt=prompt, chat=renderer.chat,
+                           max_turns=t.max_turns, max_total_tokens=t.max_total_tokens, env_timeout_s=t.env_timeout_s,
+                           env_workers=t.env_workers)
+
+    return spec
+
+
 def _failed(ref: Any) -> bool:
     """Whether a finished call raised."""
     import ray
@@ -46,6 +63,8 @@ class Rollouts:
         self.next_gen = 0  # the next step to launch generation for
         self.collected = 0  # flights collected by this process (the first one generates alone)
         self.eval_set = self._eval_prompts()
+        self.episode = episode_specs(cfg, renderer)  # a multi-turn task: prompt -> the EpisodeSpec its samples play
+        self.said_env_error = False  # an environment's first error is named on the console once
 
     @property
     def engines(self) -> list[Any]:
@@ -57,7 +76,7 @@ class Rollouts:
 
         sp = encode_prompts(step, self.task, self.renderer, self.cfg)
         sampling = sampling_params(self.cfg, self.stop_ids, seed=self.cfg.seed * 100_003 + step)
-        return InFlight(step, sp, split_requests(sp, sampling, len(self.engines)), launch_version)
+        return InFlight(step, sp, split_requests(sp, sampling, len(self.engines), self.episode), launch_version)
 
     def extra_flight(self, step: int, round: int, n: int, version: int) -> InFlight:
         """Generation round `round` >= 1 of a step (dynamic sampling): n more prompts of the task, their own
@@ -71,7 +90,7 @@ class Rollouts:
         sp = encode_prompts(step, self.task, self.renderer, self.cfg, prompts=more(step, round, n))
         seed = self.cfg.seed * 100_003 + step + round * REFILL_SEED_STRIDE
         sampling = sampling_params(self.cfg, self.stop_ids, seed=seed)
-        return self._send(InFlight(step, sp, split_requests(sp, sampling, len(self.engines)), version))
+        return self._send(InFlight(step, sp, split_requests(sp, sampling, len(self.engines), self.episode), version))
 
     def _send(self, flight: InFlight) -> InFlight:
         for i, reqs in enumerate(flight.shards):
@@ -166,12 +185,15 @@ class Rollouts:
         prompts = [flight.prompts.prompts[c.group_id] for c in comps]
         where = [p.source or f"prompt {c.group_id} ({p.text[:40]!r})" for c, p in zip(comps, prompts)]
         flight.prepared = comps
-        flight.scoring = self.scorer.submit(texts, [p.answer for p in prompts], where, flight.step)
+        if self.episode is not None:  # the environments scored the episodes
+            flight.scoring = self.scorer.given([c.env_reward or 0.0 for c in comps], where, flight.step)
+        else:
+            flight.scoring = self.scorer.submit(texts, [p.answer for p in prompts], where, flight.step)
 
     def _decoded(self, flight: InFlight) -> tuple[list[Any], list[str]]:
         comps = flight.completions()
         texts = self.tokenizer.batch_decode([c.token_ids for c in comps], skip_special_tokens=True)
-        if self.cfg.task.stop:
+        if self.cfg.task.stop and self.episode is None:
             pairs = [cut_at_stop(c, self.tokenizer, list(self.cfg.task.stop), t) for c, t in zip(comps, texts)]
             comps, texts = [p[0] for p in pairs], [p[1] for p in pairs]
         return comps, texts
@@ -223,7 +245,8 @@ class Rollouts:
                                   max_new_tokens=self.cfg.algo.max_new_tokens, stop_token_ids=tuple(self.stop_ids),
                                   seed=self.cfg.seed * 100_003 + EVAL_SEED_OFFSET + step)
 
-        flight = self._send(InFlight(step, sp, split_requests(sp, sampling, len(self.engines)), version))
+        flight = self._send(InFlight(step, sp, split_requests(sp, sampling, len(self.engines), self.episode),
+                                     version))
         self.collect(flight)
         try:
             self.prepare(flight)

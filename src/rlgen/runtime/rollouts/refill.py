@@ -35,7 +35,8 @@ def shaped_rewards(completions: list[Completion], totals: list[float], algo: Any
 
     from rlgen.algo.advantages import overlong_penalty
 
-    lengths = torch.tensor([len(c.token_ids) for c in completions], dtype=torch.float32)
+    lengths = torch.tensor([sum(c.loss_mask) if c.loss_mask else len(c.token_ids) for c in completions],
+                           dtype=torch.float32)  # the policy's tokens (an episode's environment's are not)
     pen = overlong_penalty(lengths, algo.max_new_tokens, algo.overlong_buffer, algo.overlong_penalty).tolist()
     return [t + p for t, p in zip(totals, pen)], pen
 
@@ -72,7 +73,20 @@ def step_rollouts(run: Any, step: int, flight: Any, scores: Any, tl: StepTimelin
         got.metrics["reward/overlong_penalty"] = sum(got.penalties) / max(len(got.penalties), 1)
     if algo.mask_truncated:  # of those trained on
         got.metrics["truncated_masked"] = float(sum(c.finish_reason == "length" for c in got.completions))
+    if any(c.turns for c in flight.prepared):
+        got.metrics.update(episode_metrics(flight))
     return got
+
+
+def episode_metrics(flight: Any) -> dict[str, float]:
+    """A multi-turn step's episodes (the first round's): the policy's turns and the environment's tokens per
+    episode, the episodes an environment ended with an error, and the longest engine's time in environment calls."""
+    comps = flight.prepared
+    n = max(len(comps), 1)
+    return {"env/turns": sum(c.turns for c in comps) / n,
+            "env/tokens": sum(len(c.loss_mask) - sum(c.loss_mask) for c in comps) / n,
+            "env/errors": float(sum(bool(c.env_error) for c in comps)),
+            "env_s": max((float(r.get("env_s", 0.0)) for r in flight.results.values()), default=0.0)}
 
 
 def _refilled(run: Any, step: int, flight: Any, scores: Any, rewards: list[float], pen: list[float],

@@ -1,0 +1,296 @@
+"""Multi-turn episodes inside an engine: each sample of a request that carries an ``EpisodeSpec`` is played
+against its environment (rlgen.tasks.envs) turn by turn, and comes back as one Completion.
+
+Exact tokens: the context of turn k+1 is the prompt's ids, then every token the engine sampled, then the ids the
+environment's answers were rendered to; nothing is decoded and encoded again, so the learner trains on exactly
+the tokens the engine produced (``loss_mask`` marks the policy's). The environment's tokens: with a chat
+template, the template's rendering of a new message after an assistant turn, less what the template puts before
+it; raw, the observation's own ids.
+
+Turns are generated together: every episode still going takes its next turn in one ``generate`` call, and their
+environment steps run side by side in a pool (``task.env_workers``), each bounded by ``task.env_timeout_s``. An
+environment that raises, hangs or answers with something that is not a Step ends its episode with reward 0 and
+the reason in ``Completion.env_error``. Seeds: turn 1 is the request itself (its n samples); later turns draw
+with seeds derived from the request's, so the same requests give the same episodes (an engine restarted
+mid-step, a resumed run) when the environment is deterministic given its seed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlgen.tasks.base import Prompt
+from rlgen.tasks.envs import Step, make_env
+from rlgen.types import Completion, GenRequest, Phase
+
+log = logging.getLogger(__name__)
+TURN_SEED_STRIDE = 1_000_033  # turn k's seed: the request's plus k strides
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """What an engine needs to play a request's samples as episodes (picklable: it travels with the request)."""
+
+    env: str
+    env_args: dict[str, Any]
+    prompt: Prompt
+    chat: bool  # the prompt was rendered with the chat template: so are the environment's answers
+    max_turns: int = 4
+    max_total_tokens: int = 256
+    env_timeout_s: float = 30.0
+    env_workers: int = 16
+    role: str = "user"  # the chat role of the environment's answers
+
+
+@dataclass
+class _Episode:
+    request: GenRequest
+    sample: int
+    env: Any = None
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    version: int | None = None
+    changes: list[tuple[int, int]] = field(default_factory=list)
+    reward: float = 0.0
+    turns: int = 0
+    error: str = ""
+    finish: str = ""  # "" while it goes on; then "stop" (the environment said done) or "length"
+
+    @property
+    def spec(self) -> EpisodeSpec:
+        return self.request.episode
+
+
+class TurnTokens:
+    """The environment's answer as the token ids that follow the policy's turn in the context."""
+
+    def __init__(self, tokenizer: Any, chat: bool, role: str):
+        self.tok, self.chat, self.role = tokenizer, chat, role
+        self.eos = tokenizer.eos_token_id
+        if chat:
+            base = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+            before = self._render(base, False)
+            after = self._render([*base, {"role": role, "content": "\x00"}], True)
+            if after[: len(before)] != before:
+                raise ValueError("the chat template renders an assistant turn differently once a message follows "
+                                 "it; the environment's answers cannot be appended as tokens")
+            self.glue = self._after_end(before)  # what the template puts after the assistant's end token
+            self.prefix_len = len(before)
+
+    def _render(self, messages: list[dict], generation_prompt: bool) -> list[int]:
+        out = self.tok.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=True)
+        return [int(i) for i in (out["input_ids"] if hasattr(out, "keys") else out)]
+
+    def _after_end(self, ids: list[int]) -> list[int]:
+        ends = [k for k, t in enumerate(ids) if t == self.eos]
+        return ids[ends[-1] + 1 :] if ends else []
+
+    def ids(self, observation: str, policy_ended: bool) -> list[int]:
+        """The tokens after a policy turn (which ended on an end-of-sequence token or not) and before the next."""
+        if not self.chat:
+            return list(self.tok.encode(observation, add_special_tokens=False))
+        base = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+        whole = self._render([*base, {"role": self.role, "content": observation}], True)
+        head = [] if policy_ended or self.eos is None else [self.eos]
+        return head + self.glue + whole[self.prefix_len :]
+
+
+_TOKENIZERS: dict[str, Any] = {}
+_LOCK = threading.Lock()
+
+
+def _tokenizer(path: str) -> Any:
+    with _LOCK:
+        if path not in _TOKENIZERS:
+            from transformers import AutoTokenizer
+
+            _TOKENIZERS[path] = AutoTokenizer.from_pretrained(path)
+        return _TOKENIZERS[path]
+
+
+def _call(fn: Any, *args: Any) -> Any:
+    out = fn(*args)
+    return asyncio.run(out) if inspect.isawaitable(out) else out
+
+
+class Episodes:
+    """Plays the episode requests of one generate() call; ``turn(requests)`` is the engine's own single-turn
+    generate (a list of GenRequests without episodes -> {"completions", "version"})."""
+
+    def __init__(self, turn: Any, requests: list[GenRequest], tokenizer: Any, one_seed_per_batch: bool):
+        self.turn, self.requests, self.one_seed = turn, requests, one_seed_per_batch
+        spec = requests[0].episode
+        self.tokens = TurnTokens(tokenizer, spec.chat, spec.role)
+        self.decode = self.tokens.tok.decode
+        self.pool = ThreadPoolExecutor(max_workers=max(1, spec.env_workers), thread_name_prefix="env")
+        self.env_s = 0.0
+        self.spans: list[tuple[str, float, float]] = []  # (phase, start, end): each turn's generate, each env round
+
+    def run(self) -> tuple[list[Completion], float]:
+        """The episodes' completions (n per request, in request order) and the seconds spent in environment calls;
+        ``spans`` then holds each turn's generation and each round of environment calls."""
+        episodes = [_Episode(r, j) for r in self.requests for j in range(r.sampling.n)]
+        try:
+            self._env_calls(episodes, lambda e: self._reset(e))
+            first = [e for e in episodes if not e.finish]
+            if first:
+                self._generate(first, 1)
+            turn = 1
+            while True:
+                going = [e for e in episodes if not e.finish]
+                if not going:
+                    break
+                self._env_calls(going, self._step)
+                going = [e for e in going if not e.finish]
+                if not going:
+                    break
+                turn += 1
+                self._generate(going, turn)
+        finally:
+            self.pool.shutdown(wait=False, cancel_futures=True)  # a hung environment call is left behind
+        return [self._completion(e) for e in episodes], self.env_s
+
+    # -- the environment's side -------------------------------------------------------------------------
+    def _reset(self, e: _Episode) -> None:
+        spec = e.spec
+        e.env = make_env(spec.env, dict(spec.env_args))
+        seed = (e.request.sampling.seed or 0) * 1_009 + e.request.group_id * 101 + e.sample
+        _call(e.env.reset, spec.prompt, seed)
+
+    def _step(self, e: _Episode) -> None:
+        last = e.tokens[self._turn_start(e):]
+        step = _call(e.env.step, self.decode(last, skip_special_tokens=True))
+        if not isinstance(step, Step):
+            raise TypeError(f"step() returned {type(step).__name__}, not rlgen.tasks.envs.Step")
+        e.reward += float(step.reward)
+        spec = e.spec
+        if step.done:
+            e.finish = "stop"
+        elif not step.observation:
+            raise ValueError("step() returned no observation and done=False")
+        elif e.turns >= spec.max_turns:
+            e.finish = "length"
+        else:
+            ended = bool(e.tokens) and e.tokens[-1] in self._stops(e)
+            ids = self.tokens.ids(step.observation, ended)
+            if len(e.tokens) + len(ids) >= spec.max_total_tokens:
+                e.finish = "length"
+            else:
+                e.tokens += ids
+                e.logprobs += [0.0] * len(ids)
+                e.mask += [0] * len(ids)
+
+    def _env_calls(self, episodes: list[_Episode], fn: Any) -> None:
+        t0 = time.time()
+        futures = [(e, self.pool.submit(fn, e)) for e in episodes]
+        timeout = episodes[0].spec.env_timeout_s
+        deadline = time.time() + timeout
+        for e, fut in futures:
+            try:
+                fut.result(timeout=max(0.0, deadline - time.time()))
+            except FutureTimeout:
+                self._fail(e, f"the environment took longer than task.env_timeout_s={timeout:g}")
+            except Exception as err:  # noqa: BLE001 - any failure of the environment ends that episode only
+                self._fail(e, f"the environment raised {type(err).__name__}: {err}")
+        t1 = time.time()
+        self.env_s += t1 - t0
+        self.spans.append((Phase.env.value, t0, t1))
+
+    @staticmethod
+    def _fail(e: _Episode, why: str) -> None:
+        e.error, e.reward, e.finish = why[:300], 0.0, "stop"
+
+    # -- the engine's side ------------------------------------------------------------------------------
+    @staticmethod
+    def _stops(e: _Episode) -> set[int]:
+        return set(e.request.sampling.stop_token_ids)
+
+    @staticmethod
+    def _turn_start(e: _Episode) -> int:
+        """Where the policy's last turn began in e.tokens."""
+        k = len(e.mask)
+        while k > 0 and e.mask[k - 1] == 1:
+            k -= 1
+        return k
+
+    def _generate(self, episodes: list[_Episode], turn: int) -> None:
+        t0 = time.time()
+        self._turn(episodes, turn)
+        self.spans.append((Phase.generate.value, t0, time.time()))
+
+    def _turn(self, episodes: list[_Episode], turn: int) -> None:
+        if turn == 1:  # the requests themselves: n samples each
+            reqs = [dataclasses.replace(r, episode=None) for r in self.requests]
+            out = self.turn(reqs)
+            by_request: dict[int, list[Completion]] = {}
+            pos = 0
+            for i, r in enumerate(self.requests):
+                by_request[i] = out["completions"][pos : pos + r.sampling.n]
+                pos += r.sampling.n
+            index = {id(r): i for i, r in enumerate(self.requests)}
+            done = [(e, by_request[index[id(e.request)]][e.sample]) for e in episodes]
+        else:
+            reqs = []
+            for e in episodes:
+                s = e.request.sampling
+                seed = None if s.seed is None else s.seed + turn * TURN_SEED_STRIDE + (0 if self.one_seed else
+                                                                                        e.sample * 7_919)
+                left = e.spec.max_total_tokens - len(e.tokens)
+                sampling = dataclasses.replace(s, n=1, seed=seed, max_new_tokens=max(1, min(s.max_new_tokens, left)))
+                reqs.append(GenRequest(tuple(e.request.prompt_ids) + tuple(e.tokens), sampling, e.request.group_id,
+                                       e.request.adapter))
+            out = self.turn(reqs)
+            done = list(zip(episodes, out["completions"]))
+        for e, c in done:
+            at = len(e.tokens)
+            if e.version is None:
+                e.version = c.version
+            elif c.version != (e.changes[-1][1] if e.changes else e.version):
+                e.changes.append((at, c.version))
+            e.changes += [(at + k, v) for k, v in c.version_changes]
+            e.tokens += c.token_ids
+            e.logprobs += c.logprobs
+            e.mask += [1] * len(c.token_ids)
+            e.turns += 1
+            if c.finish_reason == "length" and len(e.tokens) >= e.spec.max_total_tokens:
+                e.finish = "length"
+
+    def _completion(self, e: _Episode) -> Completion:
+        r = e.request
+        if e.error:
+            log.info("episode of group %d sample %d: %s", r.group_id, e.sample, e.error)
+        return Completion(group_id=r.group_id, prompt_ids=list(r.prompt_ids), token_ids=e.tokens,
+                          logprobs=e.logprobs, finish_reason=e.finish or "length",
+                          version=e.version if e.version is not None else 0, version_changes=e.changes,
+                          loss_mask=e.mask, env_reward=e.reward, turns=e.turns, env_error=e.error)
+
+
+class Episodic:
+    """An engine mixin: an engine's generate() begins with ``if is_episodes(requests): return
+    self.play_episodes(requests)``, and its own single-turn generate plays each turn. ``one_seed_per_batch``:
+    the engine draws a whole batch from one seed, so turns after the first can share one (the hf engine); else
+    each sample gets its own (vLLM's per-request seeds)."""
+
+    one_seed_per_batch = False
+
+    def play_episodes(self, requests: list[GenRequest]) -> dict[str, Any]:
+        if any(r.episode is None for r in requests):
+            raise ValueError("a generate() call mixes episode requests with single-turn ones")
+        tokenizer = _tokenizer(self.model_path)  # the engine's model folder: the environment's answers' tokens
+        episodes = Episodes(self.generate, requests, tokenizer, self.one_seed_per_batch)
+        completions, env_s = episodes.run()
+        return {"completions": completions, "version": self.version, "env_s": env_s, "spans": episodes.spans}
+
+
+def is_episodes(requests: list[GenRequest]) -> bool:
+    return bool(requests) and requests[0].episode is not None

@@ -1,0 +1,42 @@
+"""``task.kind=env``: a multi-turn task. Its prompts are drawn by the environment class (``draw``) or read from
+``task.path`` (one ``{"prompt", "answer"}`` row per line); each sample of a prompt is an episode played against
+``task.env`` (rlgen.tasks.envs) inside the engine, and the environment's reward is the sample's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlgen.tasks.base import DrawnTask, Prompt, TaskDataError, step_rng
+from rlgen.tasks.envs import make_env
+
+
+class EnvTask(DrawnTask):
+    name = "env"
+
+    def __init__(self, cfg: Any):
+        super().__init__(cfg)
+        if not cfg.env:
+            raise TaskDataError("task.kind=env needs task.env=<name or module:Class>; see docs/environments.md.")
+        if cfg.max_turns < 1:
+            raise TaskDataError(f"task.max_turns={cfg.max_turns}; it must be at least 1.")
+        self.name = f"env:{cfg.env}"
+        self.env = make_env(cfg.env, dict(cfg.env_args))  # the driver's own: prompts and demonstrations
+        self._rows: list[Prompt] | None = None
+        if cfg.path:
+            from rlgen.tasks.jsonl import load_rows
+
+            self._rows = load_rows(cfg.path)
+        elif not callable(getattr(self.env, "draw", None)):
+            raise TaskDataError(f"task.env={cfg.env!r} draws no prompts of its own (no draw(rng, n)); give "
+                                "task.path=<rows.jsonl> with {\"prompt\", \"answer\"} rows.")
+
+    def _draw(self, rng, n: int) -> list[Prompt]:
+        if self._rows is not None:
+            return [self._rows[rng.randrange(len(self._rows))] for _ in range(n)]
+        return self.env.draw(rng, n)
+
+    def demonstrations(self, n: int, seed: int) -> list[Prompt]:
+        demos = getattr(self.env, "demonstrations", None)
+        if callable(demos):
+            return demos(step_rng(seed, "demos", 0), n)
+        return super().demonstrations(n, seed)

@@ -1,0 +1,92 @@
+"""Multi-turn episodes on a local Ray cluster on CPU: the chained-addition game (task=chain) learns, its batches
+hold the environment's tokens out of the loss, and an environment of one's own (module:Class) that raises, hangs or
+answers with something else ends only those episodes, each scored 0 and counted, while the run goes on."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from test_durable_runs import StopAtStep
+
+from helpers import MIN_REWARD_GAIN, assert_learned, assert_same_steps
+from rlgen.config.compose import compose_run_config
+from rlgen.engines.registry import EngineSpec, register_engine, unregister_engine
+from rlgen.metrics.sink import read_jsonl
+from rlgen.plan import PlanError, build_plan
+from rlgen.runtime import RunStopped
+from rlgen.runtime.durability.resume import identity, resolve_explicit
+from rlgen.runtime.run import run_training
+
+ENVS = Path(__file__).resolve().parents[1] / "envs"
+
+
+@pytest.mark.slow
+def test_the_chain_game_learns(tmp_path, no_kept):
+    cfg = compose_run_config(["progress=false", "task=chain", "steps=120"])
+    summary = run_training(build_plan(cfg), tmp_path)
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    assert len(records) == 120
+    assert_learned(records, summary, MIN_REWARD_GAIN)
+    # every episode: two turns of the policy's, and "+c=" (3 tokens) of the environment's between, out of the loss
+    assert all(r["env/turns"] == 2.0 and r["env/tokens"] == 3.0 and r["env/errors"] == 0 for r in records)
+    assert max(r["mismatch/max_abs_delta"] for r in records) < 1e-3  # the learner scores the engine's own tokens
+
+
+def _run(out: Path, overrides: list[str], stop=None, resume: bool = False):
+    plan = build_plan(compose_run_config(["progress=false", "task=chain", *overrides]))
+    point = resolve_explicit(str(out), identity(plan.config, len(plan.learners))) if resume else None
+    try:
+        run_training(plan, out, Console(quiet=True), resume=point, stop=stop)
+    except RunStopped as err:
+        return err
+    return None
+
+
+def test_episodes_generated_ahead_are_kept_by_a_checkpoint_and_a_resumed_run_equals_the_whole(tmp_path, no_kept):
+    overrides = ["steps=6", "algo.async_steps=1", "algo.prompts_per_step=8", "checkpoint.every=0"]
+    assert _run(tmp_path / "whole", overrides) is None
+    reference = read_jsonl(tmp_path / "whole" / "metrics.jsonl")
+    out = tmp_path / "stopped"
+    err = _run(out, overrides, stop=StopAtStep(3, out))
+    assert err is not None and err.step == 3
+    assert _run(out, overrides, resume=True) is None
+    assert_same_steps(read_jsonl(out / "metrics.jsonl"), reference)
+    assert [r["env/turns"] for r in reference] == [2.0] * 6
+
+
+def test_a_failing_environment_scores_its_episodes_0_and_the_run_goes_on(tmp_path, no_kept, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ENVS), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.syspath_prepend(str(ENVS))
+    cfg = compose_run_config(["progress=false", "task=env", "task.env=flaky_env:FlakyEnv", "task.max_prompt_tokens=8", "task.max_total_tokens=16",
+                              "task.env_timeout_s=1", "++task.env_args.hang_s=3", "steps=3"])
+    summary = run_training(build_plan(cfg), tmp_path)
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    assert len(records) == 3 and summary["steps"] == 3
+    assert all(r["env/errors"] > 0 for r in records)
+    log = (tmp_path / "run.log").read_text()
+    for why in ("the calculator is down", "longer than task.env_timeout_s=1", "returned dict, not"):
+        assert why in log
+    assert log.count("episodes ended with an error and scored 0") == 1  # named once; env/errors counts each step
+
+
+@pytest.fixture
+def single_turn_engine():
+    register_engine(EngineSpec(kind="single_turn", actor="rlgen.engines.hf.engine:HFEngine"))  # claims no episodes
+    yield
+    unregister_engine("single_turn")
+
+
+@pytest.mark.parametrize("overrides, said", [
+    (["task.env=nowhere_at_all:Env"], "cannot be imported"),
+    (["task.env=no_such_env"], "is not an environment"),
+    (["engine.kind=single_turn"], "plays multi-turn episodes inside the engines, which engine=single_turn"),
+    (["task.max_turns=0"], "task.max_turns=0 must be at least 1"),
+    (["task.stop=[x]"], "leave task.stop empty"),
+])
+def test_bad_environment_settings_are_one_sentence_before_anything_starts(single_turn_engine, overrides, said):
+    with pytest.raises(PlanError) as err:
+        build_plan(compose_run_config(["task=chain", *overrides]))
+    assert said in str(err.value)

@@ -1,0 +1,201 @@
+"""Multi-turn episodes inside an engine (rlgen.engines.episodes) against a stand-in engine: the context of each
+turn is exactly the tokens sampled so far plus the environment's, byte for byte, also under a chat template that
+rewrites earlier turns; the learner's batch holds those tokens with the environment's out of the loss; an
+environment that raises, hangs or answers wrongly ends only its own episode, with reward 0; the bounds hold; and
+the same requests give the same episodes."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+import pytest
+
+from rlgen.engines.episodes import Episodes, EpisodeSpec, TurnTokens
+from rlgen.models.build import build_tokenizer
+from rlgen.runtime.rollouts.batch import build_batch
+from rlgen.tasks.base import Prompt
+from rlgen.tasks.envs import Step, register_env
+from rlgen.types import Completion, GenRequest, SamplingParams
+
+# Rewrites earlier turns as thinking models' templates do: an assistant turn that is not the last loses its
+# "<think>...</think>" part when the conversation is rendered again.
+REWRITING = ("{% for m in messages %}{{ m['role'][0] }}:{% if m['role'] == 'assistant' and not loop.last %}"
+             "{{ m['content'].split('</think>')[-1] }}{% else %}{{ m['content'] }}{% endif %}<eos>{% endfor %}"
+             "{% if add_generation_prompt %}a:{% endif %}")
+
+
+@register_env("test_echo")
+class EchoEnv:
+    """Answers each turn with "+<turn>=" and scores 1 per turn whose action holds the digit 7; done after `turns`."""
+
+    def __init__(self, turns: int = 3, fail: str = "", at: int = 2):
+        self.turns, self.fail, self.at, self.n = turns, fail, at, 0
+
+    def reset(self, prompt, seed):
+        self.n = 0
+
+    def step(self, action):
+        self.n += 1
+        if self.fail and self.n == self.at:
+            if self.fail == "raise":
+                raise RuntimeError("the tool broke")
+            if self.fail == "hang":
+                time.sleep(5)
+            if self.fail == "malformed":
+                return {"observation": "x"}
+        return Step(f"+{self.n}=", 1.0 if "7" in action else 0.0, self.n >= self.turns)
+
+
+@register_env("test_async")
+class AsyncEnv(EchoEnv):
+    async def step(self, action):
+        await asyncio.sleep(0.01)
+        return EchoEnv.step(self, action)
+
+
+class StandInEngine:
+    """Samples "7" then "<think>ab</think>" then "<eos>" for any context (logprob -0.5 each) and records every
+    request it gets."""
+
+    def __init__(self, tok):
+        self.tok, self.calls = tok, []
+
+    def generate(self, requests):
+        self.calls.append(requests)
+        out = []
+        for r in requests:
+            assert r.episode is None
+            ids = self.tok.encode("7<think>ab</think>", add_special_tokens=False)[: r.sampling.max_new_tokens - 1]
+            ids = ids + [self.tok.eos_token_id]
+            for _ in range(r.sampling.n):
+                out.append(Completion(r.group_id, list(r.prompt_ids), list(ids), [-0.5] * len(ids), "stop", 3))
+        return {"completions": out, "version": 3}
+
+
+@pytest.fixture
+def tok():
+    return build_tokenizer()
+
+
+def requests(tok, env="test_echo", n=2, chat=False, prompts=("3+4=",), **spec):
+    env_args = spec.pop("env_args", {})
+    sampling = SamplingParams(n=n, temperature=1.0, max_new_tokens=32, stop_token_ids=(tok.eos_token_id,), seed=11)
+    out = []
+    for g, text in enumerate(prompts):
+        ids = (tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+               if chat else tok.encode(text, add_special_tokens=False))
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        episode = EpisodeSpec(env=env, env_args=env_args, prompt=Prompt(text, "7"), chat=chat, **spec)
+        out.append(GenRequest(tuple(ids), sampling, g, episode=episode))
+    return out
+
+
+def play(tok, reqs, engine=None):
+    engine = engine or StandInEngine(tok)
+    comps, _ = Episodes(engine.generate, reqs, tok, one_seed_per_batch=True).run()
+    return comps, engine
+
+
+def test_each_turn_sees_exactly_the_sampled_tokens_and_the_environments(tok):
+    comps, engine = play(tok, requests(tok, env_args={"turns": 3}))
+    turn = tok.encode("7<think>ab</think>", add_special_tokens=False) + [tok.eos_token_id]
+    env = [tok.encode(f"+{k}=", add_special_tokens=False) for k in (1, 2)]
+    prompt = tok.encode("3+4=", add_special_tokens=False)
+    assert len(comps) == 2 and len(engine.calls) == 3  # turn 1: one request of n=2; then one call per turn
+    for c in comps:
+        assert c.token_ids == turn + env[0] + turn + env[1] + turn
+        assert c.loss_mask == [1] * len(turn) + [0] * 3 + [1] * len(turn) + [0] * 3 + [1] * len(turn)
+        assert [lp for lp, m in zip(c.logprobs, c.loss_mask) if not m] == [0.0] * 6
+        assert c.env_reward == 3.0 and c.turns == 3 and c.finish_reason == "stop" and c.env_error == ""
+    # what the engine was asked to continue: the prompt, then its own tokens and the environment's, never re-encoded
+    third = engine.calls[2][0]
+    assert list(third.prompt_ids) == prompt + turn + env[0] + turn + env[1]
+
+
+def test_a_template_that_rewrites_earlier_turns_does_not_change_the_tokens_trained_on(tok):
+    tok.chat_template = REWRITING
+    comps, engine = play(tok, requests(tok, chat=True, env_args={"turns": 2}))
+    c = comps[0]
+    turn = tok.encode("7<think>ab</think>", add_special_tokens=False) + [tok.eos_token_id]
+    assert c.token_ids[: len(turn)] == turn
+    assert tok.decode(c.token_ids[len(turn):c.loss_mask.index(1, len(turn))]) == "u:+1=<eos>a:"
+    second = list(engine.calls[1][0].prompt_ids)
+    assert second == list(c.prompt_ids) + c.token_ids[: c.loss_mask.index(1, len(turn))]
+    # the template itself would have dropped the first turn's thinking from the context
+    rendered = tok.apply_chat_template([{"role": "user", "content": "3+4="},
+                                        {"role": "assistant", "content": "7<think>ab</think>"},
+                                        {"role": "user", "content": "+1="}], add_generation_prompt=True, tokenize=True)
+    rendered = rendered["input_ids"] if hasattr(rendered, "keys") else rendered
+    assert list(rendered) != second and "<think>" not in tok.decode(rendered)
+    # the learner's batch: the response row is the engine's tokens, byte for byte, the environment's masked
+    batch = build_batch(comps, [c.env_reward for c in comps], tok.pad_token_id)
+    p = batch.prompt_len
+    row = batch.input_ids[0, p : p + len(c.token_ids)].tolist()
+    assert row == c.token_ids
+    assert batch.response_mask[0, : len(c.token_ids)].tolist() == [float(m) for m in c.loss_mask]
+    assert batch.engine_logprobs[0, : len(c.token_ids)].tolist() == pytest.approx(c.logprobs)
+
+
+def test_the_chat_answer_closes_a_turn_cut_short_before_its_end_token(tok):
+    tok.chat_template = REWRITING
+    tokens = TurnTokens(tok, chat=True, role="user")
+    assert tok.decode(tokens.ids("+1=", policy_ended=True)) == "u:+1=<eos>a:"
+    assert tok.decode(tokens.ids("+1=", policy_ended=False)) == "<eos>u:+1=<eos>a:"
+    assert TurnTokens(tok, chat=False, role="user").ids("+1=", True) == tok.encode("+1=", add_special_tokens=False)
+
+
+@pytest.mark.parametrize("fail, why", [("raise", "raised RuntimeError: the tool broke"),
+                                       ("hang", "longer than task.env_timeout_s=0.3"),
+                                       ("malformed", "raised TypeError: step() returned dict")])
+def test_an_environment_that_fails_ends_its_episode_with_reward_0_and_the_others_go_on(tok, fail, why):
+    good = requests(tok, prompts=("1+1=",), n=1, env_args={"turns": 3}, env_timeout_s=0.3)
+    bad = requests(tok, prompts=("2+2=",), n=1, env_args={"turns": 3, "fail": fail}, env_timeout_s=0.3)
+    bad = [dataclasses.replace(bad[0], group_id=1)]
+    comps, _ = play(tok, good + bad)
+    ok, failed = comps
+    assert ok.env_error == "" and ok.env_reward == 3.0 and ok.turns == 3
+    assert why in failed.env_error and failed.env_reward == 0.0 and failed.turns == 2
+
+
+def test_async_environments_and_the_bounds(tok):
+    comps, _ = play(tok, requests(tok, env="test_async", env_args={"turns": 9}, max_turns=2))
+    assert all(c.turns == 2 and c.finish_reason == "length" and c.env_reward == 2.0 for c in comps)
+    turn = len(tok.encode("7<think>ab</think>", add_special_tokens=False)) + 1
+    comps, _ = play(tok, requests(tok, env_args={"turns": 9}, max_total_tokens=2 * turn + 5))
+    for c in comps:
+        assert len(c.token_ids) <= 2 * turn + 5 and c.finish_reason == "length"
+
+
+def test_the_same_requests_give_the_same_episodes(tok):
+    reqs = requests(tok, prompts=("3+4=", "1+2="), env_args={"turns": 3})
+    first, _ = play(tok, reqs)
+    again, _ = play(tok, reqs)
+    assert [dataclasses.asdict(c) for c in first] == [dataclasses.asdict(c) for c in again]
+
+
+def test_the_example_environment_in_the_docs_plays_by_the_protocol():
+    import random
+    import re
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "environments.md").read_text()
+    code = re.search(r"```python\n(.*?)```", docs, re.S).group(1)
+    assert len(code.splitlines()) <= 32
+    space: dict = {}
+    exec(compile(code, "environments.md", "exec"), space)  # noqa: S102 - the docs' own example
+    env = space["GuessTheNumber"](top=16, guesses=4)
+    [prompt] = env.draw(random.Random(0), 1)
+    rewards = []
+    for seed in range(20):  # bisection needs up to 5 guesses for 16 numbers: with 4, most secrets are found
+        env.reset(prompt, seed)
+        lo, hi, step = 0, 16, None
+        while step is None or not step.done:
+            guess = (lo + hi) // 2
+            step = env.step(f"I guess {guess}")
+            lo, hi = (guess + 1, hi) if step.observation == "Higher." else (lo, guess) if step.observation else (lo, hi)
+        rewards.append(step.reward)
+    assert max(rewards) == 1.0 and min(rewards) >= 0.0 and any(0 < r < 1 for r in rewards)
+    env.reset(prompt, 0)
+    assert env.step("no number here").observation == "Answer with a number."
