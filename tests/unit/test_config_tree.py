@@ -43,6 +43,8 @@ def _companions(group: str, name: str, tmp_path: Path) -> list[str]:
                 "engine.max_model_len=2048"]
     if group == "task" and name == "env":  # an environment of one's own, and room for its episodes
         return ["task.env=chain", "model.max_position_embeddings=512"]
+    if group == "task" and name in ("calculator", "python"):  # tool tasks: long episodes
+        return ["model.max_position_embeddings=4096"]
     return []
 
 

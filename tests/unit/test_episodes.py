@@ -140,10 +140,13 @@ def test_a_template_that_rewrites_earlier_turns_does_not_change_the_tokens_train
 
 def test_the_chat_answer_closes_a_turn_cut_short_before_its_end_token(tok):
     tok.chat_template = REWRITING
-    tokens = TurnTokens(tok, chat=True, role="user")
+    tokens = TurnTokens(tok, chat=True)
     assert tok.decode(tokens.ids("+1=", policy_ended=True)) == "u:+1=<eos>a:"
     assert tok.decode(tokens.ids("+1=", policy_ended=False)) == "<eos>u:+1=<eos>a:"
-    assert TurnTokens(tok, chat=False, role="user").ids("+1=", True) == tok.encode("+1=", add_special_tokens=False)
+    raw = TurnTokens(tok, chat=False)
+    assert raw.ids("+1=", True) == tok.encode("+1=", add_special_tokens=False)
+    assert tok.decode(raw.ids("7", True, role="tool")) == "<tool_response>7</tool_response>"
+    assert tok.decode(tokens.ids("7", True, role="tool")) == "t:7<eos>a:"  # the template renders the tool turn
 
 
 @pytest.mark.parametrize("fail, why", [("raise", "raised RuntimeError: the tool broke"),

@@ -48,7 +48,6 @@ class EpisodeSpec:
     max_total_tokens: int = 256
     env_timeout_s: float = 30.0
     env_workers: int = 16
-    role: str = "user"  # the chat role of the environment's answers
 
 
 @dataclass
@@ -74,13 +73,13 @@ class _Episode:
 class TurnTokens:
     """The environment's answer as the token ids that follow the policy's turn in the context."""
 
-    def __init__(self, tokenizer: Any, chat: bool, role: str):
-        self.tok, self.chat, self.role = tokenizer, chat, role
+    def __init__(self, tokenizer: Any, chat: bool):
+        self.tok, self.chat = tokenizer, chat
         self.eos = tokenizer.eos_token_id
         if chat:
             base = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
             before = self._render(base, False)
-            after = self._render([*base, {"role": role, "content": "\x00"}], True)
+            after = self._render([*base, {"role": "user", "content": "\x00"}], True)
             if after[: len(before)] != before:
                 raise ValueError("the chat template renders an assistant turn differently once a message follows "
                                  "it; the environment's answers cannot be appended as tokens")
@@ -95,12 +94,14 @@ class TurnTokens:
         ends = [k for k, t in enumerate(ids) if t == self.eos]
         return ids[ends[-1] + 1 :] if ends else []
 
-    def ids(self, observation: str, policy_ended: bool) -> list[int]:
-        """The tokens after a policy turn (which ended on an end-of-sequence token or not) and before the next."""
+    def ids(self, observation: str, policy_ended: bool, role: str = "user") -> list[int]:
+        """The tokens after a policy turn (which ended on an end-of-sequence token or not) and before the next:
+        the observation as a message of ``role`` ("user", or "tool" for a tool's result)."""
         if not self.chat:
-            return list(self.tok.encode(observation, add_special_tokens=False))
+            text = f"<tool_response>{observation}</tool_response>" if role == "tool" else observation
+            return list(self.tok.encode(text, add_special_tokens=False))
         base = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
-        whole = self._render([*base, {"role": self.role, "content": observation}], True)
+        whole = self._render([*base, {"role": role, "content": observation}], True)
         head = [] if policy_ended or self.eos is None else [self.eos]
         return head + self.glue + whole[self.prefix_len :]
 
@@ -130,7 +131,7 @@ class Episodes:
     def __init__(self, turn: Any, requests: list[GenRequest], tokenizer: Any, one_seed_per_batch: bool):
         self.turn, self.requests, self.one_seed = turn, requests, one_seed_per_batch
         spec = requests[0].episode
-        self.tokens = TurnTokens(tokenizer, spec.chat, spec.role)
+        self.tokens = TurnTokens(tokenizer, spec.chat)
         self.decode = self.tokens.tok.decode
         self.pool = ThreadPoolExecutor(max_workers=max(1, spec.env_workers), thread_name_prefix="env")
         self.env_s = 0.0
@@ -182,7 +183,7 @@ class Episodes:
             e.finish = "length"
         else:
             ended = bool(e.tokens) and e.tokens[-1] in self._stops(e)
-            ids = self.tokens.ids(step.observation, ended)
+            ids = self.tokens.ids(step.observation, ended, step.role)
             if len(e.tokens) + len(ids) >= spec.max_total_tokens:
                 e.finish = "length"
             else:

@@ -35,6 +35,11 @@ class EnvTask(DrawnTask):
             return [self._rows[rng.randrange(len(self._rows))] for _ in range(n)]
         return self.env.draw(rng, n)
 
+    def tool_schemas(self) -> list[dict[str, Any]] | None:
+        """The environment's tools as function schemas (a chat template lists them in the prompt), or None."""
+        schemas = getattr(self.env, "schemas", None)
+        return schemas() if callable(schemas) else None
+
     def demonstrations(self, n: int, seed: int) -> list[Prompt]:
         demos = getattr(self.env, "demonstrations", None)
         if callable(demos):

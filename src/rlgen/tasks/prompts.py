@@ -18,8 +18,9 @@ from rlgen.types import Completion
 
 
 class PromptRenderer:
-    def __init__(self, tokenizer: Any, cfg: TaskConfig):
-        self.tokenizer, self.cfg = tokenizer, cfg
+    def __init__(self, tokenizer: Any, cfg: TaskConfig, tools: list[dict[str, Any]] | None = None):
+        """tools: the function schemas a chat template describes to the model (a tool-using task's)."""
+        self.tokenizer, self.cfg, self.tools = tokenizer, cfg, tools or None
         fmt = PromptFormat(cfg.prompt_format)
         has_template = bool(getattr(tokenizer, "chat_template", None))
         if fmt is PromptFormat.chat and not has_template:
@@ -38,7 +39,8 @@ class PromptRenderer:
         system = self.cfg.system_prompt
         if self.chat:
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-            out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                     **({"tools": self.tools} if self.tools else {}))
             ids = out["input_ids"] if hasattr(out, "keys") else out
             return [int(i) for i in ids]
         if system:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import math
 import numbers
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -63,6 +64,17 @@ def numeric(completion: str, answer: str) -> float:
         return 0.0
 
 
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def last_number(completion: str, answer: str) -> float:
+    """1 when the last number in the completion (commas between digits allowed) equals the answer's."""
+    found = _NUMBER.findall(completion)
+    if not found:
+        return 0.0
+    return numeric(found[-1].replace(",", ""), answer.replace(",", ""))
+
+
 def math_reward(completion: str, answer: str) -> float:
     """Mathematical equality of the final answer (rlgen.tasks.math_reward; needs math-verify)."""
 
@@ -80,6 +92,7 @@ REWARDS: dict[str, RewardFn] = {
     "contains": contains,
     "char_match": char_match,
     "numeric": numeric,
+    "last_number": last_number,
     "math": math_reward,
     "format": answer_format,
 }

@@ -79,7 +79,7 @@ def _task(run: Any, libraries: Beside, model: Beside) -> tuple[Any, Any, list[in
     task = build_task(cfg.task)
     model.result(run.stop)
     run.tokenizer = load_tokenizer(run.start_model_path)
-    renderer = PromptRenderer(run.tokenizer, cfg.task)
+    renderer = PromptRenderer(run.tokenizer, cfg.task, tools=getattr(task, "tool_schemas", lambda: None)())
     if cfg.task.long_prompts.value == "skip" and hasattr(task, "keep_rows"):
         dropped = task.keep_rows(lambda p: renderer.fits(p.text))
         if dropped:

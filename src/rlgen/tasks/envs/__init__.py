@@ -27,6 +27,7 @@ class Step:
     observation: str | None = None  # what the environment says back; None or "": nothing (the episode must end)
     reward: float = 0.0  # this turn's reward; the episode's is the sum
     done: bool = False
+    role: str = "user"  # the chat role the observation is rendered as: "user", or "tool" for a tool's result
 
 
 @runtime_checkable
@@ -83,7 +84,7 @@ def env_names() -> list[str]:
 
 
 def _load_builtin() -> None:
-    from rlgen.tasks.envs import chain  # noqa: F401 - registers itself
+    from rlgen.tasks.envs import chain, sandbox, tools  # noqa: F401 - they register themselves
 
 
 __all__ = ["Environment", "Step", "env_class", "env_names", "make_env", "register_env"]
