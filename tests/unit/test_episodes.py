@@ -92,9 +92,9 @@ def requests(tok, env="test_echo", n=2, chat=False, prompts=("3+4=",), **spec):
     return out
 
 
-def play(tok, reqs, engine=None):
+def play(tok, reqs, engine=None, in_turns=True):
     engine = engine or StandInEngine(tok)
-    comps, _ = Episodes(engine.generate, reqs, tok, one_seed_per_batch=True).run()
+    comps, _ = Episodes(engine.generate, reqs, tok, in_turns=in_turns).run()
     return comps, engine
 
 
@@ -202,3 +202,56 @@ def test_the_example_environment_in_the_docs_plays_by_the_protocol():
     assert max(rewards) == 1.0 and min(rewards) >= 0.0 and any(0 < r < 1 for r in rewards)
     env.reset(prompt, 0)
     assert env.step("no number here").observation == "Answer with a number."
+
+
+@register_env("test_slow_even")
+class SlowEvenEnv(EchoEnv):
+    """EchoEnv whose even samples' steps take 0.5 s (a slow tool); odd samples answer at once."""
+
+    def reset(self, prompt, seed):
+        super().reset(prompt, seed)
+        self.slow = seed % 2 == 0
+
+    def step(self, action):
+        if self.slow:
+            time.sleep(0.5)
+        return super().step(action)
+
+
+class SlowStandIn(StandInEngine):
+    """StandInEngine taking 0.02 s per call and noting when each call came, safe to call from several threads at
+    once (as vLLM's engine is)."""
+
+    def __init__(self, tok):
+        super().__init__(tok)
+        self.at = []
+
+    def generate(self, requests):
+        self.at.append(time.time())
+        time.sleep(0.02)
+        return super().generate(requests)
+
+
+def test_episodes_on_their_own_take_their_turns_while_other_episodes_tools_run(tok):
+    reqs = requests(tok, env="test_slow_even", n=8, env_args={"turns": 3})
+    runs = {}
+    for in_turns in (True, False):
+        engine = SlowStandIn(tok)
+        episodes = Episodes(engine.generate, reqs, tok, in_turns=in_turns)
+        t0 = time.time()
+        comps, idle = episodes.run()
+        runs[in_turns] = (comps, idle, [t - t0 for t in engine.at], episodes.spans)
+    together, alone = runs[True], runs[False]
+    # the same episodes, token for token (the stand-in samples the same whatever the seed)
+    assert [c.token_ids for c in together[0]] == [c.token_ids for c in alone[0]]
+    assert [c.loss_mask for c in together[0]] == [c.loss_mask for c in alone[0]]
+    assert all(c.env_reward == 3.0 and c.turns == 3 for c in alone[0])
+    # in turns, every turn waits for the slowest tool (three batched calls, 0.5 s apart); alone, the four fast
+    # episodes take all their turns while the slow ones' first tool call runs (each turn a call of its own)
+    assert len(together[2]) == 3 and sum(t < 0.4 for t in together[2]) == 1
+    assert len(alone[2]) == 8 * 3 and sum(t < 0.4 for t in alone[2]) >= 4 * 3 + 4
+    assert together[1] > 0.9  # the engine idles while the tools run: counted as env time
+    for spans in (together[3], alone[3]):
+        assert {phase for phase, _, _ in spans} == {"generate", "env"}
+        ordered = sorted(spans, key=lambda s: s[1])
+        assert all(a[2] <= b[1] + 1e-6 for a, b in zip(ordered, ordered[1:]))  # one thing at a time

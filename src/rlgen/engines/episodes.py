@@ -124,42 +124,87 @@ def _call(fn: Any, *args: Any) -> Any:
     return asyncio.run(out) if inspect.isawaitable(out) else out
 
 
+class _Activity:
+    """What the engine is doing through a call, as spans: ``generate`` while any turn is being generated, ``env``
+    while none is and episodes wait for their environment (the engine idles on them)."""
+
+    def __init__(self) -> None:
+        self.lock, self.generating, self.waiting = threading.Lock(), 0, 0
+        self.state: str | None = None
+        self.mark, self.spans = time.time(), []
+
+    def add(self, generating: int = 0, waiting: int = 0) -> None:
+        with self.lock:
+            self.generating += generating
+            self.waiting += waiting
+            now = time.time()
+            state = Phase.generate.value if self.generating else Phase.env.value if self.waiting else None
+            if state != self.state:
+                if self.state is not None and now > self.mark:
+                    self.spans.append((self.state, self.mark, now))
+                self.state, self.mark = state, now
+
+    def env_s(self) -> float:
+        return sum(b - a for phase, a, b in self.spans if phase == Phase.env.value)
+
+
 class Episodes:
     """Plays the episode requests of one generate() call; ``turn(requests)`` is the engine's own single-turn
-    generate (a list of GenRequests without episodes -> {"completions", "version"})."""
+    generate (a list of GenRequests without episodes -> {"completions", "version"}).
 
-    def __init__(self, turn: Any, requests: list[GenRequest], tokenizer: Any, one_seed_per_batch: bool):
-        self.turn, self.requests, self.one_seed = turn, requests, one_seed_per_batch
+    ``in_turns`` (an engine that draws a whole batch from one seed, the hf engine): every episode still going
+    takes its next turn in one batch, then their environment steps run side by side; the batches are the same
+    on every run, so the same seeds give the same episodes. Otherwise (vLLM's per-request seeds) each episode
+    plays on its own thread: its turns go to the engine as they come, beside other episodes' turns and
+    environment calls, so the engine generates whenever any episode has a turn to take."""
+
+    def __init__(self, turn: Any, requests: list[GenRequest], tokenizer: Any, in_turns: bool):
+        self.turn, self.requests, self.in_turns = turn, requests, in_turns
         spec = requests[0].episode
         self.tokens = TurnTokens(tokenizer, spec.chat)
         self.decode = self.tokens.tok.decode
         self.pool = ThreadPoolExecutor(max_workers=max(1, spec.env_workers), thread_name_prefix="env")
-        self.env_s = 0.0
-        self.spans: list[tuple[str, float, float]] = []  # (phase, start, end): each turn's generate, each env round
+        self.activity = _Activity()
+
+    @property
+    def spans(self) -> list[tuple[str, float, float]]:
+        return self.activity.spans
 
     def run(self) -> tuple[list[Completion], float]:
-        """The episodes' completions (n per request, in request order) and the seconds spent in environment calls;
-        ``spans`` then holds each turn's generation and each round of environment calls."""
+        """The episodes' completions (n per request, in request order) and the seconds the engine waited on
+        environment calls with nothing to generate; ``spans`` then holds what it was doing when."""
         episodes = [_Episode(r, j) for r in self.requests for j in range(r.sampling.n)]
         try:
-            self._env_calls(episodes, lambda e: self._reset(e))
-            first = [e for e in episodes if not e.finish]
-            if first:
-                self._generate(first, 1)
-            turn = 1
-            while True:
-                going = [e for e in episodes if not e.finish]
-                if not going:
-                    break
-                self._env_calls(going, self._step)
-                going = [e for e in going if not e.finish]
-                if not going:
-                    break
-                turn += 1
-                self._generate(going, turn)
+            self._together(episodes) if self.in_turns else self._each_alone(episodes)
         finally:
+            self.activity.add()
+            self.activity.generating = self.activity.waiting = 0
+            self.activity.add()
             self.pool.shutdown(wait=False, cancel_futures=True)  # a hung environment call is left behind
-        return [self._completion(e) for e in episodes], self.env_s
+        return [self._completion(e) for e in episodes], self.activity.env_s()
+
+    def _together(self, episodes: list[_Episode]) -> None:
+        self._env_calls(episodes, self._reset)
+        turn = 0
+        while going := [e for e in episodes if not e.finish]:
+            turn += 1
+            self._generate(going, turn)
+            if going := [e for e in going if not e.finish]:
+                self._env_calls(going, self._step)
+
+    def _each_alone(self, episodes: list[_Episode]) -> None:
+        with ThreadPoolExecutor(max_workers=len(episodes), thread_name_prefix="episode") as players:
+            for fut in [players.submit(self._play, e) for e in episodes]:
+                fut.result()  # an engine that failed fails the call, as a single-turn generate would
+
+    def _play(self, e: _Episode) -> None:
+        self._env_calls([e], self._reset)
+        turn = 0
+        while not e.finish:
+            turn += 1
+            self._generate([e], turn)
+            if not e.finish:
+                self._env_calls([e], self._step)
 
     # -- the environment's side -------------------------------------------------------------------------
     def _reset(self, e: _Episode) -> None:
@@ -192,7 +237,7 @@ class Episodes:
                 e.mask += [0] * len(ids)
 
     def _env_calls(self, episodes: list[_Episode], fn: Any) -> None:
-        t0 = time.time()
+        self.activity.add(waiting=len(episodes))
         futures = [(e, self.pool.submit(fn, e)) for e in episodes]
         timeout = episodes[0].spec.env_timeout_s
         deadline = time.time() + timeout
@@ -203,9 +248,7 @@ class Episodes:
                 self._fail(e, f"the environment took longer than task.env_timeout_s={timeout:g}")
             except Exception as err:  # noqa: BLE001 - any failure of the environment ends that episode only
                 self._fail(e, f"the environment raised {type(err).__name__}: {err}")
-        t1 = time.time()
-        self.env_s += t1 - t0
-        self.spans.append((Phase.env.value, t0, t1))
+        self.activity.add(waiting=-len(episodes))
 
     @staticmethod
     def _fail(e: _Episode, why: str) -> None:
@@ -225,12 +268,14 @@ class Episodes:
         return k
 
     def _generate(self, episodes: list[_Episode], turn: int) -> None:
-        t0 = time.time()
-        self._turn(episodes, turn)
-        self.spans.append((Phase.generate.value, t0, time.time()))
+        self.activity.add(generating=1)
+        try:
+            self._turn(episodes, turn)
+        finally:
+            self.activity.add(generating=-1)
 
     def _turn(self, episodes: list[_Episode], turn: int) -> None:
-        if turn == 1:  # the requests themselves: n samples each
+        if turn == 1 and self.in_turns:  # the requests themselves: n samples each
             reqs = [dataclasses.replace(r, episode=None) for r in self.requests]
             out = self.turn(reqs)
             by_request: dict[int, list[Completion]] = {}
@@ -244,7 +289,7 @@ class Episodes:
             reqs = []
             for e in episodes:
                 s = e.request.sampling
-                seed = None if s.seed is None else s.seed + turn * TURN_SEED_STRIDE + (0 if self.one_seed else
+                seed = None if s.seed is None else s.seed + turn * TURN_SEED_STRIDE + (0 if self.in_turns else
                                                                                         e.sample * 7_919)
                 left = e.spec.max_total_tokens - len(e.tokens)
                 sampling = dataclasses.replace(s, n=1, seed=seed, max_new_tokens=max(1, min(s.max_new_tokens, left)))
@@ -279,8 +324,9 @@ class Episodes:
 class Episodic:
     """An engine mixin: an engine's generate() begins with ``if is_episodes(requests): return
     self.play_episodes(requests)``, and its own single-turn generate plays each turn. ``one_seed_per_batch``:
-    the engine draws a whole batch from one seed, so turns after the first can share one (the hf engine); else
-    each sample gets its own (vLLM's per-request seeds)."""
+    the engine draws a whole batch from one seed (the hf engine), so episodes take their turns together, in the
+    same batches every time; else each episode plays on its own and each sample has seeds of its own (vLLM's
+    per-request seeds), and its generate() must take calls from several threads at once."""
 
     one_seed_per_batch = False
 
@@ -288,7 +334,7 @@ class Episodic:
         if any(r.episode is None for r in requests):
             raise ValueError("a generate() call mixes episode requests with single-turn ones")
         tokenizer = _tokenizer(self.model_path)  # the engine's model folder: the environment's answers' tokens
-        episodes = Episodes(self.generate, requests, tokenizer, self.one_seed_per_batch)
+        episodes = Episodes(self.generate, requests, tokenizer, in_turns=self.one_seed_per_batch)
         completions, env_s = episodes.run()
         return {"completions": completions, "version": self.version, "env_s": env_s, "spans": episodes.spans}
 
