@@ -255,3 +255,17 @@ def test_episodes_on_their_own_take_their_turns_while_other_episodes_tools_run(t
         assert {phase for phase, _, _ in spans} == {"generate", "env"}
         ordered = sorted(spans, key=lambda s: s[1])
         assert all(a[2] <= b[1] + 1e-6 for a, b in zip(ordered, ordered[1:]))  # one thing at a time
+
+
+@register_env("test_sleepy")
+class SleepyEnv(EchoEnv):
+    def step(self, action):
+        time.sleep(0.2)
+        return super().step(action)
+
+
+def test_an_environment_call_waiting_for_a_free_worker_is_not_timed_out_for_the_wait(tok):
+    # 6 episodes, one worker, 0.2 s a step: the last call starts 1 s after it was queued, well over the 0.5 s bound
+    comps, _ = play(tok, requests(tok, env="test_sleepy", n=6, env_args={"turns": 1}, env_workers=1,
+                                  env_timeout_s=0.5))
+    assert [c.env_error for c in comps] == [""] * 6 and all(c.env_reward == 1.0 for c in comps)

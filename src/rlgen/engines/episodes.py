@@ -34,6 +34,7 @@ from rlgen.types import Completion, GenRequest, Phase
 
 log = logging.getLogger(__name__)
 TURN_SEED_STRIDE = 1_000_033  # turn k's seed: the request's plus k strides
+QUEUED_POLL_S = 0.05  # how often a wait looks whether an environment call queued for a worker has started
 
 
 @dataclass(frozen=True)
@@ -237,13 +238,27 @@ class Episodes:
                 e.mask += [0] * len(ids)
 
     def _env_calls(self, episodes: list[_Episode], fn: Any) -> None:
+        """fn(episode) for each, in the pool; each call's timeout counts from when it starts (not while it waits
+        for a free worker)."""
         self.activity.add(waiting=len(episodes))
-        futures = [(e, self.pool.submit(fn, e)) for e in episodes]
+        started: dict[int, float] = {}
+
+        def call(e: _Episode) -> None:
+            started[id(e)] = time.time()
+            fn(e)
+
+        futures = [(e, self.pool.submit(call, e)) for e in episodes]
         timeout = episodes[0].spec.env_timeout_s
-        deadline = time.time() + timeout
         for e, fut in futures:
             try:
-                fut.result(timeout=max(0.0, deadline - time.time()))
+                while True:
+                    at = started.get(id(e))
+                    try:
+                        fut.result(timeout=QUEUED_POLL_S if at is None else max(0.0, at + timeout - time.time()))
+                        break
+                    except FutureTimeout:
+                        if at is not None:
+                            raise
             except FutureTimeout:
                 self._fail(e, f"the environment took longer than task.env_timeout_s={timeout:g}")
             except Exception as err:  # noqa: BLE001 - any failure of the environment ends that episode only
