@@ -4,6 +4,7 @@ answers with something else ends only those episodes, each scored 0 and counted,
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -90,3 +91,22 @@ def test_bad_environment_settings_are_one_sentence_before_anything_starts(single
     with pytest.raises(PlanError) as err:
         build_plan(compose_run_config(["task=chain", *overrides]))
     assert said in str(err.value)
+
+
+def test_an_agent_written_against_the_openai_sdk_trains_as_it_is(tmp_path, no_kept, monkeypatch):
+    pytest.importorskip("openai")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ENVS), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.syspath_prepend(str(ENVS))
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
+                            for a in range(10) for b in range(10)))
+    cfg = compose_run_config(["progress=false", "task=env", "task.env=agent", "++task.env_args.fn=agents:chain_agent",
+                              f"task.path={rows}", "task.max_prompt_tokens=8", "task.max_total_tokens=16",
+                              "steps=4"])
+    summary = run_training(build_plan(cfg), tmp_path / "run")
+    records = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert len(records) == 4 and summary["steps"] == 4
+    # each episode: the agent's two calls, "+4=" between them as the environment's tokens, no errors
+    assert all(r["env/turns"] == 2.0 and r["env/tokens"] == 3.0 and r["env/errors"] == 0 for r in records)
+    assert max(r["mismatch/max_abs_delta"] for r in records) < 1e-3
+    assert 0 < sum(r["reward_mean"] for r in records) / 4 < 1

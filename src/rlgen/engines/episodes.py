@@ -18,6 +18,7 @@ mid-step, a resumed run) when the environment is deterministic given its seed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import inspect
 import logging
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlgen.tasks.base import Prompt
-from rlgen.tasks.envs import Step, make_env
+from rlgen.tasks.envs import Opening, Step, make_env
 from rlgen.types import Completion, GenRequest, Phase
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class EpisodeSpec:
     max_total_tokens: int = 256
     env_timeout_s: float = 30.0
     env_workers: int = 16
+    max_prompt_tokens: int = 0  # an environment's own opening may be this long at most (0: no bound)
 
 
 @dataclass
@@ -64,6 +66,7 @@ class _Episode:
     reward: float = 0.0
     turns: int = 0
     error: str = ""
+    prompt: list[int] | None = None  # the environment's own opening (Opening), rendered; None: the request's
     finish: str = ""  # "" while it goes on; then "stop" (the environment said done) or "length"
 
     @property
@@ -95,14 +98,27 @@ class TurnTokens:
         ends = [k for k, t in enumerate(ids) if t == self.eos]
         return ids[ends[-1] + 1 :] if ends else []
 
-    def ids(self, observation: str, policy_ended: bool, role: str = "user") -> list[int]:
-        """The tokens after a policy turn (which ended on an end-of-sequence token or not) and before the next:
-        the observation as a message of ``role`` ("user", or "tool" for a tool's result)."""
+    @staticmethod
+    def _raw(messages: list[dict[str, Any]]) -> str:
+        return "".join(f"<tool_response>{m.get('content') or ''}</tool_response>" if m.get("role") == "tool" else
+                       str(m.get("content") or "") for m in messages)
+
+    def opening(self, opening: Opening) -> list[int]:
+        """An environment's own first messages as the episode's prompt (raw: their contents, one after another)."""
         if not self.chat:
-            text = f"<tool_response>{observation}</tool_response>" if role == "tool" else observation
-            return list(self.tok.encode(text, add_special_tokens=False))
+            return list(self.tok.encode(self._raw(opening.messages), add_special_tokens=False))
+        out = self.tok.apply_chat_template(opening.messages, add_generation_prompt=True, tokenize=True,
+                                           **({"tools": opening.tools} if opening.tools else {}))
+        return [int(i) for i in (out["input_ids"] if hasattr(out, "keys") else out)]
+
+    def ids(self, observation: str | list[dict[str, Any]], policy_ended: bool, role: str = "user") -> list[int]:
+        """The tokens after a policy turn (which ended on an end-of-sequence token or not) and before the next:
+        the observation as a message of ``role`` ("user", or "tool" for a tool's result), or chat messages."""
+        messages = observation if isinstance(observation, list) else [{"role": role, "content": observation}]
+        if not self.chat:
+            return list(self.tok.encode(self._raw(messages), add_special_tokens=False))
         base = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
-        whole = self._render([*base, {"role": role, "content": observation}], True)
+        whole = self._render([*base, *messages], True)
         head = [] if policy_ended or self.eos is None else [self.eos]
         return head + self.glue + whole[self.prefix_len :]
 
@@ -182,6 +198,9 @@ class Episodes:
             self.activity.generating = self.activity.waiting = 0
             self.activity.add()
             self.pool.shutdown(wait=False, cancel_futures=True)  # a hung environment call is left behind
+            for e in episodes:  # an environment with a close() (an agent's thread) is told its episode is over
+                with contextlib.suppress(Exception):
+                    getattr(e.env, "close", lambda: None)()
         return [self._completion(e) for e in episodes], self.activity.env_s()
 
     def _together(self, episodes: list[_Episode]) -> None:
@@ -212,7 +231,12 @@ class Episodes:
         spec = e.spec
         e.env = make_env(spec.env, dict(spec.env_args))
         seed = (e.request.sampling.seed or 0) * 1_009 + e.request.group_id * 101 + e.sample
-        _call(e.env.reset, spec.prompt, seed)
+        opening = _call(e.env.reset, spec.prompt, seed)
+        if isinstance(opening, Opening):
+            e.prompt = self.tokens.opening(opening)
+            if spec.max_prompt_tokens and len(e.prompt) > spec.max_prompt_tokens:
+                raise ValueError(f"the opening messages are {len(e.prompt)} tokens, more than task.max_prompt_tokens="
+                                 f"{spec.max_prompt_tokens}")
 
     def _step(self, e: _Episode) -> None:
         last = e.tokens[self._turn_start(e):]
@@ -290,7 +314,7 @@ class Episodes:
             self.activity.add(generating=-1)
 
     def _turn(self, episodes: list[_Episode], turn: int) -> None:
-        if turn == 1 and self.in_turns:  # the requests themselves: n samples each
+        if turn == 1 and self.in_turns and not any(e.prompt for e in episodes):  # the requests: n samples each
             reqs = [dataclasses.replace(r, episode=None) for r in self.requests]
             out = self.turn(reqs)
             by_request: dict[int, list[Completion]] = {}
@@ -308,7 +332,8 @@ class Episodes:
                                                                                         e.sample * 7_919)
                 left = e.spec.max_total_tokens - len(e.tokens)
                 sampling = dataclasses.replace(s, n=1, seed=seed, max_new_tokens=max(1, min(s.max_new_tokens, left)))
-                reqs.append(GenRequest(tuple(e.request.prompt_ids) + tuple(e.tokens), sampling, e.request.group_id,
+                prompt = e.prompt if e.prompt is not None else e.request.prompt_ids
+                reqs.append(GenRequest(tuple(prompt) + tuple(e.tokens), sampling, e.request.group_id,
                                        e.request.adapter))
             out = self.turn(reqs)
             done = list(zip(episodes, out["completions"]))
@@ -330,10 +355,11 @@ class Episodes:
         r = e.request
         if e.error:
             log.info("episode of group %d sample %d: %s", r.group_id, e.sample, e.error)
-        return Completion(group_id=r.group_id, prompt_ids=list(r.prompt_ids), token_ids=e.tokens,
-                          logprobs=e.logprobs, finish_reason=e.finish or "length",
+        return Completion(group_id=r.group_id, prompt_ids=list(e.prompt if e.prompt is not None else r.prompt_ids),
+                          token_ids=e.tokens, logprobs=e.logprobs, finish_reason=e.finish or "length",
                           version=e.version if e.version is not None else 0, version_changes=e.changes,
-                          loss_mask=e.mask, env_reward=e.reward, turns=e.turns, env_error=e.error)
+                          loss_mask=e.mask, env_reward=e.reward, turns=e.turns, env_error=e.error,
+                          own_prompt=e.prompt is not None)
 
 
 class Episodic:

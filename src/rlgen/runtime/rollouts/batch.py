@@ -78,7 +78,8 @@ def check_complete(completions: list[Completion], sp: StepPrompts, n: int) -> No
     re-sends requests, so this is checked on every step)."""
     counts = [0] * len(sp.prompt_ids)
     for c in completions:
-        if not 0 <= c.group_id < len(counts) or list(c.prompt_ids) != list(sp.prompt_ids[c.group_id]):
+        if not 0 <= c.group_id < len(counts) or (
+                not c.own_prompt and list(c.prompt_ids) != list(sp.prompt_ids[c.group_id])):
             raise RolloutCountError(f"step {sp.step}: a completion belongs to no prompt of the step (group {c.group_id}).")
         counts[c.group_id] += 1
     wrong = {g: k for g, k in enumerate(counts) if k != n}

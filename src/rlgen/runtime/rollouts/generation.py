@@ -36,7 +36,7 @@ def episode_specs(cfg: Any, renderer: Any) -> Any:
     def spec(prompt: Any) -> EpisodeSpec:
         return EpisodeSpec(env=t.env, env_args=dict(t.env_args), prompt=prompt, chat=renderer.chat,
                            max_turns=t.max_turns, max_total_tokens=t.max_total_tokens, env_timeout_s=t.env_timeout_s,
-                           env_workers=t.env_workers)
+                           env_workers=t.env_workers, max_prompt_tokens=t.max_prompt_tokens)
 
     return spec
 

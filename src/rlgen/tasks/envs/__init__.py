@@ -24,10 +24,21 @@ from rlgen.tasks.base import Prompt, TaskDataError
 
 @dataclass
 class Step:
-    observation: str | None = None  # what the environment says back; None or "": nothing (the episode must end)
+    # what the environment says back: text, or chat messages ({"role", "content"}, e.g. tool results then a user
+    # turn); None or empty: nothing (then the episode must end)
+    observation: str | list[dict[str, Any]] | None = None
     reward: float = 0.0  # this turn's reward; the episode's is the sum
     done: bool = False
     role: str = "user"  # the chat role the observation is rendered as: "user", or "tool" for a tool's result
+
+
+@dataclass
+class Opening:
+    """What reset() may return: the episode's own first messages (and the tools a chat template lists), which
+    the engine renders as its prompt instead of the task's (an agent that writes its own conversation)."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
 
 
 @runtime_checkable
@@ -84,7 +95,7 @@ def env_names() -> list[str]:
 
 
 def _load_builtin() -> None:
-    from rlgen.tasks.envs import chain, sandbox, tools  # noqa: F401 - they register themselves
+    from rlgen.tasks.envs import agent, chain, sandbox, tools  # noqa: F401 - they register themselves
 
 
-__all__ = ["Environment", "Step", "env_class", "env_names", "make_env", "register_env"]
+__all__ = ["Environment", "Opening", "Step", "env_class", "env_names", "make_env", "register_env"]
