@@ -212,3 +212,23 @@ def assert_same_steps(records: list[dict], reference: list[dict], *, staleness: 
         for key in EXACT:
             assert abs(float(r[key]) - float(ref[key])) <= 1e-6, f"step {r['step']}: {key} {r[key]} != {ref[key]}"
         assert r["version"] == ref["version"] and (not staleness or r["staleness"] == ref["staleness"])
+
+
+def train_or_stopped(overrides: list[str], out, *, stop=None, resume: bool = False):
+    """`rlgen train` with these overrides into `out`, quietly, resuming the run there when asked: the RunStopped
+    a stop request raised, or None when it finished."""
+    from rich.console import Console
+
+    from rlgen.config.compose import compose_run_config
+    from rlgen.plan import build_plan
+    from rlgen.runtime import RunStopped
+    from rlgen.runtime.durability.resume import identity, resolve_explicit
+    from rlgen.runtime.run import run_training
+
+    plan = build_plan(compose_run_config(overrides))
+    point = resolve_explicit(str(out), identity(plan.config, len(plan.learners))) if resume else None
+    try:
+        run_training(plan, out, Console(quiet=True), resume=point, stop=stop)
+    except RunStopped as err:
+        return err
+    return None

@@ -9,16 +9,13 @@ import os
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 from test_durable_runs import StopAtStep
 
-from helpers import MIN_REWARD_GAIN, assert_learned, assert_same_steps
+from helpers import MIN_REWARD_GAIN, assert_learned, assert_same_steps, train_or_stopped
 from rlgen.config.compose import compose_run_config
 from rlgen.engines.registry import EngineSpec, register_engine, unregister_engine
 from rlgen.metrics.sink import read_jsonl
 from rlgen.plan import PlanError, build_plan
-from rlgen.runtime import RunStopped
-from rlgen.runtime.durability.resume import identity, resolve_explicit
 from rlgen.runtime.run import run_training
 
 ENVS = Path(__file__).resolve().parents[1] / "envs"
@@ -37,13 +34,7 @@ def test_the_chain_game_learns(tmp_path, no_kept):
 
 
 def _run(out: Path, overrides: list[str], stop=None, resume: bool = False):
-    plan = build_plan(compose_run_config(["progress=false", "task=chain", *overrides]))
-    point = resolve_explicit(str(out), identity(plan.config, len(plan.learners))) if resume else None
-    try:
-        run_training(plan, out, Console(quiet=True), resume=point, stop=stop)
-    except RunStopped as err:
-        return err
-    return None
+    return train_or_stopped(["progress=false", "task=chain", *overrides], out, stop=stop, resume=resume)
 
 
 def test_episodes_generated_ahead_are_kept_by_a_checkpoint_and_a_resumed_run_equals_the_whole(tmp_path, no_kept):

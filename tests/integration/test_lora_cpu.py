@@ -15,12 +15,11 @@ from rich.console import Console
 from test_durable_runs import StopAtStep
 from transformers import AutoModelForCausalLM
 
-from helpers import assert_learned, assert_same_steps
+from helpers import assert_learned, assert_same_steps, train_or_stopped
 from rlgen.config.compose import compose_run_config
 from rlgen.metrics.sink import read_jsonl
 from rlgen.plan import build_plan
 from rlgen.runtime import RunStopped
-from rlgen.runtime.durability.resume import identity, resolve_explicit
 from rlgen.runtime.run import run_training
 
 pytest.importorskip("peft")
@@ -36,13 +35,7 @@ def ray_cluster():
 
 
 def _run(out: Path, overrides: list[str], *, stop=None, resume: bool = False) -> RunStopped | None:
-    plan = build_plan(compose_run_config([*LORA, *overrides]))
-    point = resolve_explicit(str(out), identity(plan.config, len(plan.learners))) if resume else None
-    try:
-        run_training(plan, out, Console(quiet=True), resume=point, stop=stop)
-    except RunStopped as err:
-        return err
-    return None
+    return train_or_stopped([*LORA, *overrides], out, stop=stop, resume=resume)
 
 
 @pytest.mark.slow
