@@ -269,3 +269,26 @@ def test_an_environment_call_waiting_for_a_free_worker_is_not_timed_out_for_the_
     comps, _ = play(tok, requests(tok, env="test_sleepy", n=6, env_args={"turns": 1}, env_workers=1,
                                   env_timeout_s=0.5))
     assert [c.env_error for c in comps] == [""] * 6 and all(c.env_reward == 1.0 for c in comps)
+
+
+@register_env("test_late")
+class LateEnv(EchoEnv):
+    """Its second step hangs past the timeout, then answers as if nothing happened."""
+
+    def step(self, action):
+        if self.n == 1:
+            time.sleep(0.6)
+        return super().step(action)
+
+
+def test_a_call_that_timed_out_never_changes_its_episode_when_it_returns_late(tok):
+    late = requests(tok, env="test_late", n=1, env_args={"turns": 3}, env_timeout_s=0.3)
+    slow = requests(tok, env="test_sleepy", prompts=("1+1=",), n=1, env_args={"turns": 6}, env_timeout_s=2, max_turns=8)
+    slow = [dataclasses.replace(slow[0], group_id=1)]
+    comps, _ = play(tok, late + slow)  # the sleepy episode keeps the call going well past the late answer
+    failed = comps[0]
+    assert "longer than task.env_timeout_s=0.3" in failed.env_error
+    assert failed.env_reward == 0.0 and failed.turns == 2
+    turn = len(tok.encode("7<think>ab</think>", add_special_tokens=False)) + 1
+    assert len(failed.token_ids) == 2 * turn + 3  # two turns and one answer: nothing appended after the timeout
+    assert comps[1].env_error == "" and comps[1].env_reward == 6.0

@@ -161,6 +161,12 @@ class _Activity:
                     self.spans.append((self.state, self.mark, now))
                 self.state, self.mark = state, now
 
+    def close(self) -> None:
+        """The call is over: the last span ends now."""
+        with self.lock:
+            self.generating = self.waiting = 0
+        self.add()
+
     def env_s(self) -> float:
         return sum(b - a for phase, a, b in self.spans if phase == Phase.env.value)
 
@@ -194,9 +200,7 @@ class Episodes:
         try:
             self._together(episodes) if self.in_turns else self._each_alone(episodes)
         finally:
-            self.activity.add()
-            self.activity.generating = self.activity.waiting = 0
-            self.activity.add()
+            self.activity.close()
             self.pool.shutdown(wait=False, cancel_futures=True)  # a hung environment call is left behind
             for e in episodes:  # an environment with a close() (an agent's thread) is told its episode is over
                 with contextlib.suppress(Exception):
@@ -204,13 +208,13 @@ class Episodes:
         return [self._completion(e) for e in episodes], self.activity.env_s()
 
     def _together(self, episodes: list[_Episode]) -> None:
-        self._env_calls(episodes, self._reset)
+        self._reset(episodes)
         turn = 0
         while going := [e for e in episodes if not e.finish]:
             turn += 1
             self._generate(going, turn)
             if going := [e for e in going if not e.finish]:
-                self._env_calls(going, self._step)
+                self._step(going)
 
     def _each_alone(self, episodes: list[_Episode]) -> None:
         with ThreadPoolExecutor(max_workers=len(episodes), thread_name_prefix="episode") as players:
@@ -218,29 +222,39 @@ class Episodes:
                 fut.result()  # an engine that failed fails the call, as a single-turn generate would
 
     def _play(self, e: _Episode) -> None:
-        self._env_calls([e], self._reset)
+        self._reset([e])
         turn = 0
         while not e.finish:
             turn += 1
             self._generate([e], turn)
             if not e.finish:
-                self._env_calls([e], self._step)
+                self._step([e])
 
     # -- the environment's side -------------------------------------------------------------------------
-    def _reset(self, e: _Episode) -> None:
+    # The pool runs only the environment's own calls; what they return is applied here, by the thread that
+    # waited for it, so a call that timed out and returns later never touches its episode.
+    def _open(self, e: _Episode) -> tuple[Any, Any]:
         spec = e.spec
-        e.env = make_env(spec.env, dict(spec.env_args))
+        env = make_env(spec.env, dict(spec.env_args))
         seed = (e.request.sampling.seed or 0) * 1_009 + e.request.group_id * 101 + e.sample
-        opening = _call(e.env.reset, spec.prompt, seed)
+        return env, _call(env.reset, spec.prompt, seed)
+
+    def _opened(self, e: _Episode, out: tuple[Any, Any]) -> None:
+        e.env, opening = out
         if isinstance(opening, Opening):
             e.prompt = self.tokens.opening(opening)
-            if spec.max_prompt_tokens and len(e.prompt) > spec.max_prompt_tokens:
+            if e.spec.max_prompt_tokens and len(e.prompt) > e.spec.max_prompt_tokens:
                 raise ValueError(f"the opening messages are {len(e.prompt)} tokens, more than task.max_prompt_tokens="
-                                 f"{spec.max_prompt_tokens}")
+                                 f"{e.spec.max_prompt_tokens}")
 
-    def _step(self, e: _Episode) -> None:
-        last = e.tokens[self._turn_start(e):]
-        step = _call(e.env.step, self.decode(last, skip_special_tokens=True))
+    def _reset(self, episodes: list[_Episode]) -> None:
+        self._env_calls(episodes, self._open, self._opened)
+
+    def _step(self, episodes: list[_Episode]) -> None:
+        actions = {id(e): self.decode(e.tokens[self._turn_start(e):], skip_special_tokens=True) for e in episodes}
+        self._env_calls(episodes, lambda e: _call(e.env.step, actions[id(e)]), self._stepped)
+
+    def _stepped(self, e: _Episode, step: Any) -> None:
         if not isinstance(step, Step):
             raise TypeError(f"step() returned {type(step).__name__}, not rlgen.tasks.envs.Step")
         e.reward += float(step.reward)
@@ -261,15 +275,15 @@ class Episodes:
                 e.logprobs += [0.0] * len(ids)
                 e.mask += [0] * len(ids)
 
-    def _env_calls(self, episodes: list[_Episode], fn: Any) -> None:
-        """fn(episode) for each, in the pool; each call's timeout counts from when it starts (not while it waits
-        for a free worker)."""
+    def _env_calls(self, episodes: list[_Episode], work: Any, apply: Any) -> None:
+        """work(episode) for each, in the pool, then apply(episode, its result) here; each call's timeout counts
+        from when it starts (not while it waits for a free worker)."""
         self.activity.add(waiting=len(episodes))
         started: dict[int, float] = {}
 
-        def call(e: _Episode) -> None:
+        def call(e: _Episode) -> Any:
             started[id(e)] = time.time()
-            fn(e)
+            return work(e)
 
         futures = [(e, self.pool.submit(call, e)) for e in episodes]
         timeout = episodes[0].spec.env_timeout_s
@@ -278,11 +292,12 @@ class Episodes:
                 while True:
                     at = started.get(id(e))
                     try:
-                        fut.result(timeout=QUEUED_POLL_S if at is None else max(0.0, at + timeout - time.time()))
+                        out = fut.result(timeout=QUEUED_POLL_S if at is None else max(0.0, at + timeout - time.time()))
                         break
                     except FutureTimeout:
                         if at is not None:
                             raise
+                apply(e, out)
             except FutureTimeout:
                 self._fail(e, f"the environment took longer than task.env_timeout_s={timeout:g}")
             except Exception as err:  # noqa: BLE001 - any failure of the environment ends that episode only
