@@ -28,7 +28,7 @@ from typing import Any
 
 from rlgen.tasks.base import Prompt, TaskDataError
 from rlgen.tasks.envs import Opening, Step, register_env
-from rlgen.tasks.envs.tools import _CALL, parse_tool_calls
+from rlgen.tasks.envs.tools import TOOL_CALL, parse_tool_calls
 
 POLL_S = 0.5  # how often a blocked call looks whether its episode was abandoned
 
@@ -48,7 +48,7 @@ def _resolve(fn: str) -> Any:
 def reply_of(action: str, model: str, k: int) -> dict[str, Any]:
     """The chat.completion answer for a policy turn: its text, and its <tool_call> blocks as tool_calls."""
     calls = [c for c in parse_tool_calls(action) if not c.error]
-    message: dict[str, Any] = {"role": "assistant", "content": _CALL.sub("", action).strip() if calls else action}
+    message: dict[str, Any] = {"role": "assistant", "content": TOOL_CALL.sub("", action).strip() if calls else action}
     if calls:
         message["tool_calls"] = [{"id": f"call_{k}_{i}", "type": "function",
                                   "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}

@@ -23,7 +23,7 @@ from typing import Any
 from rlgen.tasks.base import Prompt
 from rlgen.tasks.envs import Step, register_env
 
-_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 MAX_RESULT_CHARS = 2000
 
 
@@ -37,7 +37,7 @@ class ToolCall:
 def parse_tool_calls(text: str) -> list[ToolCall]:
     """Every <tool_call> block of a turn, parsed; a block that is not a JSON object with a name is an error."""
     calls = []
-    for body in _CALL.findall(text):
+    for body in TOOL_CALL.findall(text):
         try:
             data = json.loads(body)
         except json.JSONDecodeError as err:
