@@ -23,13 +23,12 @@ from rlgen.plan.checks.spanning import (
     check_lengths,
     check_logits,
     live_vllm_env,
-    response_bound,
 )
 from rlgen.plan.checks.values import check_values, once_per_nonfinite
 from rlgen.plan.headroom import hardware_room
 from rlgen.plan.layout import BatchGeometry, Choice, EngineSlot, Layout, ModelSummary, Plan, PlanError
 from rlgen.plan.lora import resolve_lora
-from rlgen.plan.memory import GIB, adapter_params, checkpoint_bytes, share_part
+from rlgen.plan.memory import GIB, adapter_params, checkpoint_bytes, response_bound, share_part
 from rlgen.plan.model_folder import with_model_folder
 from rlgen.plan.overlap import default_async_steps, fit_with_overlap
 from rlgen.plan.recipes import fill_recipe
@@ -114,7 +113,7 @@ def _batch(cfg: RunConfig, ranks: int, has_learners: bool, p: list[str]) -> Batc
                  f"make algo.prompts_per_step a multiple of {ranks}.")
     per_rank = seqs // ranks if has_learners and not seqs % ranks else 0
     return BatchGeometry(a.prompts_per_step, a.samples_per_prompt, seqs, ranks, per_rank, cfg.task.max_prompt_tokens,
-                         a.max_new_tokens, cfg.task.max_prompt_tokens + a.max_new_tokens)
+                         a.max_new_tokens, cfg.task.max_prompt_tokens + response_bound(cfg)[1])
 
 
 def _shares(engines: tuple[EngineSlot, ...], cfg: RunConfig, spec: EngineSpec) -> tuple[EngineSlot, ...]:

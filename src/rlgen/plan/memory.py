@@ -14,7 +14,15 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from rlgen.config import LORA_BLOCK_LINEARS, LORA_DEFAULT_RANK, EngineConfig, RunConfig, Setting, set_key
+from rlgen.config import (
+    LORA_BLOCK_LINEARS,
+    LORA_DEFAULT_RANK,
+    EngineConfig,
+    RunConfig,
+    Setting,
+    TaskKind,
+    set_key,
+)
 from rlgen.engines.registry import EngineSpec
 from rlgen.engines.vllm.args import VLLM_DEFAULT_SHARE
 from rlgen.plan.recipes import recipe_for
@@ -107,12 +115,21 @@ class MemorySplit:
     learner_parts: str = ""  # the learner's peak by part (LearnerMemory.parts)
 
 
+def response_bound(cfg: RunConfig) -> tuple[str, int]:
+    """The setting that bounds a response's tokens, and its value: a multi-turn episode's are its whole
+    (the policy's turns and the environment's answers)."""
+    t, new = cfg.task, cfg.algo.max_new_tokens
+    if t.kind == TaskKind.env and not (t.max_turns == 1 and new and new < t.max_total_tokens):
+        return "task.max_total_tokens", t.max_total_tokens  # one turn: the environment adds nothing after it
+    return "algo.max_new_tokens", new
+
+
 def learner_memory(cfg: RunConfig, params: int, vocab: int, ranks: int, micro: int,
                    ipc_gib: float = 0.0) -> LearnerMemory:
     m, a, lc = cfg.model, cfg.algo, cfg.learner
     n = max(ranks, 1)
     z3 = lc.zero_stage == 3
-    seq = cfg.task.max_prompt_tokens + (a.max_new_tokens or 0)
+    seq = cfg.task.max_prompt_tokens + (response_bound(cfg)[1] or 0)
     tokens = micro * seq
     layer_token = 2 * (12 * m.hidden_size + 3 * m.intermediate_size)  # bf16 bytes of one layer's activations
     if lc.gradient_checkpointing:

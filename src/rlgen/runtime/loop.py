@@ -19,6 +19,7 @@ from rlgen.config import BreakerAction, KLPenalty
 from rlgen.errors import causes
 from rlgen.learners.group import merge_rank_metrics, shard_rows
 from rlgen.metrics.balance import BalanceTracker, context_from_plan
+from rlgen.plan.memory import response_bound
 from rlgen.runtime.cluster.waits import LearnerLost
 from rlgen.runtime.durability.checkpoint import save, stopped
 from rlgen.runtime.durability.learner_loss import WeightUpdateHung, learner_lost, update_hung
@@ -300,7 +301,8 @@ def _oom_sentence(run: Run, step: int) -> str:
     fixes = [f"lower algo.micro_batch_size (now {micro} of the {b.sequences_per_rank} sequences a rank trains on)"]
     if not cfg.learner.gradient_checkpointing:
         fixes.append("set learner.gradient_checkpointing=true")
-    fixes.append(f"lower algo.max_new_tokens (now {cfg.algo.max_new_tokens})")
+    name, bound = response_bound(cfg)
+    fixes.append(f"lower {name} (now {bound})")
     return (f"training step {step} ran out of GPU memory on the learner (micro-batches of {micro} sequences of up to "
             f"{b.max_seq_len} tokens); " + ", ".join(fixes[:-1]) + f", or {fixes[-1]}. The last checkpoint is kept, and "
             "resume=auto with a smaller micro-batch or gradient checkpointing continues from it.")

@@ -15,6 +15,7 @@ from rlgen.plan.memory import (
     engine_floor_gib,
     logits_budget_bytes,
     logits_bytes,
+    response_bound,
 )
 from rlgen.plan.overlap import check_sleep_mode
 
@@ -80,14 +81,6 @@ def check_episodes(cfg: RunConfig, spec: EngineSpec, p: list[str]) -> None:
             make_env(t.env, dict(t.env_args))
         except TaskDataError as err:
             p.append(str(err))
-
-
-def response_bound(cfg: RunConfig) -> tuple[str, int]:
-    """The setting that bounds a response's tokens, and its value: a multi-turn episode's are its whole
-    (the policy's turns and the environment's answers)."""
-    if cfg.task.kind == TaskKind.env:
-        return "task.max_total_tokens", cfg.task.max_total_tokens
-    return "algo.max_new_tokens", cfg.algo.max_new_tokens
 
 
 def check_lengths(cfg: RunConfig, spec: EngineSpec, ms: ModelSummary, has_engines: bool, p: list[str]) -> None:
