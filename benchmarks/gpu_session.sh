@@ -23,6 +23,8 @@
 #     nccl-kill [OVERRIDES]  two GPUs: the engine's vLLM core killed inside the NCCL update of step 3; the run
 #                       must finish (benchmarks/kill_in_nccl_update.py)
 #     nccl-env         two GPUs: NCCL joins with NCCL_CUMEM_ENABLE set alike and unlike (benchmarks/nccl_cumem_check.py)
+#     tool-latency [ARGS]  single-turn, multi-turn, and multi-turn with a 50-500 ms tool, one after the other on the
+#                       0.5B (benchmarks/tool_latency.py)
 #     serve-lora ADAPTER [OVERRIDES]  `rlgen serve` with vLLM adapters: load, generate with and without, unload
 #                       (benchmarks/serve_lora.py)
 # Run from the repository root with rlgen importable (installed, or src on PYTHONPATH). Every vLLM process is
@@ -52,6 +54,9 @@ EOF
     ;;
   bench)
     "$py" -m rlgen.bench engine=vllm model=qwen2_5_1_5b hardware=1xh100 "$@" --out "$out/bench" 2>&1 | tee "$out/bench.log"
+    ;;
+  tool-latency)
+    "$py" benchmarks/tool_latency.py "$out/tool_latency" engine=vllm model=qwen2_5_0_5b hardware=1xh100 "$@" 2>&1 | tee "$out/tool_latency.log"
     ;;
   tune)
     points=${1:?tune needs POINTS}

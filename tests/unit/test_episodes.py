@@ -292,3 +292,19 @@ def test_a_call_that_timed_out_never_changes_its_episode_when_it_returns_late(to
     turn = len(tok.encode("7<think>ab</think>", add_special_tokens=False)) + 1
     assert len(failed.token_ids) == 2 * turn + 3  # two turns and one answer: nothing appended after the timeout
     assert comps[1].env_error == "" and comps[1].env_reward == 6.0
+
+
+def test_episodes_awaited_on_an_engines_own_loop_are_the_episodes_played_alone(tok):
+    reqs = requests(tok, env="test_slow_even", n=6, env_args={"turns": 2})
+    engine = StandInEngine(tok)
+
+    async def turn(batch):  # an engine's asynchronous generate, awaited on the loop the episodes run on
+        await asyncio.sleep(0.01)
+        return engine.generate(batch)
+
+    awaited, _ = asyncio.run(Episodes(None, reqs, tok, in_turns=False).play(turn))
+    alone, _ = Episodes(StandInEngine(tok).generate, reqs, tok, in_turns=False).run()
+    assert [c.token_ids for c in awaited] == [c.token_ids for c in alone]
+    assert [c.loss_mask for c in awaited] == [c.loss_mask for c in alone]
+    assert all(c.turns == 2 and c.env_reward == 2.0 and not c.env_error for c in awaited)
+    assert len(engine.calls) == 6 * 2 and all(len(batch) == 1 for batch in engine.calls)  # each turn its own call

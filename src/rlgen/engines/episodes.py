@@ -178,8 +178,10 @@ class Episodes:
     ``in_turns`` (an engine that draws a whole batch from one seed, the hf engine): every episode still going
     takes its next turn in one batch, then their environment steps run side by side; the batches are the same
     on every run, so the same seeds give the same episodes. Otherwise (vLLM's per-request seeds) each episode
-    plays on its own thread: its turns go to the engine as they come, beside other episodes' turns and
-    environment calls, so the engine generates whenever any episode has a turn to take."""
+    plays on its own, as a coroutine: its turns go to the engine as they come, beside other episodes' turns and
+    environment calls, so the engine generates whenever any episode has a turn to take. An engine with an event
+    loop of its own awaits ``play(its async generate)`` there; ``run()`` plays them on a loop of its own, each
+    turn a call of ``turn`` from a worker thread."""
 
     def __init__(self, turn: Any, requests: list[GenRequest], tokenizer: Any, in_turns: bool):
         self.turn, self.requests, self.in_turns = turn, requests, in_turns
@@ -195,17 +197,36 @@ class Episodes:
 
     def run(self) -> tuple[list[Completion], float]:
         """The episodes' completions (n per request, in request order) and the seconds the engine waited on
-        environment calls with nothing to generate; ``spans`` then holds what it was doing when."""
-        episodes = [_Episode(r, j) for r in self.requests for j in range(r.sampling.n)]
+        environment calls with nothing to generate; ``spans`` then holds what it was doing when. Alone (not
+        ``in_turns``), ``turn`` is called from worker threads, one turn at a time per episode."""
+        if not self.in_turns:
+            return asyncio.run(self.play(lambda reqs: asyncio.to_thread(self.turn, reqs)))
+        episodes = self._episodes()
         try:
-            self._together(episodes) if self.in_turns else self._each_alone(episodes)
+            self._together(episodes)
         finally:
-            self.activity.close()
-            self.pool.shutdown(wait=False, cancel_futures=True)  # a hung environment call is left behind
-            for e in episodes:  # an environment with a close() (an agent's thread) is told its episode is over
-                with contextlib.suppress(Exception):
-                    getattr(e.env, "close", lambda: None)()
+            self._close(episodes)
         return [self._completion(e) for e in episodes], self.activity.env_s()
+
+    async def play(self, turn: Any) -> tuple[list[Completion], float]:
+        """Alone: every episode a coroutine on the running loop, ``turn(requests)`` a coroutine function (an
+        engine's own asynchronous generate); what run() returns."""
+        episodes = self._episodes()
+        try:
+            await asyncio.gather(*(self._play(e, turn) for e in episodes))
+        finally:
+            self._close(episodes)
+        return [self._completion(e) for e in episodes], self.activity.env_s()
+
+    def _episodes(self) -> list[_Episode]:
+        return [_Episode(r, j) for r in self.requests for j in range(r.sampling.n)]
+
+    def _close(self, episodes: list[_Episode]) -> None:
+        self.activity.close()
+        self.pool.shutdown(wait=False, cancel_futures=True)  # a hung environment call is left behind
+        for e in episodes:  # an environment with a close() (an agent's thread) is told its episode is over
+            with contextlib.suppress(Exception):
+                getattr(e.env, "close", lambda: None)()
 
     def _together(self, episodes: list[_Episode]) -> None:
         self._reset(episodes)
@@ -216,19 +237,19 @@ class Episodes:
             if going := [e for e in going if not e.finish]:
                 self._step(going)
 
-    def _each_alone(self, episodes: list[_Episode]) -> None:
-        with ThreadPoolExecutor(max_workers=len(episodes), thread_name_prefix="episode") as players:
-            for fut in [players.submit(self._play, e) for e in episodes]:
-                fut.result()  # an engine that failed fails the call, as a single-turn generate would
-
-    def _play(self, e: _Episode) -> None:
-        self._reset([e])
+    async def _play(self, e: _Episode, turn_fn: Any) -> None:
+        await self._env_call(e, self._open, self._opened)
         turn = 0
         while not e.finish:
             turn += 1
-            self._generate([e], turn)
+            self.activity.add(generating=1)
+            try:
+                out = await turn_fn(self._turn_requests([e], turn))
+            finally:
+                self.activity.add(generating=-1)
+            self._take(list(zip([e], out["completions"])))
             if not e.finish:
-                self._step([e])
+                await self._env_call(e, self._act, self._stepped)
 
     # -- the environment's side -------------------------------------------------------------------------
     # The pool runs only the environment's own calls; what they return is applied here, by the thread that
@@ -251,29 +272,62 @@ class Episodes:
         self._env_calls(episodes, self._open, self._opened)
 
     def _step(self, episodes: list[_Episode]) -> None:
-        actions = {id(e): self.decode(e.tokens[self._turn_start(e):], skip_special_tokens=True) for e in episodes}
-        self._env_calls(episodes, lambda e: _call(e.env.step, actions[id(e)]), self._stepped)
+        self._env_calls(episodes, self._act, self._stepped)
 
-    def _stepped(self, e: _Episode, step: Any) -> None:
+    def _act(self, e: _Episode) -> tuple[Any, list[int] | None]:
+        """In a worker: the policy's last turn to the environment, and its answer's tokens (None when there are
+        none to add); nothing here changes the episode."""
+        step = _call(e.env.step, self.decode(e.tokens[self._turn_start(e):], skip_special_tokens=True))
+        if not isinstance(step, Step) or step.done or not step.observation:
+            return step, None
+        ended = bool(e.tokens) and e.tokens[-1] in self._stops(e)
+        return step, self.tokens.ids(step.observation, ended, step.role)
+
+    def _stepped(self, e: _Episode, out: tuple[Any, list[int] | None]) -> None:
+        step, ids = out
         if not isinstance(step, Step):
             raise TypeError(f"step() returned {type(step).__name__}, not rlgen.tasks.envs.Step")
         e.reward += float(step.reward)
         spec = e.spec
         if step.done:
             e.finish = "stop"
-        elif not step.observation:
+        elif not step.observation or ids is None:
             raise ValueError("step() returned no observation and done=False")
-        elif e.turns >= spec.max_turns:
+        elif e.turns >= spec.max_turns or len(e.tokens) + len(ids) >= spec.max_total_tokens:
             e.finish = "length"
         else:
-            ended = bool(e.tokens) and e.tokens[-1] in self._stops(e)
-            ids = self.tokens.ids(step.observation, ended, step.role)
-            if len(e.tokens) + len(ids) >= spec.max_total_tokens:
-                e.finish = "length"
-            else:
-                e.tokens += ids
-                e.logprobs += [0.0] * len(ids)
-                e.mask += [0] * len(ids)
+            e.tokens += ids
+            e.logprobs += [0.0] * len(ids)
+            e.mask += [0] * len(ids)
+
+    async def _env_call(self, e: _Episode, work: Any, apply: Any) -> None:
+        """_env_calls for one episode, awaited on the running loop (the call itself runs in the pool)."""
+        self.activity.add(waiting=1)
+        started: list[float] = []
+
+        def call() -> Any:
+            started.append(time.time())
+            return work(e)
+
+        fut = asyncio.get_running_loop().run_in_executor(self.pool, call)
+        timeout = e.spec.env_timeout_s
+        try:
+            while True:
+                queued = not started
+                wait = QUEUED_POLL_S if queued else max(0.0, started[0] + timeout - time.time())
+                try:
+                    out = await asyncio.wait_for(asyncio.shield(fut), wait)
+                    break
+                except TimeoutError:
+                    if not queued:
+                        raise
+            apply(e, out)
+        except TimeoutError:
+            self._fail(e, f"the environment took longer than task.env_timeout_s={timeout:g}")
+        except Exception as err:  # noqa: BLE001 - any failure of the environment ends that episode only
+            self._fail(e, f"the environment raised {type(err).__name__}: {err}")
+        finally:
+            self.activity.add(waiting=-1)
 
     def _env_calls(self, episodes: list[_Episode], work: Any, apply: Any) -> None:
         """work(episode) for each, in the pool, then apply(episode, its result) here; each call's timeout counts
@@ -338,20 +392,28 @@ class Episodes:
                 by_request[i] = out["completions"][pos : pos + r.sampling.n]
                 pos += r.sampling.n
             index = {id(r): i for i, r in enumerate(self.requests)}
-            done = [(e, by_request[index[id(e.request)]][e.sample]) for e in episodes]
+            self._take([(e, by_request[index[id(e.request)]][e.sample]) for e in episodes])
         else:
-            reqs = []
-            for e in episodes:
-                s = e.request.sampling
-                seed = None if s.seed is None else s.seed + turn * TURN_SEED_STRIDE + (0 if self.in_turns else
-                                                                                        e.sample * 7_919)
-                left = e.spec.max_total_tokens - len(e.tokens)
-                sampling = dataclasses.replace(s, n=1, seed=seed, max_new_tokens=max(1, min(s.max_new_tokens, left)))
-                prompt = e.prompt if e.prompt is not None else e.request.prompt_ids
-                reqs.append(GenRequest(tuple(prompt) + tuple(e.tokens), sampling, e.request.group_id,
-                                       e.request.adapter))
-            out = self.turn(reqs)
-            done = list(zip(episodes, out["completions"]))
+            out = self.turn(self._turn_requests(episodes, turn))
+            self._take(list(zip(episodes, out["completions"])))
+
+    def _turn_requests(self, episodes: list[_Episode], turn: int) -> list[GenRequest]:
+        """Each episode's next turn as a request of one sample: its context so far, the tokens left to it, and a
+        seed of its own (alone, turn 1 too)."""
+        reqs = []
+        for e in episodes:
+            s = e.request.sampling
+            seed = None if s.seed is None else s.seed + turn * TURN_SEED_STRIDE + (0 if self.in_turns else
+                                                                                    e.sample * 7_919)
+            left = e.spec.max_total_tokens - len(e.tokens)
+            sampling = dataclasses.replace(s, n=1, seed=seed, max_new_tokens=max(1, min(s.max_new_tokens, left)))
+            prompt = e.prompt if e.prompt is not None else e.request.prompt_ids
+            reqs.append(GenRequest(tuple(prompt) + tuple(e.tokens), sampling, e.request.group_id, e.request.adapter))
+        return reqs
+
+    @staticmethod
+    def _take(done: list[tuple[_Episode, Completion]]) -> None:
+        """The turns just generated, appended to their episodes."""
         for e, c in done:
             at = len(e.tokens)
             if e.version is None:
@@ -382,7 +444,8 @@ class Episodic:
     self.play_episodes(requests)``, and its own single-turn generate plays each turn. ``one_seed_per_batch``:
     the engine draws a whole batch from one seed (the hf engine), so episodes take their turns together, in the
     same batches every time; else each episode plays on its own and each sample has seeds of its own (vLLM's
-    per-request seeds), and its generate() must take calls from several threads at once."""
+    per-request seeds): an engine with an event loop of its own overrides ``_play_episodes`` to await
+    ``Episodes.play`` there, else its generate() must take calls from several threads at once."""
 
     one_seed_per_batch = False
 
@@ -391,8 +454,12 @@ class Episodic:
             raise ValueError("a generate() call mixes episode requests with single-turn ones")
         tokenizer = _tokenizer(self.model_path)  # the engine's model folder: the environment's answers' tokens
         episodes = Episodes(self.generate, requests, tokenizer, in_turns=self.one_seed_per_batch)
-        completions, env_s = episodes.run()
+        completions, env_s = self._play_episodes(episodes)
         return {"completions": completions, "version": self.version, "env_s": env_s, "spans": episodes.spans}
+
+
+    def _play_episodes(self, episodes: Episodes) -> tuple[list[Completion], float]:
+        return episodes.run()
 
 
 def is_episodes(requests: list[GenRequest]) -> bool:

@@ -10,6 +10,7 @@ vllm is imported only when an engine is built. Its parts: engine arguments and s
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import threading
@@ -219,19 +220,40 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, Episodic, KeptWar
             raise EngineError(f"{self.name} is asleep; call wake() before generate().")
         if is_episodes(requests):
             return self.play_episodes(requests)
-        with self._lock:
-            self._calls += 1
-            call = self._calls
         t0 = time.time()
-        v = self.version
-        jobs = [(self._prompt(r), self._sampling(r), f"{self.name}-{call}-{i}", self._lora_of(r))
-                for i, r in enumerate(requests)]
+        call, v, jobs = self._jobs(requests)
         outs = self._loop.run(
             generate_all(self.llm, jobs),
             self.timeout_s,
             f"{self.name}: generate() of {len(requests)} requests",
         )
         t1 = time.time()
+        return {"completions": self._completions(requests, outs, call, v), "spans": [(Phase.generate.value, t0, t1)],
+                "version": v}
+
+    async def generate_async(self, requests: list[GenRequest]) -> dict[str, Any]:
+        """generate() of single-turn requests, awaited on the engine's own loop (an episode's turn)."""
+        call, v, jobs = self._jobs(requests)
+        outs = await asyncio.wait_for(generate_all(self.llm, jobs), self.timeout_s)
+        return {"completions": self._completions(requests, outs, call, v), "version": v}
+
+    def _play_episodes(self, episodes: Any) -> tuple[list[Completion], float]:
+        """Every episode a coroutine on the engine's loop, beside vLLM's own: no thread per episode."""
+        spec = episodes.requests[0].episode
+        bound = (self.timeout_s + spec.env_timeout_s) * (spec.max_turns + 1)
+        return self._loop.run(episodes.play(self.generate_async), bound,
+                              f"{self.name}: {len(episodes.requests)} requests' episodes")
+
+    def _jobs(self, requests: list[GenRequest]) -> tuple[int, int, list[tuple[Any, Any, str, Any]]]:
+        """This call's number, the version it starts under, and its vLLM jobs."""
+        with self._lock:
+            self._calls += 1
+            call = self._calls
+        jobs = [(self._prompt(r), self._sampling(r), f"{self.name}-{call}-{i}", self._lora_of(r))
+                for i, r in enumerate(requests)]
+        return call, self.version, jobs
+
+    def _completions(self, requests: list[GenRequest], outs: list[Any], call: int, v: int) -> list[Completion]:
         completions: list[Completion] = []
         with self._lock:  # this call's in-flight version changes, by request id and sample index
             changes = {key: self._version_changes.pop(key) for key in list(self._version_changes)
@@ -260,7 +282,7 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, Episodic, KeptWar
                                                         v, len(toks)),
                     )
                 )
-        return {"completions": completions, "spans": [(Phase.generate.value, t0, t1)], "version": v}
+        return completions
 
     # -- memory and scheduling --------------------------------------------------------------------------
     def sleep(self, level: int = 1) -> None:

@@ -1,0 +1,112 @@
+"""Do engines wait for tools? The same run single-turn, multi-turn with instant tools, and multi-turn with a tool
+that takes 50-500 ms a call, one after the other on the same GPU.
+
+    python benchmarks/tool_latency.py OUT [--steps 8] [--tokens 512] [--turns 4] [--sides single,turns,tool]
+        [hydra overrides ...]
+    python benchmarks/tool_latency.py /tmp/tl engine=vllm model=qwen2_5_0_5b hardware=1xh100        # GPU
+    python benchmarks/tool_latency.py /tmp/tl --steps 3 --tokens 16 --turns 2 task.env_args.max_ms=20  # CPU
+
+Sides (each `rlgen train` with hydra.run.dir=OUT/<side>):
+- ``single``: ``task=arith``, one completion of ``--tokens`` tokens per prompt;
+- ``turns``: benchmarks/envs/slow_tool.py's environment with no latency, ``--turns`` policy turns of
+  ``--tokens / --turns`` tokens each and a tool's result between them;
+- ``tool``: the same with every tool call taking a random 50-500 ms.
+
+Per side, the medians over the steps after the first two: the policy's tokens per second of engine time
+(generation plus the time the engine had no turn to generate because every episode waited for its tool), the
+share of engine time spent so (``engine_idle_on_env``), the balancer's engine idle share, the step. The ratios
+``tool / single`` are the benchmark's results. OUT/tool_latency.json is rewritten after every side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ENV = "slow_tool:SlowToolEnv"
+
+
+def side_overrides(side: str, tokens: int, turns: int) -> list[str]:
+    if side == "single":
+        return ["task=arith", f"algo.max_new_tokens={tokens}"]
+    per_turn = max(1, tokens // turns)
+    latency = [] if side == "tool" else ["++task.env_args.min_ms=0", "++task.env_args.max_ms=0"]
+    return ["task=env", f"task.env={ENV}", f"++task.env_args.turns={turns}", *latency, f"task.max_turns={turns}",
+            f"algo.max_new_tokens={per_turn}", f"task.max_total_tokens={per_turn * turns + 96 * (turns - 1)}",
+            "task.max_prompt_tokens=64"]
+
+
+def engine_seconds(record: dict) -> tuple[float, float]:
+    """The engines' generate and environment-wait seconds in a step (the busiest engine)."""
+    per: dict[str, list[float]] = {}
+    for s in record.get("timeline", []):
+        if s["actor"].startswith("engine") and s["phase"] in ("generate", "env"):
+            got = per.setdefault(s["actor"], [0.0, 0.0])
+            got[s["phase"] == "env"] += s["end"] - s["start"]
+    return max(per.values(), key=sum, default=[0.0, 0.0])
+
+
+def summarize(run: Path) -> dict:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    use = records[2:] if len(records) > 3 else records[1:] or records
+    rows = []
+    for r in use:
+        gen_s, env_s = engine_seconds(r)
+        busy = gen_s + env_s
+        rows.append({"tokens": r["response_tokens"], "tokens_per_s": r["response_tokens"] / busy if busy else 0.0,
+                     "generate_s": gen_s, "env_wait_s": env_s, "engine_idle_on_env": env_s / busy if busy else 0.0,
+                     "balance_engine_idle_frac": float((r.get("balance") or {}).get("engine_idle_frac", 0.0)),
+                     "step_s": r["step_s"], "turns": r.get("env/turns", 1.0), "env_tokens": r.get("env/tokens", 0.0),
+                     "env_errors": r.get("env/errors", 0.0)})
+    med = {k: statistics.median(x[k] for x in rows) for k in rows[0]} if rows else {}
+    summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
+    return {"steps_used": [r["step"] for r in use], "median": med, "per_step": rows,
+            "gpu_busy_pct": summary.get("gpu_busy_pct"), "summary_keys": sorted(summary)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=512, help="the policy's tokens per episode, over all its turns")
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--sides", default="single,turns,tool")
+    ap.add_argument("overrides", nargs="*")
+    args, extra = ap.parse_known_args()
+    args.overrides += extra
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE / "envs"), env.get("PYTHONPATH", "")) if p)
+    result: dict = {"command": " ".join(sys.argv), "sides": {}}
+    for side in args.sides.split(","):
+        run = out / side
+        cmd = [sys.executable, "-m", "rlgen.cli", "train", "progress=false", f"hydra.run.dir={run}",
+               f"steps={args.steps}", *side_overrides(side, args.tokens, args.turns), *args.overrides]
+        t0 = time.time()
+        with open(out / f"{side}.log", "w") as log:
+            rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        rec = {"rc": rc, "wall_s": time.time() - t0, "command": " ".join(cmd[2:])}
+        if rc == 0:
+            rec.update(summarize(run))
+        result["sides"][side] = rec
+        base = result["sides"].get("single", {}).get("median")
+        if base and rec.get("median") and side != "single":
+            rec["tokens_per_s_vs_single"] = rec["median"]["tokens_per_s"] / base["tokens_per_s"]
+        (out / "tool_latency.json").write_text(json.dumps(result, indent=2) + "\n")
+        m = rec.get("median", {})
+        print(f"[tool_latency] {side}: rc {rc}, {m.get('tokens_per_s', 0):,.0f} tok/s, engine idle on env "
+              f"{m.get('engine_idle_on_env', 0):.1%}, step {m.get('step_s', 0):.2f} s, vs single "
+              f"{rec.get('tokens_per_s_vs_single', 1.0):.3f}", flush=True)
+    return 0 if all(s["rc"] == 0 for s in result["sides"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
