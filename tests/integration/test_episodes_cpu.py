@@ -33,6 +33,16 @@ def test_the_chain_game_learns(tmp_path, no_kept):
     assert max(r["mismatch/max_abs_delta"] for r in records) < 1e-3  # the learner scores the engine's own tokens
 
 
+def test_a_reasoning_gym_dataset_trains_by_name(tmp_path, no_kept):
+    pytest.importorskip("reasoning_gym")
+    cfg = compose_run_config(["progress=false", "task=reasoning_gym", "task.env_args.dataset=basic_arithmetic",
+                              "++task.env_args.config={max_terms: 2, max_digits: 1}", "steps=3"])
+    run_training(build_plan(cfg), tmp_path)
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    assert len(records) == 3 and all(r["env/turns"] == 1.0 and r["env/errors"] == 0 for r in records)
+    assert all(0.0 <= r["reward_mean"] <= 1.0 for r in records)
+
+
 def _run(out: Path, overrides: list[str], stop=None, resume: bool = False):
     return train_or_stopped(["progress=false", "task=chain", *overrides], out, stop=stop, resume=resume)
 
@@ -76,6 +86,7 @@ def single_turn_engine():
     (["task.env=no_such_env"], "is not an environment"),
     (["engine.kind=single_turn"], "plays multi-turn episodes inside the engines, which engine=single_turn"),
     (["task.max_turns=0"], "task.max_turns=0 must be at least 1"),
+    (["task.env_args.links=0"], "refuses task.env_args={'links': 0, 'max_operand': 10}: links and max_operand"),
     (["task.stop=[x]"], "leave task.stop empty"),
 ])
 def test_bad_environment_settings_are_one_sentence_before_anything_starts(single_turn_engine, overrides, said):

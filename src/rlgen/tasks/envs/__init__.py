@@ -81,8 +81,12 @@ def make_env(name: str, args: dict[str, Any]) -> Any:
     cls = env_class(name)
     try:
         env = cls(**args)
+    except TaskDataError:
+        raise
     except TypeError as err:
         raise TaskDataError(f"task.env={name!r} does not take task.env_args={args} ({err}).") from err
+    except ValueError as err:
+        raise TaskDataError(f"task.env={name!r} refuses task.env_args={args}: {err}") from err
     if not isinstance(env, Environment):
         raise TaskDataError(f"task.env={name!r} builds a {type(env).__name__}, which has no reset(prompt, seed) "
                             "and step(action); see docs/environments.md.")
@@ -95,7 +99,7 @@ def env_names() -> list[str]:
 
 
 def _load_builtin() -> None:
-    from rlgen.tasks.envs import agent, chain, sandbox, tools  # noqa: F401 - they register themselves
+    from rlgen.tasks.envs import agent, chain, procedural, sandbox, tools  # noqa: F401 - they register themselves
 
 
 __all__ = ["Environment", "Opening", "Step", "env_class", "env_names", "make_env", "register_env"]
