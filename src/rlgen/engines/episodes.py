@@ -25,7 +25,6 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -301,7 +300,9 @@ class Episodes:
             e.mask += [0] * len(ids)
 
     async def _env_call(self, e: _Episode, work: Any, apply: Any) -> None:
-        """_env_calls for one episode, awaited on the running loop (the call itself runs in the pool)."""
+        """work(e) in the pool, then apply(e, its result) on the running loop, unless it raised or ran past
+        task.env_timeout_s (counted from its start, not while it waited for a worker): then the episode fails, and
+        a late answer never reaches it."""
         self.activity.add(waiting=1)
         started: list[float] = []
 
@@ -330,33 +331,13 @@ class Episodes:
             self.activity.add(waiting=-1)
 
     def _env_calls(self, episodes: list[_Episode], work: Any, apply: Any) -> None:
-        """work(episode) for each, in the pool, then apply(episode, its result) here; each call's timeout counts
-        from when it starts (not while it waits for a free worker)."""
-        self.activity.add(waiting=len(episodes))
-        started: dict[int, float] = {}
+        """work(episode) for each, side by side in the pool, then apply(episode, its result) here; each call's
+        timeout counts from when it starts (not while it waits for a free worker)."""
 
-        def call(e: _Episode) -> Any:
-            started[id(e)] = time.time()
-            return work(e)
+        async def each() -> None:
+            await asyncio.gather(*(self._env_call(e, work, apply) for e in episodes))
 
-        futures = [(e, self.pool.submit(call, e)) for e in episodes]
-        timeout = episodes[0].spec.env_timeout_s
-        for e, fut in futures:
-            try:
-                while True:
-                    at = started.get(id(e))
-                    try:
-                        out = fut.result(timeout=QUEUED_POLL_S if at is None else max(0.0, at + timeout - time.time()))
-                        break
-                    except FutureTimeout:
-                        if at is not None:
-                            raise
-                apply(e, out)
-            except FutureTimeout:
-                self._fail(e, f"the environment took longer than task.env_timeout_s={timeout:g}")
-            except Exception as err:  # noqa: BLE001 - any failure of the environment ends that episode only
-                self._fail(e, f"the environment raised {type(err).__name__}: {err}")
-        self.activity.add(waiting=-len(episodes))
+        asyncio.run(each())
 
     @staticmethod
     def _fail(e: _Episode, why: str) -> None:
