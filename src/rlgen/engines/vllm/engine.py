@@ -231,18 +231,18 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, Episodic, KeptWar
         return {"completions": self._completions(requests, outs, call, v), "spans": [(Phase.generate.value, t0, t1)],
                 "version": v}
 
-    async def generate_async(self, requests: list[GenRequest]) -> dict[str, Any]:
-        """generate() of single-turn requests, awaited on the engine's own loop (an episode's turn)."""
-        call, v, jobs = self._jobs(requests)
-        outs = await asyncio.wait_for(generate_all(self.llm, jobs), self.timeout_s)
-        return {"completions": self._completions(requests, outs, call, v), "version": v}
-
     def _play_episodes(self, episodes: Any) -> tuple[list[Completion], float]:
-        """Every episode a coroutine on the engine's loop, beside vLLM's own: no thread per episode."""
+        """Every episode a coroutine on the engine's loop, beside vLLM's own: no thread per episode. (The turn's
+        coroutine is made here: an actor class with an ``async def`` method would be an async actor to Ray.)"""
+
+        async def turn(requests: list[GenRequest]) -> dict[str, Any]:
+            call, v, jobs = self._jobs(requests)
+            outs = await asyncio.wait_for(generate_all(self.llm, jobs), self.timeout_s)
+            return {"completions": self._completions(requests, outs, call, v), "version": v}
+
         spec = episodes.requests[0].episode
         bound = (self.timeout_s + spec.env_timeout_s) * (spec.max_turns + 1)
-        return self._loop.run(episodes.play(self.generate_async), bound,
-                              f"{self.name}: {len(episodes.requests)} requests' episodes")
+        return self._loop.run(episodes.play(turn), bound, f"{self.name}: {len(episodes.requests)} requests' episodes")
 
     def _jobs(self, requests: list[GenRequest]) -> tuple[int, int, list[tuple[Any, Any, str, Any]]]:
         """This call's number, the version it starts under, and its vLLM jobs."""
