@@ -251,8 +251,8 @@ class Episodes:
                 await self._env_call(e, self._act, self._stepped)
 
     # -- the environment's side -------------------------------------------------------------------------
-    # The pool runs only the environment's own calls; what they return is applied here, by the thread that
-    # waited for it, so a call that timed out and returns later never touches its episode.
+    # The pool runs only the environment's own calls; what they return is applied by the coroutine that awaited
+    # it, so a call that timed out and returns later never touches its episode.
     def _open(self, e: _Episode) -> tuple[Any, Any]:
         spec = e.spec
         env = make_env(spec.env, dict(spec.env_args))
