@@ -25,7 +25,7 @@ from typing import Any
 
 from rlgen.tasks.base import Prompt
 from rlgen.tasks.envs import register_env
-from rlgen.tasks.envs.tools import MAX_RESULT_CHARS, ToolEnv
+from rlgen.tasks.envs.tools import MAX_RESULT_CHARS, ToolEnv, text_tool_schema
 
 CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
 _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: the child between fork and exec only calls it
@@ -88,12 +88,7 @@ def run_python(code: str, timeout_s: float = 5.0, memory_mb: int = 512) -> str:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-run_python.schema = {  # type: ignore[attr-defined]
-    "type": "function",
-    "function": {"name": "run_python", "description": "Run a Python program and return what it prints.",
-                 "parameters": {"type": "object", "properties": {"code": {"type": "string"}},
-                                "required": ["code"]}},
-}
+run_python.schema = text_tool_schema("run_python", "Run a Python program and return what it prints.", "code")  # type: ignore[attr-defined]
 
 
 @register_env("python")

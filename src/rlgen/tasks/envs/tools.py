@@ -135,12 +135,15 @@ def calculate(expression: str) -> str:
     return str(result)
 
 
-calculate.schema = {  # type: ignore[attr-defined]
-    "type": "function",
-    "function": {"name": "calculate", "description": "Evaluate an arithmetic expression.",
-                 "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
-                                "required": ["expression"]}},
-}
+def text_tool_schema(name: str, description: str, argument: str) -> dict[str, Any]:
+    """The OpenAI function schema of a tool that takes one string argument."""
+    return {"type": "function",
+            "function": {"name": name, "description": description,
+                         "parameters": {"type": "object", "properties": {argument: {"type": "string"}},
+                                        "required": [argument]}}}
+
+
+calculate.schema = text_tool_schema("calculate", "Evaluate an arithmetic expression.", "expression")  # type: ignore[attr-defined]
 
 
 @register_env("calculator")
