@@ -117,10 +117,11 @@ class MemorySplit:
 
 def response_bound(cfg: RunConfig) -> tuple[str, int]:
     """The setting that bounds a response's tokens, and its value: a multi-turn episode's are its whole
-    (the policy's turns and the environment's answers)."""
+    (the policy's turns and the environment's answers); a single turn's, the smaller of its turn and its whole
+    (the environment adds nothing after the one turn)."""
     t, new = cfg.task, cfg.algo.max_new_tokens
     if t.kind == TaskKind.env and not (t.max_turns == 1 and new and new < t.max_total_tokens):
-        return "task.max_total_tokens", t.max_total_tokens  # one turn: the environment adds nothing after it
+        return "task.max_total_tokens", t.max_total_tokens
     return "algo.max_new_tokens", new
 
 
