@@ -12,6 +12,9 @@ Sides (each `rlgen train` with hydra.run.dir=OUT/<side>):
   ``--tokens / --turns`` tokens each and a tool's result between them;
 - ``tool``: the same with every tool call taking a random 50-500 ms.
 
+``--stop-ids K`` makes K token ids end a turn on every side, so a random-init model's turns end at random points
+(RL-shaped lengths) rather than all at the same decode step.
+
 Per side, the medians over the steps after the first two: the policy's tokens per second of engine time
 (generation plus the time the engine had no turn to generate because every episode waited for its tool), the
 share of engine time spent so (``engine_idle_on_env``), the balancer's engine idle share, the step. The ratios
@@ -78,6 +81,9 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=512, help="the policy's tokens per episode, over all its turns")
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--sides", default="single,turns,tool")
+    ap.add_argument("--stop-ids", type=int, default=0,
+                    help="K token ids (1000 ..) that end a turn, on every side: a random-init model then stops at a "
+                         "random point (K/vocab a token), so turns have RL-shaped lengths rather than all the same")
     ap.add_argument("overrides", nargs="*")
     args, extra = ap.parse_known_args()
     args.overrides += extra
@@ -88,12 +94,15 @@ def main() -> int:
     result: dict = {"command": " ".join(sys.argv), "sides": {}}
     for side in args.sides.split(","):
         run = out / side
+        stops = [f"task.stop_token_ids=[{','.join(str(1000 + k) for k in range(args.stop_ids))}]"] if args.stop_ids else []
         cmd = [sys.executable, "-m", "rlgen.cli", "train", "progress=false", f"hydra.run.dir={run}",
-               f"steps={args.steps}", *side_overrides(side, args.tokens, args.turns), *args.overrides]
+               f"steps={args.steps}", *side_overrides(side, args.tokens, args.turns), *stops, *args.overrides]
         t0 = time.time()
         with open(out / f"{side}.log", "w") as log:
             rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
-        rec = {"rc": rc, "wall_s": time.time() - t0, "command": " ".join(cmd[2:])}
+        rec = {"rc": rc, "wall_s": time.time() - t0, "command": " ".join(c if not c.startswith("task.stop_token_ids")
+                                                                    else f"task.stop_token_ids=<{args.stop_ids} ids>"
+                                                                    for c in cmd[2:])}
         if rc == 0:
             rec.update(summarize(run))
         result["sides"][side] = rec
