@@ -43,6 +43,20 @@ def test_a_reasoning_gym_dataset_trains_by_name(tmp_path, no_kept):
     assert all(0.0 <= r["reward_mean"] <= 1.0 for r in records)
 
 
+def test_a_verifiers_environment_trains_unchanged(tmp_path, no_kept, monkeypatch):
+    pytest.importorskip("verifiers")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ENVS), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.syspath_prepend(str(ENVS))
+    cfg = compose_run_config(["progress=false", "task=verifiers", "task.env_args.env=vf_chain", "task.max_turns=2",
+                              "task.max_total_tokens=16", "task.max_prompt_tokens=8", "steps=3"])
+    run_training(build_plan(cfg), tmp_path)
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    # every episode: its MultiTurnEnv's two turns, "+c=" (3 tokens) of the environment's between, scored by its rubric
+    assert len(records) == 3 and all(r["env/turns"] == 2.0 and r["env/tokens"] == 3.0 and r["env/errors"] == 0
+                                     for r in records)
+    assert all(0.0 < r["reward_mean"] < 1.0 for r in records)
+
+
 def _run(out: Path, overrides: list[str], stop=None, resume: bool = False):
     return train_or_stopped(["progress=false", "task=chain", *overrides], out, stop=stop, resume=resume)
 

@@ -73,7 +73,7 @@ def play(tok, fn, answers, chat, in_turns=True):
 @pytest.mark.parametrize("in_turns", [True, False])
 def test_an_sdk_agent_plays_an_episode_on_the_engines_own_tokens(in_turns):
     tok = build_tokenizer()  # raw: no chat template; messages are their contents, one after another
-    c, engine = play(tok, "agents:chain_agent", ["7", "10"], chat=False, in_turns=in_turns)
+    c, engine = play(tok, "sdk_agents:chain_agent", ["7", "10"], chat=False, in_turns=in_turns)
     enc = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
     eos = tok.eos_token_id
     assert c.own_prompt and c.prompt_ids == enc("3+4=") and engine.seen[0] == enc("3+4=")
@@ -86,7 +86,7 @@ def test_an_sdk_agent_plays_an_episode_on_the_engines_own_tokens(in_turns):
 def test_an_async_sdk_agent_gets_tool_calls_and_sends_their_results_as_tool_messages():
     tok = ascii_tokenizer()
     call = '<tool_call>{"name": "add", "arguments": {"a": 3, "b": 4}}</tool_call>'
-    c, engine = play(tok, "agents:tool_agent", [call, "So it is 7"], chat=True)
+    c, engine = play(tok, "sdk_agents:tool_agent", [call, "So it is 7"], chat=True)
     assert c.env_error == "" and c.env_reward == 1.0 and c.turns == 2
     assert tok.decode(c.prompt_ids) == "s:Use the add tool.<eos>u:3+4=<eos>a:"
     text = tok.decode(c.token_ids)
@@ -95,8 +95,8 @@ def test_an_async_sdk_agent_gets_tool_calls_and_sends_their_results_as_tool_mess
     assert tok.decode(policy) == call + "<eos>" + "So it is 7<eos>"
 
 
-@pytest.mark.parametrize("fn, said", [("agents:rewriting_agent", "does not extend its conversation"),
-                                      ("agents:broken_agent", "the agent raised KeyError")])
+@pytest.mark.parametrize("fn, said", [("sdk_agents:rewriting_agent", "does not extend its conversation"),
+                                      ("sdk_agents:broken_agent", "the agent raised KeyError")])
 def test_an_agent_that_rewrites_its_conversation_or_raises_scores_0(fn, said):
     c, _ = play(build_tokenizer(), fn, ["1", "2"], chat=False)
     assert said in c.env_error and c.env_reward == 0.0

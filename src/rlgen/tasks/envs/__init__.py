@@ -99,7 +99,14 @@ def env_names() -> list[str]:
 
 
 def _load_builtin() -> None:
-    from rlgen.tasks.envs import agent, chain, procedural, sandbox, tools  # noqa: F401 - they register themselves
+    from rlgen.tasks.envs import (  # noqa: F401 - they register themselves
+        agent,
+        chain,
+        procedural,
+        sandbox,
+        tools,
+        verifiers_env,
+    )
 
 
 __all__ = ["Environment", "Opening", "Step", "env_class", "env_names", "make_env", "register_env"]

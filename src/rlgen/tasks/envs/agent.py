@@ -61,13 +61,13 @@ def reply_of(action: str, model: str, k: int) -> dict[str, Any]:
 
 @register_env("agent")
 class AgentEnv:
-    def __init__(self, fn: str = ""):
+    def __init__(self, fn: str | Any = ""):
         try:
             import httpx  # noqa: F401
             import openai  # noqa: F401
         except ImportError as err:
             raise TaskDataError("task.env=agent needs the openai package: pip install 'rlgen[agents]'.") from err
-        self.fn = _resolve(fn)
+        self.fn = fn if callable(fn) else _resolve(fn)  # module:function, or a subclass's own agent
         self.closed = threading.Event()
         self.calls: queue.Queue = queue.Queue()
         self.replies: queue.Queue = queue.Queue()
