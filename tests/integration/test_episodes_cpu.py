@@ -116,7 +116,7 @@ def test_an_agent_written_against_the_openai_sdk_trains_as_it_is(tmp_path, no_ke
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
                             for a in range(10) for b in range(10)))
-    cfg = compose_run_config(["progress=false", "task=env", "task.env=agent", "++task.env_args.fn=agents:chain_agent",
+    cfg = compose_run_config(["progress=false", "task=env", "task.env=agent", "++task.env_args.fn=sdk_agents:chain_agent",
                               f"task.path={rows}", "task.max_prompt_tokens=8", "task.max_total_tokens=16",
                               "steps=4"])
     summary = run_training(build_plan(cfg), tmp_path / "run")
