@@ -45,6 +45,8 @@ def _companions(group: str, name: str, tmp_path: Path) -> list[str]:
         return ["task.env=chain", "model.max_position_embeddings=512"]
     if group == "task" and name in ("calculator", "python"):  # tool tasks: long episodes
         return ["model.max_position_embeddings=4096"]
+    if group == "task" and name == "verifiers":  # an environment by id (tests/envs/vf_chain.py), room for episodes
+        return ["task.env_args.env=vf_chain", "model.max_position_embeddings=512"]
     return []
 
 
@@ -99,6 +101,7 @@ def _server_info(url, token, timeout_s=10.0):
 @pytest.mark.parametrize(("group", "name"), YAMLS, ids=YAML_IDS)
 def test_yaml_plans_with_its_companions(group, name, tmp_path, monkeypatch):
     monkeypatch.setattr("rlgen.engines.remote.plan.fetch_info", _server_info)
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "envs"))  # task=verifiers' environment
     companions = _companions(group, name, tmp_path)
     cfg = compose_run_config([f"{group}={name}", *companions]) if companions else _composed(f"{group}={name}")
     plan = build_plan(cfg)
