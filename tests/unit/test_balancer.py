@@ -274,3 +274,23 @@ def test_an_environment_that_takes_most_of_the_engines_time_is_named_as_the_bott
     assert "60% of the engines' time is their environment's" in advice
     assert "raise task.env_workers (the environment is the bottleneck)" in advice
     assert "environment" not in assess(measure_record(step(0.1)), BalanceContext(num_engines=1)).advice
+
+
+def test_generation_bound_episodes_one_step_ahead_are_told_to_launch_two_ahead():
+    tl = StepTimeline(0)
+    tl.add("learner0", Phase.wait, 1000.0, 1001.0)  # the learner waits for the batch's last episodes
+    tl.add("engine0", Phase.generate, 1000.0, 1001.0)
+    tl.add("learner0", Phase.train, 1001.0, 1001.2)
+    m = measure_record({"step": 0, "response_tokens": 100, "timeline": tl.to_dict()["spans"]})
+    advice = assess(m, BalanceContext(num_engines=1, async_steps=1, episodes=True)).advice
+    assert advice.startswith("generation-bound") and "raise algo.async_steps to 2" in advice
+    assert "async_steps to 2" not in assess(m, BalanceContext(num_engines=1, async_steps=1)).advice  # single-turn
+    assert "async_steps to 2" not in assess(m, BalanceContext(num_engines=1, async_steps=2, episodes=True)).advice
+    on_cpu = BalanceContext(num_engines=1, async_steps=1, episodes=True, runs_ahead=False)
+    assert "async_steps to 2" not in assess(m, on_cpu).advice
+
+
+def test_the_context_knows_a_multi_turn_task_from_the_plan():
+    assert context_from_plan({"async_steps": 2, "config": {"task": {"kind": "env"}}}).episodes
+    assert not context_from_plan({"async_steps": 1, "config": {"task": {"kind": "arith"}}}).episodes
+    assert not context_from_plan({"async_steps": 1}).episodes

@@ -233,6 +233,20 @@ def test_async_steps_carried_into_the_plan():
     assert plan_of().async_steps == 0
 
 
+def test_multi_turn_tasks_launch_two_batches_ahead_where_engines_run_ahead():
+    def derived(*overrides: str) -> tuple[int, str]:
+        plan = plan_of(*overrides)
+        why = next(s.source for s in plan.settings if s.key == "algo.async_steps")
+        return plan.async_steps, why
+
+    for hw in (("hardware=1xh100",), ("hardware=2xh200",)):
+        assert derived("engine=vllm", *hw, "task=calculator", "model=qwen2_5_0_5b")[0] == 2
+        assert derived("engine=vllm", *hw, "task=calculator", "model=qwen2_5_0_5b")[1].startswith("derived: multi-turn episodes")
+        assert derived("engine=vllm", *hw)[0] == 1  # single-turn: one batch ahead
+    assert plan_of("engine=vllm", "hardware=1xh100", "task=calculator", "model=qwen2_5_0_5b", "algo.async_steps=1").async_steps == 1
+    assert plan_of("hardware=cpu", "task=chain").async_steps == 0  # on CPU: on-policy
+
+
 @pytest.mark.parametrize(
     ("model", "params"),
     [("qwen2_5_0_5b", 494_032_768), ("qwen2_5_1_5b", 1_543_714_304), ("qwen2_5_7b", 7_615_616_512)],

@@ -1,10 +1,11 @@
 """benchmarks/tool_latency.py: its sides ask for the same policy tokens per episode, its engine time counts the
-waits on tools as the engines' (generate plus env spans), and its slow tool sleeps as told and scores the product."""
+waits on tools as the engines' (generate plus env spans) with overlapping batches' seconds counted once, and its slow tool sleeps as told and scores the product."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import random
 import sys
 import time
@@ -45,6 +46,33 @@ def test_engine_time_is_generation_plus_waiting_on_tools_of_the_busiest_engine()
     ]}
     assert script.engine_seconds(record) == [3.0, 0.5]
     assert script.engine_seconds({"timeline": []}) == [0.0, 0.0]
+
+
+def _record(step: int, start: float, tokens: int, step_s: float) -> dict:
+    """A step whose batch kept engine0 busy 4 s from ``start`` (the last 0.5 s all its episodes on tools)."""
+    return {"step": step, "response_tokens": tokens, "step_s": step_s, "timeline": [
+        {"actor": "engine0", "phase": "generate", "start": start, "end": start + 3.5},
+        {"actor": "engine0", "phase": "env", "start": start + 3.5, "end": start + 4.0},
+        {"actor": "learner0", "phase": "train", "start": start + 4.0, "end": start + 6.0}]}
+
+
+def test_overlapping_batches_count_each_engine_second_once_and_the_run_leaves_out_the_steps_with_none_behind(
+        tmp_path):
+    assert script.union_s([(0.0, 4.0), (3.0, 5.0), (7.0, 8.0)]) == 6.0
+    assert script.union_s([]) == 0.0
+    # steps 2-5 used; each batch starts 3 s after the one before and overlaps it for 1 s
+    records = [_record(k, 3.0 * k, 1000, 3.0 if k < 5 else 1.0) for k in range(6)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "plan.json").write_text(json.dumps({"async_steps": 1}))
+    got = script.summarize(tmp_path)
+    assert got["steps_used"] == [2, 3, 4, 5] and got["run_steps"] == [2, 3, 4]
+    assert got["engine_busy_s"] == 13.0  # 6 .. 19: four 4-s batches, three 1-s overlaps
+    assert got["engine_tokens_per_s"] == 4000 / 13.0
+    assert got["engine_idle_on_env"] == 2.0 / 13.0
+    assert got["median"]["tokens_per_s"] == 1000 / 4.0  # one batch over its own span
+    assert got["run_tokens_per_s"] == 3000 / 9.0
+    (tmp_path / "plan.json").unlink()  # an older run folder: the command's override says how far ahead
+    assert script.summarize(tmp_path, ["algo.async_steps=2"])["run_steps"] == [2, 3]
 
 
 def test_the_slow_tool_sleeps_within_its_bounds_and_scores_the_last_turn():

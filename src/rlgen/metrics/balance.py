@@ -46,6 +46,7 @@ class BalanceContext:
     engine_gpus: int = 0
     engines_per_gpu_next: int | None = None  # one more engine per GPU fits (None: it does not, or unknown)
     runs_ahead: bool = True  # engines run ahead here by default (False on CPU: no advice to raise async_steps)
+    episodes: bool = False  # a multi-turn task (task.kind=env): a batch's last episodes wait on their environment
     bigger_hardware: tuple[tuple[str, int], ...] = ()  # presets with more GPUs, fewest first: (name, GPUs)
 
 
@@ -69,6 +70,7 @@ def context_from_plan(plan: Any) -> BalanceContext:
         engine_gpus=int(room.get("engine_gpus", 0)),
         engines_per_gpu_next=room.get("engines_per_gpu_next"),
         runs_ahead=bool(room.get("runs_ahead", True)),
+        episodes=((d.get("config") or {}).get("task") or {}).get("kind") == "env",
         bigger_hardware=tuple((str(n), int(g)) for n, g in room.get("bigger_hardware", ())),
     )
 
@@ -228,6 +230,9 @@ def advise(kind: Kind, m: StepBalance, ctx: BalanceContext = NO_CONTEXT) -> str:
             head += f", and {m.env_s / max(m.producer_s, 1e-12):.0%} of the engines' time is their environment's"
             fixes.insert(0, "make the environment answer faster or raise task.env_workers (the environment is the "
                             "bottleneck)")
+        if ctx.episodes and ctx.async_steps == 1 and ctx.runs_ahead:
+            fixes.append("raise algo.async_steps to 2 so the next batch's episodes generate while this one's last "
+                         "wait on their environment")
         fixes.append("shorten responses (algo.max_new_tokens)")
     elif kind == Kind.training_bound:
         head = (
