@@ -32,7 +32,7 @@ def _companions(group: str, name: str, tmp_path: Path) -> list[str]:
         return ["engine.url=http://127.0.0.1:9"]
     if group == "engine" and name.startswith("vllm"):
         return ["hardware=8xh100"]  # vLLM needs GPUs
-    if group == "hardware" and not name.endswith("cpu"):
+    if group == "hardware" and not name.endswith("cpu") and name != "auto":  # auto finds no GPU here
         return ["engine=vllm"]
     if group == "task" and name == "jsonl":
         rows = tmp_path / "rows.jsonl"
@@ -102,10 +102,14 @@ def _server_info(url, token, timeout_s=10.0):
 def test_yaml_plans_with_its_companions(group, name, tmp_path, monkeypatch):
     monkeypatch.setattr("rlgen.engines.remote.plan.fetch_info", _server_info)
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "envs"))  # task=verifiers' environment
+    monkeypatch.setattr("rlgen.plan.checks.cards._query", lambda: "")  # hardware=auto finds no GPU (as in CI)
     companions = _companions(group, name, tmp_path)
     cfg = compose_run_config([f"{group}={name}", *companions]) if companions else _composed(f"{group}={name}")
     plan = build_plan(cfg)
     assert plan.engines and plan.learners
+    if cfg.hardware.name == "auto":  # planned for what it found: here, nothing
+        assert plan.hardware == "auto:cpu"
+        cfg = plan.config
     assert plan.hardware == cfg.hardware.name
     assert plan.engine_kind == cfg.engine.kind
     assert all(e.tensor_parallel_size == cfg.engine.tensor_parallel_size for e in plan.engines)

@@ -54,6 +54,8 @@ def main(argv: list[str]) -> int:
     print_plan_and_prediction(report.plan, console)
     for m in report.machine:
         console.print(f"[yellow]this machine cannot run it:[/] {escape(m)}", highlight=False)
+    for m in report.machine_notes:
+        console.print(f"[yellow]on this machine:[/] {escape(m)}", highlight=False)
     if json_path:
 
         path = Path(json_path).expanduser()

@@ -1,6 +1,7 @@
 """RunConfig -> Plan: the one judge of what runs where, built once per command.
 
-A pure function of the config: no torch, no Ray, no GPU. It resolves what the config leaves open (the engine's
+A pure function of the config: no torch, no Ray, no GPU (``hardware=auto`` alone reads this machine's GPUs from
+nvidia-smi, plan.checks.cards). It resolves what the config leaves open (the engine's
 spec, the learner kind, the layout, every null value from the recipe or the memory model, each engine's memory
 share, the weight path) into typed fields, and runs every check that spans several fields, before anything
 launches. Each failure says how to fix it; all problems are reported at once.
@@ -15,6 +16,7 @@ from rlgen.charvocab import CHAR_VOCAB_SIZE
 from rlgen.config import LearnerKind, LoraSync, RunConfig, Setting, Transport, set_key
 from rlgen.engines.registry import EngineSpec, UnknownEngineKind, engine_spec
 from rlgen.learners.registry import resolve_learner
+from rlgen.plan.checks.cards import AUTO, auto_hardware, found, preset_for, visible_gpus
 from rlgen.plan.checks.ignored import check_ignored
 from rlgen.plan.checks.spanning import (
     check_episodes,
@@ -80,6 +82,21 @@ def transport_of(cfg: RunConfig, spec: EngineSpec, layout: Layout) -> Transport:
     return spec.transport(layout is Layout.colocated, cfg)
 
 
+def _with_found_hardware(cfg: RunConfig, runnable: bool) -> Plan:
+    """hardware=auto: the plan for this machine's GPUs, with what was found first in its settings."""
+    from rlgen.config.compose import group_options
+
+    gpus = visible_gpus()
+    hw = auto_hardware(gpus)
+    preset = preset_for(gpus, group_options("hardware"))
+    named = f"{AUTO}:{preset or (f'{len(gpus)}x{hw.gpu.name}' if gpus else 'cpu')}"
+    plan = build_plan(dataclasses.replace(cfg, hardware=dataclasses.replace(hw, name=named)), runnable=runnable)
+    layout = (f"{hw.gpus_per_node} x {hw.gpu.name}: " + ("engines and learner share it" if hw.colocated else
+              f"{hw.engine_gpus} for engines, {hw.learner_gpus} for learners") if gpus else "CPU actors")
+    why = f"detected: {found(gpus)} on this machine" + (f", the GPUs hardware={preset} is made for" if preset else "")
+    return dataclasses.replace(plan, settings=(Setting("hardware", layout, why), *plan.settings))
+
+
 def _resolve(cfg: RunConfig, spec: EngineSpec) -> tuple[RunConfig, list[Setting]]:
     """The model folder's shape, the recipe's values, what the engine kind resolves (a server's engines) and
     the engine's max_model_len; raises PlanError when the engine kind cannot resolve."""
@@ -129,6 +146,8 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
 
     runnable=False checks the geometry only (placement, batch, lengths), not whether today's learners can run
     it: the placement tests use it for layouts the learners do not support yet (colocated learner groups)."""
+    if cfg.hardware.name == AUTO:
+        return _with_found_hardware(cfg, runnable)
     if cfg.engine.engines_per_gpu is None:
         return _with_engines_per_gpu(cfg, runnable)
     spec = spec_of(cfg)

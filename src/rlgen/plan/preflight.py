@@ -18,6 +18,7 @@ class Report:
     plan: Plan | None
     problems: list[str] = field(default_factory=list)  # the config cannot run as given, anywhere
     machine: list[str] = field(default_factory=list)  # this machine cannot run it (GPUs, packages)
+    machine_notes: list[str] = field(default_factory=list)  # it runs here, but not as the config assumes (GPU card)
 
     @property
     def warnings(self) -> tuple[str, ...]:
@@ -46,6 +47,7 @@ def preflight(cfg: RunConfig, *, run_dir: Path | None = None, machine: bool = Tr
     check_task(cfg, problems, model_ok=len(problems) == before)
     check_dirs(cfg, run_dir, problems)
     on_machine: list[str] = []
+    notes: list[str] = []
     if plan is not None and machine:
-        check_environment(cfg, plan, on_machine)
-    return Report(plan, _unique(problems), _unique(on_machine))
+        check_environment(plan.config, plan, on_machine, notes)
+    return Report(plan, _unique(problems), _unique(on_machine), _unique(notes))

@@ -172,12 +172,13 @@ def _save_merged(run: Run, final: Path) -> str:
 
 
 def _busy_sampler(plan: Plan) -> Any:
-    """On a GPU run whose driver sits on a GPU node: nvidia-smi's busy % of this node's GPUs over the loop
-    (summary gpu_busy_pct; None where nvidia-smi cannot be run). None on CPU."""
+    """On a GPU run whose driver sits on a GPU node: nvidia-smi's busy % over the loop of this node's GPUs that
+    the run was given (CUDA_VISIBLE_DEVICES; summary gpu_busy_pct; None where nvidia-smi cannot be run). None on
+    CPU."""
     if plan.device != "cuda":
         return None
 
-    busy = BusySampler(all_gpus=True)
+    busy = BusySampler()
     busy.start()
     return busy
 

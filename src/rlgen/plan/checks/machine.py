@@ -103,7 +103,19 @@ def engine_package_problem(plan, other: str, problems: list[str]) -> None:
                         f"'rlgen[gpu]' on a CUDA machine, or {other}.")
 
 
-def check_environment(cfg: RunConfig, plan, problems: list[str]) -> None:
+def check_cards(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
+    """The preset's card against this machine's GPUs: fewer GB than it assumes is a problem, another card a note."""
+    from rlgen.config.compose import group_options
+    from rlgen.plan.checks.cards import mismatch, visible_gpus
+
+    refusal, warning = mismatch(cfg.hardware, visible_gpus(), group_options("hardware"))
+    problems += [refusal] if refusal else []
+    notes += [warning] if warning else []
+
+
+def check_environment(cfg: RunConfig, plan, problems: list[str], notes: list[str] | None = None) -> None:
+    """What this machine lacks for the plan, into problems; what it would run differently (notes: another GPU
+    card than the preset's)."""
     hw = cfg.hardware
     check_cluster(cfg, problems)
     if plan.nodes > 1 and not cluster_address(cfg):
@@ -124,9 +136,11 @@ def check_environment(cfg: RunConfig, plan, problems: list[str]) -> None:
             elif have < need:
                 problems.append(
                     f"hardware={hw.name} uses {need} GPUs, but this machine has {have}; pick hardware that fits "
-                    f"(e.g. hardware=1xh100 for one GPU) or set hardware.gpus_per_node={have} with matching "
-                    "engine_gpus and learner_gpus."
+                    f"(e.g. hardware=1xh100 for one GPU, or hardware=auto) or set hardware.gpus_per_node={have} "
+                    "with matching engine_gpus and learner_gpus."
                 )
+            else:
+                check_cards(cfg, problems, [] if notes is None else notes)
         try:
             torch_version = metadata.version("torch")
         except metadata.PackageNotFoundError:
