@@ -4,13 +4,16 @@ that takes 50-500 ms a call, one after the other on the same GPU.
     python benchmarks/tool_latency.py OUT [--steps 8] [--tokens 512] [--turns 4] [--sides single,turns,tool]
         [--stop-ids K] [--from-runs] [hydra overrides ...]
     python benchmarks/tool_latency.py /tmp/tl engine=vllm model=qwen2_5_0_5b hardware=1xh100        # GPU
-    python benchmarks/tool_latency.py /tmp/tl --steps 3 --tokens 16 --turns 2 task.env_args.max_ms=20  # CPU
+    python benchmarks/tool_latency.py /tmp/tl --steps 3 --tokens 16 --turns 2 model.max_position_embeddings=256  # CPU
 
 Sides (each `rlgen train` with hydra.run.dir=OUT/<side>):
 - ``single``: ``task=arith``, one completion of ``--tokens`` tokens per prompt;
 - ``turns``: benchmarks/envs/slow_tool.py's environment with no latency, ``--turns`` policy turns of
   ``--tokens / --turns`` tokens each and a tool's result between them;
 - ``tool``: the same with every tool call taking a random 50-500 ms.
+
+Every side runs with the tool side's ``algo.async_steps`` (the plan's for a multi-turn task: 2 on GPUs), unless
+the overrides set it.
 
 ``--stop-ids K`` makes K token ids end a turn on every side, so a random-init model's turns end at random points
 (RL-shaped lengths) rather than all at the same decode step.
@@ -63,6 +66,19 @@ def engine_seconds(record: dict) -> tuple[float, float]:
             got = per.setdefault(s["actor"], [0.0, 0.0])
             got[s["phase"] == "env"] += s["end"] - s["start"]
     return max(per.values(), key=sum, default=[0.0, 0.0])
+
+
+def same_async_steps(overrides: list[str], tokens: int, turns: int) -> list[str]:
+    """overrides, with the tool side's algo.async_steps (the plan's for a multi-turn task, unless given) for
+    every side, so the single-turn side runs as far ahead as the episodes do."""
+    if any(o.startswith("algo.async_steps=") for o in overrides):
+        return overrides
+    from rlgen.config.compose import compose_run_config
+    from rlgen.plan import build_plan
+
+    sys.path.insert(0, str(HERE / "envs"))
+    cfg = compose_run_config([*side_overrides("tool", tokens, turns), *overrides])
+    return [*overrides, f"algo.async_steps={build_plan(cfg).async_steps}"]
 
 
 def union_s(spans: list[tuple[float, float]]) -> float:
@@ -142,6 +158,8 @@ def main() -> int:
     ap.add_argument("overrides", nargs="*")
     args, extra = ap.parse_known_args()
     args.overrides += extra
+    if not args.from_runs:
+        args.overrides = same_async_steps(args.overrides, args.tokens, args.turns)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)

@@ -114,10 +114,13 @@ def test_a_preset_for_bigger_cards_is_refused_and_one_for_smaller_cards_is_a_war
     h200s = [cards.Gpu(0, "a", "NVIDIA H200", 143771)]
     refusal, warning = cards.mismatch(compose_run_config(["hardware=1xh100"]).hardware, h200s, presets)
     assert refusal is None and warning.startswith("hardware=1xh100 assumes 80 GB H100-SXM-80GB GPUs, but this "
-                                                  "machine's are NVIDIA H200 with 140.4 GiB; the plan leaves")
+                                                  "machine's are NVIDIA H200 with 140.4 GiB; its memory plan leaves")
     assert "use hardware=1xh200 (made for them)" in warning
     h100s = [cards.Gpu(0, "a", "NVIDIA H100 80GB HBM3", 81559)]
     assert cards.mismatch(compose_run_config(["hardware=1xh100"]).hardware, h100s, presets) == (None, None)
+    a100 = [cards.Gpu(0, "a", "NVIDIA A100-SXM4-80GB", 81920)]
+    refusal, warning = cards.mismatch(compose_run_config(["hardware=1xh100"]).hardware, a100, presets)
+    assert refusal is None and "its predicted times are H100-SXM-80GB's (use hardware=auto)" in warning
     l4 = [cards.Gpu(0, "a", "NVIDIA L4", 23034)]
     assert "use hardware=auto, or give" in cards.mismatch(compose_run_config(["hardware=1xh100"]).hardware, l4,
                                                           presets)[0]  # no preset for it
@@ -129,7 +132,7 @@ def test_train_and_plan_get_the_sentence_before_anything_starts(machine, monkeyp
     machine(H200)
     monkeypatch.setattr(machine_checks, "local_gpus", lambda: 1)
     report = preflight(compose_run_config(["hardware=1xh100", "engine=vllm", "model=qwen2_5_0_5b"]))
-    assert any("the plan leaves their extra memory" in n for n in report.machine_notes)
+    assert any("its memory plan leaves their extra memory unused" in n for n in report.machine_notes)
     assert not any("H100-SXM-80GB" in m for m in report.blocking())  # a warning, not a refusal
     machine(H100)
     report = preflight(compose_run_config(["hardware=1xh200", "engine=vllm", "model=qwen2_5_0_5b"]))

@@ -86,3 +86,11 @@ def test_the_slow_tool_sleeps_within_its_bounds_and_scores_the_last_turn():
     asyncio.run(env.step("more"))
     last = asyncio.run(env.step(f"so it is {prompt.answer}"))
     assert last.done and last.reward == 1.0 and 0.04 <= env.waited_s <= 0.08
+
+
+def test_every_side_runs_as_far_ahead_as_the_tool_side_plans():
+    gpu = ["engine=vllm", "model=qwen2_5_0_5b", "hardware=1xh100"]
+    assert script.same_async_steps(gpu, 512, 4) == [*gpu, "algo.async_steps=2"]  # multi-turn on a GPU
+    cpu = ["model.max_position_embeddings=256"]
+    assert script.same_async_steps(cpu, 16, 2) == [*cpu, "algo.async_steps=0"]  # the CPU default: on-policy
+    assert script.same_async_steps([*gpu, "algo.async_steps=1"], 512, 4) == [*gpu, "algo.async_steps=1"]

@@ -135,7 +135,8 @@ def auto_hardware(gpus: list[Gpu], cpus: int | None = None) -> HardwareConfig:
 
 def mismatch(hw: HardwareConfig, gpus: list[Gpu], presets: list[str]) -> tuple[str | None, str | None]:
     """(a refusal, a warning) for a preset whose card is not these GPUs': fewer GB than it assumes is refused
-    (the plan would not fit), more GB or another card is a warning (memory or speed left unused)."""
+    (the plan would not fit); more GB (memory left unused) or another card of the size (other predicted times) is
+    a warning."""
     if hw.name.startswith(AUTO) or not hw.gpus_per_node or not gpus:
         return None, None
     small = min(gpus, key=lambda g: g.memory_mib)
@@ -149,7 +150,9 @@ def mismatch(hw: HardwareConfig, gpus: list[Gpu], presets: list[str]) -> tuple[s
     if small.memory_mib * 2**20 / 1e9 < hw.gpu.memory_gb * (1 - MEMORY_SLACK):
         return (f"{said}, so its memory plan does not fit them; {fix}, or give the card as hardware.gpu.name= "
                 "and hardware.gpu.memory_gb=."), None
-    return None, f"{said}; the plan leaves their extra memory or speed unused ({fix})."
+    why = ("its memory plan leaves their extra memory unused" if have.memory_gb > hw.gpu.memory_gb else
+           f"its predicted times are {hw.gpu.name}'s")
+    return None, f"{said}; {why} ({fix})."
 
 
 __all__ = ["AUTO", "KNOWN", "Card", "Gpu", "auto_hardware", "card_of", "found", "mismatch", "parse", "preset_for",
