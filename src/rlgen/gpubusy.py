@@ -4,28 +4,30 @@ as nvidia-smi -i takes them), or every GPU where it is unset."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import threading
 
-
-def given_gpus() -> str:
-    """The GPUs this process was given, as nvidia-smi -i takes them ("all" where CUDA_VISIBLE_DEVICES is unset)."""
-    return os.environ.get("CUDA_VISIBLE_DEVICES", "").strip() or "all"
+from rlgen.gpustart import visible_devices
 
 
 def _only(devices: str) -> list[str]:
     return [] if devices == "all" else ["-i", devices]
 
 
+def smi_rows(query: str, devices: str = "all") -> list[str]:
+    """nvidia-smi's --query-gpu=query, a row per GPU of ``devices`` ("all", or as nvidia-smi -i takes them), as
+    CSV without header or units; [] where nvidia-smi is missing or fails."""
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", *_only(devices)],
+                             capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
 def gpu_count(devices: str = "all") -> int:
     """The GPUs nvidia-smi lists, of ``devices`` (0 where it is missing)."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader", *_only(devices)],
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    return len([line for line in out.stdout.splitlines() if line.strip()]) if out.returncode == 0 else 0
+    return len(smi_rows("index", devices))
 
 
 class BusySampler:
@@ -35,7 +37,7 @@ class BusySampler:
 
     def __init__(self, period_ms: int = 100, devices: str | None = None):
         self._on = False
-        self.devices = given_gpus() if devices is None else devices
+        self.devices = visible_devices() if devices is None else devices
         self.gpus = gpu_count(self.devices)
         self._samples: list[float] = []
         try:
@@ -70,4 +72,4 @@ class BusySampler:
             self._proc.wait(timeout=10)
 
 
-__all__ = ["BusySampler", "given_gpus", "gpu_count"]
+__all__ = ["BusySampler", "gpu_count", "smi_rows"]

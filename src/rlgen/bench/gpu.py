@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import threading
 import time
@@ -10,21 +9,8 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from rlgen.gpubusy import BusySampler  # noqa: F401 - the bench's busy-time sampler lives a layer below
+from rlgen.gpubusy import smi_rows as _smi
 from rlgen.gpustart import gpu_indices, visible_devices
-
-
-def _smi(query: str) -> list[str]:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [line.strip() for line in out.splitlines() if line.strip()]
 
 
 def gpu_info() -> dict[str, Any]:

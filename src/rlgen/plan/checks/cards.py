@@ -8,11 +8,10 @@ needs them); an unknown one its memory as nvidia-smi gives it, and no prediction
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from dataclasses import dataclass
 
 from rlgen.config import GPUSpec, HardwareConfig
+from rlgen.gpubusy import smi_rows
 from rlgen.gpustart import visible_devices
 
 AUTO = "auto"  # hardware=auto: the plan reads this machine's GPUs (and names the result auto:<what it found>)
@@ -55,14 +54,7 @@ class Gpu:
 
 def _query() -> str:
     """nvidia-smi's index, uuid, name and memory of every GPU as CSV ("" where it cannot be run)."""
-    if not shutil.which("nvidia-smi"):
-        return ""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid,name,memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return out.stdout if out.returncode == 0 else ""
+    return "\n".join(smi_rows("index,uuid,name,memory.total"))
 
 
 def parse(csv: str, visible: str = "all") -> list[Gpu]:
