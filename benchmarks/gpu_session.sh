@@ -25,6 +25,8 @@
 #     nccl-env         two GPUs: NCCL joins with NCCL_CUMEM_ENABLE set alike and unlike (benchmarks/nccl_cumem_check.py)
 #     tool-latency [ARGS]  single-turn, multi-turn, and multi-turn with a 50-500 ms tool, one after the other on the
 #                       0.5B (benchmarks/tool_latency.py)
+#     layouts HW [OVERRIDES]  the 1.5B on this host's GPUs (hardware=HW, e.g. 2xh100): hybrid (every GPU trains and
+#                       generates) and the split, TP 1 and 2, as one sweep with its summary (GPU busy, first rollout)
 #     serve-lora ADAPTER [OVERRIDES]  `rlgen serve` with vLLM adapters: load, generate with and without, unload
 #                       (benchmarks/serve_lora.py)
 # Run from the repository root with rlgen importable (installed, or src on PYTHONPATH). Every vLLM process is
@@ -54,6 +56,12 @@ EOF
     ;;
   bench)
     "$py" -m rlgen.bench engine=vllm model=qwen2_5_1_5b hardware=1xh100 "$@" --out "$out/bench" 2>&1 | tee "$out/bench.log"
+    ;;
+  layouts)
+    hw=${1:?usage: gpu_session.sh layouts OUT_DIR HW [OVERRIDES]}
+    shift
+    "$py" -m rlgen.cli train -m hardware="$hw" model=qwen2_5_1_5b engine=vllm,vllm_tp2 hardware.colocated=true,false \
+      engine.keep_warm_s=0 progress=false "$@" hydra.sweep.dir="$out/layouts-$hw" 2>&1 | tee "$out/layouts-$hw.log"
     ;;
   tool-latency)
     "$py" benchmarks/tool_latency.py "$out/tool_latency" engine=vllm model=qwen2_5_0_5b hardware=1xh100 "$@" 2>&1 | tee "$out/tool_latency.log"

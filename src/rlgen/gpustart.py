@@ -42,6 +42,13 @@ def lock_path(devices: str) -> Path:
     return Path(tempfile.gettempdir()) / f"rlgen-gpu-start-{devices.replace(',', '-')}.lock"
 
 
+def lock_paths(devices: str) -> list[Path]:
+    """One start lock per GPU that ``devices`` names, in a fixed order (so two processes that take several never
+    wait on each other crosswise): an engine over several GPUs holds each of them, a learner its one."""
+    names = sorted({d.strip() for d in devices.split(",") if d.strip()}) or ["all"]
+    return [lock_path(d) for d in names]
+
+
 def acquire(f: IO, exclusive: bool, timeout_s: float) -> bool:
     """Take the lock on the open file f; False when timeout_s passed first."""
     mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
@@ -72,4 +79,4 @@ def beside_engine_starts(who: str, timeout_s: float) -> Iterator[None]:
                 fcntl.flock(f, fcntl.LOCK_UN)
 
 
-__all__ = ["acquire", "beside_engine_starts", "gpu_indices", "lock_path", "visible_devices"]
+__all__ = ["acquire", "beside_engine_starts", "gpu_indices", "lock_path", "lock_paths", "visible_devices"]

@@ -26,20 +26,21 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the stand-ins
 ENGINES = ["hf", "vllm", "vllm_tp2", "vllm_tp4"]
 HARDWARE = ["cpu", "2xcpu", "1xh100", "1xh200", "2xh200", "4xh200", "8xh100", "8xh200", "2x8xh100"]
 COLOCATED = [False, True]
-ACCEPTED_PLANS = 23  # of the 72 combinations today; a change in either direction must be deliberate
+ACCEPTED_PLANS = 42  # of the 72 combinations today; a change in either direction must be deliberate
 SHARED_START_S = 1.5  # how long a stand-in engine that shares its GPU takes to start
 
 
 def _where() -> dict:
     ctx = ray.get_runtime_context()
-    return {"pid": os.getpid(), "node": ctx.get_node_id(), "gpus": list(ctx.get_accelerator_ids().get("GPU", []))}
+    return {"pid": os.getpid(), "node": ctx.get_node_id(), "gpus": list(ctx.get_accelerator_ids().get("GPU", [])),
+            "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 
 class StandInEngine:
     def __init__(self, model_path, engine, device="cpu", seed=0, name="engine0", version=0, **kwargs):
         self.name, self.device, self.kwargs, self.transfer = name, device, sorted(kwargs), None
         self.received: list[int] = []  # versions that came over the weight transport
-        self.share, self.born = engine.gpu_memory_utilization, time.time()
+        self.share, self.born, self.handles = engine.gpu_memory_utilization, time.time(), None
         if engine.engines_per_gpu > 1:  # a start that takes a while, like vLLM's, to see engines start together
             time.sleep(SHARED_START_S)
         self.ready = time.time()
@@ -47,7 +48,7 @@ class StandInEngine:
     def health(self) -> dict:
         return {"ok": True, "name": self.name, "device": self.device, "kwargs": self.kwargs,
                 "transfer": self.transfer, "received": self.received, "share": self.share, "born": self.born,
-                "ready": self.ready, **_where()}
+                "ready": self.ready, "handles": self.handles, **_where()}
 
     def init_weight_transfer(self, init_info: dict, timeout_s: float = 0.0) -> dict:
         self.transfer = dict(init_info)
@@ -58,6 +59,7 @@ class StandInEngine:
         return {"actor": self.name, "version": version, "spans": []}
 
     def receive_ipc(self, handle: dict, chunk: dict, version: int, **kwargs) -> dict:  # one chunk of an IPC update
+        self.handles = sorted(p["gpu"] for p in handle["parts"])  # every learner rank's buffer, by its GPU
         self.received.append(version)
         return {"actor": self.name, "version": version, "spans": []}
 
@@ -83,9 +85,13 @@ class StandInLearner:
     def send_weights_nccl(self, version: int, dtype: str, bucket_bytes: int, timeout_s: float) -> dict:
         return {"actor": self.name, "version": version, "spans": []}
 
+    def ipc_handle(self, dtype: str, bucket_bytes: int) -> dict:
+        return {"gpu": _where()["gpus"][0]}
+
     def send_weights_ipc(self, engines: list, version: int, dtype: str, bucket_bytes: int, timeout_s: float,
-                         pause: bool = False) -> dict:
-        done = ray.get([e.receive_ipc.remote({}, {"names": ["w"]}, version, pause=pause) for e in engines], timeout=60)
+                         pause: bool = False, handle: dict | None = None, lockstep: bool = False) -> dict:
+        done = ray.get([e.receive_ipc.remote(handle, {"names": ["w"]}, version, pause=pause) for e in engines],
+                       timeout=60)
         return {"actor": self.name, "version": version, "engines": done, "spans": []}
 
 
@@ -148,6 +154,8 @@ def _set_up(cfg, plan, out) -> tuple[list[str], list[dict], list[dict]]:
     run = set_up(plan, out, console=Console(quiet=True))
     try:
         run.learners_ready()  # as the loop does before the first training step
+        if plan.transport is Transport.cuda_ipc:  # one IPC update of the starting weights, through every rank
+            run.transport.start()
         engines = ray.get([a.health.remote() for a in run.engines], timeout=120)
         learners = ray.get([a.health.remote() for a in run.learners], timeout=120)
     finally:
@@ -160,9 +168,15 @@ def _check(plan, node_ids: list[str], engines: list[dict], learners: list[dict],
     assert [lr["rank"] for lr in learners] == [s.rank for s in plan.learners], what
     plan_nodes = sorted({s.node for s in plan.engines} | {s.node for s in plan.learners})
     ray_node = dict(zip(plan_nodes, node_ids))
+    learner_gpu = {(slot.node, slot.gpu): lr["gpus"][0] for slot, lr in zip(plan.learners, learners) if lr["gpus"]}
     for slot, e in zip(plan.engines, engines):  # on its plan node, holding its TP group's GPUs
         assert e["node"] == ray_node[slot.node], what
+        if plan.colocated and slot.tensor_parallel_size > 1:  # it asks for none, and sees its slot's learners' GPUs
+            assert e["gpus"] == [] and e["visible"] == ",".join(learner_gpu[(slot.node, g)] for g in slot.gpus), what
+            continue
         assert len(e["gpus"]) == (0 if plan.device == "cpu" else 1 if plan.colocated else slot.tensor_parallel_size), what
+        if plan.colocated:  # beside the learner rank on its GPU
+            assert e["gpus"] == [learner_gpu[(slot.node, slot.gpus[0])]], what
     for slot, lr in zip(plan.learners, learners):
         assert lr["node"] == ray_node[slot.node], what
         assert len(lr["gpus"]) == (0 if plan.device == "cpu" else 1), what
@@ -183,11 +197,13 @@ def _check(plan, node_ids: list[str], engines: list[dict], learners: list[dict],
         assert all(e["kwargs"] == ["engine_args", "env"] for e in engines), what
     elif plan.transport is Transport.cuda_ipc:
         assert all(e["transfer"] == {} for e in engines), what
+        # the first update hands every engine the buffers of every learner rank, one per GPU
+        assert all(e["handles"] == sorted(learner_gpu.values()) for e in engines), what
     else:
         assert all(e["transfer"] is None for e in engines), what
-    # NCCL sends the starting weights once before step 0 (its warm-up); IPC and the object store send none, since
-    # fresh engines hold them already (the first batch goes while the learners start)
-    warmed = plan.transport is Transport.nccl
+    # NCCL sends the starting weights once before step 0 (its warm-up), IPC here by _set_up; the object store sends
+    # none, since fresh engines hold them already (the first batch goes while the learners start)
+    warmed = plan.transport in (Transport.nccl, Transport.cuda_ipc)
     assert all(e["received"] == ([0] if warmed else []) for e in engines), what
 
 

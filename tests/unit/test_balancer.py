@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -75,6 +76,25 @@ def test_training_bound_step():
     assert "engines sat idle" in v.advice
     # producer 0.11 s against consumer 0.92 s: one engine of the four would keep up
     assert "engine.num_engines=1 would keep up" in v.advice
+
+
+def test_a_training_bound_split_run_is_told_to_train_on_every_gpu():
+    m = measure_record(on_policy_record(0, gen=0.10, train=0.90, engines=2))
+    split = BalanceContext(num_engines=2, device="cuda", engine_gpus=2, learner_gpus=2, hybrid=True)
+    assert "hardware.colocated=true: a learner rank beside the engines on each of the 4 GPUs, not 2" in \
+        assess(m, split).advice
+    assert "hardware.colocated" not in assess(m, dataclasses.replace(split, hybrid=False)).advice
+    # the plan says where it could: engines of their own that can share a GPU (vLLM), not hf engines or CPU runs
+    from rlgen.config.compose import compose_run_config
+    from rlgen.metrics.balance import context_from_plan
+    from rlgen.plan import build_plan
+
+    def plan_of(*overrides):
+        return build_plan(compose_run_config(list(overrides)))
+
+    assert context_from_plan(plan_of("engine=vllm", "hardware=4xh100")).hybrid
+    assert not context_from_plan(plan_of("engine=vllm", "hardware=4xh100", "hardware.colocated=true")).hybrid
+    assert not context_from_plan(plan_of("hardware=cpu")).hybrid
 
 
 def test_balanced_step_suggests_overlap_only_when_on_policy():

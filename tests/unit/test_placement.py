@@ -14,7 +14,7 @@ from rlgen.plan.placement import ActorPlacement, Placement, plan_bundles
 
 @functools.cache
 def plan_of(*overrides: str) -> Plan:
-    # Geometry only: these tests also place layouts today's learners refuse (colocated learner groups).
+    # Geometry only, whichever learner would train the layout.
     return build_plan(compose_run_config(list(overrides)), runnable=False)
 
 

@@ -64,9 +64,15 @@ def test_two_cpu_nodes_put_engines_on_the_first_and_the_learner_on_the_last():
     assert plan_of("hardware=cpu").learners[0].node == 0  # one node: everything on it
 
 
-def test_colocated_learner_group_is_refused_by_the_plan():
-    with pytest.raises(PlanError, match=r"colocated engines with 2 learner ranks are not supported"):
-        plan_of("engine=vllm", "hardware=2xh200", "hardware.colocated=true")
+@pytest.mark.parametrize("engine, gpus", [("vllm", 2), ("vllm_tp2", 2), ("vllm", 4), ("vllm_tp2", 4)])
+def test_hybrid_colocation_puts_a_learner_rank_and_engines_on_every_gpu(engine, gpus):
+    plan = plan_of(f"engine={engine}", f"hardware={gpus}xh100", "hardware.colocated=true", "model=qwen2_5_1_5b")
+    assert plan.layout is Layout.colocated and plan.transport is Transport.cuda_ipc
+    assert plan.learners == tuple(LearnerSlot(r, 0, r) for r in range(gpus))  # a DeepSpeed rank on every GPU
+    tp = 2 if engine == "vllm_tp2" else 1
+    assert {g for e in plan.engines for g in e.gpus} == set(range(gpus))  # and engines on every GPU too
+    assert all(e.tensor_parallel_size == tp for e in plan.engines) and plan.batch.learner_ranks == gpus
+    assert plan.memory is not None and 0 < plan.memory.engine_fraction < 0.6 and plan.memory.colocated
 
 
 def test_vllm_on_one_h100_is_colocated_over_cuda_ipc():
@@ -144,7 +150,7 @@ GPU_LAYOUTS = [
 
 @pytest.mark.parametrize("overrides", GPU_LAYOUTS, ids=[" ".join(o) for o in GPU_LAYOUTS])
 def test_gpu_slots_are_in_range_distinct_and_tp_groups_stay_on_one_node(overrides):
-    plan = build_plan(_cfg(*overrides), runnable=False)  # geometry, including layouts learners refuse today
+    plan = build_plan(_cfg(*overrides), runnable=False)  # geometry only, whichever learner would train it
     engine_gpus = [(e.node, g) for e in plan.engines for g in e.gpus]
     learner_gpus = [(lr.node, lr.gpu) for lr in plan.learners]
     for node, gpu in engine_gpus + learner_gpus:

@@ -22,9 +22,10 @@ from hypothesis import strategies as st
 from rlgen.config.compose import compose_run_config
 from rlgen.engines.contract import CapabilityMissing
 from rlgen.engines.vllm.args import engine_args_for
-from rlgen.engines.vllm.ipc_buffer import ALIGN_BYTES, buffer_bytes, chunk_views, ipc_layout
+from rlgen.engines.vllm.ipc_buffer import ALIGN_BYTES, buffer_bytes, chunk_views, ipc_layout, part_for
 from rlgen.learners.weight_sender import WeightSender
 from rlgen.plan import Transport, build_plan
+from rlgen.runtime.policy.ipc_transport import lead_ranks
 from rlgen.runtime.policy.weight_transports import (
     CudaIpcTransport,
     NcclTransport,
@@ -51,8 +52,8 @@ class Handle:
 
 
 class FakeEngine:
-    def __init__(self, name, log, rendezvous=None, hang=False):
-        self.name, self.log, self.rendezvous, self.hang = name, log, rendezvous, hang
+    def __init__(self, name, log, rendezvous=None, hang=False, gpus=("gpu0",)):
+        self.name, self.log, self.rendezvous, self.hang, self.gpus = name, log, rendezvous, hang, list(gpus)
         self.version, self.weights, self.joined = 0, None, None
 
     def _note(self, what):
@@ -79,7 +80,8 @@ class FakeEngine:
         return {"actor": self.name, "version": version, "spans": [("sync", 0.0, 1.0)]}
 
     def receive_ipc(self, handle, chunk, version, *, first=True, last=True, pause=False, timeout_s=1.0):
-        """Reads the learner's buffer the way a worker does (the stand-in handle holds the tensor itself)."""
+        """Reads the learners' buffers the way its workers do, each from its own GPU's part of the handle (the
+        stand-in parts hold the tensors themselves); every worker must find the same weights."""
         t0 = time.time()
         if first and pause:
             self.pause("keep", False)
@@ -88,8 +90,10 @@ class FakeEngine:
             raise RuntimeError("the worker failed")
         if first:
             self.received = {}
-        self.received.update({n: t.clone() for n, t in chunk_views(handle["buffer"], chunk)})
-        self.buffers = getattr(self, "buffers", set()) | {id(handle["buffer"])}
+        views = [dict(chunk_views(part_for(handle, gpu)["buffer"], chunk)) for gpu in self.gpus]
+        assert all(set(v) == set(views[0]) and all(torch.equal(v[n], views[0][n]) for n in v) for v in views)
+        self.received.update({n: t.clone() for n, t in views[0].items()})
+        self.buffers = getattr(self, "buffers", set()) | {id(part_for(handle, g)["buffer"]) for g in self.gpus}
         out = {"actor": self.name, "version": self.version, "spans": [("sync", t0, time.time())]}
         if last:
             self.version = out["version"] = version
@@ -148,7 +152,7 @@ class FakeLearner(WeightSender):
         return {"actor": "learner0", "version": version, "spans": []}
 
     def _share_ipc(self, buffer):
-        return {"buffer": buffer}  # in one process the "handle" can be the tensor itself
+        return {"gpu": getattr(self, "gpu", "gpu0"), "buffer": buffer}  # in one process: the tensor itself
 
 
 def plan_of(*overrides):
@@ -532,3 +536,68 @@ def test_vllm_compiles_only_when_asked():
     assert "compilation_config" not in eager and eager["enforce_eager"] is True
     given = build_engine_args("/m", EngineConfig(kind="vllm"), overrides={"compilation_config": {"mode": 3}})
     assert given["compilation_config"] == {"mode": 3}  # engine_args given by the caller win
+
+
+# -- colocated learner groups: every rank sends to its own GPU's engines ------------------------------------------
+def ranks_pair(tp: int, slow_rank: int | None = None):
+    """Two learner ranks (GPUs gpu0 and gpu1) that meet at a shared barrier, and their engines: one per GPU at
+    TP 1, one over both GPUs at TP 2. slow_rank packs each chunk late, as a rank still finishing its step would."""
+    log = []
+    barrier = threading.Barrier(2)
+    ranks = [FakeLearner(log) for _ in range(2)]
+    for r, learner in enumerate(ranks):
+        learner.gpu, learner.name, learner.world_size = f"gpu{r}", f"learner{r}", 2
+        learner._ranks_barrier = lambda: barrier.wait(timeout=5)
+    if slow_rank is not None:
+        slow, pack = ranks[slow_rank], ranks[slow_rank]._pack
+        slow._pack = lambda weights, view: (time.sleep(0.05), pack(weights, view))[1]
+    if tp == 1:
+        engines, leads = [FakeEngine("engine0", log, gpus=["gpu0"]), FakeEngine("engine1", log, gpus=["gpu1"])], [0, 1]
+    else:
+        engines, leads = [FakeEngine("engine0", log, gpus=["gpu0", "gpu1"])], [0]
+    t = CudaIpcTransport(timeout_s=5, awake=True, bucket_bytes=64, leads=leads, tp_sizes=[tp] * len(engines))
+    handles = [Handle(lr) for lr in ranks]
+    t.setup(handles[0], [Handle(e) for e in engines], [e.name for e in engines], ranks=handles)
+    return t, ranks, engines
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_each_rank_of_a_colocated_group_sends_its_own_gpus_engines_their_weights(tp):
+    t, ranks, engines = ranks_pair(tp, slow_rank=1)
+    assert t.lockstep is (tp == 2)  # ranks meet at every chunk only where an engine reads several GPUs' buffers
+    for version in (1, 2):
+        for learner in ranks:  # a data-parallel step leaves every rank with the same weights
+            with torch.no_grad():
+                for p in learner.model.parameters():
+                    p.add_(float(version))
+            learner.version = version
+        res = t.push(version, in_flight=version == 2)
+        want = {n: p.detach().to(torch.bfloat16) for n, p in ranks[0].model.named_parameters()}
+        for e in engines:  # every worker found the weights in its own GPU's buffer (FakeEngine checks them alike)
+            assert e.version == version and set(e.received) == set(want)
+            assert all(torch.equal(e.received[n], want[n]) for n in want)
+        sent = {r["actor"]: r for r in res.results if r["actor"].startswith("learner")}
+        assert set(sent) == {"learner0", "learner1"} and sent["learner0"]["chunks"] >= 3
+        assert ("ranks" in sent["learner0"]["parts"]) is (tp == 2)
+    assert all(len(e.buffers) == len(e.gpus) for e in engines)  # one buffer per GPU, reused every chunk
+
+
+def test_an_engine_over_two_gpus_reads_a_rank_s_buffer_before_it_is_packed_without_the_meeting():
+    t, _, _ = ranks_pair(2, slow_rank=1)
+    t.tp_sizes = [1]  # as if no engine spanned GPUs: the ranks no longer meet at each chunk
+    for learner in (t.ranks[0]._obj, t.ranks[1]._obj):
+        with torch.no_grad():
+            for p in learner.model.parameters():
+                p.add_(1.0)
+        learner.version = 1
+    with pytest.raises(AssertionError):  # the engine's workers saw two different buffers
+        t.push(1)
+
+
+def test_lead_ranks_follow_each_engines_first_gpu():
+    tp2 = plan_of("engine=vllm_tp2", "hardware=4xh100", "hardware.colocated=true")
+    assert [e.gpus for e in tp2.engines] == [(0, 1), (2, 3)] and lead_ranks(tp2) == [0, 2]
+    tp1 = plan_of("engine=vllm", "hardware=2xh100", "hardware.colocated=true", "model=qwen2_5_0_5b")
+    assert lead_ranks(tp1) == [e.gpus[0] for e in tp1.engines] and {0, 1} <= set(lead_ranks(tp1))
+    transport = make_transport(tp2, tp2.config)
+    assert isinstance(transport, CudaIpcTransport) and transport.leads == [0, 2]

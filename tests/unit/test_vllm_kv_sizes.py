@@ -227,6 +227,27 @@ def test_a_learner_loading_on_the_gpu_and_a_measuring_engine_take_turns(model, t
     assert entered >= left - 0.05
 
 
+def test_an_engine_over_two_gpus_measures_only_once_the_learner_on_either_has_loaded(model, tmp_path, monkeypatch):
+    from rlgen.gpustart import beside_engine_starts
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    learner = ctx.Process(target=_learner_loads, args=("9", 1.0, q))  # a colocated learner rank on the second GPU
+    learner.start()
+    assert q.get(timeout=30)[0] == "learner in"
+    sizes = KVSizes(args_of(model, tensor_parallel_size=2), VERSIONS, devices="8,9", gpus=H100 * 2)
+    with sizes.start_slot("engine0", timeout_s=30) as stored:
+        entered = time.time()
+        assert stored is None
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "8")  # the rank on the first GPU waits for the measurement
+        t0 = time.time()
+        with beside_engine_starts("learner0", timeout_s=0.6):
+            assert time.time() - t0 >= 0.6
+    left = q.get(timeout=30)[1]
+    learner.join(30)
+    assert entered >= left - 0.05
+
+
 def test_the_visible_gpus_are_read_one_way(monkeypatch):
     from rlgen.bench.gpu import visible_gpus as bench_gpus
     from rlgen.engines.vllm.startup import visible_gpus

@@ -71,7 +71,7 @@ def collect_run(job_dir: str | Path) -> dict[str, Any]:
     row.update(balance_summary(records, ctx))
     if finished:
         summary = json.loads((job_dir / "summary.json").read_text())
-        for key in ("reward_last_20pct", "reward_gain", "wall_s", "tokens_per_s"):
+        for key in ("reward_last_20pct", "reward_gain", "wall_s", "tokens_per_s", "gpu_busy_pct", "first_rollout_s"):
             if key in summary:
                 row["summary_" + key] = summary[key]
     return row
@@ -133,8 +133,8 @@ def to_markdown(rows: list[dict[str, Any]], sweep_dir: Path) -> str:
         "train on it.",
         "",
         "| rank | overrides | tok/s end to end | generation tok/s | learner needs tok/s | step s | learner wait "
-        "| engines idle | generate/train | verdict | reward (last 20%) | status |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|",
+        "| engines idle | generate/train | verdict | GPU busy | first rollout s | reward (last 20%) | status |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|",
     ]
     for r in rows:
         lines.append("| " + " | ".join([
@@ -148,6 +148,8 @@ def to_markdown(rows: list[dict[str, Any]], sweep_dir: Path) -> str:
             _cell(r.get("engine_idle_frac"), ".0%"),
             _cell(r.get("ratio"), ".2f"),
             _cell(str(r.get("kind", "-")).replace("_", "-")),
+            _cell(r.get("summary_gpu_busy_pct"), ".1f"),
+            _cell(r.get("summary_first_rollout_s"), ".1f"),
             _cell(r.get("summary_reward_last_20pct"), ".3f"),
             _cell(r.get("status")),
         ]) + " |")

@@ -165,44 +165,79 @@ class WeightSender:
     def _share_ipc(self, buffer: Any) -> dict[str, Any]:
         return share(buffer)
 
+    def ipc_handle(self, dtype: str, bucket_bytes: int) -> dict[str, Any]:
+        """This rank's resident IPC buffer (made now if it is not yet) as a handle other processes open: the
+        driver merges every rank's into one, so an engine spread over several GPUs finds a buffer on each."""
+        return self._ipc_buffer(dtype, bucket_bytes)[0]
+
+    def _ranks_barrier(self) -> None:
+        """Wait for every rank of the learner group (a one-element all-reduce, waited for on this side)."""
+        import torch
+        import torch.distributed as dist
+
+        if getattr(self, "world_size", 1) > 1 and dist.is_available() and dist.is_initialized():
+            t = torch.zeros(1, device=self.device)
+            dist.all_reduce(t)
+            t.item()
+
     def send_weights_ipc(self, engines: list[Any], version: int, dtype: str, bucket_bytes: int, timeout_s: float,
-                         pause: bool = False) -> dict:
-        """A whole IPC update of every engine on this GPU: pack each chunk of the layout into the resident
+                         pause: bool = False, handle: dict[str, Any] | None = None, lockstep: bool = False) -> dict:
+        """A whole IPC update of the engines this rank leads: pack each chunk of the layout into the resident
         buffer, then have the engines load it. With pause=True (an update in flight) the engines pause their
         requests (keeping the KV cache) on the first chunk and resume after the last, so the pause covers the
         loads only: the first chunk is packed while they still generate. Returns the engines' last results
-        under "engines"."""
-        import torch
+        under "engines".
+
+        Colocated learner groups: every rank packs its own GPU's buffer (``handle``: every rank's, merged), and
+        leads the engines whose first GPU is its own. With lockstep (an engine spans several GPUs) the ranks
+        meet twice a chunk: after packing it, so an engine's workers find it in every GPU's buffer, and after
+        the loads, so no rank packs the next chunk over one still being read. A rank may lead no engine."""
 
         self._check_send(version)
         t0 = time.time()
-        handle, layout, views = self._ipc_buffer(dtype, bucket_bytes)
+        own, layout, views = self._ipc_buffer(dtype, bucket_bytes)
+        handle = handle or own
         names = [n for n, _ in self.named_weights()]
         if names != [n for c in layout for n in c["names"]]:  # checked before any engine loads a chunk
             raise SyncError(f"{self.name}: the learner's {len(names)} parameters no longer match the IPC buffer's "
                             "layout, made on the first update; the learner's parameters changed during the run.")
         t1 = time.time()
         weights = self.iter_weights(dtype, bucket_bytes)
-        packing = loading = 0.0
+        packing = loading = waiting = 0.0
         done: list[dict] = []
         for k, (chunk, chunk_view) in enumerate(zip(layout, views)):
             p0 = time.time()
-            with torch.no_grad():
-                for name, view in chunk_view:
-                    got = next(weights, None)
-                    if got is None or got[0] != name:
-                        raise SyncError(f"{self.name}: the weights no longer match the IPC layout at {name!r} (got "
-                                        f"{got[0] if got else 'nothing'!r}); the learner's parameters changed.")
-                    view.copy_(got[1])
-            if torch.device(self.device).type == "cuda":  # the buffer lives on the learner's device
-                torch.cuda.synchronize(self.device)  # the engines read the buffer from other processes
+            self._pack(weights, chunk_view)
             p1 = time.time()
-            done = get_all([e.receive_ipc.remote(handle, chunk, version, first=k == 0, last=k == len(layout) - 1,
-                                                 pause=pause, timeout_s=timeout_s) for e in engines],
-                           timeout_s + SLACK_S, f"IPC chunk {k + 1} of {len(layout)}")
-            packing, loading = packing + p1 - p0, loading + time.time() - p1
-        # where an update's time goes: making the buffer (first update only), packing it on this side, and the
-        # engines' loads (with their pause, when in flight)
+            if lockstep:
+                self._ranks_barrier()
+            p2 = time.time()
+            if engines:
+                done = get_all([e.receive_ipc.remote(handle, chunk, version, first=k == 0, last=k == len(layout) - 1,
+                                                     pause=pause, timeout_s=timeout_s) for e in engines],
+                               timeout_s + SLACK_S, f"IPC chunk {k + 1} of {len(layout)}")
+            p3 = time.time()
+            if lockstep:
+                self._ranks_barrier()
+            packing, loading, waiting = packing + p1 - p0, loading + p3 - p2, waiting + p2 - p1 + time.time() - p3
+        # where an update's time goes: making the buffer (first update only), packing it on this side, the
+        # engines' loads (with their pause, when in flight), and waiting for the other ranks
         parts = {"start": t1 - t0, "pack": packing, "load": loading}
+        if lockstep:
+            parts["ranks"] = waiting
         return {"actor": self.name, "version": int(version), "chunks": len(layout), "engines": done, "parts": parts,
                 "spans": [(Phase.sync.value, t0, time.time())]}
+
+    def _pack(self, weights: Iterator[tuple[str, Any]], chunk_view: list) -> None:
+        """The next weights from ``weights`` into one chunk's views of the buffer, in the layout's order."""
+        import torch
+
+        with torch.no_grad():
+            for name, view in chunk_view:
+                got = next(weights, None)
+                if got is None or got[0] != name:
+                    raise SyncError(f"{self.name}: the weights no longer match the IPC layout at {name!r} (got "
+                                    f"{got[0] if got else 'nothing'!r}); the learner's parameters changed.")
+                view.copy_(got[1])
+        if torch.device(self.device).type == "cuda":  # the buffer lives on the learner's device
+            torch.cuda.synchronize(self.device)  # the engines read the buffer from other processes

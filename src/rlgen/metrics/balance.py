@@ -47,6 +47,7 @@ class BalanceContext:
     engines_per_gpu_next: int | None = None  # one more engine per GPU fits (None: it does not, or unknown)
     runs_ahead: bool = True  # engines run ahead here by default (False on CPU: no advice to raise async_steps)
     episodes: bool = False  # a multi-turn task (task.kind=env): a batch's last episodes wait on their environment
+    hybrid: bool = False  # engines on GPUs of their own that could share every GPU with a learner rank instead
     bigger_hardware: tuple[tuple[str, int], ...] = ()  # presets with more GPUs, fewest first: (name, GPUs)
 
 
@@ -71,6 +72,7 @@ def context_from_plan(plan: Any) -> BalanceContext:
         engines_per_gpu_next=room.get("engines_per_gpu_next"),
         runs_ahead=bool(room.get("runs_ahead", True)),
         episodes=((d.get("config") or {}).get("task") or {}).get("kind") == "env",
+        hybrid=bool(room.get("hybrid", False)),
         bigger_hardware=tuple((str(n), int(g)) for n, g in room.get("bigger_hardware", ())),
     )
 
@@ -245,6 +247,9 @@ def advise(kind: Kind, m: StepBalance, ctx: BalanceContext = NO_CONTEXT) -> str:
             fixes.append(f"use fewer engines (engine.num_engines={keep} would keep up){spare}")
         if overlap:
             fixes.append("raise algo.async_steps to 1 so engines generate the next batch while the learner trains")
+        if ctx.hybrid:
+            fixes.insert(0, f"train on every GPU (hardware.colocated=true: a learner rank beside the engines on each "
+                            f"of the {ctx.engine_gpus + ctx.learner_gpus} GPUs, not {ctx.learner_gpus})")
         fixes.append("speed up the learner (fewer micro-batches: a larger algo.micro_batch_size or 0)")
         more_gpus = _with_more_gpus(ctx, "more learner ranks")
     else:

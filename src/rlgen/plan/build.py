@@ -144,8 +144,8 @@ def _shares(engines: tuple[EngineSlot, ...], cfg: RunConfig, spec: EngineSpec) -
 def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
     """Resolve and check a RunConfig. Raises PlanError listing every problem with its fix.
 
-    runnable=False checks the geometry only (placement, batch, lengths), not whether today's learners can run
-    it: the placement tests use it for layouts the learners do not support yet (colocated learner groups)."""
+    runnable=False checks the geometry only (placement, batch, lengths), not whether the learner kind can train
+    the plan's ranks: the placement tests use it to place every layout, whichever learner would train it."""
     if cfg.hardware.name == AUTO:
         return _with_found_hardware(cfg, runnable)
     if cfg.engine.engines_per_gpu is None:
@@ -165,7 +165,7 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
     device = "cuda" if cfg.hardware.gpus_per_node else "cpu"
     learner = resolve_learner(cfg.learner.kind, device)
     if runnable:
-        check_learners(cfg, learner, learners, layout, p)
+        check_learners(cfg, learner, learners, p)
     ms = model_summary(cfg)
     batch = _batch(cfg, max(len(learners), 1), bool(learners), p)
     zero_from_recipe = any(s.key == "learner.zero_stage" and s.source.startswith("recipe") for s in settings)

@@ -45,7 +45,8 @@ def hardware_room(cfg: RunConfig, spec: EngineSpec, layout: Layout, engines: tup
                   learners: tuple[LearnerSlot, ...], ms: ModelSummary) -> dict:
     """{free_gpus, learner_gpus and engine_gpus (learner_gpus 0 when they share the engines' GPUs),
     engines_per_gpu_next (None: engines cannot share a GPU more), runs_ahead (engines run ahead of the learner
-    here by default: plan.overlap), bigger_hardware: [(name, gpus), ...]} for the balancer
+    here by default: plan.overlap), hybrid (engines on GPUs of their own could share every GPU with a learner rank
+    instead: hardware.colocated=true), bigger_hardware: [(name, gpus), ...]} for the balancer
     (rlgen.metrics.balance.BalanceContext)."""
     from rlgen.plan.checks.spanning import check_engine_floor
 
@@ -63,6 +64,7 @@ def hardware_room(cfg: RunConfig, spec: EngineSpec, layout: Layout, engines: tup
     return {"free_gpus": max(total - len(engine_gpus | learner_gpus), 0),
             "learner_gpus": 0 if layout is Layout.colocated else len(learner_gpus), "engine_gpus": len(engine_gpus),
             "engines_per_gpu_next": k + 1 if fits and not p else None, "runs_ahead": runs_ahead(cfg, spec),
+            "hybrid": layout is Layout.split and bool(spec.memory_share),
             "bigger_hardware": bigger_hardware(cfg) if total else []}
 
 

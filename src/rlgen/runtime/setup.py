@@ -368,9 +368,11 @@ def _new_transport(run: Run) -> Any:
 def _start_transport(run: Run, send: bool = True) -> None:
     """Join the transport to the learner and the engines; with send, its start (the starting weights once: the
     first update's one-off costs here rather than in step 0, and kept engines' weights replaced)."""
-    # ZeRO-3 ranks other than 0 hold only shards: they join every gather while rank 0 sends
+    # ZeRO-3 ranks other than 0 hold only shards: they join every gather while rank 0 sends (colocated IPC: every
+    # rank sends to its own GPU's engines)
     try:
-        run.transport.setup(run.learner, run.engines, run.engine_names, gatherers=run.zero3_gatherers)
+        run.transport.setup(run.learner, run.engines, run.engine_names, gatherers=run.zero3_gatherers,
+                            ranks=run.learners)
         warm = run.transport.start() if send else None
     except SyncError as err:
         raise RunError(f"weight sync set-up failed: {err}") from err

@@ -73,22 +73,36 @@ def share(buffer: torch.Tensor) -> dict[str, Any]:
     return {"gpu": str(torch.cuda.get_device_properties(buffer.device).uuid), "args": tuple(args)}
 
 
+def merged(handles: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One handle for the buffers of several learner ranks, one per GPU: an engine spread over several GPUs
+    (tensor parallel) has each of its workers open the buffer on its own GPU."""
+    return {"parts": [p for h in handles for p in h.get("parts", [h])]}
+
+
+def part_for(handle: dict[str, Any], gpu: str) -> dict[str, Any]:
+    """The part of ``handle`` whose buffer lives on the GPU with UUID ``gpu``."""
+    parts = handle.get("parts", [handle])
+    for part in parts:
+        if part.get("gpu") == gpu:
+            return part
+    have = ", ".join(str(p.get("gpu")) for p in parts)
+    raise RuntimeError(
+        f"no learner's IPC buffer lives on GPU {gpu} (the buffers are on {have}); CUDA IPC weight updates need a "
+        "learner rank on every GPU of a colocated engine (hardware.colocated)."
+    )
+
+
 def _open(worker: Any, handle: dict[str, Any], device: torch.device) -> torch.Tensor:
-    """The shared buffer, opened on the first call and kept on the worker (a new handle replaces it)."""
+    """This GPU's shared buffer, opened on the first call and kept on the worker (a new handle replaces it)."""
     import torch
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
-    key = (handle["args"][7], handle["args"][9])  # the memory handle and the storage's offset in it
+    part = part_for(handle, str(torch.cuda.get_device_properties(device).uuid))
+    key = (part["args"][7], part["args"][9])  # the memory handle and the storage's offset in it
     cached = getattr(worker, "_rlgen_ipc_buffer", None)
     if cached is not None and cached[0] == key:
         return cached[1]
-    mine = str(torch.cuda.get_device_properties(device).uuid)
-    if handle["gpu"] != mine:
-        raise RuntimeError(
-            f"the learner's IPC buffer lives on GPU {handle['gpu']}, but this engine worker runs on {mine}; "
-            "CUDA IPC weight updates need the learner and the engine on the same GPU (hardware.colocated)."
-        )
-    args = list(handle["args"])
+    args = list(part["args"])
     args[6] = device.index  # the sender's device index may differ from this process's numbering
     buffer = rebuild_cuda_tensor(*args)
     worker._rlgen_ipc_buffer = (key, buffer)
@@ -114,4 +128,5 @@ def load_ipc_on_worker(worker: Any, handle: dict[str, Any], chunk: dict[str, Any
     return len(views)
 
 
-__all__ = ["ALIGN_BYTES", "buffer_bytes", "chunk_views", "ipc_layout", "load_ipc_on_worker", "share"]
+__all__ = ["ALIGN_BYTES", "buffer_bytes", "chunk_views", "ipc_layout", "load_ipc_on_worker", "merged", "part_for",
+           "share"]

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rlgen.engines.vllm.common import EngineError
-from rlgen.gpustart import acquire, gpu_indices, lock_path, visible_devices
+from rlgen.gpustart import acquire, gpu_indices, lock_paths, visible_devices
 
 NOT_KEYED = ("model", "seed")  # engine arguments the KV size does not depend on
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
@@ -154,7 +154,7 @@ class KVSizes:
             if (self._held is None or value <= 0 or not self._token_bytes()
                     or self._write(value, logged_gib=logged_gib) is None):
                 return None
-            fcntl.flock(self._held, fcntl.LOCK_UN)
+            self._release(self._held)
             self._held = None
         return value
 
@@ -164,25 +164,34 @@ class KVSizes:
 
     @contextlib.contextmanager
     def start_slot(self, name: str, timeout_s: float) -> Iterator[int | None]:
-        """Hold this GPU's start lock (rlgen.gpustart) while the engine starts: shared with a stored size
-        (yielded), alone without one (None is yielded, and the engine measures). Raises EngineError after
-        timeout_s of waiting."""
+        """Hold the start lock (rlgen.gpustart) of each of this engine's GPUs while it starts: shared with a
+        stored size (yielded), alone without one (None is yielded, and the engine measures). Raises EngineError
+        after timeout_s of waiting."""
         stored = self.stored()
-        with open(lock_path(self.devices), "a+") as f:
-            if not acquire(f, exclusive=not stored, timeout_s=timeout_s):
-                raise EngineError(
-                    f"{name} waited {timeout_s:.0f} s for another engine on GPU(s) {self.devices} to finish "
-                    "starting; a stuck engine process may hold it (nvidia-smi lists it): stop it, or give "
-                    "each engine its own GPU (engine.engines_per_gpu=1).")
-            self._held = f
+        with contextlib.ExitStack() as stack:
+            files = [stack.enter_context(open(path, "a+")) for path in lock_paths(self.devices)]
+            deadline = time.time() + timeout_s
+            for f in files:
+                if not acquire(f, exclusive=not stored, timeout_s=max(0.0, deadline - time.time())):
+                    self._release(files)
+                    raise EngineError(
+                        f"{name} waited {timeout_s:.0f} s for another engine on GPU(s) {self.devices} to finish "
+                        "starting; a stuck engine process may hold it (nvidia-smi lists it): stop it, or give "
+                        "each engine its own GPU (engine.engines_per_gpu=1).")
+            self._held = files
             try:
                 # an engine that measured while this one waited stored the size: take it (still alone)
                 yield stored or self.stored()
             finally:
                 with self._guard:
                     if self._held is not None:
-                        fcntl.flock(f, fcntl.LOCK_UN)
+                        self._release(self._held)
                         self._held = None
+
+    @staticmethod
+    def _release(files: list[Any]) -> None:
+        for f in files:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 class MeasuredWatch:

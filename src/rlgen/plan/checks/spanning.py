@@ -40,8 +40,7 @@ def check_hardware(cfg: RunConfig, spec: EngineSpec, layout: Layout, p: list[str
     check_sleep_mode(cfg, spec, layout is Layout.colocated, p)
 
 
-def check_learners(cfg: RunConfig, learner: LearnerSpec, learners: tuple[LearnerSlot, ...], layout: Layout,
-                   p: list[str]) -> None:
+def check_learners(cfg: RunConfig, learner: LearnerSpec, learners: tuple[LearnerSlot, ...], p: list[str]) -> None:
     """The learner the run builds can train the plan's ranks (nothing later refuses it)."""
     hw = cfg.hardware
     gpus = hw.gpus_per_node > 0
@@ -55,11 +54,6 @@ def check_learners(cfg: RunConfig, learner: LearnerSpec, learners: tuple[Learner
         where = " and ".join("GPUs" if d == "cuda" else "CPU" for d in learner.ranks) or "no device"
         p.append(f"the plan has {ranks} learner ranks, but {learner.label} trains with several only on {where}; "
                  f"{fix}.")
-    if ranks > 1 and layout is Layout.colocated:
-        p.append(
-            f"colocated engines with {ranks} learner ranks are not supported (the IPC weight path sends from one "
-            "rank); give engines their own GPUs (hardware.colocated=false) or use one GPU."
-        )
 
 
 def check_episodes(cfg: RunConfig, spec: EngineSpec, p: list[str]) -> None:

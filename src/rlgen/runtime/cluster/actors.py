@@ -20,6 +20,7 @@ from rlgen.plan import Plan
 from rlgen.plan.checks.machine import bootstrap_address, cluster_join_mode
 from rlgen.plan.checks.machine import cluster_address as ray_address
 from rlgen.runtime.cluster import kept_engines, kept_fingerprint
+from rlgen.runtime.cluster.bundle_gpus import bundle_gpu_ids, engine_devices, spans_gpus
 from rlgen.runtime.cluster.local_ray import (
     SHUTDOWN_S,
     bounded,
@@ -194,6 +195,7 @@ class ActorFactory:
     warm: bool = False  # engines are detached and named by their settings, to be kept warm (runtime.cluster.kept_engines)
     kept: set[int] = dataclasses.field(default_factory=set)  # engines an earlier run kept warm, taken over (set-up)
     moved: dict[int, tuple[Any, str]] = dataclasses.field(default_factory=dict)  # engine -> (its own group, node)
+    gpu_ids: dict | None = None  # colocated TP>1 engines: the GPU Ray gave each learner bundle (bundle_gpus)
 
     @property
     def device(self) -> str:
@@ -266,6 +268,10 @@ class ActorFactory:
         """Engine ``index``'s constructor arguments and actor options (its name among them, where warm)."""
         slot, ap = self.plan.engines[index], self.placement.engines[index]
         env = dict(self.plan.engine_env)  # empty for kinds that take no engine.env
+        if spans_gpus(self.plan):  # it asks Ray for no GPU: it is told which GPUs its slot spans
+            if self.gpu_ids is None:
+                self.gpu_ids = bundle_gpu_ids(self.plan, [self.strategy(ap) for ap in self.placement.learners])
+            env["CUDA_VISIBLE_DEVICES"] = engine_devices(self.plan, index, self.gpu_ids)
         # this engine's part of its GPU's memory (engines on one GPU split the engines' share)
         engine_cfg = dataclasses.replace(self.cfg.engine, gpu_memory_utilization=slot.memory_share)
         # the model path and engine config go by position: engine classes name those parameters as they like

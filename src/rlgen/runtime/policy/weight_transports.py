@@ -14,22 +14,15 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from rlgen.engines.contract import PausesInFlight, PolicyAdapters, ReceivesIpc, ReceivesNccl, has, require
 from rlgen.learners.weight_sender import CONTROL_GROUP
 from rlgen.plan import Plan, Transport
+from rlgen.runtime.policy.ipc_transport import CudaIpcTransport, lead_ranks
+from rlgen.runtime.policy.transport_base import PushResult, TransportBase, VLLMTransport, WeightTransport
 from rlgen.runtime.rollouts.engine_restarts import engine_died
-from rlgen.transfer import (
-    DEFAULT_BUCKET_BYTES,
-    NUM_BUFFERS,
-    SLACK_S,
-    SyncError,
-    SyncTimeoutError,
-    check_versions,
-    get_all,
-)
+from rlgen.transfer import DEFAULT_BUCKET_BYTES, NUM_BUFFERS, SyncError, check_versions, get_all
 from rlgen.types import Phase
 
 log = logging.getLogger(__name__)
@@ -37,104 +30,7 @@ ABORT_GRACE_S = 2.0  # after a failed NCCL update, how long each side may take t
 ABORT_WAIT_S = 30.0  # for the learner's aborted broadcast to return
 
 
-# -- driver side --------------------------------------------------------------------------------------------
-@dataclass
-class PushResult:
-    version: int
-    pending: list[Any] = field(default_factory=list)  # per-engine refs still running (object store only)
-    results: list[dict[str, Any]] = field(default_factory=list)  # finished: {"actor", "spans", ...}
-    seconds: float = 0.0  # driver wall time of push()
-
-
-class WeightTransport(Protocol):
-    kind: Transport
-
-    def setup(self, learner: Any, engines: Sequence[Any], engine_names: Sequence[str], *,
-              gatherers: Sequence[Any] = ()) -> None: ...
-    def start(self) -> PushResult | None: ...
-    def before_train(self) -> list[dict[str, Any]]: ...
-    def push(self, version: int, *, in_flight: bool = False) -> PushResult: ...
-    def no_update(self) -> list[dict[str, Any]]: ...
-    def replace_engine(self, index: int, actor: Any, resend: bool = True) -> None: ...
-    def generate_at(self, index: int, version: int, generate: Callable[[], Any]) -> tuple[Any, list[Any]]: ...
-    def close(self) -> None: ...
-
-
-class _Base:
-    kind: Transport
-
-    def __init__(self, timeout_s: float, dtype: str = "bfloat16", bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 tp_sizes: Sequence[int] = ()):
-        self.timeout_s, self.dtype, self.bucket_bytes = float(timeout_s), dtype, int(bucket_bytes)
-        self.tp_sizes = list(tp_sizes)
-        self.version = 0  # the last version every engine confirmed; engines start with the learner's weights
-        self.slack_s = SLACK_S
-        self.broken: str | None = None
-        self.held_weights = False  # engines may hold other weights than the learner's (kept warm by another run)
-        # engines holding the learner's starting weights may generate before setup() and start() (which then
-        # only warms the transport up): runtime.setup lets the first batch go before the learners are ready
-        self.generates_before_start = False
-        self.pauses = True  # the engines claim PausesInFlight (make_transport reads their spec)
-        self.learner: Any = None
-        self.gatherers: list[Any] = []
-        self.engines: list[Any] = []
-        self.engine_names: list[str] = []
-
-    def setup(self, learner: Any, engines: Sequence[Any], engine_names: Sequence[str], *,
-              gatherers: Sequence[Any] = ()) -> None:
-        """learner: rank 0, which sends. gatherers: the other ranks of a ZeRO-3 group, which must join every
-        gather of the full weights (``drain_weights``) while rank 0 exports them."""
-        self.learner, self.engines, self.engine_names = learner, list(engines), list(engine_names)
-        self.gatherers = list(gatherers)
-        if not self.tp_sizes:
-            self.tp_sizes = [1] * len(self.engines)
-
-    def _gather_refs(self, version: int) -> list[Any]:
-        return [g.drain_weights.remote(version, self.dtype, self.bucket_bytes, self.timeout_s) for g in self.gatherers]
-
-    def start(self) -> PushResult | None:
-        """Before the first step: the starting weights over this transport, where that warms it up or the
-        engines may hold other weights (None: nothing to do)."""
-        return None
-
-    def before_train(self) -> list[dict[str, Any]]:
-        return []
-
-    def no_update(self) -> list[dict[str, Any]]:
-        """The step was skipped (or the run halts): bring engines back to generating on their old weights."""
-        return []
-
-    def close(self) -> None:
-        self.learner, self.engines, self.gatherers = None, [], []
-
-    def replace_engine(self, index: int, actor: Any, resend: bool = True) -> None:
-        """Engine ``index`` was re-created (its predecessor died): join the new actor to this transport and, with
-        resend, bring it to the current version (without, the next push does: an update that failed because an
-        engine died is pushed again to all, the new one included)."""
-        raise SyncError(f"{self.kind.value} transport cannot take a re-created engine.")
-
-    def generate_at(self, index: int, version: int, generate: Callable[[], Any]) -> tuple[Any, list[Any]]:
-        """generate() on re-created engine ``index`` for a flight launched at ``version``, and the weight updates
-        queued after it (refs). Here at the engine's current weights, none queued: engines that take updates while
-        they generate mix versions within a flight anyway."""
-        return generate(), []
-
-    def _begin(self, version: int, *, resend: bool = False) -> float:
-        if self.broken:
-            raise SyncError(f"{self.kind.value} weight sync is broken ({self.broken}); restart the run.")
-        if int(version) < self.version or (int(version) == self.version and not resend):
-            raise SyncError(f"policy version {version} is not newer than the engines' version {self.version}.")
-        return time.time()
-
-    def _get(self, refs: Sequence[Any], what: str, names: Sequence[str] | None = None) -> list[Any]:
-        try:
-            return get_all(refs, self.timeout_s + self.slack_s, what, names)
-        except SyncTimeoutError as err:
-            self.broken = str(err)
-            raise
-
-
-class ObjectStoreTransport(_Base):
+class ObjectStoreTransport(TransportBase):
     """learner.get_weights() -> Ray object store -> engine.update_weights(ref, version) on every engine. Remote
     engines (kind http) take the same path; each engine's proxy sends the weights on to the server."""
 
@@ -150,7 +46,7 @@ class ObjectStoreTransport(_Base):
         self.history, self.sent = max(1, int(history)), {}
 
     def setup(self, learner: Any, engines: Sequence[Any], engine_names: Sequence[str], *,
-              gatherers: Sequence[Any] = ()) -> None:
+              gatherers: Sequence[Any] = (), ranks: Sequence[Any] = ()) -> None:
         super().setup(learner, engines, engine_names, gatherers=gatherers)
         if self.kind is Transport.ray_object_store and self.history > 1 and not self.gatherers:
             self._keep(self.version, self.learner.get_weights.remote())  # what the engines start with
@@ -217,34 +113,7 @@ class ObjectStoreTransport(_Base):
                   f"bringing the re-created {name} to version {self.version}")
 
 
-class _VLLMTransport(_Base):
-    def _meta(self) -> dict[str, Any]:
-        meta = self._get([self.learner.weight_meta.remote(self.dtype)], "reading the learner's weight names")[0]
-        self.bucket_bytes = max(self.bucket_bytes, int(meta["max_tensor_bytes"]))
-        return meta
-
-    def _paused(self, in_flight: bool, body: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
-        """body() with every engine paused (requests frozen with their KV cache) when in_flight. Then each
-        engine's sync span is the whole pause, the time the update kept it from generating."""
-        if not in_flight:
-            return body()
-        if not self.pauses:
-            raise SyncError("these engines cannot pause for a weight update while requests run (PausesInFlight); "
-                            "set algo.async_steps=0.")
-        t0 = time.time()
-        self._get([e.pause.remote("keep", False) for e in self.engines], "pausing engines (in-flight update; engine "
-                  "actors need max_concurrency >= 2)", self.engine_names)
-        try:
-            results = body()
-        finally:
-            if not self.broken:
-                self._get([e.resume.remote() for e in self.engines], "resuming engines", self.engine_names)
-        paused = [(Phase.sync.value, t0, time.time())]
-        names = set(self.engine_names)
-        return [{**r, "spans": paused} if r.get("actor") in names else r for r in results]
-
-
-class NcclTransport(_VLLMTransport):
+class NcclTransport(VLLMTransport):
     kind = Transport.nccl
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -252,7 +121,7 @@ class NcclTransport(_VLLMTransport):
         self.rejoining: set[int] = set()  # engines that left a failed update: the new group waits for them all
 
     def setup(self, learner: Any, engines: Sequence[Any], engine_names: Sequence[str], *,
-              gatherers: Sequence[Any] = ()) -> None:
+              gatherers: Sequence[Any] = (), ranks: Sequence[Any] = ()) -> None:
         super().setup(learner, engines, engine_names, gatherers=gatherers)
         meta = self._meta()
         self.update_info = {k: meta[k] for k in ("names", "dtype_names", "shapes")}
@@ -344,89 +213,7 @@ class NcclTransport(_VLLMTransport):
         return PushResult(int(version), results=results, seconds=time.time() - t0)
 
 
-class CudaIpcTransport(_VLLMTransport):
-    """Colocated engines, weights through CUDA IPC. awake=False (async_steps=0): engines sleep while the learner
-    trains and wake for the update. awake=True (async_steps>0): engines stay awake and generate the next batch
-    while the learner trains; an update in flight pauses them, keeping their requests' KV cache."""
-
-    kind = Transport.cuda_ipc
-
-    def __init__(self, *args: Any, sleep_level: int = 1, awake: bool = False, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.sleep_level, self.awake = int(sleep_level), bool(awake)
-        self.generates_before_start = True  # start() sends the weights the engines hold: it sets the buffer up
-
-    def setup(self, learner: Any, engines: Sequence[Any], engine_names: Sequence[str], *,
-              gatherers: Sequence[Any] = ()) -> None:
-        if gatherers:
-            raise SyncError("the IPC weight path sends from one learner rank; colocated runs train on one rank.")
-        super().setup(learner, engines, engine_names)
-        self._meta()
-        # ReceivesIpc (the learner calls receive_ipc)
-        self._get([e.init_weight_transfer.remote({}, self.timeout_s) for e in self.engines], "IPC set-up", self.engine_names)
-
-    def start(self) -> PushResult:
-        return self._cycle(self.version, resend=True)  # engines are awake before the first step
-
-    def before_train(self) -> list[dict[str, Any]]:
-        if self.awake:
-            return []
-        t0 = time.time()
-        self._get([e.sleep.remote(self.sleep_level) for e in self.engines], "engines going to sleep", self.engine_names)
-        return [{"actor": n, "spans": [(Phase.idle.value, t0, time.time())]} for n in self.engine_names]
-
-    def no_update(self) -> list[dict[str, Any]]:
-        """Level 1 kept the old weights on the CPU: wake everything. Level 2 dropped them: send them again."""
-        if self.awake:
-            return []
-        if self.sleep_level == 1:
-            self._get([e.wake.remote() for e in self.engines], "waking engines", self.engine_names)
-            return []
-        return self._cycle(self.version, resend=True, asleep=True).results
-
-    def push(self, version: int, *, in_flight: bool = False) -> PushResult:
-        if in_flight and not self.awake:
-            raise SyncError("colocated engines sleep while the learner trains (algo.async_steps=0), so updates "
-                            "cannot be in flight.")
-        return self._cycle(version, asleep=not self.awake, in_flight=in_flight)
-
-    def replace_engine(self, index: int, actor: Any, resend: bool = True) -> None:
-        """The re-created engine joins IPC and (resend) gets the current weights; the others are untouched."""
-        self.engines[index] = actor
-        self._get([actor.init_weight_transfer.remote({}, self.timeout_s)], "IPC set-up", [self.engine_names[index]])
-        if resend:
-            self._cycle(self.version, resend=True, only=[index])
-
-    def _cycle(self, version: int, resend: bool = False, only: Sequence[int] | None = None, *, asleep: bool = False,
-               in_flight: bool = False) -> PushResult:
-        """One update over IPC: wake the weights of sleeping engines, send, wake their KV cache; or, for awake
-        engines with requests in flight, pause them around the send."""
-        t0 = self._begin(version, resend=resend)
-        picked = list(range(len(self.engines))) if only is None else list(only)
-        engines, names = [self.engines[i] for i in picked], [self.engine_names[i] for i in picked]
-
-        if asleep:
-            self._get([e.wake.remote(["weights"]) for e in engines], "waking engine weights", names)
-        # in flight, the engines pause themselves around the loads (the learner packs the first chunk first)
-        ref = self.learner.send_weights_ipc.remote(engines, version, self.dtype, self.bucket_bytes, self.timeout_s,
-                                                   in_flight)
-        try:
-            sent = self._get([ref], f"IPC weight update to version {version}", ["learner"])[0]
-        except Exception:
-            if in_flight and not self.broken:  # a learner that failed between chunks left the engines paused
-                self._get([e.resume.remote() for e in engines], "resuming engines", names)
-            raise
-        if asleep:
-            self._get([e.wake.remote(["kv_cache"]) for e in engines], "waking engine KV caches", names)
-        done = sent.pop("engines", [])
-        check_versions(done, int(version), "IPC weight update")
-        if not in_flight:  # asleep or idle: the engines could not generate from the start of the cycle
-            done = [{**r, "spans": [(Phase.sync.value, t0, time.time())]} for r in done]
-        self.version = int(version)
-        return PushResult(int(version), results=[sent, *done], seconds=time.time() - t0)
-
-
-class AdapterTransport(_Base):
+class AdapterTransport(TransportBase):
     """LoRA adapters (learner.lora.sync=adapter): engines hold the base model and take each new adapter version
     (megabytes) through Ray's object store; requests started before an update finish on their adapter. asleep:
     colocated engines that sleep while the learner trains (algo.async_steps=0) and wake for the update."""
@@ -438,7 +225,7 @@ class AdapterTransport(_Base):
         self.asleep = bool(asleep)
 
     def setup(self, learner: Any, engines: Sequence[Any], engine_names: Sequence[str], *,
-              gatherers: Sequence[Any] = ()) -> None:
+              gatherers: Sequence[Any] = (), ranks: Sequence[Any] = ()) -> None:
         if gatherers:
             raise SyncError("LoRA adapters are sent from learner rank 0 of a ZeRO-2 group; ZeRO-3 is not supported.")
         super().setup(learner, engines, engine_names)
@@ -483,19 +270,20 @@ class AdapterTransport(_Base):
         return PushResult(int(version), results=[sync, *results], seconds=time.time() - t0)
 
 
-def make_transport(plan: Plan, cfg: Any, *, bucket_mb: float | None = None, sleep_level: int = 1) -> _Base:
+def make_transport(plan: Plan, cfg: Any, *, bucket_mb: float | None = None, sleep_level: int = 1) -> TransportBase:
     """The transport for plan.transport, once the engine kind claims the capability it calls. cfg is the RunConfig
     (timeout_s, engine.dtype); an update waits at most runtime.hang_timeout_s where that is shorter."""
     bucket = int(bucket_mb * 2**20) if bucket_mb else DEFAULT_BUCKET_BYTES
     kwargs = {"timeout_s": min(cfg.timeout_s, cfg.runtime.hang_timeout_s), "dtype": str(cfg.engine.dtype), "bucket_bytes": bucket,
               "tp_sizes": [e.tensor_parallel_size for e in plan.engines]}
-    transport: _Base
+    transport: TransportBase
     if plan.transport is Transport.nccl:
         require(plan.engine, ReceivesNccl, "weights over NCCL")
         transport = NcclTransport(**kwargs)
     elif plan.transport is Transport.cuda_ipc:
         require(plan.engine, ReceivesIpc, "weights over CUDA IPC")
-        transport = CudaIpcTransport(**kwargs, sleep_level=sleep_level, awake=plan.engines_awake)
+        transport = CudaIpcTransport(**kwargs, sleep_level=sleep_level, awake=plan.engines_awake,
+                                     leads=lead_ranks(plan))
     elif plan.transport is Transport.lora_adapter:
         require(plan.engine, PolicyAdapters, "LoRA adapters as the policy")
         transport = AdapterTransport(**kwargs, asleep=plan.colocated and not plan.engines_awake)
@@ -505,3 +293,6 @@ def make_transport(plan: Plan, cfg: Any, *, bucket_mb: float | None = None, slee
     transport.pauses = has(plan.engine, PausesInFlight)
     return transport
 
+
+__all__ = ["AdapterTransport", "CudaIpcTransport", "NcclTransport", "ObjectStoreTransport", "PushResult",
+           "WeightTransport", "make_transport"]

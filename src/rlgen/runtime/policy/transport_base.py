@@ -1,0 +1,143 @@
+"""What every weight transport shares: the result of a push, the interface the loop calls, and the base that
+keeps the engines' version, the timeouts and the broken flag (``TransportBase``); ``VLLMTransport`` adds the
+learner's weight names and the pause around an update in flight. The transports themselves are in
+``weight_transports`` and ``ipc_transport``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from rlgen.plan import Transport
+from rlgen.transfer import DEFAULT_BUCKET_BYTES, SLACK_S, SyncError, SyncTimeoutError, get_all
+from rlgen.types import Phase
+
+
+@dataclass
+class PushResult:
+    version: int
+    pending: list[Any] = field(default_factory=list)  # per-engine refs still running (object store only)
+    results: list[dict[str, Any]] = field(default_factory=list)  # finished: {"actor", "spans", ...}
+    seconds: float = 0.0  # driver wall time of push()
+
+
+class WeightTransport(Protocol):
+    kind: Transport
+
+    def setup(self, learner: Any, engines: Sequence[Any], engine_names: Sequence[str], *,
+              gatherers: Sequence[Any] = (), ranks: Sequence[Any] = ()) -> None: ...
+    def start(self) -> PushResult | None: ...
+    def before_train(self) -> list[dict[str, Any]]: ...
+    def push(self, version: int, *, in_flight: bool = False) -> PushResult: ...
+    def no_update(self) -> list[dict[str, Any]]: ...
+    def replace_engine(self, index: int, actor: Any, resend: bool = True) -> None: ...
+    def generate_at(self, index: int, version: int, generate: Callable[[], Any]) -> tuple[Any, list[Any]]: ...
+    def close(self) -> None: ...
+
+
+class TransportBase:
+    kind: Transport
+
+    def __init__(self, timeout_s: float, dtype: str = "bfloat16", bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 tp_sizes: Sequence[int] = ()):
+        self.timeout_s, self.dtype, self.bucket_bytes = float(timeout_s), dtype, int(bucket_bytes)
+        self.tp_sizes = list(tp_sizes)
+        self.version = 0  # the last version every engine confirmed; engines start with the learner's weights
+        self.slack_s = SLACK_S
+        self.broken: str | None = None
+        self.held_weights = False  # engines may hold other weights than the learner's (kept warm by another run)
+        # engines holding the learner's starting weights may generate before setup() and start() (which then
+        # only warms the transport up): runtime.setup lets the first batch go before the learners are ready
+        self.generates_before_start = False
+        self.pauses = True  # the engines claim PausesInFlight (make_transport reads their spec)
+        self.learner: Any = None
+        self.gatherers: list[Any] = []
+        self.engines: list[Any] = []
+        self.engine_names: list[str] = []
+
+    def setup(self, learner: Any, engines: Sequence[Any], engine_names: Sequence[str], *,
+              gatherers: Sequence[Any] = (), ranks: Sequence[Any] = ()) -> None:
+        """learner: rank 0, which sends. gatherers: the other ranks of a ZeRO-3 group, which must join every
+        gather of the full weights (``drain_weights``) while rank 0 exports them. ranks: every learner rank,
+        for transports where each sends (colocated IPC)."""
+        self.learner, self.engines, self.engine_names = learner, list(engines), list(engine_names)
+        self.gatherers = list(gatherers)
+        if not self.tp_sizes:
+            self.tp_sizes = [1] * len(self.engines)
+
+    def _gather_refs(self, version: int) -> list[Any]:
+        return [g.drain_weights.remote(version, self.dtype, self.bucket_bytes, self.timeout_s) for g in self.gatherers]
+
+    def start(self) -> PushResult | None:
+        """Before the first step: the starting weights over this transport, where that warms it up or the
+        engines may hold other weights (None: nothing to do)."""
+        return None
+
+    def before_train(self) -> list[dict[str, Any]]:
+        return []
+
+    def no_update(self) -> list[dict[str, Any]]:
+        """The step was skipped (or the run halts): bring engines back to generating on their old weights."""
+        return []
+
+    def close(self) -> None:
+        self.learner, self.engines, self.gatherers = None, [], []
+
+    def replace_engine(self, index: int, actor: Any, resend: bool = True) -> None:
+        """Engine ``index`` was re-created (its predecessor died): join the new actor to this transport and, with
+        resend, bring it to the current version (without, the next push does: an update that failed because an
+        engine died is pushed again to all, the new one included)."""
+        raise SyncError(f"{self.kind.value} transport cannot take a re-created engine.")
+
+    def generate_at(self, index: int, version: int, generate: Callable[[], Any]) -> tuple[Any, list[Any]]:
+        """generate() on re-created engine ``index`` for a flight launched at ``version``, and the weight updates
+        queued after it (refs). Here at the engine's current weights, none queued: engines that take updates while
+        they generate mix versions within a flight anyway."""
+        return generate(), []
+
+    def _begin(self, version: int, *, resend: bool = False) -> float:
+        if self.broken:
+            raise SyncError(f"{self.kind.value} weight sync is broken ({self.broken}); restart the run.")
+        if int(version) < self.version or (int(version) == self.version and not resend):
+            raise SyncError(f"policy version {version} is not newer than the engines' version {self.version}.")
+        return time.time()
+
+    def _get(self, refs: Sequence[Any], what: str, names: Sequence[str] | None = None) -> list[Any]:
+        try:
+            return get_all(refs, self.timeout_s + self.slack_s, what, names)
+        except SyncTimeoutError as err:
+            self.broken = str(err)
+            raise
+
+
+class VLLMTransport(TransportBase):
+    def _meta(self) -> dict[str, Any]:
+        meta = self._get([self.learner.weight_meta.remote(self.dtype)], "reading the learner's weight names")[0]
+        self.bucket_bytes = max(self.bucket_bytes, int(meta["max_tensor_bytes"]))
+        return meta
+
+    def _paused(self, in_flight: bool, body: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        """body() with every engine paused (requests frozen with their KV cache) when in_flight. Then each
+        engine's sync span is the whole pause, the time the update kept it from generating."""
+        if not in_flight:
+            return body()
+        if not self.pauses:
+            raise SyncError("these engines cannot pause for a weight update while requests run (PausesInFlight); "
+                            "set algo.async_steps=0.")
+        t0 = time.time()
+        self._get([e.pause.remote("keep", False) for e in self.engines], "pausing engines (in-flight update; engine "
+                  "actors need max_concurrency >= 2)", self.engine_names)
+        try:
+            results = body()
+        finally:
+            if not self.broken:
+                self._get([e.resume.remote() for e in self.engines], "resuming engines", self.engine_names)
+        paused = [(Phase.sync.value, t0, time.time())]
+        names = set(self.engine_names)
+        return [{**r, "spans": paused} if r.get("actor") in names else r for r in results]
+
+
+
+__all__ = ["PushResult", "TransportBase", "VLLMTransport", "WeightTransport"]
