@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rlgen.config.compose import compose_run_config
-from rlgen.plan import build_plan
+from rlgen.plan.preflight import preflight
 
 PLAN_WALL_LIMIT_S = 3.0
 
@@ -81,9 +81,12 @@ def test_plan_json_writes_a_loadable_plan(tmp_path):
     assert [e["gpus"] for e in d["engines"]] == [[0, 1], [2, 3]]
     assert [lr["gpu"] for lr in d["learners"]] == [4, 5, 6, 7]
     assert d["transport"] == "nccl"
-    expected = build_plan(compose_run_config(["engine=vllm_tp2", "hardware=8xh100"]))
+    expected = preflight(compose_run_config(["engine=vllm_tp2", "hardware=8xh100"]), machine=False).plan
     prediction = d.pop("prediction")  # the planner's balance forecast rides along with the plan
+    layouts = d.pop("layouts")  # and the hardware's layouts, fastest predicted first
     assert d == json.loads(expected.to_json())
+    assert layouts[0]["step_s"] <= layouts[1]["step_s"] and sum(o["current"] for o in layouts) == 1
+    assert d["layout_advice"].startswith(layouts[0]["label"] + " is predicted")
     assert prediction["available"] is True
     assert prediction["verdict"]["kind"] in ("generation_bound", "training_bound", "balanced")
 

@@ -105,6 +105,7 @@ class Plan:
     checkpoint_gib: float = 0.0  # one checkpoint on disk (estimated from the model and the learner)
     room: dict | None = None  # what the hardware leaves room for (plan.headroom.hardware_room), for the balancer
     choices: tuple[Choice, ...] = ()  # values chosen by building the plan with each candidate (plan.build)
+    layout_advice: str = ""  # another layout of this hardware predicted faster, with what to type (plan.layouts)
 
     @property
     def engine_kind(self) -> str:
@@ -133,7 +134,7 @@ class Plan:
         listed = ("engines", "learners", "settings", "choices")  # tuples of dataclasses
         for name in ("device", "hardware", "nodes", "gpus_per_node", "engines", "learners", "transport", "batch",
                      "model", "async_steps", "engine_env", "warnings", "settings", "memory", "checkpoint_gib", "room",
-                     "choices"):
+                     "choices", "layout_advice"):
             value = getattr(self, name)
             d[name] = plain(asdict(value) if hasattr(value, "__dataclass_fields__") else
                             [asdict(v) for v in value] if name in listed else value)

@@ -4,6 +4,7 @@ model folder, every prompt of the task and its reward, the directories, and the 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from rlgen.config import RunConfig
 from rlgen.plan.build import Plan, PlanError, build_plan
 from rlgen.plan.checks.inputs import check_dirs, check_model, check_task
 from rlgen.plan.checks.machine import check_environment
+from rlgen.plan.layouts import faster_layout_line, layout_options
 
 
 @dataclass
@@ -42,6 +44,8 @@ def preflight(cfg: RunConfig, *, run_dir: Path | None = None, machine: bool = Tr
         plan = build_plan(cfg)
     except PlanError as err:
         problems += err.problems
+    else:
+        plan = dataclasses.replace(plan, layout_advice=faster_layout_line(layout_options(cfg, plan)) or "")
     before = len(problems)
     check_model(cfg, problems)
     check_task(cfg, problems, model_ok=len(problems) == before)

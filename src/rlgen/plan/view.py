@@ -7,6 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from rlgen.plan import Plan
+from rlgen.plan.layouts import LayoutOption, faster_layout_line
 from rlgen.plan.prediction import predict, print_prediction
 
 
@@ -155,6 +156,28 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
     console.print(checkpoint_line(plan), highlight=False)
     for w in plan.warnings:
         console.print(f"[yellow]note:[/] {escape(w)}", highlight=False)
+
+
+def print_layouts(options: list[LayoutOption], console: Console | None = None) -> None:
+    """The layouts of the plan's hardware, fastest predicted step first (the plan's own marked), then the ones
+    that do not build, with why."""
+    if not options:
+        return
+    console = console or Console(soft_wrap=True)
+    t = Table(title="layouts of this hardware by predicted step (* the plan's)", title_justify="left")
+    for col in ("#", "layout", "engines", "step s", "generate s", "train s"):
+        t.add_column(col)
+    built = [o for o in options if o.step_s is not None]
+    for i, o in enumerate(built, 1):
+        t.add_row(str(i), o.label + (" *" if o.current else ""), str(o.engines), f"{o.step_s:.2f}", f"{o.gen_s:.2f}",
+                  f"{o.train_s:.2f}")
+    console.print(t)
+    for o in options:
+        if o.step_s is None:
+            console.print(f"  not {o.label}: {escape(o.why)}", highlight=False)
+    line = faster_layout_line(options)
+    if line:
+        console.print(f"[yellow]layout:[/] {escape(line)}", highlight=False)
 
 
 def print_plan_and_prediction(plan: Plan, console: Console | None = None) -> None:

@@ -148,6 +148,8 @@ def _train_and_report(run: Run) -> dict:
         if busy is not None:
             busy.close()
     ctx = context_from_plan(plan)
+    if plan.layout_advice:
+        summary["layout_advice"] = plan.layout_advice
     summary.update({f"balance_{k}": v for k, v in balance_summary(sink.records, ctx).items()})
     sink.close(summary)
     try:
@@ -155,6 +157,8 @@ def _train_and_report(run: Run) -> dict:
     except Exception as err:  # noqa: BLE001 - a plotting problem must not fail a finished run
         console.print(f"[yellow]report not written:[/] {escape(str(err))}")
     print_summary(sink.records, ctx, console)
+    if plan.layout_advice:  # another layout of this hardware is predicted faster (plan.layouts)
+        console.print(f"[yellow]layout:[/] {escape(plan.layout_advice)}", highlight=False)
     if "startup" in summary:
         print_startup(summary["startup"], console)
     _print_first_rollout(run.startup, console)

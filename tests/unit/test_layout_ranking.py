@@ -1,0 +1,53 @@
+"""The layouts of one hardware, ranked by predicted step: every candidate is the user's config with only the layout
+keys set, the first is the predicted-fastest of those that build, and the advice names what to type for it."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlgen.config.compose import compose_run_config
+from rlgen.plan import build_plan
+from rlgen.plan.layouts import faster_layout_line, layout_options
+from rlgen.plan.prediction import predict
+from rlgen.plan.preflight import preflight
+
+
+def options_of(*overrides):
+    cfg = compose_run_config(list(overrides))
+    return cfg, build_plan(cfg), layout_options(cfg, build_plan(cfg))
+
+
+@pytest.mark.parametrize("engine", ["vllm", "vllm_tp2"])
+def test_the_ranking_puts_the_predicted_fastest_layout_first(engine):
+    cfg, plan, options = options_of(f"engine={engine}", "hardware=4xh100", "model=qwen2_5_1_5b")
+    built = [o for o in options if o.step_s is not None]
+    assert [o.step_s for o in built] == sorted(o.step_s for o in built) and len(built) >= 4
+    assert {o.label for o in options} >= {"hybrid, TP 1", "hybrid, TP 2", "split 2+2, TP 1", "split 2+2, TP 2"}
+    assert [o.current for o in options].count(True) == 1  # the plan's own layout is among them, once
+    # each option's prediction is that of the plan its overrides build, with everything else the user typed
+    for o in built:
+        again = build_plan(compose_run_config([f"engine={engine}", "hardware=4xh100", "model=qwen2_5_1_5b",
+                                               *o.overrides]))
+        assert predict(again).step_s == pytest.approx(o.step_s)
+        assert again.config.model.name == plan.config.model.name
+    refused = [o for o in options if o.step_s is None]
+    assert all(o.why for o in refused)  # each with the plan's sentence (three learner ranks cannot split 512 rows)
+    assert options[0].label == "hybrid, TP 1"  # every GPU trains and generates: 1.6x the split's tok/s measured
+
+
+def test_the_advice_names_the_faster_layout_and_what_to_type_or_nothing_when_the_plan_is_fastest():
+    _, _, options = options_of("engine=vllm_tp2", "hardware=4xh100", "model=qwen2_5_1_5b")
+    line = faster_layout_line(options)
+    assert line.startswith("hybrid, TP 1 is predicted") and "than this plan's split 2+2, TP 2" in line
+    assert line.endswith("add: hardware.colocated=true engine.tensor_parallel_size=1")
+    _, _, best = options_of("engine=vllm", "hardware=4xh100", "hardware.colocated=true", "model=qwen2_5_1_5b")
+    assert best[0].current and faster_layout_line(best) is None
+
+
+def test_nothing_to_rank_on_cpu_or_one_gpu_and_the_plan_carries_the_advice():
+    assert options_of("hardware=cpu")[2] == []
+    assert options_of("engine=vllm", "hardware=1xh100")[2] == []
+    report = preflight(compose_run_config(["engine=vllm_tp2", "hardware=4xh100", "model=qwen2_5_1_5b"]),
+                       machine=False)
+    assert report.plan.layout_advice.startswith("hybrid, TP 1 is predicted")
+    assert preflight(compose_run_config([]), machine=False).plan.layout_advice == ""
