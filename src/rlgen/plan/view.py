@@ -158,6 +158,9 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
         console.print(f"[yellow]note:[/] {escape(w)}", highlight=False)
 
 
+REFUSED_SHOWN = 3  # layouts that do not build, listed with why; the rest are counted
+
+
 def print_layouts(options: list[LayoutOption], console: Console | None = None) -> None:
     """The layouts of the plan's hardware, fastest predicted step first (the plan's own marked), then the ones
     that do not build, with why."""
@@ -172,9 +175,12 @@ def print_layouts(options: list[LayoutOption], console: Console | None = None) -
         t.add_row(str(i), o.label + (" *" if o.current else ""), str(o.engines), f"{o.step_s:.2f}", f"{o.gen_s:.2f}",
                   f"{o.train_s:.2f}")
     console.print(t)
-    for o in options:
-        if o.step_s is None:
-            console.print(f"  not {o.label}: {escape(o.why)}", highlight=False)
+    refused = [o for o in options if o.step_s is None]
+    for o in refused[:REFUSED_SHOWN]:
+        console.print(f"  not {o.label}: {escape(o.why)}", highlight=False)
+    if len(refused) > REFUSED_SHOWN:
+        console.print(f"  and {len(refused) - REFUSED_SHOWN} more layouts that do not build (--json lists each, with "
+                      "why)", highlight=False)
     line = faster_layout_line(options)
     if line:
         console.print(f"[yellow]layout:[/] {escape(line)}", highlight=False)
