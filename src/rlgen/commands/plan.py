@@ -13,7 +13,6 @@ from rich.markup import escape
 from rlgen.commands.checks import compose_jobs, print_problems
 from rlgen.config.compose import ConfigError
 from rlgen.plan.checks.inputs import writable
-from rlgen.plan.layouts import layout_options
 from rlgen.plan.prediction import predict
 from rlgen.plan.preflight import preflight
 from rlgen.plan.view import print_layouts, print_plan_and_prediction
@@ -54,8 +53,7 @@ def main(argv: list[str]) -> int:
 
     console = Console(soft_wrap=True)
     print_plan_and_prediction(report.plan, console)
-    layouts = layout_options(cfg, report.plan)
-    print_layouts(layouts, console)
+    print_layouts(report.layouts, console)
     for m in report.machine:
         console.print(f"[yellow]this machine cannot run it:[/] {escape(m)}", highlight=False)
     for m in report.machine_notes:
@@ -65,7 +63,7 @@ def main(argv: list[str]) -> int:
         path = Path(json_path).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({**report.plan.to_dict(), "prediction": predict(report.plan).to_dict(),
-                                    "layouts": [dataclasses.asdict(o) for o in layouts]}, indent=2) + "\n")
+                                    "layouts": [dataclasses.asdict(o) for o in report.layouts]}, indent=2) + "\n")
         print(f"plan written to {json_path}")
     return 0
 

@@ -3,8 +3,10 @@
 A layout is where engines sit and how wide they are: hybrid (``hardware.colocated=true``: a learner rank and
 engines on every GPU) or split (engines on ``hardware.engine_gpus``, learners on the rest), at tensor parallel 1
 or 2; engines per GPU are left to the plan in each. Each candidate is the user's config with only those keys set,
-so everything else the user typed holds. The prediction is the roofline planner's (``plan.prediction``), whose
-per-token overhead and learner MFU are calibrated by measured runs. ``rlgen plan`` shows the ranking."""
+so everything else the user typed holds. The prediction is the roofline planner's (``plan.prediction``): its
+decode overhead is calibrated on vLLM, but its learner MFU comes from a bare optimizer step, 3-5x above what
+rlgen's learner reached at 1.5B (docs/benchmarks.md, "Every GPU busy"). ``rlgen plan`` shows the ranking, computed
+once per command by ``plan.preflight``."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from rlgen.config import RunConfig
 from rlgen.plan.build import Plan, PlanError, build_plan
 from rlgen.plan.checks.inputs import check_dirs, check_model, check_task
 from rlgen.plan.checks.machine import check_environment
-from rlgen.plan.layouts import faster_layout_line, layout_options
+from rlgen.plan.layouts import LayoutOption, faster_layout_line, layout_options
 
 
 @dataclass
@@ -21,6 +21,7 @@ class Report:
     problems: list[str] = field(default_factory=list)  # the config cannot run as given, anywhere
     machine: list[str] = field(default_factory=list)  # this machine cannot run it (GPUs, packages)
     machine_notes: list[str] = field(default_factory=list)  # it runs here, but not as the config assumes (GPU card)
+    layouts: list[LayoutOption] = field(default_factory=list)  # the hardware's layouts, fastest predicted first
 
     @property
     def warnings(self) -> tuple[str, ...]:
@@ -40,12 +41,14 @@ def preflight(cfg: RunConfig, *, run_dir: Path | None = None, machine: bool = Tr
 
     problems: list[str] = []
     plan = None
+    layouts: list[LayoutOption] = []
     try:
         plan = build_plan(cfg)
     except PlanError as err:
         problems += err.problems
     else:
-        plan = dataclasses.replace(plan, layout_advice=faster_layout_line(layout_options(cfg, plan)) or "")
+        layouts = layout_options(cfg, plan)
+        plan = dataclasses.replace(plan, layout_advice=faster_layout_line(layouts) or "")
     before = len(problems)
     check_model(cfg, problems)
     check_task(cfg, problems, model_ok=len(problems) == before)
@@ -54,4 +57,4 @@ def preflight(cfg: RunConfig, *, run_dir: Path | None = None, machine: bool = Tr
     notes: list[str] = []
     if plan is not None and machine:
         check_environment(plan.config, plan, on_machine, notes)
-    return Report(plan, _unique(problems), _unique(on_machine), _unique(notes))
+    return Report(plan, _unique(problems), _unique(on_machine), _unique(notes), layouts)
