@@ -10,7 +10,7 @@ from rlgen.plan.placement import plan_bundles
 
 ray = pytest.importorskip("ray")
 
-OVERRIDES = ["engine=vllm_tp2", "hardware=2x8xh100"]
+OVERRIDES = ["engine=vllm_tp2", "hardware=2x8xh100", "hardware.engine_gpus=8"]  # the split: engines fill node 0
 # Fake resources per node. plan_bundles asks 8 CPUs on each node of this plan (4 TP-2 engine bundles of 2 CPUs;
 # 8 learner bundles of 1), so each fake node gets exactly 8 CPUs and 8 GPUs: a group then fills a node.
 NODE_CPUS = 8

@@ -110,13 +110,13 @@ PLAN_ERRORS = [
     ),
     (
         "gpus-do-not-add-up",
-        ["engine=vllm", "hardware=8xh100", "hardware.learner_gpus=2"],
+        ["engine=vllm", "hardware=8xh100", "hardware.engine_gpus=4", "hardware.learner_gpus=2"],
         ["GPUs do not add up", "= 6, but hardware=8xh100 has 8", "make them add up to 8"],
         1,
     ),
     (
         "too-many-engines",
-        ["engine=vllm", "hardware=8xh100", "engine.num_engines=5"],
+        ["engine=vllm", "hardware=8xh100", "engine.num_engines=5", "hardware.colocated=false", "hardware.engine_gpus=4", "hardware.learner_gpus=4"],
         [
             "engine.num_engines=5 with tensor_parallel_size=1 needs 5 GPUs, but only 4",
             "set engine.num_engines<=4",
@@ -125,14 +125,14 @@ PLAN_ERRORS = [
     ),
     (
         "too-many-tp2-engines",
-        ["engine=vllm_tp2", "hardware=8xh100", "engine.num_engines=3"],
+        ["engine=vllm_tp2", "hardware=8xh100", "engine.num_engines=3", "hardware.colocated=false", "hardware.engine_gpus=4", "hardware.learner_gpus=4"],
         ["needs 6 GPUs, but only 4", "set engine.num_engines<=2"],
         1,
     ),
     ("zero-engines", ["engine.num_engines=0"], ["engine.num_engines=0 must be at least 1, or null"], 1),
     (
         "batch-not-dividing-learner-ranks",
-        ["engine=vllm", "hardware=8xh100", "algo.prompts_per_step=3", "algo.samples_per_prompt=6"],
+        ["engine=vllm", "hardware=8xh100", "algo.prompts_per_step=3", "algo.samples_per_prompt=6", "hardware.colocated=false", "hardware.engine_gpus=4", "hardware.learner_gpus=4"],
         ["the batch of 18 sequences", "does not split over 4 learner ranks", "multiple of 4"],
         1,
     ),
@@ -171,7 +171,8 @@ PLAN_ERRORS = [
     ),
     (
         "learner-too-big-for-one-gpu",  # 7B weights, fp32 master and AdamW states: ~100 GiB on one rank
-        ["engine=vllm", "hardware=2xh200", "model=qwen2_5_7b", "learner.lora.enabled=false"],  # (unset: LoRA)
+        ["engine=vllm", "hardware=2xh200", "model=qwen2_5_7b", "learner.lora.enabled=false",  # (unset: LoRA)
+         "hardware.colocated=false"],
         ["a learner rank needs about 146 GiB at its peak", "optimizer 85.1", "more learner GPUs with "
          "learner.zero_stage=3", "LoRA adapters on the frozen base (learner.lora.enabled=true)"],
         1,
@@ -377,7 +378,8 @@ def test_placement_and_scalar_problems_are_reported_together():
 def test_memory_check_passes_with_tensor_parallelism():
     # The 7B model that does not fit one GPU at 0.1 utilisation fits once sharded over 4 GPUs at 0.5.
     cfg = compose_run_config(
-        ["engine=vllm_tp4", "hardware=8xh100", "model=qwen2_5_7b", "engine.gpu_memory_utilization=0.5"]
+        ["engine=vllm_tp4", "hardware=8xh100", "model=qwen2_5_7b", "engine.gpu_memory_utilization=0.5",
+         "hardware.colocated=false", "hardware.engine_gpus=4", "hardware.learner_gpus=4"]
     )
     plan = build_plan(cfg)
     assert [e.gpus for e in plan.engines] == [(0, 1, 2, 3)]

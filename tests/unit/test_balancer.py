@@ -92,7 +92,7 @@ def test_a_training_bound_split_run_is_told_to_train_on_every_gpu():
     def plan_of(*overrides):
         return build_plan(compose_run_config(list(overrides)))
 
-    assert context_from_plan(plan_of("engine=vllm", "hardware=4xh100")).hybrid
+    assert context_from_plan(plan_of("engine=vllm", "hardware=4xh100", "hardware.colocated=false")).hybrid
     assert not context_from_plan(plan_of("engine=vllm", "hardware=4xh100", "hardware.colocated=true")).hybrid
     assert not context_from_plan(plan_of("hardware=cpu")).hybrid
 
@@ -199,7 +199,7 @@ def test_context_from_plan():
     from rlgen.config.compose import compose_run_config
     from rlgen.plan import build_plan
 
-    plan = build_plan(compose_run_config(["engine=vllm_tp2", "hardware=8xh100", "algo.async_steps=2"]))
+    plan = build_plan(compose_run_config(["engine=vllm_tp2", "hardware=8xh100", "algo.async_steps=2", "hardware.colocated=false", "hardware.engine_gpus=4", "hardware.learner_gpus=4"]))
     ctx = context_from_plan(plan)
     assert ctx == context_from_plan(json.loads(plan.to_json()))
     assert (ctx.num_engines, ctx.tensor_parallel_size, ctx.async_steps, ctx.device) == (2, 2, 2, "cuda")

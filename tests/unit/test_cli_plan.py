@@ -53,7 +53,8 @@ def assert_clean_failure(proc: subprocess.CompletedProcess) -> str:
 
 
 def test_plan_tp2_on_8xh100(tmp_path):
-    proc, wall = rlgen("plan", "engine=vllm_tp2", "hardware=8xh100", "+engine.env.VLLM_USE_V1=1", cwd=tmp_path)
+    proc, wall = rlgen("plan", "engine=vllm_tp2", "hardware=8xh100", "hardware.engine_gpus=4",
+                       "+engine.env.VLLM_USE_V1=1", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     rows = table_rows(proc.stdout)
     assert rows["engine0"] == ["vllm", "0", "0,1", "2"]
@@ -74,14 +75,16 @@ def test_plan_tp2_on_8xh100(tmp_path):
 
 def test_plan_json_writes_a_loadable_plan(tmp_path):
     out = tmp_path / "out.json"
-    proc, _ = rlgen("plan", "engine=vllm_tp2", "hardware=8xh100", "--json", str(out), cwd=tmp_path)
+    proc, _ = rlgen("plan", "engine=vllm_tp2", "hardware=8xh100", "hardware.engine_gpus=4", "--json", str(out),
+                    cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert f"plan written to {out}" in proc.stdout
     d = json.loads(out.read_text())
     assert [e["gpus"] for e in d["engines"]] == [[0, 1], [2, 3]]
     assert [lr["gpu"] for lr in d["learners"]] == [4, 5, 6, 7]
     assert d["transport"] == "nccl"
-    expected = preflight(compose_run_config(["engine=vllm_tp2", "hardware=8xh100"]), machine=False).plan
+    expected = preflight(compose_run_config(["engine=vllm_tp2", "hardware=8xh100", "hardware.engine_gpus=4"]),
+                         machine=False).plan
     prediction = d.pop("prediction")  # the planner's balance forecast rides along with the plan
     layouts = d.pop("layouts")  # and the hardware's layouts, fastest predicted first
     assert d == json.loads(expected.to_json())
@@ -160,7 +163,7 @@ def test_plan_json_relative_path_before_the_overrides(cli, tmp_path, monkeypatch
     assert rc == 0, err
     d = json.loads((tmp_path / "p.json").read_text())
     assert d["hardware"] == "2xh200" and d["engine_kind"] == "vllm"
-    assert [lr["gpu"] for lr in d["learners"]] == [1]
+    assert [lr["gpu"] for lr in d["learners"]] == [0, 1]  # the plan's layout: hybrid, a rank on each GPU
 
 
 def test_plan_json_without_a_path(cli):

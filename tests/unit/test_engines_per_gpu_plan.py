@@ -69,7 +69,7 @@ def test_a_given_share_must_hold_every_engine():
 @pytest.mark.parametrize(("overrides", "text"), [
     (["engine=hf", "hardware=cpu", "engine.engines_per_gpu=2"],
      "engine=hf on hardware=cpu runs one engine per device; set engine.engines_per_gpu=1"),
-    (["engine=vllm", "hardware=2xh200", "engine.engines_per_gpu=2"],
+    (["engine=vllm", "hardware=2xh200", "engine.engines_per_gpu=2", "hardware.colocated=false"],
      "needs engines colocated with the learner (hardware.colocated=true)"),
     (["engine=vllm_tp2", "hardware=2xh200", "hardware.colocated=true", "engine.engines_per_gpu=2"],
      "engine.tensor_parallel_size=2 spreads each engine over whole GPUs; set one of them to 1"),
@@ -96,7 +96,7 @@ def test_left_null_the_plan_runs_two_engines_per_gpu_for_small_models_where_they
     assert plan.memory.engines_per_gpu == 2
     big = build_plan(compose_run_config(["engine=vllm", "hardware=1xh100", "model=qwen2_5_7b"]))
     assert len(big.engines) == 1 and settings(big)["engine.engines_per_gpu"][1].startswith("derived: at 7.6B")
-    split = build_plan(compose_run_config(["engine=vllm", "hardware=2xh200", "model=qwen2_5_0_5b"]))
+    split = build_plan(compose_run_config(["engine=vllm", "hardware=2xh200", "model=qwen2_5_0_5b", "hardware.colocated=false"]))
     assert settings(split)["engine.engines_per_gpu"] == (1, "derived: engines cannot share a GPU here")
     cpu = build_plan(compose_run_config([]))  # the embedded default: hf engines on CPU
     assert cpu.config.engine.engines_per_gpu == 1

@@ -56,9 +56,10 @@ def test_known_cards_bring_their_spec_and_unknown_ones_their_memory():
     assert (odd.name, odd.memory_gb, odd.bf16_tflops) == ("Some-Card-9000", 48.0, 0.0)  # no roofline: no prediction
 
 
-@pytest.mark.parametrize("n, engines, learners, colocated", [(1, 1, 1, True), (2, 1, 1, False), (4, 2, 2, False),
-                                                             (8, 4, 4, False), (3, 1, 2, False)])
-def test_auto_splits_the_gpus_as_the_presets_do(n, engines, learners, colocated):
+@pytest.mark.parametrize("n, engines, learners, colocated", [(1, 1, 1, True), (2, None, None, None),
+                                                             (4, None, None, None), (8, None, None, None),
+                                                             (3, None, None, None)])
+def test_auto_leaves_the_layout_to_the_plan_as_the_presets_do(n, engines, learners, colocated):
     hw = cards.auto_hardware([cards.Gpu(i, f"GPU-{i}", "NVIDIA H100 80GB HBM3", 81559) for i in range(n)], cpus=16)
     assert (hw.gpus_per_node, hw.engine_gpus, hw.learner_gpus, hw.colocated) == (n, engines, learners, colocated)
     assert hw.gpu.name == "H100-SXM-80GB" and hw.cpus_per_node == 16
@@ -79,9 +80,9 @@ def test_rlgen_plan_with_hardware_auto_plans_for_what_it_found_and_says_so(machi
     machine(H100, H100, H100, H100)
     plan = build_plan(compose_run_config(["hardware=auto", "engine=vllm", "model=qwen2_5_1_5b"]))
     assert plan.hardware == "auto:4xh100" and plan.gpus_per_node == 4
-    assert len(plan.engines) == 2 and len(plan.learners) == 2
+    assert len(plan.engines) == 8 and len(plan.learners) == 4  # the layout the plan picked: hybrid
     said = plan.settings[0]
-    assert said.key == "hardware" and said.value == "4 x H100-SXM-80GB: 2 for engines, 2 for learners"
+    assert said.key == "hardware" and said.value == "4 x H100-SXM-80GB: engines and learners share them"
     assert said.source == ("detected: 4 x NVIDIA H100 80GB HBM3 (79.6 GiB) on this machine, the GPUs "
                            "hardware=4xh100 is made for")
     machine(H100, H100, H100, H100, visible="2")
@@ -96,8 +97,9 @@ def test_rlgen_plan_with_hardware_auto_plans_for_what_it_found_and_says_so(machi
 def test_the_h100_presets_exist_and_plan():
     assert {"2xh100", "4xh100", "auto"} <= set(group_options("hardware"))
     four = build_plan(compose_run_config(["hardware=4xh100", "engine=vllm", "model=qwen2_5_1_5b"]))
-    assert four.gpus_per_node == 4 and len(four.learners) == 2
-    two = build_plan(compose_run_config(["hardware=2xh100", "engine=vllm", "model=qwen2_5_1_5b"]))
+    assert four.gpus_per_node == 4 and len(four.learners) == 4 and four.colocated  # the plan's pick: hybrid
+    two = build_plan(compose_run_config(["hardware=2xh100", "engine=vllm", "model=qwen2_5_1_5b",
+                                         "hardware.colocated=false"]))
     assert len(two.engines) == 1 and len(two.learners) == 1 and not two.colocated
 
 

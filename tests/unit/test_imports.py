@@ -24,7 +24,7 @@ PROBE = textwrap.dedent(
     from rlgen.config.compose import compose_run_config
     from rlgen.plan import build_plan
     from rlgen.plan.placement import plan_bundles
-    plan = build_plan(compose_run_config(["engine=vllm_tp2", "hardware=2x8xh100"]))
+    plan = build_plan(compose_run_config(["engine=vllm_tp2", "hardware=2x8xh100", "hardware.engine_gpus=8"]))
     plan_bundles(plan)
     build_plan(compose_run_config([]))
     stage["plan"] = heavy()

@@ -46,7 +46,7 @@ def test_one_h100_colocated_shares_one_gpu_bundle():
 
 
 def test_8xh100_tp2_engine_bundles_hold_two_gpus():
-    pl = bundles_of("engine=vllm_tp2", "hardware=8xh100")
+    pl = bundles_of("engine=vllm_tp2", "hardware=8xh100", "hardware.engine_gpus=4")
     assert len(pl.groups) == 1
     assert pl.groups[0] == ({"CPU": 2.0, "GPU": 2.0},) * 2 + ({"CPU": 1.0, "GPU": 1.0},) * 4
     assert pl.engines == (ActorPlacement(0, 0, 1.0, 2.0), ActorPlacement(0, 1, 1.0, 2.0))
@@ -54,7 +54,7 @@ def test_8xh100_tp2_engine_bundles_hold_two_gpus():
 
 
 def test_two_nodes_one_group_per_node():
-    pl = bundles_of("engine=vllm_tp2", "hardware=2x8xh100")
+    pl = bundles_of("engine=vllm_tp2", "hardware=2x8xh100", "hardware.engine_gpus=8")
     assert len(pl.groups) == 2
     assert pl.groups[0] == ({"CPU": 2.0, "GPU": 2.0},) * 4
     assert pl.groups[1] == ({"CPU": 1.0, "GPU": 1.0},) * 8

@@ -53,7 +53,8 @@ def test_several_cpu_learner_ranks_plan_as_torch_learner_ranks():
 def test_several_torch_learner_ranks_on_gpus_are_refused_by_the_plan():
     with pytest.raises(PlanError, match=r"4 learner ranks, but the torch learner trains with several only on CPU; use "
                                         r"learner.kind=auto \(DeepSpeed\)"):
-        plan_of("hardware=8xh100", "engine=vllm", "learner.kind=torch")
+        plan_of("hardware=8xh100", "engine=vllm", "learner.kind=torch", "hardware.colocated=false",
+                "hardware.engine_gpus=4", "hardware.learner_gpus=4")
 
 
 def test_two_cpu_nodes_put_engines_on_the_first_and_the_learner_on_the_last():
@@ -88,7 +89,7 @@ def test_vllm_on_one_h100_is_colocated_over_cuda_ipc():
 
 
 def test_vllm_on_two_h200_splits_engine_and_learner_over_nccl():
-    plan = plan_of("engine=vllm", "hardware=2xh200")
+    plan = plan_of("engine=vllm", "hardware=2xh200", "hardware.colocated=false")
     assert not plan.colocated and plan.layout is Layout.split
     assert plan.engines == (EngineSlot(0, 0, (0,), 1, memory_share=0.9),)  # own GPU: vLLM's default share
     assert plan.learners == (LearnerSlot(0, 0, 1),)
@@ -103,7 +104,7 @@ def test_hf_on_gpus_moves_weights_through_the_object_store():
 
 
 def test_vllm_tp2_on_8xh100():
-    plan = plan_of("engine=vllm_tp2", "hardware=8xh100")
+    plan = plan_of("engine=vllm_tp2", "hardware=8xh100", "hardware.engine_gpus=4")
     assert plan.engines == (EngineSlot(0, 0, (0, 1), 2, 0.9), EngineSlot(1, 0, (2, 3), 2, 0.9))
     assert plan.learners == tuple(LearnerSlot(r, 0, 4 + r) for r in range(4))
     assert plan.transport is Transport.nccl
@@ -111,7 +112,7 @@ def test_vllm_tp2_on_8xh100():
 
 
 def test_vllm_tp2_on_two_nodes_fills_node_0_with_engines_and_node_1_with_learners():
-    plan = plan_of("engine=vllm_tp2", "hardware=2x8xh100")
+    plan = plan_of("engine=vllm_tp2", "hardware=2x8xh100", "hardware.engine_gpus=8")
     assert plan.nodes == 2 and plan.gpus_per_node == 8
     assert [e.gpus for e in plan.engines] == [(0, 1), (2, 3), (4, 5), (6, 7)]
     assert {e.node for e in plan.engines} == {0}
@@ -172,14 +173,14 @@ def test_gpu_slots_are_in_range_distinct_and_tp_groups_stay_on_one_node(override
 
 
 def test_fewer_engines_than_gpus_leaves_gpus_idle_with_a_warning():
-    plan = plan_of("engine=vllm", "hardware=8xh100", "engine.num_engines=1")
+    plan = plan_of("engine=vllm", "hardware=8xh100", "engine.num_engines=1", "hardware.engine_gpus=4")
     assert plan.engines == (EngineSlot(0, 0, (0,), 1, 0.9),)
     assert plan.learners == tuple(LearnerSlot(r, 0, 4 + r) for r in range(4))  # learners keep GPUs 4..7
     assert "3 of 4 engine GPUs stay idle with engine.num_engines=1." in plan.warnings
 
 
 def test_idle_warning_counts_tp_gpus():
-    plan = plan_of("engine=vllm_tp2", "hardware=8xh100", "engine.num_engines=1")
+    plan = plan_of("engine=vllm_tp2", "hardware=8xh100", "engine.num_engines=1", "hardware.engine_gpus=4")
     assert plan.engines == (EngineSlot(0, 0, (0, 1), 2, 0.9),)
     assert any(w.startswith("2 of 4 engine GPUs stay idle") for w in plan.warnings)
 
@@ -210,6 +211,7 @@ def test_batch_geometry():
     plan = plan_of(
         "engine=vllm_tp2",
         "hardware=8xh100",
+        "hardware.engine_gpus=4",
         "algo.prompts_per_step=8",
         "algo.samples_per_prompt=4",
         "algo.max_new_tokens=16",
@@ -271,7 +273,7 @@ def test_kv_bytes_per_token():
 
 
 def test_to_json_round_trips():
-    plan = plan_of("engine=vllm_tp2", "hardware=8xh100")
+    plan = plan_of("engine=vllm_tp2", "hardware=8xh100", "hardware.engine_gpus=4")
     d = json.loads(plan.to_json())
     assert d == plan.to_dict() | {
         "engines": [dataclasses.asdict(e) | {"gpus": list(e.gpus)} for e in plan.engines],
@@ -318,6 +320,8 @@ def test_learner_logits_that_cannot_fit_name_a_micro_batch_that_does():
     assert "256 sequences x 320 tokens x 151,936 vocabulary" in problem and "algo.micro_batch_size=32" in problem
     plan = build_plan(compose_run_config([*big, "algo.micro_batch_size=32"]))  # the suggestion is accepted
     assert plan.batch.sequences_per_rank == 256
-    # left to the plan, the micro-batch is the recipe's cap for 1.5B, which fits
+    # left to the plan, the micro-batch is the largest divisor of 256 within the 1.5B recipe's 16,384 tokens
+    # (51 rows of 320), which fits
     (micro,) = [s for s in build_plan(compose_run_config(big)).settings if s.key == "algo.micro_batch_size"]
-    assert micro.value == 8 and micro.source.startswith("derived: the largest micro-batch up to 8")
+    assert micro.value == 32
+    assert micro.source.startswith("derived: the largest micro-batch up to 16384 tokens (51 rows of 320")

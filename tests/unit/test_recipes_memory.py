@@ -113,7 +113,7 @@ def test_set_values_win_and_say_so():
 
 
 def test_engines_on_their_own_gpus_keep_vllms_default():
-    s = settings(plan_of("engine=vllm", "hardware=2xh200", "model=qwen2_5_1_5b"))
+    s = settings(plan_of("engine=vllm", "hardware=2xh200", "model=qwen2_5_1_5b", "hardware.colocated=false"))
     assert s["engine.gpu_memory_utilization"][0] == 0.9 and "own GPUs" in s["engine.gpu_memory_utilization"][1]
 
 
@@ -154,7 +154,8 @@ def test_learner_memory_by_hand():
 
 def test_a_learner_that_cannot_fit_names_the_fixes():
     with pytest.raises(PlanError) as err:
-        plan_of("engine=vllm", "hardware=2xh200", "model=qwen2_5_7b", "learner.lora.enabled=false")
+        plan_of("engine=vllm", "hardware=2xh200", "model=qwen2_5_7b", "learner.lora.enabled=false",
+                "hardware.colocated=false")
     (problem,) = err.value.problems
     assert "a learner rank needs about 146 GiB" in problem and "more learner GPUs with learner.zero_stage=3" in problem
     with pytest.raises(PlanError) as err:
@@ -162,3 +163,15 @@ def test_a_learner_that_cannot_fit_names_the_fixes():
                 "learner.gradient_checkpointing=false", "algo.max_new_tokens=2048", "engine.max_model_len=4096")
     text = " ".join(err.value.problems)
     assert "learner.gradient_checkpointing=true" in text and "algo.micro_batch_size=" in text
+
+
+def test_the_micro_batch_budget_is_in_tokens():
+    from rlgen.plan.memory import micro_rows_cap
+
+    assert micro_rows_cap(16384, 264, 128) == 62  # 256-token responses: 62 rows, so 32 of 128 (a divisor)
+    assert micro_rows_cap(16384, 1032, 512) == 15  # the 1.5B preset's 1024-token responses: 8 of 512
+    assert micro_rows_cap(16384, 40000, 64) == 1  # a sequence past the budget still trains, one row at a time
+    assert micro_rows_cap(0, 264, 128) == 128  # no budget: the whole batch
+    settings = {s.key: s for s in build_plan(compose_run_config([
+        "engine=vllm", "hardware=4xh100", "model=qwen2_5_1_5b", "hardware.colocated=true"])).settings}
+    assert settings["algo.micro_batch_size"].value == 8  # 15 rows of 1,032 tokens allowed; 8 divides 128

@@ -206,14 +206,14 @@ def test_engine_args_and_transport_choice_follow_the_plan():
     assert engine_args_for(Transport.nccl) == {"weight_transfer_config": {"backend": "nccl"}}
     assert engine_args_for(Transport.cuda_ipc) == {"weight_transfer_config": {"backend": "ipc"}}
     assert engine_args_for(Transport.ray_object_store) == {}
-    cfg = compose_run_config(["engine=vllm", "hardware=2xh200"])
+    cfg = compose_run_config(["engine=vllm", "hardware=2xh200", "hardware.colocated=false"])
     t = make_transport(build_plan(cfg), cfg, bucket_mb=64)
     assert isinstance(t, NcclTransport) and t.bucket_bytes == 64 << 20 and t.dtype == "bfloat16"
     cfg = compose_run_config(["engine=vllm", "hardware=1xh100", "engine.gpu_memory_utilization=0.4"])
     assert isinstance(make_transport(build_plan(cfg), cfg, sleep_level=2), CudaIpcTransport)
     cfg = compose_run_config([])
     assert isinstance(make_transport(build_plan(cfg), cfg), ObjectStoreTransport)
-    cfg = compose_run_config(["engine=vllm_tp2", "hardware=8xh100"])
+    cfg = compose_run_config(["engine=vllm_tp2", "hardware=8xh100", "hardware.engine_gpus=4"])
     assert make_transport(build_plan(cfg), cfg).tp_sizes == [2] * len(build_plan(cfg).engines)
 
 

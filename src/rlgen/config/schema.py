@@ -143,9 +143,11 @@ class HardwareConfig:
     gpus_per_node: int = 0
     cpus_per_node: int = 2
     gpu: GPUSpec = field(default_factory=GPUSpec)
-    engine_gpus: int = 0  # total over all nodes; engines fill nodes first
-    learner_gpus: int = 0  # total over all nodes; learners take the GPUs after the engines
-    colocated: bool = False  # engines and learners share every GPU
+    # The layout. null (the multi-GPU presets): the plan builds every layout the hardware can hold and runs the
+    # one predicted fastest, keeping any of the three the config gives (docs/plan.md, "Layouts").
+    engine_gpus: int | None = 0  # total over all nodes; engines fill nodes first
+    learner_gpus: int | None = 0  # total over all nodes; learners take the GPUs after the engines
+    colocated: bool | None = False  # engines and learners share every GPU (hybrid)
     learner_ranks: int = 1  # learner processes when no GPU is present
 
 

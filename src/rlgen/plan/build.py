@@ -91,7 +91,8 @@ def _with_found_hardware(cfg: RunConfig, runnable: bool) -> Plan:
     preset = preset_for(gpus, group_options("hardware"))
     named = f"{AUTO}:{preset or (f'{len(gpus)}x{hw.gpu.name}' if gpus else 'cpu')}"
     plan = build_plan(dataclasses.replace(cfg, hardware=dataclasses.replace(hw, name=named)), runnable=runnable)
-    layout = (f"{hw.gpus_per_node} x {hw.gpu.name}: " + ("engines and learner share it" if hw.colocated else
+    hw = plan.config.hardware  # its layout as the plan chose it
+    layout = (f"{hw.gpus_per_node} x {hw.gpu.name}: " + ("engines and learners share them" if hw.colocated else
               f"{hw.engine_gpus} for engines, {hw.learner_gpus} for learners") if gpus else "CPU actors")
     why = f"detected: {found(gpus)} on this machine" + (f", the GPUs hardware={preset} is made for" if preset else "")
     return dataclasses.replace(plan, settings=(Setting("hardware", layout, why), *plan.settings))
@@ -148,6 +149,10 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
     the plan's ranks: the placement tests use it to place every layout, whichever learner would train it."""
     if cfg.hardware.name == AUTO:
         return _with_found_hardware(cfg, runnable)
+    from rlgen.plan.layouts import choose_layout, layout_open  # noqa: I001 - lazy: prediction imports the plan
+
+    if layout_open(cfg):  # the hardware leaves the layout to the plan: the one predicted fastest
+        return choose_layout(cfg, spec_of(cfg), build_plan, runnable)
     if cfg.engine.engines_per_gpu is None:
         return _with_engines_per_gpu(cfg, runnable)
     spec = spec_of(cfg)

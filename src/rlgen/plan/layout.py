@@ -106,6 +106,7 @@ class Plan:
     room: dict | None = None  # what the hardware leaves room for (plan.headroom.hardware_room), for the balancer
     choices: tuple[Choice, ...] = ()  # values chosen by building the plan with each candidate (plan.build)
     layout_advice: str = ""  # another layout of this hardware predicted faster, with what to type (plan.layouts)
+    layout_ranking: tuple = ()  # plan.layouts.LayoutOption of every layout, fastest first, where the plan chose one
 
     @property
     def engine_kind(self) -> str:

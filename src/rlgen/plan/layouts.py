@@ -1,21 +1,26 @@
-"""The layouts one hardware can run a config in, each built as a plan and given its predicted step, fastest first.
+"""The layouts one hardware can run a config in, each built as a plan and given its predicted step, fastest first;
+and the plan's own pick where the config leaves the layout null.
 
 A layout is where engines sit and how wide they are: hybrid (``hardware.colocated=true``: a learner rank and
 engines on every GPU) or split (engines on ``hardware.engine_gpus``, learners on the rest), at tensor parallel 1
-or 2; engines per GPU are left to the plan in each. Each candidate is the user's config with only those keys set,
-so everything else the user typed holds. The prediction is the roofline planner's (``plan.prediction``): its
-decode overhead is calibrated on vLLM, but its learner MFU comes from a bare optimizer step, 3-5x above what
-rlgen's learner reached at 1.5B (docs/benchmarks.md, "Every GPU busy"). ``rlgen plan`` shows the ranking, computed
-once per command by ``plan.preflight``."""
+or 2 (and the config's own size); engines per GPU are left to the plan in each. Each candidate is the user's
+config with only those keys set, so everything else the user typed holds. The prediction is the roofline
+planner's (``plan.prediction``), its decode overhead and learner calibrated on rlgen's own runs. ``build_plan``
+calls ``choose_layout`` where any layout key is null (the multi-GPU presets); ``rlgen plan`` shows the ranking,
+computed once per command (the chosen plan carries it)."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from rlgen.config import RunConfig, set_key
-from rlgen.plan.layout import Plan, PlanError
+from rlgen.config import RunConfig, Setting, get_key, set_key
+from rlgen.engines.registry import EngineSpec
+from rlgen.plan.layout import Choice, Plan, PlanError
 from rlgen.plan.prediction import predict
+
+Build = Callable[..., Plan]  # plan.build.build_plan(cfg, runnable=...)
 
 
 @dataclass(frozen=True)
@@ -36,7 +41,8 @@ def _candidates(cfg: RunConfig, tp_sizes: tuple[int, ...]) -> list[tuple[str, di
     total = hw.nodes * hw.gpus_per_node
     out: list[tuple[str, dict]] = []
     for tp in tp_sizes:
-        out.append((f"hybrid, TP {tp}", {"hardware.colocated": True, "engine.tensor_parallel_size": tp}))
+        out.append((f"hybrid, TP {tp}", {"hardware.colocated": True, "engine.tensor_parallel_size": tp,
+                                         "hardware.engine_gpus": total, "hardware.learner_gpus": total}))
     for tp in tp_sizes:
         for engine_gpus in range(tp, total, tp):
             keys = {"hardware.colocated": False, "engine.tensor_parallel_size": tp, "hardware.engine_gpus": engine_gpus,
@@ -49,6 +55,12 @@ def _typed(key: str, value: object) -> str:
     return f"{key}={str(value).lower() if isinstance(value, bool) else value}"
 
 
+def _shown(keys: dict) -> tuple[str, ...]:
+    """What to type for a layout: a hybrid one needs no GPU counts."""
+    return tuple(_typed(k, v) for k, v in keys.items()
+                 if not (keys["hardware.colocated"] and k in ("hardware.engine_gpus", "hardware.learner_gpus")))
+
+
 def _is_current(plan: Plan, keys: dict) -> bool:
     hw = plan.config.hardware
     if plan.colocated != keys["hardware.colocated"]:
@@ -58,37 +70,145 @@ def _is_current(plan: Plan, keys: dict) -> bool:
     return plan.colocated or hw.engine_gpus == keys["hardware.engine_gpus"]
 
 
-def layout_options(cfg: RunConfig, plan: Plan) -> list[LayoutOption]:
-    """Every layout of ``plan``'s hardware for ``cfg`` (the config as the user gave it), the ones that build
-    fastest first by predicted step, then the others with why. Empty on CPU, on one GPU, or where the engine kind
-    has no prediction (a single layout, or nothing to rank)."""
-    from rlgen.plan.build import build_plan
+def _tp_sizes(cfg: RunConfig, spec) -> tuple[int, ...]:
+    """TP 1 and 2 where the engine kind shards and a node has two GPUs, and the config's own TP size."""
+    sizes = {1, 2} if spec.tensor_parallel and cfg.hardware.gpus_per_node >= 2 else {1}
+    return tuple(sorted(sizes | {max(cfg.engine.tensor_parallel_size, 1)}))
 
-    hw = plan.config.hardware
-    if plan.device != "cuda" or hw.nodes * hw.gpus_per_node < 2 or not predict(plan).available:
-        return []
-    base = dataclasses.replace(cfg, hardware=hw)  # hardware=auto: the preset it found
-    tps = (1, 2) if plan.engine.tensor_parallel and hw.gpus_per_node >= 2 else (1,)
-    options = []
-    for label, keys in _candidates(base, tps):
-        typed = tuple(_typed(k, v) for k, v in keys.items())
+
+def _weigh(base: RunConfig, candidates: list[tuple[str, dict]], build: Build, runnable: bool = True
+           ) -> list[tuple[LayoutOption, dict, Plan | None, list[str]]]:
+    """Each candidate built (by ``build``, plan.build.build_plan) and predicted: (option, its keys, its plan or
+    None, its problems)."""
+    out = []
+    for label, keys in candidates:
+        typed = _shown(keys)
         one = base
         for key, value in keys.items():
             one = set_key(one, key, value)
         try:
-            built = build_plan(one)
+            built = build(one, runnable=runnable)
         except PlanError as err:
-            options.append(LayoutOption(label, typed, why=err.problems[0] if err.problems else "does not build"))
+            why = err.problems[0] if err.problems else "does not build"
+            out.append((LayoutOption(label, typed, why=why), keys, None, list(err.problems)))
             continue
         except Exception as err:  # noqa: BLE001 - a layout that cannot be weighed is listed, never fatal
-            options.append(LayoutOption(label, typed, why=f"could not be planned: {err}"))
+            out.append((LayoutOption(label, typed, why=f"could not be planned: {err}"), keys, None, [str(err)]))
             continue
         pred = predict(built)
-        options.append(LayoutOption(label, typed, pred.step_s if pred.available else None, pred.gen_s, pred.train_s,
-                                    len(built.engines), "" if pred.available else pred.reason,
-                                    current=_is_current(plan, keys)))
-    ranked = sorted((o for o in options if o.step_s is not None), key=lambda o: o.step_s)
-    return ranked + [o for o in options if o.step_s is None]
+        option = LayoutOption(label, typed, pred.step_s if pred.available else None, pred.gen_s, pred.train_s,
+                              len(built.engines), "" if pred.available else pred.reason)
+        out.append((option, keys, built, []))
+    return out
+
+
+def _ranked(options: list[LayoutOption]) -> list[LayoutOption]:
+    """Those with a predicted step, fastest first, then the others."""
+    return sorted((o for o in options if o.step_s is not None), key=lambda o: o.step_s) + \
+        [o for o in options if o.step_s is None]
+
+
+def layout_options(cfg: RunConfig, plan: Plan, build: Build) -> list[LayoutOption]:
+    """Every layout of ``plan``'s hardware for ``cfg`` (the config as the user gave it), the ones that build
+    fastest first by predicted step, then the others with why. Empty on CPU, on one GPU, or where the engine kind
+    has no prediction (a single layout, or nothing to rank). A plan whose layout the plan chose carries them."""
+    if plan.layout_ranking:
+        return list(plan.layout_ranking)
+    hw = plan.config.hardware
+    if plan.device != "cuda" or hw.nodes * hw.gpus_per_node < 2 or not predict(plan).available:
+        return []
+    base = dataclasses.replace(cfg, hardware=hw)  # hardware=auto: the preset it found
+    weighed = _weigh(base, _candidates(base, _tp_sizes(base, plan.engine)), build)
+    return _ranked([dataclasses.replace(o, current=_is_current(plan, keys)) for o, keys, _, _ in weighed])
+
+
+# -- the plan's own choice ----------------------------------------------------------------------------------
+
+
+def layout_open(cfg: RunConfig) -> bool:
+    """The config leaves some of the layout to the plan: any of hardware.colocated, engine_gpus and learner_gpus
+    unset (null)."""
+    hw = cfg.hardware
+    return hw.colocated is None or hw.engine_gpus is None or hw.learner_gpus is None
+
+
+def _agrees(cfg: RunConfig, keys: dict) -> bool:
+    """A candidate keeps what the user typed: the engine's TP, and hardware.colocated=false if given."""
+    return keys["engine.tensor_parallel_size"] == cfg.engine.tensor_parallel_size and not (
+        cfg.hardware.colocated is False and keys["hardware.colocated"])
+
+
+def _fixed(cfg: RunConfig, spec) -> dict | None:
+    """The one layout where there is nothing to choose: CPU actors, one GPU, a server's engines, hybrid asked
+    for, or GPU counts given (the other count is the rest of the GPUs)."""
+    hw = cfg.hardware
+    total = hw.nodes * hw.gpus_per_node
+    if hw.gpus_per_node == 0 or spec.served:
+        return {"hardware.colocated": False, "hardware.engine_gpus": 0 if spec.served else hw.engine_gpus or 0,
+                "hardware.learner_gpus": total if spec.served else hw.learner_gpus or 0}
+    if total == 1 or cfg.engine.colocate or hw.colocated:
+        return {"hardware.colocated": True, "hardware.engine_gpus": total, "hardware.learner_gpus": total}
+    if hw.engine_gpus is not None or hw.learner_gpus is not None:
+        engines = hw.engine_gpus if hw.engine_gpus is not None else total - hw.learner_gpus
+        learners = hw.learner_gpus if hw.learner_gpus is not None else total - hw.engine_gpus
+        return {"hardware.colocated": False, "hardware.engine_gpus": engines, "hardware.learner_gpus": learners}
+    return None
+
+
+def _with_keys(cfg: RunConfig, keys: dict) -> RunConfig:
+    for key, value in keys.items():
+        cfg = set_key(cfg, key, value)
+    return cfg
+
+
+def choose_layout(cfg: RunConfig, spec: EngineSpec, build: Build, runnable: bool = True) -> Plan:
+    """The plan in the layout predicted fastest among those that keep what the user typed (the engine's TP, and
+    any of hardware.colocated / engine_gpus / learner_gpus given). Where no layout has a prediction (an engine
+    kind without one), engines get half the GPUs. The plan carries every layout's ranking (rlgen plan). ``build``
+    is plan.build.build_plan, which calls this where the config leaves the layout open."""
+    fixed = _fixed(cfg, spec)
+    if fixed is not None:
+        one = cfg
+        for key, value in fixed.items():
+            if get_key(cfg, key) is None:
+                one = set_key(one, key, value)
+        return build(one, runnable=runnable)
+    weighed = _weigh(cfg, _candidates(cfg, _tp_sizes(cfg, spec)), build, runnable)
+    mine = [w for w in weighed if _agrees(cfg, w[1])]
+    if not mine:  # a TP size no GPU count of this hardware divides: the plan of half the GPUs says why
+        total = cfg.hardware.nodes * cfg.hardware.gpus_per_node
+        return build(_with_keys(cfg, {"hardware.colocated": False, "hardware.engine_gpus": total // 2,
+                                           "hardware.learner_gpus": total - total // 2}), runnable=runnable)
+    built = [w for w in mine if w[2] is not None]
+    predicted = sorted((w for w in built if w[0].step_s is not None), key=lambda w: w[0].step_s)
+    total = cfg.hardware.nodes * cfg.hardware.gpus_per_node
+    half = next((w for w in mine if not w[1]["hardware.colocated"] and w[1]["hardware.engine_gpus"] * 2 >= total),
+                mine[0])
+    if predicted:
+        best, why = predicted[0], _why_fastest(predicted)
+    elif built:
+        best = half if half[2] is not None else built[0]
+        why = "derived: no layout has a predicted step (engine kind without a prediction); engines get half the GPUs"
+    else:
+        raise PlanError(half[3] or [half[0].why])
+    option, keys, plan, _ = best
+    settings = tuple(Setting(k, v, why) for k, v in keys.items() if k != "engine.tensor_parallel_size"
+                     and not (keys["hardware.colocated"] and k != "hardware.colocated"))
+    choice = Choice("layout", option.label, why, tuple((w[0].label, w[0].why or (
+        f"predicted {w[0].step_s:.1f} s a step against {option.step_s:.1f} s" if w[0].step_s is not None else ""))
+        for w in mine if w is not best) + ((option.label, ""),))
+    ranking = tuple(_ranked([dataclasses.replace(w[0], current=w is best) for w in weighed]))
+    return dataclasses.replace(plan, settings=settings + plan.settings, choices=plan.choices + (choice,),
+                               layout_ranking=ranking)
+
+
+def _why_fastest(predicted: list) -> str:
+    best = predicted[0][0]
+    text = f"derived: the layout predicted fastest ({best.label}, {best.step_s:.1f} s a step"
+    if len(predicted) > 1:
+        nxt = predicted[1][0]
+        text += f"; next {nxt.label}, {nxt.step_s:.1f} s"
+    return text + "; rlgen plan ranks them)"
 
 
 def faster_layout_line(options: list[LayoutOption]) -> str | None:
@@ -102,4 +222,4 @@ def faster_layout_line(options: list[LayoutOption]) -> str | None:
             f"({best.step_s:.1f} s against {mine.step_s:.1f} s); to try it, add: {' '.join(best.overrides)}")
 
 
-__all__ = ["LayoutOption", "faster_layout_line", "layout_options"]
+__all__ = ["LayoutOption", "choose_layout", "faster_layout_line", "layout_open", "layout_options"]

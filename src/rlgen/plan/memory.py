@@ -266,22 +266,32 @@ def _split_of(b: _Budget, fraction: float | None, learner: LearnerMemory, micro:
                        b.colocated, b.awake, b.k, learner.parts())
 
 
+def micro_rows_cap(recipe_tokens: int, seq: int, per_rank: int) -> int:
+    """The most rows a micro-batch may hold under a recipe's token budget for sequences of `seq` tokens
+    (the whole rank's rows for a budget of 0)."""
+    if recipe_tokens <= 0:
+        return per_rank
+    return max(1, recipe_tokens // max(seq, 1))
+
+
 def _micro_batch(cfg: RunConfig, model, per_rank: int, fits) -> tuple[RunConfig, list[Setting]]:
-    """algo.micro_batch_size: the config's, or the largest that divides the rank's rows, is at most the recipe's
-    cap and (on GPUs) fits the learner."""
+    """algo.micro_batch_size: the config's, or the largest that divides the rank's rows, holds at most the
+    recipe's tokens and (on GPUs) fits the learner."""
     if cfg.algo.micro_batch_size is not None:
         return cfg, [Setting("algo.micro_batch_size", cfg.algo.micro_batch_size, "config")]
     recipe = recipe_for(model.params)
-    cap = recipe.micro_batch_cap or per_rank
+    seq = cfg.task.max_prompt_tokens + (response_bound(cfg)[1] or 0)
+    cap = micro_rows_cap(recipe.micro_batch_tokens, seq, per_rank)
     candidates = [d for d in _divisors_down(per_rank) if d <= cap] or [1]
+    budget = (f"up to {recipe.micro_batch_tokens} tokens ({cap} rows of {seq}, recipe {recipe.name})"
+              if recipe.micro_batch_tokens else f"up to the whole batch (recipe {recipe.name})")
     if cfg.hardware.gpus_per_node > 0 and per_rank:
         chosen = next((d for d in candidates if fits(d)), candidates[-1])
-        why = (f"derived: the largest micro-batch up to {recipe.micro_batch_cap or 'the whole batch'} "
-               f"(recipe {recipe.name}) that divides {per_rank} and fits the learner GPU")
+        why = f"derived: the largest micro-batch {budget} that divides {per_rank} and fits the learner GPU"
     else:
         chosen = candidates[0]
         why = f"recipe {recipe.name}"
-    micro = 0 if chosen == per_rank and recipe.micro_batch_cap == 0 else chosen
+    micro = 0 if chosen == per_rank and recipe.micro_batch_tokens == 0 else chosen
     return set_key(cfg, "algo.micro_batch_size", micro), [Setting("algo.micro_batch_size", micro, why)]
 
 

@@ -48,11 +48,20 @@ CALIBRATION_SHAPE = {
     "bf16_tflops": 989.0,
 }
 
-# Learner: a bf16 forward + backward + fused AdamW step of random Qwen2 shapes under transformers (sdpa) on
-# one H100, 16 x 640 tokens a step, counted as 6 * params * tokens: 1.5B reached 355 TFLOP/s (36% of the
-# 989 spec), 0.5B only 218 (22%): its 896-wide matrices leave the GPU waiting on kernel launches.
-# Interpolated on log(hidden size) between the two; 0.36 above 1536 (larger models likely do better).
-LEARNER_MFU_POINTS = ((896, 0.22), (1536, 0.36))
+# Learner: rlgen's DeepSpeed learner (ZeRO-2, bf16) on one H100, 128 rows of 312 tokens a step, counted as
+# 6 x params x tokens (benchmarks/learner_speed.py; docs/benchmarks.md, "Learner micro-batches"). With 32 rows a
+# micro-batch the GPU sets the pace: 1.5B reached 0.21 of the 989 TFLOP/s spec with gradient checkpointing,
+# 0.25 without. With 8 rows each micro-batch took 0.36 s whatever its size (0.22 s without checkpointing): a
+# floor of CPU work (kernel launches, autograd, ZeRO's gradient hooks) that grows with the layers. The 0.5B
+# point is the 1.5B one scaled by what a bare optimizer step reached at the two sizes (22% against 36%: the
+# 896-wide matrices leave the GPU waiting on launches); interpolated on log(hidden size) between the two.
+LEARNER_MFU_POINTS = ((896, 0.13), (1536, 0.21))
+NO_CHECKPOINTING_SPEEDUP = 1.19  # 0.25 / 0.21 at 32 rows, 1.5B
+# Colocated engines that stay awake (async_steps > 0) generate the next batch on the GPUs the learner trains on.
+# The GPU time-slices between them: at 1.5B with 1024-token responses the overlapped step took 46.4 s on one H100
+# against 47.7 s for generating (24.3 s) and training (23.4 s) one after the other, and 14.0 s on four against
+# 12.9 s (docs/benchmarks.md, "Every GPU busy, continued"). So such a step is predicted as the sum of the two.
+MICRO_FLOOR_S_PER_LAYER = {True: 0.0127, False: 0.0079}  # by gradient checkpointing: 0.356 s and 0.22 s / 28
 
 # Weight sync over NCCL: broadcast of the 289 bf16 tensors of a 0.5B model (0.99 GB) from one H200 to
 # another over NVLink (NV18), one call per tensor: 107 GB/s (367 GB/s as one flat buffer). NCCL 2.28.9.
@@ -196,6 +205,9 @@ class _Learner:
     train_tokens: int
     mult: int  # FLOPs per param and token: 6, or 8 with a reference model
     train_s: float
+    micros: int = 1  # micro-batches per rank
+    floor_s: float = 0.0  # the least a micro-batch takes (CPU work)
+    bound: str = "compute"  # what sets each micro-batch's time: "compute" or "launch floor"
 
 
 @dataclass(frozen=True)
@@ -270,13 +282,21 @@ def _generation(plan: Plan, cfg: RunConfig, kv_tokens: int, max_conc: int, promp
 
 
 def _learner(plan: Plan, cfg: RunConfig, prompt: float, resp: float) -> _Learner:
-    """Training time of a batch over the learner GPUs."""
+    """Training time of a batch over the learner GPUs: each rank's micro-batches, each the longer of its
+    compute and the per-micro-batch floor."""
     gpus = len(plan.learners)
-    mfu = learner_mfu(cfg.model.hidden_size)
+    ckpt = cfg.learner.gradient_checkpointing is not False
+    mfu = learner_mfu(cfg.model.hidden_size) * (1.0 if ckpt else NO_CHECKPOINTING_SPEEDUP)
     train_tokens = int(plan.batch.sequences_per_step * (prompt + resp))
     mult = 8 if cfg.algo.kl_coef > 0 else 6
-    train_s = mult * plan.model.params * train_tokens / (gpus * cfg.hardware.gpu.bf16_tflops * 1e12 * mfu)
-    return _Learner(gpus=gpus, mfu=mfu, train_tokens=train_tokens, mult=mult, train_s=train_s)
+    per_rank = math.ceil(plan.batch.sequences_per_step / max(gpus, 1))
+    micro = min(cfg.algo.micro_batch_size or per_rank, per_rank)
+    compute = mult * plan.model.params * micro * (prompt + resp) / (cfg.hardware.gpu.bf16_tflops * 1e12 * mfu)
+    floor = cfg.model.num_layers * MICRO_FLOOR_S_PER_LAYER[ckpt]
+    micros = math.ceil(per_rank / max(micro, 1))
+    train_s = micros * max(compute, floor)
+    return _Learner(gpus=gpus, mfu=mfu, train_tokens=train_tokens, mult=mult, train_s=train_s, micros=micros,
+                    floor_s=floor, bound="launch floor" if floor > compute else "compute")
 
 
 def _weight_sync(plan: Plan, cfg: RunConfig) -> _Sync:
@@ -296,13 +316,15 @@ def _balance(plan: Plan, gen: _Generation, learner: _Learner, sync: _Sync) -> _B
 
     P = engines' time per batch, C = learner's. Overlapped (async_steps > 0, separate GPUs): the step is the
     longer of the two; otherwise the two run one after the other, the sync once. Colocated with async_steps > 0
-    they overlap on one GPU, which time-slices between them: at best the longer of the two, at worst their sum;
-    the prediction takes the best case and says so.
+    they overlap on the same GPUs, which time-slice between them: the step is their sum (TIME_SLICED).
     """
     gen_s, train_s, sync_s = gen.gen_s, learner.train_s, sync.sync_s
     producer, consumer = gen_s + sync_s, train_s + sync_s
     ctx_b: BalanceContext = context_from_plan(plan)
-    if ctx_b.async_steps > 0:
+    if ctx_b.async_steps > 0 and ctx_b.colocated:
+        window = gen_s + train_s + sync_s
+        wait, idle = max(0.0, producer - consumer), max(0.0, consumer - producer)
+    elif ctx_b.async_steps > 0:
         window = max(producer, consumer)
         wait, idle = max(0.0, producer - consumer), max(0.0, consumer - producer)
     else:
@@ -333,8 +355,8 @@ def _notes(plan: Plan, cfg: RunConfig, gen: _Generation, bal: _Balance) -> tuple
     if cfg.model.hidden_size < LEARNER_MFU_POINTS[0][0]:
         notes.append("model is smaller than any measured learner shape; its learner time is a guess.")
     if bal.shares_gpus:
-        notes.append("colocated with async_steps > 0: generation and training share each GPU, so the step "
-                     "lies between the longer of the two (predicted) and their sum.")
+        notes.append("colocated with async_steps > 0: generation and training share each GPU and take turns on "
+                     "it, so the step is predicted as their sum (as measured on one and four H100s).")
     return tuple(notes)
 
 
@@ -354,8 +376,9 @@ def _sources(plan: Plan, cfg: RunConfig, gen: _Generation, learner: _Learner, sy
                          f"{CALIBRATION_TOKENS_PER_S / 1e3:.1f}k tok/s)",
         "gen_s": f"{math.ceil(gen.seqs_engine / gen.concurrency)} wave(s) of <= {gen.concurrency} sequences x "
                  f"{gen.resp:g} tokens, + prefill",
-        "train_s": f"{learner.mult} x params x {learner.train_tokens} tokens / ({learner.gpus} GPU x "
-                   f"{gpu.bf16_tflops:g} TFLOP/s x MFU {learner.mfu:.2f}, measured bf16 AdamW steps on H100)",
+        "train_s": f"{learner.micros} micro-batch(es) a rank, each the longer of {learner.mult} x params x its tokens / "
+                   f"({gpu.bf16_tflops:g} TFLOP/s x MFU {learner.mfu:.2f}) and a {learner.floor_s:.2f} s launch floor "
+                   f"({learner.bound}-bound; rlgen's DeepSpeed learner measured on H100)",
         "sync_s": sync.source,
     }
 
@@ -419,7 +442,7 @@ def print_prediction(pred: Prediction, console=None) -> None:
          s["gen_s"]),
         ("training", f"{pred.train_s:.2f} s, needs {pred.required_tokens_per_s:,.0f} tok/s", s["train_s"]),
         ("weight sync", f"{pred.sync_s:.3f} s", s["sync_s"]),
-        ("step", f"{pred.step_s:.2f} s", "overlapped if async_steps > 0, else summed"),
+        ("step", f"{pred.step_s:.2f} s", "overlapped if async_steps > 0 on GPUs of their own, else summed"),
     ]
     for row in rows:
         t.add_row(*(escape(x) for x in row))

@@ -47,7 +47,7 @@ def preflight(cfg: RunConfig, *, run_dir: Path | None = None, machine: bool = Tr
     except PlanError as err:
         problems += err.problems
     else:
-        layouts = layout_options(cfg, plan)
+        layouts = layout_options(cfg, plan, build_plan)
         plan = dataclasses.replace(plan, layout_advice=faster_layout_line(layouts) or "")
     before = len(problems)
     check_model(cfg, problems)

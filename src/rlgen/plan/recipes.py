@@ -18,22 +18,26 @@ class Recipe:
     below_params: float  # the recipe covers models with fewer parameters than this
     max_new_tokens: int
     lr: float
-    micro_batch_cap: int  # largest learner micro-batch (0: the whole batch); on GPU the plan also fits memory
+    # the most tokens (rows x the longest sequence) in a learner micro-batch; 0: the whole batch. On GPU the plan
+    # also fits memory. Each micro-batch costs about 0.35 s of kernel launches and ZeRO hooks at 1.5B whatever
+    # its size (docs/benchmarks.md, "Learner micro-batches"), so fewer, larger ones train faster.
+    micro_batch_tokens: int
     gradient_checkpointing: bool
     zero_stage: int
 
 
 # Response lengths and learning rates follow common open GRPO recipes for Qwen2.5 at these sizes (1e-6 with
-# AdamW, 0.5-1k-token answers for math); micro-batches and ZeRO stages follow from memory on 80 GB GPUs. The two
+# AdamW, 0.5-1k-token answers for math); micro-batches and ZeRO stages follow from memory on 80 GB GPUs. Going
+# from 8 to 32 rows of 312 tokens a micro-batch took a 1.5B learner step from 5.7 s to 1.8 s on one H100. The two
 # smallest are for the character-tokenizer presets on synthetic tasks: at 2.4M parameters (model=small) RL at 1e-3
 # collapsed the policy within ten steps on CPU, and 1e-4 learned.
 RECIPES: tuple[Recipe, ...] = (
-    Recipe("tiny", 1e6, max_new_tokens=4, lr=1e-3, micro_batch_cap=0, gradient_checkpointing=False, zero_stage=2),
-    Recipe("small", 1e8, max_new_tokens=4, lr=1e-4, micro_batch_cap=0, gradient_checkpointing=False, zero_stage=2),
-    Recipe("0.5B", 1e9, max_new_tokens=512, lr=1e-6, micro_batch_cap=16, gradient_checkpointing=True, zero_stage=2),
-    Recipe("1.5B", 4e9, max_new_tokens=1024, lr=1e-6, micro_batch_cap=8, gradient_checkpointing=True, zero_stage=2),
-    Recipe("7B", 2e10, max_new_tokens=1024, lr=1e-6, micro_batch_cap=4, gradient_checkpointing=True, zero_stage=3),
-    Recipe("large", float("inf"), max_new_tokens=1024, lr=5e-7, micro_batch_cap=2, gradient_checkpointing=True,
+    Recipe("tiny", 1e6, max_new_tokens=4, lr=1e-3, micro_batch_tokens=0, gradient_checkpointing=False, zero_stage=2),
+    Recipe("small", 1e8, max_new_tokens=4, lr=1e-4, micro_batch_tokens=0, gradient_checkpointing=False, zero_stage=2),
+    Recipe("0.5B", 1e9, max_new_tokens=512, lr=1e-6, micro_batch_tokens=16384, gradient_checkpointing=True, zero_stage=2),
+    Recipe("1.5B", 4e9, max_new_tokens=1024, lr=1e-6, micro_batch_tokens=16384, gradient_checkpointing=True, zero_stage=2),
+    Recipe("7B", 2e10, max_new_tokens=1024, lr=1e-6, micro_batch_tokens=8192, gradient_checkpointing=True, zero_stage=3),
+    Recipe("large", float("inf"), max_new_tokens=1024, lr=5e-7, micro_batch_tokens=4096, gradient_checkpointing=True,
            zero_stage=3),
 )
 

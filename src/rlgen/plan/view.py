@@ -94,6 +94,10 @@ def choice_lines(plan: Plan) -> list[str]:
     """One line per value the plan chose by trying candidates: what it took, and what ruled out the others."""
     lines = []
     for c in (c for c in plan.choices if len(c.tried) > 1):
+        if c.key == "layout":  # the layouts table ranks every one, with why a layout does not build
+            lines.append(f"chosen: layout {c.chosen}, predicted fastest of the {len(c.tried)} at this TP size "
+                         "(ranked below)")
+            continue
         out = "; ".join(f"{c.key}={v} ruled out: {escape(r)}" for v, r in c.tried if r)
         lines.append(f"chosen: {c.key}={c.chosen} of {[v for v, _ in c.tried]}" + (f" ({out})" if out else ""))
     return lines

@@ -113,16 +113,16 @@ def preset_for(gpus: list[Gpu], presets: list[str]) -> str | None:
 
 def auto_hardware(gpus: list[Gpu], cpus: int | None = None) -> HardwareConfig:
     """hardware=auto for these GPUs, on one node: CPU actors without any; one GPU shared by engines and the
-    learner; else half the GPUs (rounded down) for engines and the rest for learners, as the presets split them.
-    Mixed cards are planned as the one with the least memory."""
+    learner; else the layout left to the plan, as the presets leave it. Mixed cards are planned as the one with
+    the least memory."""
     cpus = cpus or os.cpu_count() or 1
     if not gpus:
         return HardwareConfig(name=AUTO, cpus_per_node=cpus)
     n = len(gpus)
     spec = spec_of(min(gpus, key=lambda g: g.memory_mib))
-    engines = 1 if n == 1 else n // 2
-    return HardwareConfig(name=AUTO, nodes=1, gpus_per_node=n, cpus_per_node=cpus, gpu=spec, engine_gpus=engines,
-                          learner_gpus=1 if n == 1 else n - engines, colocated=n == 1)
+    one = n == 1
+    return HardwareConfig(name=AUTO, nodes=1, gpus_per_node=n, cpus_per_node=cpus, gpu=spec,
+                          engine_gpus=1 if one else None, learner_gpus=1 if one else None, colocated=True if one else None)
 
 
 def mismatch(hw: HardwareConfig, gpus: list[Gpu], presets: list[str]) -> tuple[str | None, str | None]:
