@@ -27,6 +27,11 @@
 #                       0.5B (benchmarks/tool_latency.py)
 #     layouts HW [OVERRIDES]  the 1.5B on this host's GPUs (hardware=HW, e.g. 2xh100): hybrid (every GPU trains and
 #                       generates) and the split, TP 1 and 2, as one sweep with its summary (GPU busy, first rollout)
+#     learner-speed [ARGS]  four GPUs: benchmarks/learner_speed.py, micro-batch and checkpointing variants, one GPU
+#                       each at once; then four ranks as one ZeRO-2 group
+#     scaling [OVERRIDES]  four GPUs: the 1.5B as typed (the plan picks the layout) on one and two GPUs side by side,
+#                       then on four
+#     headline [OVERRIDES]  four GPUs: `rlgen train engine=vllm_tp2 hardware=4xh100 model=qwen2_5_1_5b steps=20`
 #     serve-lora ADAPTER [OVERRIDES]  `rlgen serve` with vLLM adapters: load, generate with and without, unload
 #                       (benchmarks/serve_lora.py)
 # Run from the repository root with rlgen importable (installed, or src on PYTHONPATH). Every vLLM process is
@@ -162,8 +167,38 @@ EOF3
     for _ in $(seq 30); do kill -0 "$server" 2>/dev/null || break; sleep 1; done
     kill -9 "$server" 2>/dev/null || true
     ;;
+  learner-speed)
+    # one process per GPU at once, each its own variants; then the four ranks as one ZeRO-2 group
+    sets=("mb8:ckpt" "mb32:ckpt,mb64:ckpt" "mb8:nockpt,mb16:nockpt" "mb32:nockpt,mb32:ckpt")
+    for g in 0 1 2 3; do
+      CUDA_VISIBLE_DEVICES=$g "$py" benchmarks/learner_speed.py --variants "${sets[$g]}" --master-port $((29600 + g)) \
+        --out "$out/learner-gpu$g.json" "$@" > "$out/learner-gpu$g.log" 2>&1 &
+    done
+    wait
+    for v in mb8:ckpt mb32:ckpt; do
+      for r in 0 1 2 3; do
+        CUDA_VISIBLE_DEVICES=$r "$py" benchmarks/learner_speed.py --variants "$v" --world-size 4 --rank $r \
+          --master-port 29650 --out "$out/learner-4ranks-${v/:/-}-rank$r.json" "$@" > /dev/null 2>&1 &
+      done
+      wait
+    done
+    ;;
+  scaling)
+    # the 1.5B as typed, the layout the plan's: one GPU (GPU 0) and two (GPUs 1-2) side by side, then four
+    one() { name=$1; gpus=$2; shift 2
+      CUDA_VISIBLE_DEVICES=$gpus RAY_TMPDIR=/tmp/ray_$name "$py" -m rlgen.cli train engine=vllm model=qwen2_5_1_5b \
+        checkpoint.every=0 engine.keep_warm_s=0 progress=false hydra.run.dir="$out/$name" "$@" > "$out/$name.log" 2>&1; }
+    one gpus1 0 hardware=1xh100 steps=4 "$@" &
+    one gpus2 1,2 hardware=2xh100 steps=5 "$@" &
+    wait
+    one gpus4 0,1,2,3 hardware=4xh100 steps=6 "$@"
+    ;;
+  headline)
+    "$py" -m rlgen.cli train engine=vllm_tp2 hardware=4xh100 model=qwen2_5_1_5b steps=20 engine.keep_warm_s=0 \
+      progress=false hydra.run.dir="$out/headline" "$@" 2>&1 | tee "$out/headline.log"
+    ;;
   *)
-    echo "unknown stage $stage (check | test | bench | tune | smoke | core-kill | ckpt-cost | startup | lora | lora-7b | lora-validate | trl-serve | nccl-env | serve-lora)" >&2
+    echo "unknown stage $stage (check | test | bench | tune | smoke | core-kill | ckpt-cost | startup | lora | lora-7b | lora-validate | trl-serve | nccl-env | serve-lora | layouts | learner-speed | scaling | headline)" >&2
     exit 2
     ;;
 esac
