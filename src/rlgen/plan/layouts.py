@@ -83,11 +83,8 @@ def _weigh(base: RunConfig, candidates: list[tuple[str, dict]], build: Build, ru
     out = []
     for label, keys in candidates:
         typed = _shown(keys)
-        one = base
-        for key, value in keys.items():
-            one = set_key(one, key, value)
         try:
-            built = build(one, runnable=runnable)
+            built = build(_with_keys(base, keys), runnable=runnable)
         except PlanError as err:
             why = err.problems[0] if err.problems else "does not build"
             out.append((LayoutOption(label, typed, why=why), keys, None, list(err.problems)))
@@ -167,12 +164,8 @@ def choose_layout(cfg: RunConfig, spec: EngineSpec, build: Build, runnable: bool
     kind without one), engines get half the GPUs. The plan carries every layout's ranking (rlgen plan). ``build``
     is plan.build.build_plan, which calls this where the config leaves the layout open."""
     fixed = _fixed(cfg, spec)
-    if fixed is not None:
-        one = cfg
-        for key, value in fixed.items():
-            if get_key(cfg, key) is None:
-                one = set_key(one, key, value)
-        return build(one, runnable=runnable)
+    if fixed is not None:  # fill only what the config left null
+        return build(_with_keys(cfg, {k: v for k, v in fixed.items() if get_key(cfg, k) is None}), runnable=runnable)
     weighed = _weigh(cfg, _candidates(cfg, _tp_sizes(cfg, spec)), build, runnable)
     mine = [w for w in weighed if _agrees(cfg, w[1])]
     if not mine:  # a TP size no GPU count of this hardware divides: the plan of half the GPUs says why

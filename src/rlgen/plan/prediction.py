@@ -57,10 +57,6 @@ CALIBRATION_SHAPE = {
 # 896-wide matrices leave the GPU waiting on launches); interpolated on log(hidden size) between the two.
 LEARNER_MFU_POINTS = ((896, 0.13), (1536, 0.21))
 NO_CHECKPOINTING_SPEEDUP = 1.19  # 0.25 / 0.21 at 32 rows, 1.5B
-# Colocated engines that stay awake (async_steps > 0) generate the next batch on the GPUs the learner trains on.
-# The GPU time-slices between them: at 1.5B with 1024-token responses the overlapped step took 46.4 s on one H100
-# against 47.7 s for generating (24.3 s) and training (23.4 s) one after the other, and 14.0 s on four against
-# 12.9 s (docs/benchmarks.md, "Every GPU busy, continued"). So such a step is predicted as the sum of the two.
 MICRO_FLOOR_S_PER_LAYER = {True: 0.0127, False: 0.0079}  # by gradient checkpointing: 0.356 s and 0.22 s / 28
 
 # Weight sync over NCCL: broadcast of the 289 bf16 tensors of a 0.5B model (0.99 GB) from one H200 to
@@ -316,16 +312,16 @@ def _balance(plan: Plan, gen: _Generation, learner: _Learner, sync: _Sync) -> _B
 
     P = engines' time per batch, C = learner's. Overlapped (async_steps > 0, separate GPUs): the step is the
     longer of the two; otherwise the two run one after the other, the sync once. Colocated with async_steps > 0
-    they overlap on the same GPUs, which time-slice between them: the step is their sum (TIME_SLICED).
+    the engines generate the next batch on the GPUs the learner trains on, and the GPUs time-slice between them:
+    the step is their sum. At 1.5B with 1024-token responses the overlapped step took 46.4 s on one H100 against
+    47.7 s for generating (24.3 s) and training (23.4 s) one after the other, and 14.0 s on four against 12.9 s
+    (docs/benchmarks.md, "Every GPU busy, continued").
     """
     gen_s, train_s, sync_s = gen.gen_s, learner.train_s, sync.sync_s
     producer, consumer = gen_s + sync_s, train_s + sync_s
     ctx_b: BalanceContext = context_from_plan(plan)
-    if ctx_b.async_steps > 0 and ctx_b.colocated:
-        window = gen_s + train_s + sync_s
-        wait, idle = max(0.0, producer - consumer), max(0.0, consumer - producer)
-    elif ctx_b.async_steps > 0:
-        window = max(producer, consumer)
+    if ctx_b.async_steps > 0:
+        window = gen_s + train_s + sync_s if ctx_b.colocated else max(producer, consumer)
         wait, idle = max(0.0, producer - consumer), max(0.0, consumer - producer)
     else:
         window = gen_s + train_s + sync_s
