@@ -97,6 +97,17 @@ def test_sweep_summary_ranks_runs_by_throughput(tmp_path):
     assert "Every run: `steps=6`" in text
     assert "| 2 | engine.num_engines=2 |" in text
     assert "add 6 engines (engine.num_engines=7)" in text  # one engine at ratio 0.81 / 0.12 = 6.75
+    assert "| rank | overrides | layout |" in text and all("layout" in r for r in runs)
+
+
+def test_the_sweep_says_which_layout_each_point_ran():
+    from rlgen.commands.sweep import layout_label
+    from rlgen.metrics.balance import BalanceContext
+
+    assert layout_label(BalanceContext(device="cuda", colocated=True, tensor_parallel_size=2)) == "hybrid, TP 2"
+    assert layout_label(BalanceContext(device="cuda", engine_gpus=2, learner_gpus=2)) == "split 2+2, TP 1"
+    assert layout_label(BalanceContext(device="cpu")) == "CPU"
+    assert layout_label(BalanceContext()) == "-"
 
 
 def test_callback_uses_the_job_dirs_it_saw(tmp_path):

@@ -68,6 +68,7 @@ def collect_run(job_dir: str | Path) -> dict[str, Any]:
     row["status"] = "ok" if finished else state or "stopped"
     row["num_engines"] = ctx.num_engines
     row["async_steps"] = ctx.async_steps
+    row["layout"] = layout_label(ctx)
     row.update(balance_summary(records, ctx))
     if finished:
         summary = json.loads((job_dir / "summary.json").read_text())
@@ -75,6 +76,17 @@ def collect_run(job_dir: str | Path) -> dict[str, Any]:
             if key in summary:
                 row["summary_" + key] = summary[key]
     return row
+
+
+def layout_label(ctx: Any) -> str:
+    """Where a run's engines sat (the plan picks it where the config names none): hybrid or a split of the GPUs,
+    at its TP size; "CPU" without GPUs, "-" where the run's plan did not say."""
+    if ctx.device == "cpu":
+        return "CPU"
+    if ctx.device != "cuda":
+        return "-"
+    tp = f"TP {ctx.tensor_parallel_size}"
+    return f"hybrid, {tp}" if ctx.colocated else f"split {ctx.engine_gpus}+{ctx.learner_gpus}, {tp}"
 
 
 def _job_dirs(sweep_dir: Path) -> list[Path]:
@@ -132,14 +144,15 @@ def to_markdown(rows: list[dict[str, Any]], sweep_dir: Path) -> str:
         "Verdicts are medians over the steps: generate/train is the time to generate a batch over the time to "
         "train on it.",
         "",
-        "| rank | overrides | tok/s end to end | generation tok/s | learner needs tok/s | step s | learner wait "
+        "| rank | overrides | layout | tok/s end to end | generation tok/s | learner needs tok/s | step s | learner wait "
         "| engines idle | generate/train | verdict | GPU busy | first rollout s | reward (last 20%) | status |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|",
     ]
     for r in rows:
         lines.append("| " + " | ".join([
             _cell(r.get("rank")),
             _cell(_label(r, common)),
+            _cell(r.get("layout")),
             _cell(r.get("tokens_per_s_end_to_end"), ",.0f"),
             _cell(r.get("gen_tokens_per_s"), ",.0f"),
             _cell(r.get("required_tokens_per_s"), ",.0f"),
@@ -184,11 +197,11 @@ def print_sweep(rows: list[dict[str, Any]], console=None) -> None:
 
     console = console or Console(soft_wrap=True)
     t = Table(title="sweep, fastest first", title_justify="left")
-    for col in ("rank", "overrides", "tok/s", "verdict", "learner wait", "engines idle"):
+    for col in ("rank", "overrides", "layout", "tok/s", "verdict", "learner wait", "engines idle"):
         t.add_column(col, overflow="fold")
     common = _common_overrides(rows)
     for r in rows:
-        t.add_row(_cell(r.get("rank")), escape(_label(r, common)),
+        t.add_row(_cell(r.get("rank")), escape(_label(r, common)), _cell(r.get("layout")),
                   _cell(r.get("tokens_per_s_end_to_end"), ",.0f"), _cell(r.get("kind")),
                   _cell(r.get("learner_wait_frac"), ".0%"), _cell(r.get("engine_idle_frac"), ".0%"))
     console.print(t)
