@@ -48,13 +48,11 @@ CALIBRATION_SHAPE = {
     "bf16_tflops": 989.0,
 }
 
-# Learner: rlgen's DeepSpeed learner (ZeRO-2, bf16) on one H100, 128 rows of 312 tokens a step, counted as
-# 6 x params x tokens (benchmarks/learner_speed.py; docs/benchmarks.md, "Learner micro-batches"). With 32 rows a
-# micro-batch the GPU sets the pace: 1.5B reached 0.21 of the 989 TFLOP/s spec with gradient checkpointing,
-# 0.25 without. With 8 rows each micro-batch took 0.36 s whatever its size (0.22 s without checkpointing): a
-# floor of CPU work (kernel launches, autograd, ZeRO's gradient hooks) that grows with the layers. The 0.5B
-# point is the 1.5B one scaled by what a bare optimizer step reached at the two sizes (22% against 36%: the
-# 896-wide matrices leave the GPU waiting on launches); interpolated on log(hidden size) between the two.
+# Learner: rlgen's DeepSpeed learner (ZeRO-2, bf16) on one H100, 128 rows of 312 tokens a step, 6 x params x
+# tokens (benchmarks/learner_speed.py; docs/benchmarks.md, "Learner micro-batches"). At 32 rows a micro-batch the
+# 1.5B reached 0.21 of the 989 TFLOP/s spec with gradient checkpointing, 0.25 without. At 8 rows each micro-batch
+# took 0.36 s whatever its size (0.22 s without checkpointing): CPU work that grows with the layers. The 0.5B point
+# is the 1.5B one scaled as a bare optimizer step scaled (22% against 36%); log(hidden size) in between.
 LEARNER_MFU_POINTS = ((896, 0.13), (1536, 0.21))
 NO_CHECKPOINTING_SPEEDUP = 1.19  # 0.25 / 0.21 at 32 rows, 1.5B
 MICRO_FLOOR_S_PER_LAYER = {True: 0.0127, False: 0.0079}  # by gradient checkpointing: 0.356 s and 0.22 s / 28
