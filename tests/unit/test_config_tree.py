@@ -114,7 +114,8 @@ def test_yaml_plans_with_its_companions(group, name, tmp_path, monkeypatch):
     assert plan.engine_kind == cfg.engine.kind
     assert all(e.tensor_parallel_size == cfg.engine.tensor_parallel_size for e in plan.engines)
     assert plan.model.name == cfg.model.name
-    hw = cfg.hardware
+    hw = plan.config.hardware  # the layout as the plan resolved it (the multi-GPU presets leave it null)
+    assert None not in (hw.colocated, hw.engine_gpus, hw.learner_gpus)
     if hw.gpus_per_node:
         assert plan.device == "cuda"
         used_by_engines = len({(e.node, g) for e in plan.engines for g in e.gpus})  # engines may share a GPU
