@@ -19,6 +19,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 
 from rlgen.metrics.report import balance_summary, load_run
+from rlgen.plan.layouts import layout_label as plan_layout_label
 from rlgen.runtime.durability.status_file import read_status
 
 # The exit codes of this process's sweep jobs that did not run to the end (rejected: 2, failed: 1): the sweep goes on
@@ -85,8 +86,7 @@ def layout_label(ctx: Any) -> str:
         return "CPU"
     if ctx.device != "cuda":
         return "-"
-    tp = f"TP {ctx.tensor_parallel_size}"
-    return f"hybrid, {tp}" if ctx.colocated else f"split {ctx.engine_gpus}+{ctx.learner_gpus}, {tp}"
+    return plan_layout_label(ctx.colocated, ctx.tensor_parallel_size, ctx.engine_gpus, ctx.learner_gpus)
 
 
 def _job_dirs(sweep_dir: Path) -> list[Path]:

@@ -35,19 +35,24 @@ class LayoutOption:
     current: bool = False  # the plan's own layout
 
 
+def layout_label(colocated: bool, tp: int, engine_gpus: int = 0, learner_gpus: int = 0) -> str:
+    """A layout in words: "hybrid, TP 1" or "split 2+2, TP 1" (engine GPUs + learner GPUs)."""
+    return f"hybrid, TP {tp}" if colocated else f"split {engine_gpus}+{learner_gpus}, TP {tp}"
+
+
 def _candidates(cfg: RunConfig, tp_sizes: tuple[int, ...]) -> list[tuple[str, dict]]:
     """(label, {key: value}) for every layout this hardware could hold."""
     hw = cfg.hardware
     total = hw.nodes * hw.gpus_per_node
     out: list[tuple[str, dict]] = []
     for tp in tp_sizes:
-        out.append((f"hybrid, TP {tp}", {"hardware.colocated": True, "engine.tensor_parallel_size": tp,
+        out.append((layout_label(True, tp), {"hardware.colocated": True, "engine.tensor_parallel_size": tp,
                                          "hardware.engine_gpus": total, "hardware.learner_gpus": total}))
     for tp in tp_sizes:
         for engine_gpus in range(tp, total, tp):
             keys = {"hardware.colocated": False, "engine.tensor_parallel_size": tp, "hardware.engine_gpus": engine_gpus,
                     "hardware.learner_gpus": total - engine_gpus}
-            out.append((f"split {engine_gpus}+{total - engine_gpus}, TP {tp}", keys))
+            out.append((layout_label(False, tp, engine_gpus, total - engine_gpus), keys))
     return out
 
 
@@ -168,13 +173,12 @@ def choose_layout(cfg: RunConfig, spec: EngineSpec, build: Build, runnable: bool
         return build(_with_keys(cfg, {k: v for k, v in fixed.items() if get_key(cfg, k) is None}), runnable=runnable)
     weighed = _weigh(cfg, _candidates(cfg, _tp_sizes(cfg, spec)), build, runnable)
     mine = [w for w in weighed if _agrees(cfg, w[1])]
+    total = cfg.hardware.nodes * cfg.hardware.gpus_per_node
     if not mine:  # a TP size no GPU count of this hardware divides: the plan of half the GPUs says why
-        total = cfg.hardware.nodes * cfg.hardware.gpus_per_node
         return build(_with_keys(cfg, {"hardware.colocated": False, "hardware.engine_gpus": total // 2,
                                            "hardware.learner_gpus": total - total // 2}), runnable=runnable)
     built = [w for w in mine if w[2] is not None]
     predicted = sorted((w for w in built if w[0].step_s is not None), key=lambda w: w[0].step_s)
-    total = cfg.hardware.nodes * cfg.hardware.gpus_per_node
     half = next((w for w in mine if not w[1]["hardware.colocated"] and w[1]["hardware.engine_gpus"] * 2 >= total),
                 mine[0])
     if predicted:
@@ -215,4 +219,4 @@ def faster_layout_line(options: list[LayoutOption]) -> str | None:
             f"({best.step_s:.1f} s against {mine.step_s:.1f} s); to try it, add: {' '.join(best.overrides)}")
 
 
-__all__ = ["LayoutOption", "choose_layout", "faster_layout_line", "layout_open", "layout_options"]
+__all__ = ["LayoutOption", "choose_layout", "faster_layout_line", "layout_label", "layout_open", "layout_options"]

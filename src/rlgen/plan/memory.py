@@ -125,13 +125,17 @@ def response_bound(cfg: RunConfig) -> tuple[str, int]:
     return "algo.max_new_tokens", new
 
 
+def longest_sequence(cfg: RunConfig) -> int:
+    """The tokens of the longest row a learner trains on: the prompt bound plus the response bound."""
+    return cfg.task.max_prompt_tokens + (response_bound(cfg)[1] or 0)
+
+
 def learner_memory(cfg: RunConfig, params: int, vocab: int, ranks: int, micro: int,
                    ipc_gib: float = 0.0) -> LearnerMemory:
     m, a, lc = cfg.model, cfg.algo, cfg.learner
     n = max(ranks, 1)
     z3 = lc.zero_stage == 3
-    seq = cfg.task.max_prompt_tokens + (response_bound(cfg)[1] or 0)
-    tokens = micro * seq
+    tokens = micro * longest_sequence(cfg)
     layer_token = 2 * (12 * m.hidden_size + 3 * m.intermediate_size)  # bf16 bytes of one layer's activations
     if lc.gradient_checkpointing:
         act = tokens * (m.num_layers * 2 * m.hidden_size + layer_token)
@@ -280,7 +284,7 @@ def _micro_batch(cfg: RunConfig, model, per_rank: int, fits) -> tuple[RunConfig,
     if cfg.algo.micro_batch_size is not None:
         return cfg, [Setting("algo.micro_batch_size", cfg.algo.micro_batch_size, "config")]
     recipe = recipe_for(model.params)
-    seq = cfg.task.max_prompt_tokens + (response_bound(cfg)[1] or 0)
+    seq = longest_sequence(cfg)
     cap = micro_rows_cap(recipe.micro_batch_tokens, seq, per_rank)
     candidates = [d for d in _divisors_down(per_rank) if d <= cap] or [1]
     budget = (f"up to {recipe.micro_batch_tokens} tokens ({cap} rows of {seq}, recipe {recipe.name})"
