@@ -260,3 +260,23 @@ def test_the_visible_gpus_are_read_one_way(monkeypatch):
     assert (visible_devices(), visible_gpus(), bench_gpus()) == ("2,5", [2, 5], [2, 5])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-1a2b")
     assert (visible_gpus(), bench_gpus()) == ([], None)
+
+
+def test_an_engine_given_its_size_starts_beside_a_loading_learner_and_keeps_a_measurement_out(model, monkeypatch):
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    learner = ctx.Process(target=_learner_loads, args=("9", 2.0, q))
+    learner.start()
+    assert q.get(timeout=30)[0] == "learner in"
+    given = KVSizes(args_of(model, kv_cache_memory_bytes=2 * GIB), VERSIONS, devices="9", gpus=H100)
+    t0 = time.time()
+    with given.start_slot("engine0", timeout_s=30, given=True) as stored:
+        assert time.time() - t0 < 1.0  # no wait for the learner's load
+        assert stored is None  # nothing was measured on this setup
+        measuring = KVSizes(args_of(model), VERSIONS, devices="9", gpus=H100)
+        with pytest.raises(EngineError, match="waited 0 s"):  # an engine that measures still starts alone
+            with measuring.start_slot("engine1", timeout_s=0.3):
+                pass
+    learner.join(30)
+    assert q.get(timeout=30)[0] == "learner out"

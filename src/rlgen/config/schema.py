@@ -52,6 +52,9 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     # null: the plan derives it (colocated: what the learner leaves free; own GPUs: vLLM's 0.9)
     gpu_memory_utilization: float | None = None
+    # vllm: each engine's KV cache on each of its GPUs, GiB, taken as given (vLLM does not measure it). null: the
+    # plan sizes it from the batch where engines share their GPUs, so they start side by side; else vLLM measures
+    kv_cache_gib: float | None = None
     enable_prefix_caching: bool = True
     max_model_len: int | None = None  # null: task.max_prompt_tokens + algo.max_new_tokens
     max_num_seqs: int = 256

@@ -28,6 +28,7 @@ from rlgen.plan.checks.spanning import (
 )
 from rlgen.plan.checks.values import check_values, once_per_nonfinite
 from rlgen.plan.headroom import hardware_room
+from rlgen.plan.kv_cache import size_kv_cache
 from rlgen.plan.layout import BatchGeometry, Choice, EngineSlot, Layout, ModelSummary, Plan, PlanError
 from rlgen.plan.lora import resolve_lora
 from rlgen.plan.memory import GIB, adapter_params, checkpoint_bytes, response_bound, share_part
@@ -183,6 +184,8 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
         cfg, fitted, memory = fit_with_overlap(cfg, spec, ms, len(learners), batch.sequences_per_rank,
                                                layout is Layout.colocated, derived_async, p)
         settings += fitted
+        cfg, kv = size_kv_cache(cfg, spec, ms, batch, engines)
+        settings += kv
     _check_micro_batch(cfg, ms, batch, bool(learners), p)
     check_lengths(cfg, spec, ms, bool(engines) and cfg.engine.tensor_parallel_size > 0, p)
     check_episodes(cfg, spec, p)

@@ -55,7 +55,8 @@ def hardware_room(cfg: RunConfig, spec: EngineSpec, layout: Layout, engines: tup
     engine_gpus = {(e.node, g) for e in engines for g in e.gpus}
     learner_gpus = {(r.node, r.gpu) for r in learners if r.gpu is not None}
     k = cfg.engine.engines_per_gpu
-    more = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, engines_per_gpu=k + 1))
+    # the KV-cache size is the plan's for k engines; with k + 1 it sizes them again
+    more = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, engines_per_gpu=k + 1, kv_cache_gib=None))
     p: list[str] = []
     # three engines on one GPU generated slower than two (0.5B, one H100: docs/benchmarks.md), so advice stops at 2
     fits = bool(total) and k + 1 <= ADVISED_ENGINES_PER_GPU and not shared_gpu_problem(more, spec, layout)

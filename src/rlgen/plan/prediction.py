@@ -226,8 +226,8 @@ def _engine_capacity(plan: Plan, cfg: RunConfig) -> tuple[int, int]:
     """KV capacity of one engine (all its GPUs) in tokens, and how many sequences fit at full length."""
     gpu, e, b = cfg.hardware.gpu, cfg.engine, plan.batch
     tp = plan.engines[0].tensor_parallel_size
-    weights = plan.model.params * BF16_BYTES
-    usable = tp * (gpu.memory_gb * 1e9 * e.gpu_memory_utilization - ENGINE_HEADROOM_GIB * GIB) - weights
+    share = gpu.memory_gb * 1e9 * e.gpu_memory_utilization - ENGINE_HEADROOM_GIB * GIB  # less the weights below
+    usable = tp * e.kv_cache_gib * GIB if e.kv_cache_gib else tp * share - plan.model.params * BF16_BYTES
     kv_tokens = max(0, int(usable // plan.model.kv_bytes_per_token))
     max_conc = min(e.max_num_seqs, kv_tokens // max(b.max_seq_len, 1))
     return kv_tokens, max_conc
@@ -361,9 +361,10 @@ def _sources(plan: Plan, cfg: RunConfig, gen: _Generation, learner: _Learner, sy
     hbm_src = f"{gpu.hbm_tbps:g} TB/s spec x {HBM_EFFICIENCY} measured copy efficiency"
     return {
         "weights_gib_per_gpu": f"{_count(plan.model.params)} params x 2 bytes / TP {tp}",
-        "kv_capacity_tokens": f"({gpu.memory_gb:g} GB x gpu_memory_utilization {e.gpu_memory_utilization} - "
-                              f"{ENGINE_HEADROOM_GIB:g} GiB headroom) x TP - weights, / "
-                              f"{plan.model.kv_bytes_per_token} KV bytes a token",
+        "kv_capacity_tokens": (f"engine.kv_cache_gib {e.kv_cache_gib} x TP" if e.kv_cache_gib else
+                               f"({gpu.memory_gb:g} GB x gpu_memory_utilization {e.gpu_memory_utilization} - "
+                               f"{ENGINE_HEADROOM_GIB:g} GiB headroom) x TP - weights")
+        + f", / {plan.model.kv_bytes_per_token} KV bytes a token",
         "max_concurrency": f"min(engine.max_num_seqs={e.max_num_seqs}, KV tokens / {b.max_seq_len}-token sequences)",
         "decode_step_s": f"roofline ({hbm_src}; {gpu.bf16_tflops:g} TFLOP/s x {MATMUL_EFFICIENCY} measured matmul) "
                          f"+ {DECODE_OVERHEAD_S_PER_TOKEN * 1e6:.0f} us a token (calibrated: vLLM 0.5B on H100, "

@@ -70,6 +70,8 @@ def build_engine_args(
         # (vLLM's default, raw_logprobs, is taken before temperature).
         "logprobs_mode": "processed_logprobs",
     }
+    if engine.kv_cache_gib:  # the plan's size (or the config's): vLLM takes it without measuring
+        args["kv_cache_memory_bytes"] = int(engine.kv_cache_gib * 2**30)
     if not engine.torch_compile and not engine.enforce_eager:
         # vLLM's piecewise CUDA graphs need its compiled model; full graphs of decode steps do not
         args["compilation_config"] = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}

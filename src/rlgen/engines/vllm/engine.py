@@ -110,8 +110,8 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, Episodic, KeptWar
         self._loop = LoopThread(name)
         watch: MeasuredWatch | None = None
         try:
-            # vLLM measures the KV cache's size alone on the GPU, or takes the stored one beside other engines
-            with sizes.start_slot(name, START_TIMEOUT_S) as stored:
+            # vLLM measures the KV cache's size alone on the GPU, or takes the given or stored one beside others
+            with sizes.start_slot(name, START_TIMEOUT_S, given=self.kv_size == "given") as stored:
                 self.clock.step("wait for the GPU's start lock")
                 if stored and self.kv_size == "measured":
                     self.args["kv_cache_memory_bytes"], self.kv_size = stored, "stored"

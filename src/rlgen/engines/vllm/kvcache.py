@@ -163,16 +163,16 @@ class KVSizes:
             self.file.unlink()
 
     @contextlib.contextmanager
-    def start_slot(self, name: str, timeout_s: float) -> Iterator[int | None]:
+    def start_slot(self, name: str, timeout_s: float, given: bool = False) -> Iterator[int | None]:
         """Hold the start lock (rlgen.gpustart) of each of this engine's GPUs while it starts: shared with a
-        stored size (yielded), alone without one (None is yielded, and the engine measures). Raises EngineError
-        after timeout_s of waiting."""
+        stored size (yielded) or a given one (``given``: the engine's arguments carry it), alone without one (None
+        is yielded, and the engine measures). Raises EngineError after timeout_s of waiting."""
         stored = self.stored()
         with contextlib.ExitStack() as stack:
             files = [stack.enter_context(open(path, "a+")) for path in lock_paths(self.devices)]
             deadline = time.time() + timeout_s
             for f in files:
-                if not acquire(f, exclusive=not stored, timeout_s=max(0.0, deadline - time.time())):
+                if not acquire(f, exclusive=not (stored or given), timeout_s=max(0.0, deadline - time.time())):
                     self._release(files)
                     raise EngineError(
                         f"{name} waited {timeout_s:.0f} s for another engine on GPU(s) {self.devices} to finish "

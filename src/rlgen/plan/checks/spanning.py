@@ -102,6 +102,10 @@ def check_engine_floor(cfg: RunConfig, spec: EngineSpec, ms: ModelSummary, p: li
     """An engine's share of its GPU holds its weights and one max_model_len sequence's KV cache (engines sharing a
     GPU split gpu_memory_utilization evenly)."""
     e, hw = cfg.engine, cfg.hardware
+    if e.kv_cache_gib and not (hw.gpus_per_node and spec.memory_share):
+        where = f"engine={spec.kind}" if not spec.memory_share else f"hardware={hw.name} (no GPU)"
+        p.append(f"engine.kv_cache_gib={e.kv_cache_gib} has no effect with {where}: only vLLM engines on GPUs take "
+                 "a KV-cache size; drop it.")
     if hw.gpus_per_node and spec.memory_share and e.gpu_memory_utilization:
         k = e.engines_per_gpu
         usable = hw.gpu.memory_gb * 1e9 / GIB * e.gpu_memory_utilization / k
@@ -115,6 +119,13 @@ def check_engine_floor(cfg: RunConfig, spec: EngineSpec, ms: ModelSummary, p: li
                 f"{usable:.1f} GiB ({hw.gpu.memory_gb:g} GB x gpu_memory_utilization {e.gpu_memory_utilization}"
                 f"{split}); {fixes} engine.gpu_memory_utilization, or use a smaller model."
             )
+        elif e.kv_cache_gib and e.kv_cache_gib < kv_one:
+            p.append(f"engine.kv_cache_gib={e.kv_cache_gib} holds less than one {e.max_model_len}-token sequence "
+                     f"({kv_one:.2f} GiB); raise it to {kv_one:.2f} or more, or leave it null.")
+        elif e.kv_cache_gib and weights + e.kv_cache_gib + ENGINE_HEADROOM_GIB > usable:
+            p.append(f"engine.kv_cache_gib={e.kv_cache_gib} and the engine's {weights:.1f} GiB of weights do not fit "
+                     f"its {usable:.1f} GiB share of the GPU; lower it to {usable - weights - ENGINE_HEADROOM_GIB:.1f}"
+                     " or less, or leave it null.")
 
 
 def check_logits(cfg: RunConfig, ms: ModelSummary, per_rank: int, p: list[str]) -> None:

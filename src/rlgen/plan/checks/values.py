@@ -214,6 +214,8 @@ def _check_engine(cfg: RunConfig, p: list[str]) -> None:
         p.append(f"engine.engines_per_gpu={e.engines_per_gpu} must be at least 1 (1: one engine per GPU).")
     if e.gpu_memory_utilization is not None and not 0 < e.gpu_memory_utilization <= 1:
         p.append(f"engine.gpu_memory_utilization={e.gpu_memory_utilization} must be in (0, 1]; 0.9 is usual.")
+    if e.kv_cache_gib is not None and not e.kv_cache_gib > 0:
+        p.append(f"engine.kv_cache_gib={e.kv_cache_gib} must be above 0, or null (the plan sizes it, or vLLM measures).")
     if e.max_num_seqs < 1:
         p.append(f"engine.max_num_seqs={e.max_num_seqs} must be at least 1.")
     if e.dtype not in ENGINE_DTYPES:
