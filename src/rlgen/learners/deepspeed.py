@@ -11,6 +11,7 @@ handed to ZeRO as a client optimizer; deepspeed is imported only when a learner 
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -23,7 +24,7 @@ from rlgen.algo.registry import Algorithm
 from rlgen.algo.registry import algorithm as find_algorithm
 from rlgen.config import AlgoConfig, LossAgg, MonitorConfig
 from rlgen.gpustart import beside_engine_starts
-from rlgen.learners.background import to_host
+from rlgen.learners.background import HostCopies, reserve_pinned, tensor_sizes, to_host
 from rlgen.learners.group import free_endpoint
 from rlgen.learners.grpo_step import (
     StepSums,
@@ -42,6 +43,7 @@ from rlgen.phases import ActorClock
 from rlgen.transfer import DEFAULT_BUCKET_BYTES, plan_buckets, run_with_timeout
 from rlgen.types import Phase, RolloutBatch
 
+log = logging.getLogger(__name__)
 MEASURE_WAIT_S = 600.0  # at most this long for an engine on the learner's GPU to size its KV cache, then go on
 DS_TAG = "zero"  # the tag of DeepSpeed's checkpoint inside a checkpoint's learner/ folder
 # rlgen's counters and RNG states ride in DeepSpeed's client state under one key of their own: DeepSpeed keeps a
@@ -163,6 +165,7 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         lora: dict[str, Any] | None = None,
         lora_init: str | None = None,
         hang_timeout_s: float = 300.0,
+        warm_checkpoint_copies: bool = False,
     ) -> None:
         self.clock = ActorClock()
         if not torch.cuda.is_available():
@@ -212,6 +215,8 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         if resume_from:
             self._resume(resume_from)
             self.clock.step("resume state")
+        if warm_checkpoint_copies:
+            self._warm_checkpoint_copies()
         self.clock.done()
 
     def _init_state(self, algo, monitor, rank, name, device, zero_stage, sync_bucket_bytes, world_size=1,
@@ -288,14 +293,35 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         )
 
     def _local_weights_finite(self) -> bool:
-        """Every rank's parameter storage (ZeRO-3: each rank's partitions) is all finite."""
-        finite = True
-        for p in self.module.parameters():
-            t = getattr(p, "ds_tensor", None) if self.zero_stage == 3 else p
-            if t is not None and t.numel() and not bool(torch.isfinite(t).all()):
-                finite = False
-                break
+        """Every rank's parameter storage (ZeRO-3: each rank's partitions) is all finite (read back once)."""
+        stored = (getattr(p, "ds_tensor", None) if self.zero_stage == 3 else p for p in self.module.parameters())
+        flags = [torch.isfinite(t).all() for t in stored if t is not None and t.numel()]
+        finite = bool(torch.stack(flags).all()) if flags else True
         return self._sum_over_ranks(0.0 if finite else 1.0) == 0.0
+
+    def _warm_checkpoint_copies(self) -> None:
+        """Page-lock, on a thread, the host blocks a background checkpoint copies this rank's state into: the
+        policy (rank 0), DeepSpeed's module state, its fp32 master partitions and, before the first step makes
+        them, AdamW's two moments of the same shapes. Page-locking about 21 GiB for a 1.5B rank took 15-20 s, in
+        which the learner's own CUDA calls wait. Done as the learner starts, it falls in the time the learner
+        waits for the first batch instead of the first checkpoint's (or, after the first step, a step's)."""
+        try:
+            optimizer = self.engine.optimizer
+            state = [self.engine.module_state_dict(), optimizer.state_dict()]
+        except Exception as err:  # noqa: BLE001 - only an optimisation: the first checkpoint pins its own blocks
+            log.warning("%s: host blocks for checkpoints not reserved ahead (%s)", self.name, err)
+            return
+        sizes = tensor_sizes(state)
+        if not getattr(getattr(optimizer, "optimizer", None), "state", None):  # AdamW's moments come at step 1
+            sizes += 2 * tensor_sizes(state[1], torch.float32)
+        if self._gathers_weights():
+            sizes += [p.numel() * p.element_size() for p in self.module.parameters()]
+        reserve_pinned(sizes)
+
+    def _gathers_weights(self) -> bool:
+        """Whether this rank takes a host copy of the whole policy at a checkpoint: rank 0, which writes it, and
+        every rank under ZeRO-3, whose gathers are collectives."""
+        return self.rank == 0 or self.zero_stage == 3
 
     def _sum_over_ranks(self, value: float) -> float:
         """value summed over the learner group (one all-reduce; the value itself with one rank)."""
@@ -350,11 +376,15 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         if self.sync_blocked:
             raise NonFiniteWeightsError(f"{self.name}: {self.sync_blocked}; refusing to export weights")
         name = str(dtype).removeprefix("torch.") if dtype is not None else None
-        out = {}
+        out, finite, copies = {}, [], HostCopies()
         for key, t in self.iter_weights(name):
-            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                raise NonFiniteWeightsError(f"{self.name}: parameter {key!r} is non-finite at version {self.version}")
-            out[key] = t.to("cpu", copy=True).contiguous()
+            if t.is_floating_point():
+                finite.append((key, torch.isfinite(t).all()))  # read once, after every copy is queued
+            out[key] = copies.add(t.contiguous())
+        copies.wait()
+        if finite and not bool(torch.stack([f for _, f in finite]).all()):
+            key = next(k for k, f in finite if not bool(f))
+            raise NonFiniteWeightsError(f"{self.name}: parameter {key!r} is non-finite at version {self.version}")
         return out
 
     def save(self, path: str) -> None:
@@ -389,7 +419,7 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         if self.peft is not None:  # the adapter folder (megabytes); the frozen base stays out of the checkpoint
             if self.rank == 0:
                 jobs.append(self._model_folder_job(os.path.join(path, "model"), background))
-        else:
+        elif self._gathers_weights():
             weights = self.get_weights()  # host tensors; a collective under ZeRO-3
             if self.rank == 0:
                 model_dir = os.path.join(path, "model")
