@@ -8,7 +8,7 @@
 #     tune POINTS [OVERRIDES]  benchmarks/vllm_tune.py over comma-separated points
 #     smoke [OVERRIDES]  `make smoke-gpu`'s run, timed from launch; its reward curve (benchmarks/learning_curve.py)
 #     core-kill [OVERRIDES]  SIGKILL of vLLM's engine core at step 3 of 10 (benchmarks/kill_engine_core.py)
-#     ckpt-cost [OVERRIDES]  a 1.5B run's checkpoint cost to the loop: one in the background, the last one not
+#     ckpt-cost [OVERRIDES]  a 1.5B run's checkpoint cost to the loop: two in the background, the last one not
 #     startup [OVERRIDES]  the 0.5B one-liner twice (empty caches, then warm): its start-up phases (startup.jsonl)
 #     lora [OVERRIDES]  full fine-tuning, LoRA through vLLM adapters and LoRA merged at 1.5B, side by side
 #                       (benchmarks/lora_compare.py); then the adapter side's final adapter checked by
@@ -29,8 +29,10 @@
 #                       generates) and the split, TP 1 and 2, as one sweep with its summary (GPU busy, first rollout)
 #     learner-speed [ARGS]  four GPUs: benchmarks/learner_speed.py, micro-batch and checkpointing variants, one GPU
 #                       each at once; then four ranks as one ZeRO-2 group
-#     scaling [OVERRIDES]  four GPUs: the 1.5B as typed (the plan picks the layout) on one and two GPUs side by side,
-#                       then on four
+#     scaling [OVERRIDES]  four GPUs: the 1.5B as typed (the plan picks the layout), 6 steps each, on one and two
+#                       GPUs side by side, then on four
+#     nccl-split [OVERRIDES]  three GPUs: one learner rank sending to two engines of their own over NCCL (the 1.5B,
+#                       16 prompts a step)
 #     headline [OVERRIDES]  four GPUs: `rlgen train engine=vllm_tp2 hardware=4xh100 model=qwen2_5_1_5b steps=20`
 #     serve-lora ADAPTER [OVERRIDES]  `rlgen serve` with vLLM adapters: load, generate with and without, unload
 #                       (benchmarks/serve_lora.py)
@@ -95,13 +97,14 @@ EOF
     done
     ;;
   ckpt-cost)
-    "$py" -m rlgen.cli train engine=vllm hardware=1xh100 model=qwen2_5_1_5b steps=4 checkpoint.every=2 \
-      algo.prompts_per_step=8 algo.max_new_tokens=64 hydra.run.dir="$out/ckpt" "$@" 2>&1 | tee "$out/ckpt.log"
+    "$py" -m rlgen.cli train engine=vllm hardware=1xh100 model=qwen2_5_1_5b steps=6 checkpoint.every=2 \
+      algo.prompts_per_step=8 algo.max_new_tokens=64 checkpoint.keep=1 hydra.run.dir="$out/ckpt" "$@" 2>&1 \
+      | tee "$out/ckpt.log"
     "$py" - "$out/ckpt/summary.json" <<'EOF2' | tee -a "$out/ckpt.log"
 import json, sys
 s = json.load(open(sys.argv[1]))
 print(json.dumps({"checkpoint_seconds": s["checkpoint_seconds"],
-                  "note": "the first is step 2's, in the background; the last is the final one, written while the run waits"}))
+                  "note": "steps 2 and 4 in the background; the last is the final one, written while the run waits"}))
 EOF2
     ;;
   lora)
@@ -188,17 +191,23 @@ EOF3
     one() { name=$1; gpus=$2; shift 2
       CUDA_VISIBLE_DEVICES=$gpus RAY_TMPDIR=/tmp/ray_$name "$py" -m rlgen.cli train engine=vllm model=qwen2_5_1_5b \
         checkpoint.every=0 engine.keep_warm_s=0 progress=false hydra.run.dir="$out/$name" "$@" > "$out/$name.log" 2>&1; }
-    one gpus1 0 hardware=1xh100 steps=4 "$@" &
-    one gpus2 1,2 hardware=2xh100 steps=5 "$@" &
+    one gpus1 0 hardware=1xh100 steps=6 "$@" &
+    one gpus2 1,2 hardware=2xh100 steps=6 "$@" &
     wait
     one gpus4 0,1,2,3 hardware=4xh100 steps=6 "$@"
+    ;;
+  nccl-split)
+    CUDA_VISIBLE_DEVICES=0,1,2 "$py" -m rlgen.cli train engine=vllm model=qwen2_5_1_5b hardware=2xh100 \
+      hardware.gpus_per_node=3 hardware.colocated=false hardware.engine_gpus=2 algo.prompts_per_step=16 steps=6 \
+      checkpoint.every=0 engine.keep_warm_s=0 progress=false hydra.run.dir="$out/nccl-split" "$@" 2>&1 \
+      | tee "$out/nccl-split.log"
     ;;
   headline)
     "$py" -m rlgen.cli train engine=vllm_tp2 hardware=4xh100 model=qwen2_5_1_5b steps=20 engine.keep_warm_s=0 \
       progress=false hydra.run.dir="$out/headline" "$@" 2>&1 | tee "$out/headline.log"
     ;;
   *)
-    echo "unknown stage $stage (check | test | bench | tune | smoke | core-kill | ckpt-cost | startup | lora | lora-7b | lora-validate | trl-serve | nccl-env | serve-lora | layouts | learner-speed | scaling | headline)" >&2
+    echo "unknown stage $stage (check | test | bench | tune | smoke | core-kill | ckpt-cost | startup | lora | lora-7b | lora-validate | trl-serve | nccl-env | serve-lora | layouts | learner-speed | scaling | nccl-split | headline)" >&2
     exit 2
     ;;
 esac
