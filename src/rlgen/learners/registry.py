@@ -52,7 +52,7 @@ def _deepspeed_kwargs(cfg: RunConfig, plan: Any) -> dict[str, Any]:
         "rows_per_step": plan.batch.sequences_per_rank,
         "sync_bucket_bytes": int(cfg.sync.bucket_mb * 2**20),
         "release_memory": bool(plan.colocated and not plan.engines_awake),  # engines that sleep wake into it
-        # background checkpoints copy into page-locked host blocks, reserved after the first step
+        # background checkpoints copy into page-locked host blocks, which the learner reserves as it starts
         "warm_checkpoint_copies": bool(cfg.checkpoint.background and cfg.checkpoint.every > 0),
         "env": plan.nccl_env,
     }

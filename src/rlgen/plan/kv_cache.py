@@ -16,7 +16,7 @@ import math
 from rlgen.config import RunConfig, Setting, set_key
 from rlgen.engines.registry import EngineSpec
 from rlgen.plan.layout import BatchGeometry, EngineSlot, ModelSummary
-from rlgen.plan.memory import ENGINE_HEADROOM_GIB, GIB
+from rlgen.plan.memory import ENGINE_HEADROOM_GIB, GIB, engine_floor_gib
 
 BLOCK_TOKENS = 16  # vLLM's KV block: a sequence holds whole blocks
 ROOM = 2  # the cache covers this many times the engine's share of a step's sequences
@@ -38,8 +38,8 @@ def kv_gib(tokens: int, model: ModelSummary, tp: int) -> float:
 def share_left_gib(cfg: RunConfig, model: ModelSummary, share: float) -> float:
     """What an engine's memory share leaves for its KV cache on each of its GPUs, by the plan's estimate: the share
     less the engine's part of the bf16 weights and its headroom (activations, CUDA graphs, the sampler)."""
-    tp = cfg.engine.tensor_parallel_size
-    return cfg.hardware.gpu.memory_gb * 1e9 / GIB * share - model.weight_gib_bf16 / tp - ENGINE_HEADROOM_GIB
+    weights, _ = engine_floor_gib(cfg, model.weight_gib_bf16, model.kv_bytes_per_token)
+    return cfg.hardware.gpu.memory_gb * 1e9 / GIB * share - weights - ENGINE_HEADROOM_GIB
 
 
 def size_kv_cache(cfg: RunConfig, spec: EngineSpec, model: ModelSummary, batch: BatchGeometry,
@@ -60,9 +60,8 @@ def size_kv_cache(cfg: RunConfig, spec: EngineSpec, model: ModelSummary, batch: 
     seqs = engine_sequences(cfg, batch, len(engines))
     blocks = math.ceil(batch.max_seq_len / BLOCK_TOKENS)
     want = kv_gib(ROOM * seqs * blocks * BLOCK_TOKENS, model, e.tensor_parallel_size)
-    floor = kv_gib(math.ceil((e.max_model_len or batch.max_seq_len) / BLOCK_TOKENS) * BLOCK_TOKENS, model,
-                   e.tensor_parallel_size)
-    want = math.ceil(max(want, floor) * 100) / 100
+    _, one_sequence = engine_floor_gib(cfg, model.weight_gib_bf16, model.kv_bytes_per_token)  # vLLM's least
+    want = math.ceil(max(want, one_sequence) * 100) / 100
     if want > FIT * share_left_gib(cfg, model, share):
         return cfg, []
     why = (f"derived: {ROOM} x the {seqs} sequences of up to {batch.max_seq_len} tokens each engine generates a "
