@@ -5,6 +5,7 @@ driver waits for; one write runs at a time. torch is imported inside the functio
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 import traceback
@@ -35,7 +36,7 @@ def to_host(obj: Any) -> Any:
     found: dict[int, Any] = {}
     _tensors(obj, found)
     on_gpu = [t for t in found.values() if t.is_cuda]
-    pin = bool(on_gpu) and sum(t.numel() * t.element_size() for t in on_gpu) <= PIN_SHARE * free_host_bytes()
+    pin = bool(on_gpu) and sum(t.nbytes for t in on_gpu) <= PIN_SHARE * free_host_bytes()
     memo = {key: _host_copy(t.detach(), pin) for key, t in found.items()}
     if pin:
         torch.cuda.synchronize()
@@ -51,7 +52,7 @@ class HostCopies:
         self.queued = False
 
     def add(self, t: Any) -> Any:
-        size = t.numel() * t.element_size()
+        size = t.nbytes
         pin = t.is_cuda and size <= self.room
         if pin:
             self.room -= size
@@ -71,7 +72,7 @@ def tensor_sizes(obj: Any, dtype: Any = None) -> list[int]:
     counted once."""
     found: dict[int, Any] = {}
     _tensors(obj, found)
-    return [t.numel() * t.element_size() for t in found.values() if dtype is None or t.dtype == dtype]
+    return [t.nbytes for t in found.values() if dtype is None or t.dtype == dtype]
 
 
 def reserve_pinned(sizes: list[int]) -> threading.Thread:
@@ -109,8 +110,6 @@ def free_host_bytes() -> int:
 
 def _cached_pinned_bytes() -> int:
     """Page-locked bytes torch's host allocator holds and no tensor uses (0 before CUDA is in use)."""
-    import sys
-
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
         return 0
@@ -197,5 +196,5 @@ class BackgroundWriter:
         path.write_text(json.dumps({"seconds": time.time() - t0}))
 
 
-__all__ = ["DONE", "FAILED", "PIN_SHARE", "BackgroundWriter", "HostCopies", "free_host_bytes", "marker", "reserve_pinned", "tensor_sizes",
-           "to_host"]
+__all__ = ["DONE", "FAILED", "PIN_SHARE", "BackgroundWriter", "HostCopies", "free_host_bytes", "marker",
+           "reserve_pinned", "tensor_sizes", "to_host"]

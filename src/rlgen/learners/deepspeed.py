@@ -314,8 +314,8 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         sizes = tensor_sizes(state)
         if not getattr(getattr(optimizer, "optimizer", None), "state", None):  # AdamW's moments come at step 1
             sizes += 2 * tensor_sizes(state[1], torch.float32)
-        if self._gathers_weights():
-            sizes += [p.numel() * p.element_size() for p in self.module.parameters()]
+        if self.peft is None and self._gathers_weights():  # as save_checkpoint: LoRA writes only its adapters
+            sizes += [math.prod(self.full_shape(p)) * p.element_size() for _, p in self.named_weights()]
         reserve_pinned(sizes)
 
     def _gathers_weights(self) -> bool:
