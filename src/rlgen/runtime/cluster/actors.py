@@ -47,6 +47,7 @@ def start_ray(cfg: RunConfig, plan: Plan, placement: Any, stop: Any = None, keep
 
     if ray.is_initialized():
         return False
+    no_auto_connect()
     address = ray_address(cfg)
     if not address:
         need_cpus = sum(sum(b.get("CPU", 0) for b in g) for g in placement.groups)
@@ -72,6 +73,15 @@ def start_ray(cfg: RunConfig, plan: Plan, placement: Any, stop: Any = None, keep
         raise RunError(f"could not join the Ray cluster at {address} ({err}); start it with ray start --head, or "
                        "fix ray.address.") from err
     return True
+
+
+def no_auto_connect() -> None:
+    """Turn off Ray's auto-init in this process: a Ray call made while it is not connected (by a thread that
+    outlived a run, or before the run has joined its cluster) would quietly start a Ray instance of its own, and
+    the run's own ray.init() would then fail as "called twice". Such a call raises instead."""
+    from ray._private import auto_init_hook
+
+    auto_init_hook.enable_auto_connect = False
 
 
 def connect(cfg: RunConfig, plan: Plan, placement: Any, stop: Any, waiter: Any,
