@@ -20,6 +20,7 @@ import pytest
 
 from rlgen.metrics.sink import read_jsonl
 from rlgen.runtime.durability.checkpoint_folder import is_complete, list_checkpoints
+from rlgen.runtime.durability.status_file import read_status
 
 TRAIN = [sys.executable, "-m", "rlgen.cli", "train", "progress=false", "algo.prompts_per_step=8"]
 
@@ -228,7 +229,12 @@ def test_a_second_ctrl_c_exits_at_once(tmp_path):
     proc = _start(tmp_path, "steps=200")
     run = _wait_for_steps(tmp_path, proc, 3)
     os.killpg(proc.pid, signal.SIGINT)
-    time.sleep(0.05)
+    # The second press comes once the first has been taken (the status says the run is stopping), as a user
+    # presses again after seeing it: two signals that reach the process before its handler runs are one to Python.
+    deadline = time.time() + 10
+    while "next safe point" not in ((read_status(run) or {}).get("reason") or ""):
+        assert time.time() < deadline, "the first Ctrl-C was not taken within 10 s"
+        time.sleep(0.01)
     os.killpg(proc.pid, signal.SIGINT)
     t0 = time.time()
     rc, out = _finish(proc, timeout_s=30)
