@@ -139,14 +139,26 @@ def _stand_ins(monkeypatch) -> None:
                         _stand_in(actor_classes.learner_class, StandInLearner))
 
 
+def _placement(plan) -> tuple:
+    """What set-up makes of a plan that the checks below read: its device, layout and transport, and where each
+    engine and learner rank goes. Plans alike in these (a preset's H100 and H200 variants, say) set up alike."""
+    engines = tuple((s.index, s.node, s.gpus, s.tensor_parallel_size, s.per_gpu) for s in plan.engines)
+    return plan.device, plan.colocated, plan.transport, engines, tuple(plan.learners)
+
+
 def test_every_accepted_plan_is_set_up_as_planned(fake_cluster, monkeypatch, tmp_path):
     _stand_ins(monkeypatch)
     accepted, refused = _plans()
     assert len(accepted) == ACCEPTED_PLANS, [o[:3] for o, _ in accepted]
+    done: set[tuple] = set()
     for n, (overrides, plan) in enumerate(accepted):
+        if _placement(plan) in done:  # set up already, as another preset's plan
+            continue
+        done.add(_placement(plan))
         what = " ".join(overrides[:3])
         node_ids, engines, learners = _set_up(compose_run_config(overrides), plan, tmp_path / str(n))
         _check(plan, node_ids, engines, learners, what)
+    assert len(done) >= ACCEPTED_PLANS * 2 // 3, len(done)  # the presets place their actors in many ways
 
 
 def _set_up(cfg, plan, out) -> tuple[list[str], list[dict], list[dict]]:
