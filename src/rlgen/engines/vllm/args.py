@@ -86,6 +86,9 @@ def build_engine_args(
         args["distributed_executor_backend"] = "mp"
     args.update(TUNED_DEFAULTS)
     args.update(dict(overrides or {}))
+    given = set(overrides or {})
+    if {"max_cudagraph_capture_size", "cudagraph_capture_sizes"} & given and "compilation_config" not in given:
+        args.get("compilation_config", {}).pop("max_cudagraph_capture_size", None)  # the caller's sizes, alone
     return args
 
 
