@@ -47,8 +47,11 @@ def test_a_verifiers_environment_trains_unchanged(tmp_path, no_kept, monkeypatch
     pytest.importorskip("verifiers")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ENVS), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.syspath_prepend(str(ENVS))
+    # a loaded 2-core machine takes more than the default 30 s for some first environment steps (each episode's
+    # thread starts verifiers' rollout there); what is checked here is the adapter, not that bound
     cfg = compose_run_config(["progress=false", "task=verifiers", "task.env_args.env=vf_chain", "task.max_turns=2",
-                              "task.max_total_tokens=16", "task.max_prompt_tokens=8", "steps=3"])
+                              "task.max_total_tokens=16", "task.max_prompt_tokens=8", "steps=3",
+                              "task.env_timeout_s=300"])
     run_training(build_plan(cfg), tmp_path)
     records = read_jsonl(tmp_path / "metrics.jsonl")
     # every episode: its MultiTurnEnv's two turns, "+c=" (3 tokens) of the environment's between, scored by its rubric
