@@ -527,17 +527,10 @@ def test_a_failed_in_flight_ipc_update_leaves_no_engine_paused():
 
 def test_vllm_compiles_only_when_asked():
     from rlgen.config import EngineConfig
-    from rlgen.engines.vllm.args import build_engine_args, largest_graph
+    from rlgen.engines.vllm.args import build_engine_args
 
     plain = build_engine_args("/m", EngineConfig(kind="vllm"))
-    assert plain["compilation_config"] == {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY",
-                                           "max_cudagraph_capture_size": 256}  # no graph for more than max_num_seqs
-    fewer = build_engine_args("/m", EngineConfig(kind="vllm", max_num_seqs=64))
-    assert fewer["compilation_config"]["max_cudagraph_capture_size"] == 64
-    # up to a size vLLM captures, so a batch of max_num_seqs has its graph; never past vLLM's 512
-    assert [largest_graph(n) for n in (1, 3, 4, 5, 100, 257, 300, 4096)] == [1, 4, 4, 8, 104, 272, 304, 512]
-    sizes = build_engine_args("/m", EngineConfig(kind="vllm"), overrides={"cudagraph_capture_sizes": [1, 8]})
-    assert "max_cudagraph_capture_size" not in sizes["compilation_config"]  # vLLM refuses both, unequal
+    assert plain["compilation_config"] == {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
     assert "compilation_config" not in build_engine_args("/m", EngineConfig(kind="vllm", torch_compile=True))
     eager = build_engine_args("/m", EngineConfig(kind="vllm", enforce_eager=True))
     assert "compilation_config" not in eager and eager["enforce_eager"] is True

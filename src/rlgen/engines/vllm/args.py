@@ -73,12 +73,8 @@ def build_engine_args(
     if engine.kv_cache_gib:  # the plan's size (or the config's): vLLM takes it without measuring
         args["kv_cache_memory_bytes"] = int(engine.kv_cache_gib * 2**30)
     if not engine.torch_compile and not engine.enforce_eager:
-        # vLLM's piecewise CUDA graphs need its compiled model; full graphs of decode steps do not. A decode batch
-        # holds at most max_num_seqs sequences (rlgen runs no speculative decoding), so no graph is captured for
-        # more: vLLM's own limit, 2 x max_num_seqs up to 512, captures 51 graphs at the default 256, 16 of them
-        # for batches that never come
-        args["compilation_config"] = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY",
-                                      "max_cudagraph_capture_size": largest_graph(engine.max_num_seqs)}
+        # vLLM's piecewise CUDA graphs need its compiled model; full graphs of decode steps do not
+        args["compilation_config"] = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
     if engine.tensor_parallel_size > 1:
         # The engine actor already holds its TP GPUs (one placement-group bundle), so vLLM's own worker
         # processes use them. Left to itself, vLLM sees the Ray placement group and picks its Ray executor,
@@ -86,19 +82,7 @@ def build_engine_args(
         args["distributed_executor_backend"] = "mp"
     args.update(TUNED_DEFAULTS)
     args.update(dict(overrides or {}))
-    given = set(overrides or {})
-    if {"max_cudagraph_capture_size", "cudagraph_capture_sizes"} & given and "compilation_config" not in given:
-        args.get("compilation_config", {}).pop("max_cudagraph_capture_size", None)  # the caller's sizes, alone
     return args
-
-
-def largest_graph(max_num_seqs: int) -> int:
-    """The largest decode batch to capture: max_num_seqs, up to the next batch size vLLM 0.26 captures (1, 2, 4,
-    multiples of 8 up to 256, then of 16), so every batch of up to max_num_seqs sequences has a graph; at most
-    512, vLLM's own most."""
-    n = max(1, int(max_num_seqs))
-    step = 1 if n <= 2 else 4 if n <= 4 else 8 if n <= 256 else 16
-    return min(-(-n // step) * step, 512)
 
 
 def mix_seed(seed: int | None, group_id: int) -> int | None:
