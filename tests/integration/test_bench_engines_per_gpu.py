@@ -16,7 +16,8 @@ from rlgen.types import Completion
 
 ray = pytest.importorskip("ray")
 
-GENERATE_S = 1.0
+GENERATE_S = 2.0
+START_S = 3.0  # longer than a worker process takes to start on a loaded machine, so the two starts overlap
 
 
 class StandInEngine:
@@ -24,7 +25,7 @@ class StandInEngine:
 
     def __init__(self, model_path, engine, device="cuda", seed=0, name="engine0", env=None, engine_args=None):
         self.began = time.time()
-        time.sleep(0.5)  # an engine start that takes a while: the other starts meanwhile
+        time.sleep(START_S)  # an engine start that takes a while: the other starts meanwhile
         self.name, self.folder, self.prompts = name, Path(model_path), []
         self.ended = time.time()
         self._note(share=engine.gpu_memory_utilization,

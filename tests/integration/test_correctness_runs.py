@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from rich.console import Console
 
@@ -18,6 +19,7 @@ from rlgen.runtime.loop import train
 from rlgen.runtime.setup import Hooks, set_up, tear_down
 
 BASE = ["progress=false", "algo.prompts_per_step=4", "algo.samples_per_prompt=4", "monitor.kl_threshold=0.05"]
+pytestmark = pytest.mark.usefixtures("module_ray")  # the runs share one local cluster
 
 
 def _spy_engine_cls():
