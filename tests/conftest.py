@@ -27,18 +27,23 @@ def local_model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def module_ray():
     """One local Ray cluster for a module's in-process runs. A run in a process already connected to Ray uses that
-    cluster (runtime.cluster.actors.start_ray), so each run skips starting one of its own; a run leaves a cluster
-    it did not start running, and must leave none of its placement groups behind."""
+    cluster (runtime.cluster.actors.start_ray), so each run skips starting one of its own, and leaves it running."""
     import ray
 
     if ray.is_initialized():
         ray.shutdown()
     ray.init(address="local", num_cpus=4, include_dashboard=False, object_store_memory=512 * 2**20)
     yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def no_placement_group_left(module_ray):
+    """module_ray, and at the module's end not one placement group of its runs still reserved."""
+    yield
     from ray.util import placement_group_table
 
     left = [g for g in placement_group_table().values() if g.get("state") != "REMOVED"]
-    ray.shutdown()
     assert left == [], f"the module's runs left placement groups behind: {left}"
 
 

@@ -15,7 +15,7 @@ from rlgen.plan import build_plan
 from rlgen.runtime.run import run_training
 
 MIN_PRESET_GAIN = 0.1  # what each preset must learn by on the default task
-pytestmark = pytest.mark.usefixtures("module_ray")  # the runs share one local cluster
+pytestmark = pytest.mark.usefixtures("no_placement_group_left")  # the runs share one local cluster
 
 
 def _run(tmp_path, overrides: list[str]):

@@ -19,7 +19,7 @@ from rlgen.runtime.loop import train
 from rlgen.runtime.setup import Hooks, set_up, tear_down
 
 BASE = ["progress=false", "algo.prompts_per_step=4", "algo.samples_per_prompt=4", "monitor.kl_threshold=0.05"]
-pytestmark = pytest.mark.usefixtures("module_ray")  # the runs share one local cluster
+pytestmark = pytest.mark.usefixtures("no_placement_group_left")  # the runs share one local cluster
 
 
 def _spy_engine_cls():

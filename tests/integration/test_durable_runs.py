@@ -35,12 +35,7 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 BASE = ["progress=false", "algo.prompts_per_step=8", "checkpoint.every=0"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_cluster():
-    """One local cluster for the module's runs (a run leaves a cluster it did not start running)."""
-    ray.init(address="local", num_cpus=4, include_dashboard=False, object_store_memory=512 * 2**20)
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("module_ray")  # one local cluster for the module's runs
 
 
 class StopAtStep(StopFlag):

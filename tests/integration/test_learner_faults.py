@@ -35,11 +35,7 @@ OVERRIDES = ["progress=false", "algo.prompts_per_step=8", "checkpoint.every=0", 
              "hardware.learner_ranks=2", f"runtime.hang_timeout_s={HANG_S}"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_cluster():
-    ray.init(address="local", num_cpus=4, include_dashboard=False, object_store_memory=512 * 2**20)
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("module_ray")  # one local cluster for the module's runs
 
 
 @pytest.fixture(scope="module")

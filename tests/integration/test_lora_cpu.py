@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 from rich.console import Console
 from test_durable_runs import StopAtStep
@@ -27,11 +26,7 @@ pytest.importorskip("peft")
 LORA = ["progress=false", "learner.lora.rank=8"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_cluster():
-    ray.init(address="local", num_cpus=4, include_dashboard=False, object_store_memory=512 * 2**20)
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("module_ray")  # one local cluster for the module's runs
 
 
 def _run(out: Path, overrides: list[str], *, stop=None, resume: bool = False) -> RunStopped | None:
