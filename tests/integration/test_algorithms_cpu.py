@@ -25,6 +25,7 @@ def _run(tmp_path, overrides: list[str]):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # 150 steps each; the default (GRPO) run learns in make test (test_smoke_run_learns)
 @pytest.mark.parametrize("preset", ["dapo", "gspo", "rloo", "reinforce_pp", "cispo"])
 def test_preset_learns_on_the_default_task(preset, tmp_path):
     cfg, records, summary = _run(tmp_path, [f"algo={preset}"])

@@ -22,6 +22,7 @@ ENVS = Path(__file__).resolve().parents[1] / "envs"
 
 
 @pytest.mark.slow
+@pytest.mark.long  # 120 steps; the multi-turn machinery is in make test through the other episode tests
 def test_the_chain_game_learns(tmp_path, no_kept):
     cfg = compose_run_config(["progress=false", "task=chain", "steps=120"])
     summary = run_training(build_plan(cfg), tmp_path)
