@@ -39,20 +39,19 @@ def test_a_models_architectures_come_from_its_folder_or_the_presets(tmp_path):
     assert architectures(ModelConfig(path=str(tmp_path / "missing"))) == []
 
 
-@pytest.mark.parametrize(("method", "tp", "cuda", "actor", "fork"), [
-    ("fork", 1, False, True, True),
-    (None, 1, False, True, True),  # rlgen's default
-    ("spawn", 1, False, True, False),  # engine.env chose spawn
-    ("fork", 2, False, True, False),  # tensor parallelism: vLLM chooses
-    ("fork", 1, True, True, False),  # CUDA is initialized in the actor: a forked child could not use it
-    ("fork", 1, False, False, False),  # built inside another program, which may have touched CUDA
+@pytest.mark.parametrize(("method", "cuda", "actor", "fork"), [
+    ("fork", False, True, True),
+    (None, False, True, True),  # rlgen's default, at any tensor parallel size
+    ("spawn", False, True, False),  # engine.env chose spawn
+    ("fork", True, True, False),  # CUDA is initialized in the actor: a forked child could not use it
+    ("fork", False, False, False),  # built inside another program, which may have touched CUDA
 ])
-def test_the_engine_core_is_forked_only_where_that_is_safe(monkeypatch, method, tp, cuda, actor, fork):
+def test_the_engine_core_is_forked_only_where_that_is_safe(monkeypatch, method, cuda, actor, fork):
     if method is None:
         monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
     else:
         monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", method)
-    assert fork_allowed(tp, cuda, actor) is fork
+    assert fork_allowed(cuda, actor) is fork
 
 
 def test_the_actor_looks_for_its_gpu_without_initializing_cuda():

@@ -78,7 +78,7 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, Episodic, KeptWar
         for k, v in REQUIRED_ENV.items():
             os.environ.setdefault(k, v)
         require_cuda_and_vllm()
-        self.core_start = choose_core_start(engine.tensor_parallel_size)  # fork, or spawn where fork is not safe
+        self.core_start = choose_core_start()  # fork, or spawn where fork is not safe
         self.clock.step("import vllm")
 
         self.name, self.seed, self.timeout_s = name, seed, timeout_s
