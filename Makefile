@@ -34,10 +34,10 @@ SMOKE_GPU ?= engine=vllm hardware=1xh100 model=small steps=150 hydra.run.dir=out
 smoke-gpu:  ## a GPU run that learns in a few minutes (one H100; needs the gpu extra)
 	$(RLGEN) train $(SMOKE_GPU)
 
-test: layers  ## the layer contract, then the test suite on CPU but its long runs, each test named as it ends
+test: layers  ## the layer contract, then the CPU test suite but the runs marked long, each test named as it ends
 	$(PY) -m pytest -v -m "not gpu and not long" --durations=25
 
-test-all: layers  ## make test and the long runs (each preset's learning run, the chain game's)
+test-all: layers  ## make test and the runs marked long (learning runs, second end-to-end runs of a feature)
 	$(PY) -m pytest -v -m "not gpu" --durations=25
 
 layers:  ## the layer contract in pyproject.toml (import-linter): no import goes up a layer or round a cycle

@@ -136,6 +136,8 @@ def test_an_actor_that_raises_is_named_in_one_sentence(tmp_path, hook, message):
     assert read_status(tmp_path)["state"] == "failed"
 
 
+# make test-all only; in make test: test_a_reward_that_raises_mid_run_is_one_sentence_and_the_traceback_is_in_run_log
+@pytest.mark.long
 @pytest.mark.parametrize("extra", [["algo.async_steps=1"], ["task.reward_workers=1"]])
 def test_a_reward_that_raises_while_the_learner_trains_is_the_same_one_sentence(tmp_path, monkeypatch, extra):
     # async_steps=1: the next step's rollouts are scored while the learner trains (prefetch); a worker pool: the

@@ -35,6 +35,9 @@ def _verdicts(out_dir):
     return records, ctx, rolling, summarize(records, ctx)
 
 
+# make test-all only; in make test: the verdicts: tests/unit/test_balancer.py; a run's report:
+# test_multirun_writes_one_sweep_summary
+@pytest.mark.long
 @pytest.mark.slow
 def test_verdict_follows_the_bottleneck(tmp_path):
     kinds = {}

@@ -124,7 +124,7 @@ def _run(out: Path, overrides: list[str], *, stop=None, resume: bool = False, **
     return None
 
 
-@pytest.mark.parametrize("async_steps", [0, 1])
+@pytest.mark.parametrize("async_steps", [0, pytest.param(1, marks=pytest.mark.long)])  # 1: make test-all only
 def test_stopped_and_resumed_twice_equals_the_uninterrupted_run(tmp_path, async_steps):
     overrides = ["steps=9", f"algo.async_steps={async_steps}"]
     assert _run(tmp_path / "whole", overrides) is None
@@ -194,7 +194,8 @@ def test_an_engine_recreated_in_a_resumed_run_starts_from_the_kept_resume_checkp
     assert [c.name for c in list_checkpoints(out)] == ["step_000002", "step_000007"]  # kept while it ran
 
 
-@pytest.mark.parametrize("in_update", [False, True], ids=["in-generate", "in-weight-update"])
+@pytest.mark.parametrize("in_update", [False, pytest.param(True, marks=pytest.mark.long)],  # True: make test-all only
+                         ids=["in-generate", "in-weight-update"])
 def test_an_engine_whose_core_dies_inside_a_live_actor_is_recreated_and_the_run_is_unchanged(tmp_path, in_update):
     overrides = ["steps=6"]
     assert _run(tmp_path / "whole", overrides) is None

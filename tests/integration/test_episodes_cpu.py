@@ -65,6 +65,8 @@ def _run(out: Path, overrides: list[str], stop=None, resume: bool = False):
     return train_or_stopped(["progress=false", "task=chain", *overrides], out, stop=stop, resume=resume)
 
 
+# make test-all only; in make test: resume equality: test_durable_runs; episodes: the other tests here
+@pytest.mark.long
 def test_episodes_generated_ahead_are_kept_by_a_checkpoint_and_a_resumed_run_equals_the_whole(tmp_path, no_kept):
     overrides = ["steps=6", "algo.async_steps=1", "algo.prompts_per_step=8", "checkpoint.every=0"]
     assert _run(tmp_path / "whole", overrides) is None
@@ -77,6 +79,8 @@ def test_episodes_generated_ahead_are_kept_by_a_checkpoint_and_a_resumed_run_equ
     assert [r["env/turns"] for r in reference] == [2.0] * 6
 
 
+# make test-all only; in make test: episodes: the other tests here
+@pytest.mark.long
 def test_a_failing_environment_scores_its_episodes_0_and_the_run_goes_on(tmp_path, no_kept, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ENVS), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.syspath_prepend(str(ENVS))

@@ -37,7 +37,7 @@ def _cfg(*extra: str):
     return compose_run_config(["progress=false", "steps=3", *extra])
 
 
-@pytest.mark.parametrize("async_steps", [0, 1])
+@pytest.mark.parametrize("async_steps", [0, pytest.param(1, marks=pytest.mark.long)])  # 1: make test-all only
 def test_the_first_batch_does_not_wait_for_a_slow_learner(tmp_path, async_steps):
     summary = run_training(build_plan(_cfg(f"algo.async_steps={async_steps}")), tmp_path, Console(quiet=True),
                            learner_cls=SlowLearner)

@@ -44,6 +44,8 @@ def _refused(log: str) -> list[str]:
             if ln.endswith("; starting a new one")]
 
 
+# make test-all only; in make test: keep-warm: test_keep_warm.py
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_kept_cluster_that_would_start_workers_otherwise_is_refused(tmp_path, no_kept, monkeypatch):
     project = tmp_path / "project"  # the folder the runs start from, with the user's reward module
@@ -116,6 +118,8 @@ def _learner_dying_at_start(flag: str) -> type:
     return LearnerDiesAtStart
 
 
+# make test-all only; in make test: keep-warm: test_keep_warm.py
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_take_over_that_fails_falls_back_to_a_cold_start(tmp_path, no_kept):
     engine_flag, learner_flag = tmp_path / "engine.flag", tmp_path / "learner.flag"

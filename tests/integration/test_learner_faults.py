@@ -92,7 +92,7 @@ def _gone(pid: int, within_s: float = 15.0) -> bool:
     return False
 
 
-@pytest.mark.parametrize("killed", [1, 0])
+@pytest.mark.parametrize("killed", [pytest.param(1, marks=pytest.mark.long), 0])  # 1: make test-all only
 def test_a_killed_learner_rank_stops_the_run_at_the_last_whole_step_and_resume_matches(tmp_path, reference, killed):
     """Rank 0 too: the survivor then writes the model folder as well, outside the broken process group."""
     marker = str(tmp_path / "killed")

@@ -79,6 +79,9 @@ def test_a_run_from_an_adapter_folder_starts_its_engines_on_it(tmp_path):
     assert records[-1]["mismatch/mean_abs_delta"] < 1e-4
 
 
+# make test-all only; in make test: LoRA learning: test_lora_learns_on_the_default_task_and_saves_an_adapter; adapters
+# either way: test_validate
+@pytest.mark.long
 @pytest.mark.slow
 def test_hf_engines_take_adapters_and_the_run_learns(tmp_path):
     """learner.lora.sync=adapter on CPU: the hf engines hold the base and take each adapter version through PEFT;

@@ -18,6 +18,9 @@ from rlgen.wire.client import GenerationClient
 pytest.importorskip("peft")
 
 
+# make test-all only; in make test: adapters to a server: test_serve_remote's validate-by-name; LoRA learning:
+# test_lora_cpu
+@pytest.mark.long
 def test_a_remote_lora_run_sends_adapters_and_learns(tmp_path):
     srv = Server(tmp_path / "srv")
     try:

@@ -106,6 +106,8 @@ def test_a_two_node_gpu_plan_lands_per_node_with_rendezvous_and_env(cluster):
 CPU_RUN = ["hardware=2xcpu", "progress=false", "ray.share=object_store"]
 
 
+# make test-all only; in make test: a run over two nodes: test_node_loss's spare-node run
+@pytest.mark.long
 def test_hf_engines_on_one_node_and_the_learner_on_another_learn(cluster, tmp_path):
     cfg = compose_run_config(CPU_RUN)
     summary = run_training(build_plan(cfg), tmp_path, Console(quiet=True))

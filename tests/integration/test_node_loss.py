@@ -95,6 +95,8 @@ def test_an_engine_whose_node_dies_is_placed_again_on_a_spare_node(nodes, tmp_pa
     assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
 
 
+# make test-all only; in make test: a lost node: test_an_engine_whose_node_dies_is_placed_again_on_a_spare_node
+@pytest.mark.long
 def test_without_room_the_run_stops_naming_the_node_and_resume_auto_finishes_once_a_node_joins(nodes, tmp_path):
     _start(nodes, workers=2)  # the engine's node and the learner's node, each full
     run_dir, killed = tmp_path / "run", []

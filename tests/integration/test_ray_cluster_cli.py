@@ -14,6 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
+
 from rlgen.metrics.sink import read_jsonl
 
 
@@ -23,6 +25,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# make test-all only; in make test: joining a cluster: test_ray_token_cluster's join, which also needs the token
+@pytest.mark.long
 def test_train_joins_a_cluster_started_with_ray_start(tmp_path):
     ray_cli = str(Path(sys.executable).with_name("ray"))
     short = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # Ray's socket paths must stay under 108 bytes

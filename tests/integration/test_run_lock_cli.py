@@ -15,6 +15,8 @@ from rlgen.runtime.durability.status_file import read_status
 TRAIN = [sys.executable, "-m", "rlgen.cli", "train", "progress=false", "algo.prompts_per_step=8"]
 
 
+# make test-all only; in make test: the refusal: test_a_second_run_is_refused_before_it_writes_in_the_live_directory
+@pytest.mark.long
 def test_a_second_run_on_a_running_directory_is_refused_in_one_sentence(tmp_path):
     run_dir = tmp_path / "run"
     first = subprocess.Popen([*TRAIN, "steps=60", "checkpoint.every=2", f"hydra.run.dir={run_dir}"], cwd=tmp_path,

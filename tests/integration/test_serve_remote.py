@@ -139,6 +139,8 @@ def test_validate_gives_a_server_an_adapter_by_name_and_leaves_its_policy(server
         run_validate(compose_run_config([*common, "learner.lora.sync=merged"]))
 
 
+# make test-all only; in make test: test_a_remote_run_matches_the_same_run_with_engines_of_its_own
+@pytest.mark.long
 @pytest.mark.slow
 def test_train_engine_remote_learns_like_the_default(server, tmp_path):
     with GenerationClient(server.url) as client:

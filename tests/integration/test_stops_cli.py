@@ -79,7 +79,8 @@ def _no_ray_left(status: dict) -> None:
 # Ctrl-C reaches the terminal's whole process group; SIGTERM comes to the driver alone, as from `kill <pid>`
 # or a container stop (to the whole group, as from a scheduler or `timeout`: see the test after this one).
 @pytest.mark.parametrize("sig, code, name, group", [(signal.SIGINT, 130, "Ctrl-C", True),
-                                                    (signal.SIGTERM, 143, "SIGTERM", False)])
+                                                    pytest.param(signal.SIGTERM, 143, "SIGTERM", False,
+                                                                 marks=pytest.mark.long)])  # make test-all only
 def test_a_signal_stops_with_one_line_and_resume_auto_finishes(tmp_path, sig, code, name, group):
     proc = _start(tmp_path, "steps=30")
     run = _wait_for_steps(tmp_path, proc, 5)
@@ -245,6 +246,8 @@ def test_a_second_ctrl_c_exits_at_once(tmp_path):
     _no_ray_left(status)
 
 
+# make test-all only; in make test: a dead engine recreated: test_durable_runs
+@pytest.mark.long
 def test_kill_9_of_the_engine_worker_at_step_5_ends_in_a_finished_run(tmp_path):
     proc = _start(tmp_path, "steps=40")
     run = _wait_for_steps(tmp_path, proc, 5)

@@ -98,6 +98,8 @@ def test_on_policy_never_overlaps(tmp_path):
     assert startup["actors"]["engine0"]["ready_s"] <= startup["first_rollout_s"]
 
 
+# make test-all only; in make test: a sweep: test_balance_runs's test_multirun_writes_one_sweep_summary
+@pytest.mark.long
 def test_multirun_sweeps_async_steps(tmp_path):
     cmd = [
         sys.executable, "-m", "rlgen.cli", "train", "-m", "algo.async_steps=0,1", "steps=3", "progress=false",
