@@ -65,8 +65,10 @@ def test_nan_rewards_get_zero_advantage_and_are_counted(tmp_path, capsys):
     ["algo.kl_coef=0.05", "algo.kl_estimator=k2", "algo.kl_bias_correction=true"],
     ["algo.entropy_coef=0.01", "algo.entropy_top_frac=0.2", "algo.tis_level=sequence", "algo.tis_mode=mask",
      "algo.old_logprobs=trainer"],
-    ["algo=reinforce_pp", "algo.advantage=reinforce_pp_baseline", "algo.seq_mask_cap=2"],
-    ["algo=dr_grpo", "algo.scale_rewards=batch", "algo.reward_std=unbiased"],
+    # the two presets' options: their math is in tests/unit; make test-all also runs them end to end
+    pytest.param(["algo=reinforce_pp", "algo.advantage=reinforce_pp_baseline", "algo.seq_mask_cap=2"],
+                 marks=pytest.mark.long),
+    pytest.param(["algo=dr_grpo", "algo.scale_rewards=batch", "algo.reward_std=unbiased"], marks=pytest.mark.long),
 ], ids=["kl-in-reward", "kl-k2-bias-corrected", "entropy-and-sequence-is", "reinforce-pp-baseline",
      "dr-grpo-batch-std"])
 def test_loss_options_run(overrides, tmp_path):
