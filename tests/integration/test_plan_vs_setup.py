@@ -44,13 +44,12 @@ class StandInEngine:
     def __init__(self, model_path, engine, device="cpu", seed=0, name="engine0", version=0, **kwargs):
         self.name, self.device, self.kwargs, self.transfer = name, device, sorted(kwargs), None
         self.received: list[int] = []  # versions that came over the weight transport
-        self.share, self.born, self.handles = engine.gpu_memory_utilization, time.time(), None
-        self.met = None
+        self.share, self.handles, self.met = engine.gpu_memory_utilization, None, None
 
     def health(self) -> dict:
         return {"ok": True, "name": self.name, "device": self.device, "kwargs": self.kwargs,
-                "transfer": self.transfer, "received": self.received, "share": self.share, "born": self.born,
-                "met": self.met, "handles": self.handles, **_where()}
+                "transfer": self.transfer, "received": self.received, "share": self.share, "met": self.met,
+                "handles": self.handles, **_where()}
 
     def init_weight_transfer(self, init_info: dict, timeout_s: float = 0.0) -> dict:
         self.transfer = dict(init_info)
