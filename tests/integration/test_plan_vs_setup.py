@@ -163,13 +163,15 @@ def _placement(plan) -> tuple:
 
 # make test's share: every transport, split and hybrid, TP 1, 2 and 4, one and several engines a GPU, NCCL to
 # several engines and to TP workers; the rest (make test-all) repeats these layouts on more GPUs
-SMALL = {("cpu", None), ("2xcpu", None), ("1xh100", None), ("1xh200", None), ("2xh200", None),
-         ("4xh200", "engine=vllm"), ("4xh200", "engine=vllm_tp4"), ("4xh200", "engine=vllm_tp2")}
+SMALL_HOSTS = {"cpu", "2xcpu", "1xh100", "1xh200", "2xh200"}
+ON_FOUR_GPUS = {"engine=vllm", "engine=vllm_tp2", "engine=vllm_tp4"}  # of 4xh200, all but hybrids of over 2 engines
 
 
 def _small(overrides: list[str], plan) -> bool:
     host = overrides[1].removeprefix("hardware=")
-    return (host, None) in SMALL or ((host, overrides[0]) in SMALL and not (plan.colocated and len(plan.engines) > 2))
+    if host in SMALL_HOSTS:
+        return True
+    return host == "4xh200" and overrides[0] in ON_FOUR_GPUS and not (plan.colocated and len(plan.engines) > 2)
 
 
 @pytest.mark.parametrize("hosts", [
