@@ -5,7 +5,7 @@ weight-transfer group and finish every step.
     python benchmarks/kill_in_nccl_update.py OUT [--update 3] [--delay-ms 5] [OVERRIDES ...]
 
 Trains in this process (``run_training``) with rlgen's vLLM engine class, subclassed so that its first incarnation
-kills its own engine core (the actor's child process) DELAY_MS after ``load_weight_chunk`` of version UPDATE
+kills its own engine core (the actor's child process) DELAY_MS after ``receive_weights`` of version UPDATE
 begins, while the learner broadcasts. Default overrides: two GPUs, the engine on one and the learner on the other,
 weights over NCCL. Writes OUT/kill_in_nccl_update.json: the exit, steps, restarts, each step's sync time, when the
 kill landed, whether the learner's broadcast had to be aborted (it was still waiting on the dead engine) and the
@@ -46,8 +46,8 @@ def killing_engine(base: type, update: int, delay_s: float, mark: str) -> type:
     delay_s after it starts receiving version ``update``."""
 
     class KilledInUpdate(base):  # type: ignore[misc, valid-type]
-        def load_weight_chunk(self, update_info, timeout_s=60.0):  # noqa: ANN001, ANN201
-            if getattr(self, "_receiving", None) == update and _claim(mark):
+        def receive_weights(self, update_info, version, timeout_s=60.0):  # noqa: ANN001, ANN201
+            if int(version) == update and _claim(mark):
                 def kill() -> None:
                     time.sleep(delay_s)
                     pids = children(os.getpid())
@@ -56,10 +56,6 @@ def killing_engine(base: type, update: int, delay_s: float, mark: str) -> type:
                     Path(mark).write_text(json.dumps({"at": time.time(), "killed": pids, "version": update}))
 
                 threading.Thread(target=kill, daemon=True).start()
-            return super().load_weight_chunk(update_info, timeout_s)
-
-        def receive_weights(self, update_info, version, timeout_s=60.0):  # noqa: ANN001, ANN201
-            self._receiving = int(version)
             return super().receive_weights(update_info, version, timeout_s)
 
     KilledInUpdate.__name__ = KilledInUpdate.__qualname__ = base.__name__

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -90,6 +92,17 @@ class Phase(StrEnum):
     env = "env"  # an engine waiting for its episodes' environment calls (multi-turn tasks)
 
 
+def covered_seconds(intervals: Iterable[tuple[float, float]]) -> float:
+    """The length of the union of (start, end) intervals: the learner's send and the engines' receive of one
+    weight update run side by side, and their wall time is not their sum."""
+    total, reach = 0.0, -math.inf
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
 @dataclass(frozen=True)
 class Span:
     actor: str  # "engine0", "learner0", "driver"
@@ -112,6 +125,10 @@ class StepTimeline:
 
     def total(self, phase: Phase, actor_prefix: str = "") -> float:
         return sum(s.seconds for s in self.spans if s.phase == phase and s.actor.startswith(actor_prefix))
+
+    def covered(self, phase: Phase) -> float:
+        """The wall time during which any actor was in ``phase``: spans that overlap count once."""
+        return covered_seconds((s.start, s.end) for s in self.spans if s.phase == phase)
 
     @property
     def start(self) -> float:

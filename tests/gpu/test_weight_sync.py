@@ -113,7 +113,9 @@ def _transport(kind: str, async_steps: int = 0, **kw):
     from rlgen.config.compose import compose_run_config
     from rlgen.plan import build_plan
 
-    hw = (["hardware=2xh200"] if kind == "nccl" else  # colocated: the sleep/wake cycle, or awake engines
+    hw = (["hardware=2xh200", "hardware.colocated=false"] if kind == "nccl" else  # engine and learner on GPUs of
+          # their own (the plan's own pick on two GPUs is hybrid, over CUDA IPC); colocated: the sleep/wake cycle, or
+          # awake engines
           ["hardware=1xh100", "engine.gpu_memory_utilization=0.3", f"algo.async_steps={async_steps}",
            "engine.engines_per_gpu=1"])  # the one engine these tests start
     cfg = compose_run_config(["engine=vllm", *hw, f"timeout_s={TIMEOUT_S}"])

@@ -314,3 +314,18 @@ def test_the_context_knows_a_multi_turn_task_from_the_plan():
     assert context_from_plan({"async_steps": 2, "config": {"task": {"kind": "env"}}}).episodes
     assert not context_from_plan({"async_steps": 1, "config": {"task": {"kind": "arith"}}}).episodes
     assert not context_from_plan({"async_steps": 1}).episodes
+
+
+def test_a_weight_update_whose_sides_overlap_counts_its_wall_time_once():
+    # NCCL: the learner's broadcast and both engines' receives run side by side for 0.2 s; the union is 0.25 s
+    rec = on_policy_record(0, gen=0.6, train=0.2, engine_sync=0.0, learner_sync=0.0)
+    end = max(s["end"] for s in rec["timeline"])
+    update = [{"actor": a, "phase": "sync", "start": end + lag, "end": end + lag + 0.2}
+              for a, lag in (("learner0", 0.0), ("engine0", 0.02), ("engine1", 0.05))]
+    m = measure_record({**rec, "timeline": rec["timeline"] + update})
+    assert m.sync_s == pytest.approx(0.25)
+    tl = StepTimeline(0)
+    for s in update:
+        tl.add(s["actor"], Phase.sync, s["start"], s["end"])
+    assert tl.covered(Phase.sync) == pytest.approx(0.25)
+    assert tl.total(Phase.sync) == pytest.approx(0.6)  # what adding them up would have said

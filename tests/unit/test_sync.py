@@ -104,15 +104,6 @@ class FakeEngine:
     def start_weight_update(self, timeout_s):
         self._note("start")
 
-    def load_weight_chunk(self, info, timeout_s):
-        self._note("chunk")
-        return len(info["names"])
-
-    def finish_weight_update(self, version, timeout_s):
-        self._note("finish")
-        self.version = version
-        return {"actor": self.name, "version": version}
-
     def pause(self, mode, clear_cache):
         self._note(f"pause:{mode}")
 

@@ -143,7 +143,9 @@ class WeightSender:
         if self._nccl_group is not group:  # aborted while it ran: the engines did not all receive this version
             raise SyncError(f"{self.name}: the NCCL broadcast of version {version} was aborted (an engine died "
                             "during the update); a new weight-transfer group is formed.")
-        return {"actor": self.name, "version": int(version), "spans": [(Phase.sync.value, t0, time.time())]}
+        t1 = time.time()
+        return {"actor": self.name, "version": int(version), "spans": [(Phase.sync.value, t0, t1)],
+                "parts": {"send": t1 - t0}}
 
     def _ipc_buffer(self, dtype: str, bucket_bytes: int) -> tuple[dict[str, Any], list[dict[str, Any]], list[list]]:
         """The resident IPC buffer's shared handle, its layout and each chunk's (name, view) pairs: made on the

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
+from rlgen.types import covered_seconds
+
 DEFAULT_BAND = 0.15  # ratio within [1/1.15, 1.15]: balanced
 DEFAULT_HOLD = 3  # consecutive steps a new kind must hold before the rolling verdict changes
 DEFAULT_WINDOW = 5  # steps the rolling numbers average over
@@ -88,7 +90,7 @@ class StepBalance:
     consumer_s: float  # window - learner wait
     gen_s: float  # busiest engine: generate only
     engine_idle_s: float  # mean over engines
-    sync_s: float  # learner export + slowest engine load
+    sync_s: float  # the weight update's wall time: learner export and engine loads, overlaps counted once
     tokens: int
     num_engines: int
     env_s: float = 0.0  # busiest engine: waiting for its episodes' environment calls (multi-turn tasks)
@@ -129,7 +131,6 @@ def measure(spans: Iterable[Any], tokens: int, step: int = 0, num_engines: int |
     wait = _per_actor_max(rows, "learner", "wait")  # learner ranks wait side by side: count it once
     busy: dict[str, float] = {}
     gen: dict[str, float] = {}
-    sync_engine: dict[str, float] = {}
     env: dict[str, float] = {}
     for actor, phase, a, b in rows:
         if not actor.startswith("engine"):
@@ -141,12 +142,9 @@ def measure(spans: Iterable[Any], tokens: int, step: int = 0, num_engines: int |
             env[actor] = env.get(actor, 0.0) + b - a
         if phase == "generate":
             gen[actor] = gen.get(actor, 0.0) + b - a
-        if phase == "sync":
-            sync_engine[actor] = sync_engine.get(actor, 0.0) + b - a
     n = max(num_engines or 0, len(busy), 1)
     # An engine with no span in the step (no requests this time) was idle the whole window.
     idle = [max(0.0, window - v) for v in busy.values()] + [window] * (n - len(busy))
-    learner_sync = _per_actor_max(rows, "learner", "sync")
     return StepBalance(
         step=step,
         window_s=window,
@@ -155,7 +153,7 @@ def measure(spans: Iterable[Any], tokens: int, step: int = 0, num_engines: int |
         consumer_s=max(0.0, window - wait),
         gen_s=max(gen.values(), default=0.0),
         engine_idle_s=sum(idle) / len(idle),
-        sync_s=learner_sync + max(sync_engine.values(), default=0.0),
+        sync_s=covered_seconds((a, b) for _, p, a, b in rows if p == "sync"),
         tokens=int(tokens),
         num_engines=n,
         env_s=max(env.values(), default=0.0),

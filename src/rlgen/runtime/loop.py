@@ -269,8 +269,8 @@ def _push(run: Run, metrics: dict, halt: bool, tl: StepTimeline) -> None:
     for r in res.results:
         for phase, a, b in r.get("spans", []):
             tl.add(r["actor"], Phase(phase), a, b)
-        for part, seconds in r.get("parts", {}).items():  # the learner's breakdown of an IPC update
-            metrics[f"sync_{part}_s"] = seconds
+        for part, seconds in r.get("parts", {}).items():  # where an update's time went, the slowest actor's
+            metrics[f"sync_{part}_s"] = max(seconds, metrics.get(f"sync_{part}_s", 0.0))
     run.rollouts.queued_updates = {i: (run.keeper.incarnation[i], ref) for i, ref in enumerate(res.pending)}
 
 

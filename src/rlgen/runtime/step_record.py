@@ -35,7 +35,8 @@ def step_record(step: int, tl: StepTimeline, batch: Any, rewards: list[float], m
         "reward_s": tl.total(Phase.reward),
         "wait_s": tl.total(Phase.wait, "learner0"),
         "train_s": train_s,
-        "sync_s": tl.total(Phase.sync, "learner0") + sync_engine,
+        # the update's wall time: the learner's send and the engines' loads overlap (NCCL, CUDA IPC)
+        "sync_s": tl.covered(Phase.sync),
         # how long the update kept engines from generating (an in-flight update: its pause, else its whole span)
         "sync_pause_s": sync_engine,
         "step_s": step_s,

@@ -15,7 +15,7 @@ from rlgen.engines.cancel import CallCancelled
 from rlgen.engines.vllm.common import CONTROL_TIMEOUT_S, EngineError, nccl_join_failed
 from rlgen.engines.vllm.ipc_buffer import load_ipc_on_worker
 from rlgen.engines.vllm.loop import live_token_counts
-from rlgen.engines.vllm.weights import chunk_weights, load_weights_on_worker, to_wire
+from rlgen.engines.vllm.weights import chunk_weights, load_weights_on_worker, receive_nccl_on_worker, to_wire
 from rlgen.types import Phase
 
 if TYPE_CHECKING:
@@ -110,25 +110,6 @@ class UpdateMethods:
             raise EngineError(f"{self.name} is asleep; wake(['weights']) it before a weight update.")
         self._loop.run(self.llm.start_weight_update(), timeout_s, f"{self.name}: start_weight_update")
 
-    def load_weight_chunk(self, update_info: dict[str, Any], timeout_s: float = CONTROL_TIMEOUT_S) -> int:
-        """One update_weights call of vLLM's transfer engine (NCCL: all tensors of the update, received while
-        the trainer broadcasts; colocated IPC updates use receive_ipc instead). Returns the number of tensors."""
-        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
-
-        self._loop.run(
-            self.llm.update_weights(WeightTransferUpdateRequest(update_info=dict(update_info))),
-            timeout_s,
-            f"{self.name}: receiving {len(update_info.get('names', ()))} tensors",
-        )
-        return len(update_info.get("names", ()))
-
-    def finish_weight_update(self, version: int, timeout_s: float = CONTROL_TIMEOUT_S) -> dict[str, Any]:
-        """Finalise the update, drop the prefix cache (its KV came from the old weights) and take the new
-        policy version. The reset fails while paused requests hold blocks; the per-version cache salt keeps
-        later requests off those blocks either way."""
-        self._loop.run(self.llm.finish_weight_update(), timeout_s, f"{self.name}: finish_weight_update")
-        return {"actor": self.name, **self._take_version(version, timeout_s)}
-
     def reset_prefix_cache(self, timeout_s: float = CONTROL_TIMEOUT_S) -> bool:
         """Drop the prefix cache (False while paused requests hold blocks)."""
         return bool(self._loop.run(self.llm.reset_prefix_cache(), timeout_s, f"{self.name}: prefix-cache reset"))
@@ -193,13 +174,23 @@ class UpdateMethods:
     def receive_weights(
         self, update_info: dict[str, Any], version: int, timeout_s: float = CONTROL_TIMEOUT_S
     ) -> dict[str, Any]:
-        """A whole update in one call: start, receive (NCCL: concurrently with the trainer's broadcast),
-        finish. A timeout leaves vLLM's worker blocked in NCCL: the engine must then be restarted."""
+        """A whole NCCL update in one call to the workers, concurrently with the trainer's broadcast: each worker
+        receives the packed weights and loads them in place (``receive_nccl_on_worker``); then the prefix cache
+        goes and the new version is taken. A timeout leaves vLLM's worker blocked in NCCL: the engine must then be
+        restarted."""
+        if not self.weights_on_gpu:
+            raise EngineError(f"{self.name} is asleep; wake(['weights']) it before a weight update.")
         t0 = time.time()
-        self.start_weight_update(timeout_s)
-        tensors = self.load_weight_chunk(update_info, timeout_s)
-        out = self.finish_weight_update(version, timeout_s)
-        out.update(tensors=tensors, spans=[(Phase.sync.value, t0, time.time())], seconds=time.time() - t0)
+        self._loop.run(
+            self.llm.collective_rpc(receive_nccl_on_worker, timeout=timeout_s, args=(dict(update_info),)),
+            timeout_s,
+            f"{self.name}: receiving {len(update_info.get('names', ()))} tensors over NCCL",
+        )
+        t1 = time.time()
+        out = {"actor": self.name, **self._take_version(version, timeout_s)}
+        t2 = time.time()
+        out.update(tensors=len(update_info.get("names", ())), spans=[(Phase.sync.value, t0, t2)], seconds=t2 - t0,
+                   parts={"receive": t1 - t0, "version": t2 - t1})
         return out
 
 

@@ -74,4 +74,30 @@ def load_weights_on_worker(worker: Any, weights: list[tuple[str, str, list[int],
     return len(weights)
 
 
-__all__ = ["WEIGHT_CHUNK_BYTES", "chunk_weights", "from_wire", "load_weights_on_worker", "to_wire"]
+def receive_nccl_on_worker(worker: Any, update_info: dict[str, Any]) -> int:
+    """Runs inside each vLLM worker (through collective_rpc): take one packed NCCL broadcast of the trainer's
+    weights and load it straight into the live model, in place, as load_weights_on_worker does.
+
+    vLLM's own sequence (start_weight_update, update_weights, finish_weight_update) runs a layerwise reload: it
+    puts every layer back on the meta device, buffers each layer's weights until the layer is whole, builds it
+    again and copies it into the old storage. Weights that are used as loaded need none of that; a model whose
+    weights are processed after loading (quantized) still takes that way, in this same call.
+    """
+    import torch
+
+    receiver = getattr(worker, "weight_transfer_engine", None)
+    if receiver is None:
+        raise RuntimeError("this vLLM engine was built without weight_transfer_config, so it cannot receive weights "
+                           "over NCCL")
+    if getattr(getattr(worker, "model_config", None), "quantization", None):
+        worker.start_weight_update()
+        worker.update_weights(update_info)
+        worker.finish_weight_update()
+    else:
+        with torch.no_grad():
+            receiver.update_weights(update_info)  # vLLM's packed receive into the model's load_weights; synchronises
+    return len(update_info.get("names", ()))
+
+
+__all__ = ["WEIGHT_CHUNK_BYTES", "chunk_weights", "from_wire", "load_weights_on_worker", "receive_nccl_on_worker",
+           "to_wire"]
