@@ -5,6 +5,7 @@ from rlgen.models.build import (
     BUILD_FORMAT,
     architectures,
     build_tokenizer,
+    built_model,
     cache_key,
     file_digest,
     hf_config,
@@ -13,5 +14,5 @@ from rlgen.models.build import (
     warm_start,
 )
 
-__all__ = ["BUILD_FORMAT", "architectures", "build_tokenizer", "cache_key", "file_digest", "hf_config", "load_tokenizer",
+__all__ = ["BUILD_FORMAT", "architectures", "build_tokenizer", "built_model", "cache_key", "file_digest", "hf_config", "load_tokenizer",
            "prepare_model", "warm_start"]

@@ -227,16 +227,24 @@ def architectures(m: ModelConfig) -> list[str]:
     return [str(a) for a in value] if isinstance(value, list) else []
 
 
+def built_model(cfg: RunConfig, device: str = "cpu") -> str | None:
+    """``cfg.model.path``, or the preset's cached build where it exists: a folder found without importing torch or
+    transformers (None: prepare_model must build it)."""
+    if cfg.model.path:
+        return cfg.model.path
+    final = Path(cfg.cache_dir).expanduser() / "models" / cache_key(cfg, device)
+    return str(final) if final.is_dir() else None
+
+
 def prepare_model(cfg: RunConfig, device: str = "cpu") -> str:
     """The path of a Hugging Face model folder for ``cfg.model``: ``cfg.model.path`` as given, or a cached
     local build from the preset (random init seeded by ``cfg.seed``, then the optional warm start)."""
-    if cfg.model.path:
-        return cfg.model.path
+    ready = built_model(cfg, device)
+    if ready is not None:
+        return ready
     root = Path(cfg.cache_dir).expanduser() / "models"
     root.mkdir(parents=True, exist_ok=True)
     final = root / cache_key(cfg, device)
-    if final.is_dir():
-        return str(final)
     with exclusive_lock(root / f".{final.name}.lock"):
         if final.is_dir():  # another process built it while this one waited
             return str(final)
@@ -253,4 +261,4 @@ def prepare_model(cfg: RunConfig, device: str = "cpu") -> str:
     return str(final)
 
 
-__all__ = ["PRESET_ARCHITECTURES", "architectures", "build_tokenizer", "cache_key", "hf_config", "load_tokenizer", "prepare_model", "warm_start"]
+__all__ = ["PRESET_ARCHITECTURES", "architectures", "build_tokenizer", "built_model", "cache_key", "hf_config", "load_tokenizer", "prepare_model", "warm_start"]

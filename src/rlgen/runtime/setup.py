@@ -154,11 +154,10 @@ def set_up(plan: Plan, out_dir: Path, *, resume: ResumePoint | None = None, stop
         with clock.phase("Ray cluster"):
             _cluster(run)
         model.result(run.stop)
-        algo.result(run.stop, "importing the algorithm")
         _place_folders(run)
         loop_inputs: list[Any] = []  # the task, its prompt renderer and stop ids, once the actors are asked for
         with clock.phase("engines and learners"):
-            _actors(run, hooks or Hooks(), before_wait=lambda: loop_inputs.extend(
+            _actors(run, hooks or Hooks(), algo, before_wait=lambda: loop_inputs.extend(
                 task.result(run.stop, "preparing the tokenizer and task")))
         task, renderer, stop_ids = loop_inputs
         if run.learners_pending is None:
@@ -232,23 +231,28 @@ def _place_folders(run: Run) -> None:
                                     run.initial_model_path, run.resume.checkpoint if run.resume else None)
 
 
-def _actors(run: Run, hooks: Hooks, before_wait: Callable[[], None] = lambda: None) -> None:
-    """The learner ranks, then the engines; every actor healthy. before_wait runs once all are asked for."""
+def _actors(run: Run, hooks: Hooks, algo: Beside, before_wait: Callable[[], None] = lambda: None) -> None:
+    """The engines, then the learner ranks; every actor healthy. The engines are asked for first: theirs is the
+    longest start, and the learners take the algorithm, which may still be importing (``algo``). before_wait
+    runs once all are asked for."""
     cfg, plan = run.cfg, run.plan
     engine_cls, engine_kwargs = (hooks.engine_cls, dict(hooks.engine_kwargs)) if hooks.engine_cls else engine_class(plan)
     learner_cls, learner_kwargs = learner_class(plan)
     learner_cls = hooks.learner_cls or learner_cls  # a test's class takes the kind's arguments
     run.factory = ActorFactory(cfg, plan, run.placement, run.pgs, run.node_ids, engine_cls, engine_kwargs,
-                               learner_cls, {**learner_kwargs, "algorithm": run.algorithm},
-                               warm=warm_cluster() is not None)
+                               learner_cls, dict(learner_kwargs), warm=warm_cluster() is not None)
     run.engine_names = [f"engine{s.index}" for s in plan.engines]
+    asked: dict[str, float] = {}
+    engines = _ask_engines(run, asked)
     rendezvous = None
     if len(run.placement.learners) > 1:
         rendezvous = run.waiter.get(run.factory.rendezvous_ref(), "finding the learner group's rendezvous",
                                     cfg.startup_timeout_s)
-    asked = {f"learner{r}": time.time() for r in range(len(run.placement.learners))}
+    algo.result(run.stop, "importing the algorithm")  # its loader sets run.algorithm
+    run.factory.learner_kwargs["algorithm"] = run.algorithm
+    asked.update({f"learner{r}": time.time() for r in range(len(run.placement.learners))})
     run.learners = run.factory.learners(run.folders.learner_paths, rendezvous, **run.folders.learner_extra)
-    engines, health = _start_engines(run, asked, before_wait)
+    health = _wait_started(run, engines, asked, before_wait)
     bad = [h for h in health if not h.get("ok")]
     if bad:
         raise RunError(f"actors reported unhealthy at start-up: {bad}")
@@ -265,12 +269,9 @@ def _actors(run: Run, hooks: Hooks, before_wait: Callable[[], None] = lambda: No
     run.zero3_gatherers = run.learners[1:] if learner_kwargs.get("zero_stage") == 3 else []
 
 
-def _start_engines(run: Run, asked: dict[str, float],
-                   before_wait: Callable[[], None] = lambda: None) -> tuple[list[Any], list[dict[str, Any]]]:
-    """Start every engine at once, beside the learners already starting (vLLM engines that share a GPU take turns
-    only to measure their KV cache: rlgen.engines.vllm.kvcache). Returns the engines and the health reports
-    waited for: the engines', and the learners' unless they may start beside the first batch
-    (run.learners_pending then holds what set_up needs for that)."""
+def _ask_engines(run: Run, asked: dict[str, float]) -> list[Any]:
+    """Every engine asked for at once (vLLM engines that share a GPU take turns only to measure their KV cache:
+    rlgen.engines.vllm.kvcache); kept engines taken over where the cluster kept them."""
     run.start_version = run.state.version
     run.transport = _new_transport(run)
     engines = _kept_engines(run, asked)
@@ -278,6 +279,13 @@ def _start_engines(run: Run, asked: dict[str, float],
         if engines[i] is None:
             asked[run.engine_names[i]] = time.time()
             engines[i] = run.factory.engine(i, run.folders.engine_paths, run.state.version)
+    return engines
+
+
+def _wait_started(run: Run, engines: list[Any], asked: dict[str, float],
+                  before_wait: Callable[[], None] = lambda: None) -> list[dict[str, Any]]:
+    """The health reports of the engines and learners asked for, waited for: the engines', and the learners'
+    unless they may start beside the first batch (run.learners_pending then holds what set_up needs for that)."""
     # KeepsWarm: only kinds that claim it are kept (_cluster), so only they are taken over; they wake as the task loads
     taken = {i: engines[i].take_over.remote(run.state.version) for i in run.factory.kept}
     before_wait()
@@ -290,11 +298,11 @@ def _start_engines(run: Run, asked: dict[str, float],
     # kept engines that could not take their starting weights back get them from the transport's start
     run.transport.held_weights = any(not health[i].get("start_weights") for i in run.factory.kept)
     if not first:
-        return engines, health
+        return health
     if run.transport.held_weights:
-        return engines, health + _wait_actors(run, learner_refs, learner_names, asked)
+        return health + _wait_actors(run, learner_refs, learner_names, asked)
     run.learners_pending = (learner_refs, learner_names, asked)  # they start beside the first batch
-    return engines, health
+    return health
 
 
 def _wait_actors(run: Run, refs: list[Any], names: list[str], asked: dict[str, float],

@@ -11,7 +11,7 @@ from typing import Any
 
 from rlgen.algo.registry import algorithm
 from rlgen.config import RunConfig
-from rlgen.models import load_tokenizer, prepare_model
+from rlgen.models import built_model, load_tokenizer, prepare_model
 from rlgen.runtime.start.on_thread import Beside
 from rlgen.runtime.start.progress import StartupClock
 from rlgen.tasks import build_task, task_libraries
@@ -53,11 +53,15 @@ def _after(libraries: Beside, run: Any) -> None:
 
 
 def _model(run: Any, libraries: Beside) -> None:
-    """The folders the actors load: the starting model (built and cached, or a checkpoint's)."""
-    _after(libraries, run)
-
+    """The folders the actors load: the starting model (built and cached, or a checkpoint's). A folder already
+    there is found at once, so the engines can be asked for as soon as the cluster is up; a build waits for the
+    libraries it needs."""
     cfg = run.cfg
-    run.initial_model_path = prepare_model(cfg, device=run.plan.device)
+    path = built_model(cfg, device=run.plan.device)
+    if path is None:
+        _after(libraries, run)
+        path = prepare_model(cfg, device=run.plan.device)
+    run.initial_model_path = path
     # Actors start from the checkpoint's policy when resuming; the frozen reference stays the initial model.
     # With LoRA the checkpoint's model folder is an adapter: actors start from the base and the adapter comes after.
     lora = cfg.learner.lora.enabled
