@@ -84,6 +84,10 @@ def test_multirun_writes_one_sweep_summary(tmp_path):
     assert sorted(r["num_engines"] for r in runs) == [1, 2]
     throughputs = [r["tokens_per_s_end_to_end"] for r in runs]
     assert all(t > 0 for t in throughputs) and throughputs[0] > throughputs[1]  # ranked, and they differ
+    # a later job's time to its first rollout counts from its own start, not from the sweep's launch
+    later = json.loads((sweep / "2" / "summary.json").read_text())
+    launch = later["startup"]["phases"]["launch to set-up (imports, config, plan)"]
+    assert 0 < later["first_rollout_s"] < later["setup_s"] + later["wall_s"] and launch < 5.0, later["startup"]
     md = (sweep / "sweep_summary.md").read_text()
     assert "engine.num_engines=1" in md and "engine.num_engines=2" in md and "## Advice" in md
     assert "## Runs that did not finish" in md and "engine.num_engines=0" in md

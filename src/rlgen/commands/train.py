@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from rlgen import run_launched
 from rlgen.commands.checks import planned
 from rlgen.config import RunConfig, to_run_config
 from rlgen.errors import UserError
@@ -136,6 +137,7 @@ def _plan(cfg: RunConfig, out: Path) -> Any:
 def train_app(dict_cfg) -> float:
     """Hydra entry point. Returns the last-20% mean reward, so sweeps have an objective."""
 
+    run_launched()  # a multirun's later jobs: the time to the first rollout counts from the job's own start
     console = MirroredConsole()
     stop = StopFlag()
     stop.install()

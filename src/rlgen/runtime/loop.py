@@ -14,7 +14,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from rlgen import STARTED_AT
+from rlgen import launched_at
 from rlgen.config import BreakerAction, KLPenalty
 from rlgen.errors import causes
 from rlgen.learners.group import merge_rank_metrics, shard_rows
@@ -129,7 +129,7 @@ def _rollouts(run: Run, step: int, tl: StepTimeline) -> tuple[Any, Any, InFlight
     ro.pending.popleft()
     ro.collected += 1
     ro.fill(step, run.state.async_steps, run.transport.version)
-    run.startup.setdefault("first_rollout_s", time.time() - STARTED_AT)
+    run.startup.setdefault("first_rollout_s", time.time() - launched_at())
     if run.clock is not None:
         run.clock.first_batch()
     tl.add("learner0", Phase.wait, t0, time.time())

@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from rlgen import STARTED_AT
+from rlgen import launched_at
 
 PROGRESS_S = 15.0  # a start-up wait says who it waits for this often: never a silent minute
 LAUNCH = "launch to set-up (imports, config, plan)"
@@ -21,8 +21,8 @@ FIRST_BATCH = "first batch (generate, score)"
 
 
 class StartupClock:
-    def __init__(self, console: Console, launched: float = STARTED_AT):
-        self.console, self.launched = console, launched
+    def __init__(self, console: Console, launched: float | None = None):
+        self.console, self.launched = console, launched_at() if launched is None else launched
         self.phases: dict[str, float] = {}  # seconds each phase took
         self.began: dict[str, float] = {}  # when each phase began, in seconds after launch (as it was said)
         self.actors: dict[str, dict[str, Any]] = {}
