@@ -34,6 +34,8 @@
 #     nccl-split [OVERRIDES]  three GPUs: one learner rank sending to two engines of their own over NCCL (the 1.5B,
 #                       16 prompts a step)
 #     headline [OVERRIDES]  four GPUs: `rlgen train engine=vllm_tp2 hardware=4xh100 model=qwen2_5_1_5b steps=20`
+#     headline-sweep [OVERRIDES]  four GPUs: the headline's sweep, `-m engine.num_engines=1,2
+#                       engine.tensor_parallel_size=1,2`, with its summary (OUT/sweep/sweep_summary.md)
 #     serve-lora ADAPTER [OVERRIDES]  `rlgen serve` with vLLM adapters: load, generate with and without, unload
 #                       (benchmarks/serve_lora.py)
 # Run from the repository root with rlgen importable (installed, or src on PYTHONPATH). Every vLLM process is
@@ -206,8 +208,13 @@ EOF3
     "$py" -m rlgen.cli train engine=vllm_tp2 hardware=4xh100 model=qwen2_5_1_5b steps=20 engine.keep_warm_s=0 \
       progress=false hydra.run.dir="$out/headline" "$@" 2>&1 | tee "$out/headline.log"
     ;;
+  headline-sweep)
+    "$py" -m rlgen.cli train -m engine=vllm_tp2 hardware=4xh100 model=qwen2_5_1_5b engine.num_engines=1,2 \
+      engine.tensor_parallel_size=1,2 steps=20 engine.keep_warm_s=0 progress=false hydra.sweep.dir="$out/sweep" "$@" \
+      2>&1 | tee "$out/headline-sweep.log"
+    ;;
   *)
-    echo "unknown stage $stage (check | test | bench | tune | smoke | core-kill | ckpt-cost | startup | lora | lora-7b | lora-validate | trl-serve | nccl-env | serve-lora | layouts | learner-speed | scaling | nccl-split | headline)" >&2
+    echo "unknown stage $stage (check | test | bench | tune | smoke | core-kill | ckpt-cost | startup | lora | lora-7b | lora-validate | trl-serve | nccl-env | serve-lora | layouts | learner-speed | scaling | nccl-split | headline | headline-sweep)" >&2
     exit 2
     ;;
 esac
