@@ -105,9 +105,13 @@ class UpdateMethods:
         self.salt_prefix_cache = True
         return {"actor": self.name, "spans": [(Phase.sync.value, t0, time.time())]}
 
-    def start_weight_update(self, timeout_s: float = CONTROL_TIMEOUT_S) -> None:
+    def _check_weights_on_gpu(self) -> None:
+        """A weight update needs the engine's weights on its GPU (not asleep, or woken with its weights)."""
         if not self.weights_on_gpu:
             raise EngineError(f"{self.name} is asleep; wake(['weights']) it before a weight update.")
+
+    def start_weight_update(self, timeout_s: float = CONTROL_TIMEOUT_S) -> None:
+        self._check_weights_on_gpu()
         self._loop.run(self.llm.start_weight_update(), timeout_s, f"{self.name}: start_weight_update")
 
     def reset_prefix_cache(self, timeout_s: float = CONTROL_TIMEOUT_S) -> bool:
@@ -131,8 +135,7 @@ class UpdateMethods:
         only. The last chunk drops the prefix cache and takes the new policy version. After sleep level 2 the
         load goes through vLLM's layerwise reload (start/finish) with copies of the views."""
 
-        if not self.weights_on_gpu:
-            raise EngineError(f"{self.name} is asleep; wake(['weights']) it before a weight update.")
+        self._check_weights_on_gpu()
         t0 = time.time()
         if first:
             self._update_t0 = t0
@@ -178,8 +181,7 @@ class UpdateMethods:
         receives the packed weights and loads them in place (``receive_nccl_on_worker``); then the prefix cache
         goes and the new version is taken. A timeout leaves vLLM's worker blocked in NCCL: the engine must then be
         restarted."""
-        if not self.weights_on_gpu:
-            raise EngineError(f"{self.name} is asleep; wake(['weights']) it before a weight update.")
+        self._check_weights_on_gpu()
         t0 = time.time()
         self._loop.run(
             self.llm.collective_rpc(receive_nccl_on_worker, timeout=timeout_s, args=(dict(update_info),)),
