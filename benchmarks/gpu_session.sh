@@ -33,6 +33,8 @@
 #                       GPUs side by side, then on four
 #     nccl-split [OVERRIDES]  three GPUs: one learner rank sending to two engines of their own over NCCL (the 1.5B,
 #                       16 prompts a step)
+#     tp2-split [OVERRIDES]  four GPUs: the 1.5B with one TP-2 engine on two GPUs and two learner ranks on the others,
+#                       weights over NCCL while the engine generates (8 steps)
 #     headline [OVERRIDES]  four GPUs: `rlgen train engine=vllm_tp2 hardware=4xh100 model=qwen2_5_1_5b steps=20`
 #     headline-sweep [OVERRIDES]  four GPUs: the headline's sweep, `-m engine.num_engines=1,2
 #                       engine.tensor_parallel_size=1,2`, with its summary (OUT/sweep/sweep_summary.md)
@@ -204,6 +206,11 @@ EOF3
       checkpoint.every=0 engine.keep_warm_s=0 progress=false hydra.run.dir="$out/nccl-split" "$@" 2>&1 \
       | tee "$out/nccl-split.log"
     ;;
+  tp2-split)
+    "$py" -m rlgen.cli train engine=vllm_tp2 hardware=4xh100 model=qwen2_5_1_5b engine.num_engines=1 \
+      hardware.colocated=false steps=8 checkpoint.every=0 engine.keep_warm_s=0 progress=false \
+      hydra.run.dir="$out/tp2-split" "$@" 2>&1 | tee "$out/tp2-split.log"
+    ;;
   headline)
     "$py" -m rlgen.cli train engine=vllm_tp2 hardware=4xh100 model=qwen2_5_1_5b steps=20 engine.keep_warm_s=0 \
       progress=false hydra.run.dir="$out/headline" "$@" 2>&1 | tee "$out/headline.log"
@@ -214,7 +221,7 @@ EOF3
       2>&1 | tee "$out/headline-sweep.log"
     ;;
   *)
-    echo "unknown stage $stage (check | test | bench | tune | smoke | core-kill | ckpt-cost | startup | lora | lora-7b | lora-validate | trl-serve | nccl-env | serve-lora | layouts | learner-speed | scaling | nccl-split | headline | headline-sweep)" >&2
+    echo "unknown stage $stage (check | test | bench | tune | smoke | core-kill | ckpt-cost | startup | lora | lora-7b | lora-validate | trl-serve | nccl-env | serve-lora | layouts | learner-speed | scaling | nccl-split | tp2-split | headline | headline-sweep)" >&2
     exit 2
     ;;
 esac

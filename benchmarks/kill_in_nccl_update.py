@@ -46,7 +46,7 @@ def killing_engine(base: type, update: int, delay_s: float, mark: str) -> type:
     delay_s after it starts receiving version ``update``."""
 
     class KilledInUpdate(base):  # type: ignore[misc, valid-type]
-        def receive_weights(self, update_info, version, timeout_s=60.0):  # noqa: ANN001, ANN201
+        def receive_weights(self, update_info, version, timeout_s=60.0, *, pause=False):  # noqa: ANN001, ANN201
             if int(version) == update and _claim(mark):
                 def kill() -> None:
                     time.sleep(delay_s)
@@ -56,7 +56,7 @@ def killing_engine(base: type, update: int, delay_s: float, mark: str) -> type:
                     Path(mark).write_text(json.dumps({"at": time.time(), "killed": pids, "version": update}))
 
                 threading.Thread(target=kill, daemon=True).start()
-            return super().receive_weights(update_info, version, timeout_s)
+            return super().receive_weights(update_info, version, timeout_s, pause=pause)
 
     KilledInUpdate.__name__ = KilledInUpdate.__qualname__ = base.__name__
     return KilledInUpdate

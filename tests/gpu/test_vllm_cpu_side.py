@@ -328,3 +328,87 @@ def test_a_failed_nccl_join_says_where_and_the_usual_cause(monkeypatch):
         assert not isinstance(dead.value, EngineError)
     finally:
         engine._loop.close()
+
+
+def _engine_for_updates(llm):
+    """A VLLMEngine around a stand-in AsyncLLM, with only what its weight-update calls read."""
+    import threading
+
+    from rlgen.engines.vllm.engine import VLLMEngine
+    from rlgen.engines.vllm.loop import LoopThread
+
+    engine = VLLMEngine.__new__(VLLMEngine)
+    engine.name, engine.llm, engine._loop = "engine0", llm, LoopThread("test")
+    engine.version, engine.paused, engine.weights_on_gpu = 1, False, True
+    engine._lock, engine._version_changes = threading.Lock(), {}
+    return engine
+
+
+class _Llm:
+    """Records the calls an update makes on vLLM's AsyncLLM; collective_rpc fails or hangs where asked to."""
+
+    def __init__(self, fail: BaseException | None = None, hang_s: float = 0.0):
+        self.calls, self.fail, self.hang_s = [], fail, hang_s
+
+    async def pause_generation(self, mode, clear_cache):
+        self.calls.append(f"pause:{mode}")
+
+    async def resume_generation(self):
+        self.calls.append("resume")
+
+    async def reset_prefix_cache(self):
+        self.calls.append("reset")
+        return True
+
+    async def collective_rpc(self, method, timeout=None, args=()):
+        import asyncio
+
+        self.calls.append(f"rpc:{method.__name__}")
+        if self.hang_s:
+            await asyncio.sleep(self.hang_s)
+        if self.fail is not None:
+            raise self.fail
+        return [len(args[0]["names"])]
+
+
+def test_an_nccl_update_in_flight_pauses_the_engine_only_around_its_own_receive():
+    """pause=True: the engine freezes its requests right before the receive and lets them go right after, inside
+    the one call; its span and parts say how long it did not generate and where that went."""
+    import time
+
+    llm = _Llm()
+    engine = _engine_for_updates(llm)
+    try:
+        t0 = time.time()
+        out = engine.receive_weights({"names": ["w"]}, 2, timeout_s=5.0, pause=True)
+        assert llm.calls == ["pause:keep", "rpc:receive_nccl_on_worker", "reset", "resume"]
+        assert out["version"] == 2 == engine.version and not engine.paused
+        [(phase, a, b)] = out["spans"]
+        assert phase == "sync" and t0 <= a <= b <= time.time()
+        assert set(out["parts"]) == {"pausing", "receive", "version", "resuming"}
+        assert abs(sum(out["parts"].values()) - (b - a)) < 1e-3
+
+        llm.calls.clear()  # no generation running: nothing is paused
+        out = engine.receive_weights({"names": ["w"]}, 3, timeout_s=5.0)
+        assert llm.calls == ["rpc:receive_nccl_on_worker", "reset"] and set(out["parts"]) == {"receive", "version"}
+    finally:
+        engine._loop.close()
+
+
+def test_a_failed_nccl_update_in_flight_resumes_unless_the_workers_may_still_be_receiving():
+    """A receive that failed lets the frozen requests go on; one that timed out leaves them paused, since its
+    workers may still sit in the broadcast and the engine is restarted."""
+    llm = _Llm(fail=RuntimeError("a shape did not match"))
+    engine = _engine_for_updates(llm)
+    try:
+        with pytest.raises(RuntimeError, match="shape"):
+            engine.receive_weights({"names": ["w"]}, 2, timeout_s=5.0, pause=True)
+        assert llm.calls == ["pause:keep", "rpc:receive_nccl_on_worker", "resume"]
+        assert not engine.paused and engine.version == 1
+
+        engine.llm = slow = _Llm(hang_s=3.0)
+        with pytest.raises(TimeoutError, match="receiving 1 tensors over NCCL"):
+            engine.receive_weights({"names": ["w"]}, 2, timeout_s=0.5, pause=True)
+        assert slow.calls == ["pause:keep", "rpc:receive_nccl_on_worker"] and engine.paused
+    finally:
+        engine._loop.close()

@@ -77,7 +77,7 @@ class Engine:
     def init_weight_transfer(self, info: dict, timeout_s: float) -> dict:
         return {"ok": True}
 
-    def receive_weights(self, update_info: dict, version: int, timeout_s: float) -> dict:
+    def receive_weights(self, update_info: dict, version: int, timeout_s: float, *, pause: bool = False) -> dict:
         if self.fate == "dies":
             os._exit(1)
         if self.fate == "waits":

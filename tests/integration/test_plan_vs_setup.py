@@ -55,7 +55,7 @@ class StandInEngine:
         self.transfer = dict(init_info)
         return {"ok": True}
 
-    def receive_weights(self, update_info: dict, version: int, timeout_s: float = 0.0) -> dict:  # NCCL
+    def receive_weights(self, update_info: dict, version: int, timeout_s: float = 0.0, *, pause: bool = False) -> dict:  # NCCL
         self.received.append(version)
         return {"actor": self.name, "version": version, "spans": []}
 

@@ -30,7 +30,7 @@ class FakeVLLMEngine:
         self.calls.append(("init", dict(init_info)))
         return {"ok": True}
 
-    def receive_weights(self, update_info: dict, version: int, timeout_s: float) -> dict:
+    def receive_weights(self, update_info: dict, version: int, timeout_s: float, *, pause: bool = False) -> dict:
         self.calls.append(("receive", update_info["names"], version))
         return {"version": version, "spans": [("sync", time.time(), time.time())]}
 

@@ -63,9 +63,10 @@ class JoinsWeightTransfer(Protocol):
 class ReceivesNccl(JoinsWeightTransfer, Protocol):
     """Flag ``receives_nccl``: weights broadcast over NCCL by the learners' rank 0."""
 
-    def receive_weights(self, update_info: dict[str, Any], version: int,
-                        timeout_s: float = TRANSFER_TIMEOUT_S) -> dict[str, Any]:
-        """Receive one whole update (names, dtypes, shapes in update_info) while rank 0 sends it; take version."""
+    def receive_weights(self, update_info: dict[str, Any], version: int, timeout_s: float = TRANSFER_TIMEOUT_S, *,
+                        pause: bool = False) -> dict[str, Any]:
+        """Receive one whole update (names, dtypes, shapes in update_info) while rank 0 sends it; take version
+        (pause: freeze running requests around it, flag ``in_flight_updates``)."""
 
 
 @runtime_checkable

@@ -7,6 +7,7 @@ pause/resume, health."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -82,9 +83,23 @@ class RemoteEngine:
     def init_weight_transfer(self, init_info: dict[str, Any], timeout_s: float = 300.0) -> dict[str, Any]:
         return self.client.init_weight_transfer(init_info, timeout_s, engine=self.index)["results"][0]
 
-    def receive_weights(self, update_info: dict[str, Any], version: int, timeout_s: float = 300.0) -> dict[str, Any]:
+    def receive_weights(self, update_info: dict[str, Any], version: int, timeout_s: float = 300.0, *,
+                        pause: bool = False) -> dict[str, Any]:
+        """pause=True (an update while requests run): the server's engine is paused for the receive and resumed
+        after it; after a failed receive, resuming is tried and the receive's own error is raised."""
         t0 = time.time()
-        return self._updated(self.client.receive_weights(update_info, version, timeout_s, engine=self.index), t0)
+        if pause:
+            self.pause()
+        try:
+            out = self.client.receive_weights(update_info, version, timeout_s, engine=self.index)
+        except BaseException:
+            if pause:
+                with contextlib.suppress(Exception):
+                    self.resume()
+            raise
+        if pause:
+            self.resume()
+        return self._updated(out, t0)
 
     def _updated(self, out: dict[str, Any], t0: float) -> dict[str, Any]:
         """The sync span is the whole call, the transfer to the server included (the server's own span, the

@@ -175,25 +175,42 @@ class UpdateMethods:
                 self._version_changes.setdefault(key, []).append((n, int(version)))
 
     def receive_weights(
-        self, update_info: dict[str, Any], version: int, timeout_s: float = CONTROL_TIMEOUT_S
+        self, update_info: dict[str, Any], version: int, timeout_s: float = CONTROL_TIMEOUT_S, *, pause: bool = False
     ) -> dict[str, Any]:
         """A whole NCCL update in one call to the workers, concurrently with the trainer's broadcast: each worker
         receives the packed weights and loads them in place (``receive_nccl_on_worker``); then the prefix cache
-        goes and the new version is taken. A timeout leaves vLLM's worker blocked in NCCL: the engine must then be
-        restarted."""
+        goes and the new version is taken. pause=True (an update while requests run): this actor pauses them,
+        keeping their KV cache, right before the receive and resumes them right after, so the requests wait only
+        for the update itself. A timeout leaves vLLM's worker blocked in NCCL: the engine must then be restarted,
+        so its requests are not resumed."""
         self._check_weights_on_gpu()
         t0 = time.time()
-        self._loop.run(
-            self.llm.collective_rpc(receive_nccl_on_worker, timeout=timeout_s, args=(dict(update_info),)),
-            timeout_s,
-            f"{self.name}: receiving {len(update_info.get('names', ()))} tensors over NCCL",
-        )
+        if pause:
+            self.pause("keep")
         t1 = time.time()
-        out = {"actor": self.name, **self._take_version(version, timeout_s)}
-        t2 = time.time()
-        out.update(tensors=len(update_info.get("names", ())), spans=[(Phase.sync.value, t0, t2)], seconds=t2 - t0,
-                   parts={"receive": t1 - t0, "version": t2 - t1})
+        try:
+            self._loop.run(
+                self.llm.collective_rpc(receive_nccl_on_worker, timeout=timeout_s, args=(dict(update_info),)),
+                timeout_s,
+                f"{self.name}: receiving {len(update_info.get('names', ()))} tensors over NCCL",
+            )
+            t2 = time.time()
+            out = {"actor": self.name, **self._take_version(version, timeout_s)}
+        except (TimeoutError, EngineDead, CallCancelled):
+            raise  # its workers may still sit in the broadcast: the engine is restarted, not resumed
+        except BaseException:
+            if pause and self.paused:
+                self.resume()  # a failed update must not leave the requests frozen
+            raise
+        t3 = time.time()
+        if pause:
+            self.resume()
+        t4 = time.time()
+        parts = {"receive": t2 - t1, "version": t3 - t2}
+        if pause:  # not "pause": the step record's sync_pause_s is the whole time the engines did not generate
+            parts.update(pausing=t1 - t0, resuming=t4 - t3)
+        out.update(tensors=len(update_info.get("names", ())), spans=[(Phase.sync.value, t0, t4)], seconds=t4 - t0,
+                   parts=parts)
         return out
-
 
 __all__ = ["UpdateMethods"]

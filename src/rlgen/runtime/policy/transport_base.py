@@ -1,6 +1,6 @@
 """What every weight transport shares: the result of a push, the interface the loop calls, and the base that
 keeps the engines' version, the timeouts and the broken flag (``TransportBase``); ``VLLMTransport`` adds the
-learner's weight names and the pause around an update in flight. The transports themselves are in
+learner's weight names and what an update in flight asks of the engines. The transports themselves are in
 ``weight_transports`` and ``ipc_transport``."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from typing import Any, Protocol
 
 from rlgen.plan import Transport
 from rlgen.transfer import DEFAULT_BUCKET_BYTES, SLACK_S, SyncError, SyncTimeoutError, get_all
-from rlgen.types import Phase
 
 
 @dataclass
@@ -118,26 +117,16 @@ class VLLMTransport(TransportBase):
         self.bucket_bytes = max(self.bucket_bytes, int(meta["max_tensor_bytes"]))
         return meta
 
-    def _paused(self, in_flight: bool, body: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
-        """body() with every engine paused (requests frozen with their KV cache) when in_flight. Then each
-        engine's sync span is the whole pause, the time the update kept it from generating."""
+    def _pause_kwargs(self, in_flight: bool) -> dict[str, Any]:
+        """What an update in flight asks of each engine: pause its running requests (keeping their KV cache)
+        for the update, inside its own call, so that they wait for the update only and each engine's sync span
+        is its own pause. Engines that cannot pause refuse an update in flight."""
         if not in_flight:
-            return body()
+            return {}
         if not self.pauses:
             raise SyncError("these engines cannot pause for a weight update while requests run (PausesInFlight); "
                             "set algo.async_steps=0.")
-        t0 = time.time()
-        self._get([e.pause.remote("keep", False) for e in self.engines], "pausing engines (in-flight update; engine "
-                  "actors need max_concurrency >= 2)", self.engine_names)
-        try:
-            results = body()
-        finally:
-            if not self.broken:
-                self._get([e.resume.remote() for e in self.engines], "resuming engines", self.engine_names)
-        paused = [(Phase.sync.value, t0, time.time())]
-        names = set(self.engine_names)
-        return [{**r, "spans": paused} if r.get("actor") in names else r for r in results]
-
+        return {"pause": True}
 
 
 __all__ = ["PushResult", "TransportBase", "VLLMTransport", "WeightTransport"]

@@ -192,22 +192,19 @@ class NcclTransport(VLLMTransport):
 
     def push(self, version: int, *, in_flight: bool = False, resend: bool = False) -> PushResult:
         t0 = self._begin(version, resend=resend)
-
-        def body() -> list[dict[str, Any]]:
-            refs = [e.receive_weights.remote(self.update_info, version, self.timeout_s) for e in self.engines]
-            refs.append(self.learner.send_weights_nccl.remote(version, self.dtype, self.bucket_bytes, self.timeout_s))
-            gathers = self._gather_refs(version)
-            names = [*self.engine_names, "learner0", *[f"learner{i + 1}" for i in range(len(gathers))]]
-            try:
-                return self._get(refs + gathers, f"NCCL weight update to version {version}", names)[: len(refs)]
-            except Exception as err:
-                # One side failed while the other may still sit in the broadcast: the group is unusable.
-                self.broken = self.broken or f"an NCCL update failed: {err}"
-                if engine_died(err):  # otherwise (a hang, the learner's own failure) it stays broken: the run stops
-                    self._free_blocked(refs)
-                raise
-
-        results = self._paused(in_flight, body)
+        pause = self._pause_kwargs(in_flight)  # in flight: each engine pauses itself around its receive
+        refs = [e.receive_weights.remote(self.update_info, version, self.timeout_s, **pause) for e in self.engines]
+        refs.append(self.learner.send_weights_nccl.remote(version, self.dtype, self.bucket_bytes, self.timeout_s))
+        gathers = self._gather_refs(version)
+        names = [*self.engine_names, "learner0", *[f"learner{i + 1}" for i in range(len(gathers))]]
+        try:
+            results = self._get(refs + gathers, f"NCCL weight update to version {version}", names)[: len(refs)]
+        except Exception as err:
+            # One side failed while the other may still sit in the broadcast: the group is unusable.
+            self.broken = self.broken or f"an NCCL update failed: {err}"
+            if engine_died(err):  # otherwise (a hang, the learner's own failure) it stays broken: the run stops
+                self._free_blocked(refs)
+            raise
         check_versions(results, int(version), "NCCL weight update")
         self.version = int(version)
         return PushResult(int(version), results=results, seconds=time.time() - t0)
