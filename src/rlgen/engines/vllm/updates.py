@@ -213,4 +213,5 @@ class UpdateMethods:
                    parts=parts)
         return out
 
+
 __all__ = ["UpdateMethods"]
