@@ -8,7 +8,7 @@ from rlgen.config import AlgoConfig
 def algo_cfg(**values) -> AlgoConfig:
     """An AlgoConfig with concrete values where the dataclass leaves them null for the plan to fill: the tiny
     recipe's learning rate, 8 new tokens and one micro-batch of the whole batch."""
-    return AlgoConfig(**{"lr": 1e-3, "max_new_tokens": 8, "micro_batch_size": 0, **values})
+    return AlgoConfig(**{"lr": 1e-3, "max_new_tokens": 8, "micro_batch_tokens": 0, **values})
 
 
 # The random Qwen2 models tests train and serve: TINY_QWEN2 on CPU (two 32-wide layers, 32 tokens), SMALL_QWEN2 on
@@ -232,3 +232,11 @@ def train_or_stopped(overrides: list[str], out, *, stop=None, resume: bool = Fal
     except RunStopped as err:
         return err
     return None
+
+
+def tokens_for(batch, rows: int) -> int:
+    """A micro-batch budget (algo.micro_batch_tokens) of `rows` times the batch's longest packed row: micro-batches
+    of about `rows` rows or fewer. 0 stays 0 (each rank's rows in one micro-batch)."""
+    from rlgen.learners.packed import row_tokens
+
+    return rows * max(row_tokens(batch.attention_mask, batch.response_mask, batch.prompt_len)) if rows else 0

@@ -103,6 +103,18 @@ def covered_seconds(intervals: Iterable[tuple[float, float]]) -> float:
     return total
 
 
+TAIL_QUANTILE = 0.9  # a generate() call's tail: after this fraction of its requests finished, until the last
+
+
+def tail_start(finished: Iterable[float]) -> float | None:
+    """When a generate() call's tail began: the time by which TAIL_QUANTILE of its requests (each its last sample)
+    had finished. None for no requests."""
+    times = sorted(finished)
+    if not times:
+        return None
+    return times[min(len(times) - 1, math.ceil(TAIL_QUANTILE * len(times)) - 1)]
+
+
 @dataclass(frozen=True)
 class Span:
     actor: str  # "engine0", "learner0", "driver"
@@ -164,6 +176,9 @@ class RolloutBatch:
     version: int  # oldest policy version that sampled any row
     prompt_len: int  # P
     token_versions: torch.Tensor | None = None  # [B*G, L] long; the policy version that sampled each token
+    # a learner rank's micro-batches, as lists of its rows (rlgen.microbatches); None: the learner packs its rows
+    # into micro-batches of algo.micro_batch_tokens itself
+    micro_rows: list[list[int]] | None = None
 
     @property
     def num_sequences(self) -> int:

@@ -234,7 +234,7 @@ def test_deepspeed_step_changes_parameters(ray_local, models, stage):
 
     ray = ray_local
     # lr 1e-2: a smaller step can round away in the bf16 copy of weights near 1 (the norms), spacing 2^-7
-    algo = algo_cfg(lr=1e-2, micro_batch_size=4, prompts_per_step=2, samples_per_prompt=4)
+    algo = algo_cfg(lr=1e-2, micro_batch_tokens=64, prompts_per_step=2, samples_per_prompt=4)
     learner = ray.remote(DeepSpeedLearner).options(num_gpus=1).remote(models[0], algo, MonitorConfig(),
                                                                        zero_stage=stage)
     before = ray.get(learner.get_weights.remote(), timeout=TIMEOUT_S)

@@ -3,8 +3,9 @@
 Two configs put the bottleneck on opposite sides of the loop:
 - starved learner: engine.max_num_seqs=2 makes the hf engine generate 2 sequences at a time, so a step's 128
   sequences take ~60 generate calls while the learner trains in one pass: generation-bound;
-- slow learner: algo.micro_batch_size=1 makes the learner run 128 forward/backward passes a step while the
-  engine generates the batch in one call: training-bound.
+- slow learner: algo.micro_batch_tokens=12 (the longest row: 8 prompt + 4 response tokens) makes the learner run
+  a forward/backward pass for about every row of a step while the engine generates the batch in one call:
+  training-bound.
 On 2 cores each side is 10x or more the other, far outside the balancer's +-15% dead band.
 """
 
@@ -25,7 +26,7 @@ from rlgen.runtime.run import run_training
 
 BASE = ["progress=false", "steps=8"]
 STARVED_LEARNER = [*BASE, "engine.max_num_seqs=2"]
-SLOW_LEARNER = [*BASE, "algo.micro_batch_size=1"]
+SLOW_LEARNER = [*BASE, "algo.micro_batch_tokens=12"]
 
 
 def _verdicts(out_dir):

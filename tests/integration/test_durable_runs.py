@@ -229,13 +229,14 @@ def test_a_learner_out_of_gpu_memory_stops_the_run_with_the_fix_and_keeps_its_ch
     with pytest.raises(RunError) as info:
         run_training(build_plan(cfg), tmp_path, Console(quiet=True), learner_cls=OutOfMemoryAt5)
     message = str(info.value)
-    assert message.startswith("training step 4 ran out of GPU memory on the learner (micro-batches of 64 sequences")
-    assert "lower algo.micro_batch_size (now 64 of the 64 sequences a rank trains on)" in message
+    assert message.startswith("training step 4 ran out of GPU memory on the learner (each rank's 64 sequences in one "
+                              "micro-batch)")
+    assert "lower algo.micro_batch_tokens (now the whole shard; a row of 12 tokens must fit)" in message
     assert "\n" not in message and "Traceback" not in message
     assert read_status(tmp_path)["state"] == "failed"
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000002", "step_000004"]  # untouched
     # the micro-batch changes memory only, so the run resumes with a smaller one, from its last checkpoint
-    assert _run(tmp_path, ["steps=8", "checkpoint.every=2", "algo.micro_batch_size=16"], resume=True) is None
+    assert _run(tmp_path, ["steps=8", "checkpoint.every=2", "algo.micro_batch_tokens=48"], resume=True) is None
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(8))
 
 

@@ -19,7 +19,8 @@ from rlgen.algo.loss import (
 )
 from rlgen.algo.registry import configured_loss
 from rlgen.config import AlgoConfig, ISMode, KLEstimator, Level, LossAgg
-from rlgen.learners.grpo_step import StepSums, micro_loss, token_kl
+from rlgen.learners.grpo_step import Micro, StepSums, micro_loss, token_kl
+from rlgen.learners.packed import pack
 
 EPS = 1e-6
 NO_IS = dict(clip_low=0.2, clip_high=0.2, tis_cap=0.0, seq_mask_cap=0.0, max_new_tokens=4)
@@ -257,14 +258,24 @@ def test_wrong_advantage_shape_raises_readable_error(shape):
 
 
 class FixedLogits(nn.Module):
-    """A 'model' whose logits are a parameter [n, L, V], whatever the input."""
+    """A 'model' whose last hidden states are a parameter [1, T, V], whatever the input, and whose LM head is the
+    identity: the logits at each packed position are the parameter's."""
 
     def __init__(self, logits: torch.Tensor) -> None:
         super().__init__()
         self.logits = nn.Parameter(logits)
+        self.lm_head = nn.Identity()
+        self.config = SimpleNamespace(vocab_size=logits.shape[-1])
 
-    def forward(self, input_ids, attention_mask, position_ids, logits_to_keep, use_cache):
-        return SimpleNamespace(logits=self.logits[:, -logits_to_keep:])
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    def set_output_embeddings(self, head: nn.Module) -> None:
+        self.lm_head = head
+
+    def forward(self, input_ids, position_ids, use_cache, packed_segments):
+        assert input_ids.shape == self.logits.shape[:2]  # one packed row: the prompt and the response less its last
+        return SimpleNamespace(logits=self.lm_head(self.logits))
 
 
 def test_micro_loss_adds_kl_and_subtracts_entropy_bonus():
@@ -275,9 +286,9 @@ def test_micro_loss_adds_kl_and_subtracts_entropy_bonus():
     model = FixedLogits(torch.tensor([[[a[0], 0.0], [a[1], 0.0]]]))
     ref = FixedLogits(torch.zeros(1, 2, 2))  # uniform: ref logp = log(1/2)
     algo = AlgoConfig(max_new_tokens=4, kl_coef=0.5, kl_estimator=KLEstimator.k1, entropy_coef=0.1, tis_cap=0.0)
-    ids, attn = torch.tensor([[0, 1, 0]]), torch.ones(1, 3, dtype=torch.long)
-    out = micro_loss(model, ref, ids, attn, torch.ones(1, 2, dtype=torch.bool), torch.tensor([lp]),
-                     torch.tensor([2.0]), 1, algo, LossAgg.token_mean, configured_loss)
+    ids, attn, mask = torch.tensor([[0, 1, 0]]), torch.ones(1, 3, dtype=torch.long), torch.ones(1, 2, dtype=torch.bool)
+    micro = Micro(torch.tensor([0]), pack(ids, attn, mask, 1), mask, torch.tensor([lp]), torch.tensor([2.0]))
+    out = micro_loss(model, ref, micro, algo, LossAgg.token_mean, configured_loss)
     ent = [-q * math.log(q) - (1 - q) * math.log(1 - q) for q in p]
     kl = sum(x - math.log(0.5) for x in lp)
     assert out.pg == pytest.approx(-4.0)
@@ -294,8 +305,8 @@ def test_step_sums_losses_sign_of_entropy_bonus():
     # batch loss = (pg + kl_coef * kl - entropy_coef * ent) / denominator
     step = SimpleNamespace(n_rows=2, resp_len=2, ids=torch.zeros(2, 4))
     sums = StepSums(step)
-    sums.add(slice(0, 1), torch.zeros(1, 2), {"pg": -4.0, "kl": 1.0, "ent": 2.0, "ratio_max": 1.5})
-    sums.add(slice(1, 2), torch.zeros(1, 2), {"pg": 2.0, "kl": 0.5, "ent": 1.0, "ratio_max": 1.1})
+    sums.add(torch.tensor([0]), torch.zeros(1, 2), {"pg": -4.0, "kl": 1.0, "ent": 2.0, "ratio_max": 1.5})
+    sums.add(torch.tensor([1]), torch.zeros(1, 2), {"pg": 2.0, "kl": 0.5, "ent": 1.0, "ratio_max": 1.1})
     algo = AlgoConfig(kl_coef=0.5, entropy_coef=0.1)
     pg, kl, loss = sums.losses(0.25, algo)
     assert (pg, kl) == pytest.approx((-2.0 / 4, 1.5 / 4))

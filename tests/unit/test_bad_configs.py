@@ -131,15 +131,15 @@ PLAN_ERRORS = [
     ),
     ("zero-engines", ["engine.num_engines=0"], ["engine.num_engines=0 must be at least 1, or null"], 1),
     (
-        "batch-not-dividing-learner-ranks",
-        ["engine=vllm", "hardware=8xh100", "algo.prompts_per_step=3", "algo.samples_per_prompt=6", "hardware.colocated=false", "hardware.engine_gpus=4", "hardware.learner_gpus=4"],
-        ["the batch of 18 sequences", "does not split over 4 learner ranks", "multiple of 4"],
+        "batch-smaller-than-learner-ranks",
+        ["engine=vllm", "hardware=8xh100", "algo.prompts_per_step=1", "algo.samples_per_prompt=2", "hardware.colocated=false", "hardware.engine_gpus=4", "hardware.learner_gpus=4"],
+        ["the batch of 2 sequences", "cannot give each of 4 learner ranks a sequence", "algo.prompts_per_step to 2"],
         1,
     ),
     (
-        "micro-batch-not-dividing",
-        ["algo.micro_batch_size=3", "algo.prompts_per_step=16"],
-        ["algo.micro_batch_size=3 does not divide the 128 sequences"],
+        "micro-batch-below-the-longest-row",
+        ["algo.micro_batch_tokens=10", "algo.max_new_tokens=8"],
+        ["algo.micro_batch_tokens=10 cannot hold the longest row", "= 16 tokens", "raise it to 16 or more"],
         1,
     ),
     (
@@ -173,7 +173,7 @@ PLAN_ERRORS = [
         "learner-too-big-for-one-gpu",  # 7B weights, fp32 master and AdamW states: ~100 GiB on one rank
         ["engine=vllm", "hardware=2xh200", "model=qwen2_5_7b", "learner.lora.enabled=false",  # (unset: LoRA)
          "hardware.colocated=false"],
-        ["a learner rank needs about 146 GiB at its peak", "optimizer 85.1", "more learner GPUs with "
+        ["a learner rank needs about 147 GiB at its peak", "optimizer 85.1", "more learner GPUs with "
          "learner.zero_stage=3", "LoRA adapters on the frozen base (learner.lora.enabled=true)"],
         1,
     ),
@@ -187,7 +187,7 @@ PLAN_ERRORS = [
     (
         "colocated-7b-on-one-gpu",
         ["engine=vllm", "hardware=1xh100", "model=qwen2_5_7b", "learner.lora.enabled=false"],  # (unset: LoRA)
-        ["a learner rank needs about 147 GiB", "leaves the engine 0.0 GiB", "give engines their own GPUs"],
+        ["a learner rank needs about 148 GiB", "leaves the engine 0.0 GiB", "give engines their own GPUs"],
         2,
     ),
     (
@@ -363,6 +363,8 @@ def test_placement_and_scalar_problems_are_reported_together():
             "hardware=8xh100",
             "hardware.engine_gpus=3",
             "hardware.learner_gpus=5",
+            "algo.prompts_per_step=1",
+            "algo.samples_per_prompt=4",
             "algo.top_p=2",
         ]
     )
@@ -370,7 +372,7 @@ def test_placement_and_scalar_problems_are_reported_together():
         build_plan(cfg)
     joined = "\n".join(info.value.problems)
     assert "does not divide the 3 engine GPUs" in joined
-    assert "does not split over 5 learner ranks" in joined  # learners are still placed and checked
+    assert "cannot give each of 5 learner ranks a sequence" in joined  # learners are still placed and checked
     assert "algo.top_p=2.0 must be in (0, 1]" in joined
     assert len(info.value.problems) == 3
 

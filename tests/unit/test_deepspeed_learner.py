@@ -23,11 +23,14 @@ import pytest
 import torch
 from transformers import Qwen2ForCausalLM
 
-from helpers import algo_cfg, save_tiny_qwen2
+from helpers import algo_cfg, save_tiny_qwen2, tokens_for
 from rlgen.algo.advantages import group_advantages
 from rlgen.config import AlgoConfig, LossAgg, MonitorConfig
-from rlgen.learners.deepspeed import DeepSpeedLearner, build_ds_config, micro_batches
+from rlgen.learners.attention import use_packed_attention
+from rlgen.learners.deepspeed import DeepSpeedLearner, build_ds_config
+from rlgen.learners.packed import row_tokens
 from rlgen.learners.torch import NonFiniteWeightsError, TorchLearner
+from rlgen.microbatches import assign
 from rlgen.transfer import SyncError
 from rlgen.types import RolloutBatch
 
@@ -102,6 +105,7 @@ def ds_learner(model_dir: str, algo: AlgoConfig) -> DeepSpeedLearner:
     learner = DeepSpeedLearner.__new__(DeepSpeedLearner)
     learner._init_state(algo, MonitorConfig(), 0, "learner0", torch.device("cpu"), 2, 1 << 20)
     module = Qwen2ForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
+    use_packed_attention(module, "sdpa_segments")
     learner.engine = learner.model = ZeroStandIn(module, algo.lr, algo.grad_clip)
     learner.module = module
     return learner
@@ -114,10 +118,11 @@ def params(module):
 # -- config ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("stage", [2, 3])
 def test_ds_config_geometry_and_precision(stage):
-    cfg = build_ds_config(algo_cfg(micro_batch_size=4, grad_clip=1.0), zero_stage=stage, rows_per_step=64)
-    assert cfg["train_micro_batch_size_per_gpu"] == 4
-    assert cfg["gradient_accumulation_steps"] == 16
-    assert cfg["train_batch_size"] == 64
+    # a step's micro-batches are as many as its tokens need; the learner marks the boundary itself
+    cfg = build_ds_config(algo_cfg(micro_batch_tokens=4096, grad_clip=1.0), zero_stage=stage)
+    assert cfg["train_micro_batch_size_per_gpu"] == 1
+    assert cfg["gradient_accumulation_steps"] == 1
+    assert cfg["train_batch_size"] == 1
     assert cfg["gradient_clipping"] == 1.0
     assert cfg["bf16"] == {"enabled": True, "check_grad_overflow": True}  # the non-finite guard relies on it
     assert cfg["zero_optimization"]["stage"] == stage
@@ -126,16 +131,15 @@ def test_ds_config_geometry_and_precision(stage):
 
 
 def test_ds_config_whole_batch_and_no_clipping():
-    cfg = build_ds_config(algo_cfg(micro_batch_size=0, grad_clip=0.0), zero_stage=3, rows_per_step=8, world_size=2)
-    assert cfg["train_micro_batch_size_per_gpu"] == 8 and cfg["gradient_accumulation_steps"] == 1
-    assert cfg["train_batch_size"] == 16 and cfg["gradient_clipping"] == 0.0
-    assert micro_batches(10, 4) == 3 and micro_batches(10, 0) == 1
+    cfg = build_ds_config(algo_cfg(micro_batch_tokens=0, grad_clip=0.0), zero_stage=3, world_size=2)
+    assert cfg["train_micro_batch_size_per_gpu"] == 1 and cfg["gradient_accumulation_steps"] == 1
+    assert cfg["train_batch_size"] == 2 and cfg["gradient_clipping"] == 0.0
 
 
 @pytest.mark.parametrize("stage", [0, 1, 4])
 def test_ds_config_rejects_other_stages(stage):
     with pytest.raises(ValueError, match="zero_stage"):
-        build_ds_config(algo_cfg(), zero_stage=stage, rows_per_step=8)
+        build_ds_config(algo_cfg(), zero_stage=stage)
 
 
 def test_importing_the_learner_and_sync_needs_neither_deepspeed_nor_vllm():
@@ -160,9 +164,9 @@ def test_construction_without_cuda_says_what_to_use(model_dir):
      (LossAgg.token_mean, 1, 1.05, "trainer")],
 )
 def test_step_matches_torch_learner(model_dir, agg, micro, seq_mask_cap, old):
-    algo = algo_cfg(lr=1e-2, loss_agg=agg, micro_batch_size=micro, seq_mask_cap=seq_mask_cap, grad_clip=0.5,
-                    old_logprobs=old)
     batch = make_batch()
+    algo = algo_cfg(lr=1e-2, loss_agg=agg, micro_batch_tokens=tokens_for(batch, micro), seq_mask_cap=seq_mask_cap,
+                    grad_clip=0.5, old_logprobs=old)
     ref = TorchLearner(model_dir, algo, MonitorConfig())
     ref_grads = {}
     step = ref.optimizer.step
@@ -185,14 +189,15 @@ def test_step_matches_torch_learner(model_dir, agg, micro, seq_mask_cap, old):
     assert set(ref_grads) == set(ds.engine.grads)
     for k, g in ref_grads.items():
         assert torch.allclose(ds.engine.grads[k] * clip, g, rtol=1e-4, atol=1e-8), k
-    n_micro = 1 if micro == 0 else math.ceil(4 / micro)
+    n_micro = assign(row_tokens(batch.attention_mask, batch.response_mask, 4), 1, algo.micro_batch_tokens).micro_batches
+    assert n_micro == 1 if micro == 0 else n_micro > 1
     assert ds.engine.backwards == [False] * (n_micro - 1) + [True]  # one boundary, at the last micro-batch
     if old == "trainer":  # pi_old is the trainer's own, recomputed before the update: the ratio is 1
         assert got["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and got["clip_frac"] == 0.0
 
 
 def test_nan_advantage_skips_without_touching_parameters(model_dir):
-    algo = algo_cfg(micro_batch_size=2)
+    algo = algo_cfg(micro_batch_tokens=tokens_for(make_batch(), 2))
     ds = ds_learner(model_dir, algo)
     before = params(ds.module)
     out = ds.train_step(make_batch(advantages=[1.0, math.nan, -1.0, 0.0]))
@@ -290,19 +295,26 @@ REAL_ENGINE = textwrap.dedent("""
     import deepspeed
     from rlgen.config import AlgoConfig, MonitorConfig
     from rlgen.learners.deepspeed import DeepSpeedLearner, build_ds_config
-    from helpers import algo_cfg, tiny_qwen2
+    from helpers import algo_cfg, tiny_qwen2, tokens_for
+    from rlgen.learners.attention import use_packed_attention
     from test_deepspeed_learner import make_batch
     stage = int(sys.argv[1])
     deepspeed.init_distributed(dist_backend="gloo")
-    module = tiny_qwen2().to(torch.bfloat16)
-    algo = algo_cfg(micro_batch_size=2, lr=1e-2)
-    opt = torch.optim.AdamW(module.parameters(), lr=algo.lr)
-    engine, *_ = deepspeed.initialize(model=module, optimizer=opt,
-                                      config=build_ds_config(algo, zero_stage=stage, rows_per_step=4))
-    learner = DeepSpeedLearner.__new__(DeepSpeedLearner)
-    learner._init_state(algo, MonitorConfig(), 0, "learner0", torch.device("cpu"), stage, 4096)
-    learner.engine = learner.model = engine
-    learner.module = engine.module
+
+    def learner_of(tokens):
+        module = tiny_qwen2().to(torch.bfloat16)
+        use_packed_attention(module, "sdpa_segments")
+        algo = algo_cfg(micro_batch_tokens=tokens, lr=1e-2)
+        opt = torch.optim.AdamW(module.parameters(), lr=algo.lr)
+        engine, *_ = deepspeed.initialize(model=module, optimizer=opt, config=build_ds_config(algo, zero_stage=stage))
+        learner = DeepSpeedLearner.__new__(DeepSpeedLearner)
+        learner._init_state(algo, MonitorConfig(), 0, "learner0", torch.device("cpu"), stage, 4096)
+        learner.engine = learner.model = engine
+        learner.module = engine.module
+        return learner
+
+    whole = learner_of(0).train_step(make_batch())  # one micro-batch, against two below: the same gradient
+    learner = learner_of(tokens_for(make_batch(), 2))
     w0 = learner.get_weights()
     ok = learner.train_step(make_batch())
     w1 = learner.get_weights()
@@ -310,6 +322,7 @@ REAL_ENGINE = textwrap.dedent("""
     w2 = learner.get_weights()
     print(json.dumps({
         "ok": [ok["skipped"], ok["version"], math.isfinite(ok["grad_norm"])],
+        "grad_norms": [whole["grad_norm"], ok["grad_norm"]],
         "bad": [bad["skipped"], bad["version"], bad.get("skip_reason", "")],
         "changed": sum(not torch.equal(w0[k], w1[k]) for k in w0), "n": len(w0),
         "changed_after_skip": sum(not torch.equal(w1[k], w2[k]) for k in w1),
@@ -328,6 +341,8 @@ def test_real_deepspeed_engine_on_cpu_steps_skips_and_exports(stage):
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out["ok"] == [False, 1, True]
+    whole, split = out["grad_norms"]  # two micro-batches accumulate the one-micro-batch gradient (bf16)
+    assert split == pytest.approx(whole, rel=2e-2) and whole > 0
     assert out["bad"][:2] == [True, 1] and out["bad"][2].startswith("non-finite loss")
     assert out["changed"] == out["n"] and out["changed_after_skip"] == 0
     assert [32, 32] in out["shapes"] and [64, 32] in out["shapes"]  # full shapes, gathered under ZeRO-3
@@ -340,17 +355,18 @@ def test_two_ranks_on_shards_make_the_whole_batch_step(model_dir, agg, old):
     """Rank r trains on its shard with the whole batch's denominator and scales by world_size, so DeepSpeed's
     average of the two ranks' gradients is the one-rank gradient, and the merged metrics are the one-rank
     metrics."""
-    from rlgen.learners.group import merge_rank_metrics, shard_rows
+    from rlgen.learners.group import merge_rank_metrics
     from rlgen.learners.grpo_step import batch_denominator, unpack_batch
 
-    algo = algo_cfg(lr=1e-2, loss_agg=agg, micro_batch_size=1, grad_clip=0.0, old_logprobs=old)
     batch = make_batch()
+    algo = algo_cfg(lr=1e-2, loss_agg=agg, micro_batch_tokens=tokens_for(batch, 1), grad_clip=0.0, old_logprobs=old)
     whole = ds_learner(model_dir, algo)
     want = whole.train_step(batch)
 
-    shards = [batch.select(torch.arange(r.start, r.stop)) for r in shard_rows(batch.num_sequences, 2)]
+    shards = [batch.select(torch.arange(r.start, r.stop)) for r in (range(0, 2), range(2, 4))]
     ranks = [ds_learner(model_dir, algo) for _ in shards]
-    total = sum(batch_denominator(r.model, unpack_batch(b, r.device, 1), algo, r.loss_agg) for r, b in zip(ranks, shards))
+    total = sum(batch_denominator(r.model, unpack_batch(b, r.device, algo.micro_batch_tokens), algo, r.loss_agg)
+                for r, b in zip(ranks, shards))
     for rank in ranks:
         rank.world_size = 2
         calls = []
@@ -373,7 +389,7 @@ def test_two_ranks_on_shards_make_the_whole_batch_step(model_dir, agg, old):
 
 
 def test_merging_takes_the_worst_outcome_and_keeps_nan():
-    from rlgen.learners.group import merge_rank_metrics, shard_rows
+    from rlgen.learners.group import merge_rank_metrics
 
     a = {"loss": 0.5, "ratio_max": 1.1, "response_tokens": 3, "entropy": 1.0, "skipped": False, "version": 2,
          "spans": [("train", 0.0, 1.0)]}
@@ -383,7 +399,6 @@ def test_merging_takes_the_worst_outcome_and_keeps_nan():
     assert m["loss"] == 0.75 and m["response_tokens"] == 4 and m["entropy"] == pytest.approx(1.5)
     assert math.isnan(m["ratio_max"]) and m["skipped"] is True and m["skip_reason"].startswith("non-finite")
     assert "spans" not in m
-    assert [len(r) for r in shard_rows(10, 4)] == [3, 3, 2, 2] and shard_rows(10, 4)[-1].stop == 10
 
 
 # -- checkpoint and resume ---------------------------------------------------------------------------------
@@ -430,7 +445,7 @@ def test_checkpoint_resume_restores_counters_and_weights(model_dir, tmp_path, ba
     """The learner's counters survive DeepSpeed's client-state filter (a 'skipped_steps' of rlgen's own at the top
     level would be dropped on load), and the resumed learner holds the saved weights. In the background, the
     files DeepSpeed hands its checkpoint engine are host copies, written after a train step changed the weights."""
-    algo = algo_cfg(lr=1e-2, micro_batch_size=2, grad_clip=1.0)
+    algo = algo_cfg(lr=1e-2, micro_batch_tokens=tokens_for(make_batch(), 2), grad_clip=1.0)
     first = ds_learner(model_dir, algo)
     _checkpointing(first, algo)
     first.train_step(make_batch())

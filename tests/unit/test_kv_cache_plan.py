@@ -71,7 +71,7 @@ def test_elsewhere_vllm_measures(overrides):
 def test_a_size_in_the_config_is_taken_and_checked():
     plan = plan_of(*HYBRID_4, "engine.kv_cache_gib=5")
     assert kv_setting(plan) == (5.0, "config")
-    for value, said in (("0", "must be above 0"), ("0.01", "holds less than one 4096-token sequence"),
+    for value, said in (("0", "must be above 0"), ("0.01", "holds less than one 1032-token sequence"),
                         ("40", "do not fit its")):
         with pytest.raises(PlanError, match=said):
             plan_of(*HYBRID_4, f"engine.kv_cache_gib={value}")

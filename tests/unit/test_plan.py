@@ -311,17 +311,18 @@ def test_build_plan_is_deterministic():
     )
 
 
-def test_learner_logits_that_cannot_fit_name_a_micro_batch_that_does():
+def test_the_learners_logits_are_one_chunk_and_a_budget_too_big_names_one_that_fits():
     big = ["engine=vllm", "hardware=1xh100", "model=qwen2_5_1_5b", "algo.prompts_per_step=32", "algo.samples_per_prompt=8",
-           "algo.max_new_tokens=256", "task.max_prompt_tokens=64", "engine.max_model_len=512"]
+           "algo.max_new_tokens=256", "task.max_prompt_tokens=64"]
+    # the whole batch in one pass: 256 rows of up to 320 tokens, but logits only ever of one chunk of the LM head
+    whole = build_plan(compose_run_config([*big, "algo.micro_batch_tokens=0"]))
+    assert "logits 2.0" in whole.memory.learner_parts and whole.batch.sequences_per_rank == 256
     with pytest.raises(PlanError) as err:
-        build_plan(compose_run_config([*big, "algo.micro_batch_size=0"]))  # the whole batch in one pass
-    (problem,) = [m for m in err.value.problems if "for its logits alone" in m]
-    assert "256 sequences x 320 tokens x 151,936 vocabulary" in problem and "algo.micro_batch_size=32" in problem
-    plan = build_plan(compose_run_config([*big, "algo.micro_batch_size=32"]))  # the suggestion is accepted
-    assert plan.batch.sequences_per_rank == 256
-    # left to the plan, the micro-batch is the largest divisor of 256 within the 1.5B recipe's 16,384 tokens
-    # (51 rows of 320), which fits
-    (micro,) = [s for s in build_plan(compose_run_config(big)).settings if s.key == "algo.micro_batch_size"]
-    assert micro.value == 32
-    assert micro.source.startswith("derived: the largest micro-batch up to 16384 tokens (51 rows of 320")
+        build_plan(compose_run_config([*big, "algo.micro_batch_tokens=1048576"]))
+    (problem,) = [m for m in err.value.problems if "a learner rank needs" in m]
+    fix = int(problem.split("use algo.micro_batch_tokens=")[1].split(",")[0])
+    plan = build_plan(compose_run_config([*big, f"algo.micro_batch_tokens={fix}"]))  # the suggestion is accepted
+    assert plan.config.algo.micro_batch_tokens == fix > 320
+    # left to the plan, the budget is the recipe's 32,768 tokens, which fits
+    (tokens,) = [s for s in build_plan(compose_run_config(big)).settings if s.key == "algo.micro_batch_tokens"]
+    assert tokens.value == 32768 and tokens.source.startswith("derived: the most packed tokens")

@@ -30,10 +30,9 @@ GPU_RUN = (
 
 
 @functools.cache
-def _predict(*overrides: str, micro: int = 16):
-    # 16-row micro-batches keep the learner's logits within the plan's memory check at 640 tokens a row; longer
-    # rows need fewer.
-    cfg = compose_run_config([f"algo.micro_batch_size={micro}", *overrides])
+def _predict(*overrides: str, tokens: int = 10240):
+    # micro-batches of 10,240 packed tokens: 16 rows of 640 tokens, the hand calculation's
+    cfg = compose_run_config([f"algo.micro_batch_tokens={tokens}", *overrides])
     return predict(build_plan(cfg))
 
 
@@ -68,7 +67,7 @@ def test_hand_calculation_qwen2_5_1_5b_on_8xh100():
     gen = 512 * step + c * 128 * 2 * params / mm  # decode + prefill = 4.05 s
     assert p.gen_s == pytest.approx(gen, rel=1e-9)
     assert p.gen_s == pytest.approx(4.05, abs=0.01)
-    # Learner: 128 rows a rank in 8 micro-batches of 16 x 640 tokens, each 6 x params x 10,240 tokens at 21%
+    # Learner: 128 rows of 640 tokens a rank, packed in 8 micro-batches of 10,240 tokens, each 6 x params x 10,240 at 21%
     # of 989 TFLOP/s = 0.457 s, above the 28 x 12.7 ms = 0.356 s launch floor: 3.65 s.
     micro = 6 * params * 16 * 640 / (989e12 * 0.21)
     assert micro > 28 * 0.0127
@@ -121,7 +120,7 @@ def test_async_overlaps_and_colocated_only_when_awake():
 def test_kv_capacity_limits_concurrency():
     p = _predict("hardware=8xh200", "engine=vllm", "model=qwen2_5_7b", "engine.max_num_seqs=4096",
                  "engine.max_model_len=32768", "algo.max_new_tokens=16384", "task.max_prompt_tokens=1024",
-                 "algo.prompts_per_step=512", micro=1)
+                 "algo.prompts_per_step=512", tokens=17408)
     assert p.max_concurrency == p.kv_capacity_tokens // (1024 + 16384) < 4096
     assert p.concurrency == p.max_concurrency
 
@@ -162,11 +161,11 @@ def test_small_micro_batches_hit_the_launch_floor():
     work each one costs, so the step is 16 floors (5.69 s measured); 32-row ones by the GPU (1.77 s measured)."""
     base = ("hardware=4xh100", "engine=vllm", "model=qwen2_5_1_5b", "hardware.colocated=true",
             "algo.max_new_tokens=256", "task.max_prompt_tokens=56")
-    small = predict(build_plan(compose_run_config([*base, "algo.micro_batch_size=8"])))
-    large = predict(build_plan(compose_run_config([*base, "algo.micro_batch_size=32"])))
+    small = predict(build_plan(compose_run_config([*base, "algo.micro_batch_tokens=2496"])))  # 8 rows of 312
+    large = predict(build_plan(compose_run_config([*base, "algo.micro_batch_tokens=9984"])))  # 32 rows
     assert small.train_s == pytest.approx(16 * 28 * 0.0127, rel=1e-9)  # 5.69 s
     assert 1.4 < large.train_s < 2.1
-    no_ckpt = predict(build_plan(compose_run_config([*base, "algo.micro_batch_size=32",
+    no_ckpt = predict(build_plan(compose_run_config([*base, "algo.micro_batch_tokens=9984",
                                                     "learner.gradient_checkpointing=false"])))
     assert no_ckpt.train_s == pytest.approx(large.train_s / prediction.NO_CHECKPOINTING_SPEEDUP, rel=1e-9)
 

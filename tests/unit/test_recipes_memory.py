@@ -26,16 +26,16 @@ def settings(plan) -> dict[str, tuple[object, str]]:
 def test_the_embedded_default_keeps_its_tiny_values():
     plan = plan_of()
     s = settings(plan)
-    assert s["algo.max_new_tokens"][0] == 4 and s["algo.lr"][0] == 1e-3 and s["algo.micro_batch_size"][0] == 0
+    assert s["algo.max_new_tokens"][0] == 4 and s["algo.lr"][0] == 1e-3 and s["algo.micro_batch_tokens"][0] == 0
     assert s["algo.lr"][1].startswith("recipe tiny")
     cfg = plan.config
-    assert (cfg.algo.max_new_tokens, cfg.algo.lr, cfg.algo.micro_batch_size) == (4, 1e-3, 0)
+    assert (cfg.algo.max_new_tokens, cfg.algo.lr, cfg.algo.micro_batch_tokens) == (4, 1e-3, 0)
     assert plan.memory is None  # CPU
 
 
 @pytest.mark.parametrize(("model", "band", "new_tokens", "micro", "engine_share"), [
-    ("qwen2_5_0_5b", "0.5B", 512, 16, 0.7),
-    ("qwen2_5_1_5b", "1.5B", 1024, 8, 0.5),
+    ("qwen2_5_0_5b", "0.5B", 512, 32768, 0.7),
+    ("qwen2_5_1_5b", "1.5B", 1024, 32768, 0.5),
 ])
 def test_one_h100_colocated_gets_the_recipe_and_a_derived_split(model, band, new_tokens, micro, engine_share):
     plan = plan_of("engine=vllm", "hardware=1xh100", f"model={model}", "algo.async_steps=0", "engine.engines_per_gpu=1")
@@ -43,7 +43,7 @@ def test_one_h100_colocated_gets_the_recipe_and_a_derived_split(model, band, new
     assert s["algo.max_new_tokens"] == (new_tokens, s["algo.max_new_tokens"][1])
     assert s["algo.lr"][0] == 1e-6 and s["algo.lr"][1].startswith(f"recipe {band}")
     assert s["learner.gradient_checkpointing"][0] is True and s["learner.zero_stage"][0] == 2
-    assert s["algo.micro_batch_size"][0] == micro and s["algo.micro_batch_size"][1].startswith("derived")
+    assert s["algo.micro_batch_tokens"][0] == micro and s["algo.micro_batch_tokens"][1].startswith("derived")
     assert s["engine.gpu_memory_utilization"][0] == engine_share
     m = plan.memory
     assert m.colocated and m.engine_fraction == engine_share
@@ -92,9 +92,9 @@ def test_async_steps_left_null_overlaps_where_it_fits_and_says_why():
     assert chosen()[0] == 0  # CPU, hf engines: on-policy
     assert chosen("engine=vllm", "hardware=2xh200")[0] == 1  # split GPUs
     assert chosen("engine=vllm", "hardware=1xh100", "model=qwen2_5_1_5b")[0] == 1  # colocated, both fit
-    # 1.5B with 16-row micro-batches of 1k-token answers: the learner's peak leaves an awake engine too little,
-    # so the engine sleeps while the learner trains
-    big = ("engine=vllm", "hardware=1xh100", "model=qwen2_5_1_5b", "algo.micro_batch_size=16")
+    # 1.5B with micro-batches of 160k tokens: the learner's peak leaves an awake engine too little, so the engine
+    # sleeps while the learner trains
+    big = ("engine=vllm", "hardware=1xh100", "model=qwen2_5_1_5b", "algo.micro_batch_tokens=163840")
     value, source = chosen(*big)
     assert value == 0 and "do not both fit" in source
     with pytest.raises(PlanError, match="beside an awake engine.*algo.async_steps=0"):
@@ -104,11 +104,11 @@ def test_async_steps_left_null_overlaps_where_it_fits_and_says_why():
 
 def test_set_values_win_and_say_so():
     plan = plan_of("engine=vllm", "hardware=1xh100", "model=qwen2_5_0_5b", "algo.lr=3e-6",
-                   "engine.gpu_memory_utilization=0.3", "algo.micro_batch_size=4")
+                   "engine.gpu_memory_utilization=0.3", "algo.micro_batch_tokens=4096")
     s = settings(plan)
     assert s["algo.lr"] == (3e-6, "config")
     assert s["engine.gpu_memory_utilization"] == (0.3, "config")
-    assert s["algo.micro_batch_size"] == (4, "config")
+    assert s["algo.micro_batch_tokens"] == (4096, "config")
     assert s["algo.max_new_tokens"][0] == 512  # the rest still from the recipe
 
 
@@ -125,7 +125,7 @@ def test_a_model_folder_gets_the_recipe_of_its_size(tmp_path):
         "tie_word_embeddings": False}))
     s = settings(plan_of("engine=vllm", "hardware=8xh100", f"model.path={tmp_path}"))
     assert s["learner.zero_stage"][0] == 3 and s["learner.zero_stage"][1].startswith("recipe 7B (7.62B params)")
-    assert s["algo.micro_batch_size"][0] == 4
+    assert s["algo.micro_batch_tokens"][0] == 16384  # the 7B recipe's ceiling: it fits
 
 
 def test_recipe_bands_cover_every_size_in_order():
@@ -138,17 +138,17 @@ def test_recipe_bands_cover_every_size_in_order():
 
 
 def test_learner_memory_by_hand():
-    """1.5B, one rank, ZeRO-2, gradient checkpointing, micro-batch 8 of 8 + 1024 tokens."""
+    """1.5B, one rank, ZeRO-2, gradient checkpointing, micro-batches of 8,256 packed tokens."""
     cfg = build_plan(compose_run_config(["engine=vllm", "hardware=1xh100", "model=qwen2_5_1_5b"])).config
     p, vocab = count_params(cfg.model)
-    m = learner_memory(cfg, p, vocab, ranks=1, micro=8)
+    m = learner_memory(cfg, p, vocab, ranks=1, tokens=8 * 1032)
     assert m.weights == pytest.approx(2 * p / GIB)
     assert m.optimizer == pytest.approx(12 * p / GIB)  # fp32 master + AdamW's two moments
     assert m.gradients == pytest.approx(6 * p / GIB)  # bf16 grads + the fp32 partition (one rank: all of it)
-    assert m.logits == pytest.approx(8 * 1032 * vocab * 4 * 3 / GIB)
+    assert m.logits == pytest.approx(883 * vocab * 4 * 4 / GIB)  # one chunk of the LM head: 883 tokens
     h, i, layers = 1536, 8960, 28
     assert m.activations == pytest.approx(8 * 1032 * (layers * 2 * h + 2 * (12 * h + 3 * i)) / GIB)
-    z3 = learner_memory(set_key(cfg, "learner.zero_stage", 3), p, vocab, ranks=4, micro=8)
+    z3 = learner_memory(set_key(cfg, "learner.zero_stage", 3), p, vocab, ranks=4, tokens=8 * 1032)
     assert z3.weights == pytest.approx(2 * p / 4 / GIB) and z3.optimizer == pytest.approx(3 * p / GIB)
 
 
@@ -157,21 +157,26 @@ def test_a_learner_that_cannot_fit_names_the_fixes():
         plan_of("engine=vllm", "hardware=2xh200", "model=qwen2_5_7b", "learner.lora.enabled=false",
                 "hardware.colocated=false")
     (problem,) = err.value.problems
-    assert "a learner rank needs about 146 GiB" in problem and "more learner GPUs with learner.zero_stage=3" in problem
+    assert "a learner rank needs about 147 GiB" in problem and "more learner GPUs with learner.zero_stage=3" in problem
     with pytest.raises(PlanError) as err:
-        plan_of("engine=vllm", "hardware=2xh200", "model=qwen2_5_1_5b", "algo.micro_batch_size=512",
-                "learner.gradient_checkpointing=false", "algo.max_new_tokens=2048", "engine.max_model_len=4096")
+        plan_of("engine=vllm", "hardware=2xh200", "model=qwen2_5_1_5b", "algo.micro_batch_tokens=524288",
+                "learner.gradient_checkpointing=false", "algo.max_new_tokens=2048")
     text = " ".join(err.value.problems)
-    assert "learner.gradient_checkpointing=true" in text and "algo.micro_batch_size=" in text
+    assert "learner.gradient_checkpointing=true" in text and "use algo.micro_batch_tokens=36864" in text
+    assert plan_of("engine=vllm", "hardware=2xh200", "model=qwen2_5_1_5b", "algo.micro_batch_tokens=36864",
+                   "learner.gradient_checkpointing=false", "algo.max_new_tokens=2048")  # the fix it names fits
 
 
-def test_the_micro_batch_budget_is_in_tokens():
-    from rlgen.plan.memory import micro_rows_cap
+def test_the_micro_batch_budget_is_in_tokens_and_holds_the_longest_row():
+    def budget(*overrides):
+        (setting,) = [s for s in plan_of(*overrides).settings if s.key == "algo.micro_batch_tokens"]
+        return setting
 
-    assert micro_rows_cap(16384, 264, 128) == 62  # 256-token responses: 62 rows, so 32 of 128 (a divisor)
-    assert micro_rows_cap(16384, 1032, 512) == 15  # the 1.5B preset's 1024-token responses: 8 of 512
-    assert micro_rows_cap(16384, 40000, 64) == 1  # a sequence past the budget still trains, one row at a time
-    assert micro_rows_cap(0, 264, 128) == 128  # no budget: the whole batch
-    settings = {s.key: s for s in build_plan(compose_run_config([
-        "engine=vllm", "hardware=4xh100", "model=qwen2_5_1_5b", "hardware.colocated=true"])).settings}
-    assert settings["algo.micro_batch_size"].value == 8  # 15 rows of 1,032 tokens allowed; 8 divides 128
+    one = budget("engine=vllm", "hardware=4xh100", "model=qwen2_5_1_5b", "hardware.colocated=true")
+    assert one.value == 32768 and "from the longest row (1032) up to recipe 1.5B's 32768" in one.source
+    # a row longer than the recipe's ceiling: the budget grows to hold it (a row is never split)
+    long = budget("engine=vllm", "hardware=2xh200", "model=qwen2_5_7b", "algo.max_new_tokens=16384",
+                  "algo.prompts_per_step=4")
+    assert long.value == 17408 and long.value % 1024 == 0 and long.value >= 16384 + 8
+    # on CPU, the recipe's: tiny trains a rank's rows in one micro-batch
+    assert budget().value == 0 and budget("model=qwen2_5_0_5b").value == 32768

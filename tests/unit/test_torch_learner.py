@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
-from helpers import algo_cfg, tiny_qwen2
+from helpers import algo_cfg, tiny_qwen2, tokens_for
 from rlgen.algo.advantages import group_advantages
 from rlgen.config import LossAgg, MonitorConfig
 from rlgen.learners.base import Learner
@@ -148,7 +148,8 @@ def test_micro_batches_match_whole_batch(model_dirs, agg, micro, drift_row):
         seq_mask_cap = 2.0
     results = []
     for micro_batch_size in (0, micro):
-        algo = algo_cfg(lr=1e-2, loss_agg=agg, micro_batch_size=micro_batch_size, seq_mask_cap=seq_mask_cap)
+        algo = algo_cfg(lr=1e-2, loss_agg=agg, micro_batch_tokens=tokens_for(batch, micro_batch_size),
+                        seq_mask_cap=seq_mask_cap)
         learner = TorchLearner(path, algo, MonitorConfig())
         outs = [learner.train_step(batch) for _ in range(2)]  # the second step sees ratios != 1
         results.append((outs, params_of(learner)))
@@ -281,7 +282,7 @@ def test_trainer_old_logprobs_measure_policy_change_not_staleness(model_dirs, mi
     batch = make_batch(load(path))
     outs = {}
     for old, size in (("engine", 0), ("trainer", 0), ("trainer", micro)):
-        learner = TorchLearner(path, algo_cfg(lr=5e-2, old_logprobs=old, micro_batch_size=size,
+        learner = TorchLearner(path, algo_cfg(lr=5e-2, old_logprobs=old, micro_batch_tokens=tokens_for(batch, size),
                                               clip_low=0.01, clip_high=0.01), MonitorConfig())
         outs[old, size] = [learner.train_step(batch) for _ in range(2)]
     stale_engine, stale_trainer = outs["engine", 0][1], outs["trainer", 0][1]

@@ -92,7 +92,16 @@ def _is_map(dotted: str) -> bool:
     return False
 
 
+# keys of earlier releases, and what took their place
+RENAMED = {
+    "algo.micro_batch_size": "algo.micro_batch_tokens, a budget of real tokens a learner micro-batch packs (rows "
+                             "no longer pad to the longest); leave it unset for the most that fits the GPU",
+}
+
+
 def _not_a_setting(key: str) -> str:
+    if key in RENAMED:
+        return f"{key} is gone; use {RENAMED[key]}."
     known = _known_keys(key)
     where = key.rsplit(".", 1)[0] if "." in key else "the top level"
     hint = f"; known keys there: {', '.join(known)}" if known else "; `rlgen train --cfg job` prints every key"

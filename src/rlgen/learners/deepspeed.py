@@ -24,9 +24,11 @@ from rlgen.algo.registry import Algorithm
 from rlgen.algo.registry import algorithm as find_algorithm
 from rlgen.config import AlgoConfig, LossAgg, MonitorConfig
 from rlgen.gpustart import beside_engine_starts
+from rlgen.learners.attention import use_packed_attention
 from rlgen.learners.background import HostCopies, reserve_pinned, tensor_sizes, to_host
 from rlgen.learners.group import free_endpoint
 from rlgen.learners.grpo_step import (
+    Micro,
     StepSums,
     assemble_metrics,
     batch_denominator,
@@ -74,32 +76,21 @@ class DeferredFiles:
         return getattr(self.inner, name)
 
 
-def micro_batches(rows: int, micro_batch_size: int) -> int:
-    """How many micro-batches a batch of `rows` splits into (micro_batch_size 0: one)."""
-    if micro_batch_size <= 0:
-        return 1
-    return max(1, math.ceil(rows / micro_batch_size))
-
-
-def build_ds_config(
-    algo: AlgoConfig, *, zero_stage: int, rows_per_step: int, world_size: int = 1, bf16: bool = True
-) -> dict[str, Any]:
-    """The DeepSpeed JSON config for this learner. Pure: no deepspeed import."""
+def build_ds_config(algo: AlgoConfig, *, zero_stage: int, world_size: int = 1, bf16: bool = True) -> dict[str, Any]:
+    """The DeepSpeed JSON config for this learner. Pure: no deepspeed import. A step's micro-batches are as many as
+    its tokens need (rlgen.microbatches), so the learner marks the last one as the accumulation boundary itself;
+    DeepSpeed's batch geometry counts one micro-batch of one row a rank."""
     if zero_stage not in (2, 3):
         raise ValueError(f"learner.zero_stage={zero_stage}: this learner runs ZeRO stage 2 or 3.")
-    if rows_per_step < 1:
-        raise ValueError(f"rows_per_step={rows_per_step} must be at least 1.")
-    micro = algo.micro_batch_size if algo.micro_batch_size > 0 else rows_per_step
-    gas = micro_batches(rows_per_step, algo.micro_batch_size)
     zero: dict[str, Any] = {"stage": zero_stage, "overlap_comm": True, "contiguous_gradients": True,
                             "reduce_bucket_size": int(5e8)}
     if zero_stage == 3:
         zero.update(stage3_prefetch_bucket_size=int(5e7), stage3_param_persistence_threshold=int(1e5),
                     stage3_gather_16bit_weights_on_model_save=True)
     return {
-        "train_micro_batch_size_per_gpu": micro,
-        "gradient_accumulation_steps": gas,
-        "train_batch_size": micro * gas * world_size,
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": world_size,
         "gradient_clipping": float(algo.grad_clip) if algo.grad_clip > 0 else 0.0,
         "bf16": {"enabled": bool(bf16), "check_grad_overflow": True},
         "data_types": {"grad_accum_dtype": "fp32"},
@@ -130,9 +121,8 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
     """ZeRO-2/3 learner. Constructor arguments are plain values so the class can be wrapped in ray.remote.
 
     zero_stage: 2 or 3. gradient_checkpointing: recompute activations in backward (HF's non-reentrant
-    checkpointing). rows_per_step: sequences per train_step on this rank (fixes DeepSpeed's batch geometry;
-    default prompts_per_step x samples_per_prompt). sync_bucket_bytes: ZeRO-3 gathers at most this many
-    bytes of parameters at once when exporting weights.
+    checkpointing). sync_bucket_bytes: ZeRO-3 gathers at most this many bytes of parameters at once when
+    exporting weights. attention: the packed-attention backend (rlgen.learners.attention).
 
     Several ranks (world_size > 1, one Ray actor per GPU, rank 0's master_addr/master_port) train as one
     data-parallel learner: each gets its shard of the batch, the loss denominator is the whole batch's (one
@@ -152,7 +142,6 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         name: str = "learner0",
         zero_stage: int = 2,
         gradient_checkpointing: bool = True,
-        rows_per_step: int | None = None,
         sync_bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         world_size: int = 1,
         master_addr: str | None = None,
@@ -166,6 +155,7 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         lora_init: str | None = None,
         hang_timeout_s: float = 300.0,
         warm_checkpoint_copies: bool = False,
+        attention: str = "torch_varlen",
     ) -> None:
         self.clock = ActorClock()
         if not torch.cuda.is_available():
@@ -187,10 +177,10 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
             torch.cuda.set_device(0)  # Ray narrows CUDA_VISIBLE_DEVICES to this actor's GPU
             self._init_state(algo, monitor, rank, name, torch.device("cuda", 0), zero_stage, sync_bucket_bytes,
                              world_size, release_memory, algorithm)
-            rows = rows_per_step or algo.prompts_per_step * algo.samples_per_prompt
-            self.ds_config = build_ds_config(algo, zero_stage=self.zero_stage, rows_per_step=rows, world_size=world_size)
+            self.ds_config = build_ds_config(algo, zero_stage=self.zero_stage, world_size=world_size)
 
             module = load_policy(model_path, torch.bfloat16, self.device)
+            use_packed_attention(module, attention)
             if gradient_checkpointing:
                 module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
                 module.config.use_cache = False
@@ -198,6 +188,7 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
                 module = self.peft = with_lora(module, lora, resume_from, lora_init)
             elif algo.kl_coef > 0:  # a full bf16 copy; fine for the sizes rlgen targets on one GPU
                 self.ref_model = frozen_model(ref_model_path or model_path, torch.bfloat16, self.device)
+                use_packed_attention(self.ref_model, attention)
             self.clock.step("weights")
             _, optimizer = adamw(module, algo)
             _dist_env(rank, world_size, master_addr, master_port)
@@ -207,7 +198,7 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
             self._ckpt_files.inner = self.engine.checkpoint_engine  # background checkpoints hand their files over
             self.engine.checkpoint_engine = self._ckpt_files
             self.engine.train()
-            self.model = self.engine  # the forward (grpo_step.response_logits) calls self.model(...)
+            self.model = self.engine  # the forward (rlgen.learners.packed) calls self.model(...)
             self.module = self.engine.module
             if self.peft is not None and algo.kl_coef > 0:
                 self.ref_model = AdapterOff(self.engine, self.peft)
@@ -233,42 +224,39 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         self.sync_blocked = None
 
     # -- training --------------------------------------------------------------------------------------
-    def _micro_step(self, ids, attn, mask, engine_logp, advantages, old_logp, prompt_len: int, scale: float,
-                    poison: bool):
+    def _micro_step(self, micro: Micro, scale: float, poison: bool):
         """Forward and backward of one micro-batch; the loss is pre-divided by the batch denominator (scale =
-        1/denominator). ids, attn: [n, P+L]; mask, engine_logp: [n, L]; advantages: [n]; old_logp: [n, L] or None
-        (StepBatch.rows). poison, or a non-finite loss, makes the loss NaN so that DeepSpeed's overflow check
-        skips the step."""
-        micro = micro_loss(
-            self.model, self.ref_model if self._kl_in_loss() else None, ids, attn, mask, engine_logp, advantages,
-            prompt_len, self.algo, self.loss_agg, self.loss_fn, old_logp,
-        )
-        total = micro.total
-        if poison or not math.isfinite(micro.pg + micro.kl + micro.ent):
+        1/denominator). poison, or a non-finite loss, makes the loss NaN so that DeepSpeed's overflow check
+        skips the step. Returns its rows, the detached trainer logprobs [n, Lm] and `MicroLoss.sums()`."""
+        out = micro_loss(self.model, self.ref_model if self._kl_in_loss() else None, micro, self.algo,
+                         self.loss_agg, self.loss_fn)
+        total = out.total
+        if poison or not math.isfinite(out.pg + out.kl + out.ent):
             total = total * float("nan")
         self.engine.backward(total * scale, scale_wrt_gas=False)
-        return micro.logp.detach(), micro.sums()
+        return micro.rows, out.logp.detach(), out.sums()
 
     def train_step(self, batch: RolloutBatch) -> dict[str, Any]:
-        """One optimizer step; the returned keys are TorchLearner.train_step's."""
+        """One optimizer step; the returned keys are TorchLearner.train_step's. Every rank runs as many
+        micro-batches as the others (the driver's assignment), since each meets the others in ZeRO's reduce."""
         start = time.time()
         step_index = self.calls
         self.calls += 1
         algo = self.algo
         # algo.old_logprobs=trainer: every row's logprobs before the update, one no-grad forward per micro-batch
-        step = with_old_logprobs(self.model, unpack_batch(batch, self.device, algo.micro_batch_size), algo)
+        step = with_old_logprobs(self.model, unpack_batch(batch, self.device, algo.micro_batch_tokens), algo)
         # The whole batch's denominator over every rank's shard; DeepSpeed then averages the ranks' gradients,
         # so each rank scales by world_size / denominator.
         denom = self._sum_over_ranks(batch_denominator(self.model, step, algo, self.loss_agg))
         scale = self.world_size * inverse(denom)
 
         sums = StepSums(step)
-        slices = step.micro_slices()
-        for i, rows in enumerate(slices):
-            last = i == len(slices) - 1
+        micros = step.micros()
+        for i, micro in enumerate(micros):
+            last = i == len(micros) - 1
             self.engine.set_gradient_accumulation_boundary(last)
             poison = last and not math.isfinite(sums.losses(scale, algo)[2])
-            sums.add(rows, *self._micro_step(*step.rows(rows), step.prompt_len, scale, poison))
+            sums.add(*self._micro_step(micro, scale, poison))
         pg_loss, kl_value, loss = sums.losses(inverse(denom), algo)  # this shard's share of the loss
 
         self.engine.step()
@@ -439,4 +427,4 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
         return {"actor": self.name, "version": self.version, "seconds": time.time() - t0, "background": background}
 
 
-__all__ = ["DeepSpeedLearner", "build_ds_config", "micro_batches"]
+__all__ = ["DeepSpeedLearner", "build_ds_config"]

@@ -1,5 +1,5 @@
-"""A learner of several ranks, as the driver sees it: where rank 0 listens, which rows each rank trains on, and
-one metrics dict from the ranks' dicts. Imports neither torch nor Ray at module level."""
+"""A learner of several ranks, as the driver sees it: where rank 0 listens, and one metrics dict from the ranks'
+dicts (rlgen.microbatches says which rows each rank trains on). Imports neither torch nor Ray at module level."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 # Keys each rank reports for its own shard, by how the group's value follows from the ranks' values.
-SUMMED = ("loss", "pg_loss", "kl", "response_tokens", "sequences", "loss_tokens", "mismatch/tokens")
+SUMMED = ("loss", "pg_loss", "kl", "response_tokens", "sequences", "loss_tokens", "packed_tokens", "mismatch/tokens")
 MAXED = ("ratio_max", "mismatch/max_abs_delta")
 # means, and the count each is a mean over
 MEANS = {
@@ -43,20 +43,6 @@ def free_endpoint(local: bool = False) -> tuple[str, int]:
     with socket.socket() as s:
         s.bind(("", 0))
         return host, int(s.getsockname()[1])
-
-
-def shard_rows(n_rows: int, world_size: int) -> list[range]:
-    """Contiguous row ranges, one per rank, sizes differing by at most one. A rank may get no rows only when
-    there are fewer rows than ranks, which the caller must refuse."""
-    if world_size < 1:
-        raise ValueError(f"world_size={world_size} must be at least 1")
-    base, extra = divmod(n_rows, world_size)
-    out, start = [], 0
-    for r in range(world_size):
-        size = base + (1 if r < extra else 0)
-        out.append(range(start, start + size))
-        start += size
-    return out
 
 
 def _weighted(values: Sequence[float], weights: Sequence[float]) -> float:
@@ -96,4 +82,4 @@ def merge_rank_metrics(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["CollectiveFailed", "free_endpoint", "merge_rank_metrics", "shard_rows"]
+__all__ = ["CollectiveFailed", "free_endpoint", "merge_rank_metrics"]

@@ -1,5 +1,5 @@
-"""The training step shared by the learners: batch tensors, the response forward, one micro-batch's loss and
-metric sums, their accumulation over a batch, and the metrics `train_step` returns.
+"""The training step shared by the learners: batch tensors in packed micro-batches, the response forward, one
+micro-batch's loss and metric sums, their accumulation over a batch, and the metrics `train_step` returns.
 
 What a learner adds is how the gradients of `MicroLoss.total` are taken and applied (plain backward and
 AdamW, or a DeepSpeed engine) and its non-finite guard.
@@ -17,24 +17,31 @@ import torch
 from torch import nn
 
 from rlgen.algo.inputs import LossInputs
-from rlgen.algo.loss import (
-    aggregate,
-    kl_estimate,
-    normaliser,
-    sequence_keep,
-    token_entropy,
-    token_logprobs,
-    top_entropy_mask,
-)
+from rlgen.algo.loss import aggregate, kl_estimate, normaliser, sequence_keep, top_entropy_mask
 from rlgen.algo.registry import Loss
 from rlgen.config import AlgoConfig, LossAgg, OldLogprobs
+from rlgen.learners.packed import Packed, pack, packed_forward, row_tokens
 from rlgen.metrics.mismatch import mismatch_metrics
+from rlgen.microbatches import assign
 from rlgen.types import Phase, RolloutBatch
 
 
 @dataclass(frozen=True)
+class Micro:
+    """One micro-batch: its rows packed (rlgen.learners.packed) and their padded per-token tensors, cut to the
+    micro-batch's longest kept response Lm."""
+
+    rows: torch.Tensor  # [n] the step's row indices
+    packed: Packed
+    mask: torch.Tensor  # [n, Lm] bool
+    engine_logp: torch.Tensor  # [n, Lm] float32
+    advantages: torch.Tensor  # [n] float32
+    old_logp: torch.Tensor | None = None  # [n, Lm] the trainer's before the update (old_logprobs=trainer)
+
+
+@dataclass(frozen=True)
 class StepBatch:
-    """A rollout batch's tensors on the learner's device, checked for shape."""
+    """A rollout batch's tensors on the learner's device, checked for shape, and its micro-batches."""
 
     ids: torch.Tensor  # [N, P+L]
     attn: torch.Tensor  # [N, P+L]
@@ -42,7 +49,8 @@ class StepBatch:
     engine_logp: torch.Tensor  # [N, L] float32
     advantages: torch.Tensor  # [N] float32
     prompt_len: int
-    micro: int  # rows per micro-batch
+    micro_rows: tuple[torch.Tensor, ...]  # each micro-batch's row indices [n]
+    packs: tuple[Packed, ...]  # each micro-batch packed
     old_logp: torch.Tensor | None = None  # [N, L] float32: the trainer's before the update (old_logprobs=trainer)
 
     @property
@@ -53,21 +61,28 @@ class StepBatch:
     def resp_len(self) -> int:
         return self.ids.shape[1] - self.prompt_len
 
-    def micro_slices(self) -> list[slice]:
-        """The row ranges of the micro-batches, in order."""
-        return [slice(lo, lo + self.micro) for lo in range(0, self.n_rows, self.micro)]
+    @property
+    def tokens(self) -> int:
+        """The tokens the micro-batches forward."""
+        return sum(p.tokens for p in self.packs)
 
-    def rows(self, r: slice) -> tuple[torch.Tensor, ...]:
-        """(ids, attn, mask, engine_logp, advantages, old_logp) of rows r; old_logp is the trainer's logprobs
-        before the update (algo.old_logprobs=trainer), or None: the ratio's pi_old is engine_logp."""
-        old = None if self.old_logp is None else self.old_logp[r]
-        return self.ids[r], self.attn[r], self.mask[r], self.engine_logp[r], self.advantages[r], old
+    def micros(self) -> list[Micro]:
+        """The micro-batches, in order."""
+        out = []
+        for rows, packed in zip(self.micro_rows, self.packs):
+            cols = packed.resp_len
+            old = None if self.old_logp is None else self.old_logp[rows, :cols]
+            out.append(Micro(rows, packed, self.mask[rows, :cols], self.engine_logp[rows, :cols],
+                             self.advantages[rows], old))
+        return out
 
 
-def unpack_batch(batch: RolloutBatch, device: torch.device, micro_batch_size: int) -> StepBatch:
-    """The batch's tensors on device; micro_batch_size 0 means one micro-batch of all rows.
+def unpack_batch(batch: RolloutBatch, device: torch.device, micro_batch_tokens: int) -> StepBatch:
+    """The batch's tensors on device, in the micro-batches the driver chose (batch.micro_rows), or else in
+    micro-batches of at most micro_batch_tokens real tokens (0: one micro-batch), each packed.
 
-    Raises ValueError when the response mask does not match input_ids and prompt_len.
+    Raises ValueError when the response mask does not match input_ids and prompt_len, or the micro-batches do
+    not cover every row once.
     """
     ids = batch.input_ids.to(device)  # [N, P+L]
     attn = batch.attention_mask.to(device)  # [N, P+L]
@@ -80,56 +95,30 @@ def unpack_batch(batch: RolloutBatch, device: torch.device, micro_batch_size: in
         raise ValueError(
             f"bad batch: input_ids {tuple(ids.shape)}, prompt_len {prompt_len}, response_mask {tuple(mask.shape)}"
         )
-    micro = micro_batch_size if micro_batch_size > 0 else n_rows
-    return StepBatch(ids, attn, mask, engine_logp, advantages, prompt_len, micro)
+    groups = batch.micro_rows
+    if groups is None:
+        groups = assign(row_tokens(attn, mask, prompt_len), 1, micro_batch_tokens).local(0)
+    if sorted(r for g in groups for r in g) != list(range(n_rows)) or not all(groups):
+        raise ValueError(f"bad batch: its micro-batches {groups} do not take each of its {n_rows} rows once")
+    rows = tuple(torch.tensor(g, dtype=torch.long, device=device) for g in groups)
+    packs = tuple(pack(ids[r], attn[r], mask[r], prompt_len) for r in rows)
+    return StepBatch(ids, attn, mask, engine_logp, advantages, prompt_len, rows, packs)
 
 
 # -- forward -----------------------------------------------------------------------------------------------
 
 
-def response_logits(
-    model: nn.Module, ids: torch.Tensor, attn: torch.Tensor, resp_len: int, temperature: float
-) -> torch.Tensor:
-    """Logits that predict the response tokens: ids, attn [n, P+L] -> [n, L, V] float32.
-
-    Logits at column t predict token t+1, so columns P-1 .. P+L-2 are kept and the last column is not
-    fed. Position ids count real tokens only (cumsum(attn) - 1, clamped at 0), so a left-padded prompt
-    sees the positions it would see unpadded. Logits are divided by temperature (when > 0), as the
-    engine's reported logprobs are of the temperature-scaled distribution it sampled from.
-    """
-    positions = (attn.cumsum(dim=-1) - 1).clamp(min=0)  # [n, P+L]
-    out = model(
-        input_ids=ids[:, :-1],
-        attention_mask=attn[:, :-1],
-        position_ids=positions[:, :-1],
-        logits_to_keep=resp_len,
-        use_cache=False,
-    )
-    logits = out.logits.float()  # [n, L, V]
-    if temperature > 0 and temperature != 1.0:  # <= 0 means greedy: raw logits
-        logits = logits / temperature
-    return logits
-
-
 def policy_logprobs(
-    model: nn.Module,
-    ids: torch.Tensor,
-    attn: torch.Tensor,
-    mask: torch.Tensor,
-    engine_logp: torch.Tensor,
-    prompt_len: int,
-    algo: AlgoConfig,
-    old_logp: torch.Tensor | None = None,
+    model: nn.Module, micro: Micro, algo: AlgoConfig, entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(logits [n, L, V], trainer logprobs [n, L], loss mask [n, L]) for ids, attn [n, P+L] and mask,
-    engine_logp [n, L]. The loss mask is the response mask less the sequences that sequence masking
-    (algo.seq_mask_cap) drops, judged on the trainer's logprobs before the update: old_logp [n, L] when
-    given (old_logprobs=trainer), else the current ones (equal before the update)."""
-    logits = response_logits(model, ids, attn, mask.shape[1], algo.temperature)  # [n, L, V]
-    logp = token_logprobs(logits, ids[:, prompt_len:])  # [n, L]
-    before = logp.detach() if old_logp is None else old_logp  # [n, L]
-    keep = sequence_keep(before, engine_logp, mask, algo.seq_mask_cap)  # [n]
-    return logits, logp, mask & keep.unsqueeze(-1)
+    """(trainer logprobs [n, Lm], entropies [n, Lm], loss mask [n, Lm]) of a micro-batch's response tokens. The
+    loss mask is the response mask less the sequences that sequence masking (algo.seq_mask_cap) drops, judged on
+    the trainer's logprobs before the update: micro.old_logp when given (old_logprobs=trainer), else the current
+    ones (equal before the update). The entropies carry gradients only with entropy_grad."""
+    logp, entropy = packed_forward(model, micro.packed, algo.temperature, entropy_grad)  # [n, Lm] each
+    before = logp.detach() if micro.old_logp is None else micro.old_logp  # [n, Lm]
+    keep = sequence_keep(before, micro.engine_logp, micro.mask, algo.seq_mask_cap)  # [n]
+    return logp, entropy, micro.mask & keep.unsqueeze(-1)
 
 
 def with_old_logprobs(model: nn.Module, step: StepBatch, algo: AlgoConfig) -> StepBatch:
@@ -140,9 +129,9 @@ def with_old_logprobs(model: nn.Module, step: StepBatch, algo: AlgoConfig) -> St
         return step
     old = torch.zeros_like(step.engine_logp)  # [N, L]
     with torch.no_grad():
-        for r in step.micro_slices():
-            logits = response_logits(model, step.ids[r], step.attn[r], step.resp_len, algo.temperature)  # [n, L, V]
-            old[r] = token_logprobs(logits, step.ids[r, step.prompt_len:])
+        for micro in step.micros():
+            logp, _ = packed_forward(model, micro.packed, algo.temperature)  # [n, Lm]
+            old[micro.rows, : logp.shape[1]] = logp
     return dataclasses.replace(step, old_logp=old)
 
 
@@ -153,14 +142,12 @@ def batch_denominator(model: nn.Module, step: StepBatch, algo: AlgoConfig, agg: 
         return normaliser(step.mask, agg, algo.max_new_tokens)
     total = 0.0
     with torch.no_grad():
-        for r in step.micro_slices():
-            if step.old_logp is not None:  # the trainer's logprobs are there already: no forward
-                keep = sequence_keep(step.old_logp[r], step.engine_logp[r], step.mask[r], algo.seq_mask_cap)  # [n]
-                loss_mask = step.mask[r] & keep.unsqueeze(-1)
+        for micro in step.micros():
+            if micro.old_logp is not None:  # the trainer's logprobs are there already: no forward
+                keep = sequence_keep(micro.old_logp, micro.engine_logp, micro.mask, algo.seq_mask_cap)  # [n]
+                loss_mask = micro.mask & keep.unsqueeze(-1)
             else:
-                _, _, loss_mask = policy_logprobs(
-                    model, step.ids[r], step.attn[r], step.mask[r], step.engine_logp[r], step.prompt_len, algo
-                )  # [n, L]
+                _, _, loss_mask = policy_logprobs(model, micro, algo)  # [n, Lm]
             total += normaliser(loss_mask, agg, algo.max_new_tokens)
     return total
 
@@ -177,18 +164,15 @@ class MicroLoss:
     kl: float  # the KL sum (0.0 without a reference model, or with the KL in the reward)
     ent: float  # the aggregated entropy sum (0.0 without an entropy bonus)
     denom: float  # this micro-batch's share of the aggregate's denominator
-    logits: torch.Tensor  # [n, L, V]
-    logp: torch.Tensor  # [n, L], with grad
-    mask: torch.Tensor  # [n, L] bool
-    loss_mask: torch.Tensor  # [n, L] bool
+    entropy: torch.Tensor  # [n, Lm] each response token's entropy
+    logp: torch.Tensor  # [n, Lm], with grad
+    mask: torch.Tensor  # [n, Lm] bool
+    loss_mask: torch.Tensor  # [n, Lm] bool
     metrics: dict[str, float]  # the algorithm's loss metrics (those it reports)
 
     def sums(self) -> dict[str, float]:
         """pg, kl, entropy, denom, and token/sequence-weighted metric sums; ratio_max is this micro-batch's
-        maximum (-inf without response tokens). Call after backward: the entropy needs a [n, L, V]
-        softmax."""
-        with torch.no_grad():
-            entropy = token_entropy(self.logits)  # [n, L]
+        maximum (-inf without response tokens)."""
         metrics, mask = self.metrics, self.mask
         loss_tokens, tokens = float(self.loss_mask.sum().item()), float(mask.sum().item())
         seqs = float(mask.any(dim=-1).sum().item())
@@ -196,7 +180,7 @@ class MicroLoss:
             "pg": self.pg,
             "kl": self.kl,
             "ent": self.ent,
-            "entropy": float(entropy[mask].sum().item()),
+            "entropy": float(self.entropy.detach()[mask].sum().item()),
             "denom": self.denom,
             "loss_tokens": loss_tokens,
             "clip": metrics.get("clip_frac", 0.0) * loss_tokens,
@@ -210,44 +194,32 @@ class MicroLoss:
 def micro_loss(
     model: nn.Module,
     ref_model: nn.Module | None,
-    ids: torch.Tensor,
-    attn: torch.Tensor,
-    mask: torch.Tensor,
-    engine_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    prompt_len: int,
+    micro: Micro,
     algo: AlgoConfig,
     agg: LossAgg,
     loss_fn: Loss,
-    old_logp: torch.Tensor | None = None,
 ) -> MicroLoss:
     """The loss of one micro-batch, summed over tokens/sequences (denominator 1): the algorithm's policy loss
     (loss_fn, rlgen.algo.registry), plus algo.kl_coef times the KL to ref_model (the learner passes it only when
     the KL goes in the loss), minus algo.entropy_coef times the aggregated token entropy. With
-    algo.entropy_top_frac < 1 only this micro-batch's highest-entropy tokens get a policy gradient.
-
-    ids, attn: [n, P+L]; mask, engine_logp: [n, L] (mask bool); advantages: [n]; old_logp: [n, L], the trainer's
-    logprobs before the update (StepBatch.old_logp), or None: the ratio's pi_old is engine_logp.
-    """
-    logits, logp, loss_mask = policy_logprobs(model, ids, attn, mask, engine_logp, prompt_len, algo, old_logp)
+    algo.entropy_top_frac < 1 only this micro-batch's highest-entropy tokens get a policy gradient. The ratio's
+    pi_old is micro.old_logp (old_logprobs=trainer), or else the engine's logprobs."""
     bonus = algo.entropy_coef > 0
-    entropy = token_entropy(logits) if bonus else None  # [n, L], with grad
+    logp, entropy, loss_mask = policy_logprobs(model, micro, algo, entropy_grad=bonus)  # [n, Lm] each
     token_weight = None
     if algo.entropy_top_frac < 1.0:
-        if entropy is None:
-            with torch.no_grad():
-                entropy = token_entropy(logits)
-        token_weight = top_entropy_mask(entropy, loss_mask, algo.entropy_top_frac)  # [n, L]
-    inputs = LossInputs(logp=logp, old_logp=engine_logp if old_logp is None else old_logp, engine_logp=engine_logp,
-                        advantages=advantages, mask=mask, token_weight=token_weight, denominator=1.0,
-                        old_from_trainer=old_logp is not None)
+        token_weight = top_entropy_mask(entropy.detach(), loss_mask, algo.entropy_top_frac)  # [n, Lm]
+    old = micro.old_logp
+    inputs = LossInputs(logp=logp, old_logp=micro.engine_logp if old is None else old, engine_logp=micro.engine_logp,
+                        advantages=micro.advantages, mask=micro.mask, token_weight=token_weight, denominator=1.0,
+                        old_from_trainer=old is not None)
     out = loss_fn(inputs, algo)
     pg, metrics = out.loss, out.metrics
     total, kl_sum, ent_sum = pg, 0.0, 0.0
     if ref_model is not None:
-        kl = aggregate(token_kl(logp, engine_logp, reference_logprobs(ref_model, ids, attn, mask.shape[1], prompt_len,
-                                                                      algo), algo),
-                       loss_mask, agg, algo.max_new_tokens, denominator=1.0)
+        ref_logp = reference_logprobs(ref_model, micro.packed, algo)  # [n, Lm]
+        kl = aggregate(token_kl(logp, micro.engine_logp, ref_logp, algo), loss_mask, agg, algo.max_new_tokens,
+                       denominator=1.0)
         total = total + algo.kl_coef * kl
         kl_sum = float(kl.item())
     if bonus:
@@ -260,20 +232,19 @@ def micro_loss(
         kl=kl_sum,
         ent=ent_sum,
         denom=normaliser(loss_mask, agg, algo.max_new_tokens),
-        logits=logits,
+        entropy=entropy,
         logp=logp,
-        mask=mask,
+        mask=micro.mask,
         loss_mask=loss_mask,
         metrics=metrics,
     )
 
 
-def reference_logprobs(ref_model: nn.Module, ids: torch.Tensor, attn: torch.Tensor, resp_len: int, prompt_len: int,
-                       algo: AlgoConfig) -> torch.Tensor:
-    """The frozen reference model's logprobs of the response tokens, without gradient: [n, L]."""
+def reference_logprobs(ref_model: nn.Module, packed: Packed, algo: AlgoConfig) -> torch.Tensor:
+    """The frozen reference model's logprobs of a packed micro-batch's response tokens, without gradient:
+    [n, Lm]."""
     with torch.no_grad():
-        ref_logits = response_logits(ref_model, ids, attn, resp_len, algo.temperature)  # [n, L, V]
-        return token_logprobs(ref_logits, ids[:, prompt_len:])  # [n, L]
+        return packed_forward(ref_model, packed, algo.temperature)[0]
 
 
 def token_kl(logp: torch.Tensor, engine_logp: torch.Tensor, ref_logp: torch.Tensor, algo: AlgoConfig) -> torch.Tensor:
@@ -290,11 +261,10 @@ def sequence_kl(ref_model: nn.Module, step: StepBatch, algo: AlgoConfig) -> torc
     policy, which sampled it, and the reference, by algo.kl_estimator: [N]. No gradient; one reference forward
     per micro-batch."""
     out = torch.zeros(step.n_rows, device=step.ids.device)  # [N]
-    for r in step.micro_slices():
-        ids, attn, mask, engine_logp, _, _ = step.rows(r)
-        ref_logp = reference_logprobs(ref_model, ids, attn, mask.shape[1], step.prompt_len, algo)  # [n, L]
-        kl = kl_estimate(engine_logp, ref_logp, algo.kl_estimator)  # [n, L]
-        out[r] = torch.where(mask, kl, torch.zeros_like(kl)).sum(dim=-1)
+    for micro in step.micros():
+        ref_logp = reference_logprobs(ref_model, micro.packed, algo)  # [n, Lm]
+        kl = kl_estimate(micro.engine_logp, ref_logp, algo.kl_estimator)  # [n, Lm]
+        out[micro.rows] = torch.where(micro.mask, kl, torch.zeros_like(kl)).sum(dim=-1)
     return out
 
 
@@ -309,9 +279,9 @@ class StepSums:
         self.totals: dict[str, float] = {}
         self.ratio_maxes: list[float] = []
 
-    def add(self, rows: slice, logp: torch.Tensor, sums: dict[str, float]) -> None:
-        """Record one micro-batch: logp [n, L] (detached) and its `MicroLoss.sums()`."""
-        self.trainer_logp[rows] = logp
+    def add(self, rows: torch.Tensor, logp: torch.Tensor, sums: dict[str, float]) -> None:
+        """Record one micro-batch: its rows [n], logp [n, Lm] (detached) and its `MicroLoss.sums()`."""
+        self.trainer_logp[rows, : logp.shape[1]] = logp
         for key, value in sums.items():
             if key == "ratio_max":
                 self.ratio_maxes.append(value)
@@ -368,6 +338,8 @@ def assemble_metrics(
         "response_tokens": tokens,
         "sequences": int(mask.any(dim=-1).sum().item()),  # with at least one response token
         "loss_tokens": int(acc["loss_tokens"]),  # under the loss after sequence masking
+        "packed_tokens": step.tokens,  # the tokens the micro-batches forwarded: prompts and kept responses
+        "micro_batches": len(step.packs),
         "version": version,
         "skipped": reason is not None,
     }
@@ -383,6 +355,7 @@ def assemble_metrics(
 
 
 __all__ = [
+    "Micro",
     "MicroLoss",
     "StepBatch",
     "StepSums",
@@ -392,7 +365,6 @@ __all__ = [
     "micro_loss",
     "policy_logprobs",
     "reference_logprobs",
-    "response_logits",
     "sequence_kl",
     "token_kl",
     "unpack_batch",

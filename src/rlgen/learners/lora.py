@@ -83,6 +83,11 @@ class AdapterOff(nn.Module):
         super().__init__()
         self._parts = [forward, peft]  # a list, so the wrapped model is not registered (and not trained) twice
 
+    @property
+    def wrapped(self) -> nn.Module:
+        """The model whose forward this runs, adapters off."""
+        return self._parts[0]
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         forward, peft = self._parts
         with peft.disable_adapter():

@@ -11,6 +11,9 @@ from typing import Any
 
 from rlgen.config import LearnerKind, RunConfig
 
+# learner.attention's backends, fastest first (rlgen.learners.attention runs them; rlgen.plan.attention picks one)
+ATTENTION_BACKENDS = ("flash_attn", "torch_varlen", "sdpa_segments")
+
 
 @dataclass(frozen=True)
 class LearnerSpec:
@@ -20,6 +23,7 @@ class LearnerSpec:
     ranks: tuple[str, ...]  # the devices on which it trains with several ranks (one process each)
     label: str  # its name in sentences
     package: str | None = None  # the pip package it needs, checked before a run starts
+    dtype: str = "bfloat16"  # what it trains in: FlashAttention kernels take bf16 and fp16 only
     # Extra constructor arguments: (the resolved config, the plan) -> kwargs. The plan is passed as a value;
     # this layer reads its fields and imports nothing of rlgen.plan.
     actor_kwargs: Callable[[RunConfig, Any], dict[str, Any]] = field(default=lambda cfg, plan: {})
@@ -40,8 +44,10 @@ def _lora_kwargs(cfg: RunConfig, plan: Any = None) -> dict[str, Any]:
 
 
 def _torch_kwargs(cfg: RunConfig, plan: Any = None) -> dict[str, Any]:
-    """LoRA's settings, and how long a collective of several ranks may wait (runtime.hang_timeout_s)."""
-    return {**_lora_kwargs(cfg), "hang_timeout_s": float(cfg.runtime.hang_timeout_s)}
+    """LoRA's settings, how long a collective of several ranks may wait (runtime.hang_timeout_s), and the
+    packed-attention backend the plan chose."""
+    return {**_lora_kwargs(cfg), "hang_timeout_s": float(cfg.runtime.hang_timeout_s),
+            "attention": str(cfg.learner.attention)}
 
 
 def _deepspeed_kwargs(cfg: RunConfig, plan: Any) -> dict[str, Any]:
@@ -49,7 +55,6 @@ def _deepspeed_kwargs(cfg: RunConfig, plan: Any) -> dict[str, Any]:
         **_torch_kwargs(cfg),
         "zero_stage": cfg.learner.zero_stage,
         "gradient_checkpointing": cfg.learner.gradient_checkpointing,
-        "rows_per_step": plan.batch.sequences_per_rank,
         "sync_bucket_bytes": int(cfg.sync.bucket_mb * 2**20),
         "release_memory": bool(plan.colocated and not plan.engines_awake),  # engines that sleep wake into it
         # background checkpoints copy into page-locked host blocks, which the learner reserves as it starts
@@ -60,7 +65,8 @@ def _deepspeed_kwargs(cfg: RunConfig, plan: Any) -> dict[str, Any]:
 
 LEARNERS: dict[LearnerKind, LearnerSpec] = {
     LearnerKind.torch: LearnerSpec(LearnerKind.torch, "rlgen.learners.torch:TorchLearner", ("cpu", "cuda"),
-                                   ranks=("cpu",), label="the torch learner", actor_kwargs=_torch_kwargs),
+                                   ranks=("cpu",), label="the torch learner", dtype="float32",
+                                   actor_kwargs=_torch_kwargs),
     LearnerKind.deepspeed: LearnerSpec(LearnerKind.deepspeed, "rlgen.learners.deepspeed:DeepSpeedLearner", ("cuda",),
                                        ranks=("cuda",), label="DeepSpeed", package="deepspeed",
                                        actor_kwargs=_deepspeed_kwargs),
@@ -74,4 +80,4 @@ def resolve_learner(kind: LearnerKind, device: str) -> LearnerSpec:
     return LEARNERS[kind]
 
 
-__all__ = ["LEARNERS", "LearnerSpec", "resolve_learner"]
+__all__ = ["ATTENTION_BACKENDS", "LEARNERS", "LearnerSpec", "resolve_learner"]

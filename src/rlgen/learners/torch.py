@@ -16,10 +16,12 @@ from rlgen.algo.registry import Algorithm
 from rlgen.algo.registry import algorithm as find_algorithm
 from rlgen.config import AlgoConfig, KLPenalty, LossAgg, MonitorConfig
 from rlgen.hostinfo import process_info
+from rlgen.learners.attention import use_packed_attention
 from rlgen.learners.background import BackgroundWriter, to_host
 from rlgen.learners.collective import join_group, leave_group, rng_digest, sum_over_ranks
 from rlgen.learners.group import CollectiveFailed
 from rlgen.learners.grpo_step import (
+    Micro,
     StepSums,
     assemble_metrics,
     inverse,
@@ -76,6 +78,7 @@ class TorchLearner:
         master_addr: str | None = None,
         master_port: int | None = None,
         hang_timeout_s: float = 300.0,
+        attention: str = "sdpa_segments",
     ) -> None:
         """ref_model_path: the frozen reference for algo.kl_coef > 0 (default: model_path). resume_from: a
         checkpoint folder whose learner state (optimizer, counters, RNG) this learner continues from; its
@@ -84,7 +87,8 @@ class TorchLearner:
         algo.kind's). lora: LoraSpec's fields: only adapters train, and the reference is the base with them off;
         lora_init: an adapter folder to start from. world_size > 1: data-parallel ranks (rank 0's master_addr and
         master_port), each training on its shard with the gradients summed over the group; every collective
-        waits at most hang_timeout_s (rlgen.learners.collective)."""
+        waits at most hang_timeout_s (rlgen.learners.collective). attention: the packed-attention backend
+        (rlgen.learners.attention; the plan's learner.attention)."""
         self.clock = ActorClock()
         import transformers  # noqa: F401 - its import time is the clock's first phase
 
@@ -96,6 +100,7 @@ class TorchLearner:
         self.loss_fn = (algorithm or find_algorithm(algo.kind)).loss
         self.clock.step("import transformers")
         self.model = load_policy(model_path, torch.float32, self.device)
+        use_packed_attention(self.model, attention)
         self.clock.step("weights")
         if lora:
             self.model = self.peft = with_lora(self.model, lora, resume_from, lora_init)
@@ -106,6 +111,7 @@ class TorchLearner:
             self.ref_model = AdapterOff(self.model, self.peft)
         elif algo.kl_coef > 0:
             self.ref_model = frozen_model(ref_model_path or self.model, torch.float32, self.device)
+            use_packed_attention(self.ref_model, attention)
         if resume_from:
             state = load_learner_state(resume_from, self.rank)
             self.optimizer.load_state_dict(state["optimizer"])
@@ -138,37 +144,13 @@ class TorchLearner:
 
     # -- training ------------------------------------------------------------------------------------------
 
-    def _micro_backward(
-        self,
-        ids: torch.Tensor,
-        attn: torch.Tensor,
-        mask: torch.Tensor,
-        engine_logp: torch.Tensor,
-        advantages: torch.Tensor,
-        old_logp: torch.Tensor | None,
-        prompt_len: int,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Forward and backward of one micro-batch with the loss left undivided (denominator 1).
-
-        ids, attn: [n, P+L]; mask, engine_logp: [n, L] (mask bool); advantages: [n]; old_logp: [n, L] or None
-        (StepBatch.rows). Returns the detached trainer logprobs [n, L] and `MicroLoss.sums()`.
-        """
-        micro = micro_loss(
-            self.model,
-            self.ref_model if self._kl_in_loss() else None,
-            ids,
-            attn,
-            mask,
-            engine_logp,
-            advantages,
-            prompt_len,
-            self.algo,
-            self.loss_agg,
-            self.loss_fn,
-            old_logp,
-        )
-        micro.total.backward()
-        return micro.logp.detach(), micro.sums()
+    def _micro_backward(self, micro: Micro) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        """Forward and backward of one micro-batch with the loss left undivided (denominator 1). Returns its rows,
+        the detached trainer logprobs [n, Lm] and `MicroLoss.sums()`."""
+        out = micro_loss(self.model, self.ref_model if self._kl_in_loss() else None, micro, self.algo,
+                         self.loss_agg, self.loss_fn)
+        out.total.backward()
+        return micro.rows, out.logp.detach(), out.sums()
 
     def _kl_in_loss(self) -> bool:
         return self.ref_model is not None and KLPenalty(self.algo.kl_penalty) is KLPenalty.loss
@@ -178,7 +160,7 @@ class TorchLearner:
         driver subtracts kl_coef times it from the rewards before the advantages). [] without a reference."""
         if self.ref_model is None:
             return []
-        step = unpack_batch(batch, self.device, self.algo.micro_batch_size)
+        step = unpack_batch(batch, self.device, self.algo.micro_batch_tokens)
         return [float(v) for v in sequence_kl(self.ref_model, step, self.algo).cpu()]
 
     # Every rank holds the same parameters and optimizer state (data parallel, gradients summed before the step),
@@ -206,9 +188,9 @@ class TorchLearner:
     def _train_step(self, batch: RolloutBatch) -> dict[str, Any]:
         """One optimizer step.
 
-        Micro-batches of algo.micro_batch_size rows (0: all rows) each backpropagate their loss summed
-        over tokens/sequences (denominator 1); once all are done the gradients are divided by the whole
-        batch's denominator (after sequence masking), so any split gives the whole-batch loss and gradient.
+        Packed micro-batches (the driver's, or of at most algo.micro_batch_tokens tokens) each backpropagate their
+        loss summed over tokens/sequences (denominator 1); once all are done the gradients are divided by the
+        whole batch's denominator (after sequence masking), so any split gives the whole-batch loss and gradient.
         Parameters do not change before optimizer.step(), so the mismatch metrics, gathered over the
         micro-batches, are those of the policy before the update.
         """
@@ -216,12 +198,12 @@ class TorchLearner:
         step_index = self.calls
         self.calls += 1
         algo = self.algo
-        step = with_old_logprobs(self.model, unpack_batch(batch, self.device, algo.micro_batch_size), algo)
+        step = with_old_logprobs(self.model, unpack_batch(batch, self.device, algo.micro_batch_tokens), algo)
 
         self.optimizer.zero_grad(set_to_none=True)
         sums = StepSums(step)
-        for rows in step.micro_slices():
-            sums.add(rows, *self._micro_backward(*step.rows(rows), step.prompt_len))
+        for micro in step.micros():
+            sums.add(*self._micro_backward(micro))
 
         denom = sums.totals["denom"]
         if self.world_size > 1:

@@ -248,7 +248,8 @@ def advise(kind: Kind, m: StepBalance, ctx: BalanceContext = NO_CONTEXT) -> str:
         if ctx.hybrid:
             fixes.insert(0, f"train on every GPU (hardware.colocated=true: a learner rank beside the engines on each "
                             f"of the {ctx.engine_gpus + ctx.learner_gpus} GPUs, not {ctx.learner_gpus})")
-        fixes.append("speed up the learner (fewer micro-batches: a larger algo.micro_batch_size or 0)")
+        fixes.append("speed up the learner (fewer micro-batches: a larger algo.micro_batch_tokens, as far as the "
+                     "learner GPU's memory allows)")
         more_gpus = _with_more_gpus(ctx, "more learner ranks")
     else:
         more_gpus = ""

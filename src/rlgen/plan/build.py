@@ -16,6 +16,7 @@ from rlgen.charvocab import CHAR_VOCAB_SIZE
 from rlgen.config import LearnerKind, LoraSync, RunConfig, Setting, Transport, set_key
 from rlgen.engines.registry import EngineSpec, UnknownEngineKind, engine_spec
 from rlgen.learners.registry import resolve_learner
+from rlgen.plan.attention import resolve_attention
 from rlgen.plan.checks.cards import AUTO, auto_hardware, found, preset_for, visible_gpus
 from rlgen.plan.checks.ignored import check_ignored
 from rlgen.plan.checks.spanning import (
@@ -23,7 +24,7 @@ from rlgen.plan.checks.spanning import (
     check_hardware,
     check_learners,
     check_lengths,
-    check_logits,
+    check_micro_batch,
     live_vllm_env,
 )
 from rlgen.plan.checks.values import check_values, once_per_nonfinite
@@ -126,11 +127,12 @@ def _resolve(cfg: RunConfig, spec: EngineSpec) -> tuple[RunConfig, list[Setting]
 def _batch(cfg: RunConfig, ranks: int, has_learners: bool, p: list[str]) -> BatchGeometry:
     a = cfg.algo
     seqs = a.prompts_per_step * a.samples_per_prompt
-    if has_learners and seqs % ranks:
+    if has_learners and seqs < ranks:
         p.append(f"the batch of {seqs} sequences (algo.prompts_per_step={a.prompts_per_step} x "
-                 f"algo.samples_per_prompt={a.samples_per_prompt}) does not split over {ranks} learner ranks; "
-                 f"make algo.prompts_per_step a multiple of {ranks}.")
-    per_rank = seqs // ranks if has_learners and not seqs % ranks else 0
+                 f"algo.samples_per_prompt={a.samples_per_prompt}) cannot give each of {ranks} learner ranks a "
+                 f"sequence; raise algo.prompts_per_step to {-(-ranks // a.samples_per_prompt)} or more.")
+    # ranks get equal work, not equal rows (rlgen.microbatches): the most a rank gets is about its share
+    per_rank = -(-seqs // ranks) if has_learners and seqs >= ranks else 0
     return BatchGeometry(a.prompts_per_step, a.samples_per_prompt, seqs, ranks, per_rank, cfg.task.max_prompt_tokens,
                          a.max_new_tokens, cfg.task.max_prompt_tokens + response_bound(cfg)[1])
 
@@ -172,6 +174,8 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
     learner = resolve_learner(cfg.learner.kind, device)
     if runnable:
         check_learners(cfg, learner, learners, p)
+    cfg, attention = resolve_attention(cfg, device, learner, p)
+    settings.append(attention)
     ms = model_summary(cfg)
     batch = _batch(cfg, max(len(learners), 1), bool(learners), p)
     zero_from_recipe = any(s.key == "learner.zero_stage" and s.source.startswith("recipe") for s in settings)
@@ -186,7 +190,7 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
         settings += fitted
         cfg, kv = size_kv_cache(cfg, spec, ms, batch, engines)
         settings += kv
-    _check_micro_batch(cfg, ms, batch, bool(learners), p)
+    check_micro_batch(cfg, p)
     check_lengths(cfg, spec, ms, bool(engines) and cfg.engine.tensor_parallel_size > 0, p)
     check_episodes(cfg, spec, p)
     if p:
@@ -244,16 +248,6 @@ def _checkpoint_background(cfg: RunConfig, device: str) -> tuple[RunConfig, Sett
     why = ("derived: learners on GPUs copy their state to host memory and train on while it is written" if on
            else "derived: CPU learners write their small checkpoints at once")
     return set_key(cfg, "checkpoint.background", on), Setting("checkpoint.background", on, why)
-
-
-def _check_micro_batch(cfg: RunConfig, ms: ModelSummary, batch: BatchGeometry, has_learners: bool,
-                       p: list[str]) -> None:
-    a, per_rank = cfg.algo, batch.sequences_per_rank
-    if a.micro_batch_size and per_rank and per_rank % a.micro_batch_size:
-        p.append(f"algo.micro_batch_size={a.micro_batch_size} does not divide the {per_rank} sequences each learner "
-                 "rank trains on; pick a divisor of that, or 0 for one pass.")
-    if has_learners and cfg.hardware.gpus_per_node and per_rank and a.micro_batch_size is not None:
-        check_logits(cfg, ms, per_rank, p)
 
 
 def _idle_engine_gpus(cfg: RunConfig, engines: tuple[EngineSlot, ...], layout: Layout) -> list[str]:

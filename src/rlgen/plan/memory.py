@@ -2,9 +2,11 @@
 learner micro-batch that fits. Pure arithmetic on the model's shape: no torch.
 
 A learner rank holds its weights, the fp32 master weights and AdamW moments under its ZeRO stage, gradients,
-one micro-batch's activations and logits, a fixed allowance and, colocated, the IPC buffer; with LoRA only the
-adapters train. Colocated, the engines take what the idle learner leaves (``algo.async_steps=0``) or what its
-peak leaves of AWAKE_SHARE (``async_steps>0``), split evenly between ``engine.engines_per_gpu`` engines.
+one micro-batch's activations (linear in its packed tokens) and one chunk of the LM head's fp32 logits, a fixed
+allowance and, colocated, the IPC buffer; with LoRA only the adapters train. The micro-batch's token budget
+(algo.micro_batch_tokens) is decided here, once: the most tokens that fit. Colocated, the engines take what the
+idle learner leaves (``algo.async_steps=0``) or what its peak leaves of AWAKE_SHARE (``async_steps>0``), split
+evenly between ``engine.engines_per_gpu`` engines.
 docs/plan.md gives every term.
 """
 
@@ -25,6 +27,7 @@ from rlgen.config import (
 )
 from rlgen.engines.registry import EngineSpec
 from rlgen.engines.vllm.args import VLLM_DEFAULT_SHARE
+from rlgen.microbatches import chunk_tokens
 from rlgen.plan.recipes import recipe_for
 
 GIB = 2**30
@@ -34,8 +37,8 @@ ENGINE_ASLEEP_GIB = 2.0  # what a sleeping vLLM engine keeps: CUDA graphs, its c
 ENGINE_PROCESS_GIB = 2.5  # a further engine process on a GPU, outside its share (2.4 GiB measured on an H100)
 AWAKE_SHARE = 0.85  # colocated: engine awake + idle learner stay under this share of the GPU
 TRAIN_SHARE = 0.92  # the learner's peak (+ a sleeping engine) stays under this share of the GPU
-LOGITS_COPIES = 3  # fp32 logits, their log-softmax and its gradient live at once in a micro-batch's backward
-LOGITS_SHARE = 0.4  # of a learner GPU's memory, at most, for a micro-batch's logits
+LOGITS_COPIES = 4  # a chunk's fp32 logits, its softmax, and in backward the recomputed logits and their gradient
+TOKEN_STEP = 1024  # a derived micro-batch budget is a multiple of this many tokens
 
 
 def block_linears(m) -> dict[str, tuple[int, int]]:
@@ -57,13 +60,9 @@ def adapter_params(cfg: RunConfig) -> int:
 
 
 def logits_bytes(tokens: int, vocab: int) -> float:
-    """The fp32 logits of `tokens` tokens over the vocabulary, LOGITS_COPIES times."""
-    return tokens * vocab * 4 * LOGITS_COPIES
-
-
-def logits_budget_bytes(hw) -> float:
-    """What a micro-batch's logits may take of a learner GPU."""
-    return hw.gpu.memory_gb * 1e9 * LOGITS_SHARE
+    """The fp32 logits the LM head makes at once for a micro-batch of `tokens` tokens (one chunk of its response
+    tokens, rlgen.microbatches.chunk_tokens), LOGITS_COPIES times."""
+    return min(tokens, chunk_tokens(vocab)) * vocab * 4 * LOGITS_COPIES
 
 
 def engine_floor_gib(cfg: RunConfig, weight_gib: float, kv_bytes_per_token: int) -> tuple[float, float]:
@@ -108,7 +107,7 @@ class MemorySplit:
     engine_fraction: float | None
     learner_idle_gib: float
     learner_peak_gib: float
-    micro_batch_size: int
+    micro_batch_tokens: int  # a learner micro-batch's budget of packed tokens (0: a rank's rows in one)
     colocated: bool
     engine_awake: bool = False  # colocated, and the engine stays awake while the learner trains
     engines_per_gpu: int = 1  # engines splitting engine_fraction between them
@@ -130,12 +129,12 @@ def longest_sequence(cfg: RunConfig) -> int:
     return cfg.task.max_prompt_tokens + (response_bound(cfg)[1] or 0)
 
 
-def learner_memory(cfg: RunConfig, params: int, vocab: int, ranks: int, micro: int,
+def learner_memory(cfg: RunConfig, params: int, vocab: int, ranks: int, tokens: int,
                    ipc_gib: float = 0.0) -> LearnerMemory:
+    """A rank's memory training micro-batches of `tokens` packed tokens."""
     m, a, lc = cfg.model, cfg.algo, cfg.learner
     n = max(ranks, 1)
     z3 = lc.zero_stage == 3
-    tokens = micro * longest_sequence(cfg)
     layer_token = 2 * (12 * m.hidden_size + 3 * m.intermediate_size)  # bf16 bytes of one layer's activations
     if lc.gradient_checkpointing:
         act = tokens * (m.num_layers * 2 * m.hidden_size + layer_token)
@@ -182,10 +181,6 @@ def engine_part(engine: EngineConfig, k: int) -> EngineConfig:
                                                                           or VLLM_DEFAULT_SHARE, k))
 
 
-def _divisors_down(n: int) -> list[int]:
-    return [d for d in range(n, 0, -1) if n % d == 0]
-
-
 @dataclass(frozen=True)
 class _Budget:
     """One GPU's memory as the plan splits it, GiB. shares: the engines take a share of the GPU (vLLM)."""
@@ -224,79 +219,69 @@ def _budget(cfg: RunConfig, spec: EngineSpec, model, colocated: bool) -> _Budget
 
 def fit_memory(cfg: RunConfig, spec: EngineSpec, model, ranks: int, per_rank: int, colocated: bool,
                p: list[str]) -> tuple[RunConfig, list[Setting], MemorySplit | None]:
-    """Fill algo.micro_batch_size and engine.gpu_memory_utilization when null, check that the learner and the
+    """Fill algo.micro_batch_tokens and engine.gpu_memory_utilization when null, check that the learner and the
     engine fit, and describe the split. `model` is the plan's ModelSummary; problems go to p."""
     b = _budget(cfg, spec, model, colocated)
+    whole = per_rank * longest_sequence(cfg)  # a rank's rows at their longest: budget 0's micro-batch
 
-    def mem(micro: int) -> LearnerMemory:
-        return learner_memory(cfg, model.params, model.vocab_size, ranks, micro or per_rank, b.ipc)
+    def mem(tokens: int) -> LearnerMemory:
+        return learner_memory(cfg, model.params, model.vocab_size, ranks, tokens or whole, b.ipc)
 
-    def fits(micro: int) -> bool:
-        m = mem(micro)
-        return m.peak <= b.train_room and m.logits * GIB <= logits_budget_bytes(cfg.hardware)
+    def fits(tokens: int) -> bool:
+        return mem(tokens).peak <= b.train_room
 
-    cfg, settings = _micro_batch(cfg, model, per_rank, fits)
-    micro = cfg.algo.micro_batch_size
+    cfg, settings = _micro_batch_tokens(cfg, model, fits)
+    tokens = cfg.algo.micro_batch_tokens
     if cfg.hardware.gpus_per_node == 0 or not per_rank:
         return cfg, settings + _engine_setting(cfg), None
-    learner = mem(micro)
+    learner = mem(tokens)
     if learner.peak > b.train_room:
-        p.append(_learner_too_big(cfg, learner, b.train_room, b.total, ranks, per_rank, micro, colocated, fits,
-                                  b.awake))
+        p.append(_learner_too_big(cfg, learner, b.train_room, b.total, ranks, tokens, colocated, fits, b.awake))
         if b.awake:
             return cfg, settings, None
     if not b.shares:
-        return cfg, settings + _engine_setting(cfg), _split_of(b, None, learner, micro)
+        return cfg, settings + _engine_setting(cfg), _split_of(b, None, learner, tokens)
     fraction = _engine_share(cfg, b, learner, settings, p)
     if fraction is None:
         return cfg, settings, None
     cfg = set_key(cfg, "engine.gpu_memory_utilization", fraction)
-    return cfg, settings, _split_of(b, fraction, learner, micro)
+    return cfg, settings, _split_of(b, fraction, learner, tokens)
 
 
 def full_finetune_fits(cfg: RunConfig, spec: EngineSpec, model, ranks: int, per_rank: int,
                       colocated: bool) -> tuple[bool, float, float]:
-    """(fits, peak GiB, room GiB): whether training the whole model fits a learner GPU at a micro-batch of one,
-    beside a sleeping engine when colocated (the most room the learner can have)."""
+    """(fits, peak GiB, room GiB): whether training the whole model fits a learner GPU with micro-batches of one
+    longest row, beside a sleeping engine when colocated (the most room the learner can have)."""
     full = dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, lora=dataclasses.replace(
         cfg.learner.lora, enabled=False)), algo=dataclasses.replace(cfg.algo, async_steps=0))
     b = _budget(full, spec, model, colocated)
-    peak = learner_memory(full, model.params, model.vocab_size, ranks, 1, b.ipc).peak
+    peak = learner_memory(full, model.params, model.vocab_size, ranks, longest_sequence(cfg), b.ipc).peak
     return peak <= b.train_room, peak, b.train_room
 
 
-def _split_of(b: _Budget, fraction: float | None, learner: LearnerMemory, micro: int) -> MemorySplit:
-    return MemorySplit(round(b.total, 2), fraction, round(learner.idle, 2), round(learner.peak, 2), micro,
+def _split_of(b: _Budget, fraction: float | None, learner: LearnerMemory, tokens: int) -> MemorySplit:
+    return MemorySplit(round(b.total, 2), fraction, round(learner.idle, 2), round(learner.peak, 2), tokens,
                        b.colocated, b.awake, b.k, learner.parts())
 
 
-def micro_rows_cap(recipe_tokens: int, seq: int, per_rank: int) -> int:
-    """The most rows a micro-batch may hold under a recipe's token budget for sequences of `seq` tokens
-    (the whole rank's rows for a budget of 0)."""
-    if recipe_tokens <= 0:
-        return per_rank
-    return max(1, recipe_tokens // max(seq, 1))
-
-
-def _micro_batch(cfg: RunConfig, model, per_rank: int, fits) -> tuple[RunConfig, list[Setting]]:
-    """algo.micro_batch_size: the config's, or the largest that divides the rank's rows, holds at most the
-    recipe's tokens and (on GPUs) fits the learner."""
-    if cfg.algo.micro_batch_size is not None:
-        return cfg, [Setting("algo.micro_batch_size", cfg.algo.micro_batch_size, "config")]
+def _micro_batch_tokens(cfg: RunConfig, model, fits) -> tuple[RunConfig, list[Setting]]:
+    """algo.micro_batch_tokens: the config's, or on GPUs the most tokens (a multiple of TOKEN_STEP, at least the
+    longest row, up to the recipe's ceiling or the longest row if that is more) that fit the learner; on CPU the
+    recipe's (0: a rank's rows in one micro-batch)."""
+    if cfg.algo.micro_batch_tokens is not None:
+        return cfg, [Setting("algo.micro_batch_tokens", cfg.algo.micro_batch_tokens, "config")]
     recipe = recipe_for(model.params)
-    seq = longest_sequence(cfg)
-    cap = micro_rows_cap(recipe.micro_batch_tokens, seq, per_rank)
-    candidates = [d for d in _divisors_down(per_rank) if d <= cap] or [1]
-    budget = (f"up to {recipe.micro_batch_tokens} tokens ({cap} rows of {seq}, recipe {recipe.name})"
-              if recipe.micro_batch_tokens else f"up to the whole batch (recipe {recipe.name})")
-    if cfg.hardware.gpus_per_node > 0 and per_rank:
-        chosen = next((d for d in candidates if fits(d)), candidates[-1])
-        why = f"derived: the largest micro-batch {budget} that divides {per_rank} and fits the learner GPU"
-    else:
-        chosen = candidates[0]
-        why = f"recipe {recipe.name}"
-    micro = 0 if chosen == per_rank and recipe.micro_batch_tokens == 0 else chosen
-    return set_key(cfg, "algo.micro_batch_size", micro), [Setting("algo.micro_batch_size", micro, why)]
+    longest = longest_sequence(cfg)
+    if cfg.hardware.gpus_per_node == 0 or recipe.micro_batch_tokens == 0:
+        why = f"recipe {recipe.name}" + ("" if recipe.micro_batch_tokens else ": a rank's rows in one micro-batch")
+        return set_key(cfg, "algo.micro_batch_tokens", recipe.micro_batch_tokens), [
+            Setting("algo.micro_batch_tokens", recipe.micro_batch_tokens, why)]
+    floor = -(-longest // TOKEN_STEP) * TOKEN_STEP
+    top = max(recipe.micro_batch_tokens, floor)
+    chosen = next((t for t in range(top, floor - 1, -TOKEN_STEP) if fits(t)), floor)
+    why = (f"derived: the most packed tokens, from the longest row ({longest}) up to recipe {recipe.name}'s "
+           f"{recipe.micro_batch_tokens}, that fit the learner GPU")
+    return set_key(cfg, "algo.micro_batch_tokens", chosen), [Setting("algo.micro_batch_tokens", chosen, why)]
 
 
 def _engine_share(cfg: RunConfig, b: _Budget, learner: LearnerMemory, settings: list[Setting],
@@ -375,7 +360,7 @@ def _awake_fraction(cfg: RunConfig, b: _Budget, learner: LearnerMemory, settings
                 f"trains, and the learner's peak of about {learner.peak:.1f} GiB leaves the engine{_ks(k)} "
                 f"{max(derived, 0) * total:.1f} GiB of the {total:.0f} GiB GPU, less than the {need:.1f} GiB "
                 f"{_its(k)} weights and one sequence need; {_fewer(k)}set algo.async_steps=0 (the engine sleeps "
-                "while the learner trains), or lower algo.micro_batch_size."
+                "while the learner trains), or lower algo.micro_batch_tokens."
             )
             return None
         settings.append(Setting("engine.gpu_memory_utilization", derived,
@@ -404,13 +389,14 @@ def _engine_setting(cfg: RunConfig) -> list[Setting]:
     return []
 
 
-def _learner_too_big(cfg: RunConfig, learner: LearnerMemory, room: float, total: float, ranks: int,
-                     per_rank: int, micro: int, colocated: bool, fits, awake: bool = False) -> str:
+def _learner_too_big(cfg: RunConfig, learner: LearnerMemory, room: float, total: float, ranks: int, tokens: int,
+                     colocated: bool, fits, awake: bool = False) -> str:
     lc = cfg.learner
     fixes = []
-    smaller = next((d for d in _divisors_down(per_rank) if d < (micro or per_rank) and fits(d)), None)
+    longest = longest_sequence(cfg)
+    smaller = next((t for t in range((tokens or longest) - TOKEN_STEP, longest - 1, -TOKEN_STEP) if fits(t)), None)
     if smaller:
-        fixes.append(f"algo.micro_batch_size={smaller}")
+        fixes.append(f"algo.micro_batch_tokens={smaller}")
     if not lc.gradient_checkpointing:
         fixes.append("learner.gradient_checkpointing=true")
     if lc.zero_stage != 3 and ranks > 1:
@@ -430,4 +416,4 @@ def _learner_too_big(cfg: RunConfig, learner: LearnerMemory, room: float, total:
 
 
 __all__ = ["LearnerMemory", "MemorySplit", "adapter_params", "block_linears", "engine_part", "fit_memory",
-           "full_finetune_fits", "learner_memory"]
+           "full_finetune_fits", "learner_memory", "longest_sequence"]

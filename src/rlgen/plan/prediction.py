@@ -160,12 +160,15 @@ def predict(
         return Prediction(False, "the plan places no engines or no learners.")
     b = plan.batch
     prompt = float(mean_prompt_tokens if mean_prompt_tokens is not None else b.max_prompt_tokens)
+    shaped = cfg.task.response_length_mean
+    if mean_response_tokens is None and shaped > 0:  # geometric lengths cut at the cap (task.response_length_mean)
+        mean_response_tokens = shaped * (1 - math.exp(-b.max_new_tokens / shaped))
     resp = float(mean_response_tokens if mean_response_tokens is not None else b.max_new_tokens)
     kv_tokens, max_conc = _engine_capacity(plan, cfg)
     if max_conc < 1:
         return Prediction(False, f"the KV cache of one engine holds {kv_tokens} tokens, less than one "
                                  f"{b.max_seq_len}-token sequence.")
-    gen = _generation(plan, cfg, kv_tokens, max_conc, prompt, resp)
+    gen = _generation(plan, cfg, kv_tokens, max_conc, prompt, resp, shaped)
     learner = _learner(plan, cfg, prompt, resp)
     sync = _weight_sync(plan, cfg)
     return _prediction(plan, cfg, gen, learner, sync)
@@ -243,9 +246,16 @@ def _decode_step(k: int, ctx: float, plan: Plan, cfg: RunConfig) -> tuple[float,
     return t_mem, t_cmp, t + k * DECODE_OVERHEAD_S_PER_TOKEN
 
 
+def longest_response(mean: float, n: int, cap: int) -> float:
+    """The expected longest of n geometric lengths of this mean, cut at cap: mean x H(n), H(n) ~ ln n + 0.577."""
+    return min(float(cap), mean * (math.log(max(n, 1)) + 0.5772))
+
+
 def _generation(plan: Plan, cfg: RunConfig, kv_tokens: int, max_conc: int, prompt: float,
-                resp: float) -> _Generation:
-    """Decode rate of one engine and generation time of a batch on the busiest engine."""
+                resp: float, shaped: int = 0) -> _Generation:
+    """Decode rate of one engine and generation time of a batch on the busiest engine. With RL-shaped lengths
+    (shaped: their mean before the cap) the batch decodes until its longest response ends, fewer sequences a step
+    as the others finish: each step reads the weights once, and each sequence still in flight adds its own cost."""
     b, gpu, params = plan.batch, cfg.hardware.gpu, plan.model.params
     tp = plan.engines[0].tensor_parallel_size
     # engines sharing a GPU (engine.engines_per_gpu) are drawn as one engine with the GPU's whole engine share:
@@ -255,8 +265,15 @@ def _generation(plan: Plan, cfg: RunConfig, kv_tokens: int, max_conc: int, promp
     c = min(max_conc, seqs_engine)
     ctx = prompt + resp / 2
     t_mem, t_cmp, t_step = _decode_step(c, ctx, plan, cfg)
-    full, rest = divmod(seqs_engine, c)
-    decode_s = resp * (full * t_step + (_decode_step(rest, ctx, plan, cfg)[2] if rest else 0.0))
+    if shaped > 0:
+        weights_s = _decode_step(0, ctx, plan, cfg)[2]  # a step's fixed part: the weights read once
+        per_seq = (t_step - weights_s) / c  # what each sequence in flight adds to a step
+        tokens = seqs_engine * resp
+        steps = max(longest_response(shaped, seqs_engine, b.max_new_tokens), tokens / c)
+        decode_s = steps * weights_s + tokens * per_seq
+    else:
+        full, rest = divmod(seqs_engine, c)
+        decode_s = resp * (full * t_step + (_decode_step(rest, ctx, plan, cfg)[2] if rest else 0.0))
     prefill_s = seqs_engine * prompt * 2 * params / tp / (gpu.bf16_tflops * 1e12 * MATMUL_EFFICIENCY)
     return _Generation(
         num_engines=n,
@@ -276,18 +293,19 @@ def _generation(plan: Plan, cfg: RunConfig, kv_tokens: int, max_conc: int, promp
 
 
 def _learner(plan: Plan, cfg: RunConfig, prompt: float, resp: float) -> _Learner:
-    """Training time of a batch over the learner GPUs: each rank's micro-batches, each the longer of its
-    compute and the per-micro-batch floor."""
+    """Training time of a batch over the learner GPUs: each rank's share of the packed tokens (prompt and response
+    at the lengths given, no padding) in micro-batches of algo.micro_batch_tokens, each the longer of its compute
+    and the per-micro-batch floor."""
     gpus = len(plan.learners)
     ckpt = cfg.learner.gradient_checkpointing is not False
     mfu = learner_mfu(cfg.model.hidden_size) * (1.0 if ckpt else NO_CHECKPOINTING_SPEEDUP)
     train_tokens = int(plan.batch.sequences_per_step * (prompt + resp))
     mult = 8 if cfg.algo.kl_coef > 0 else 6
-    per_rank = math.ceil(plan.batch.sequences_per_step / max(gpus, 1))
-    micro = min(cfg.algo.micro_batch_size or per_rank, per_rank)
-    compute = mult * plan.model.params * micro * (prompt + resp) / (cfg.hardware.gpu.bf16_tflops * 1e12 * mfu)
+    rank_tokens = train_tokens / max(gpus, 1)
+    budget = cfg.algo.micro_batch_tokens or rank_tokens
+    micros = max(1, math.ceil(rank_tokens / max(budget, 1)))
+    compute = mult * plan.model.params * rank_tokens / micros / (cfg.hardware.gpu.bf16_tflops * 1e12 * mfu)
     floor = cfg.model.num_layers * MICRO_FLOOR_S_PER_LAYER[ckpt]
-    micros = math.ceil(per_rank / max(micro, 1))
     train_s = micros * max(compute, floor)
     return _Learner(gpus=gpus, mfu=mfu, train_tokens=train_tokens, mult=mult, train_s=train_s, micros=micros,
                     floor_s=floor, bound="launch floor" if floor > compute else "compute")

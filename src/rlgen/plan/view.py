@@ -135,8 +135,13 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
     g.add_column("what")
     g.add_column("value")
     g.add_row("batch", f"{b.prompts_per_step} prompts x {b.samples_per_prompt} samples = {b.sequences_per_step} sequences")
-    g.add_row("per learner rank", f"{b.sequences_per_rank} sequences")
-    g.add_row("sequence", f"<= {b.max_prompt_tokens} prompt + {b.max_new_tokens} new tokens")
+    tokens = cfg.algo.micro_batch_tokens
+    g.add_row("per learner rank", f"about {b.sequences_per_rank} sequences of equal work, packed (no padding) in "
+              + (f"micro-batches of up to {tokens} tokens" if tokens else "one micro-batch")
+              + f"; attention: {cfg.learner.attention}")
+    shaped = cfg.task.response_length_mean
+    g.add_row("sequence", f"<= {b.max_prompt_tokens} prompt + {b.max_new_tokens} new tokens"
+              + (f" (RL-shaped: about {shaped} on average, task.response_length_mean)" if shaped else ""))
     g.add_row("async_steps", f"{plan.async_steps} ({'on-policy' if plan.async_steps == 0 else 'engines may run ahead'})")
     g.add_row("weight sync", plan.transport.value)
     console.print(g)

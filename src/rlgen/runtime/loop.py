@@ -17,7 +17,7 @@ from rich.markup import escape
 from rlgen import launched_at
 from rlgen.config import BreakerAction, KLPenalty
 from rlgen.errors import causes
-from rlgen.learners.group import merge_rank_metrics, shard_rows
+from rlgen.learners.group import merge_rank_metrics
 from rlgen.metrics.balance import BalanceTracker, context_from_plan
 from rlgen.plan.memory import response_bound
 from rlgen.runtime.cluster.waits import LearnerLost
@@ -27,6 +27,7 @@ from rlgen.runtime.errors import RunError, StopRequested
 from rlgen.runtime.rollouts.engine_restarts import EngineLost
 from rlgen.runtime.rollouts.in_flight import InFlight
 from rlgen.runtime.rollouts.refill import step_rollouts
+from rlgen.runtime.rollouts.tail import tail_metrics
 from rlgen.runtime.setup import Run
 from rlgen.runtime.step_record import step_record
 from rlgen.tasks.scoring import RewardError
@@ -129,6 +130,7 @@ def _rollouts(run: Run, step: int, tl: StepTimeline) -> tuple[Any, Any, InFlight
     ro.pending.popleft()
     ro.collected += 1
     ro.fill(step, run.state.async_steps, run.transport.version)
+    tail = tail_metrics(flight, ro.pending[0] if ro.pending else None)
     run.startup.setdefault("first_rollout_s", time.time() - launched_at())
     if run.clock is not None:
         run.clock.first_batch()
@@ -143,6 +145,7 @@ def _rollouts(run: Run, step: int, tl: StepTimeline) -> tuple[Any, Any, InFlight
     t1 = time.time()
     tl.add("driver", Phase.reward, t0, t1)
     got = step_rollouts(run, step, flight, scores, tl)
+    got.metrics.update(tail)
     t0 = time.time() if got.metrics.get("dynamic/rounds", 1) > 1 else t1  # the extra rounds' scoring is inside them
     try:
         batch = build_batch(got.completions, got.rewards, run.pad_id,
@@ -193,12 +196,13 @@ def _train(run: Run, batch: Any, step: int, tl: StepTimeline) -> dict:
     comes back, every rank's spans go on the timeline. While it trains, the next flight's rollouts are prepared
     and scored if they are in."""
 
-    shards = _shards(run, batch)
+    assignment = _assignment(run, batch)
+    shards = _shards(batch, assignment)
     penalty: dict[str, float] = {}
     algo = run.cfg.algo
     if algo.kl_coef > 0 and KLPenalty(algo.kl_penalty) is KLPenalty.reward:
-        penalty = _kl_into_rewards(run, batch, shards, step)
-        shards = _shards(run, batch)
+        penalty = _kl_into_rewards(run, batch, shards, assignment, step)
+        shards = _shards(batch, assignment)
     refs = [a.train_step.remote(b) for a, b in zip(run.learners, shards)]
     run.rollouts.prefetch()
     names = [f"learner{r}" for r in range(len(run.learners))]
@@ -220,16 +224,31 @@ def _train(run: Run, batch: Any, step: int, tl: StepTimeline) -> dict:
     return {**merge_rank_metrics(per_rank), **penalty}
 
 
-def _shards(run: Run, batch: Any) -> list[Any]:
-    """Each learner rank's rows of the batch."""
-    if len(run.learners) == 1:
-        return [batch]
+def _assignment(run: Run, batch: Any) -> Any:
+    """Which rows each learner rank trains on, of equal estimated work, in micro-batches of at most
+    algo.micro_batch_tokens packed tokens, as many on every rank (rlgen.microbatches)."""
+    from rlgen.learners.packed import row_tokens
+    from rlgen.microbatches import assign, attention_coef
+
+    m = run.cfg.model
+    tokens = row_tokens(batch.attention_mask, batch.response_mask, batch.prompt_len)
+    return assign(tokens, len(run.learners), int(run.cfg.algo.micro_batch_tokens or 0),
+                  attention_coef(m.num_layers, m.hidden_size, run.plan.model.params))
+
+
+def _shards(batch: Any, assignment: Any) -> list[Any]:
+    """Each learner rank's rows of the batch, with its micro-batches."""
     import torch
 
-    return [batch.select(torch.arange(r.start, r.stop)) for r in shard_rows(batch.num_sequences, len(run.learners))]
+    shards = []
+    for rank in range(len(assignment.ranks)):
+        shard = batch.select(torch.tensor(assignment.rows(rank), dtype=torch.long))
+        shard.micro_rows = assignment.local(rank)
+        shards.append(shard)
+    return shards
 
 
-def _kl_into_rewards(run: Run, batch: Any, shards: list[Any], step: int) -> dict[str, float]:
+def _kl_into_rewards(run: Run, batch: Any, shards: list[Any], assignment: Any, step: int) -> dict[str, float]:
     """algo.kl_penalty=reward: the learners give each sequence's summed KL to the reference; kl_coef times it
     comes off the sequence's reward and the advantages are computed again, over the whole batch. Returns the
     step's kl (per response token) and the mean penalty."""
@@ -239,7 +258,7 @@ def _kl_into_rewards(run: Run, batch: Any, shards: list[Any], step: int) -> dict
     names = [f"learner{r}" for r in range(len(run.learners))]
     refs = [a.sequence_kl.remote(b) for a, b in zip(run.learners, shards)]
     per_rank = run.waiter.learner_get(refs, f"the reference KL of step {step}", names, run.folders.learner_nodes)
-    kl = torch.tensor([v for rank in per_rank for v in rank], dtype=torch.float32)  # [N]
+    kl = torch.tensor(assignment.gather(per_rank), dtype=torch.float32)  # [N], the batch's row order
     batch.rewards = batch.rewards - algo.kl_coef * kl
     batch.advantages = run.algorithm.advantages(batch.rewards, batch.group_ids, algo)
     tokens = max(batch.num_response_tokens, 1)
@@ -297,15 +316,18 @@ def out_of_memory(err: BaseException) -> bool:
 
 def _oom_sentence(run: Run, step: int) -> str:
     cfg, b = run.cfg, run.plan.batch
-    micro = cfg.algo.micro_batch_size or b.sequences_per_rank
-    fixes = [f"lower algo.micro_batch_size (now {micro} of the {b.sequences_per_rank} sequences a rank trains on)"]
+    tokens = cfg.algo.micro_batch_tokens
+    budget = f"micro-batches of up to {tokens} packed tokens" if tokens else \
+        f"each rank's {b.sequences_per_rank} sequences in one micro-batch"
+    fixes = [f"lower algo.micro_batch_tokens (now {tokens or 'the whole shard'}; a row of {b.max_seq_len} tokens must "
+             "fit)"]
     if not cfg.learner.gradient_checkpointing:
         fixes.append("set learner.gradient_checkpointing=true")
     name, bound = response_bound(cfg)
     fixes.append(f"lower {name} (now {bound})")
-    return (f"training step {step} ran out of GPU memory on the learner (micro-batches of {micro} sequences of up to "
-            f"{b.max_seq_len} tokens); " + ", ".join(fixes[:-1]) + f", or {fixes[-1]}. The last checkpoint is kept, and "
-            "resume=auto with a smaller micro-batch or gradient checkpointing continues from it.")
+    return (f"training step {step} ran out of GPU memory on the learner ({budget}); " + ", ".join(fixes[:-1]) +
+            f", or {fixes[-1]}. The last checkpoint is kept, and resume=auto with a smaller micro-batch or gradient "
+            "checkpointing continues from it.")
 
 
 def _finish_updates(run: Run) -> None:

@@ -9,6 +9,7 @@ docs/tasks.md has each choice in full.
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,18 @@ def model_stop_ids(model_path: str, tokenizer: Any, extra: list[int] | tuple[int
         ids.append(int(tokenizer.eos_token_id))
     ids += [int(x) for x in extra]
     return list(dict.fromkeys(ids))
+
+
+def length_stop_ids(vocab_size: int, mean: int, seed: int, keep: list[int] | tuple[int, ...] = ()) -> list[int]:
+    """task.response_length_mean: vocab_size // mean token ids drawn with seed, none of them in keep (the
+    pad and special ids). A model that samples near uniformly over its vocabulary (random weights) stops at one
+    of them with probability about 1 / mean per token: geometric lengths of that mean. [] for mean <= 0."""
+    if mean <= 0:
+        return []
+    skip = set(keep)
+    pool = [t for t in range(vocab_size) if t not in skip]
+    count = max(1, min(len(pool), vocab_size // mean))
+    return sorted(random.Random(seed).sample(pool, count))
 
 
 def cut_at_stop(c: Completion, tokenizer: Any, stops: list[str], text: str) -> tuple[Completion, str]:

@@ -45,7 +45,7 @@ from rlgen.engines.vllm.updates import UpdateMethods
 from rlgen.engines.vllm.weights import WEIGHT_CHUNK_BYTES, chunk_weights
 from rlgen.hostinfo import process_info
 from rlgen.phases import ActorClock, read_log_times
-from rlgen.types import Completion, GenRequest, Phase
+from rlgen.types import Completion, GenRequest, Phase, tail_start
 
 
 class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, Episodic, KeptWarm):
@@ -222,14 +222,15 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, Episodic, KeptWar
             return self.play_episodes(requests)
         t0 = time.time()
         call, v, jobs = self._jobs(requests)
+        finished: list[float] = []
         outs = self._loop.run(
-            generate_all(self.llm, jobs),
+            generate_all(self.llm, jobs, finished),
             self.timeout_s,
             f"{self.name}: generate() of {len(requests)} requests",
         )
         t1 = time.time()
         return {"completions": self._completions(requests, outs, call, v), "spans": [(Phase.generate.value, t0, t1)],
-                "version": v}
+                "version": v, "tail_from": tail_start(finished)}
 
     def _play_episodes(self, episodes: Any) -> tuple[list[Completion], float]:
         """Every episode a coroutine on the engine's loop, beside vLLM's own: no thread per episode. (The turn's

@@ -85,16 +85,21 @@ async def build_engine(args: dict[str, Any]) -> Any:
     return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
 
 
-async def _generate_one(llm: Any, prompt: Any, params: Any, request_id: str, lora: Any = None) -> Any:
+async def _generate_one(llm: Any, prompt: Any, params: Any, request_id: str, lora: Any = None,
+                        finished: list[float] | None = None) -> Any:
     final = None
     async for out in llm.generate(prompt, params, request_id, lora_request=lora):
         final = out
+    if finished is not None:
+        finished.append(time.time())
     return final
 
 
-async def generate_all(llm: Any, jobs: list[tuple[Any, Any, str, Any]]) -> list[Any]:
-    """Every job (prompt, sampling, request id, its LoRARequest or None) to its final output."""
-    return await asyncio.gather(*(_generate_one(llm, *job) for job in jobs))
+async def generate_all(llm: Any, jobs: list[tuple[Any, Any, str, Any]], finished: list[float] | None = None
+                       ) -> list[Any]:
+    """Every job (prompt, sampling, request id, its LoRARequest or None) to its final output; each job's finish
+    time (the last of its samples) goes to finished when given."""
+    return await asyncio.gather(*(_generate_one(llm, *job, finished=finished) for job in jobs))
 
 
 async def stream_one(llm: Any, index: int, prompt: Any, params: Any, request_id: str, lora: Any,

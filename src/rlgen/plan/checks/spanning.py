@@ -1,5 +1,5 @@
 """The plan's checks that span several settings: the hardware adds up, the learner can train the ranks it gets,
-a sequence fits the engine and the model, an engine's share holds its weights, a micro-batch's logits fit. Each
+a sequence fits the engine and the model, an engine's share holds its weights, a micro-batch holds a row. Each
 problem is one sentence that names the settings that cause it and says how to fix it. Pure: no torch."""
 
 from __future__ import annotations
@@ -8,15 +8,7 @@ from rlgen.config import VLLM_ENV_REMOVED_IN_0_26, RunConfig, TaskKind
 from rlgen.engines.registry import EngineSpec
 from rlgen.learners.registry import LearnerSpec
 from rlgen.plan.layout import Layout, LearnerSlot, ModelSummary
-from rlgen.plan.memory import (
-    ENGINE_HEADROOM_GIB,
-    GIB,
-    LOGITS_SHARE,
-    engine_floor_gib,
-    logits_budget_bytes,
-    logits_bytes,
-    response_bound,
-)
+from rlgen.plan.memory import ENGINE_HEADROOM_GIB, GIB, engine_floor_gib, longest_sequence, response_bound
 from rlgen.plan.overlap import check_sleep_mode
 
 
@@ -128,22 +120,15 @@ def check_engine_floor(cfg: RunConfig, spec: EngineSpec, ms: ModelSummary, p: li
                      " or less, or leave it null.")
 
 
-def check_logits(cfg: RunConfig, ms: ModelSummary, per_rank: int, p: list[str]) -> None:
-    """A learner micro-batch's fp32 logits over the whole vocabulary must fit its GPU: with large vocabularies
-    (Qwen2.5: 151,936) one pass over every row needs far more memory than the GPU has."""
-    a, hw = cfg.algo, cfg.hardware
-    seq = cfg.task.max_prompt_tokens + response_bound(cfg)[1]
-    per_row = logits_bytes(seq, ms.vocab_size)
-    budget = logits_budget_bytes(hw)
-    rows = a.micro_batch_size if a.micro_batch_size > 0 else per_rank
-    if rows * per_row > budget:
-        fits = max(1, int(budget // per_row))
-        pick = max((d for d in range(1, min(fits, per_rank) + 1) if per_rank % d == 0), default=1)
-        p.append(
-            f"a learner micro-batch of {rows} sequences x {seq} tokens x {ms.vocab_size:,} vocabulary needs about "
-            f"{rows * per_row / GIB:.0f} GiB for its logits alone, more than {LOGITS_SHARE:.0%} of a "
-            f"{hw.gpu.memory_gb:g} GB GPU; set algo.micro_batch_size={pick} (or lower)."
-        )
+def check_micro_batch(cfg: RunConfig, p: list[str]) -> None:
+    """A micro-batch budget the config sets holds the longest row (a prompt and its response at their bounds):
+    a row is never split over micro-batches."""
+    tokens, longest = cfg.algo.micro_batch_tokens, longest_sequence(cfg)
+    if tokens and 0 < tokens < longest:
+        name, bound = response_bound(cfg)
+        p.append(f"algo.micro_batch_tokens={tokens} cannot hold the longest row, task.max_prompt_tokens="
+                 f"{cfg.task.max_prompt_tokens} + {name}={bound} = {longest} tokens (a row is never split over "
+                 f"micro-batches); raise it to {longest} or more, or leave it unset for the most that fits.")
 
 
 def live_vllm_env(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
@@ -157,5 +142,5 @@ def live_vllm_env(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     return kept, notes
 
 
-__all__ = ["check_engine_floor", "check_hardware", "check_learners", "check_lengths", "check_logits",
+__all__ = ["check_engine_floor", "check_hardware", "check_learners", "check_lengths", "check_micro_batch",
            "live_vllm_env"]

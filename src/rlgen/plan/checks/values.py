@@ -157,8 +157,12 @@ def _check_algo(cfg: RunConfig, p: list[str]) -> None:
     if a.kl_coef < 0:
         p.append(f"algo.kl_coef={a.kl_coef} must be >= 0.")
     _check_loss_options(a, p)
-    if a.micro_batch_size is not None and a.micro_batch_size < 0:
-        p.append(f"algo.micro_batch_size={a.micro_batch_size} must be >= 0 (0: the whole batch in one pass).")
+    if cfg.task.response_length_mean < 0:
+        p.append(f"task.response_length_mean={cfg.task.response_length_mean} must be >= 0 (0: off; > 0: stop ids "
+                 "that give a random-weight model responses of about this many tokens).")
+    if a.micro_batch_tokens is not None and a.micro_batch_tokens < 0:
+        p.append(f"algo.micro_batch_tokens={a.micro_batch_tokens} must be >= 0 (0: each rank's rows in one "
+                 "micro-batch).")
 
 
 def _check_loss_options(a, p: list[str]) -> None:

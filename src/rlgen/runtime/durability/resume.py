@@ -31,9 +31,12 @@ from rlgen.runtime.durability.checkpoint_folder import (
 
 MATH_PREFIXES = ("model.", "algo.", "task.", "learner.")
 MATH_KEYS = ("seed", "learner_ranks", "task_digest")
-# Keys under those prefixes that change only memory, not the math: micro-batches accumulate to the same gradient,
-# and gradient checkpointing recomputes the same activations. A run that ran out of memory resumes with them changed.
-MEMORY_KEYS = ("algo.micro_batch_size", "learner.gradient_checkpointing")
+# Keys under those prefixes that change only memory or speed, not the math: micro-batches accumulate to the same
+# gradient, gradient checkpointing recomputes the same activations, and every packed-attention backend computes the
+# same attention. A run that ran out of memory resumes with them changed. (algo.micro_batch_size: the row count of
+# checkpoints from before micro-batches were packed.)
+MEMORY_KEYS = ("algo.micro_batch_tokens", "algo.micro_batch_size", "learner.gradient_checkpointing",
+               "learner.attention")
 IGNORED = ("resume",)
 SEARCH_DEPTH = 4  # levels under the output root: outputs/<date>/<time>, multirun/<date>/<time>/<job>
 

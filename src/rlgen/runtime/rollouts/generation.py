@@ -93,6 +93,7 @@ class Rollouts:
         return self._send(InFlight(step, sp, split_requests(sp, sampling, len(self.engines), self.episode), version))
 
     def _send(self, flight: InFlight) -> InFlight:
+        flight.launched_at = time.time()
         for i, reqs in enumerate(flight.shards):
             if reqs:
                 flight.refs[i] = (self.keeper.incarnation[i], self.engines[i].generate.remote(reqs))

@@ -23,6 +23,7 @@ class InFlight:
     update_spans: dict[int, list[Any]] = field(default_factory=dict)  # engine index -> its weight update's spans
     prepared: list[Completion] | None = None  # the completions as trained on (cut at stop strings), once prepared
     scoring: Any = None  # the scorer's handle, once prepared
+    launched_at: float | None = None  # when its generate() calls went to the engines (None: restored, not sent)
 
     @property
     def samples(self) -> int:

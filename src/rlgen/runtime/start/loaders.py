@@ -15,7 +15,7 @@ from rlgen.models import built_model, load_tokenizer, prepare_model
 from rlgen.runtime.start.on_thread import Beside
 from rlgen.runtime.start.progress import StartupClock
 from rlgen.tasks import build_task, task_libraries
-from rlgen.tasks.prompts import PromptRenderer, model_stop_ids
+from rlgen.tasks.prompts import PromptRenderer, length_stop_ids, model_stop_ids
 
 
 def start_loaders(run: Any) -> tuple[Beside, Beside, Beside]:
@@ -94,6 +94,8 @@ def _task(run: Any, libraries: Beside, model: Beside) -> tuple[Any, Any, list[in
                           f"as {renderer.format} text", highlight=False)
     stop_ids = model_stop_ids(run.start_model_path, run.tokenizer, cfg.task.stop_token_ids)
     run.pad_id = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else (stop_ids or [0])[0]
+    special = [run.pad_id, *stop_ids, *run.tokenizer.all_special_ids]
+    stop_ids += length_stop_ids(run.plan.model.vocab_size, cfg.task.response_length_mean, cfg.task.seed, special)
     return task, renderer, stop_ids
 
 

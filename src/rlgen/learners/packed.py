@@ -1,0 +1,173 @@
+"""A micro-batch as tokens, not a rectangle: its rows' real tokens back to back in one row, position ids that
+restart at each row, attention that never crosses rows (rlgen.learners.attention), and the logprob and entropy of
+each response token computed from the model's last hidden states a chunk of tokens at a time, so no tensor of
+every position times the vocabulary in fp32 ever exists.
+
+A row is forwarded up to its last response token under the response mask: tokens after it change no logprob
+the loss reads (attention is causal). The results come back in the padded layout the losses take, [n, Lm]
+(Lm: the micro-batch's longest kept response), zeros off the kept tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from rlgen.algo.loss import token_entropy, token_logprobs
+from rlgen.microbatches import chunk_tokens
+
+
+@dataclass(frozen=True)
+class Packed:
+    """One micro-batch's rows packed into one row of T tokens, R of whose positions predict a response token."""
+
+    ids: torch.Tensor  # [1, T] each row's prompt then its kept response, less its last token
+    positions: torch.Tensor  # [1, T] 0, 1, ... restarting at each row
+    cu_seqlens: torch.Tensor  # [k+1] int32: where each forwarded row starts and ends
+    longest: int  # the longest forwarded row
+    predict: torch.Tensor  # [R] positions whose hidden state predicts a response token
+    targets: torch.Tensor  # [R] the response tokens they predict
+    slot: torch.Tensor  # [R] where each goes in the [n, Lm] padded layout, flattened (row * Lm + column)
+    rows: int  # n
+    resp_len: int  # Lm
+
+    @property
+    def tokens(self) -> int:
+        return int(self.ids.shape[1])
+
+
+def kept_lengths(attn: torch.Tensor, mask: torch.Tensor, prompt_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(prompt tokens [N], kept response tokens [N]) of padded rows: attn [N, P+L] (prompts left-padded,
+    responses right-padded), mask [N, L]. A response is kept up to its last token under the mask; a row with no
+    such token keeps one response token (so every micro-batch has a token to differentiate)."""
+    prompt = attn[:, :prompt_len].sum(dim=-1)  # [N]
+    resp = attn[:, prompt_len:].sum(dim=-1)  # [N]
+    cols = torch.arange(1, mask.shape[1] + 1, device=mask.device)  # [L]
+    last = (mask.bool() * cols).amax(dim=-1) if mask.shape[1] else torch.zeros_like(prompt)  # [N]
+    return prompt, torch.where(last > 0, last, resp.clamp(max=1))
+
+
+def row_tokens(attn: torch.Tensor, mask: torch.Tensor, prompt_len: int) -> list[int]:
+    """The tokens each padded row puts into a packed forward (what a micro-batch's budget counts)."""
+    prompt, kept = kept_lengths(attn, mask, prompt_len)
+    return torch.where(kept > 0, prompt + kept - 1, prompt).tolist()  # pack() forwards a bare prompt whole
+
+
+def _cat(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long, device=device)
+
+
+def pack(ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor, prompt_len: int) -> Packed:
+    """Padded rows ids, attn [n, P+L] and mask [n, L] as one packed row."""
+    prompt, kept = kept_lengths(attn, mask, prompt_len)
+    pieces, positions, bounds, predict, targets, slot = [], [], [0], [], [], []
+    resp_len = max(int(kept.max().item()), 1) if len(kept) else 1
+    start = 0
+    for j, (p, k) in enumerate(zip(prompt.tolist(), kept.tolist())):
+        whole = ids[j, prompt_len - p: prompt_len + k]  # [p + k]
+        fwd = whole[:-1] if k > 0 else whole  # the last token predicts nothing the loss reads
+        if fwd.numel() == 0:
+            continue
+        pieces.append(fwd)
+        positions.append(torch.arange(fwd.numel(), device=ids.device))
+        if k > 0:
+            predict.append(torch.arange(start + p - 1, start + p - 1 + k, device=ids.device))
+            targets.append(whole[p:])
+            slot.append(j * resp_len + torch.arange(k, device=ids.device))
+        start += fwd.numel()
+        bounds.append(start)
+    lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+    return Packed(
+        ids=_cat(pieces, ids.device).unsqueeze(0),
+        positions=_cat(positions, ids.device).unsqueeze(0),
+        cu_seqlens=torch.tensor(bounds, dtype=torch.int32, device=ids.device),
+        longest=max(lengths, default=0),
+        predict=_cat(predict, ids.device),
+        targets=_cat(targets, ids.device),
+        slot=_cat(slot, ids.device),
+        rows=int(ids.shape[0]),
+        resp_len=resp_len,
+    )
+
+
+def causal_lm(model: nn.Module) -> nn.Module:
+    """The transformers causal LM inside a learner's model: through a PEFT model (get_base_model), the LoRA
+    reference (AdapterOff.wrapped) or a DeepSpeed engine (.module)."""
+    from transformers import PreTrainedModel
+
+    for _ in range(8):
+        if isinstance(model, PreTrainedModel):
+            return model
+        if hasattr(model, "get_base_model"):
+            model = model.get_base_model()
+        elif isinstance(getattr(model, "wrapped", None), nn.Module):
+            model = model.wrapped
+        elif isinstance(getattr(model, "module", None), nn.Module):
+            model = model.module
+        elif hasattr(model, "get_output_embeddings"):
+            return model
+        else:
+            break
+    raise TypeError(f"{type(model).__name__} holds no transformers causal LM")
+
+
+def _stats(hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor, temperature: float,
+           entropy_grad: bool) -> torch.Tensor:
+    """hidden [c, H] -> [c, 2]: (logprob of each target, entropy of its distribution) in fp32, of the logits
+    divided by temperature (> 0 and not 1), as the engine reports the logprobs of what it sampled from."""
+    logits = head(hidden).float().unsqueeze(0)  # [1, c, V]
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    logp = token_logprobs(logits, targets.unsqueeze(0))[0]  # [c]
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropy = token_entropy(logits)[0]  # [c]
+    return torch.stack([logp, entropy], dim=-1)
+
+
+class _StatsHead(nn.Module):
+    """Stands in for the LM head during one packed forward: the last hidden states [1, T, H] -> [1, R, 2], the
+    response tokens' (logprob, entropy), a chunk of tokens at a time; with gradients on, each chunk's logits are
+    recomputed in backward rather than kept."""
+
+    def __init__(self, head: nn.Module, packed: Packed, temperature: float, entropy_grad: bool, chunk: int):
+        super().__init__()
+        self._head = (head,)  # not registered: the model's parameter names stay what they are
+        self.packed, self.temperature, self.entropy_grad, self.chunk = packed, temperature, entropy_grad, chunk
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        head, p = self._head[0], self.packed
+        h = hidden[0].index_select(0, p.predict)  # [R, H]
+        parts = []
+        for lo in range(0, max(h.shape[0], 1), self.chunk):
+            args = (h[lo: lo + self.chunk], head, p.targets[lo: lo + self.chunk], self.temperature,
+                    self.entropy_grad)
+            parts.append(checkpoint(_stats, *args, use_reentrant=False) if torch.is_grad_enabled() else _stats(*args))
+        return torch.cat(parts).unsqueeze(0)  # [1, R, 2]
+
+
+def packed_forward(model: nn.Module, packed: Packed, temperature: float, entropy_grad: bool = False,
+                   chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logprobs [n, Lm], entropies [n, Lm]) of a packed micro-batch's response tokens, zeros elsewhere; the
+    logprobs carry gradients (when enabled), the entropies only with entropy_grad. chunk: response tokens per
+    chunk of the LM head (default: rlgen.microbatches.CHUNK_LOGIT_BYTES of fp32 logits)."""
+    lm = causal_lm(model)
+    head = lm.get_output_embeddings()
+    size = chunk or chunk_tokens(int(lm.config.vocab_size))
+    lm.set_output_embeddings(_StatsHead(head, packed, temperature, entropy_grad, size))
+    try:
+        out = model(input_ids=packed.ids, position_ids=packed.positions, use_cache=False,
+                    packed_segments=(packed.cu_seqlens, packed.longest))
+    finally:
+        lm.set_output_embeddings(head)
+    stats = out.logits[0]  # [R, 2]
+    n, cols = packed.rows, packed.resp_len
+    flat = torch.zeros(n * cols, 2, dtype=stats.dtype, device=stats.device).index_copy(0, packed.slot, stats)
+    grid = flat.view(n, cols, 2)
+    return grid[..., 0], grid[..., 1]
+
+
+__all__ = ["Packed", "causal_lm", "kept_lengths", "pack", "packed_forward",
+           "row_tokens"]
