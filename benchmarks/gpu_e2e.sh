@@ -31,7 +31,7 @@ declare -A LIMIT=([check]=60 [tests1]=240 [validate]=200 [learn_colo]=240 [time_
                   [run4]=220 [sweep4]=300 [gsm8k_colo]=420 [ckpt_split]=360 [resume_split]=540 [resume_colo]=570)
 # GRPO geometry of the timing runs: long enough responses that generation and training are comparable
 shape="algo.prompts_per_step=16 algo.samples_per_prompt=8 algo.max_new_tokens=256 algo.lr=1e-6 \
-algo.micro_batch_size=16 task.max_prompt_tokens=64 engine.max_model_len=512"
+algo.micro_batch_tokens=5120 task.max_prompt_tokens=64 engine.max_model_len=512"
 big="model=qwen2_5_1_5b steps=20 $shape"
 small="model=qwen2_5_0_5b steps=5 $shape"
 learn="model=tiny steps=100"
@@ -89,7 +89,7 @@ run_stage() {
         $py -m rlgen.cli train engine=vllm hardware=1xh100 model.path=$work/gsm8k_colo/lm/model task=gsm8k \
         task.path=$work/gsm8k_colo/lm/data/train.jsonl task.eval_path=$work/gsm8k_colo/lm/data/test.jsonl \
         eval.every=5 eval.max_prompts=64 steps=5 engine.gpu_memory_utilization=0.35 algo.max_new_tokens=256 \
-        algo.micro_batch_size=16 algo.lr=1e-6 task.reward_workers=4 progress=false hydra.run.dir=$work/gsm8k_colo/run" ;;
+        algo.micro_batch_tokens=8192 algo.lr=1e-6 task.reward_workers=4 progress=false hydra.run.dir=$work/gsm8k_colo/run" ;;
     ckpt_split) stage ckpt_split "$py" benchmarks/checkpoint_cost.py "$work/ckpt_split" engine=vllm hardware=2xh200 \
         $big steps=12 checkpoint.every=4 ;;
     resume_split) stage resume_split "$py" benchmarks/resume_check.py "$work/resume_split" 6 engine=vllm \

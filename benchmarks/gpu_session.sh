@@ -38,6 +38,14 @@
 #     headline [OVERRIDES]  four GPUs: `rlgen train engine=vllm_tp2 hardware=4xh100 model=qwen2_5_1_5b steps=20`
 #     headline-sweep [OVERRIDES]  four GPUs: the headline's sweep, `-m engine.num_engines=1,2
 #                       engine.tensor_parallel_size=1,2`, with its summary (OUT/sweep/sweep_summary.md)
+#     lengths [OVERRIDES]  one GPU: the padding pair, the 0.5B with 512 sequences a step, every response 256 tokens
+#                       against RL-shaped lengths (cap 2,048, mean about 256: task.response_length_mean), then the
+#                       learner alone (benchmarks/learner_speed.py, the 1.5B at the plan's token budget, both lengths)
+#     tail [ARGS]      one GPU: benchmarks/peer_trl.py's small shape (64 sequences a step), fixed 256 against RL-shaped
+#                       lengths (cap 2,048, mean about 256), and TRL's GRPOTrainer on the RL-shaped ones
+#     long [OVERRIDES]  one GPU: the 1.5B with 32k-token responses (every response at its cap), 3 steps, at the plan's
+#                       token budget: its step breakdown and the learner's peak memory against the plan's
+#     long-7b [OVERRIDES]  two GPUs: the 7B with 16k-token responses, 3 steps, likewise
 #     serve-lora ADAPTER [OVERRIDES]  `rlgen serve` with vLLM adapters: load, generate with and without, unload
 #                       (benchmarks/serve_lora.py)
 # Run from the repository root with rlgen importable (installed, or src on PYTHONPATH). Every vLLM process is
@@ -173,6 +181,39 @@ EOF3
     kill -INT "$server"
     for _ in $(seq 30); do kill -0 "$server" 2>/dev/null || break; sleep 1; done
     kill -9 "$server" 2>/dev/null || true
+    ;;
+  lengths)
+    # the same engine settings (max_model_len) in both runs, so the second starts from the first's kept engines
+    base=(engine=vllm hardware=1xh200 model=qwen2_5_0_5b algo.prompts_per_step=64 steps=6 engine.max_model_len=2064
+          progress=false)
+    "$py" -m rlgen.cli train "${base[@]}" algo.max_new_tokens=256 hydra.run.dir="$out/pad-fixed" "$@" \
+      > "$out/pad-fixed.log" 2>&1
+    "$py" -m rlgen.cli train "${base[@]}" algo.max_new_tokens=2048 task.response_length_mean=256 \
+      hydra.run.dir="$out/pad-rl" "$@" > "$out/pad-rl.log" 2>&1
+    "$py" -m ray.scripts.scripts stop --force > /dev/null 2>&1  # the kept engines give the learner its GPU back
+    "$py" benchmarks/lengths_report.py "$out/pad-fixed" "$out/pad-rl" --out "$out/padding.json" | tee "$out/padding.log"
+    "$py" benchmarks/learner_speed.py --variants plan:ckpt --lengths rl,fixed --out "$out/learner.json" \
+      2>&1 | grep '^{' | tee "$out/learner.log"
+    ;;
+  tail)
+    "$py" benchmarks/peer_trl.py "$out/tail-fixed" --sides rlgen_async --new-tokens 256 --steps 10 --hardware 1xh200 \
+      "$@" 2>&1 | tee "$out/tail-fixed.log"
+    "$py" benchmarks/peer_trl.py "$out/tail-rl" --model "$out/tail-fixed/model" --sides rlgen_async,trl --new-tokens 2048 \
+      --mean-tokens 256 --steps 10 --hardware 1xh200 "$@" 2>&1 | tee "$out/tail-rl.log"
+    for side in tail-fixed/rlgen_async tail-rl/rlgen_async; do echo "$out/$side/run"; done \
+      | xargs "$py" benchmarks/lengths_report.py --out "$out/tail.json" | tee "$out/tail.log"
+    ;;
+  long)
+    "$py" -m rlgen.cli train engine=vllm hardware=1xh200 model=qwen2_5_1_5b algo.max_new_tokens=32704 \
+      task.max_prompt_tokens=64 algo.prompts_per_step=2 algo.samples_per_prompt=4 steps=3 checkpoint.every=0 \
+      engine.keep_warm_s=0 progress=false hydra.run.dir="$out/long" "$@" > "$out/long.log" 2>&1
+    "$py" benchmarks/lengths_report.py "$out/long" --out "$out/long.json" | tee -a "$out/long.log"
+    ;;
+  long-7b)
+    "$py" -m rlgen.cli train engine=vllm hardware=2xh200 model=qwen2_5_7b algo.max_new_tokens=16384 \
+      task.max_prompt_tokens=64 algo.prompts_per_step=2 algo.samples_per_prompt=4 steps=3 checkpoint.every=0 \
+      engine.keep_warm_s=0 progress=false hydra.run.dir="$out/long-7b" "$@" > "$out/long-7b.log" 2>&1
+    "$py" benchmarks/lengths_report.py "$out/long-7b" --out "$out/long-7b.json" | tee -a "$out/long-7b.log"
     ;;
   learner-speed)
     # one process per GPU at once, each its own variants; then the four ranks as one ZeRO-2 group

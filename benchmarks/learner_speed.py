@@ -1,15 +1,18 @@
-"""The DeepSpeed learner's train step alone, on synthetic rollouts: how its speed moves with the micro-batch and
-gradient checkpointing, and (with --profile) where one step's time goes. Run on a GPU host, one process per
-rank set:
+"""The DeepSpeed learner's train step alone, on synthetic rollouts: its speed in packed micro-batches of a token
+budget, at fixed or RL-shaped lengths, with or without gradient checkpointing, and (with --profile) where one
+step's time goes. Run on a GPU host, one process per rank set:
 
-    python benchmarks/learner_speed.py --variants mb8:ckpt,mb32:ckpt,mb16:nockpt --out learner.json
+    python benchmarks/learner_speed.py --variants plan:ckpt --lengths rl,fixed --out learner.json
+    python benchmarks/learner_speed.py --variants t16384:ckpt,t65536:ckpt --lengths rl
     # several ranks, one process each (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set, one GPU per process):
-    python benchmarks/learner_speed.py --variants mb8:ckpt --world-size 4 --rank $R --master-port 29611 ...
+    python benchmarks/learner_speed.py --variants plan:ckpt --world-size 4 --rank $R --master-port 29611 ...
 
-Each variant builds a fresh learner on the model preset (random weights), runs --warmup steps, then times
---steps steps of --rows sequences (a left-padded prompt of up to --prompt tokens and a --resp-token response).
-It prints and writes one JSON record per variant: seconds per step, tokens per second, the effective MFU
-(6 x parameters x tokens, the planner's count) and the peak memory.
+Each variant builds a fresh learner on the model preset (random weights) with micro-batches of at most its token
+budget (``plan``: the budget `rlgen plan` derives for the model on one H200; ``t<N>``: N tokens), runs --warmup
+steps, then times --steps steps of --rows sequences: a left-padded prompt of up to --prompt tokens and a response
+of --resp tokens (``fixed``) or of geometric length with mean --mean cut at --resp (``rl``). It prints and writes
+one JSON record per variant and lengths: seconds per step, real tokens per second, the effective MFU (6 x
+parameters x real tokens, the planner's count) and the peak memory.
 """
 
 from __future__ import annotations
@@ -17,65 +20,92 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import random
 import time
 
 import torch
 
+from rlgen.config import set_key
 from rlgen.config.compose import compose_run_config
 from rlgen.learners.deepspeed import DeepSpeedLearner
 from rlgen.models.build import prepare_model
+from rlgen.plan import build_plan
 from rlgen.types import RolloutBatch
 
 
-def synthetic_batch(rows: int, prompt: int, resp: int, vocab: int, seed: int) -> RolloutBatch:
-    """rows sequences: prompts left-padded by 0-16 tokens, full-length responses, advantages of both signs."""
+def response_lengths(rows: int, resp: int, lengths: str, mean: int, seed: int) -> list[int]:
+    """fixed: every response resp tokens; rl: geometric lengths of this mean (at least 1), cut at resp."""
+    if lengths == "fixed":
+        return [resp] * rows
+    rng = random.Random(seed)
+    return [min(resp, 1 + int(rng.expovariate(1 / mean))) for _ in range(rows)]
+
+
+def synthetic_batch(rows: int, prompt: int, resp_lens: list[int], vocab: int, seed: int) -> RolloutBatch:
+    """rows sequences: prompts left-padded by 0-16 tokens, responses right-padded to the longest, advantages of
+    both signs."""
     g = torch.Generator().manual_seed(seed)
+    resp = max(resp_lens)
     ids = torch.randint(3, vocab, (rows, prompt + resp), generator=g)
-    attn = torch.ones_like(ids)
+    attn, mask = torch.zeros_like(ids), torch.zeros(rows, resp)
     pads = torch.randint(0, 17, (rows,), generator=g)
-    for r, pad in enumerate(pads.tolist()):
-        ids[r, :pad], attn[r, :pad] = 0, 0
+    for r, (pad, length) in enumerate(zip(pads.tolist(), resp_lens)):
+        attn[r, pad: prompt + length], mask[r, :length] = 1, 1.0
+        ids[r, :pad], ids[r, prompt + length:] = 0, 0
     adv = torch.randn(rows, generator=g)
     return RolloutBatch(
-        input_ids=ids, attention_mask=attn, response_mask=torch.ones(rows, resp),
-        engine_logprobs=-torch.rand(rows, resp, generator=g) * 5, rewards=adv.clone(), advantages=adv,
+        input_ids=ids, attention_mask=attn, response_mask=mask,
+        engine_logprobs=-torch.rand(rows, resp, generator=g) * 5 * mask, rewards=adv.clone(), advantages=adv,
         group_ids=torch.arange(rows) // 8, version=0, prompt_len=prompt,
     )
 
 
-def parse_variant(text: str) -> tuple[int, bool]:
-    """'mb32:ckpt' -> (32, True); 'mb16:nockpt' -> (16, False)."""
-    micro, ckpt = text.split(":")
-    return int(micro.removeprefix("mb")), ckpt == "ckpt"
+def parse_variant(text: str) -> tuple[str, bool]:
+    """'plan:ckpt' -> ('plan', True); 't16384:nockpt' -> ('t16384', False)."""
+    budget, ckpt = text.split(":")
+    return budget, ckpt == "ckpt"
 
 
-def run_variant(args, micro: int, ckpt: bool) -> dict:
-    cfg = compose_run_config([f"model={args.model}", f"algo.micro_batch_size={micro}", "hardware=1xh100",
-                              "algo.lr=1e-6", "algo.max_new_tokens=256", "algo.async_steps=1"])
+def plan_budget(args) -> int:
+    """algo.micro_batch_tokens as `rlgen plan` derives it for this model and these lengths on one H200."""
+    cfg = compose_run_config([f"model={args.model}", "engine=vllm", "hardware=1xh200", f"algo.max_new_tokens={args.resp}",
+                              f"task.max_prompt_tokens={args.prompt}", "algo.async_steps=1"])
+    return int(build_plan(cfg).config.algo.micro_batch_tokens)
+
+
+def run_variant(args, budget: str, ckpt: bool, lengths: str) -> dict:
+    tokens_budget = plan_budget(args) if budget == "plan" else int(budget.removeprefix("t"))
+    cfg = compose_run_config([f"model={args.model}", "hardware=1xh200", "algo.lr=1e-6",
+                              f"algo.max_new_tokens={args.resp}", "algo.async_steps=1"])
+    cfg = set_key(cfg, "algo.micro_batch_tokens", tokens_budget)
     path = prepare_model(cfg, "cuda")
     learner = DeepSpeedLearner(
         path, cfg.algo, cfg.monitor, rank=args.rank, world_size=args.world_size, gradient_checkpointing=ckpt,
-        rows_per_step=args.rows, master_addr=args.master_addr if args.world_size > 1 else None,
-        master_port=args.master_port if args.world_size > 1 else None,
+        master_addr=args.master_addr if args.world_size > 1 else None,
+        master_port=args.master_port if args.world_size > 1 else None, attention=args.attention,
     )
     params = sum(p.numel() for p in learner.module.parameters())
     vocab = learner.module.config.vocab_size
-    batch = synthetic_batch(args.rows, args.prompt, args.resp, vocab, seed=args.rank)
+    lens = response_lengths(args.rows, args.resp, lengths, args.mean, seed=args.rank)
+    batch = synthetic_batch(args.rows, args.prompt, lens, vocab, seed=args.rank)
     torch.cuda.reset_peak_memory_stats()
     for _ in range(args.warmup):
-        learner.train_step(batch)
+        out = learner.train_step(batch)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(args.steps):
-        learner.train_step(batch)
+        out = learner.train_step(batch)
     torch.cuda.synchronize()
     step_s = (time.perf_counter() - t0) / args.steps
     tokens = int(batch.attention_mask.sum())
     record = {
-        "variant": f"mb{micro}:{'ckpt' if ckpt else 'nockpt'}", "world_size": args.world_size, "rank": args.rank,
-        "rows": args.rows, "tokens_per_step": tokens, "step_s": round(step_s, 3),
-        "tokens_per_s": round(tokens / step_s), "mfu_6pt": round(6 * params * tokens / step_s / args.peak_tflops / 1e12, 4),
+        "variant": f"{budget}:{'ckpt' if ckpt else 'nockpt'}", "lengths": lengths, "micro_batch_tokens": tokens_budget,
+        "micro_batches": out["micro_batches"], "world_size": args.world_size, "rank": args.rank, "rows": args.rows,
+        "tokens_per_step": tokens, "padded_tokens_per_step": int(batch.attention_mask.numel()),
+        "step_s": round(step_s, 3), "tokens_per_s": round(tokens / step_s),
+        "mfu_6pt": round(6 * params * tokens / step_s / args.peak_tflops / 1e12, 4),
         "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1), "params": params,
+        "attention": args.attention,
     }
     if args.profile:
         record["profile"] = profile_step(learner, batch)
@@ -108,10 +138,13 @@ def profile_step(learner, batch) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen2_5_1_5b")
-    ap.add_argument("--variants", default="mb8:ckpt")
+    ap.add_argument("--variants", default="plan:ckpt")
+    ap.add_argument("--lengths", default="rl,fixed", help="comma-separated: rl (geometric, mean --mean), fixed")
     ap.add_argument("--rows", type=int, default=128)
     ap.add_argument("--prompt", type=int, default=64)
-    ap.add_argument("--resp", type=int, default=256)
+    ap.add_argument("--resp", type=int, default=2048, help="the response cap (fixed: every response's length)")
+    ap.add_argument("--mean", type=int, default=256, help="rl: the responses' mean length before the cap")
+    ap.add_argument("--attention", default="torch_varlen", help="learner.attention")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--profile", action="store_true")
@@ -124,15 +157,16 @@ def main() -> None:
     args = ap.parse_args()
     records = []
     for text in args.variants.split(","):
-        micro, ckpt = parse_variant(text)
-        try:
-            record = run_variant(args, micro, ckpt)
-        except torch.OutOfMemoryError as err:
-            record = {"variant": text, "error": f"out of memory: {str(err)[:200]}"}
-            gc.collect()
-            torch.cuda.empty_cache()
-        print(json.dumps(record), flush=True)
-        records.append(record)
+        budget, ckpt = parse_variant(text)
+        for lengths in args.lengths.split(","):
+            try:
+                record = run_variant(args, budget, ckpt, lengths)
+            except torch.OutOfMemoryError as err:
+                record = {"variant": text, "lengths": lengths, "error": f"out of memory: {str(err)[:200]}"}
+                gc.collect()
+                torch.cuda.empty_cache()
+            print(json.dumps(record), flush=True)
+            records.append(record)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(records, f, indent=1)

@@ -4,6 +4,7 @@ lengths, reward and learning rate, one side after the other in one invocation, e
     python benchmarks/peer_trl.py OUT                                  # 0.5B shape, 32k vocab, 8 x 8, 64 + 256
     python benchmarks/peer_trl.py OUT --preset qwen2_5_1_5b --prompts 64 --new-tokens 1024 --micro 8
     python benchmarks/peer_trl.py OUT --sides rlgen,rlgen_async,trl --steps 12 --warmup 2
+    python benchmarks/peer_trl.py OUT --sides rlgen_async,trl --new-tokens 2048 --mean-tokens 256   # RL-shaped
     python benchmarks/peer_trl.py OUT --device cpu --preset tiny --vocab 2000 --new-tokens 8   # a CPU dry run
     python benchmarks/peer_trl.py --report OUT                         # the tables again from OUT's JSON files
     python benchmarks/peer_trl.py OUT --learn                          # reward against time: 64 x 8, 150 steps
@@ -33,7 +34,11 @@ the ratio of every side's median step to TRL's (to the first side's when TRL is 
 
 The model folder is built here (``--model`` takes an existing one): a byte-level BPE tokenizer of ``--vocab``
 tokens and a randomly initialised model of the preset's shape, so responses run to the length limit on both
-sides. Prompts are raw text (no chat template) of exactly ``--prompt-tokens`` tokens under that tokenizer.
+sides; with ``--mean-tokens M`` both sides stop at the same vocab / M stop ids (rlgen.tasks.prompts.length_stop_ids,
+rlgen's ``task.response_length_mean``), so lengths are RL-shaped: geometric with mean about M, cut at
+``--new-tokens``. The learner micro-batch is ``--micro`` rows on TRL's side; rlgen's learner packs real tokens into
+micro-batches of its plan's budget (``--micro-tokens`` sets one). Prompts are raw text (no chat template) of
+exactly ``--prompt-tokens`` tokens under that tokenizer.
 TRL is not one of rlgen's dependencies: ``pip install 'rlgen[peer]'`` (trl 1.16 with vLLM 0.22-0.31).
 
 Learning mode (``--learn``) compares how fast each side learns rather than how long a step takes. Both sides
@@ -117,6 +122,20 @@ def exact_prompts(model_dir: Path, n: int, tokens: int, seed: int = 0) -> list[s
     raise SystemExit(f"could not make {n} prompts of exactly {tokens} tokens; try another --prompt-tokens")
 
 
+def shaped_stop_ids(model_dir: Path, mean: int) -> list[int]:
+    """The stop ids that give RL-shaped lengths of this mean on both sides ([] for 0), drawn as rlgen draws
+    task.response_length_mean's, away from the tokenizer's special ids."""
+    if mean <= 0:
+        return []
+    from transformers import AutoTokenizer
+
+    from rlgen.tasks.prompts import length_stop_ids
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    return length_stop_ids(vocab, mean, seed=0, keep=tok.all_special_ids)
+
+
 def write_data(path: Path, prompts: list[str]) -> Path:
     """JSONL rows for both sides; the answer is a fixed string that char_match scores against."""
     path.write_text("".join(json.dumps({"prompt": p, "answer": "the answer is forty two"}) + "\n" for p in prompts))
@@ -192,6 +211,9 @@ def trl_worker(spec: dict) -> None:
         shuffle_dataset=False,
         seed=0,
         disable_tqdm=True,
+        # the RL-shaped stop ids: vLLM's SamplingParams take them as stop_token_ids, transformers' generate as eos
+        generation_kwargs=({"stop_token_ids" if cuda else "eos_token_id": spec["stop_ids"]} if spec.get("stop_ids")
+                           else None),
     )
     trainer = GRPOTrainer(model=spec["model"], reward_funcs=reward, args=args, train_dataset=data,
                           processing_class=AutoTokenizer.from_pretrained(spec["model"]), callbacks=[Times()])
@@ -280,16 +302,21 @@ def rlgen_side(out: Path, name: str, overrides: list[str], spec: dict, warmup: i
            f"model.path={spec['model']}", "task=jsonl", f"task.path={spec['data']}", "task.prompt_format=raw",
            f"task.max_prompt_tokens={spec['prompt_tokens']}", "task.reward=char_match",
            f"algo.prompts_per_step={spec['prompts']}", f"algo.samples_per_prompt={spec['samples']}",
-           f"algo.max_new_tokens={spec['new_tokens']}", f"algo.lr={spec['lr']}", f"algo.micro_batch_size={spec['micro']}",
+           f"algo.max_new_tokens={spec['new_tokens']}", f"algo.lr={spec['lr']}",
            f"learner.gradient_checkpointing={str(spec['gradient_checkpointing']).lower()}", f"steps={spec['steps']}",
            "checkpoint.every=0", "checkpoint.keep=1"]
+    if spec.get("micro_tokens"):
+        cmd.append(f"algo.micro_batch_tokens={spec['micro_tokens']}")
+    if spec.get("stop_ids"):
+        cmd.append(f"task.stop_token_ids=[{','.join(map(str, spec['stop_ids']))}]")
     cmd += engine_args(spec) + overrides
     rc, launched = run_side(cmd, work / "log.txt", timeout_s)
     metrics = work / "run" / "metrics.jsonl"
     recs = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
     extra = summary_of(work, ("first_rollout_s", "setup_s", "sync_warmup_s"))
     for key in ("generate_s", "train_s", "sync_s", "sync_pause_s", "overlap_efficiency", "sync_start_s", "sync_load_s",
-                "sync_pack_s", "sync_finish_s"):
+                "sync_pack_s", "sync_finish_s", "packed_tokens", "micro_batches", "gen/tail_s", "gen/tail_filled",
+                "learner_peak_gib"):
         vals = [r[key] for r in recs[warmup:] if key in r]
         if vals:
             extra[f"median_{key}"] = statistics.median(vals)
@@ -463,7 +490,7 @@ def learn_rlgen_side(out: Path, name: str, overrides: list[str], spec: dict, tim
            "model=small", f"model.path={spec['model']}", "task=arith", f"algo.prompts_per_step={spec['prompts']}",
            f"algo.samples_per_prompt={spec['samples']}", f"algo.max_new_tokens={spec['new_tokens']}",
            f"algo.lr={spec['lr']}", f"algo.temperature={spec['temperature']}",
-           f"algo.micro_batch_size={spec['micro']}", "learner.gradient_checkpointing=false", f"steps={spec['steps']}",
+           "algo.micro_batch_tokens=0", "learner.gradient_checkpointing=false", f"steps={spec['steps']}",
            "checkpoint.every=0", "checkpoint.keep=1"]
     cmd += engine_args(spec) + overrides
     rc, launched = run_side(cmd, work / "log.txt", timeout_s)
@@ -619,7 +646,10 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--prompt-tokens", type=int, default=64, help="(--learn: the task's, 8)")
     ap.add_argument("--new-tokens", type=int, help="(default 256; --learn: the plan's, 4)")
-    ap.add_argument("--micro", type=int, help="learner micro-batch, both sides (default 16; --learn: the whole batch)")
+    ap.add_argument("--micro", type=int, help="TRL's learner micro-batch in rows (default 16; --learn: the whole batch)")
+    ap.add_argument("--micro-tokens", type=int, help="rlgen's learner micro-batch in packed tokens (default: the plan's)")
+    ap.add_argument("--mean-tokens", type=int, default=0, help="RL-shaped lengths on both sides: stop ids for "
+                    "responses of about this many tokens (0: every response runs to --new-tokens)")
     ap.add_argument("--lr", type=float, help="(default 1e-6; --learn: the plan's, 1e-4)")
     ap.add_argument("--no-gradient-checkpointing", action="store_true", help="(--learn: always off)")
     ap.add_argument("--engine-share", type=float, default=0.35, help="vLLM gpu_memory_utilization, both sides")
@@ -656,7 +686,9 @@ def main() -> None:
     spec = {"model": str(model), "data": str(data), "device": args.device, "prompts": args.prompts,
             "samples": args.samples, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
             "micro": args.micro, "lr": args.lr, "gradient_checkpointing": not args.no_gradient_checkpointing,
-            "engine_share": args.engine_share, "hardware": args.hardware, "steps": args.steps}
+            "engine_share": args.engine_share, "hardware": args.hardware, "steps": args.steps,
+            "micro_tokens": args.micro_tokens, "mean_tokens": args.mean_tokens,
+            "stop_ids": shaped_stop_ids(model, args.mean_tokens)}
     results = []
     earlier = out / "peer.json"
     if earlier.is_file():  # sides run before into this OUT on the same inputs (the machine allows one call's time)

@@ -31,12 +31,12 @@ LAYOUTS = {
     "64 GPUs": ["engine=vllm", "hardware=2x8xh100", "hardware.nodes=8", "hardware.engine_gpus=32",
                 "hardware.learner_gpus=32", "model=qwen2_5_7b", "algo.prompts_per_step=256",
                 "algo.samples_per_prompt=16", "task.max_prompt_tokens=512", "algo.max_new_tokens=2048",
-                "engine.max_model_len=4096", "algo.micro_batch_size=1", "algo.async_steps=1", "learner.zero_stage=3"],
+                "engine.max_model_len=4096", "algo.micro_batch_tokens=2560", "algo.async_steps=1", "learner.zero_stage=3"],
     # 64 nodes: 256 engines and 256 ranks, eight times the batch.
     "512 GPUs": ["engine=vllm", "hardware=2x8xh100", "hardware.nodes=64", "hardware.engine_gpus=256",
                  "hardware.learner_gpus=256", "model=qwen2_5_7b", "algo.prompts_per_step=2048",
                  "algo.samples_per_prompt=16", "task.max_prompt_tokens=512", "algo.max_new_tokens=2048",
-                 "engine.max_model_len=4096", "algo.micro_batch_size=1", "algo.async_steps=1",
+                 "engine.max_model_len=4096", "algo.micro_batch_tokens=2560", "algo.async_steps=1",
                  "learner.zero_stage=3"],
 }
 MEAN_RESPONSE = 1024  # tokens: RL responses are long-tailed, about half the cap on average
