@@ -12,7 +12,8 @@ import pytest
 from rlgen.config.compose import compose_run_config
 from rlgen.plan import PlanError, build_plan
 from rlgen.plan import attention as plan_attention
-from rlgen.plan.prediction import longest_response, predict
+from rlgen.plan.lengths import longest_response
+from rlgen.plan.prediction import predict
 from rlgen.runtime.rollouts.tail import tail_metrics
 from rlgen.tasks.prompts import length_stop_ids
 from rlgen.types import tail_start

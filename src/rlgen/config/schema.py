@@ -127,9 +127,7 @@ class AlgoConfig:
     overlong_buffer: int | None = 0
     overlong_penalty: float = 1.0
     mask_truncated: bool = False  # responses cut at max_new_tokens leave the loss (overlong filtering)
-    # a learner micro-batch: at most this many real tokens (prompts and responses, packed without padding);
-    # 0: each rank's rows in one micro-batch; null: the most that fits the learner GPU (CPU: the recipe's)
-    micro_batch_tokens: int | None = None
+    micro_batch_tokens: int | None = None  # packed tokens a micro-batch, at most; 0: one; null: the most that fits
 
 
 @dataclass
@@ -210,9 +208,7 @@ class LearnerConfig:
     # DeepSpeed ZeRO stage: 2, or 3 when the weights plus optimizer states do not fit a GPU; null: the recipe's
     zero_stage: int | None = None
     gradient_checkpointing: bool | None = None  # DeepSpeed learner only; null: the recipe's
-    # attention over packed rows (rlgen.learners.attention): flash_attn, torch_varlen or sdpa_segments; auto: the
-    # fastest one present where the learners run
-    attention: str = "auto"
+    attention: str = "auto"  # over packed rows: flash_attn, torch_varlen, sdpa_segments; auto: the fastest present
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 
@@ -237,10 +233,7 @@ class TaskConfig:
     system_prompt: str | None = None  # chat format: the system turn
     stop: list[str] = field(default_factory=list)  # stop strings: a response ends after the first one it contains
     stop_token_ids: list[int] = field(default_factory=list)  # beside the model's own end-of-sequence ids
-    # RL-shaped lengths for random-weight models (benchmarks): > 0 adds vocab_size / this many stop ids, drawn with
-    # task.seed, so responses of a model that samples near uniformly stop after about this many tokens
-    # (geometric lengths, a long tail, cut at algo.max_new_tokens); 0: off
-    response_length_mean: int = 0
+    response_length_mean: int = 0  # > 0: stop ids giving random weights RL-shaped lengths of this mean; 0: off
     # dataset: which split, which fields, how to build the prompt and read the reference answer
     split: str = "train"
     prompt_key: str = "prompt"

@@ -3,7 +3,7 @@
 A roofline model: an engine's decode step is bound by memory bandwidth or by matmul rate, plus a per-sequence
 overhead; a batch generates in waves of the sequences that fit at once; the learner's step is 6 x params x
 tokens at an assumed MFU; a weight sync is the bf16 weights over the transport's bandwidth. Lengths are taken
-at their maxima unless the caller gives means, so a prediction bounds a step's work from above. docs/plan.md
+at their maxima unless the caller gives means or task.response_length_mean their RL shape (plan.lengths). docs/plan.md
 has the formulas. Every efficiency factor below says where it comes from. Pure Python: no torch, no Ray, no GPU.
 """
 
@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from rlgen.config import RunConfig
 from rlgen.metrics.balance import BalanceContext, StepBalance, Verdict, assess, context_from_plan
 from rlgen.plan import ENGINE_HEADROOM_GIB, GIB, Plan, Transport
+from rlgen.plan.lengths import shaped_decode_s, shaped_mean
 from rlgen.plan.placement import gpu_group
 
 BF16_BYTES = 2
@@ -162,7 +163,7 @@ def predict(
     prompt = float(mean_prompt_tokens if mean_prompt_tokens is not None else b.max_prompt_tokens)
     shaped = cfg.task.response_length_mean
     if mean_response_tokens is None and shaped > 0:  # geometric lengths cut at the cap (task.response_length_mean)
-        mean_response_tokens = shaped * (1 - math.exp(-b.max_new_tokens / shaped))
+        mean_response_tokens = shaped_mean(shaped, b.max_new_tokens)
     resp = float(mean_response_tokens if mean_response_tokens is not None else b.max_new_tokens)
     kv_tokens, max_conc = _engine_capacity(plan, cfg)
     if max_conc < 1:
@@ -246,16 +247,10 @@ def _decode_step(k: int, ctx: float, plan: Plan, cfg: RunConfig) -> tuple[float,
     return t_mem, t_cmp, t + k * DECODE_OVERHEAD_S_PER_TOKEN
 
 
-def longest_response(mean: float, n: int, cap: int) -> float:
-    """The expected longest of n geometric lengths of this mean, cut at cap: mean x H(n), H(n) ~ ln n + 0.577."""
-    return min(float(cap), mean * (math.log(max(n, 1)) + 0.5772))
-
-
 def _generation(plan: Plan, cfg: RunConfig, kv_tokens: int, max_conc: int, prompt: float,
                 resp: float, shaped: int = 0) -> _Generation:
-    """Decode rate of one engine and generation time of a batch on the busiest engine. With RL-shaped lengths
-    (shaped: their mean before the cap) the batch decodes until its longest response ends, fewer sequences a step
-    as the others finish: each step reads the weights once, and each sequence still in flight adds its own cost."""
+    """Decode rate of one engine and generation time of a batch on the busiest engine; with RL-shaped lengths
+    (shaped: their mean before the cap), until its longest response ends (plan.lengths)."""
     b, gpu, params = plan.batch, cfg.hardware.gpu, plan.model.params
     tp = plan.engines[0].tensor_parallel_size
     # engines sharing a GPU (engine.engines_per_gpu) are drawn as one engine with the GPU's whole engine share:
@@ -267,10 +262,7 @@ def _generation(plan: Plan, cfg: RunConfig, kv_tokens: int, max_conc: int, promp
     t_mem, t_cmp, t_step = _decode_step(c, ctx, plan, cfg)
     if shaped > 0:
         weights_s = _decode_step(0, ctx, plan, cfg)[2]  # a step's fixed part: the weights read once
-        per_seq = (t_step - weights_s) / c  # what each sequence in flight adds to a step
-        tokens = seqs_engine * resp
-        steps = max(longest_response(shaped, seqs_engine, b.max_new_tokens), tokens / c)
-        decode_s = steps * weights_s + tokens * per_seq
+        decode_s = shaped_decode_s(weights_s, (t_step - weights_s) / c, seqs_engine, resp, shaped, b.max_new_tokens, c)
     else:
         full, rest = divmod(seqs_engine, c)
         decode_s = resp * (full * t_step + (_decode_step(rest, ctx, plan, cfg)[2] if rest else 0.0))
@@ -293,9 +285,8 @@ def _generation(plan: Plan, cfg: RunConfig, kv_tokens: int, max_conc: int, promp
 
 
 def _learner(plan: Plan, cfg: RunConfig, prompt: float, resp: float) -> _Learner:
-    """Training time of a batch over the learner GPUs: each rank's share of the packed tokens (prompt and response
-    at the lengths given, no padding) in micro-batches of algo.micro_batch_tokens, each the longer of its compute
-    and the per-micro-batch floor."""
+    """Training time of a batch over the learner GPUs: each rank's share of the packed tokens in micro-batches of
+    algo.micro_batch_tokens, each the longer of its compute and the per-micro-batch floor."""
     gpus = len(plan.learners)
     ckpt = cfg.learner.gradient_checkpointing is not False
     mfu = learner_mfu(cfg.model.hidden_size) * (1.0 if ckpt else NO_CHECKPOINTING_SPEEDUP)
