@@ -108,10 +108,4 @@ def assign(tokens: Sequence[int], ranks: int, budget: int, coef: float = 0.0) ->
     return Assignment(tuple(tuple(tuple(sorted(m)) for m in rank) for rank in micros))
 
 
-def over_budget(tokens: Sequence[int], assignment: Assignment, budget: int) -> list[int]:
-    """The token counts of the micro-batches that hold more than `budget` tokens with more than one row."""
-    return [total for rank in assignment.ranks for m in rank
-            if len(m) > 1 and (total := sum(int(tokens[i]) for i in m)) > budget > 0]
-
-
-__all__ = ["CHUNK_LOGIT_BYTES", "Assignment", "assign", "attention_coef", "chunk_tokens", "over_budget", "work"]
+__all__ = ["CHUNK_LOGIT_BYTES", "Assignment", "assign", "attention_coef", "chunk_tokens", "work"]

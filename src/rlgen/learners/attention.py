@@ -26,7 +26,7 @@ PREFIX = "rlgen_packed_"  # transformers' name of a backend: PREFIX + backend
 
 
 class PackedAttentionError(RuntimeError):
-    """A packed forward ran without its rows' boundaries, or with a layer the backends cannot take."""
+    """A packed forward of several rows, or of a layer or scale the backends cannot take."""
 
 
 def _check(module: nn.Module, kwargs: dict[str, Any]) -> None:
@@ -100,7 +100,8 @@ BACKENDS: dict[str, Kernel] = {"flash_attn": flash_attn, "torch_varlen": torch_v
 
 def _interface(kernel: Kernel) -> Callable[..., tuple[torch.Tensor, None]]:
     """A transformers attention function around a kernel: query [1, H, T, D], key and value [1, Hkv, T, D]
-    -> ([1, T, H, D], None). The attention mask is not read: the rows' boundaries are."""
+    -> ([1, T, H, D], None), within the rows' boundaries (packed_segments); without them, causal over each of
+    the B rows, [B, H, T, D] -> [B, T, H, D]. The attention mask is not read."""
 
     def attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   attention_mask: Any, scaling: float | None = None, dropout: float = 0.0,
