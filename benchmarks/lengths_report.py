@@ -14,7 +14,7 @@ import statistics
 from pathlib import Path
 
 KEYS = ("generate_s", "train_s", "step_s", "response_tokens", "packed_tokens", "micro_batches", "gen/tail_s",
-        "gen/tail_filled", "sync_s")
+        "gen/tail_filled", "sync_s", "staleness", "partial/carried", "partial/cut_tokens")
 
 
 def run_summary(run: Path) -> dict:

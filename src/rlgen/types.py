@@ -48,6 +48,7 @@ class GenRequest:
     # a multi-turn task: the environment each of the n samples plays an episode against
     # (rlgen.engines.episodes.EpisodeSpec); None: one completion per sample
     episode: Any = None
+    must_finish: bool = False  # generate_some() never cuts it short (a response carried as many steps as it may be)
 
 
 @dataclass
@@ -56,7 +57,7 @@ class Completion:
     prompt_ids: list[int]
     token_ids: list[int]  # sampled tokens, stop token included when one was sampled
     logprobs: list[float]  # engine logprob of each sampled token, len == len(token_ids)
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "abort" (generate_some() cut it short: carried into a later step)
     version: int  # policy version of the engine when it began sampling this completion
     # in-flight weight updates during sampling: (index of the first token sampled after the update, the new
     # policy version), in order; empty when every token came from `version`

@@ -292,3 +292,21 @@ def test_a_cancelled_call_and_a_stream_left_early_stop_generating(engine):
     t0 = time.time()
     assert [len(t) for t in _greedy(engine, _prompts(2, seed=9), max_new=16)] == [16, 16]
     assert time.time() - t0 < 5  # no aborted request is still decoding in front of it
+
+
+def test_generate_some_ends_once_enough_groups_are_done_and_cuts_the_rest_short(engine):
+    """algo.partial_rollouts' engine call: one short group done, the long ones come back cut short with the tokens
+    and logprobs they had; a must_finish request runs to its end."""
+    p = _prompts(4, seed=5)
+    short = SamplingParams(n=2, max_new_tokens=4, ignore_eos=True, seed=1)
+    long = SamplingParams(n=2, max_new_tokens=900, ignore_eos=True, seed=1)
+    reqs = [GenRequest(p[0], short, 0), GenRequest(p[1], long, 1), GenRequest(p[2], long, 2),
+            GenRequest(p[3], SamplingParams(n=1, max_new_tokens=300, ignore_eos=True, seed=1), 3, must_finish=True)]
+    comps = engine.generate_some(reqs, enough=1)["completions"]
+    assert [c.group_id for c in comps] == [0, 0, 1, 1, 2, 2, 3]
+    assert [c.finish_reason for c in comps[:2]] == ["length", "length"]
+    cut = comps[2:6]
+    assert all(c.finish_reason == "abort" and len(c.token_ids) < 900 for c in cut)
+    assert all(len(c.logprobs) == len(c.token_ids) for c in comps)
+    assert comps[6].finish_reason == "length" and len(comps[6].token_ids) == 300
+    assert engine.health()["ok"]

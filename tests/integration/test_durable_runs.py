@@ -416,3 +416,22 @@ def test_a_disk_that_fills_during_a_run_stops_it_in_one_sentence_and_status_says
     monkeypatch.undo()  # space freed: the run continues where it stopped
     assert _run(tmp_path, ["steps=8", "checkpoint.every=2"], resume=True) is None
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(8))
+
+
+def test_partial_rollouts_carry_groups_and_a_resumed_run_is_unchanged(tmp_path):
+    """algo.partial_rollouts: groups cut short in one step are finished and trained in the next, and a run stopped
+    and resumed (its checkpoint keeps the groups it carried) logs the same steps as the uninterrupted one."""
+    overrides = ["steps=6", "algo.async_steps=1", "algo.partial_rollouts=0.5"]
+    assert _run(tmp_path / "whole", overrides) is None
+    reference = read_jsonl(tmp_path / "whole" / "metrics.jsonl")
+    assert len(reference) == 6
+    assert sum(r["partial/carried"] >= 1 for r in reference) >= 4  # the steps' generations cut groups short ...
+    # ... and the generation launched after it was collected (two steps on, with async_steps=1) finished them
+    assert all(r["partial/finished_carried"] >= 1 for r in reference[2:])
+    assert sum(r["partial/cut_tokens"] for r in reference) > 0  # cut in the middle of their responses
+    assert max(r["staleness"] for r in reference) <= 1 + 1 * (1 + 1)  # what rlgen plan says it allows
+    out = tmp_path / "stopped"
+    err = _run(out, overrides, stop=StopAtStep(3, out))
+    assert err is not None and err.step == 3
+    assert _run(out, overrides, resume=True) is None
+    assert_same_steps(read_jsonl(out / "metrics.jsonl"), reference)

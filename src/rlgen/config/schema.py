@@ -128,6 +128,10 @@ class AlgoConfig:
     overlong_penalty: float = 1.0
     mask_truncated: bool = False  # responses cut at max_new_tokens leave the loss (overlong filtering)
     micro_batch_tokens: int | None = None  # packed tokens a micro-batch, at most; 0: one; null: the most that fits
+    # > 0: partial rollouts. A step's generation holds this share more groups than it trains and ends once the
+    # step's are done; the groups still running carry into the next step's, and go on from where they stopped
+    partial_rollouts: float = 0.0
+    partial_max_steps: int = 1  # a group cut short this many times runs to its end in the next generation
 
 
 @dataclass

@@ -152,6 +152,16 @@ class ShutsDown(Protocol):
         """Stop them, so the GPU is free as soon as the actor is killed (`rlgen bench` measures that)."""
 
 
+@runtime_checkable
+class CutsShort(Protocol):
+    """Flag ``cuts_short``: a generate() that ends once enough groups are done (algo.partial_rollouts)."""
+
+    def generate_some(self, requests: list[GenRequest], enough: int, version: int | None = None) -> dict[str, Any]:
+        """generate(), ended once ``enough`` groups (the requests that share a group_id) have every sample finished
+        and every must_finish request is done; each sample still running ends with finish_reason "abort" and the
+        tokens (and logprobs) it had. The same result as generate()."""
+
+
 # Each capability, the flags that claim it (as people read them) and the test on a spec.
 CAPABILITIES: tuple[tuple[type, str, Callable[[EngineSpec], bool]], ...] = (
     # a served kind's proxies pause the server, which holds new requests (and freezes running ones where it can)
@@ -166,6 +176,7 @@ CAPABILITIES: tuple[tuple[type, str, Callable[[EngineSpec], bool]], ...] = (
     (ScoresTokens, "scores", lambda s: s.scores),
     (UsesNamedAdapter, "adapters and served", lambda s: s.adapters and s.served),
     (ShutsDown, "shuts_down", lambda s: s.shuts_down),
+    (CutsShort, "cuts_short", lambda s: s.cuts_short),
 )
 PROTOCOLS: tuple[type, ...] = (Engine, *(p for p, _, _ in CAPABILITIES))
 
@@ -206,7 +217,7 @@ def owner_of(method: str) -> type | None:
     return next((p for p in PROTOCOLS if method in protocol_methods(p)), None)
 
 
-__all__ = ["CAPABILITIES", "PROTOCOLS", "CapabilityMissing", "Engine", "JoinsWeightTransfer", "KeepsWarm",
+__all__ = ["CAPABILITIES", "PROTOCOLS", "CapabilityMissing", "CutsShort", "Engine", "JoinsWeightTransfer", "KeepsWarm",
            "NamedAdapters", "PausesInFlight", "PolicyAdapters", "ReceivesIpc", "ReceivesNccl", "ScoresTokens",
            "Servable", "ShutsDown", "UsesNamedAdapter", "claims", "flag_of", "has", "owner_of", "protocol_methods",
            "require"]

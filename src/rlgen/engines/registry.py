@@ -44,6 +44,8 @@ class EngineSpec:
     #                                  generation overlaps training by default on GPUs (algo.async_steps=1)
     receives_nccl: bool = False  # ReceivesNccl: init_weight_transfer()/receive_weights(), weights over NCCL
     receives_ipc: bool = False  # ReceivesIpc: init_weight_transfer({})/receive_ipc(), weights over CUDA IPC (colocated)
+    cuts_short: bool = False  # CutsShort, generate_some(): a call ends once enough groups are done, the rest cut
+    # short with their tokens so far (algo.partial_rollouts)
     threaded: bool = False  # the actor answers calls while generate() runs (pause, weights in flight)
     passes_env: bool = False  # engine.env reaches its processes
     served: bool = False  # its engines belong to a running `rlgen serve`: a run starts one small proxy per engine

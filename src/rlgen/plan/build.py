@@ -25,6 +25,7 @@ from rlgen.plan.checks.spanning import (
     check_learners,
     check_lengths,
     check_micro_batch,
+    check_partial_rollouts,
     live_vllm_env,
 )
 from rlgen.plan.checks.values import check_values, once_per_nonfinite
@@ -191,6 +192,7 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
         cfg, kv = size_kv_cache(cfg, spec, ms, batch, engines)
         settings += kv
     check_micro_batch(cfg, p)
+    check_partial_rollouts(cfg, spec, p)
     check_lengths(cfg, spec, ms, bool(engines) and cfg.engine.tensor_parallel_size > 0, p)
     check_episodes(cfg, spec, p)
     if p:

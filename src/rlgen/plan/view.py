@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -52,6 +54,16 @@ def checkpoint_line(plan: Plan) -> str:
 
 def _gib(x: float) -> str:
     return f"{x:.1f} GiB" if x >= 0.1 else f"{x * 1024:.1f} MiB"
+
+
+def partial_line(a: Any, async_steps: int) -> str:
+    """What algo.partial_rollouts does, and the staleness it allows."""
+    if not a.partial_rollouts:
+        return "off (each step's generation runs until its longest response is done)"
+    m = a.partial_max_steps
+    return (f"{a.partial_rollouts:.0%} more groups in flight than a step trains; a group still running when the "
+            f"step's are done is carried, at most {m} step{'s' if m > 1 else ''}, so a response's tokens may come from "
+            f"policy versions up to {async_steps + m * (async_steps + 1)} behind the learner's")
 
 
 def algorithm_rows(a) -> list[tuple[str, str]]:
@@ -143,6 +155,7 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
     g.add_row("sequence", f"<= {b.max_prompt_tokens} prompt + {b.max_new_tokens} new tokens"
               + (f" (RL-shaped: about {shaped} on average, task.response_length_mean)" if shaped else ""))
     g.add_row("async_steps", f"{plan.async_steps} ({'on-policy' if plan.async_steps == 0 else 'engines may run ahead'})")
+    g.add_row("partial rollouts", partial_line(cfg.algo, plan.async_steps))
     g.add_row("weight sync", plan.transport.value)
     console.print(g)
     al = Table(title=f"algorithm: {cfg.algo.kind}", title_justify="left", show_header=False)

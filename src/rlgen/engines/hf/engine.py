@@ -24,6 +24,7 @@ from rlgen.engines.episodes import Episodic, is_episodes
 from rlgen.engines.hf.adapters import EngineAdapters
 from rlgen.engines.hf.sampling import generate_kwargs, ranked_logprobs, top_logprobs
 from rlgen.engines.hf.stream import Cancelled, StepStreamer
+from rlgen.engines.hf.until import Until, UntilCriterion
 from rlgen.engines.kept_warm import KeptWarm
 from rlgen.hostinfo import process_info
 from rlgen.phases import ActorClock
@@ -101,9 +102,15 @@ class HFEngine(Episodic, KeptWarm):
         return [int(v) for v in x] if isinstance(x, (list, tuple)) else [int(x)]
 
     # -- protocol ---------------------------------------------------------------------------------------
+    def generate_some(self, requests: list[GenRequest], enough: int, version: int | None = None) -> dict[str, Any]:
+        """generate(), ended once ``enough`` groups are done and every must_finish request is (CutsShort): the
+        samples still running end with finish_reason "abort" and the tokens they had."""
+        return self.generate(requests, version, _until=Until(requests, enough))
+
     def generate(self, requests: list[GenRequest], version: int | None = None, _emit: Any = None,
-                 _cancel: threading.Event | None = None) -> dict[str, Any]:
-        """_emit and _cancel: generate_stream's callback for each step's tokens, and its signal to stop early."""
+                 _cancel: threading.Event | None = None, _until: Until | None = None) -> dict[str, Any]:
+        """_emit and _cancel: generate_stream's callback for each step's tokens, and its signal to stop early;
+        _until: generate_some()'s stop."""
         if self.asleep:
             raise RuntimeError(f"{self.name} is asleep; call wake() before generate().")
         if is_episodes(requests):
@@ -114,7 +121,7 @@ class HFEngine(Episodic, KeptWarm):
         self.calls += 1
         # Rows are (request index, sample index); rows sharing sampling settings and adapter run in one generate call.
         by_params: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
-        for i, r in enumerate(requests):
+        for i, r in sorted(enumerate(requests), key=lambda ir: not ir[1].must_finish):  # those that must finish first
             s = r.sampling
             key = (dataclasses.replace(s, n=1, max_new_tokens=1), r.adapter)  # all but n and the length
             by_params[key].extend((i, j) for j in range(s.n))
@@ -122,7 +129,10 @@ class HFEngine(Episodic, KeptWarm):
         for rows in by_params.values():
             for k in range(0, len(rows), self.max_batch):
                 chunk = rows[k : k + self.max_batch]
-                for (i, j), c in zip(chunk, self._generate_rows(requests, chunk, _emit, _cancel)):
+                if _until is not None and not _until.needs(chunk):  # enough groups are done: never started
+                    out.update({(i, j): self._cut_short(requests[i]) for i, j in chunk})
+                    continue
+                for (i, j), c in zip(chunk, self._generate_rows(requests, chunk, _emit, _cancel, _until)):
                     out[(i, j)] = c
         completions = [out[(i, j)] for i, r in enumerate(requests) for j in range(r.sampling.n)]
         for i, r in enumerate(requests):
@@ -133,8 +143,12 @@ class HFEngine(Episodic, KeptWarm):
         return {"completions": completions, "spans": [(Phase.generate.value, t0, time.time())], "version": self.version}
 
     @torch.no_grad()
+    def _cut_short(self, req: GenRequest) -> Completion:
+        return Completion(group_id=req.group_id, prompt_ids=list(req.prompt_ids), token_ids=[], logprobs=[],
+                          finish_reason="abort", version=self.version)
+
     def _generate_rows(self, requests: list[GenRequest], rows: list[tuple[int, int]], emit: Any = None,
-                       cancel: threading.Event | None = None) -> list[Completion]:
+                       cancel: threading.Event | None = None, until: Until | None = None) -> list[Completion]:
         s: SamplingParams = requests[rows[0][0]].sampling
         prompts = [list(requests[i].prompt_ids) for i, _ in rows]
         limits = [requests[i].sampling.max_new_tokens for i, _ in rows]
@@ -151,6 +165,8 @@ class HFEngine(Episodic, KeptWarm):
             streaming["streamer"] = StepStreamer(self.model, rows, s.temperature, s.logprobs, set(stops), list(limits),
                                                  emit)
         streaming["stopping_criteria"] = [Cancelled(cancel)]  # a cancelled call stops at its next step
+        if until is not None:
+            streaming["stopping_criteria"].append(UntilCriterion(until, rows, limits, set(stops), ids.shape[1]))
         with self.adapters.active(requests[rows[0][0]].adapter):
             out = self.model.generate(
                 input_ids=ids,
@@ -174,7 +190,7 @@ class HFEngine(Episodic, KeptWarm):
         kept = []  # (request index, tokens, finish reason) per row
         for r, ((i, _), limit) in enumerate(zip(rows, limits)):
             toks = new[r].tolist()[:limit]
-            reason = "length"
+            reason = "length" if until is None or len(toks) >= limit else "abort"
             for t_idx, t in enumerate(toks):
                 if t in stop_set:
                     toks, reason = toks[: t_idx + 1], "stop"

@@ -56,6 +56,7 @@ ENGINE = EngineSpec(
     adapters=True,
     adapter_room=True,
     episodes=True,
+    cuts_short=True,
     transport=_transport,
     actor_kwargs=_actor_kwargs,
     ahead=_ahead,

@@ -31,7 +31,7 @@ from rlgen.engines.vllm.args import (
 from rlgen.engines.vllm.common import CALL_TIMEOUT_S, CONTROL_TIMEOUT_S, START_TIMEOUT_S, EngineError
 from rlgen.engines.vllm.fork import FORK, FORK_FAILED, choose_core_start, spawn_from_now
 from rlgen.engines.vllm.kvcache import KVSizes, MeasuredWatch, engine_versions
-from rlgen.engines.vllm.loop import LoopThread, build_engine, generate_all, version_changes
+from rlgen.engines.vllm.loop import LoopThread, build_engine, generate_all, generate_until, version_changes
 from rlgen.engines.vllm.startup import (
     EngineStartError,
     check_free_memory,
@@ -245,20 +245,56 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, Episodic, KeptWar
         bound = (self.timeout_s + spec.env_timeout_s) * (spec.max_turns + 1)
         return self._loop.run(episodes.play(turn), bound, f"{self.name}: {len(episodes.requests)} requests' episodes")
 
-    def _jobs(self, requests: list[GenRequest]) -> tuple[int, int, list[tuple[Any, Any, str, Any]]]:
+    def generate_some(self, requests: list[GenRequest], enough: int, version: int | None = None) -> dict[str, Any]:
+        """generate(), ended once ``enough`` groups are done and every must_finish request is (CutsShort): the
+        samples still running end with finish_reason "abort" and the tokens they had."""
+        if self.asleep:
+            raise EngineError(f"{self.name} is asleep; call wake() before generate_some().")
+        t0 = time.time()
+        call, v, jobs = self._jobs(requests, stream=True)
+
+        def delta(i: int, o: Any) -> tuple:
+            toks = list(o.token_ids)
+            return (toks, self._sampled_logprobs(toks, o.logprobs),
+                    self._top_logprobs(o.logprobs, requests[i].sampling.logprobs, len(toks)))
+
+        must = {i for i, r in enumerate(requests) if r.must_finish}
+        got = self._loop.run(generate_until(self.llm, jobs, [r.group_id for r in requests], enough, must, delta),
+                             self.timeout_s, f"{self.name}: generate_some() of {len(requests)} requests")
+        changes = self._changes_of(call)
+        completions = []
+        for i, r in enumerate(requests):
+            for j in range(r.sampling.n):
+                toks, logprobs, tops, reason = got.get((i, j)) or ([], [], [], None)
+                completions.append(self._completion(r, f"{self.name}-{call}-{i}", j, toks, logprobs, tops,
+                                                    reason or "abort", v, changes))
+        return {"completions": completions, "spans": [(Phase.generate.value, t0, time.time())], "version": v}
+
+    def _jobs(self, requests: list[GenRequest], stream: bool = False) -> tuple[int, int, list[tuple[Any, Any, str, Any]]]:
         """This call's number, the version it starts under, and its vLLM jobs."""
         with self._lock:
             self._calls += 1
             call = self._calls
-        jobs = [(self._prompt(r), self._sampling(r), f"{self.name}-{call}-{i}", self._lora_of(r))
+        jobs = [(self._prompt(r), self._sampling(r, stream=stream), f"{self.name}-{call}-{i}", self._lora_of(r))
                 for i, r in enumerate(requests)]
         return call, self.version, jobs
 
+    def _changes_of(self, call: int) -> dict[tuple[str, int], list[tuple[int, int]]]:
+        """This call's in-flight version changes, by request id and sample index (taken out of the engine's)."""
+        with self._lock:
+            return {key: self._version_changes.pop(key) for key in list(self._version_changes)
+                    if key[0].startswith(f"{self.name}-{call}-")}
+
+    def _completion(self, req: GenRequest, rid: str, index: int, toks: list[int], logprobs: list[float],
+                    tops: list[dict[int, float]], reason: str, v: int,
+                    changes: dict[tuple[str, int], list[tuple[int, int]]], prompt_logprobs: Any = ()) -> Completion:
+        return Completion(group_id=req.group_id, prompt_ids=list(req.prompt_ids), token_ids=toks, logprobs=logprobs,
+                          top_logprobs=tops, prompt_logprobs=list(prompt_logprobs), finish_reason=reason, version=v,
+                          version_changes=version_changes(changes.get((rid, index), []), v, len(toks)))
+
     def _completions(self, requests: list[GenRequest], outs: list[Any], call: int, v: int) -> list[Completion]:
         completions: list[Completion] = []
-        with self._lock:  # this call's in-flight version changes, by request id and sample index
-            changes = {key: self._version_changes.pop(key) for key in list(self._version_changes)
-                       if key[0].startswith(f"{self.name}-{call}-")}
+        changes = self._changes_of(call)
         for i, (req, out) in enumerate(zip(requests, outs)):
             samples = sorted(out.outputs, key=lambda o: o.index)
             if len(samples) != req.sampling.n:
@@ -269,20 +305,10 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, Episodic, KeptWar
                 if o.finish_reason not in ("stop", "length"):
                     raise EngineError(f"{self.name}: a request ended with finish_reason={o.finish_reason!r}.")
                 toks = list(o.token_ids)
-                completions.append(
-                    Completion(
-                        group_id=req.group_id,
-                        prompt_ids=list(req.prompt_ids),
-                        token_ids=toks,
-                        logprobs=self._sampled_logprobs(toks, o.logprobs),
-                        top_logprobs=self._top_logprobs(o.logprobs, req.sampling.logprobs, len(toks)),
-                        prompt_logprobs=self._prompt_logprobs(out),
-                        finish_reason=o.finish_reason,
-                        version=v,
-                        version_changes=version_changes(changes.get((f"{self.name}-{call}-{i}", o.index), []),
-                                                        v, len(toks)),
-                    )
-                )
+                completions.append(self._completion(
+                    req, f"{self.name}-{call}-{i}", o.index, toks, self._sampled_logprobs(toks, o.logprobs),
+                    self._top_logprobs(o.logprobs, req.sampling.logprobs, len(toks)), o.finish_reason, v, changes,
+                    self._prompt_logprobs(out)))
         return completions
 
     # -- memory and scheduling --------------------------------------------------------------------------

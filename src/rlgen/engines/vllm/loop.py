@@ -102,6 +102,47 @@ async def generate_all(llm: Any, jobs: list[tuple[Any, Any, str, Any]], finished
     return await asyncio.gather(*(_generate_one(llm, *job, finished=finished) for job in jobs))
 
 
+async def generate_until(llm: Any, jobs: list[tuple[Any, Any, str, Any]], groups: list[int], enough: int,
+                         must: set[int], delta: Callable[[int, Any], tuple]) -> dict[tuple[int, int], list]:
+    """Every job (its params with output_kind DELTA) until ``enough`` groups (jobs sharing a group id in groups) are
+    done and every job in must is; the jobs still running are then cancelled (vLLM aborts them). Returns, by (job,
+    sample index), [tokens, logprobs, top logprobs, finish reason or None where it was cut short], from delta(job,
+    output) of each output with new tokens."""
+    got: dict[tuple[int, int], list] = {}
+
+    async def one(i: int, prompt: Any, params: Any, request_id: str, lora: Any) -> None:
+        async for out in llm.generate(prompt, params, request_id, lora_request=lora):
+            for o in out.outputs:
+                acc = got.setdefault((i, o.index), [[], [], [], None])
+                if o.token_ids:
+                    for part, new in zip(acc, delta(i, o)):
+                        part.extend(new)
+                if o.finish_reason:
+                    acc[3] = o.finish_reason
+
+    tasks = [asyncio.ensure_future(one(i, *job)) for i, job in enumerate(jobs)]
+    index = {t: i for i, t in enumerate(tasks)}
+    left: dict[int, int] = {}
+    for g in groups:
+        left[g] = left.get(g, 0) + 1
+    done_groups, must_left, running = 0, set(must), set(tasks)
+    try:
+        while running and (done_groups < enough or must_left):
+            done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                t.result()  # an error in one job ends the call (the finally cancels the others)
+                i = index[t]
+                must_left.discard(i)
+                left[groups[i]] -= 1
+                done_groups += left[groups[i]] == 0
+    finally:
+        for t in running:
+            t.cancel()
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
+    return got
+
+
 async def stream_one(llm: Any, index: int, prompt: Any, params: Any, request_id: str, lora: Any,
                      put: Callable[[Any], None], delta: Callable[[int, Any], Any]) -> Any:
     """One request's outputs as they come (params with output_kind DELTA): delta(index, output) for each sample
@@ -144,4 +185,4 @@ def version_changes(marks: list[tuple[int, int]], version: int, length: int) -> 
     return out
 
 
-__all__ = ["LoopThread", "build_engine", "generate_all", "live_token_counts", "version_changes"]
+__all__ = ["LoopThread", "build_engine", "generate_all", "generate_until", "live_token_counts", "version_changes"]

@@ -24,6 +24,7 @@ SWITCHES = (
     Switch("wandb.mode", ("disabled",), "wandb.mode=offline"),
     Switch("eval.every", (0,), "eval.every=20"),
     Switch("algo.dynamic_sampling", (False,), "algo.dynamic_sampling=true", ("algo.max_gen_batches",)),
+    Switch("algo.partial_rollouts", (0,), "algo.partial_rollouts=0.25", ("algo.partial_max_steps",)),
     Switch("algo.kl_coef", (0,), "algo.kl_coef=0.001",
            ("algo.kl_estimator", "algo.kl_bias_correction", "algo.kl_penalty")),
 )

@@ -142,5 +142,29 @@ def live_vllm_env(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     return kept, notes
 
 
-__all__ = ["check_engine_floor", "check_hardware", "check_learners", "check_lengths", "check_micro_batch",
+def check_partial_rollouts(cfg: RunConfig, spec: EngineSpec, p: list[str]) -> None:
+    """algo.partial_rollouts: a share in [0, 4], engines that cut a call short, and single-turn rollouts whose
+    groups are trained as they come (not refilled)."""
+    a = cfg.algo
+    if a.partial_max_steps < 1:
+        p.append(f"algo.partial_max_steps={a.partial_max_steps} must be >= 1 (the steps a group may be carried before "
+                 "it runs to its end; 1 or 2 is usual).")
+    if not a.partial_rollouts:
+        return
+    if not 0 < a.partial_rollouts <= 4:
+        p.append(f"algo.partial_rollouts={a.partial_rollouts} must be in (0, 4]: the share of groups a step's "
+                 "generation holds beyond those it trains (0.25 is usual; 0 turns partial rollouts off).")
+        return
+    if not spec.cuts_short:
+        p.append(f"algo.partial_rollouts needs engines that end a call once enough groups are done, which "
+                 f"engine={spec.kind} does not; use engine=vllm or engine=hf, or set algo.partial_rollouts=0.")
+    if a.dynamic_sampling:
+        p.append("algo.partial_rollouts and algo.dynamic_sampling both decide which groups a step trains; turn one "
+                 "off (algo.dynamic_sampling=false or algo.partial_rollouts=0).")
+    if cfg.task.kind == TaskKind.env:
+        p.append("algo.partial_rollouts carries single-turn responses into the next step, not multi-turn episodes; "
+                 "set algo.partial_rollouts=0 for task.kind=env.")
+
+
+__all__ = ["check_engine_floor", "check_partial_rollouts", "check_hardware", "check_learners", "check_lengths", "check_micro_batch",
            "live_vllm_env"]

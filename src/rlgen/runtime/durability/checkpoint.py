@@ -76,7 +76,8 @@ def save(run: Any, reason: str, *, background: bool = False, stand_ins: dict[int
         wall_s=state.wall_before + (time.time() - run.sink.t0 if run.sink else 0.0), reason=reason,
         identity=identity(run.cfg, len(run.learners)),
     )
-    rollouts = {"flights": [f.to_json() for f in kept]}
+    rollouts = {"flights": [f.to_json() for f in kept],
+                "carry": run.rollouts.carry_to_save(kept) if run.rollouts else []}
     background = background and not stand_ins and all(run.folders.writes_here.get(n, True)
                                                       for n in run.folders.learner_nodes)
     tmp = _begin(run, state.step)
@@ -263,7 +264,8 @@ def stopped(run: Any, reason: str, exit_code: int, *, write: bool) -> RunStopped
 def restore_rollouts(run: Any, point: Any) -> None:
     """The rollouts a checkpoint kept (generated ahead of the learner), back in flight; the run state itself was
     read when the run was set up (RunState.resumed)."""
-    run.rollouts.restore(read_rollouts(point.checkpoint)["flights"], run.state.step)
+    saved = read_rollouts(point.checkpoint)
+    run.rollouts.restore(saved["flights"], run.state.step, saved.get("carry", []))
 
 
 __all__ = ["finish_background", "restore_rollouts", "save", "stopped"]

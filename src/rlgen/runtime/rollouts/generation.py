@@ -65,18 +65,59 @@ class Rollouts:
         self.eval_set = self._eval_prompts()
         self.episode = episode_specs(cfg, renderer)  # a multi-turn task: prompt -> the EpisodeSpec its samples play
         self.said_env_error = False  # an environment's first error is named on the console once
+        self.carry: list[Any] = []  # algo.partial_rollouts: groups cut short, for the next flight launched (carry.Carried)
 
     @property
     def engines(self) -> list[Any]:
         return self.keeper.engines
 
     # -- flights ----------------------------------------------------------------------------------------
-    def new_flight(self, step: int, launch_version: int) -> InFlight:
+    def new_flight(self, step: int, launch_version: int, carried: list[Any] | None = None,
+                   extra: int | None = None, async_steps: int = 0) -> InFlight:
+        """Step's flight. With algo.partial_rollouts it also holds the groups that the flights up to step -
+        async_steps - 1 cut short (carried: those, in place of the ones waiting; so what a flight holds does not
+        depend on when the flight before it was collected) and extra prompts to fill it, and may end once the step's
+        groups are done."""
         from rlgen.runtime.rollouts.batch import encode_prompts, sampling_params, split_requests
 
         sp = encode_prompts(step, self.task, self.renderer, self.cfg)
         sampling = sampling_params(self.cfg, self.stop_ids, seed=self.cfg.seed * 100_003 + step)
-        return InFlight(step, sp, split_requests(sp, sampling, len(self.engines), self.episode), launch_version)
+        if not self.cfg.algo.partial_rollouts:
+            return InFlight(step, sp, split_requests(sp, sampling, len(self.engines), self.episode), launch_version)
+        if carried is None:
+            ready = step - async_steps - 1
+            carried = [c for c in self.carry if c.source <= ready]
+            self.carry = [c for c in self.carry if c.source > ready]
+        return self._partial_flight(step, launch_version, sp, sampling, carried, extra)
+
+    def _partial_flight(self, step: int, version: int, sp: Any, sampling: Any, carried: list[Any],
+                        extra: int | None) -> InFlight:
+        from rlgen.runtime.rollouts.batch import StepPrompts, encode_prompts, split_requests
+        from rlgen.runtime.rollouts.carry import PARTIAL_ROUND, continuations, extra_groups, quotas
+
+        a = self.cfg.algo
+        sp = StepPrompts(sp.step, list(sp.prompts), list(sp.prompt_ids))
+        extra = extra_groups(a.prompts_per_step, a.partial_rollouts, len(carried)) if extra is None else extra
+        if extra:
+            more = getattr(self.task, "extra_prompts", None)
+            if more is None:
+                raise RunError(f"algo.partial_rollouts needs more prompts than each step's, but task {self.task.name} "
+                               "gives no extra_prompts(step, round, n); set algo.partial_rollouts=0 for it.")
+            added = encode_prompts(step, self.task, self.renderer, self.cfg, prompts=more(step, PARTIAL_ROUND, extra))
+            sp.prompts += added.prompts
+            sp.prompt_ids += added.prompt_ids
+        shards = split_requests(sp, sampling, len(self.engines))
+        groups = [len(reqs) for reqs in shards]
+        by_gid = {}
+        for c in carried:
+            gid = len(sp.prompts)
+            sp.prompts.append(c.prompt)
+            sp.prompt_ids.append(list(c.prompt_ids))
+            shards[gid % len(shards)] += continuations(c, gid, sampling, a.partial_max_steps)
+            groups[gid % len(shards)] += 1
+            by_gid[gid] = c
+        return InFlight(step, sp, shards, version, enough=quotas(groups, a.prompts_per_step), carried=by_gid,
+                        extra=extra)
 
     def extra_flight(self, step: int, round: int, n: int, version: int) -> InFlight:
         """Generation round `round` >= 1 of a step (dynamic sampling): n more prompts of the task, their own
@@ -96,24 +137,38 @@ class Rollouts:
         flight.launched_at = time.time()
         for i, reqs in enumerate(flight.shards):
             if reqs:
-                flight.refs[i] = (self.keeper.incarnation[i], self.engines[i].generate.remote(reqs))
+                flight.refs[i] = (self.keeper.incarnation[i], flight.call(self.engines[i], i))
         return flight
 
     def fill(self, step: int, async_steps: int, version: int) -> None:
         """Launch every step up to step + async_steps (weights queued since the last launch go first)."""
         while self.next_gen < self.cfg.steps and self.next_gen <= step + async_steps:
-            flight = self._send(self.new_flight(self.next_gen, version))
+            flight = self._send(self.new_flight(self.next_gen, version, async_steps=async_steps))
             flight.updates, self.queued_updates = self.queued_updates, {}
             self.pending.append(flight)
             self.next_gen += 1
 
-    def restore(self, saved: list[dict[str, Any]], next_step: int) -> None:
-        """Flights a checkpoint kept (generated ahead of the learner) with their results."""
+    def restore(self, saved: list[dict[str, Any]], next_step: int, carry: list[dict[str, Any]] = ()) -> None:
+        """Flights a checkpoint kept (generated ahead of the learner) with their results, and the groups it had
+        cut short and not yet sent on (algo.partial_rollouts)."""
+        from rlgen.runtime.rollouts.carry import Carried
+
+        self.carry = [Carried.from_json(c) for c in carry]
         for data in saved:
-            flight = self.new_flight(int(data["step"]), int(data["launch_version"]))
+            carried = [Carried.from_json(c) for _, c in sorted(data.get("carried", {}).items(), key=lambda x: int(x[0]))]
+            flight = self.new_flight(int(data["step"]), int(data["launch_version"]), carried, data.get("extra"))
             flight.results = results_from_json(data)
             self.pending.append(flight)
         self.next_gen = self.pending[-1].step + 1 if self.pending else next_step
+
+    def carry_to_save(self, kept: list[InFlight]) -> list[dict[str, Any]]:
+        """The groups cut short that a checkpoint keeps apart from its flights (kept: the flights it saves): those
+        the flights it does not save were carrying (those are generated again on resume, and carry them again),
+        then those waiting, less the ones the pending flights cut short (they cut them again on resume)."""
+        saved = {f.step for f in kept}
+        again = [c for f in self.pending if f.step not in saved for c in f.carried.values()]
+        pending = {f.step for f in self.pending}
+        return [c.to_json() for c in again + [c for c in self.carry if c.source not in pending]]
 
     def collect(self, flight: InFlight, *, interruptible: bool = True) -> None:
         """Wait for a flight's results. An engine that died is re-created and its requests are sent again; a
@@ -155,6 +210,21 @@ class Rollouts:
                     raise RunError(f"a weight update of {self.keeper.names[i]} failed: {short(err)}") from err
                 self.keeper.is_dead(i, inc, err)  # the re-created engine got the current weights already
             del flight.updates[i]
+        if flight.enough is not None and flight.resolved is None:
+            self._resolve(flight)
+
+    def _resolve(self, flight: InFlight) -> None:
+        """algo.partial_rollouts: the flight's groups that are done are its completions; those cut short wait for
+        the next flight launched."""
+        from rlgen.runtime.rollouts.carry import resolve
+
+        comps = [c for i in sorted(flight.results) for c in flight.results[i]["completions"]]
+        try:
+            flight.resolved = resolve(flight.step, flight.prompts.prompts, flight.prompts.prompt_ids, flight.carried,
+                                      comps)
+        except ValueError as err:
+            raise RunError(str(err)) from err
+        self.carry.extend(flight.resolved.cut)
 
     def _generate_again(self, i: int, flight: InFlight) -> Any:
         """Engine i's requests of ``flight`` sent to its re-created actor, at the weights the flight was launched
@@ -162,7 +232,7 @@ class Rollouts:
         takes again are queued before its next generate, as a push's are."""
 
         def generate() -> Any:
-            return self.engines[i].generate.remote(flight.shards[i])
+            return flight.call(self.engines[i], i)
 
         if self.transport is None:
             return generate()
@@ -179,11 +249,12 @@ class Rollouts:
         from rlgen.runtime.rollouts.batch import RolloutCountError, check_complete
 
         comps, texts = self._decoded(flight)
+        sp = flight.trained()
         try:
-            check_complete(comps, flight.prompts, flight.samples)
+            check_complete(comps, sp, flight.samples)
         except RolloutCountError as err:
             raise RunError(str(err)) from err
-        prompts = [flight.prompts.prompts[c.group_id] for c in comps]
+        prompts = [sp.prompts[c.group_id] for c in comps]
         where = [p.source or f"prompt {c.group_id} ({p.text[:40]!r})" for c, p in zip(comps, prompts)]
         flight.prepared = comps
         if self.episode is not None:  # the environments scored the episodes

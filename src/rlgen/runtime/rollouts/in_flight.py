@@ -24,13 +24,37 @@ class InFlight:
     prepared: list[Completion] | None = None  # the completions as trained on (cut at stop strings), once prepared
     scoring: Any = None  # the scorer's handle, once prepared
     launched_at: float | None = None  # when its generate() calls went to the engines (None: restored, not sent)
+    # algo.partial_rollouts: the groups each engine must finish (None: all of them), the carried groups this flight
+    # goes on with (by group id), the extra prompts it holds, and, once collected, its groups sorted out
+    enough: list[int] | None = None
+    carried: dict[int, Any] = field(default_factory=dict)  # group id -> carry.Carried
+    extra: int = 0
+    resolved: Any = None  # carry.Resolved
 
     @property
     def samples(self) -> int:
-        """Completions per prompt."""
-        return next(reqs[0].sampling.n for reqs in self.shards if reqs)
+        """Completions per prompt (a carried group's continuations are requests of one sample each)."""
+        return max(r.sampling.n for reqs in self.shards for r in reqs)
+
+    def call(self, engine: Any, i: int) -> Any:
+        """Engine i's generate() of its requests (generate_some() when the flight may cut groups short)."""
+        if self.enough is None:
+            return engine.generate.remote(self.shards[i])
+        return engine.generate_some.remote(self.shards[i], self.enough[i])
+
+    def trained(self) -> Any:
+        """The prompts of the groups trained on (rollout.StepPrompts): all of them, or, once the flight's groups
+        are sorted out, those done."""
+        if self.resolved is None:
+            return self.prompts
+        from rlgen.runtime.rollouts.batch import StepPrompts
+
+        return StepPrompts(self.step, self.resolved.prompts, self.resolved.prompt_ids)
 
     def completions(self) -> list[Completion]:
+        """The engines' completions; once the flight's groups are sorted out, those done only."""
+        if self.resolved is not None:
+            return list(self.resolved.completions)
         return [c for i in sorted(self.results) for c in self.results[i]["completions"]]
 
     def to_json(self) -> dict[str, Any]:
@@ -46,6 +70,8 @@ class InFlight:
                 }
                 for i, r in self.results.items()
             },
+            "carried": {str(g): c.to_json() for g, c in self.carried.items()},
+            "extra": self.extra,
         }
 
 

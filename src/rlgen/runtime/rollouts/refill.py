@@ -75,6 +75,8 @@ def step_rollouts(run: Any, step: int, flight: Any, scores: Any, tl: StepTimelin
         got.metrics["truncated_masked"] = float(sum(c.finish_reason == "length" for c in got.completions))
     if any(c.turns for c in flight.prepared):
         got.metrics.update(episode_metrics(flight))
+    if flight.resolved is not None:  # algo.partial_rollouts: the groups cut short and carried on
+        got.metrics.update(flight.resolved.metrics)
     return got
 
 
