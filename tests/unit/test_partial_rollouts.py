@@ -122,3 +122,41 @@ def test_rlgen_plan_shows_the_staleness_partial_rollouts_allow():
     line = partial_line(a, async_steps=1)
     assert "25% more groups" in line and "at most 2 steps" in line and "up to 5 behind" in line
     assert partial_line(compose_run_config([]).algo, 1).startswith("off")
+
+
+class _FakeLLM:
+    """AsyncLLM's generate() as the vllm engine's generate_some() drives it: a job's final output after `params`
+    seconds; a cancelled job is recorded (vLLM aborts it)."""
+
+    def __init__(self):
+        self.cancelled: list[str] = []
+
+    async def generate(self, prompt, params, request_id, lora_request=None):
+        import asyncio
+
+        try:
+            await asyncio.sleep(params)
+        except asyncio.CancelledError:
+            self.cancelled.append(request_id)
+            raise
+        yield f"final {request_id}"
+
+
+def test_vllm_generate_until_returns_once_enough_groups_are_done_and_reads_the_rest_before_cancelling():
+    import asyncio
+
+    from rlgen.engines.vllm.loop import generate_until
+
+    llm = _FakeLLM()
+    # group 0: two quick samples; group 1: one quick, one slow; group 2: slow, but must finish; group 3: slow
+    jobs = [(None, d, f"r{k}", None) for k, d in enumerate([0.01, 0.02, 0.01, 5.0, 0.3, 5.0])]
+    read = []
+
+    def running(rid):
+        read.append(rid)
+        return ([7], [-0.5])
+
+    out = asyncio.run(asyncio.wait_for(generate_until(llm, jobs, [0, 0, 1, 1, 2, 3], 1, {4}, running), 3.0))
+    assert out[:3] == ["final r0", "final r1", "final r2"] and out[4] == "final r4"  # r4 had to finish
+    assert out[3] == ([7], [-0.5]) and out[5] == ([7], [-0.5])
+    assert sorted(read) == ["r3", "r5"] and sorted(llm.cancelled) == ["r3", "r5"]

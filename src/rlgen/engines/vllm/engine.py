@@ -31,7 +31,14 @@ from rlgen.engines.vllm.args import (
 from rlgen.engines.vllm.common import CALL_TIMEOUT_S, CONTROL_TIMEOUT_S, START_TIMEOUT_S, EngineError
 from rlgen.engines.vllm.fork import FORK, FORK_FAILED, choose_core_start, spawn_from_now
 from rlgen.engines.vllm.kvcache import KVSizes, MeasuredWatch, engine_versions
-from rlgen.engines.vllm.loop import LoopThread, build_engine, generate_all, generate_until, version_changes
+from rlgen.engines.vllm.loop import (
+    LoopThread,
+    build_engine,
+    generate_all,
+    generate_until,
+    running_requests,
+    version_changes,
+)
 from rlgen.engines.vllm.startup import (
     EngineStartError,
     check_free_memory,
@@ -149,7 +156,9 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, Episodic, KeptWar
         return self._loop.run(build_engine(self.args), START_TIMEOUT_S, what)
 
     # -- generation -------------------------------------------------------------------------------------
-    def _sampling(self, req: GenRequest, stream: bool = False) -> Any:
+    def _sampling(self, req: GenRequest, stream: bool = False, sample: int | None = None) -> Any:
+        """vLLM's sampling params of a request; sample=j: its j-th sample alone, with the seed vLLM gives that
+        sample inside the request."""
         from vllm.sampling_params import RequestOutputKind
         from vllm.sampling_params import SamplingParams as VSamplingParams
 
@@ -166,13 +175,14 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, Episodic, KeptWar
             extra["prompt_logprobs"] = s.prompt_logprobs
         return VSamplingParams(
             **extra,
-            n=s.n,
+            n=s.n if sample is None else 1,
             temperature=s.temperature,
             top_p=s.top_p,
             max_tokens=s.max_new_tokens,
             stop_token_ids=list(s.stop_token_ids) or None,
             ignore_eos=s.ignore_eos,
-            seed=mix_seed(s.seed, req.group_id),
+            seed=mix_seed(s.seed, req.group_id) if sample is None or s.seed is None else
+            mix_seed(s.seed, req.group_id) + sample,
             logprobs=s.logprobs,  # the sampled token's logprob, and the top alternatives when asked for
             flat_logprobs=True,  # a few flat lists per request instead of one dict per token
             detokenize=False,
@@ -247,35 +257,56 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, Episodic, KeptWar
 
     def generate_some(self, requests: list[GenRequest], enough: int, version: int | None = None) -> dict[str, Any]:
         """generate(), ended once ``enough`` groups are done and every must_finish request is (CutsShort): the
-        samples still running end with finish_reason "abort" and the tokens they had."""
+        samples still running end with finish_reason "abort" and the tokens they had. Each sample is a request of
+        its own (the seed vLLM gives it inside an n-sample request), so one that is done is kept whole."""
         if self.asleep:
             raise EngineError(f"{self.name} is asleep; call wake() before generate_some().")
         t0 = time.time()
-        call, v, jobs = self._jobs(requests, stream=True)
+        with self._lock:
+            self._calls += 1
+            call = self._calls
+        v = self.version
+        rows = [(i, j) for i, r in enumerate(requests) for j in range(r.sampling.n)]
+        jobs = [(self._prompt(requests[i]), self._sampling(requests[i], sample=j), f"{self.name}-{call}-{i}-{j}",
+                 self._lora_of(requests[i])) for i, j in rows]
+        must = {k for k, (i, _) in enumerate(rows) if requests[i].must_finish}
+        states: dict[str, Any] = {}
 
-        def delta(i: int, o: Any) -> tuple:
-            toks = list(o.token_ids)
-            return (toks, self._sampled_logprobs(toks, o.logprobs),
-                    self._top_logprobs(o.logprobs, requests[i].sampling.logprobs, len(toks)))
+        def running(rid: str) -> tuple[list[int], list[float]]:
+            if not states:
+                states.update(running_requests(self.llm))
+            return self._so_far(states.get(rid))
 
-        must = {i for i, r in enumerate(requests) if r.must_finish}
-        got = self._loop.run(generate_until(self.llm, jobs, [r.group_id for r in requests], enough, must, delta),
-                             self.timeout_s, f"{self.name}: generate_some() of {len(requests)} requests")
+        outs = self._loop.run(generate_until(self.llm, jobs, [requests[i].group_id for i, _ in rows], enough, must,
+                                             running),
+                              self.timeout_s, f"{self.name}: generate_some() of {len(requests)} requests")
         changes = self._changes_of(call)
         completions = []
-        for i, r in enumerate(requests):
-            for j in range(r.sampling.n):
-                toks, logprobs, tops, reason = got.get((i, j)) or ([], [], [], None)
-                completions.append(self._completion(r, f"{self.name}-{call}-{i}", j, toks, logprobs, tops,
-                                                    reason or "abort", v, changes))
+        for (i, _), job, out in zip(rows, jobs, outs):
+            if isinstance(out, tuple):  # cut short: the tokens it had
+                toks, logprobs, reason = out[0], out[1], "abort"
+            else:
+                o = out.outputs[0]
+                toks, reason = list(o.token_ids), o.finish_reason
+                logprobs = self._sampled_logprobs(toks, o.logprobs)
+            completions.append(self._completion(requests[i], job[2], 0, toks, logprobs, [], reason, v, changes))
         return {"completions": completions, "spans": [(Phase.generate.value, t0, time.time())], "version": v}
 
-    def _jobs(self, requests: list[GenRequest], stream: bool = False) -> tuple[int, int, list[tuple[Any, Any, str, Any]]]:
+    def _so_far(self, state: Any) -> tuple[list[int], list[float]]:
+        """A running request's tokens and their logprobs, from vLLM's state of it; none where it cannot be read
+        (the sample then starts again from its prompt, which is as correct and only slower)."""
+        try:
+            toks = [int(t) for t in state.detokenizer.output_token_ids]
+            return toks, self._sampled_logprobs(toks, state.logprobs_processor.logprobs)
+        except Exception:  # noqa: BLE001 - vLLM internals that moved: nothing is kept of this sample
+            return [], []
+
+    def _jobs(self, requests: list[GenRequest]) -> tuple[int, int, list[tuple[Any, Any, str, Any]]]:
         """This call's number, the version it starts under, and its vLLM jobs."""
         with self._lock:
             self._calls += 1
             call = self._calls
-        jobs = [(self._prompt(r), self._sampling(r, stream=stream), f"{self.name}-{call}-{i}", self._lora_of(r))
+        jobs = [(self._prompt(r), self._sampling(r), f"{self.name}-{call}-{i}", self._lora_of(r))
                 for i, r in enumerate(requests)]
         return call, self.version, jobs
 

@@ -103,44 +103,40 @@ async def generate_all(llm: Any, jobs: list[tuple[Any, Any, str, Any]], finished
 
 
 async def generate_until(llm: Any, jobs: list[tuple[Any, Any, str, Any]], groups: list[int], enough: int,
-                         must: set[int], delta: Callable[[int, Any], tuple]) -> dict[tuple[int, int], list]:
-    """Every job (its params with output_kind DELTA) until ``enough`` groups (jobs sharing a group id in groups) are
-    done and every job in must is; the jobs still running are then cancelled (vLLM aborts them). Returns, by (job,
-    sample index), [tokens, logprobs, top logprobs, finish reason or None where it was cut short], from delta(job,
-    output) of each output with new tokens."""
-    got: dict[tuple[int, int], list] = {}
-
-    async def one(i: int, prompt: Any, params: Any, request_id: str, lora: Any) -> None:
-        async for out in llm.generate(prompt, params, request_id, lora_request=lora):
-            for o in out.outputs:
-                acc = got.setdefault((i, o.index), [[], [], [], None])
-                if o.token_ids:
-                    for part, new in zip(acc, delta(i, o)):
-                        part.extend(new)
-                if o.finish_reason:
-                    acc[3] = o.finish_reason
-
-    tasks = [asyncio.ensure_future(one(i, *job)) for i, job in enumerate(jobs)]
+                         must: set[int], running: Callable[[str], Any]) -> list[Any]:
+    """Every job (one sample each, FINAL_ONLY) until ``enough`` groups (jobs sharing a group id in groups) are done
+    and every job in must is; the jobs still running are then cancelled (vLLM aborts them). Returns each job's
+    final output, or for a job cut short what running(request id) read of it just before it was cancelled."""
+    tasks = [asyncio.ensure_future(_generate_one(llm, *job)) for job in jobs]
     index = {t: i for i, t in enumerate(tasks)}
     left: dict[int, int] = {}
     for g in groups:
         left[g] = left.get(g, 0) + 1
-    done_groups, must_left, running = 0, set(must), set(tasks)
+    done_groups, must_left, waiting = 0, set(must), set(tasks)
+    out: list[Any] = [None] * len(jobs)
     try:
-        while running and (done_groups < enough or must_left):
-            done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+        while waiting and (done_groups < enough or must_left):
+            done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
-                t.result()  # an error in one job ends the call (the finally cancels the others)
                 i = index[t]
+                out[i] = t.result()  # an error in one job ends the call (the finally cancels the others)
                 must_left.discard(i)
                 left[groups[i]] -= 1
                 done_groups += left[groups[i]] == 0
+        for t in waiting:  # read before the cancel: an aborted request's state is dropped
+            out[index[t]] = running(jobs[index[t]][2])
     finally:
-        for t in running:
+        for t in waiting:
             t.cancel()
-        if running:
-            await asyncio.gather(*running, return_exceptions=True)
-    return got
+        if waiting:
+            await asyncio.gather(*waiting, return_exceptions=True)
+    return out
+
+
+def running_requests(llm: Any) -> dict[str, Any]:
+    """vLLM's state of each running request by its id (vLLM 0.26 internals; {} where they are not there)."""
+    states = getattr(getattr(llm, "output_processor", None), "request_states", None) or {}
+    return {getattr(s, "external_req_id", None) or getattr(s, "request_id", None): s for s in list(states.values())}
 
 
 async def stream_one(llm: Any, index: int, prompt: Any, params: Any, request_id: str, lora: Any,
@@ -185,4 +181,4 @@ def version_changes(marks: list[tuple[int, int]], version: int, length: int) -> 
     return out
 
 
-__all__ = ["LoopThread", "build_engine", "generate_all", "generate_until", "live_token_counts", "version_changes"]
+__all__ = ["LoopThread", "build_engine", "generate_all", "generate_until", "running_requests", "live_token_counts", "version_changes"]
