@@ -43,9 +43,10 @@
 #                       learner alone (benchmarks/learner_speed.py, the 1.5B at the plan's token budget, both lengths)
 #     tail [ARGS]      one GPU: benchmarks/peer_trl.py's small shape (64 sequences a step), fixed 256 against RL-shaped
 #                       lengths (cap 2,048, mean about 256), and TRL's GRPOTrainer on the RL-shaped ones
-#     partial [ARGS]   two GPUs side by side: on GPU 0 the padding pair of `lengths` with the RL-shaped run's
-#                       algo.partial_rollouts=0.25; on GPU 1 the small shape of `tail`, fixed against RL-shaped with
-#                       partial rollouts (side rlgen_partial), and TRL's GRPOTrainer on the RL-shaped lengths
+#     partial [ARGS]   two GPUs side by side: on GPU 0 the padding pair of `lengths`, and its RL-shaped run again
+#                       with algo.partial_rollouts=0.25, then 0.5 with algo.partial_max_steps=2; on GPU 1 the small
+#                       shape of `tail`, fixed against RL-shaped without and with partial rollouts (side
+#                       rlgen_partial), and TRL's GRPOTrainer on the RL-shaped lengths
 #     long [OVERRIDES]  one GPU: the 1.5B with 32k-token responses (every response at its cap), 3 steps, at the plan's
 #                       token budget: its step breakdown and the learner's peak memory against the plan's
 #     long-7b [OVERRIDES]  two GPUs: the 7B with 16k-token responses, 3 steps, likewise
@@ -211,20 +212,25 @@ EOF3
       export CUDA_VISIBLE_DEVICES=0 RAY_TMPDIR=/tmp/ray-partial-0
       base=(engine=vllm hardware=1xh200 model=qwen2_5_0_5b algo.prompts_per_step=64 steps=6 engine.max_model_len=2064
             progress=false)
+      rl=(algo.max_new_tokens=2048 task.response_length_mean=256)
       "$py" -m rlgen.cli train "${base[@]}" algo.max_new_tokens=256 hydra.run.dir="$out/pad-fixed" "$@" \
         > "$out/pad-fixed.log" 2>&1
-      "$py" -m rlgen.cli train "${base[@]}" algo.max_new_tokens=2048 task.response_length_mean=256 \
-        algo.partial_rollouts=0.25 hydra.run.dir="$out/pad-rl-partial" "$@" > "$out/pad-rl-partial.log" 2>&1
-      "$py" benchmarks/lengths_report.py "$out/pad-fixed" "$out/pad-rl-partial" --out "$out/padding.json" \
-        > "$out/padding.log"
+      "$py" -m rlgen.cli train "${base[@]}" "${rl[@]}" hydra.run.dir="$out/pad-rl" "$@" > "$out/pad-rl.log" 2>&1
+      "$py" -m rlgen.cli train "${base[@]}" "${rl[@]}" algo.partial_rollouts=0.25 hydra.run.dir="$out/pad-rl-partial" \
+        "$@" > "$out/pad-rl-partial.log" 2>&1
+      "$py" -m rlgen.cli train "${base[@]}" "${rl[@]}" algo.partial_rollouts=0.5 algo.partial_max_steps=2 \
+        hydra.run.dir="$out/pad-rl-partial-0.5x2" "$@" > "$out/pad-rl-partial-0.5x2.log" 2>&1
+      "$py" -m ray.scripts.scripts stop --force > /dev/null 2>&1
+      "$py" benchmarks/lengths_report.py "$out/pad-fixed" "$out/pad-rl" "$out/pad-rl-partial" \
+        "$out/pad-rl-partial-0.5x2" --out "$out/padding.json" > "$out/padding.log"
     ) &
     (
       export CUDA_VISIBLE_DEVICES=1 RAY_TMPDIR=/tmp/ray-partial-1
       "$py" benchmarks/peer_trl.py "$out/tail-fixed" --sides rlgen_async --new-tokens 256 --steps 10 \
         --hardware 1xh200 "$@" > "$out/tail-fixed.log" 2>&1
-      "$py" benchmarks/peer_trl.py "$out/tail-rl" --model "$out/tail-fixed/model" --sides rlgen_partial,trl \
+      "$py" benchmarks/peer_trl.py "$out/tail-rl" --model "$out/tail-fixed/model" --sides rlgen_async,rlgen_partial,trl \
         --new-tokens 2048 --mean-tokens 256 --steps 10 --hardware 1xh200 "$@" > "$out/tail-rl.log" 2>&1
-      for side in tail-fixed/rlgen_async tail-rl/rlgen_partial; do echo "$out/$side/run"; done \
+      for side in tail-fixed/rlgen_async tail-rl/rlgen_async tail-rl/rlgen_partial; do echo "$out/$side/run"; done \
         | xargs "$py" benchmarks/lengths_report.py --out "$out/tail.json" > "$out/tail.log"
     ) &
     wait

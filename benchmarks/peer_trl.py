@@ -82,7 +82,8 @@ BUILTIN_SIDES = {
     "rlgen": ["algo.async_steps=0", "engine.engines_per_gpu=1"],
     "rlgen_async": ["algo.async_steps=1", "engine.engines_per_gpu=1"],
     "rlgen_async_x2": ["algo.async_steps=1", "engine.engines_per_gpu=2"],
-    "rlgen_partial": ["algo.async_steps=1", "engine.engines_per_gpu=1", "algo.partial_rollouts=0.25"],
+    "rlgen_partial": ["algo.async_steps=1", "engine.engines_per_gpu=1", "algo.partial_rollouts=0.5",
+                      "algo.partial_max_steps=2"],
 }
 
 

@@ -39,9 +39,9 @@ NOT_ENGINES = {"bench/raw.py": ("RawVLLM", {"ready"})}
 
 # What each built-in kind claims: a flag taken off a spec (or added) shows here.
 BUILT_IN = {
-    "hf": {"Engine", "PolicyAdapters", "NamedAdapters", "Servable", "KeepsWarm", "ScoresTokens"},
+    "hf": {"Engine", "PolicyAdapters", "NamedAdapters", "Servable", "KeepsWarm", "ScoresTokens", "CutsShort"},
     "vllm": {"Engine", "PausesInFlight", "JoinsWeightTransfer", "ReceivesNccl", "ReceivesIpc", "PolicyAdapters",
-             "NamedAdapters", "Servable", "KeepsWarm", "ShutsDown"},
+             "NamedAdapters", "Servable", "KeepsWarm", "ShutsDown", "CutsShort"},
     "remote": {"Engine", "PausesInFlight", "JoinsWeightTransfer", "ReceivesNccl", "PolicyAdapters",
                "UsesNamedAdapter"},
 }
