@@ -329,3 +329,15 @@ def test_a_weight_update_whose_sides_overlap_counts_its_wall_time_once():
         tl.add(s["actor"], Phase.sync, s["start"], s["end"])
     assert tl.covered(Phase.sync) == pytest.approx(0.25)
     assert tl.total(Phase.sync) == pytest.approx(0.6)  # what adding them up would have said
+
+
+def test_a_long_generation_tail_gets_partial_rollouts_advised_unless_they_are_on():
+    from rlgen.metrics.balance import BalanceContext, Kind, StepBalance, advise
+
+    # generation-bound (4 s generating against 1 s training), 2.5 s of the 4 s the tail of the last responses
+    m = StepBalance(0, 4.0, 3.0, 4.0, 1.0, 4.0, 0.0, 0.0, 1000, 1, tail_s=2.5)
+    text = advise(Kind.generation_bound, m, BalanceContext(async_steps=1))
+    assert "62% of generating it is the tail" in text and "algo.partial_rollouts=0.25" in text
+    assert "partial_rollouts" not in advise(Kind.generation_bound, m, BalanceContext(async_steps=1, partial=True))
+    short = StepBalance(0, 4.0, 3.0, 4.0, 1.0, 4.0, 0.0, 0.0, 1000, 1, tail_s=0.5)
+    assert "partial_rollouts" not in advise(Kind.generation_bound, short, BalanceContext(async_steps=1))

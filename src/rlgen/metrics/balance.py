@@ -13,7 +13,7 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -51,6 +51,7 @@ class BalanceContext:
     episodes: bool = False  # a multi-turn task (task.kind=env): a batch's last episodes wait on their environment
     hybrid: bool = False  # engines on GPUs of their own that could share every GPU with a learner rank instead
     bigger_hardware: tuple[tuple[str, int], ...] = ()  # presets with more GPUs, fewest first: (name, GPUs)
+    partial: bool = False  # algo.partial_rollouts is on: the generation tail is carried already
 
 
 NO_CONTEXT = BalanceContext()  # nothing known: engines counted from the timeline, on-policy
@@ -76,6 +77,7 @@ def context_from_plan(plan: Any) -> BalanceContext:
         episodes=((d.get("config") or {}).get("task") or {}).get("kind") == "env",
         hybrid=bool(room.get("hybrid", False)),
         bigger_hardware=tuple((str(n), int(g)) for n, g in room.get("bigger_hardware", ())),
+        partial=bool(((d.get("config") or {}).get("algo") or {}).get("partial_rollouts") or 0),
     )
 
 
@@ -94,6 +96,7 @@ class StepBalance:
     tokens: int
     num_engines: int
     env_s: float = 0.0  # busiest engine: waiting for its episodes' environment calls (multi-turn tasks)
+    tail_s: float = 0.0  # the longest engine's generation tail (gen/tail_s: after 90% of its requests were done)
 
     @property
     def ratio(self) -> float:
@@ -103,6 +106,7 @@ class StepBalance:
         return self.producer_s / self.consumer_s
 
 
+TAIL_BOUND_FRAC = 0.4  # a generation tail this share of generating a batch gets partial rollouts advised
 ENV_BOUND_FRAC = 0.3  # an environment taking this share of the engines' busy time is named as the bottleneck
 
 
@@ -161,8 +165,9 @@ def measure(spans: Iterable[Any], tokens: int, step: int = 0, num_engines: int |
 
 
 def measure_record(record: Mapping[str, Any], num_engines: int | None = None) -> StepBalance:
-    """A StepBalance from one metrics record (its ``timeline`` and ``response_tokens``)."""
-    return measure(record["timeline"], int(record.get("response_tokens", 0)), int(record.get("step", 0)), num_engines)
+    """A StepBalance from one metrics record (its ``timeline``, ``response_tokens`` and generation tail)."""
+    m = measure(record["timeline"], int(record.get("response_tokens", 0)), int(record.get("step", 0)), num_engines)
+    return replace(m, tail_s=float(record.get("gen/tail_s", 0.0)))
 
 
 def classify(ratio: float, band: float = DEFAULT_BAND) -> Kind:
@@ -230,6 +235,10 @@ def advise(kind: Kind, m: StepBalance, ctx: BalanceContext = NO_CONTEXT) -> str:
             head += f", and {m.env_s / max(m.producer_s, 1e-12):.0%} of the engines' time is their environment's"
             fixes.insert(0, "make the environment answer faster or raise task.env_workers (the environment is the "
                             "bottleneck)")
+        if m.tail_s > TAIL_BOUND_FRAC * m.gen_s and not ctx.partial and not ctx.episodes:
+            head += (f"; {m.tail_s / max(m.gen_s, 1e-12):.0%} of generating it is the tail, the last 10% of the "
+                     "responses")
+            fixes.insert(0, "carry the tail into the next step (algo.partial_rollouts=0.25)")
         if ctx.episodes and ctx.async_steps == 1 and ctx.runs_ahead:
             fixes.append("raise algo.async_steps to 2 so the next batch's episodes generate while this one's last "
                          "wait on their environment")
@@ -361,6 +370,7 @@ def combine(ms: Sequence[StepBalance], how: str = "mean") -> StepBalance:
         tokens=round(f("tokens")),
         num_engines=max(m.num_engines for m in ms),
         env_s=f("env_s"),
+        tail_s=f("tail_s"),
     )
 
 
