@@ -81,3 +81,12 @@ def test_loss_options_run(overrides, tmp_path):
         assert "kl" in records[-1]
     if cfg.algo.kl_penalty == "reward":
         assert all("kl_reward_penalty" in r for r in records)
+
+
+def test_reinforce_pp_trains_with_one_sample_a_prompt(tmp_path):
+    # REINFORCE++ whitens over the batch and needs no groups: a batch of one sample a prompt trains
+    cfg, records, _ = _run(tmp_path, ["algo=reinforce_pp", "algo.samples_per_prompt=1", "steps=2"])
+    assert cfg.algo.samples_per_prompt == 1 and len(records) == 2
+    for r in records:
+        assert r["sequences"] == cfg.algo.prompts_per_step
+        assert math.isfinite(r["loss"]) and not r["skipped"] and r["grad_norm"] > 0

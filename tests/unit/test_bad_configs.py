@@ -211,9 +211,19 @@ PLAN_ERRORS = [
     (
         "samples-per-prompt-1",
         ["algo.samples_per_prompt=1"],
-        ["algo.samples_per_prompt=1", "needs at least 2"],
+        ["algo.samples_per_prompt=1: algo.advantage=grpo compares the samples of a prompt, so it needs at least 2"],
         1,
     ),
+    (
+        # REINFORCE++ whitens over the batch and takes one sample a prompt, but dynamic sampling needs groups
+        "one-sample-with-dynamic-sampling",
+        ["algo=reinforce_pp", "algo.samples_per_prompt=1", "algo.dynamic_sampling=true"],
+        ["algo.dynamic_sampling=true drops every group whose rewards are all equal, and with "
+         "algo.samples_per_prompt=1 every group is one reward"],
+        1,
+    ),
+    ("no-samples", ["algo=reinforce_pp", "algo.samples_per_prompt=0"], ["algo.samples_per_prompt=0 must be at least 1"],
+     1),
     ("top-p-zero", ["algo.top_p=0"], ["algo.top_p=0.0 must be in (0, 1]"], 1),
     ("negative-async-steps", ["algo.async_steps=-1"], ["algo.async_steps=-1 must be >= 0"], 1),
     ("tis-cap-below-1", ["algo.tis_cap=0.5"], ["algo.tis_cap=0.5 must be 0 (off) or >= 1"], 1),
@@ -244,6 +254,16 @@ PLAN_ERRORS = [
         ["14 attention heads", "tensor_parallel_size=4"],
         1,
     ),
+    (
+        # a GPU preset without GPUs: one sentence that names the setting, not the engine's or colocation's complaint
+        "gpus-per-node-zero-on-a-gpu-preset",
+        ["engine=vllm", "hardware=1xh100", "hardware.gpus_per_node=0"],
+        ["hardware.gpus_per_node=0 leaves hardware=1xh100 without its H100-SXM-80GB GPUs; set "
+         "hardware.gpus_per_node to the GPUs each node has, or use hardware=cpu"],
+        1,
+    ),
+    ("gpus-per-node-negative", ["hardware.gpus_per_node=-1"], ["hardware.gpus_per_node=-1 must be >= 0"], 1),
+    ("no-nodes", ["hardware.nodes=0"], ["hardware.nodes=0 must be at least 1."], 1),
     (
         "no-learner-gpus",
         ["engine=vllm", "hardware=8xh100", "hardware.engine_gpus=8", "hardware.learner_gpus=0"],

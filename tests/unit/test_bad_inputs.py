@@ -70,6 +70,8 @@ def test_each_mistake_gets_one_sentence_before_anything_starts(case, tmp_path, c
     assert "Traceback" not in out + err
     assert case["expect"] in err, f"expected {case['expect']!r} in:\n{err}"
     assert err.startswith("error: "), err
+    listed = [line for line in err.splitlines() if line.startswith("- ")]
+    assert len(listed) == len(set(listed)), f"a problem is listed twice:\n{err}"
     assert elapsed < LIMIT_S, f"took {elapsed:.1f} s"
     assert not (tmp_path / "outputs").exists(), "a run directory was made for a config that cannot run"
     for name in (case.get("files") or {}):

@@ -119,6 +119,19 @@ def test_explicit_resume_of_a_missing_or_empty_run_says_what_to_do(tmp_path):
         resolve_explicit(str(tmp_path / "empty"), _ident())
 
 
+def test_explicit_resume_of_a_file_says_it_is_a_file(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(ResumeError) as err:
+        resolve_explicit(str(tmp_path / "notes.txt"), _ident())
+    assert str(err.value) == (f"resume={tmp_path / 'notes.txt'} is a file, not a run directory; give the folder a "
+                              "stopped run printed (it holds checkpoints/), or use resume=auto.")
+    run = _saved_run(tmp_path)  # a file of a run directory: the sentence names the run directory
+    (run / "metrics.jsonl").write_text("")
+    with pytest.raises(ResumeError, match=rf"is a file, not a run directory.*\(the run directory it is in: "
+                                          rf"resume={run}\)"):
+        resolve_explicit(str(run / "metrics.jsonl"), _ident())
+
+
 def test_a_changed_task_file_is_refused(tmp_path):
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"prompt": "1+1=", "answer": "2"}\n')

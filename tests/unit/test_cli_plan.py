@@ -205,3 +205,13 @@ def test_plan_with_a_number_for_a_group_fails_cleanly(cli):
     rc, out, err = cli("plan", "hardware=8")
     assert rc == 2
     assert "hardware" in err
+
+
+@pytest.mark.parametrize(("overrides", "key"), [
+    (["task=calculator", "task.max_turns=0"], "task.max_turns=0"),
+    (["task=env"], "task.kind=env needs task.env="),
+])
+def test_an_episode_setting_the_plan_and_the_task_both_refuse_is_listed_once(overrides, key):
+    # the plan's value checks and the task itself find the same problem: the report says it once
+    problems = preflight(compose_run_config(overrides), machine=False).problems
+    assert len([p for p in problems if p.startswith(key)]) == 1, problems

@@ -4,6 +4,8 @@ layouts where they cannot run, with the fix."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from rlgen.config.compose import compose_run_config
@@ -79,6 +81,26 @@ def test_refusals_say_how_to_fix(overrides, text):
     with pytest.raises(PlanError) as err:
         build_plan(compose_run_config(overrides))
     assert any(text in p for p in err.value.problems), err.value.problems
+
+
+@pytest.mark.parametrize(("overrides", "sentence"), [
+    # 100 sleeping engines keep 200 GiB of an 80 GB GPU: one refusal naming the setting, never a negative figure
+    (["engine.engines_per_gpu=100"],
+     "engine.engines_per_gpu=100 puts 100 engines on each 80 GB GPU, which keep about 200 GiB of it while the "
+     "learner trains (asleep), more than the 69 GiB that engines and learner may use together; lower "
+     "engine.engines_per_gpu (1 or 2 is usual; left out, the plan picks)."),
+    (["engine.engines_per_gpu=100", "algo.async_steps=1"], "engine.engines_per_gpu=100 puts 100 engines on each"),
+    # an engine that stays awake with 0.9 of the GPU leaves the training learner nothing of the 85% both may use
+    (["engine.gpu_memory_utilization=0.9", "algo.async_steps=1"],
+     "engine.gpu_memory_utilization=0.9 keeps about 67 GiB of each 80 GB GPU while the learner trains, the engine "
+     "staying awake (algo.async_steps=1), more than the 63 GiB that engine and learner may use together; set "
+     "algo.async_steps=0 (the engine sleeps while the learner trains), or lower engine.gpu_memory_utilization."),
+])
+def test_engines_that_leave_the_learner_nothing_are_refused_without_a_negative_figure(overrides, sentence):
+    with pytest.raises(PlanError) as err:
+        plan_of(*overrides)
+    assert len(err.value.problems) == 1 and err.value.problems[0].startswith(sentence), err.value.problems
+    assert not re.search(r"-\d", err.value.problems[0])  # no negative figure
 
 
 def test_the_prediction_draws_engines_on_one_gpu_as_one():

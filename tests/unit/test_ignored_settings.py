@@ -91,3 +91,71 @@ def test_presets_leave_what_a_switch_governs_at_its_default(preset):
 def test_turning_off_a_presets_feature_is_not_blamed_on_the_preset():
     plan = build_plan(compose_run_config(["algo=dapo", "algo.dynamic_sampling=false"]))
     assert plan.config.algo.dynamic_sampling is False
+
+
+# -- settings the chosen estimator or loss does not read (Choice rules, from rlgen.algo.registry) -----------------
+
+
+@pytest.mark.parametrize(("overrides", "sentence"), [
+    (["algo=rloo", "algo.scale_rewards=batch"],
+     "algo.scale_rewards=batch has no effect with algo.advantage=rloo, which does not read it; set "
+     "algo.scale_rewards=group (its default) or choose an advantage estimator that reads it: algo.advantage=grpo."),
+    (["algo=reinforce_pp", "algo.reward_std=unbiased"],
+     "algo.reward_std=unbiased has no effect with algo.advantage=reinforce_pp, which does not read it; set "
+     "algo.reward_std=population (its default) or choose an advantage estimator that reads it: algo.advantage=grpo."),
+    # CISPO's ratio is per token whatever importance_level says: refused, not planned as "per sequence"
+    (["algo=cispo", "algo.importance_level=sequence", "algo.loss_agg=seq_mean_token_mean"],
+     "algo.importance_level=sequence has no effect with algo.policy_loss=cispo, which does not read it; set "
+     "algo.importance_level=token (its default) or choose a policy loss that reads it: algo.policy_loss=ppo_clip."),
+])
+def test_a_setting_the_chosen_part_ignores_is_refused(overrides, sentence):
+    assert plan_problems(overrides) == [sentence]
+
+
+def test_the_sequence_is_fix_offered_to_cispo_is_one_it_reads():
+    # tis_level=sequence under a per-token ratio: for cispo the fix is never importance_level=sequence (it ignores it)
+    [problem] = plan_problems(["algo=cispo", "algo.tis_level=sequence"])
+    assert "algo.policy_loss=cispo (a ratio per token)" in problem and "importance_level" not in problem
+    build_plan(compose_run_config(["algo=cispo", "algo.tis_level=sequence", "algo.old_logprobs=trainer"]))
+
+
+def _unread() -> list[tuple[str, str, str]]:
+    """(the choosing key, a registered name, a setting that part does not read)."""
+    from rlgen.algo.registry import CHOOSERS, part_reads
+
+    return [(key, name, s) for key, table, settings in CHOOSERS for name in table for s in settings
+            if not part_reads(key, name, s)]
+
+
+@pytest.mark.parametrize(("key", "name", "setting"), _unread(), ids=[f"{n}-{s}" for _, n, s in _unread()])
+def test_every_setting_a_registered_part_ignores_is_refused(key, name, setting):
+    cfg = set_key(compose_run_config([]), key, name)
+    if name == "cispo":
+        cfg = set_key(cfg, "algo.clip_low", 1.0)
+    changed = set_key(cfg, f"algo.{setting}", _other(cfg, f"algo.{setting}"))
+    with pytest.raises(PlanError) as info:
+        build_plan(changed)
+    assert [p for p in info.value.problems if p.startswith(f"algo.{setting}=")] == [
+        next(p for p in info.value.problems if f"has no effect with {key}={name}, which does not read it" in p)]
+    build_plan(cfg)  # the default itself is not refused
+
+
+def test_a_part_registered_without_reads_is_never_refused_for_them():
+    from rlgen.algo.registry import register_advantage, unregister_advantage
+
+    register_advantage("mine", "rlgen.algo.rloo:rloo_advantages")
+    try:
+        build_plan(compose_run_config(["algo.advantage=mine", "algo.scale_rewards=batch"]))
+    finally:
+        unregister_advantage("mine")
+    register_advantage("mine", "rlgen.algo.rloo:rloo_advantages", reads=())
+    try:
+        assert plan_problems(["algo.advantage=mine", "algo.scale_rewards=batch"])[0].startswith(
+            "algo.scale_rewards=batch has no effect with algo.advantage=mine")
+    finally:
+        unregister_advantage("mine")
+
+
+@pytest.mark.parametrize("preset", sorted(p.stem for p in (CONF_DIR / "algo").glob("*.yaml") if p.stem != "base_algo"))
+def test_every_algo_preset_plans_with_what_its_parts_read(preset):
+    build_plan(compose_run_config([f"algo={preset}"]))

@@ -54,6 +54,16 @@ def test_a_tp2_engine_holds_half_of_each_token_on_each_gpu():
     assert per_gpu <= plan.config.engine.kv_cache_gib < per_gpu + 0.01
 
 
+def test_a_tp4_engine_over_two_kv_heads_holds_a_whole_head_on_each_gpu():
+    # the 1.5B has 2 KV heads: at TP 4 vLLM copies each onto 2 GPUs, so a GPU holds half of each token, not a quarter
+    plan = plan_of("engine=vllm", "engine.tensor_parallel_size=4", "hardware=4xh100", "model=qwen2_5_1_5b",
+                   "hardware.colocated=true")
+    b = plan.batch
+    seqs = math.ceil(b.prompts_per_step / len(plan.engines)) * b.samples_per_prompt
+    per_gpu = ROOM * seqs * math.ceil(b.max_seq_len / 16) * 16 * plan.model.kv_bytes_per_token / 2 / GIB
+    assert per_gpu <= plan.config.engine.kv_cache_gib < per_gpu + 0.01
+
+
 @pytest.mark.parametrize("overrides", [
     # engines on GPUs of their own: nothing else allocates there, and vLLM takes what the GPU has
     ["engine=vllm", "hardware=4xh100", "model=qwen2_5_1_5b", "hardware.colocated=false", "hardware.engine_gpus=2"],

@@ -71,8 +71,14 @@ def test_colocated_async_refuses_an_engine_share_that_crowds_out_the_learner():
     with pytest.raises(PlanError) as err:
         plan_of("engine=vllm", "hardware=1xh100", "model=qwen2_5_1_5b", "algo.async_steps=1",
                 "engine.gpu_memory_utilization=0.9")
+    text = str(err.value)  # 0.9 is more than the 85% both may use: the share alone is refused, no negative figure
+    assert text.startswith("engine.gpu_memory_utilization=0.9 keeps about 67 GiB of each 80 GB GPU while the "
+                           "learner trains") and "algo.async_steps=0" in text
+    with pytest.raises(PlanError) as err:  # 0.8 leaves the learner some room, but not its peak
+        plan_of("engine=vllm", "hardware=1xh100", "model=qwen2_5_1_5b", "algo.async_steps=1",
+                "engine.gpu_memory_utilization=0.8")
     text = str(err.value)
-    assert "beside an awake engine" in text and "a lower engine.gpu_memory_utilization (now 0.9)" in text
+    assert "beside an awake engine" in text and "a lower engine.gpu_memory_utilization (now 0.8)" in text
     assert "algo.async_steps=0" in text
     # without sleep mode an awake engine is fine; a sleeping one is not
     assert plan_of("engine=vllm", "hardware=1xh100", "model=qwen2_5_0_5b", "algo.async_steps=1",

@@ -110,6 +110,26 @@ def test_reinforce_pp_baseline_centres_on_the_group_then_whitens_over_the_batch(
           [0.5 / s, -0.5 / s, 0.0, 0.0, -1 / 3 / s, -1 / 3 / s, 2 / 3 / s])
 
 
+def test_reinforce_pp_plans_one_sample_a_prompt_and_group_estimators_do_not():
+    from rlgen.config.compose import compose_run_config
+    from rlgen.plan import build_plan
+
+    plan = build_plan(compose_run_config(["algo=reinforce_pp", "algo.samples_per_prompt=1"]))
+    assert plan.batch.samples_per_prompt == 1 and plan.batch.sequences_per_step == plan.batch.prompts_per_step
+    for advantage in ("grpo", "rloo", "reinforce_pp_baseline"):
+        assert algorithm_problems(algo_cfg(advantage=advantage)) == []
+        with pytest.raises(Exception, match=f"algo.advantage={advantage} compares the samples of a prompt"):
+            build_plan(compose_run_config(["algo=reinforce_pp", f"algo.advantage={advantage}",
+                                           "algo.samples_per_prompt=1"]))
+
+
+def test_reinforce_pp_whitens_a_batch_of_one_sample_a_prompt():
+    # every sample its own group: advantages are the batch-whitened rewards, not 0
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    adv = advantage_estimator("reinforce_pp")(rewards, torch.arange(4), algo_cfg(samples_per_prompt=1))
+    close(adv, [1.0, -1.0, -1.0, 1.0])
+
+
 # -- CISPO ---------------------------------------------------------------------------------------------------
 
 
@@ -143,6 +163,42 @@ def test_cispo_with_a_lower_bound():
     loss.backward()
     close(logp.grad, [[-1.2 / 4, -1.0 / 4], [0.8 / 4, 1.1 / 4]])
     assert metrics["clip_frac"] == pytest.approx(2 / 4)
+
+
+def _cispo_weights(w: list[float], **settings) -> list[float]:
+    """The weight each token's logprob gradient gets under cispo (A = 1, token sum), for trainer/engine ratios w
+    at the update (the trainer before the update equals the current policy): -d loss / d logp_t."""
+    engine = torch.full((1, len(w)), -2.0)
+    trainer = engine + torch.tensor([[math.log(x) for x in w]])
+    logp = trainer.clone().requires_grad_()
+    old = trainer if settings.pop("old", "engine") == "trainer" else None
+    loss, _ = clip_loss(logp, engine, torch.tensor([1.0]), torch.ones(1, len(w)), agg=LossAgg.token_mean,
+                        denominator=1.0, old_logp=old, loss="cispo", clip_low=1.0, **settings)
+    loss.backward()
+    return (-logp.grad[0]).tolist()
+
+
+@pytest.mark.parametrize(("old", "clip_high", "tis_cap", "want"), [
+    # pi_old = the engine's: the ratio is w, clipped at hi = 1.2; the cap 2 is the same bound on the same w, so a
+    # w above both gets min(hi, cap) = 1.2 once (the old double cap gave 1.2 * 2 / w = 0.8 at w = 3)
+    ("engine", 0.2, 2.0, [1.1, 1.2, 1.2]),
+    ("engine", 1.5, 2.0, [1.1, 2.0, 2.0]),  # hi = 2.5 above the cap: the cap binds, at 2
+    ("engine", 0.2, 0.0, [1.1, 1.2, 1.2]),  # no cap: CISPO's clip alone
+    # pi_old = the trainer's: the ratio is 1 at the update, the mismatch a factor of its own: min(w, cap)
+    ("trainer", 0.2, 2.0, [1.1, 1.5, 2.0]),
+    ("trainer", 0.2, 0.0, [1.0, 1.0, 1.0]),  # no cap: no correction, the mismatch is not weighed at all
+])
+def test_cispo_caps_the_mismatch_once(old, clip_high, tis_cap, want):
+    # w below 1.2, between 1.2 and the cap 2 (1.5 or 2.2) and above the cap (3), docs/algorithms.md section 3
+    w = [1.1, 1.5 if clip_high < 1 else 2.2, 3.0]
+    got = _cispo_weights(w, old=old, clip_high=clip_high, tis_cap=tis_cap)
+    assert got == pytest.approx(want, rel=1e-5)
+
+
+def test_cispo_mask_mode_drops_the_tokens_over_the_cap():
+    # tis_mode=mask: a token whose w exceeds the cap leaves the numerator; the others keep CISPO's weight
+    got = _cispo_weights([1.1, 1.5, 3.0], clip_high=0.2, tis_cap=2.0, tis_mode=ISMode.mask)
+    assert got == pytest.approx([1.1, 1.2, 0.0], rel=1e-5)
 
 
 # -- old_logprobs=trainer: the ratio against the trainer, the mismatch in its own weight ----------------------

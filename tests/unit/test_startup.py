@@ -74,6 +74,42 @@ def test_a_start_up_wait_says_who_it_is_waiting_for(monkeypatch, tmp_path):
     assert "waiting for learner0" in out.getvalue()
 
 
+def test_the_waiting_line_says_what_the_engines_actually_started_do(tmp_path):
+    # the CPU default starts hf engines and torch learners: the line describes those, not a vLLM engine's start
+    from types import SimpleNamespace
+
+    from rlgen.config.compose import compose_run_config
+    from rlgen.plan import build_plan
+    from rlgen.runtime.setup import _learner_words, _wait_actors
+
+    plan = build_plan(compose_run_config([]))
+    out = io.StringIO()
+
+    class SaysAtOnce:
+        def get(self, refs, what, timeout_s, names, progress):
+            progress(16.0, list(range(len(refs))))
+            return [{"name": n} for n in names]
+
+    run = SimpleNamespace(plan=plan, waiter=SaysAtOnce(), cfg=plan.config,
+                          clock=StartupClock(Console(file=out, width=400), launched=time.time()))
+    _wait_actors(run, ["e", "l"], ["engine0", "learner0"], {},
+                 doing=[plan.engine.start_words, _learner_words(run)])
+    line = out.getvalue()
+    assert ("waiting for engine0, learner0 (16 s so far; an hf engine imports torch and transformers and loads the "
+            "model's weights; a torch learner imports torch and transformers and builds the model and its "
+            "optimizer)") in line
+    assert "vLLM" not in line
+
+
+def test_each_engine_kind_says_what_its_engines_do_while_they_start():
+    from rlgen.engines.registry import EngineSpec, engine_spec
+
+    assert "vLLM engine" in engine_spec("vllm").start_words and "CUDA graphs" in engine_spec("vllm").start_words
+    assert engine_spec("hf").start_words.startswith("an hf engine") and "CUDA" not in engine_spec("hf").start_words
+    assert "rlgen server" in engine_spec("remote").start_words
+    assert EngineSpec(kind="mine", actor="x:Y").start_words == "a mine engine starts"
+
+
 def test_the_report_lists_each_phase_and_actor():
     clock = StartupClock(Console(file=io.StringIO()), launched=time.time() - 5)
     with clock.phase("Ray cluster"):

@@ -102,3 +102,14 @@ def test_all_zero_reward_weights_name_them_and_advise_an_override_the_command_li
     cfg = compose_run_config([*given, fix])  # beside the user's own overrides, as typed
     assert cfg.task.rewards == {"exact_match": 1.0, "char_match": 0.0}
     build_plan(cfg)
+
+
+@pytest.mark.parametrize("given", [["++task.rewards.exact_match=-1"],
+                                   ["+task.rewards.exact_match=0", "+task.rewards.char_match=-0.5"]])
+def test_reward_weights_with_none_positive_are_refused_with_a_fix_the_command_line_takes(given):
+    # each reward is in [0, 1]: with no positive weight the run would learn to fail them
+    (problem,) = plan_problems(given)
+    assert "no reward has a positive weight, so the total is highest (0) with every reward failed" in problem
+    fix = re.search(r"e\.g\. (\S+) \(", problem).group(1)
+    assert fix == "++task.rewards.exact_match=1.0"
+    build_plan(compose_run_config([*given, fix]))  # a penalty beside a reward to earn is fine

@@ -78,3 +78,14 @@ def test_a_tool_env_sees_its_tools_and_gets_the_policys_tool_calls_as_openai_too
     assert not tool.done and tool.role == "user"  # the observation is a message list; its roles say what it is
     assert [m["role"] for m in tool.observation] == ["tool"] and tool.observation[0]["content"] == str(a + b)
     assert last.done and last.reward == 1.0
+
+
+def test_a_failed_load_is_rlgens_one_sentence_with_the_cause_and_no_library_log_line(capfd, caplog):
+    # verifiers logs its failure before raising; the run says it once, in its own sentence, with the cause
+    for _ in range(2):  # the plan and the task each load it: still no library line
+        with pytest.raises(TaskDataError) as err:
+            make_env("verifiers", {"env": "no_such_vf_env"})
+    assert "ModuleNotFoundError: No module named 'no_such_vf_env'" in str(err.value)
+    out, logged = capfd.readouterr()
+    assert "Failed to import environment module" not in out + logged, out + logged
+    assert not [r for r in caplog.records if "Failed to import environment module" in r.getMessage()]

@@ -154,15 +154,30 @@ def ratio_metrics(ratio: torch.Tensor, clip_active: torch.Tensor, over_cap: torc
     }
 
 
+def is_correction(inputs: LossInputs, algo: AlgoConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The engine/trainer IS correction of a micro-batch as algo.tis_* say (is_weight of the trainer's logprobs
+    before the update against the engine's; in the ratio when algo.old_logprobs=engine): (weight [n, L], over
+    [n, L] bool)."""
+    return is_weight(inputs.trainer_before(), inputs.engine_logp, inputs.mask.bool(), algo.tis_cap, algo.tis_level,
+                     algo.tis_mode, in_ratio=OldLogprobs(algo.old_logprobs) is OldLogprobs.engine)
+
+
+def cap_in_ratio(algo: AlgoConfig) -> bool:
+    """Whether is_correction's weight caps a ratio that carries the mismatch itself (old_logprobs=engine with
+    tis_mode=truncate): ratio * weight is the ratio with each w above the cap counted as the cap."""
+    return OldLogprobs(algo.old_logprobs) is OldLogprobs.engine and ISMode(algo.tis_mode) is ISMode.truncate
+
+
 def corrected_loss(values: torch.Tensor, ratio: torch.Tensor, clip_active: torch.Tensor, inputs: LossInputs,
-                   algo: AlgoConfig) -> LossOutputs:
+                   algo: AlgoConfig, correction: tuple[torch.Tensor, torch.Tensor] | None = None) -> LossOutputs:
     """What every policy loss does after its per-token values [n, L]: the engine/trainer IS weight (algo.tis_*,
     against the trainer's logprobs before the update), the token weight, sequence masking (algo.seq_mask_cap),
-    -aggregate as algo.loss_agg says, and the metrics (ratio_metrics of ratio and clip_active, [n, L])."""
+    -aggregate as algo.loss_agg says, and the metrics (ratio_metrics of ratio and clip_active, [n, L]).
+    correction: the (weight, over) to apply instead of is_correction's (a loss that applied the cap itself passes
+    a weight of ones and its over, for the metrics)."""
     m = inputs.mask.bool()  # [n, L]
     trainer = inputs.trainer_before()  # [n, L]
-    weight, over_cap = is_weight(trainer, inputs.engine_logp, m, algo.tis_cap, algo.tis_level, algo.tis_mode,
-                                 in_ratio=OldLogprobs(algo.old_logprobs) is OldLogprobs.engine)  # [n, L]
+    weight, over_cap = is_correction(inputs, algo) if correction is None else correction  # [n, L]
     values = values * weight
     if inputs.token_weight is not None:
         values = values * inputs.token_weight
@@ -218,5 +233,6 @@ def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, frac: float) -> 
     return (m & (entropy.detach() >= threshold)).to(entropy.dtype)
 
 
-__all__ = ["AdvantageShapeError", "aggregate", "check_advantages", "corrected_loss", "is_weight", "kl_estimate", "kl_k3", "log_ratio",
-           "normaliser", "ratio_metrics", "sequence_keep", "token_entropy", "token_logprobs", "top_entropy_mask"]
+__all__ = ["AdvantageShapeError", "aggregate", "cap_in_ratio", "check_advantages", "corrected_loss", "is_correction",
+           "is_weight", "kl_estimate", "kl_k3", "log_ratio", "normaliser", "ratio_metrics", "sequence_keep",
+           "token_entropy", "token_logprobs", "top_entropy_mask"]

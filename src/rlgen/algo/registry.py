@@ -3,7 +3,9 @@ losses (LossInputs -> LossOutputs, on the learner). A preset, conf/algo/<name>.y
 algo.advantage and algo.policy_loss plus their settings.
 
 Entries are "module:function" strings, imported only where they run, so the plan checks names without torch.
-register_advantage / register_policy_loss add your own (a function or a "module:function" string).
+Each entry also says which of the settings that only some entries read (ADVANTAGE_SETTINGS, LOSS_SETTINGS) it
+reads, and an estimator whether it compares the samples of one prompt: the plan refuses a setting the chosen
+entry ignores (plan.checks.ignored). register_advantage / register_policy_loss add your own.
 """
 
 from __future__ import annotations
@@ -20,31 +22,62 @@ Advantages = Callable[..., Any]
 # loss(inputs: rlgen.algo.inputs.LossInputs, algo: AlgoConfig) -> rlgen.algo.inputs.LossOutputs
 Loss = Callable[..., Any]
 
-ADVANTAGE_ESTIMATORS: dict[str, str | Advantages] = {
-    "grpo": "rlgen.algo.advantages:grpo_advantages",
-    "rloo": "rlgen.algo.rloo:rloo_advantages",
-    "reinforce_pp": "rlgen.algo.reinforce_pp:reinforce_pp_advantages",
-    "reinforce_pp_baseline": "rlgen.algo.reinforce_pp:reinforce_pp_baseline_advantages",
+# algo settings some estimators read and others ignore; every other algo setting is read by every estimator
+ADVANTAGE_SETTINGS = ("scale_rewards", "reward_std")
+# algo settings some policy losses read and others ignore
+LOSS_SETTINGS = ("importance_level", "clip_low", "clip_high")
+
+
+@dataclass(frozen=True)
+class Part:
+    """A registered policy loss (or estimator): its function (or "module:function") and which of its table's
+    settings (LOSS_SETTINGS or ADVANTAGE_SETTINGS) it reads; None: all of them (none is refused as ignored)."""
+
+    fn: str | Callable[..., Any]
+    reads: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Estimator(Part):
+    """A registered advantage estimator; groups: it compares the samples of one prompt, so it needs
+    algo.samples_per_prompt >= 2."""
+
+    groups: bool = True
+
+
+ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {
+    "grpo": Estimator("rlgen.algo.advantages:grpo_advantages", ADVANTAGE_SETTINGS),
+    "rloo": Estimator("rlgen.algo.rloo:rloo_advantages", ()),
+    "reinforce_pp": Estimator("rlgen.algo.reinforce_pp:reinforce_pp_advantages", (), groups=False),
+    "reinforce_pp_baseline": Estimator("rlgen.algo.reinforce_pp:reinforce_pp_baseline_advantages", ()),
 }
 
-POLICY_LOSSES: dict[str, str | Loss] = {
-    "ppo_clip": "rlgen.algo.ppo_clip:ppo_clip_loss",
-    "cispo": "rlgen.algo.cispo:cispo_loss",
+POLICY_LOSSES: dict[str, Part] = {
+    "ppo_clip": Part("rlgen.algo.ppo_clip:ppo_clip_loss", LOSS_SETTINGS),
+    "cispo": Part("rlgen.algo.cispo:cispo_loss", ("clip_low", "clip_high")),  # its ratio is per token
 }
+
+
+# (the key that picks a part, its table, the settings only some of its parts read)
+CHOOSERS = (("algo.advantage", ADVANTAGE_ESTIMATORS, ADVANTAGE_SETTINGS),
+            ("algo.policy_loss", POLICY_LOSSES, LOSS_SETTINGS))
 
 
 class UnknownAlgorithm(LookupError):
     """algo.advantage or algo.policy_loss names nothing registered."""
 
 
-def register_advantage(name: str, fn: str | Advantages) -> None:
-    """Make ``algo.advantage=<name>`` choose fn, in this process."""
-    ADVANTAGE_ESTIMATORS[name] = fn
+def register_advantage(name: str, fn: str | Advantages, *, reads: tuple[str, ...] | None = None,
+                       groups: bool = True) -> None:
+    """Make ``algo.advantage=<name>`` choose fn, in this process. reads: which of ADVANTAGE_SETTINGS it reads
+    (None: all); groups: it compares the samples of one prompt (algo.samples_per_prompt >= 2)."""
+    ADVANTAGE_ESTIMATORS[name] = Estimator(fn, reads, groups)
 
 
-def register_policy_loss(name: str, fn: str | Loss) -> None:
-    """Make ``algo.policy_loss=<name>`` choose fn, in this process."""
-    POLICY_LOSSES[name] = fn
+def register_policy_loss(name: str, fn: str | Loss, *, reads: tuple[str, ...] | None = None) -> None:
+    """Make ``algo.policy_loss=<name>`` choose fn, in this process. reads: which of LOSS_SETTINGS it reads
+    (None: all)."""
+    POLICY_LOSSES[name] = Part(fn, reads)
 
 
 def unregister_advantage(name: str) -> None:
@@ -76,10 +109,31 @@ def algorithm_problems(algo: Any) -> list[str]:
     return problems
 
 
+def part_reads(key: str, name: str, setting: str) -> bool:
+    """Whether the part `name` that `key` (algo.advantage or algo.policy_loss) picks reads algo.<setting>: True for
+    a setting every part reads, and for a name that is not registered (algorithm_problems says so)."""
+    table, settings = next((t, s) for k, t, s in CHOOSERS if k == key)
+    part = table.get(str(name))
+    return part is None or part.reads is None or setting not in settings or setting in part.reads
+
+
+def readers(key: str, setting: str) -> list[str]:
+    """The registered parts `key` can pick that read algo.<setting>, by name."""
+    table = next(t for k, t, _ in CHOOSERS if k == key)
+    return sorted(name for name in table if part_reads(key, name, setting))
+
+
+def compares_groups(advantage: str) -> bool:
+    """Whether the estimator compares the samples of one prompt (needs algo.samples_per_prompt >= 2); True for a
+    name that is not registered."""
+    part = ADVANTAGE_ESTIMATORS.get(str(advantage))
+    return part is None or part.groups
+
+
 def _resolve(table: dict[str, Any], key: str, name: str) -> Callable[..., Any]:
     if name not in table:
         raise UnknownAlgorithm(f"algo.{key}={name} is not registered; choose one of: {', '.join(sorted(table))}.")
-    found = table[name]
+    found = table[name].fn
     if isinstance(found, str):
         module, _, attr = found.partition(":")
         found = getattr(importlib.import_module(module), attr)
@@ -125,6 +179,7 @@ def algorithm(algo: Any) -> Algorithm:
     return Algorithm(str(algo.kind), advantage_estimator(algo.advantage), policy_loss(algo.policy_loss))
 
 
-__all__ = ["ADVANTAGE_ESTIMATORS", "POLICY_LOSSES", "Algorithm", "UnknownAlgorithm", "advantage_estimator",
-           "algorithm", "algorithm_problems", "configured_advantages", "configured_loss", "policy_loss",
+__all__ = ["ADVANTAGE_ESTIMATORS", "ADVANTAGE_SETTINGS", "CHOOSERS", "LOSS_SETTINGS", "POLICY_LOSSES", "Algorithm",
+           "Estimator", "Part", "UnknownAlgorithm", "advantage_estimator", "algorithm", "algorithm_problems",
+           "compares_groups", "configured_advantages", "configured_loss", "part_reads", "policy_loss", "readers",
            "register_advantage", "register_policy_loss", "unregister_advantage", "unregister_policy_loss"]

@@ -33,6 +33,8 @@ class EngineSpec:
 
     kind: str
     actor: str  # "package.module:Class" of the Ray actor; it implements what the flags claim (engines.contract)
+    # what one of its engines does while it starts, said while the run waits for it ("" : "a <kind> engine starts")
+    starting: str = ""
     devices: tuple[str, ...] = ("cpu", "cuda")  # where its engines can run
     package: str | None = None  # the pip package its actor imports, checked before a run starts
     tensor_parallel: bool = False  # one engine can shard over several GPUs (engine.tensor_parallel_size)
@@ -74,6 +76,11 @@ class EngineSpec:
     # Work for the engines that can begin on the launching host before they are asked for (filling a cache they
     # read at start): (the model's architectures, the engines' environment) -> None. None: nothing to begin.
     ahead: Callable[[list[str], dict[str, str]], None] | None = None
+
+    @property
+    def start_words(self) -> str:
+        """What one of its engines does while it starts, in words."""
+        return self.starting or f"a {self.kind} engine starts"
 
     def runs_on(self, device: str) -> bool:
         return device in self.devices

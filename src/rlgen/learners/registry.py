@@ -24,6 +24,7 @@ class LearnerSpec:
     label: str  # its name in sentences
     package: str | None = None  # the pip package it needs, checked before a run starts
     dtype: str = "bfloat16"  # what it trains in: FlashAttention kernels take bf16 and fp16 only
+    starting: str = ""  # what one of its ranks does while it starts, said while the run waits for it
     # Extra constructor arguments: (the resolved config, the plan) -> kwargs. The plan is passed as a value;
     # this layer reads its fields and imports nothing of rlgen.plan.
     actor_kwargs: Callable[[RunConfig, Any], dict[str, Any]] = field(default=lambda cfg, plan: {})
@@ -66,10 +67,14 @@ def _deepspeed_kwargs(cfg: RunConfig, plan: Any) -> dict[str, Any]:
 LEARNERS: dict[LearnerKind, LearnerSpec] = {
     LearnerKind.torch: LearnerSpec(LearnerKind.torch, "rlgen.learners.torch:TorchLearner", ("cpu", "cuda"),
                                    ranks=("cpu",), label="the torch learner", dtype="float32",
-                                   actor_kwargs=_torch_kwargs),
+                                   actor_kwargs=_torch_kwargs,
+                                   starting="a torch learner imports torch and transformers and builds the model and "
+                                            "its optimizer"),
     LearnerKind.deepspeed: LearnerSpec(LearnerKind.deepspeed, "rlgen.learners.deepspeed:DeepSpeedLearner", ("cuda",),
                                        ranks=("cuda",), label="DeepSpeed", package="deepspeed",
-                                       actor_kwargs=_deepspeed_kwargs),
+                                       actor_kwargs=_deepspeed_kwargs,
+                                       starting="a DeepSpeed learner imports, loads the model's weights, joins its "
+                                                "process group and sets up ZeRO"),
 }
 
 

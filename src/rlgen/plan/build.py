@@ -26,6 +26,7 @@ from rlgen.plan.checks.spanning import (
     check_lengths,
     check_micro_batch,
     check_partial_rollouts,
+    hardware_problems,
     live_vllm_env,
 )
 from rlgen.plan.checks.values import check_values, once_per_nonfinite
@@ -128,7 +129,7 @@ def _resolve(cfg: RunConfig, spec: EngineSpec) -> tuple[RunConfig, list[Setting]
 def _batch(cfg: RunConfig, ranks: int, has_learners: bool, p: list[str]) -> BatchGeometry:
     a = cfg.algo
     seqs = a.prompts_per_step * a.samples_per_prompt
-    if has_learners and seqs < ranks:
+    if has_learners and seqs < ranks and min(a.prompts_per_step, a.samples_per_prompt) > 0:  # else: check_values
         p.append(f"the batch of {seqs} sequences (algo.prompts_per_step={a.prompts_per_step} x "
                  f"algo.samples_per_prompt={a.samples_per_prompt}) cannot give each of {ranks} learner ranks a "
                  f"sequence; raise algo.prompts_per_step to {-(-ranks // a.samples_per_prompt)} or more.")
@@ -153,6 +154,8 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
     the plan's ranks: the placement tests use it to place every layout, whichever learner would train it."""
     if cfg.hardware.name == AUTO:
         return _with_found_hardware(cfg, runnable)
+    if broken := hardware_problems(cfg):
+        raise PlanError(broken)
     from rlgen.plan.layouts import choose_layout, layout_open  # noqa: I001 - lazy: prediction imports the plan
 
     if layout_open(cfg):  # the hardware leaves the layout to the plan: the one predicted fastest

@@ -17,6 +17,7 @@ from rlgen.config import RunConfig, Setting, set_key
 from rlgen.engines.registry import EngineSpec
 from rlgen.plan.layout import BatchGeometry, EngineSlot, ModelSummary
 from rlgen.plan.memory import ENGINE_HEADROOM_GIB, GIB, engine_floor_gib
+from rlgen.plan.tensor_parallel import kv_groups
 
 BLOCK_TOKENS = 16  # vLLM's KV block: a sequence holds whole blocks
 ROOM = 2  # the cache covers this many times the engine's share of a step's sequences
@@ -30,9 +31,9 @@ def engine_sequences(cfg: RunConfig, batch: BatchGeometry, engines: int) -> int:
     return min(cfg.engine.max_num_seqs, groups * batch.samples_per_prompt)
 
 
-def kv_gib(tokens: int, model: ModelSummary, tp: int) -> float:
-    """The KV cache of `tokens` tokens on each GPU of a TP-`tp` engine, GiB."""
-    return tokens * model.kv_bytes_per_token / max(tp, 1) / GIB
+def kv_gib(tokens: int, model: ModelSummary, parts: int) -> float:
+    """The KV cache of `tokens` tokens on each GPU of an engine whose KV heads split `parts` ways (kv_groups), GiB."""
+    return tokens * model.kv_bytes_per_token / max(parts, 1) / GIB
 
 
 def share_left_gib(cfg: RunConfig, model: ModelSummary, share: float) -> float:
@@ -59,7 +60,8 @@ def size_kv_cache(cfg: RunConfig, spec: EngineSpec, model: ModelSummary, batch: 
     share = e.gpu_memory_utilization / per_gpu
     seqs = engine_sequences(cfg, batch, len(engines))
     blocks = math.ceil(batch.max_seq_len / BLOCK_TOKENS)
-    want = kv_gib(ROOM * seqs * blocks * BLOCK_TOKENS, model, e.tensor_parallel_size)
+    kv_parts = kv_groups(cfg.model.num_kv_heads, e.tensor_parallel_size)
+    want = kv_gib(ROOM * seqs * blocks * BLOCK_TOKENS, model, kv_parts)
     _, one_sequence = engine_floor_gib(cfg, model.weight_gib_bf16, model.kv_bytes_per_token)  # vLLM's least
     want = math.ceil(max(want, one_sequence) * 100) / 100
     if want > FIT * share_left_gib(cfg, model, share):

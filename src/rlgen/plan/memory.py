@@ -29,6 +29,7 @@ from rlgen.engines.registry import EngineSpec
 from rlgen.engines.vllm.args import VLLM_DEFAULT_SHARE
 from rlgen.microbatches import chunk_tokens
 from rlgen.plan.recipes import recipe_for
+from rlgen.plan.tensor_parallel import kv_groups
 
 GIB = 2**30
 ENGINE_HEADROOM_GIB = 1.0  # activations, CUDA graphs and the sampler, beyond weights and KV
@@ -66,10 +67,12 @@ def logits_bytes(tokens: int, vocab: int) -> float:
 
 
 def engine_floor_gib(cfg: RunConfig, weight_gib: float, kv_bytes_per_token: int) -> tuple[float, float]:
-    """Per engine GPU: its share of the bf16 weights and of one max-length sequence's KV cache. An engine
-    needs both plus ENGINE_HEADROOM_GIB."""
+    """Per engine GPU: its share of the bf16 weights and of one max-length sequence's KV cache (a KV head copied
+    onto several GPUs, when TP exceeds the KV heads, is whole on each). An engine needs both plus
+    ENGINE_HEADROOM_GIB."""
     tp = cfg.engine.tensor_parallel_size
-    return weight_gib / tp, kv_bytes_per_token * cfg.engine.max_model_len / tp / GIB
+    kv_parts = kv_groups(cfg.model.num_kv_heads, tp)
+    return weight_gib / tp, kv_bytes_per_token * cfg.engine.max_model_len / kv_parts / GIB
 
 
 @dataclass(frozen=True)
@@ -222,6 +225,9 @@ def fit_memory(cfg: RunConfig, spec: EngineSpec, model, ranks: int, per_rank: in
     """Fill algo.micro_batch_tokens and engine.gpu_memory_utilization when null, check that the learner and the
     engine fit, and describe the split. `model` is the plan's ModelSummary; problems go to p."""
     b = _budget(cfg, spec, model, colocated)
+    if cfg.hardware.gpus_per_node and per_rank and (crowded := _no_room(cfg, b)):
+        p.append(crowded)
+        return cfg, [], None
     whole = per_rank * longest_sequence(cfg)  # a rank's rows at their longest: budget 0's micro-batch
 
     def mem(tokens: int) -> LearnerMemory:
@@ -246,6 +252,26 @@ def fit_memory(cfg: RunConfig, spec: EngineSpec, model, ranks: int, per_rank: in
         return cfg, settings, None
     cfg = set_key(cfg, "engine.gpu_memory_utilization", fraction)
     return cfg, settings, _split_of(b, fraction, learner, tokens)
+
+
+def _no_room(cfg: RunConfig, b: _Budget) -> str | None:
+    """Why the engines on a GPU leave its learner no memory at all while it trains, with the fix; None when they
+    leave some (how much the learner needs is fit_memory's to check)."""
+    limit = (AWAKE_SHARE if b.awake else TRAIN_SHARE) * b.total  # what engines and the training learner may use
+    held = limit - b.train_room  # what the engines keep while the learner trains
+    if b.train_room > 0 or not (b.k > 1 or b.awake):
+        return None
+    gpu, how = f"{cfg.hardware.gpu.memory_gb:g} GB", "awake: algo.async_steps>0" if b.awake else "asleep"
+    if b.k > 1:
+        return (f"engine.engines_per_gpu={b.k} puts {b.k} engines on each {gpu} GPU, which keep about {held:.0f} GiB "
+                f"of it while the learner trains ({how}), more than the {limit:.0f} GiB that engines and learner "
+                "may use together; lower engine.engines_per_gpu (1 or 2 is usual; left out, the plan picks).")
+    given = cfg.engine.gpu_memory_utilization
+    what = f"engine.gpu_memory_utilization={given}" if given is not None else f"model {cfg.model.name}'s engine"
+    return (f"{what} keeps about {held:.0f} GiB of each {gpu} GPU while the learner trains, the engine staying awake "
+            f"(algo.async_steps={cfg.algo.async_steps}), more than the {limit:.0f} GiB that engine and learner may "
+            "use together; set algo.async_steps=0 (the engine sleeps while the learner trains)"
+            + (", or lower engine.gpu_memory_utilization." if given is not None else "."))
 
 
 def full_finetune_fits(cfg: RunConfig, spec: EngineSpec, model, ranks: int, per_rank: int,

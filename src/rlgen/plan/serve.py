@@ -12,7 +12,7 @@ import math
 from rlgen.config import RunConfig, ServeConfig, Setting, set_key
 from rlgen.learners.registry import resolve_learner
 from rlgen.plan.build import count_params, layout_of, model_summary, spec_of, transport_of
-from rlgen.plan.checks.spanning import check_engine_floor, live_vllm_env
+from rlgen.plan.checks.spanning import check_engine_floor, hardware_problems, live_vllm_env
 from rlgen.plan.checks.values import check_values
 from rlgen.plan.layout import BatchGeometry, Layout, Plan, PlanError
 from rlgen.plan.model_folder import with_model_folder
@@ -95,6 +95,7 @@ def build_serve_plan(cfg: RunConfig, token: str | None = None) -> Plan:
     """The engines `rlgen serve` starts. Raises PlanError listing every problem with its fix."""
     p: list[str] = []
     check_serve_values(cfg, token, p)
+    p.extend(hardware_problems(cfg))
     if p:
         raise PlanError(p)
     spec = spec_of(cfg)

@@ -8,6 +8,7 @@ import dataclasses
 from rlgen.config import RunConfig
 from rlgen.engines.registry import EngineSpec
 from rlgen.plan.layout import EngineSlot, Layout, LearnerSlot
+from rlgen.plan.tensor_parallel import tp_problem
 
 
 def shared_gpu_problem(cfg: RunConfig, spec: EngineSpec, layout: Layout) -> str | None:
@@ -103,9 +104,8 @@ def _tp_fits(cfg: RunConfig, engine_gpus: int, p: list[str]) -> bool:
     elif engine_gpus % tp:
         p.append(f"engine.tensor_parallel_size={tp} does not divide the {engine_gpus} engine GPUs of hardware="
                  f"{hw.name}; choose a TP size that divides {engine_gpus}, or change hardware.engine_gpus.")
-    elif cfg.model.num_heads % tp:
-        p.append(f"model {cfg.model.name} has {cfg.model.num_heads} attention heads, which do not split over "
-                 f"tensor_parallel_size={tp}; pick a TP size that divides {cfg.model.num_heads}.")
+    elif problem := tp_problem(cfg.model, tp, hw.gpus_per_node):
+        p.append(problem)
     else:
         return True
     return False

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from rlgen.config import RunConfig, ShareMode
+from rlgen.learners.registry import LEARNERS
 from rlgen.models import architectures
 from rlgen.plan import Plan
 from rlgen.plan.placement import plan_bundles
@@ -58,6 +59,7 @@ from rlgen.transfer import SyncError
 
 log = logging.getLogger(__name__)
 LEARNERS_BESIDE = "learners and weight transport (beside the first batch)"
+KEPT_ENGINE_WAKES = "an engine an earlier run kept warm wakes and takes this run's starting weights"
 
 
 @dataclass
@@ -290,26 +292,35 @@ def _wait_started(run: Run, engines: list[Any], asked: dict[str, float],
     taken = {i: engines[i].take_over.remote(run.state.version) for i in run.factory.kept}
     before_wait()
     engine_refs = [taken[i] if i in taken else e.health.remote() for i, e in enumerate(engines)]
+    engine_words = [KEPT_ENGINE_WAKES if i in taken else run.plan.engine.start_words for i in range(len(engines))]
     learner_refs = [a.health.remote() for a in run.learners]
     learner_names = [f"learner{r}" for r in range(len(run.learners))]
+    learner_words = [_learner_words(run)] * len(learner_refs)
     first = run.transport.generates_before_start and not run.cfg.learner.lora.enabled
     health = _wait_actors(run, engine_refs + ([] if first else learner_refs),
-                          run.engine_names + ([] if first else learner_names), asked)
+                          run.engine_names + ([] if first else learner_names), asked,
+                          doing=engine_words + ([] if first else learner_words))
     # kept engines that could not take their starting weights back get them from the transport's start
     run.transport.held_weights = any(not health[i].get("start_weights") for i in run.factory.kept)
     if not first:
         return health
     if run.transport.held_weights:
-        return health + _wait_actors(run, learner_refs, learner_names, asked)
+        return health + _wait_actors(run, learner_refs, learner_names, asked, doing=learner_words)
     run.learners_pending = (learner_refs, learner_names, asked)  # they start beside the first batch
     return health
 
 
+def _learner_words(run: Run) -> str:
+    """What a learner rank of the plan's learner kind does while it starts, in words."""
+    return LEARNERS[run.plan.learner_kind].starting
+
+
 def _wait_actors(run: Run, refs: list[Any], names: list[str], asked: dict[str, float],
-                 what: str = "actor start-up") -> list[dict[str, Any]]:
-    """The actors' health reports at start-up, each actor's start timed."""
+                 what: str = "actor start-up", doing: list[str] | None = None) -> list[dict[str, Any]]:
+    """The actors' health reports at start-up, each actor's start timed; doing: what each does while it starts,
+    said while the run waits for it."""
     health = run.waiter.get(refs, what, run.cfg.startup_timeout_s, names=names,
-                            progress=run.clock.waiting(names) if run.clock else None)
+                            progress=run.clock.waiting(names, doing) if run.clock else None)
     if run.clock:
         for h in health:
             run.clock.actor(h, asked.get(h.get("name"), run.clock.launched))
@@ -319,7 +330,7 @@ def _wait_actors(run: Run, refs: list[Any], names: list[str], asked: dict[str, f
 def _learners_beside(run: Run, refs: list[Any], names: list[str], asked: dict[str, float]) -> None:
     """The learners' start and the weight transport's set-up, while the first batch generates (the engines hold
     the starting weights, so the transport need not send them)."""
-    health = _wait_actors(run, refs, names, asked, "learner start-up")
+    health = _wait_actors(run, refs, names, asked, "learner start-up", [_learner_words(run)] * len(names))
     bad = [h for h in health if not h.get("ok")]
     if bad:
         raise RunError(f"learners reported unhealthy at start-up: {bad}")

@@ -10,15 +10,24 @@ from rlgen.tasks.base import DrawnTask, Prompt, TaskDataError, step_rng
 from rlgen.tasks.envs import make_env
 
 
+def episode_problems(cfg: Any) -> list[str]:
+    """What the task config (TaskConfig) lacks for episodes to be played, one sentence each: the plan's value
+    checks and the task itself say the same words, so a problem is listed once."""
+    p = []
+    if not cfg.env:
+        p.append("task.kind=env needs task.env=<a registered environment or module:Class>; see docs/environments.md.")
+    if cfg.max_turns < 1:
+        p.append(f"task.max_turns={cfg.max_turns} must be at least 1 (the policy's turns per episode).")
+    return p
+
+
 class EnvTask(DrawnTask):
     name = "env"
 
     def __init__(self, cfg: Any):
         super().__init__(cfg)
-        if not cfg.env:
-            raise TaskDataError("task.kind=env needs task.env=<name or module:Class>; see docs/environments.md.")
-        if cfg.max_turns < 1:
-            raise TaskDataError(f"task.max_turns={cfg.max_turns}; it must be at least 1.")
+        if problems := episode_problems(cfg):
+            raise TaskDataError(problems[0])
         self.name = f"env:{cfg.env}"
         self.env = make_env(cfg.env, dict(cfg.env_args))  # the driver's own: prompts and demonstrations
         self._rows: list[Prompt] | None = None

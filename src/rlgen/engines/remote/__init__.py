@@ -23,6 +23,7 @@ def _actor_kwargs(cfg: RunConfig, transport: Transport, env: dict[str, str]) -> 
 ENGINE = EngineSpec(
     kind="remote",
     actor="rlgen.engines.remote.engine:RemoteEngine",
+    starting="a remote engine's proxy asks the rlgen server at engine.url for its engine and its health",
     served=True,
     passes_env=True,  # engine.env reaches the proxies and its NCCL_* the learners: with_server sets the server's
     adapters=True,  # when the server's engines take them (its /info max_lora_rank, read by the plan)

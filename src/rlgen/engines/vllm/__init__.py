@@ -40,6 +40,7 @@ def _ahead(architectures: list[str], env: dict[str, str]) -> None:
 ENGINE = EngineSpec(
     kind="vllm",
     actor="rlgen.engines.vllm.engine:VLLMEngine",
+    starting="a vLLM engine imports, loads its weights, compiles, sizes its KV cache and captures CUDA graphs",
     devices=("cuda",),
     package="vllm",
     tensor_parallel=True,

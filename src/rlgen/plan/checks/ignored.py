@@ -1,13 +1,22 @@
-"""Settings a feature that is off ignores: a key the feature's switch governs, changed from its default while the
-switch is off, is refused (the user meant the feature to be on, or set something that does nothing). Presets leave
-the keys a switch governs at their defaults, so only the user's own changes are named. Pure: no torch."""
+"""Settings the run would ignore, refused from one table (RULES) of two kinds of rule:
+
+- a Switch: a key the feature's switch governs, changed from its default while the switch is off (the user meant
+  the feature to be on, or set something that does nothing);
+- a Choice: a key that picks a registered part (algo.advantage, algo.policy_loss) and the settings only some parts
+  read (rlgen.algo.registry declares which part reads which): one the chosen part does not read, changed from its
+  default.
+
+Presets leave the keys a switch governs at their defaults, so only the user's own changes are named. Pure: no
+torch."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from rlgen.algo.registry import ADVANTAGE_SETTINGS, LOSS_SETTINGS, part_reads, readers
 from rlgen.config import RunConfig, get_key, plain
 
 
@@ -17,6 +26,38 @@ class Switch:
     off: tuple[Any, ...]  # the values that turn it off
     on: str  # how to turn it on, as typed on the command line
     governs: tuple[str, ...] = ()  # the keys it governs; empty: every other key of the switch's group
+
+    def ignored(self, cfg: RunConfig, defaults: RunConfig) -> Iterator[tuple[str, str]]:
+        """(key, sentence) for each key it governs, changed from its default, while it is off."""
+        state = plain(get_key(cfg, self.key))
+        if state is None or state not in self.off:
+            return
+        for key in governed(self):
+            value = get_key(cfg, key)
+            if plain(value) != plain(get_key(defaults, key)):
+                yield key, (f"{key}={typed(value)} has no effect with {self.key}={typed(state)}; drop it or set "
+                            f"{self.on}.")
+
+
+@dataclass(frozen=True)
+class Choice:
+    key: str  # the dotted key that picks a registered part (rlgen.algo.registry.CHOOSERS)
+    settings: tuple[str, ...]  # the settings of the key's group that only some parts read
+    what: str  # a part in words: "an advantage estimator"
+
+    def ignored(self, cfg: RunConfig, defaults: RunConfig) -> Iterator[tuple[str, str]]:
+        """(key, sentence) for each setting the chosen part does not read, changed from its default."""
+        group = self.key.rsplit(".", 1)[0]
+        name = str(get_key(cfg, self.key))
+        for setting in self.settings:
+            key = f"{group}.{setting}"
+            value, default = get_key(cfg, key), get_key(defaults, key)
+            if part_reads(self.key, name, setting) or plain(value) == plain(default):
+                continue
+            fix = f"set {key}={typed(default)} (its default)"
+            if others := " or ".join(f"{self.key}={n}" for n in readers(self.key, setting)):
+                fix += f" or choose {self.what} that reads it: {others}"
+            yield key, f"{key}={typed(value)} has no effect with {self.key}={name}, which does not read it; {fix}."
 
 
 SWITCHES = (
@@ -28,6 +69,11 @@ SWITCHES = (
     Switch("algo.kl_coef", (0,), "algo.kl_coef=0.001",
            ("algo.kl_estimator", "algo.kl_bias_correction", "algo.kl_penalty")),
 )
+CHOICES = (
+    Choice("algo.advantage", ADVANTAGE_SETTINGS, "an advantage estimator"),
+    Choice("algo.policy_loss", LOSS_SETTINGS, "a policy loss"),
+)
+RULES: tuple[Switch | Choice, ...] = (*SWITCHES, *CHOICES)
 
 
 def governed(switch: Switch) -> tuple[str, ...]:
@@ -51,19 +97,15 @@ def typed(value: Any) -> str:
 
 
 def check_ignored(cfg: RunConfig, p: list[str]) -> None:
-    """One sentence for each key changed from its default that a switched-off feature ignores (a key that p
+    """One sentence for each key changed from its default that the run would ignore, by RULES (a key that p
     already refuses keeps its one sentence)."""
     defaults = RunConfig()
     named = {sentence.split("=", 1)[0] for sentence in p}
-    for switch in SWITCHES:
-        state = plain(get_key(cfg, switch.key))
-        if state is None or state not in switch.off:
-            continue
-        for key in governed(switch):
-            value = get_key(cfg, key)
-            if plain(value) != plain(get_key(defaults, key)) and key not in named:
-                p.append(f"{key}={typed(value)} has no effect with {switch.key}={typed(state)}; drop it or set "
-                         f"{switch.on}.")
+    for rule in RULES:
+        for key, sentence in rule.ignored(cfg, defaults):
+            if key not in named:
+                named.add(key)
+                p.append(sentence)
 
 
-__all__ = ["SWITCHES", "check_ignored", "governed", "typed"]
+__all__ = ["CHOICES", "RULES", "SWITCHES", "Choice", "Switch", "check_ignored", "governed", "typed"]

@@ -4,7 +4,7 @@ problem is one sentence that names the settings that cause it and says how to fi
 
 from __future__ import annotations
 
-from rlgen.config import VLLM_ENV_REMOVED_IN_0_26, RunConfig, TaskKind
+from rlgen.config import VLLM_ENV_REMOVED_IN_0_26, GPUSpec, RunConfig, TaskKind
 from rlgen.engines.registry import EngineSpec
 from rlgen.learners.registry import LearnerSpec
 from rlgen.plan.layout import Layout, LearnerSlot, ModelSummary
@@ -12,11 +12,22 @@ from rlgen.plan.memory import ENGINE_HEADROOM_GIB, GIB, engine_floor_gib, longes
 from rlgen.plan.overlap import check_sleep_mode
 
 
+def hardware_problems(cfg: RunConfig) -> list[str]:
+    """What makes the hardware itself impossible to plan for, one sentence per setting: no nodes, a negative GPU
+    count, or no GPUs on hardware that names a GPU card (every other check would only restate it)."""
+    hw, p = cfg.hardware, []
+    if hw.nodes < 1:
+        p.append(f"hardware.nodes={hw.nodes} must be at least 1.")
+    if hw.gpus_per_node < 0:
+        p.append(f"hardware.gpus_per_node={hw.gpus_per_node} must be >= 0 (0: no GPU, as hardware=cpu).")
+    elif hw.gpus_per_node == 0 and hw.gpu.name != GPUSpec().name:  # a card named: GPU hardware
+        p.append(f"hardware.gpus_per_node=0 leaves hardware={hw.name} without its {hw.gpu.name} GPUs; set "
+                 "hardware.gpus_per_node to the GPUs each node has, or use hardware=cpu for a machine without GPUs.")
+    return p
+
+
 def check_hardware(cfg: RunConfig, spec: EngineSpec, layout: Layout, p: list[str]) -> None:
     hw = cfg.hardware
-    if hw.nodes < 1 or hw.gpus_per_node < 0:
-        p.append(f"hardware {hw.name}: nodes={hw.nodes} must be >= 1 and gpus_per_node={hw.gpus_per_node} >= 0.")
-        return
     if hw.gpus_per_node and hw.gpu.memory_gb <= 0:
         p.append(f"hardware {hw.name} has GPUs but hardware.gpu.memory_gb={hw.gpu.memory_gb}; give the GPU's memory in GB.")
     if layout is Layout.split:
@@ -166,5 +177,5 @@ def check_partial_rollouts(cfg: RunConfig, spec: EngineSpec, p: list[str]) -> No
                  "set algo.partial_rollouts=0 for task.kind=env.")
 
 
-__all__ = ["check_engine_floor", "check_partial_rollouts", "check_hardware", "check_learners", "check_lengths", "check_micro_batch",
-           "live_vllm_env"]
+__all__ = ["check_engine_floor", "check_hardware", "check_learners", "check_lengths", "check_micro_batch",
+           "check_partial_rollouts", "hardware_problems", "live_vllm_env"]

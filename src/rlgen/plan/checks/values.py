@@ -8,7 +8,9 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from rlgen.algo.registry import compares_groups, part_reads
 from rlgen.config import KLEstimator, KLPenalty, Level, LossAgg, OldLogprobs, RunConfig, TaskKind
+from rlgen.tasks.env_task import episode_problems
 from rlgen.tasks.rewards import RewardSpecError, resolve_reward
 
 # The most steps a run may ask for: at the tiny CPU model's 0.1 s a step, ten million steps take 12 days, and a
@@ -115,11 +117,7 @@ def _check_algo(cfg: RunConfig, p: list[str]) -> None:
     a = cfg.algo
     if a.prompts_per_step < 1:
         p.append(f"algo.prompts_per_step={a.prompts_per_step} must be at least 1.")
-    if a.samples_per_prompt < 2:
-        p.append(
-            f"algo.samples_per_prompt={a.samples_per_prompt}: GRPO compares samples within a group, so it "
-            "needs at least 2; set algo.samples_per_prompt=8."
-        )
+    _check_group_size(a, p)
     if a.max_new_tokens < 1:
         p.append(f"algo.max_new_tokens={a.max_new_tokens} must be at least 1.")
     if a.temperature < 0:
@@ -165,9 +163,28 @@ def _check_algo(cfg: RunConfig, p: list[str]) -> None:
                  "micro-batch).")
 
 
+def _check_group_size(a, p: list[str]) -> None:
+    """Samples per prompt: at least 2 for an estimator that compares a prompt's samples, at least 1 otherwise, and
+    2 for dynamic sampling, which drops the groups whose rewards are all equal (as a group of one always is)."""
+    groups = compares_groups(a.advantage)
+    if a.samples_per_prompt < (2 if groups else 1):
+        why = (f": algo.advantage={a.advantage} compares the samples of a prompt, so it needs at least 2" if groups
+               else " must be at least 1")
+        p.append(f"algo.samples_per_prompt={a.samples_per_prompt}{why}; set algo.samples_per_prompt=8.")
+    elif a.samples_per_prompt == 1 and a.dynamic_sampling:
+        p.append("algo.dynamic_sampling=true drops every group whose rewards are all equal, and with "
+                 "algo.samples_per_prompt=1 every group is one reward; set algo.samples_per_prompt=8 or "
+                 "algo.dynamic_sampling=false.")
+
+
+def _per_sequence_ratio(a) -> bool:
+    """Whether the loss's ratio is per sequence: importance_level=sequence under a loss that reads it."""
+    return a.importance_level == Level.sequence and part_reads("algo.policy_loss", a.policy_loss, "importance_level")
+
+
 def _check_loss_options(a, p: list[str]) -> None:
     """The options of the loss, the advantages and dynamic sampling (docs/algorithms.md)."""
-    if a.importance_level == Level.sequence and a.loss_agg != LossAgg.seq_mean_token_mean:
+    if _per_sequence_ratio(a) and a.loss_agg != LossAgg.seq_mean_token_mean:
         p.append(f"algo.importance_level=sequence gives each sequence one ratio, but algo.loss_agg={a.loss_agg} weighs "
                  "a sequence by its length; set algo.loss_agg=seq_mean_token_mean (as algo=gspo does).")
     _check_is_and_kl(a, p)
@@ -190,12 +207,17 @@ def _check_loss_options(a, p: list[str]) -> None:
 
 def _check_is_and_kl(a, p: list[str]) -> None:
     """Combinations whose maths is not what their names say."""
-    if a.tis_cap > 0 and a.tis_level == Level.sequence and a.importance_level == Level.token \
+    if a.tis_cap > 0 and a.tis_level == Level.sequence and not _per_sequence_ratio(a) \
             and a.old_logprobs == OldLogprobs.engine:
-        p.append("algo.tis_level=sequence with algo.importance_level=token and algo.old_logprobs=engine is not "
-                 "sequence-level IS: each token's ratio still carries its own engine/trainer mismatch and only the "
-                 "cap is per sequence; set algo.importance_level=sequence (with algo.loss_agg=seq_mean_token_mean), "
-                 "algo.old_logprobs=trainer (a separate per-sequence weight), or algo.tis_level=token.")
+        if part_reads("algo.policy_loss", a.policy_loss, "importance_level"):
+            ratio, fix = ("algo.importance_level=token", "set algo.importance_level=sequence (with "
+                          "algo.loss_agg=seq_mean_token_mean), ")
+        else:  # a loss whose ratio is always per token
+            ratio, fix = f"algo.policy_loss={a.policy_loss} (a ratio per token)", "set "
+        p.append(f"algo.tis_level=sequence with {ratio} and algo.old_logprobs=engine is not sequence-level IS: "
+                 "each token's ratio still carries its own engine/trainer mismatch and only the cap is per "
+                 f"sequence; {fix}algo.old_logprobs=trainer (a separate per-sequence weight), or "
+                 "algo.tis_level=token.")
     if a.kl_coef > 0 and a.kl_penalty == KLPenalty.loss and a.kl_estimator == KLEstimator.k1 \
             and not a.kl_bias_correction:
         p.append("algo.kl_estimator=k1 in the loss has zero expected gradient (E[grad log pi] = 0 on the policy's "
@@ -251,10 +273,7 @@ def _check_model(cfg: RunConfig, p: list[str]) -> None:
 
 
 def _check_episode_bounds(t: Any, p: list[str]) -> None:
-    if not t.env:
-        p.append("task.kind=env needs task.env=<a registered environment or module:Class>; see docs/environments.md.")
-    if t.max_turns < 1:
-        p.append(f"task.max_turns={t.max_turns} must be at least 1 (the policy's turns per episode).")
+    p.extend(episode_problems(t))  # the words the task itself raises (preflight lists a sentence once)
     if t.max_total_tokens < 1:
         p.append(f"task.max_total_tokens={t.max_total_tokens} must be at least 1 (an episode's tokens after its "
                  "prompt).")
@@ -290,8 +309,22 @@ def _check_task(cfg: RunConfig, p: list[str]) -> None:
             p.append(str(err))
         if not isinstance(weight, (int, float)):
             p.append(f"task.rewards.{name}={weight} must be a number (its weight).")
+    _check_reward_weights(t, p)
+
+
+def _check_reward_weights(t: Any, p: list[str]) -> None:
+    """At least one reward of task.rewards has a positive weight: each reward is in [0, 1], so with every weight 0
+    the total is always 0, and with none above 0 the highest total is failing every reward (a negative weight is a
+    penalty beside a reward to earn)."""
     weights = {k: w for k, w in (t.rewards or {}).items() if isinstance(w, (int, float))}
-    if weights and not any(weights.values()):
-        zeros = " and ".join(f"task.rewards.{k}={w:g}" for k, w in weights.items())
-        p.append(f"{zeros}: every weight is 0, so every reward would be 0 and nothing would be learned; give the "
-                 f"rewards that count a weight, e.g. ++task.rewards.{next(iter(weights))}=1.0.")
+    if not weights or any(w > 0 for w in weights.values()):
+        return
+    named = " and ".join(f"task.rewards.{k}={w:g}" for k, w in weights.items())
+    first = next(iter(weights))
+    if not any(weights.values()):
+        p.append(f"{named}: every weight is 0, so every reward would be 0 and nothing would be learned; give the "
+                 f"rewards that count a weight, e.g. ++task.rewards.{first}=1.0.")
+        return
+    p.append(f"{named}: no reward has a positive weight, so the total is highest (0) with every reward failed and "
+             f"the run would learn to fail them; give the reward to earn a positive weight, e.g. "
+             f"++task.rewards.{first}=1.0 (a negative weight is a penalty beside it).")

@@ -167,6 +167,11 @@ def _checkpoint_folder(path: Path) -> bool:
 def resolve_explicit(spec: str, current: dict[str, Any]) -> ResumePoint:
     """resume=<run dir> (its newest complete checkpoint) or resume=<run dir>/checkpoints/step_<k> (that one)."""
     path = Path(spec).expanduser()
+    if path.exists() and not path.is_dir():
+        parent = path.parent
+        hint = f" (the run directory it is in: resume={parent})" if (parent / CHECKPOINTS).is_dir() else ""
+        raise ResumeError(f"resume={spec} is a file, not a run directory; give the folder a stopped run printed "
+                          f"(it holds checkpoints/){hint}, or use resume=auto.")
     if not path.is_dir():
         raise ResumeError(
             f"resume={spec}: no such run directory; give the folder a stopped run printed (it holds "

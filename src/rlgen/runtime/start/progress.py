@@ -59,13 +59,14 @@ class StartupClock:
 
         return end
 
-    def waiting(self, names: list[str]) -> Any:
-        """A progress callback for Waiter.get over actors named `names` (in the refs' order)."""
+    def waiting(self, names: list[str], doing: list[str] | None = None) -> Any:
+        """A progress callback for Waiter.get over actors named `names` (in the refs' order); doing[i]: what actor
+        i does while it starts, in words (its kind's, EngineSpec.start_words), said for the ones still pending."""
         def say(elapsed: float, pending: list[int]) -> None:
             who = ", ".join(names[i] for i in pending[:6]) + (f" and {len(pending) - 6} more" if len(pending) > 6 else "")
+            what = "".join(f"; {w}" for w in dict.fromkeys(doing[i] for i in pending if doing[i])) if doing else ""
             self.console.print(f"[dim]start-up at {self.since_launch():5.1f} s:[/] waiting for {who} ({elapsed:.0f} s "
-                               "so far; a vLLM engine imports, loads its weights, compiles, sizes its KV cache and "
-                               "captures CUDA graphs)", highlight=False)
+                               f"so far{what})", highlight=False)
         return say
 
     def actor(self, health: dict[str, Any], launched_at: float) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import random
 import signal
 import threading
@@ -40,6 +41,27 @@ def _signals_kept() -> Iterator[None]:
         signal.signal = real
 
 
+@contextlib.contextmanager
+def _own_errors_only(loader: Any) -> Iterator[None]:
+    """verifiers' load_environment logs its failure (its logger is its module's name) before it raises; the error
+    it raises says the same, and rlgen's sentence carries it and its cause, so while it loads that logger is quiet
+    below CRITICAL."""
+    logger = logging.getLogger(getattr(loader, "__module__", "verifiers"))
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _why(err: BaseException) -> str:
+    """An error in words, with its cause when it has one (the module that could not be imported)."""
+    cause = err.__cause__
+    said = f"{type(err).__name__}: {str(err).rstrip('.')}"
+    return said + (f"; {type(cause).__name__}: {str(cause).rstrip('.')}" if cause else "")
+
+
 def _load(env: str, args: dict[str, Any]) -> Any:
     """The environment and its dataset, loaded once per process for the same id and arguments."""
     key = json.dumps([env, args], sort_keys=True, default=str)
@@ -54,12 +76,11 @@ def _load(env: str, args: dict[str, Any]) -> Any:
                 raise TaskDataError("task.env=verifiers needs task.env_args.env=<an installed verifiers "
                                     "environment's id>.")
             try:
-                with _signals_kept():
+                with _signals_kept(), _own_errors_only(vf.load_environment):
                     loaded = vf.load_environment(env, **args)
             except (ImportError, AttributeError, TypeError, ValueError, RuntimeError) as err:
                 raise TaskDataError(f"verifiers cannot load environment {env!r} with task.env_args.args={args} "
-                                    f"({type(err).__name__}: {err}); install its package, or fix the "
-                                    "arguments.") from err
+                                    f"({_why(err)}); install its package, or fix the arguments.") from err
             dataset = loaded.get_dataset()
             if dataset is None or len(dataset) == 0:
                 raise TaskDataError(f"verifiers environment {env!r} has no dataset rows to draw prompts from.")
