@@ -66,8 +66,7 @@ def append_line(fd: int, path: Path, line: str) -> None:
         except OSError:
             left = f"part of the line may remain after byte {before}"
         why, fix = _why(err)
-        raise WriteFailed(err, path, f"{path}: {why}, so a line was not written ({left}); {fix} and resume "
-                                     "the run.") from err
+        raise WriteFailed(err, path, f"{path}: {why}, so a line was not written ({left}); {fix}.") from err
 
 
 def replace_text(path: Path, text: str) -> None:

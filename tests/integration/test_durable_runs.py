@@ -1,7 +1,9 @@
 """Runs that survive, on a local Ray cluster on CPU: a run stopped at any step and resumed is exactly the run
 that was never stopped; a dead engine (its actor, or the engine inside a live actor) is re-created and its
 prompts scored once; a dead learner or an engine that keeps dying stops the run cleanly at a checkpoint that
-resume continues; a learner out of GPU memory stops the run with the fix, keeping its last checkpoint."""
+resume continues; a learner out of GPU memory stops the run with the fix, keeping its last checkpoint; a disk
+too small is refused before the first step, one that fills later stops the run with the command that resumes it,
+and an end without room for a checkpoint keeps the trained weights."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from rlgen.engines.hf.engine import HFEngine
 from rlgen.learners.torch import TorchLearner
 from rlgen.metrics.sink import read_jsonl
 from rlgen.plan import build_plan
+from rlgen.plan.checks.disk_room import needed_with_headroom
 from rlgen.runtime import RunStopped
 from rlgen.runtime.durability.checkpoint_folder import list_checkpoints
 from rlgen.runtime.durability.resume import identity, resolve_explicit
@@ -313,27 +316,76 @@ def test_a_failed_checkpoint_write_leaves_the_previous_one_usable(tmp_path):
     with pytest.raises(RunError) as info:
         run_training(build_plan(cfg), tmp_path, Console(quiet=True), learner_cls=SaveFailsOnce)
     message = str(info.value)
-    assert message.startswith(f"checkpoint step_000004 could not be written under {tmp_path / 'checkpoints'} "
-                              "(the disk is full); the newest complete checkpoint, step_000002, is kept.")
+    assert message == (f"checkpoint step_000004 could not be written under {tmp_path / 'checkpoints'} (the disk is "
+                       "full); the newest complete checkpoint, step_000002, is kept; free space on that disk; resume "
+                       f"with: resume={tmp_path} and the same settings (it continues from step_000002).")
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000002"]
     assert not list((tmp_path / "checkpoints").glob(".step_*"))  # the half-written folder is gone
     assert _run(tmp_path, ["steps=6", "checkpoint.every=2"], resume=True) is None
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(6))
 
 
-def test_too_little_disk_for_a_checkpoint_is_one_sentence_before_writing(tmp_path, monkeypatch):
-    from rlgen.runtime.durability.disk_space import DiskFull
+def test_a_run_whose_disk_cannot_hold_its_checkpoints_is_refused_before_its_first_step(tmp_path, monkeypatch):
+    from rlgen.runtime.durability.disk_space import DiskTooSmall
 
-    monkeypatch.setattr("rlgen.runtime.durability.disk_space.free_bytes_at", lambda path: 10 * 2**20)
-    cfg = compose_run_config([*BASE, "steps=6", "checkpoint.every=2"])
-    with pytest.raises(DiskFull) as info:
-        run_training(build_plan(cfg), tmp_path, Console(quiet=True))
+    monkeypatch.setattr("rlgen.plan.checks.disk_room.free_bytes_at", lambda path: 10 * 2**20)
+    cfg = compose_run_config([*BASE, "steps=6"])  # checkpoint.every=0: the final checkpoint still needs its room
+    with pytest.raises(DiskTooSmall) as info:
+        run_training(build_plan(cfg), tmp_path / "run", Console(quiet=True))
     message = str(info.value)
-    assert str(tmp_path / "checkpoints") in message and "checkpoint.keep=2" in message and "GB" in message
-    assert "\n" not in message
-    assert not (tmp_path / "checkpoints").is_dir() or not list((tmp_path / "checkpoints").iterdir())
-    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    assert len(lines) == 2 and read_status(tmp_path)["state"] == "failed"  # whole lines; the run says why
+    assert info.value.exit_code == 2 and len(info.value.sentences()) == 1
+    assert message.startswith(f"{tmp_path / 'run'} has 10.5 MB free, but this run needs about ")
+    assert "its checkpoint at the end" in message and "hydra.run.dir=<folder>" in message
+    assert not (tmp_path / "run").exists()  # refused before it wrote anything: no lock, status or metrics
+
+
+def _free_after(monkeypatch, out: Path, lines: int, free: int) -> None:
+    """The disk has room until `lines` metrics lines are written, then `free` bytes (another process filled it)."""
+    def probe(path):
+        metrics = out / "metrics.jsonl"
+        written = len(metrics.read_text().splitlines()) if metrics.is_file() else 0
+        return 10**12 if written < lines else free
+
+    monkeypatch.setattr("rlgen.plan.checks.disk_room.free_bytes_at", probe)
+
+
+def test_a_disk_that_fills_before_a_checkpoint_stops_the_run_with_the_resume_command(tmp_path, monkeypatch):
+    from rlgen.runtime import RunError
+
+    _free_after(monkeypatch, tmp_path, 3, 10 * 2**20)
+    cfg = compose_run_config([*BASE, "steps=6", "checkpoint.every=2"])
+    with pytest.raises(RunError) as info:
+        run_training(build_plan(cfg), tmp_path, Console(quiet=True), resume_command="rlgen train steps=6 resume=R")
+    message = str(info.value)
+    assert message.startswith(f"{tmp_path / 'checkpoints'} has 10.5 MB free but a checkpoint needs about ")
+    assert message.endswith("; free some space on that disk, or keep fewer checkpoints (now checkpoint.keep=2); "
+                            "resume with: rlgen train steps=6 resume=R (it continues from step_000002).")
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000002"]
+    status = read_status(tmp_path)
+    assert status["state"] == "failed" and status["reason"] == message and status["step"] == 4
+
+
+def test_the_end_of_a_run_without_room_for_a_checkpoint_keeps_the_trained_weights(tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    cfg = compose_run_config([*BASE, "steps=3"])
+    plan = build_plan(cfg)
+    between = needed_with_headroom(plan.disk.model_bytes) + plan.disk.learner_bytes // 2  # weights fit, not more
+    _free_after(monkeypatch, tmp_path, 3, between)
+    summary = run_training(plan, tmp_path, Console(quiet=True))  # ends well: exit 0
+    final = tmp_path / "final_model"
+    assert summary["model_path"] == str(final) and summary["checkpoint_path"] is None
+    assert not list_checkpoints(tmp_path) and not list((tmp_path / "checkpoints").glob(".step_*"))
+    weights = load_file(str(final / "model.safetensors"))
+    initial = load_file(str(Path(summary["initial_model_path"]) / "model.safetensors"))
+    assert max(float((weights[k] - initial[k]).abs().max()) for k in weights) > 0  # the trained ones
+    assert (final / "config.json").is_file() and (final / "tokenizer_config.json").is_file()
+    note = summary["note"]
+    assert note.startswith(f"the final checkpoint did not fit ({tmp_path / 'checkpoints'} has ")
+    assert f"so the trained weights alone are saved in {final}" in note and "without the optimizer state" in note
+    assert "the run cannot be resumed" in note and f"(model.path={final})" in note and "\n" not in note
+    status = read_status(tmp_path)
+    assert status["state"] == "finished" and status["note"] == note and status["checkpoint"] is None
 
 
 def test_a_checkpoint_folder_that_cannot_be_made_is_one_sentence_naming_it(tmp_path):
@@ -407,7 +459,8 @@ def test_a_disk_that_fills_during_a_run_stops_it_in_one_sentence_and_status_says
         run_training(build_plan(cfg), tmp_path, Console(quiet=True))
     message = str(info.value)
     assert str(tmp_path / "metrics.jsonl") in message and "the disk is full" in message and "\n" not in message
-    assert "free space on that disk and resume the run" in message
+    assert message.endswith(f"; free space on that disk; resume with: resume={tmp_path} and the same settings (it "
+                            "continues from step_000002).")
     status = read_status(tmp_path)
     assert status["state"] == "failed" and status["reason"] == message  # written in place, on the full disk
     assert len(read_jsonl(tmp_path / "metrics.jsonl")) == 3  # whole lines only

@@ -1,5 +1,6 @@
 """The run directory's files survive a full disk (metrics.jsonl keeps whole lines, status.json its previous
-content), one run holds a run directory at a time, and a checkpoint is refused up front when it cannot fit."""
+content), one run holds a run directory at a time (a full disk at the start is a sentence), and a checkpoint is
+refused up front when it cannot fit."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from rlgen.runtime.durability.disk_space import DiskFull, check_free_space, fold
 from rlgen.runtime.durability.run_lock import (
     LOCK_FILE,
     LockInfo,
+    RunDirUnwritable,
     RunLocked,
     acquire_run_lock,
     holder_alive,
@@ -203,6 +205,38 @@ def test_release_leaves_another_runs_lock_alone(tmp_path):
     assert json.loads((tmp_path / LOCK_FILE).read_text()) == other
 
 
+@pytest.mark.parametrize("where", ["the lock file", "the folder"])
+def test_a_full_disk_at_the_start_is_one_sentence_not_a_traceback(tmp_path, monkeypatch, where):
+    import rlgen.runtime.durability.run_lock as run_lock
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    if where == "the lock file":
+        monkeypatch.setattr(run_lock, "_write_fd", full)
+    else:
+        monkeypatch.setattr(type(tmp_path), "mkdir", full)
+    run_dir = tmp_path / "run"
+    with pytest.raises(RunDirUnwritable) as info:
+        acquire_run_lock(run_dir, "rlgen train")
+    msg = str(info.value)
+    assert isinstance(info.value, UserError) and len(info.value.sentences()) == 1
+    assert msg.startswith(f"the run directory {run_dir} cannot be written (the disk is full;")
+    assert "free space on that disk" in msg and "hydra.run.dir=<folder>" in msg
+    assert not (run_dir / LOCK_FILE).exists()  # no half-written lock is left to refuse the next run
+
+
+def test_a_run_directory_that_cannot_be_written_says_so(tmp_path, monkeypatch):
+    import rlgen.runtime.durability.run_lock as run_lock
+
+    def denied(*args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr(run_lock.os, "open", denied)
+    with pytest.raises(RunDirUnwritable, match=r"\(Permission denied; .*make it writable, or choose a run directory"):
+        acquire_run_lock(tmp_path / "run", "rlgen train")
+
+
 def test_holder_alive_on_this_host():
     me = LockInfo.of_this_process("x")
     assert holder_alive(me)
@@ -218,7 +252,8 @@ def test_a_checkpoint_that_cannot_fit_is_refused_with_the_fixes(tmp_path):
     msg = str(info.value)
     assert probed == [tmp_path] and isinstance(info.value, UserError) and info.value.exit_code == 1
     assert str(target) in msg and "1.0 GB free" in msg and "needs about 2.2 GB" in msg  # 2 GB + 5% + 64 MiB
-    assert "checkpoint.keep=3" in msg and "hydra.run.dir=" in msg and len(info.value.sentences()) == 1
+    assert "checkpoint.keep=3" in msg and len(info.value.sentences()) == 1
+    assert (info.value.path, info.value.free, info.value.need) == (target, 10**9, 2_167_108_864)
 
 
 def test_a_checkpoint_that_fits_passes(tmp_path):

@@ -30,6 +30,10 @@ class Learner(Protocol):
     def save(self, path: str) -> None:
         """Write the model as an HF checkpoint folder, plus the learner's own state."""
 
+    def save_model(self, path: str) -> dict[str, Any]:
+        """Called on every rank: the policy alone as an HF folder at ``path`` (rank 0 writes it), no optimizer
+        state; what a run keeps at its end where the disk has no room for a whole checkpoint."""
+
     def save_checkpoint(self, path: str) -> dict[str, Any]:
         """Called on every rank: write the policy as an HF folder into ``path/model`` (rank 0) and this rank's
         optimizer state, counters and RNG states into ``path/learner``. A learner built with

@@ -396,6 +396,20 @@ class DeepSpeedLearner(WeightSender, TorchLearner):
                                                 **self._lora_checkpoint_args("load_module_strict", False))
         self._restore_counters(client[CLIENT_KEY])
 
+    def save_model(self, path: str) -> dict[str, Any]:
+        """The policy alone as a Hugging Face folder at path (bf16, gathered; rank 0 writes it; the adapter folder
+        with LoRA), without DeepSpeed's checkpoint. Called on every rank: the gather is a collective under
+        ZeRO-3."""
+        t0 = time.time()
+        if self.peft is not None:
+            if self.rank == 0:
+                self._model_folder_job(path, False)()
+        elif self._gathers_weights():
+            weights = self.get_weights()
+            if self.rank == 0:
+                self.module.save_pretrained(path, state_dict=weights)
+        return {"actor": self.name, "version": self.version, "seconds": time.time() - t0}
+
     def save_checkpoint(self, path: str, background: bool = False) -> dict[str, Any]:
         """Every rank: the policy as an HF folder (``model/``, bf16, gathered; rank 0 writes it) and DeepSpeed's
         checkpoint of the engine (``learner/``: fp32 master weights, optimizer partitions, counters, RNG).

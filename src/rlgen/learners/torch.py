@@ -405,6 +405,22 @@ class TorchLearner:
         weights = to_host(self.model.state_dict()) if background else None
         return lambda: self.model.save_pretrained(model_dir, state_dict=weights)
 
+    def save_model(self, path: str) -> dict[str, Any]:
+        """The policy alone as a Hugging Face folder at path (the adapter folder with LoRA), written by rank 0; no
+        optimizer state. What a run keeps at its end where the disk has no room for a whole checkpoint. Called on
+        every rank, as gathering the weights may be a collective."""
+        t0 = time.time()
+        if self.rank == 0:
+            self._model_folder_job(path, False)()
+        return {"actor": self.name, "version": self.version, "seconds": time.time() - t0}
+
+    def save_model_packed(self) -> bytes:
+        """save_model into a temporary folder on this node, returned packed (empty from ranks other than 0): for a
+        learner on a node that cannot write into the driver's run directory."""
+        with tempfile.TemporaryDirectory(prefix="rlgen-model-") as tmp:
+            self.save_model(tmp)
+            return pack(tmp) if self.rank == 0 else b""
+
     def save_checkpoint_packed(self) -> bytes:
         """save_checkpoint into a temporary folder on this node, returned packed: for a learner on a node that
         cannot write into the driver's run directory (see rlgen.runtime.durability.shared_folders)."""

@@ -13,7 +13,7 @@ import dataclasses
 
 from rlgen.algo.registry import algorithm_problems
 from rlgen.charvocab import CHAR_VOCAB_SIZE
-from rlgen.config import LearnerKind, LoraSync, RunConfig, Setting, Transport, set_key
+from rlgen.config import LoraSync, RunConfig, Setting, Transport, set_key
 from rlgen.engines.registry import EngineSpec, UnknownEngineKind, engine_spec
 from rlgen.learners.registry import resolve_learner
 from rlgen.plan.attention import resolve_attention
@@ -30,11 +30,12 @@ from rlgen.plan.checks.spanning import (
     live_vllm_env,
 )
 from rlgen.plan.checks.values import check_values, once_per_nonfinite
+from rlgen.plan.disk import disk_writes
 from rlgen.plan.headroom import hardware_room
 from rlgen.plan.kv_cache import size_kv_cache
 from rlgen.plan.layout import BatchGeometry, Choice, EngineSlot, Layout, ModelSummary, Plan, PlanError
 from rlgen.plan.lora import resolve_lora
-from rlgen.plan.memory import GIB, adapter_params, checkpoint_bytes, response_bound, share_part
+from rlgen.plan.memory import GIB, adapter_params, response_bound, share_part
 from rlgen.plan.model_folder import with_model_folder
 from rlgen.plan.overlap import default_async_steps, fit_with_overlap
 from rlgen.plan.recipes import fill_recipe
@@ -203,14 +204,14 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
     env, dropped = live_vllm_env(cfg.engine.env) if spec.passes_env else ({}, [])
     cfg, background = _checkpoint_background(cfg, device)
     settings.append(background)
-    ckpt = checkpoint_bytes(ms.params, learner.kind is LearnerKind.deepspeed, adapter_params(cfg)) / GIB
     return Plan(
         config=cfg, engine=spec, learner_kind=learner.kind, layout=layout, device=device,
         hardware=cfg.hardware.name, nodes=cfg.hardware.nodes, gpus_per_node=cfg.hardware.gpus_per_node,
         engines=_shares(engines, cfg, spec), learners=learners, transport=transport_of(cfg, spec, layout),
         batch=batch, model=ms, async_steps=cfg.algo.async_steps, engine_env=env,
         warnings=tuple(_idle_engine_gpus(cfg, engines, layout) + dropped), settings=tuple(settings), memory=memory,
-        checkpoint_gib=round(ckpt, 3), room=hardware_room(cfg, spec, layout, engines, learners, ms),
+        disk=disk_writes(cfg, ms.params, learner.kind, adapter_params(cfg)),
+        room=hardware_room(cfg, spec, layout, engines, learners, ms),
     )
 
 

@@ -12,7 +12,8 @@ from typing import Any
 from rlgen.config import LearnerKind, RunConfig, Setting, Transport, plain
 from rlgen.engines.registry import EngineSpec
 from rlgen.errors import UserError
-from rlgen.plan.memory import MemorySplit
+from rlgen.plan.disk import DiskWrites
+from rlgen.plan.memory import GIB, MemorySplit
 
 
 class PlanError(UserError, ValueError):
@@ -102,11 +103,16 @@ class Plan:
     warnings: tuple[str, ...]
     settings: tuple[Setting, ...] = ()  # the values the config left null (auto), filled, and every one's source
     memory: MemorySplit | None = None  # per GPU: the engine's share, the learner's idle and peak footprint
-    checkpoint_gib: float = 0.0  # one checkpoint on disk (estimated from the model and the learner)
+    disk: DiskWrites | None = None  # what the run writes to disk: checkpoints and the rest (None: a server's plan)
     room: dict | None = None  # what the hardware leaves room for (plan.headroom.hardware_room), for the balancer
     choices: tuple[Choice, ...] = ()  # values chosen by building the plan with each candidate (plan.build)
     layout_advice: str = ""  # another layout of this hardware predicted faster, with what to type (plan.layouts)
     layout_ranking: tuple = ()  # plan.layouts.LayoutOption of every layout, fastest first, where the plan chose one
+
+    @property
+    def checkpoint_gib(self) -> float:
+        """One checkpoint on disk, GiB (estimated from the model and the learner)."""
+        return round(self.disk.checkpoint_bytes / GIB, 3) if self.disk is not None else 0.0
 
     @property
     def engine_kind(self) -> str:
@@ -134,8 +140,8 @@ class Plan:
                              "layout": self.layout.value, "colocated": self.colocated}
         listed = ("engines", "learners", "settings", "choices")  # tuples of dataclasses
         for name in ("device", "hardware", "nodes", "gpus_per_node", "engines", "learners", "transport", "batch",
-                     "model", "async_steps", "engine_env", "warnings", "settings", "memory", "checkpoint_gib", "room",
-                     "choices", "layout_advice"):
+                     "model", "async_steps", "engine_env", "warnings", "settings", "memory", "checkpoint_gib", "disk",
+                     "room", "choices", "layout_advice"):
             value = getattr(self, name)
             d[name] = plain(asdict(value) if hasattr(value, "__dataclass_fields__") else
                             [asdict(v) for v in value] if name in listed else value)

@@ -162,15 +162,6 @@ def learner_memory(cfg: RunConfig, params: int, vocab: int, ranks: int, tokens: 
     )
 
 
-def checkpoint_bytes(params: int, deepspeed: bool, adapters: int = 0) -> int:
-    """One checkpoint's size on disk: the policy as a Hugging Face folder (fp32 from the torch learner, bf16 from
-    DeepSpeed) and the learner's state: AdamW's two fp32 moments, and under DeepSpeed its own copy of the bf16
-    module and the fp32 master weights. Tokenizer, state and rollouts are small beside them. With LoRA (adapters
-    > 0) the checkpoint holds the adapters and their state only."""
-    per_param = (2 + 2 + 12) if deepspeed else (4 + 8)
-    return int((adapters or params) * per_param)
-
-
 def share_part(share: float, k: int) -> float:
     """One of k engines sharing a GPU: its part of the engines' memory share."""
     return share if k <= 1 else round(share / k, 4)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rlgen.config import RunConfig
 from rlgen.plan.build import Plan, PlanError, build_plan
+from rlgen.plan.checks.disk_room import check_room
 from rlgen.plan.checks.inputs import check_dirs, check_model, check_task
 from rlgen.plan.checks.machine import check_environment
 from rlgen.plan.layouts import LayoutOption, faster_layout_line, layout_options
@@ -37,7 +38,8 @@ def _unique(items: list[str]) -> list[str]:
 
 def preflight(cfg: RunConfig, *, run_dir: Path | None = None, machine: bool = True) -> Report:
     """Every problem of cfg that can be known before start. run_dir: where the run will write (checked for
-    writability); machine: also check this machine's GPUs and packages against the plan."""
+    writability and, for a new run, for room for everything it writes); machine: also check this machine's GPUs,
+    packages and disks against the plan."""
 
     problems: list[str] = []
     plan = None
@@ -57,4 +59,6 @@ def preflight(cfg: RunConfig, *, run_dir: Path | None = None, machine: bool = Tr
     notes: list[str] = []
     if plan is not None and machine:
         check_environment(plan.config, plan, on_machine, notes)
+        if run_dir is not None and not cfg.resume:  # a resumed run's own checkpoints count: checked as it starts
+            check_room(plan, run_dir, on_machine)
     return Report(plan, _unique(problems), _unique(on_machine), _unique(notes), layouts)

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rlgen.plan import Plan
+from rlgen.plan import GIB, Plan
 from rlgen.plan.layouts import LayoutOption, faster_layout_line
 from rlgen.plan.prediction import predict, print_prediction
 
@@ -44,12 +44,22 @@ def memory_line(plan: Plan) -> str | None:
 
 
 def checkpoint_line(plan: Plan) -> str:
-    """A checkpoint's expected size and the disk the run's checkpoints need at most."""
-    c = plan.config.checkpoint
-    size = plan.checkpoint_gib
+    """What the run writes to disk: a checkpoint's expected size and parts, how many the run writes and holds at
+    once, and the rest of size (final_model/merged, a preset model to build); the most it needs under the run
+    directory."""
+    c, d = plan.config.checkpoint, plan.disk
     when = "in the background" if c.background else "while the run waits"
-    return (f"checkpoints: about {_gib(size)} each, written {when}; checkpoint.keep={c.keep} keeps {c.keep}, and "
-            f"while the next is written up to {_gib(size * (c.keep + 1))} under <run dir>/checkpoints")
+    written = ("one, at the end" if d.checkpoints == 1 else
+               f"{d.checkpoints} (every {c.every} steps and at the end), up to {d.at_once} on disk at once (the "
+               f"newest checkpoint.keep={c.keep} stay while the next is written)")
+    line = (f"checkpoints: about {_gib(d.checkpoint_bytes / GIB)} each ({_gib(d.model_bytes / GIB)} of weights, "
+            f"{_gib(d.learner_bytes / GIB)} of optimizer state), written {when}; the run writes {written}")
+    if d.merged_bytes:
+        line += f", and final_model/merged ({_gib(d.merged_bytes / GIB)})"
+    line += f"; {_gib(d.run_dir_bytes / GIB)} under the run directory at the most"
+    if d.build_bytes:
+        line += f", and {_gib(d.build_bytes / GIB)} in cache_dir to build the model, unless built already"
+    return line
 
 
 def _gib(x: float) -> str:

@@ -1,5 +1,5 @@
-"""How a run ends early: RunError (it cannot go on), RunStopped (it stopped cleanly, resumable), and what
-killed an actor, in a line."""
+"""How a run ends early: RunError (it cannot go on), RunStopped (it stopped cleanly, resumable), WriteStopped (a
+write it needs failed), and what killed an actor, in a line."""
 
 from __future__ import annotations
 
@@ -23,6 +23,11 @@ class RunStopped(RunError):
     def __init__(self, message: str, *, exit_code: int, step: int, checkpoint: str | None = None):
         super().__init__(message)
         self.exit_code, self.step, self.checkpoint = int(exit_code), int(step), checkpoint
+
+
+class WriteStopped(RunError):
+    """A write the run needs failed (a full disk, a folder that cannot be written): the message says what was not
+    written and the fix; where the run ends, the command that resumes it is added (rlgen.runtime.run)."""
 
 
 class StopRequested(Exception):

@@ -22,8 +22,9 @@ from rlgen.metrics.balance import BalanceTracker, context_from_plan
 from rlgen.plan.memory import response_bound
 from rlgen.runtime.cluster.waits import LearnerLost
 from rlgen.runtime.durability.checkpoint import save, stopped
+from rlgen.runtime.durability.final_checkpoint import save_final
 from rlgen.runtime.durability.learner_loss import WeightUpdateHung, learner_lost, update_hung
-from rlgen.runtime.errors import RunError, StopRequested
+from rlgen.runtime.errors import RunError, StopRequested, WriteStopped
 from rlgen.runtime.rollouts.engine_restarts import EngineLost
 from rlgen.runtime.rollouts.in_flight import InFlight
 from rlgen.runtime.rollouts.refill import step_rollouts
@@ -38,8 +39,8 @@ log = logging.getLogger(__name__)
 
 
 def train(run: Run, sink: Any) -> dict:
-    """Run steps state.step .. steps-1, checkpointing every checkpoint.every steps and at the end; returns the
-    sink's summary."""
+    """Run steps state.step .. steps-1, checkpointing every checkpoint.every steps and at the end (where the disk
+    has no room left for the last checkpoint, keeping the trained weights alone); returns the sink's summary."""
 
     cfg, state = run.cfg, run.state
     run.sink = sink
@@ -57,7 +58,7 @@ def train(run: Run, sink: Any) -> dict:
             if every > 0 and state.step % every == 0 and state.step < cfg.steps:
                 save(run, "every", background=bool(cfg.checkpoint.background))
         _finish_updates(run)
-        save(run, "final")
+        save_final(run)  # or, where the disk has no room left for a checkpoint, the trained weights alone
     except StopRequested:
         raise stopped(run, run.stop.name, run.stop.exit_code, write=True) from None
     except EngineLost as err:
@@ -110,7 +111,7 @@ def _step(run: Run, step: int, sink: Any, tracker: Any) -> str | None:
     try:
         sink.log(rec)
     except OSError as err:  # the line was not written (the file keeps its whole lines): say why, stop
-        raise RunError(str(err)) from err
+        raise WriteStopped(str(err)) from err
     return event.message if halt else None
 
 

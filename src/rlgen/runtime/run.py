@@ -22,9 +22,11 @@ from rlgen.plan import Plan
 from rlgen.plan.view import memory_line, resolved_lines
 from rlgen.runlog import MirroredConsole, attach_run_log
 from rlgen.runtime.durability.checkpoint_folder import final_model_from, newest_checkpoint
+from rlgen.runtime.durability.disk_space import DiskFull, check_run_fits
+from rlgen.runtime.durability.resume import resume_clause
 from rlgen.runtime.durability.run_lock import acquire_run_lock, command_line
 from rlgen.runtime.durability.status_file import RunStatus
-from rlgen.runtime.errors import RunError, RunStopped, StopRequested
+from rlgen.runtime.errors import RunError, RunStopped, StopRequested, WriteStopped
 from rlgen.runtime.loop import train
 from rlgen.runtime.setup import (
     Hooks,
@@ -54,12 +56,15 @@ def run_training(
     learner_cls: type | None = None,
 ) -> dict:
     """Train the plan's steps in out_dir (continuing `resume`, a ResumePoint, when given) and return the
-    summary. Raises RunStopped after a clean stop (a checkpoint was written where possible), RunError when the
-    run cannot go on. status.json and run.log in out_dir say what happened either way. engine_cls (with
-    engine_kwargs) and learner_cls replace the plan's actor classes (tests inject faults with them)."""
+    summary. Raises DiskTooSmall before anything starts when the disks cannot hold what the run will write,
+    RunStopped after a clean stop (a checkpoint was written where possible), RunError when the run cannot go on.
+    status.json and run.log in out_dir say what happened either way. engine_cls (with engine_kwargs) and
+    learner_cls replace the plan's actor classes (tests inject faults with them)."""
     console = console or MirroredConsole()
     stop = stop or StopFlag()
     out_dir = Path(out_dir)
+    # every write the run will make must fit, before it writes anything: refused in a sentence (DiskTooSmall)
+    check_run_fits(plan, out_dir, resume, resume_command)
     out_dir.mkdir(parents=True, exist_ok=True)
     # one run per run directory: a second one (resume=auto while the first still runs) is refused in a sentence
     lock = acquire_run_lock(out_dir, command_line())
@@ -102,7 +107,8 @@ def _locked_run(plan: Plan, out_dir: Path, console: Console, stop: StopFlag, res
                     run = None
                 say_cold_start(err)
                 status.update(state="starting")
-        status.update(state="finished", step=plan.config.steps, checkpoint=summary["checkpoint_path"], reason=None)
+        status.update(state="finished", step=plan.config.steps, checkpoint=summary["checkpoint_path"], reason=None,
+                      **({"note": summary["note"]} if "note" in summary else {}))
         finished = True
         return summary
     except BaseException as err:
@@ -133,12 +139,15 @@ def _train_and_report(run: Run) -> dict:
     busy = _busy_sampler(plan)
     try:
         summary = train(run, sink)
-        final = final_model_from(state.last_checkpoint, run.out_dir)
+        final = state.weights_only or final_model_from(state.last_checkpoint, run.out_dir)
         if plan.config.learner.lora.enabled and plan.config.learner.lora.save_merged:
             summary["merged_model_path"] = _save_merged(run, final)
-        summary.update(model_path=str(final),
-                       initial_model_path=run.initial_model_path, checkpoint_path=str(state.last_checkpoint),
+        last = state.last_checkpoint
+        summary.update(model_path=str(final), initial_model_path=run.initial_model_path,
+                       checkpoint_path=str(last) if last is not None else None,
                        checkpoint_seconds=list(state.checkpoint_seconds), **run.startup)
+        if state.weights_only is not None:
+            summary["note"] = state.weights_only_note
         if run.clock is not None:
             summary["startup"] = run.clock.to_dict()
         if busy is not None:
@@ -162,6 +171,9 @@ def _train_and_report(run: Run) -> dict:
     if "startup" in summary:
         print_startup(summary["startup"], console)
     _print_first_rollout(run.startup, console)
+    if "note" in summary:  # the run kept its weights but not a whole checkpoint: said last, where it is seen
+        log.warning("%s", summary["note"])
+        console.print(f"[yellow]note:[/] {escape(summary['note'])}", highlight=False)
     return summary
 
 
@@ -191,7 +203,8 @@ def _ended(err: BaseException, out_dir: Path, status: RunStatus, stop: StopFlag,
            started: bool = False, resume_command: str | None = None) -> BaseException:
     """status.json for a run that did not finish, and the error to raise: a stop the loop did not turn into a
     clean stop (during start-up, or while its last checkpoint was being made) becomes RunStopped with the newest
-    checkpoint; a full disk behind any other error a RunError saying so; anything else goes on as it is."""
+    checkpoint; a write that failed (a full disk behind any error, a checkpoint or a metrics line not written) a
+    RunError saying what and the command that resumes the run; anything else goes on as it is."""
     if isinstance(err, StopRequested):
         ckpt = newest_checkpoint(out_dir)
         when = "while the run was stopping" if started else "during start-up"
@@ -203,8 +216,8 @@ def _ended(err: BaseException, out_dir: Path, status: RunStatus, stop: StopFlag,
         return err
     log.info("the run failed", exc_info=err)
     full = disk_full(err)
-    if full is not None and not isinstance(err, RunError):  # a RunError already says what was not written
-        err = RunError(_disk_full_sentence(full, out_dir, resume_command))
+    if full is not None or isinstance(err, (DiskFull, WriteStopped)):  # what was not written, then how to resume
+        err = RunError(_write_stop_sentence(err, full, out_dir, resume_command))
     ckpt = newest_checkpoint(out_dir)
     reason = str(err) if isinstance(err, RunError) else f"{type(err).__name__}: {err}"
     _say_ended(status, state="failed", reason=reason, step=step, checkpoint=str(ckpt) if ckpt else None)
@@ -220,13 +233,16 @@ def _say_ended(status: RunStatus, **fields: Any) -> None:
                     fields["reason"])
 
 
-def _disk_full_sentence(full: OSError, out_dir: Path, resume_command: str | None) -> str:
-    """One sentence for a run stopped by a full disk: the folder, what was not written, and the fix."""
-    path = getattr(full, "path", None) or full.filename
-    what = f"{Path(path).name} could not be written" if path else "a file could not be written"
-    then = f"continue the run with: {resume_command}" if resume_command else f"continue it with resume={out_dir}"
-    return (f"the disk that holds {out_dir} is full ({what}); free space on it (df -h {out_dir} shows what is "
-            f"left), then {then}")
+def _write_stop_sentence(err: BaseException, full: OSError | None, out_dir: Path, resume_command: str | None) -> str:
+    """One sentence for a run stopped by a write: what was not written and the fix (the error's own, or, for a
+    full disk behind another error, the folder's), then the command that resumes it."""
+    if isinstance(err, (RunError, DiskFull)) or full is None:
+        what = str(err).strip().rstrip(".")
+    else:
+        path = getattr(full, "path", None) or full.filename
+        name = f"{Path(path).name} could not be written" if path else "a file could not be written"
+        what = f"the disk that holds {out_dir} is full ({name}); free space on it (df -h {out_dir} shows what is left)"
+    return f"{what}; {resume_clause(out_dir, resume_command)}."
 
 
 def _print_first_rollout(startup: dict[str, float], console: Console) -> None:

@@ -10,7 +10,6 @@ docs/durability.md has the details.
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import shutil
@@ -20,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlgen.durable import FULL
 from rlgen.learners.background import DONE, FAILED, marker
 from rlgen.packing import unpack_into
-from rlgen.plan.memory import GIB
 from rlgen.runtime.cluster.waits import POLL_S, LearnerLost
 from rlgen.runtime.durability.checkpoint_folder import (
     CHECKPOINTS,
@@ -36,7 +35,7 @@ from rlgen.runtime.durability.checkpoint_folder import (
 )
 from rlgen.runtime.durability.disk_space import DiskFull, check_free_space, folder_bytes
 from rlgen.runtime.durability.resume import identity
-from rlgen.runtime.errors import RunError, RunStopped, StopRequested
+from rlgen.runtime.errors import RunError, RunStopped, StopRequested, WriteStopped
 from rlgen.runtime.rollouts.in_flight import InFlight
 
 log = logging.getLogger(__name__)
@@ -65,7 +64,7 @@ def save(run: Any, reason: str, *, background: bool = False, stand_ins: dict[int
         return path  # nothing has happened since that one was written
     finish_background(run)
     t0 = time.time()
-    check_free_space(run.out_dir / CHECKPOINTS, _expected_bytes(run), keep=run.cfg.checkpoint.keep)
+    check_free_space(run.out_dir / CHECKPOINTS, expected_bytes(run), keep=run.cfg.checkpoint.keep)
     kept = _ahead(run)
     saved = run_state(
         step=state.step, steps=run.cfg.steps, version=state.version, async_steps=state.async_steps,
@@ -88,7 +87,7 @@ def save(run: Any, reason: str, *, background: bool = False, stand_ins: dict[int
         raise
     except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise _write_failed(run, state.step, err) from err
+        raise write_failed(run, state.step, err) from err
     if background:
         job = BackgroundWrite(state.step, tmp, t0)
         job.thread = threading.Thread(target=_complete, args=(run, job, saved, rollouts), daemon=True,
@@ -112,7 +111,7 @@ def _begin(run: Any, step: int) -> Path:
     try:
         return begin_checkpoint(run.out_dir, step)
     except OSError as err:
-        raise _write_failed(run, step, err) from err
+        raise write_failed(run, step, err) from err
 
 
 def _finish(run: Any, step: int, tmp: Path, saved: dict[str, Any], rollouts: dict[str, Any]) -> Path:
@@ -120,7 +119,7 @@ def _finish(run: Any, step: int, tmp: Path, saved: dict[str, Any], rollouts: dic
     try:
         final = finish_checkpoint(run.out_dir, step, tmp, saved, rollouts, run.cfg.checkpoint.keep, _pinned(run))
     except OSError as err:
-        raise _write_failed(run, step, err) from err
+        raise write_failed(run, step, err) from err
     run.state.last_checkpoint = final
     if run.status is not None:
         run.status.update(checkpoint=str(final), step=step)
@@ -157,7 +156,7 @@ def _wait_for_ranks(run: Any, job: BackgroundWrite) -> None:
             failed = marker(job.tmp, rank, FAILED)
             if failed.is_file():
                 why = json.loads(failed.read_text()).get("error", "an error")
-                raise _write_failed(run, job.step, OSError(why))
+                raise write_failed(run, job.step, OSError(why))
             done = marker(job.tmp, rank, DONE)
             if done.is_file():
                 done.unlink()
@@ -184,25 +183,26 @@ def finish_background(run: Any, timeout: float | None = None) -> None:
         raise job.error
 
 
-def _expected_bytes(run: Any) -> int:
+def expected_bytes(run: Any) -> int:
     """What the next checkpoint needs on disk: as much as the last one, or the plan's estimate for the first."""
     last = newest_checkpoint(run.out_dir)
-    return folder_bytes(last) if last is not None else int(run.plan.checkpoint_gib * GIB)
+    return folder_bytes(last) if last is not None else run.plan.disk.checkpoint_bytes
 
 
-def _write_failed(run: Any, step: int, err: BaseException) -> BaseException:
-    """One sentence for a checkpoint that could not be written: where, why, and that the last one is kept."""
+def write_failed(run: Any, step: int, err: BaseException) -> BaseException:
+    """One sentence for a checkpoint that could not be written: where, why, that the last one is kept, and the
+    fix (the run's end adds how to resume: WriteStopped)."""
     if isinstance(err, (RunError, DiskFull)) and "checkpoint step_" in str(err):
         return err
     last = newest_checkpoint(run.out_dir)
     kept = f"the newest complete checkpoint, {last.name}, is kept" if last else "no earlier checkpoint exists"
     text = str(getattr(err, "strerror", None) or err).strip()
-    if getattr(err, "errno", None) == errno.ENOSPC or "No space left" in str(err):
-        why = "the disk is full"
+    if getattr(err, "errno", None) in FULL or "No space left" in str(err):
+        why, fix = "the disk is full", "free space on that disk"
     else:
-        why = text.splitlines()[0] if text else type(err).__name__
-    return RunError(f"checkpoint step_{step:06d} could not be written under {run.out_dir / CHECKPOINTS} ({why}); "
-                    f"{kept}. Free space or make that folder writable, then resume=auto.")
+        why, fix = (text.splitlines()[0] if text else type(err).__name__), "make that folder writable"
+    return WriteStopped(f"checkpoint step_{step:06d} could not be written under {run.out_dir / CHECKPOINTS} ({why}); "
+                        f"{kept}; {fix}.")
 
 
 def _ahead(run: Any) -> list[InFlight]:
@@ -268,4 +268,4 @@ def restore_rollouts(run: Any, point: Any) -> None:
     run.rollouts.restore(saved["flights"], run.state.step, saved.get("carry", []))
 
 
-__all__ = ["finish_background", "restore_rollouts", "save", "stopped"]
+__all__ = ["expected_bytes", "finish_background", "restore_rollouts", "save", "stopped", "write_failed"]

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 CHECKPOINTS = "checkpoints"
+FINAL_MODEL = "final_model"  # <run dir>/final_model: the trained policy, where a user looks for it
 MARKER = "COMPLETE"
 STATE_FILE = "state.json"
 ROLLOUTS_FILE = "rollouts.json"
@@ -194,7 +195,7 @@ def prune(run_dir: str | Path, keep: int, pinned: Sequence[str | Path] = ()) -> 
 
 def final_model_from(checkpoint: Path, run_dir: Path) -> Path:
     """run_dir/final_model: the checkpoint's policy folder, hard-linked (no second copy on disk)."""
-    path = Path(run_dir) / "final_model"
+    path = Path(run_dir) / FINAL_MODEL
     if path.exists():
         shutil.rmtree(path)
     link_tree(Path(checkpoint) / "model", path)

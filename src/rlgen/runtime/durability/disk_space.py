@@ -1,64 +1,73 @@
-"""Room on disk for what a run writes: a check before a checkpoint is written (so a full disk stops the run with
-a sentence instead of a torn write), and the size of a folder (the last checkpoint predicts the next). Whether a
-folder can be written at all is the validation pass's (rlgen.plan.checks.inputs.writable)."""
+"""Room on disk for what a run writes: the whole run, checked as it starts (``check_run_fits``: what it will
+write, with the checkpoints its run directory holds already, against the free space), the check before each
+checkpoint (a disk that filled since then stops the run with a sentence instead of a torn write), and the size of
+a folder (the last checkpoint predicts the next). The sizes and the probe are rlgen.plan.checks.disk_room's;
+whether a folder can be written at all is the validation pass's (rlgen.plan.checks.inputs.writable)."""
 
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rlgen.errors import UserError
-
-HEADROOM_FRACTION = 0.05  # the next checkpoint may be a little larger than the last one
-HEADROOM_BYTES = 64 * 2**20  # and the run keeps writing metrics, status and logs beside it
-GB = 1e9
+from rlgen.plan import Plan
+from rlgen.plan.checks import disk_room
+from rlgen.plan.checks.disk_room import (
+    OnDisk,
+    nearest_existing,
+    needed_with_headroom,
+    room_problems,
+    size_text,
+)
+from rlgen.runtime.durability.checkpoint_folder import list_checkpoints
 
 
 class DiskFull(UserError):
-    """Not enough free space for what the run is about to write."""
+    """Not enough free space for what the run is about to write: ``path`` (where), ``free`` and ``need`` (bytes,
+    headroom included)."""
 
     exit_code = 1
 
-
-def nearest_existing(path: str | Path) -> Path:
-    """``path`` itself when it exists, else its nearest ancestor that does."""
-    path = Path(path).absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
+    def __init__(self, message: str, *, path: Path | None = None, free: int = 0, need: int = 0):
+        super().__init__(message)
+        self.path, self.free, self.need = path, free, need
 
 
-def free_bytes_at(path: Path) -> int:
-    """Free bytes, for this user, on the file system holding ``path`` (which must exist)."""
-    return shutil.disk_usage(path).free
+class DiskTooSmall(DiskFull):
+    """The run cannot start: a disk cannot hold what it will write (one sentence per disk)."""
+
+    exit_code = 2
 
 
-def needed_with_headroom(need_bytes: int) -> int:
-    """need_bytes plus 5% plus 64 MiB."""
-    return int(max(0, need_bytes) * (1 + HEADROOM_FRACTION)) + HEADROOM_BYTES
+def check_run_fits(plan: Plan, run_dir: str | Path, resume: Any = None, resume_command: str | None = None) -> None:
+    """Raise DiskTooSmall, before the run writes anything, when the disks cannot hold what it will write: its
+    checkpoints (counting those run_dir holds already), final_model/merged and a preset model still to build.
+    resume: the ResumePoint it continues; resume_command: what continues it, said in the fix."""
+    on_disk = OnDisk(tuple(folder_bytes(p) for p in list_checkpoints(run_dir)), resume.step if resume else None)
+    problems = room_problems(plan, run_dir, on_disk, resume_command=resume_command)
+    if problems:
+        raise DiskTooSmall("\n".join(problems), path=Path(run_dir))
+
+
+def free_space(path: str | Path, need_bytes: int, free_bytes: Callable[[Path], int] | None = None) -> tuple[int, int]:
+    """(free bytes, bytes needed with headroom) on the file system holding ``path`` (probed at its nearest existing
+    ancestor) for a write of ``need_bytes``. ``free_bytes``: a stand-in for the probe."""
+    return (free_bytes or disk_room.free_bytes_at)(nearest_existing(path)), needed_with_headroom(need_bytes)
 
 
 def check_free_space(path: str | Path, need_bytes: int, *, keep: int, what: str = "a checkpoint",
                      free_bytes: Callable[[Path], int] | None = None) -> None:
-    """Raise DiskFull when the file system holding ``path`` (probed at its nearest existing ancestor) has less
-    free space than ``need_bytes`` plus headroom. ``need_bytes``: what the write adds (the newest checkpoint's
-    folder_bytes is a good guess; older checkpoints are pruned only after the new one is complete).
-    ``keep``: checkpoint.keep, named in the fix. ``free_bytes``: a stand-in for the probe."""
-    probed = nearest_existing(path)
-    free = (free_bytes or free_bytes_at)(probed)
-    need = needed_with_headroom(need_bytes)
+    """Raise DiskFull when the file system holding ``path`` has less free space than ``need_bytes`` plus
+    headroom. ``need_bytes``: what the write adds (the newest checkpoint's folder_bytes is a good guess; older
+    checkpoints are pruned only after the new one is complete). ``keep``: checkpoint.keep, named in the fix."""
+    free, need = free_space(path, need_bytes, free_bytes)
     if free >= need:
         return
-    raise DiskFull(
-        f"{path} has {_gb(free)} free but {what} needs about {_gb(need)}; free some space on that disk, point the "
-        f"run directory at a larger one (hydra.run.dir=...), or keep fewer checkpoints (now checkpoint.keep={keep})."
-    )
-
-
-def _gb(n: float) -> str:
-    return f"{n / GB:.1f} GB" if n >= GB else f"{n / GB:.2f} GB"
+    fewer = f", or keep fewer checkpoints (now checkpoint.keep={keep})" if keep > 1 else ""
+    raise DiskFull(f"{path} has {size_text(free)} free but {what} needs about {size_text(need)}; free some space on "
+                   f"that disk{fewer}.", path=Path(path), free=free, need=need)
 
 
 def folder_bytes(path: str | Path) -> int:
@@ -77,3 +86,7 @@ def folder_bytes(path: str | Path) -> int:
                 seen.add(key)
                 total += st.st_size
     return total
+
+
+__all__ = ["DiskFull", "DiskTooSmall", "check_free_space", "check_run_fits", "folder_bytes", "free_space",
+           "needed_with_headroom"]

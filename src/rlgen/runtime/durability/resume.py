@@ -236,6 +236,17 @@ def resolve_auto(run_dir: Path, search_root: Path | None, current: dict[str, Any
     return None, f"resume=auto: no earlier run with a checkpoint{where}; starting a new run."
 
 
+def resume_clause(run_dir: Path, command: str | None) -> str:
+    """How a run that stopped goes on, for the end of the sentence saying why it stopped: the command that resumes
+    it (command: as rlgen train builds it; resume=<run dir> where none is given) and the checkpoint it continues
+    from, or that it has no complete checkpoint yet, so running it again starts over."""
+    found = list_checkpoints(run_dir)
+    if not found:
+        return "it has no checkpoint yet, so running it again starts from step 0"
+    how = command or f"resume={run_dir} and the same settings"
+    return f"resume with: {how} (it continues from {found[-1].name})"
+
+
 def search_root_from_hydra() -> Path | None:
     """The fixed prefix of hydra.run.dir (or hydra.sweep.dir in a multirun): where runs of this project live."""
     try:

@@ -2,7 +2,8 @@
 
 ``acquire_run_lock`` creates the file atomically with the holder's pid, host, start time and command. A live
 holder refuses a second run (``RunLocked``); a lock whose holder is gone, or that cannot be read, is taken
-over; a lock from another host always counts as alive. docs/durability.md says how a dead holder is told.
+over; a lock from another host always counts as alive; a directory that cannot be written (a full disk) is a
+sentence (``RunDirUnwritable``). docs/durability.md says how a dead holder is told.
 
     with acquire_run_lock(run_dir, "rlgen train ...") as lock:
         if lock.stale:
@@ -22,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from rlgen.durable import FULL
 from rlgen.errors import UserError
 
 LOCK_FILE = ".rlgen.lock"
@@ -73,6 +75,19 @@ class RunLocked(UserError):
             f"directory (hydra.run.dir=<another folder>, or drop resume= to start a fresh one), and if that "
             f"process is already gone, delete {lock_path}."
         )
+
+
+class RunDirUnwritable(UserError):
+    """The run directory, or its lock file, cannot be written (a full disk, a folder without write permission)."""
+
+    def __init__(self, run_dir: Path, err: OSError):
+        self.run_dir = run_dir
+        if err.errno in FULL:
+            why, fix = "the disk is full", f"free space on that disk (df -h {run_dir} shows what is left)"
+        else:
+            why, fix = err.strerror or str(err), "make it writable"
+        super().__init__(f"the run directory {run_dir} cannot be written ({why}; its lock file {LOCK_FILE} could not "
+                         f"be created); {fix}, or choose a run directory elsewhere (hydra.run.dir=<folder>).")
 
 
 def process_start(pid: int) -> int | None:
@@ -216,16 +231,24 @@ def release_claim(run_dir: str | Path) -> None:
 def acquire_run_lock(run_dir: str | Path, command: str, *,
                      probe: Callable[[LockInfo], bool] | None = None) -> RunLock:
     """Take ``<run_dir>/.rlgen.lock`` for this process (creating ``run_dir`` when needed). Raises RunLocked when
-    a live process holds it; takes over a lock whose holder is gone or whose file cannot be read. ``probe``
+    a live process holds it, RunDirUnwritable when the folder or the lock file cannot be written (a full disk);
+    takes over a lock whose holder is gone or whose file cannot be read. ``probe``
     tells whether a holder is alive (holder_alive by default). A lock this process claimed for the directory
     before (claim_run_dir) is handed over instead."""
     claimed = _claimed.pop(Path(run_dir).resolve(), None)
     if claimed is not None and claimed.held():
         return claimed
     run_dir = Path(run_dir)
+    try:
+        return _take(run_dir, command, probe or holder_alive)
+    except OSError as err:  # a full disk, a folder that cannot be written: a sentence, not a traceback
+        raise RunDirUnwritable(run_dir, err) from err
+
+
+def _take(run_dir: Path, command: str, alive: Callable[[LockInfo], bool]) -> RunLock:
+    """acquire_run_lock's work; an OSError means the directory or its lock file cannot be written."""
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_FILE
-    alive = probe or holder_alive
     me = LockInfo.of_this_process(command)
     body = (json.dumps(asdict(me)) + "\n").encode()
     for _ in range(10):

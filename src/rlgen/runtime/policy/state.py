@@ -18,6 +18,8 @@ class RunState:
     wall_before: float = 0.0  # wall time the run spent before this resume
     last_checkpoint: Path | None = None
     checkpoint_seconds: list[float] = field(default_factory=list)  # what each checkpoint cost the loop
+    weights_only: Path | None = None  # final_model/ written without a checkpoint: the disk had no room for one
+    weights_only_note: str = ""  # the sentence saying so, and what it means for resuming
 
     @classmethod
     def start(cls, async_steps: int, breaker: Any) -> RunState:

@@ -1,0 +1,102 @@
+"""The checkpoint at the end of a run, or, where the disk has no room left for a whole one, the trained weights
+alone. The run checks before its first step that its checkpoints fit (disk_space.check_run_fits); a disk that
+filled since then would otherwise cost the trained weights at the last moment. The weights go to
+<run dir>/final_model (a Hugging Face folder, written beside it and renamed into place), the run ends well, and a
+sentence says that the optimizer state was not kept and what that means for resuming."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from rlgen.durable import disk_full
+from rlgen.packing import unpack_into
+from rlgen.plan.checks.disk_room import needed_with_headroom, size_text
+from rlgen.runtime.cluster.waits import LearnerLost, short
+from rlgen.runtime.durability.checkpoint import expected_bytes, finish_background, save
+from rlgen.runtime.durability.checkpoint_folder import CHECKPOINTS, FINAL_MODEL, newest_checkpoint
+from rlgen.runtime.durability.disk_space import DiskFull, folder_bytes, free_space
+from rlgen.runtime.errors import RunError, WriteStopped
+
+
+def save_final(run: Any) -> Path | None:
+    """Checkpoint step_<steps> (run: a runtime.setup.Run) and its path. Where the disk has no room for it, the
+    trained weights alone in final_model/ instead (run.state.weights_only, with the sentence saying so in
+    run.state.weights_only_note) and None; where they do not fit either, DiskFull."""
+    finish_background(run)  # a checkpoint still being written takes its room first
+    root = run.out_dir / CHECKPOINTS
+    free, need = free_space(root, expected_bytes(run))
+    if free >= need:
+        return save(run, "final")
+    weights_need = needed_with_headroom(_weights_bytes(run))
+    if free < weights_need:
+        raise DiskFull(f"{root} has {size_text(free)} free but a checkpoint needs about {size_text(need)} (the "
+                       f"final one), and the trained weights alone about {size_text(weights_need)}; free some space "
+                       "on that disk.", path=root, free=free, need=weights_need)
+    path = _save_weights(run)
+    run.state.weights_only = path
+    run.state.weights_only_note = _note(run, path, root, free, need)
+    return None
+
+
+def _weights_bytes(run: Any) -> int:
+    """What the trained weights take: the newest checkpoint's model folder, or the plan's estimate; with
+    final_model/merged beside them where the run writes one."""
+    last = newest_checkpoint(run.out_dir)
+    model = folder_bytes(last / "model") if last is not None else run.plan.disk.model_bytes
+    return model + run.plan.disk.merged_bytes
+
+
+def _save_weights(run: Any) -> Path:
+    """The policy alone (no optimizer state) as a Hugging Face folder at <run dir>/final_model, with its tokenizer:
+    written into a folder beside it, then renamed into place."""
+    final = run.out_dir / FINAL_MODEL
+    tmp = run.out_dir / f".{FINAL_MODEL}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _fill_weights(run, tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+    except LearnerLost:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    except (OSError, RunError) as err:  # here, or in a learner (whose error carries its own)
+        shutil.rmtree(tmp, ignore_errors=True)
+        full = disk_full(err) is not None or "No space left" in str(err)
+        why, fix = ("the disk is full", "free space on that disk") if full else (short(err), "make it writable")
+        raise WriteStopped(f"the trained weights could not be written to {final} ({why}); {fix}.") from err
+    return final
+
+
+def _fill_weights(run: Any, folder: Path) -> None:
+    """Every learner rank asked (gathering the weights may be a collective); rank 0 writes the folder, or sends it
+    back packed from a node that cannot write into the run directory."""
+    here = [run.folders.writes_here.get(n, True) for n in run.folders.learner_nodes]
+    refs = [a.save_model.remote(str(folder)) if ok else a.save_model_packed.remote()
+            for a, ok in zip(run.learners, here)]
+    ranks = list(range(len(run.learners)))
+    out = run.waiter.learner_get(refs, "writing the trained weights", [f"learner{r}" for r in ranks],
+                                 list(run.folders.learner_nodes), ranks=ranks)
+    if not here[0]:
+        folder.mkdir(parents=True, exist_ok=True)
+        unpack_into(out[0], str(folder))
+    run.tokenizer.save_pretrained(str(folder))
+
+
+def _note(run: Any, path: Path, root: Path, free: int, need: int) -> str:
+    """The sentence for a run that kept its weights only: why, where they are, and what resuming can do."""
+    last = newest_checkpoint(run.out_dir)
+    then = (f"resume= continues from {last.name}, not from step {run.state.step}" if last is not None else
+            "the run cannot be resumed")
+    start = "learner.lora.init" if run.cfg.learner.lora.enabled else "model.path"  # with LoRA they are the adapters
+    return (f"the final checkpoint did not fit ({root} has {size_text(free)} free and it needs about "
+            f"{size_text(need)}), so the trained weights alone are saved in {path} ({size_text(folder_bytes(path))}), "
+            f"without the optimizer state: {then}, and training them further is a new run from them ({start}={path}) "
+            "with a fresh optimizer; to keep whole checkpoints, free space on that disk or point the run directory "
+            "at a larger one (hydra.run.dir=<folder>).")
+
+
+__all__ = ["save_final"]
