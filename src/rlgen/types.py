@@ -73,6 +73,7 @@ class Completion:
     env_reward: float | None = None  # the episode's reward from its environment (the sum of its steps' rewards)
     turns: int = 0  # the policy's turns in the episode
     env_error: str = ""  # why the environment ended the episode early (raised, timed out, malformed): reward 0
+    env_timed_out: bool = False  # it ended because an environment call ran past task.env_timeout_s (env_error says)
     own_prompt: bool = False  # the episode's environment wrote its prompt (an agent's first messages), not the task
 
     def token_versions(self) -> list[int]:

@@ -1,14 +1,17 @@
 """Multi-turn episodes inside an engine (rlgen.engines.episodes) against a stand-in engine: the context of each
 turn is exactly the tokens sampled so far plus the environment's, byte for byte, also under a chat template that
 rewrites earlier turns; the learner's batch holds those tokens with the environment's out of the loss; an
-environment that raises, hangs or answers wrongly ends only its own episode, with reward 0; the bounds hold; and
-the same requests give the same episodes."""
+environment that raises, hangs, dies or answers wrongly ends only its own episode, with reward 0, and one that
+hangs is killed, its thread free for the calls queued behind; each episode plays in a process of its own, reused
+for a later episode; the bounds hold; and the same requests give the same episodes."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +19,6 @@ from rlgen.engines.episodes import Episodes, EpisodeSpec, TurnTokens
 from rlgen.models.build import build_tokenizer
 from rlgen.runtime.rollouts.batch import build_batch
 from rlgen.tasks.base import Prompt
-from rlgen.tasks.envs import Step, register_env
 from rlgen.types import Completion, GenRequest, SamplingParams
 
 # Rewrites earlier turns as thinking models' templates do: an assistant turn that is not the last loses its
@@ -24,35 +26,12 @@ from rlgen.types import Completion, GenRequest, SamplingParams
 REWRITING = ("{% for m in messages %}{{ m['role'][0] }}:{% if m['role'] == 'assistant' and not loop.last %}"
              "{{ m['content'].split('</think>')[-1] }}{% else %}{{ m['content'] }}{% endif %}<eos>{% endfor %}"
              "{% if add_generation_prompt %}a:{% endif %}")
+ENVS = Path(__file__).resolve().parents[1] / "envs"  # episode_envs: the environments these tests play
 
 
-@register_env("test_echo")
-class EchoEnv:
-    """Answers each turn with "+<turn>=" and scores 1 per turn whose action holds the digit 7; done after `turns`."""
-
-    def __init__(self, turns: int = 3, fail: str = "", at: int = 2):
-        self.turns, self.fail, self.at, self.n = turns, fail, at, 0
-
-    def reset(self, prompt, seed):
-        self.n = 0
-
-    def step(self, action):
-        self.n += 1
-        if self.fail and self.n == self.at:
-            if self.fail == "raise":
-                raise RuntimeError("the tool broke")
-            if self.fail == "hang":
-                time.sleep(5)
-            if self.fail == "malformed":
-                return {"observation": "x"}
-        return Step(f"+{self.n}=", 1.0 if "7" in action else 0.0, self.n >= self.turns)
-
-
-@register_env("test_async")
-class AsyncEnv(EchoEnv):
-    async def step(self, action):
-        await asyncio.sleep(0.01)
-        return EchoEnv.step(self, action)
+@pytest.fixture(autouse=True)
+def envs_importable(monkeypatch):
+    monkeypatch.syspath_prepend(str(ENVS))
 
 
 class StandInEngine:
@@ -79,7 +58,7 @@ def tok():
     return build_tokenizer()
 
 
-def requests(tok, env="test_echo", n=2, chat=False, prompts=("3+4=",), **spec):
+def requests(tok, env="episode_envs:EchoEnv", n=2, chat=False, prompts=("3+4=",), **spec):
     env_args = spec.pop("env_args", {})
     sampling = SamplingParams(n=n, temperature=1.0, max_new_tokens=32, stop_token_ids=(tok.eos_token_id,), seed=11)
     out = []
@@ -163,7 +142,7 @@ def test_an_environment_that_fails_ends_its_episode_with_reward_0_and_the_others
 
 
 def test_async_environments_and_the_bounds(tok):
-    comps, _ = play(tok, requests(tok, env="test_async", env_args={"turns": 9}, max_turns=2))
+    comps, _ = play(tok, requests(tok, env="episode_envs:AsyncEnv", env_args={"turns": 9}, max_turns=2))
     assert all(c.turns == 2 and c.finish_reason == "length" and c.env_reward == 2.0 for c in comps)
     turn = len(tok.encode("7<think>ab</think>", add_special_tokens=False)) + 1
     comps, _ = play(tok, requests(tok, env_args={"turns": 9}, max_total_tokens=2 * turn + 5))
@@ -204,20 +183,6 @@ def test_the_example_environment_in_the_docs_plays_by_the_protocol():
     assert env.step("no number here").observation == "Answer with a number."
 
 
-@register_env("test_slow_even")
-class SlowEvenEnv(EchoEnv):
-    """EchoEnv whose even samples' steps take 0.5 s (a slow tool); odd samples answer at once."""
-
-    def reset(self, prompt, seed):
-        super().reset(prompt, seed)
-        self.slow = seed % 2 == 0
-
-    def step(self, action):
-        if self.slow:
-            time.sleep(0.5)
-        return super().step(action)
-
-
 class SlowStandIn(StandInEngine):
     """StandInEngine taking 0.02 s per call and noting when each call came, safe to call from several threads at
     once (as vLLM's engine is)."""
@@ -233,7 +198,7 @@ class SlowStandIn(StandInEngine):
 
 
 def test_episodes_on_their_own_take_their_turns_while_other_episodes_tools_run(tok):
-    reqs = requests(tok, env="test_slow_even", n=8, env_args={"turns": 3})
+    reqs = requests(tok, env="episode_envs:SlowEvenEnv", n=8, env_args={"turns": 3})
     runs = {}
     for in_turns in (True, False):
         engine = SlowStandIn(tok)
@@ -257,33 +222,16 @@ def test_episodes_on_their_own_take_their_turns_while_other_episodes_tools_run(t
         assert all(a[2] <= b[1] + 1e-6 for a, b in zip(ordered, ordered[1:]))  # one thing at a time
 
 
-@register_env("test_sleepy")
-class SleepyEnv(EchoEnv):
-    def step(self, action):
-        time.sleep(0.2)
-        return super().step(action)
-
-
 def test_an_environment_call_waiting_for_a_free_worker_is_not_timed_out_for_the_wait(tok):
     # 6 episodes, one worker, 0.2 s a step: the last call starts 1 s after it was queued, well over the 0.5 s bound
-    comps, _ = play(tok, requests(tok, env="test_sleepy", n=6, env_args={"turns": 1}, env_workers=1,
+    comps, _ = play(tok, requests(tok, env="episode_envs:SleepyEnv", n=6, env_args={"turns": 1}, env_workers=1,
                                   env_timeout_s=0.5))
     assert [c.env_error for c in comps] == [""] * 6 and all(c.env_reward == 1.0 for c in comps)
 
 
-@register_env("test_late")
-class LateEnv(EchoEnv):
-    """Its second step hangs past the timeout, then answers as if nothing happened."""
-
-    def step(self, action):
-        if self.n == 1:
-            time.sleep(0.6)
-        return super().step(action)
-
-
 def test_a_call_that_timed_out_never_changes_its_episode_when_it_returns_late(tok):
-    late = requests(tok, env="test_late", n=1, env_args={"turns": 3}, env_timeout_s=0.3)
-    slow = requests(tok, env="test_sleepy", prompts=("1+1=",), n=1, env_args={"turns": 6}, env_timeout_s=2, max_turns=8)
+    late = requests(tok, env="episode_envs:LateEnv", n=1, env_args={"turns": 3}, env_timeout_s=0.3)
+    slow = requests(tok, env="episode_envs:SleepyEnv", prompts=("1+1=",), n=1, env_args={"turns": 6}, env_timeout_s=2, max_turns=8)
     slow = [dataclasses.replace(slow[0], group_id=1)]
     comps, _ = play(tok, late + slow)  # the sleepy episode keeps the call going well past the late answer
     failed = comps[0]
@@ -295,7 +243,7 @@ def test_a_call_that_timed_out_never_changes_its_episode_when_it_returns_late(to
 
 
 def test_episodes_awaited_on_an_engines_own_loop_are_the_episodes_played_alone(tok):
-    reqs = requests(tok, env="test_slow_even", n=6, env_args={"turns": 2})
+    reqs = requests(tok, env="episode_envs:SlowEvenEnv", n=6, env_args={"turns": 2})
     engine = StandInEngine(tok)
 
     async def turn(batch):  # an engine's asynchronous generate, awaited on the loop the episodes run on
@@ -308,3 +256,90 @@ def test_episodes_awaited_on_an_engines_own_loop_are_the_episodes_played_alone(t
     assert [c.loss_mask for c in awaited] == [c.loss_mask for c in alone]
     assert all(c.turns == 2 and c.env_reward == 2.0 and not c.env_error for c in awaited)
     assert len(engine.calls) == 6 * 2 and all(len(batch) == 1 for batch in engine.calls)  # each turn its own call
+
+
+def bounded(fn, seconds):
+    """fn() in a thread of its own; fails the test when it has not returned within `seconds` (a hang)."""
+    import threading
+
+    out = {}
+    thread = threading.Thread(target=lambda: out.setdefault("value", fn()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still running after {seconds} s: the episodes hang"
+    return out["value"]
+
+
+def gone(pid):
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("in_turns", [True, False])
+@pytest.mark.parametrize("fail, call", [("hang", "step"), ("hang_reset", "reset")])
+def test_calls_that_hang_are_killed_and_free_their_threads_for_the_calls_queued_behind(tok, tmp_path, in_turns,
+                                                                                        fail, call):
+    # two threads, and four episodes whose call never answers queued ahead of four that play on: each hung call
+    # holds its thread for task.env_timeout_s only, then its process is killed and the thread takes the next call
+    (tmp_path / "hung").mkdir()
+    (tmp_path / "good").mkdir()
+    hung = requests(tok, n=4, env_args={"turns": 3, "fail": fail, "at": 1, "pids": str(tmp_path / "hung")},
+                    env_workers=2, env_timeout_s=0.5)
+    good = requests(tok, prompts=("1+1=",), n=4, env_args={"turns": 3, "pids": str(tmp_path / "good")},
+                    env_workers=2, env_timeout_s=0.5)
+    good = [dataclasses.replace(good[0], group_id=1)]
+    comps = bounded(lambda: play(tok, hung + good, in_turns=in_turns)[0], 60)
+    for c in comps[:4]:
+        assert c.env_error == f"the environment's {call}() took longer than task.env_timeout_s=0.5; its process " \
+                              "was killed"
+        assert c.env_timed_out and c.env_reward == 0.0 and c.finish_reason == "stop"
+    assert all(c.env_error == "" and not c.env_timed_out and c.env_reward == 3.0 and c.turns == 3 for c in comps[4:])
+    killed = [int(p.name) for p in (tmp_path / "hung").iterdir()]
+    kept = [int(p.name) for p in (tmp_path / "good").iterdir()]
+    assert len(set(killed)) == 4 and len(set(kept)) == 4  # a process per episode
+    deadline = time.time() + 15
+    while not all(gone(pid) for pid in killed) and time.time() < deadline:
+        time.sleep(0.1)
+    assert all(gone(pid) for pid in killed) and not any(gone(pid) for pid in kept)
+
+
+def test_a_process_whose_episode_ended_plays_a_later_one(tok, tmp_path):
+    reqs = requests(tok, n=4, env_args={"turns": 3, "pids": str(tmp_path)})
+    play(tok, reqs)
+    first = {p.name for p in tmp_path.iterdir()}
+    assert len(first) == 4 and str(os.getpid()) not in first  # each episode in a process of its own
+    for p in tmp_path.iterdir():
+        p.unlink()
+    comps, _ = play(tok, reqs)
+    assert {p.name for p in tmp_path.iterdir()} == first  # the same four processes, each with a new instance
+    assert all(c.env_reward == 3.0 and c.turns == 3 for c in comps)
+
+
+def test_an_environment_whose_process_dies_ends_only_its_episode(tok):
+    good = requests(tok, prompts=("1+1=",), n=1, env_args={"turns": 3})
+    bad = requests(tok, prompts=("2+2=",), n=1, env_args={"turns": 3, "fail": "exit"})
+    bad = [dataclasses.replace(bad[0], group_id=1)]
+    ok, died = bounded(lambda: play(tok, good + bad)[0], 60)
+    assert ok.env_error == "" and ok.env_reward == 3.0
+    assert died.env_error == "the environment raised RuntimeError: the environment's process exited during step() " \
+                             "(EOFError)"
+    assert died.env_reward == 0.0 and not died.env_timed_out and died.turns == 2
+
+
+def test_a_steps_record_counts_the_episodes_that_timed_out():
+    from types import SimpleNamespace
+
+    from rlgen.runtime.rollouts.refill import episode_metrics
+
+    def episode(error="", timed_out=False):
+        return Completion(0, [1], [2, 3], [-0.1, -0.1], "stop", 0, loss_mask=[1, 0], env_reward=0.0, turns=1,
+                          env_error=error, env_timed_out=timed_out)
+
+    flight = SimpleNamespace(prepared=[episode(), episode("the environment raised ValueError: x"),
+                                       episode("the environment's step() took longer", True)], results={})
+    record = episode_metrics(flight)
+    assert record["env/errors"] == 2.0 and record["env/timeouts"] == 1.0

@@ -95,7 +95,8 @@ def check_train(args: Args, cfgs: list[RunConfig]) -> int | None:
             except ResumeError as err:
                 problems.append(str(err))
     bad = [p for p in blocking if p]
-    for note in dict.fromkeys(n for r, problems in zip(reports, blocking) if not problems for n in r.machine_notes):
+    for note in dict.fromkeys(n for r, problems in zip(reports, blocking) if not problems
+                              for n in r.notes + r.machine_notes):
         Console(stderr=True, soft_wrap=True).print(f"[yellow]warning:[/] {escape(note)}", highlight=False)
     if bad and (not args.multirun or len(bad) == len(cfgs)):
         return print_problems(list(dict.fromkeys(p for problems in bad for p in problems)))

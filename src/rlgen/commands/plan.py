@@ -58,6 +58,8 @@ def main(argv: list[str]) -> int:
         console.print(f"[yellow]this machine cannot run it:[/] {escape(m)}", highlight=False)
     for m in report.machine_notes:
         console.print(f"[yellow]on this machine:[/] {escape(m)}", highlight=False)
+    for m in report.notes:
+        console.print(f"[yellow]warning:[/] {escape(m)}", highlight=False)
     if json_path:
 
         path = Path(json_path).expanduser()

@@ -253,8 +253,8 @@ class TaskConfig:
     env_args: dict[str, Any] = field(default_factory=dict)
     max_turns: int = 4  # the policy's turns per episode at most
     max_total_tokens: int = 256  # the episode's tokens after the prompt (the policy's and the environment's)
-    env_timeout_s: float = 30.0  # a reset or step that takes longer ends its episode with reward 0
-    env_workers: int = 16  # environment calls run at once, per engine
+    env_timeout_s: float = 30.0  # a reset or step that takes longer is killed; its episode ends with reward 0
+    env_workers: int = 16  # environment calls run at once, per engine (each episode's in a process of its own)
     seed: int = 0
 
 

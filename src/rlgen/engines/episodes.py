@@ -7,12 +7,13 @@ the tokens the engine produced (``loss_mask`` marks the policy's). The environme
 template, the template's rendering of a new message after an assistant turn, less what the template puts before
 it; raw, the observation's own ids.
 
-Turns are generated together: every episode still going takes its next turn in one ``generate`` call, and their
-environment steps run side by side in a pool (``task.env_workers``), each bounded by ``task.env_timeout_s``. An
-environment that raises, hangs or answers with something that is not a Step ends its episode with reward 0 and
-the reason in ``Completion.env_error``. Seeds: turn 1 is the request itself (its n samples); later turns draw
-with seeds derived from the request's, so the same requests give the same episodes (an engine restarted
-mid-step, a resumed run) when the environment is deterministic given its seed.
+Each episode's environment runs in a process of its own (rlgen.engines.envproc); its calls are made from a pool
+of ``task.env_workers`` threads, each waiting at most ``task.env_timeout_s`` for the answer. An environment that
+raises or answers with something that is not a Step ends its episode with reward 0 and the reason in
+``Completion.env_error``; one that takes longer is killed, and its episode ends the same way, marked
+``env_timed_out``, while its thread takes the next call. Seeds: turn 1 is the request itself (its n samples);
+later turns draw with seeds derived from the request's, so the same requests give the same episodes (an engine
+restarted mid-step, a resumed run) when the environment is deterministic given its seed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import inspect
 import logging
 import threading
 import time
@@ -28,13 +28,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlgen.engines.envproc import EnvCallError, EnvProcess
 from rlgen.tasks.base import Prompt
-from rlgen.tasks.envs import Opening, Step, make_env
+from rlgen.tasks.envs import Opening, Step
 from rlgen.types import Completion, GenRequest, Phase
 
 log = logging.getLogger(__name__)
 TURN_SEED_STRIDE = 1_000_033  # turn k's seed: the request's plus k strides
-QUEUED_POLL_S = 0.05  # how often a wait looks whether an environment call queued for a worker has started
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class EpisodeSpec:
 class _Episode:
     request: GenRequest
     sample: int
-    env: Any = None
+    env: EnvProcess
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
@@ -65,6 +65,7 @@ class _Episode:
     reward: float = 0.0
     turns: int = 0
     error: str = ""
+    timed_out: bool = False  # an environment call ran past task.env_timeout_s
     prompt: list[int] | None = None  # the environment's own opening (Opening), rendered; None: the request's
     finish: str = ""  # "" while it goes on; then "stop" (the environment said done) or "length"
 
@@ -133,11 +134,6 @@ def _tokenizer(path: str) -> Any:
 
             _TOKENIZERS[path] = AutoTokenizer.from_pretrained(path)
         return _TOKENIZERS[path]
-
-
-def _call(fn: Any, *args: Any) -> Any:
-    out = fn(*args)
-    return asyncio.run(out) if inspect.isawaitable(out) else out
 
 
 class _Activity:
@@ -218,14 +214,15 @@ class Episodes:
         return [self._completion(e) for e in episodes], self.activity.env_s()
 
     def _episodes(self) -> list[_Episode]:
-        return [_Episode(r, j) for r in self.requests for j in range(r.sampling.n)]
+        return [_Episode(r, j, EnvProcess(r.episode.env, dict(r.episode.env_args))) for r in self.requests
+                for j in range(r.sampling.n)]
 
     def _close(self, episodes: list[_Episode]) -> None:
         self.activity.close()
-        self.pool.shutdown(wait=False, cancel_futures=True)  # a hung environment call is left behind
-        for e in episodes:  # an environment with a close() (an agent's thread) is told its episode is over
+        self.pool.shutdown(wait=False, cancel_futures=True)  # every call in it ends within its timeout
+        for e in episodes:  # the environment's close() runs (an agent's thread ends); its process plays a later one
             with contextlib.suppress(Exception):
-                getattr(e.env, "close", lambda: None)()
+                e.env.close()
 
     def _together(self, episodes: list[_Episode]) -> None:
         self._reset(episodes)
@@ -251,16 +248,14 @@ class Episodes:
                 await self._env_call(e, self._act, self._stepped)
 
     # -- the environment's side -------------------------------------------------------------------------
-    # The pool runs only the environment's own calls; what they return is applied by the coroutine that awaited
-    # it, so a call that timed out and returns later never touches its episode.
-    def _open(self, e: _Episode) -> tuple[Any, Any]:
+    # The pool's threads make the environment's calls (each in its episode's process, bounded by its timeout); what
+    # they return is applied by the coroutine that awaited it.
+    def _open(self, e: _Episode) -> Any:
         spec = e.spec
-        env = make_env(spec.env, dict(spec.env_args))
         seed = (e.request.sampling.seed or 0) * 1_009 + e.request.group_id * 101 + e.sample
-        return env, _call(env.reset, spec.prompt, seed)
+        return e.env.reset(spec.prompt, seed, spec.env_timeout_s)
 
-    def _opened(self, e: _Episode, out: tuple[Any, Any]) -> None:
-        e.env, opening = out
+    def _opened(self, e: _Episode, opening: Any) -> None:
         if isinstance(opening, Opening):
             e.prompt = self.tokens.opening(opening)
             if e.spec.max_prompt_tokens and len(e.prompt) > e.spec.max_prompt_tokens:
@@ -274,9 +269,10 @@ class Episodes:
         self._env_calls(episodes, self._act, self._stepped)
 
     def _act(self, e: _Episode) -> tuple[Any, list[int] | None]:
-        """In a worker: the policy's last turn to the environment, and its answer's tokens (None when there are
+        """In a pool thread: the policy's last turn to the environment, and its answer's tokens (None when there are
         none to add); nothing here changes the episode."""
-        step = _call(e.env.step, self.decode(e.tokens[self._turn_start(e):], skip_special_tokens=True))
+        action = self.decode(e.tokens[self._turn_start(e):], skip_special_tokens=True)
+        step = e.env.step(action, e.spec.env_timeout_s)
         if not isinstance(step, Step) or step.done or not step.observation:
             return step, None
         ended = bool(e.tokens) and e.tokens[-1] in self._stops(e)
@@ -301,30 +297,16 @@ class Episodes:
 
     async def _env_call(self, e: _Episode, work: Any, apply: Any) -> None:
         """work(e) in the pool, then apply(e, its result) on the running loop, unless it raised or ran past
-        task.env_timeout_s (counted from its start, not while it waited for a worker): then the episode fails, and
-        a late answer never reaches it."""
+        task.env_timeout_s (counted from when the call reached the episode's process, not while it waited for a
+        thread): then the episode fails. The thread's every wait is bounded, so this await is too."""
         self.activity.add(waiting=1)
-        started: list[float] = []
-
-        def call() -> Any:
-            started.append(time.time())
-            return work(e)
-
-        fut = asyncio.get_running_loop().run_in_executor(self.pool, call)
-        timeout = e.spec.env_timeout_s
         try:
-            while True:
-                queued = not started
-                wait = QUEUED_POLL_S if queued else max(0.0, started[0] + timeout - time.time())
-                try:
-                    out = await asyncio.wait_for(asyncio.shield(fut), wait)
-                    break
-                except TimeoutError:
-                    if not queued:
-                        raise
+            out = await asyncio.get_running_loop().run_in_executor(self.pool, work, e)
             apply(e, out)
-        except TimeoutError:
-            self._fail(e, f"the environment took longer than task.env_timeout_s={timeout:g}")
+        except TimeoutError as err:
+            self._fail(e, str(err), timed_out=True)
+        except EnvCallError as err:
+            self._fail(e, f"the environment raised {err.kind}: {err}")
         except Exception as err:  # noqa: BLE001 - any failure of the environment ends that episode only
             self._fail(e, f"the environment raised {type(err).__name__}: {err}")
         finally:
@@ -332,7 +314,7 @@ class Episodes:
 
     def _env_calls(self, episodes: list[_Episode], work: Any, apply: Any) -> None:
         """work(episode) for each, side by side in the pool, then apply(episode, its result) here; each call's
-        timeout counts from when it starts (not while it waits for a free worker)."""
+        timeout counts from when it starts (not while it waits for a free thread)."""
 
         async def each() -> None:
             await asyncio.gather(*(self._env_call(e, work, apply) for e in episodes))
@@ -340,8 +322,11 @@ class Episodes:
         asyncio.run(each())
 
     @staticmethod
-    def _fail(e: _Episode, why: str) -> None:
-        e.error, e.reward, e.finish = why[:300], 0.0, "stop"
+    def _fail(e: _Episode, why: str, timed_out: bool = False) -> None:
+        """The episode ends here with reward 0, whatever its steps scored before: it was not played to its end."""
+        e.error, e.reward, e.finish, e.timed_out = why[:300], 0.0, "stop", timed_out
+        if timed_out:
+            e.env.kill()
 
     # -- the engine's side ------------------------------------------------------------------------------
     @staticmethod
@@ -417,7 +402,7 @@ class Episodes:
                           token_ids=e.tokens, logprobs=e.logprobs, finish_reason=e.finish or "length",
                           version=e.version if e.version is not None else 0, version_changes=e.changes,
                           loss_mask=e.mask, env_reward=e.reward, turns=e.turns, env_error=e.error,
-                          own_prompt=e.prompt is not None)
+                          env_timed_out=e.timed_out, own_prompt=e.prompt is not None)
 
 
 class Episodic:

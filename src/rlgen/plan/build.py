@@ -18,9 +18,9 @@ from rlgen.engines.registry import EngineSpec, UnknownEngineKind, engine_spec
 from rlgen.learners.registry import resolve_learner
 from rlgen.plan.attention import resolve_attention
 from rlgen.plan.checks.cards import AUTO, auto_hardware, found, preset_for, visible_gpus
+from rlgen.plan.checks.episodes import check_engine_plays_episodes, check_episodes
 from rlgen.plan.checks.ignored import check_ignored
 from rlgen.plan.checks.spanning import (
-    check_episodes,
     check_hardware,
     check_learners,
     check_lengths,
@@ -106,11 +106,14 @@ def _with_found_hardware(cfg: RunConfig, runnable: bool) -> Plan:
 def _resolve(cfg: RunConfig, spec: EngineSpec) -> tuple[RunConfig, list[Setting]]:
     """The model folder's shape, the recipe's values, what the engine kind resolves (a server's engines) and
     the engine's max_model_len; raises PlanError when the engine kind cannot resolve."""
+    p: list[str] = []
+    check_engine_plays_episodes(cfg, spec, p)  # known from the kind alone: said before a server is asked
+    if p:
+        raise PlanError(p)
     cfg = with_model_folder(cfg)
     params, vocab = count_params(cfg.model)
     cfg, settings = fill_recipe(cfg, params)
     if spec.resolve is not None:
-        p: list[str] = []
         cfg, resolved = spec.resolve(cfg, params, vocab, p)
         if p:
             raise PlanError(p)
@@ -198,7 +201,7 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
     check_micro_batch(cfg, p)
     check_partial_rollouts(cfg, spec, p)
     check_lengths(cfg, spec, ms, bool(engines) and cfg.engine.tensor_parallel_size > 0, p)
-    check_episodes(cfg, spec, p)
+    check_episodes(cfg, p)
     if p:
         raise PlanError(once_per_nonfinite(cfg, p))
     env, dropped = live_vllm_env(cfg.engine.env) if spec.passes_env else ({}, [])

@@ -11,6 +11,7 @@ from pathlib import Path
 from rlgen.config import RunConfig
 from rlgen.plan.build import Plan, PlanError, build_plan
 from rlgen.plan.checks.disk_room import check_room
+from rlgen.plan.checks.episodes import check_episode_task
 from rlgen.plan.checks.inputs import check_dirs, check_model, check_task
 from rlgen.plan.checks.machine import check_environment
 from rlgen.plan.layouts import LayoutOption, faster_layout_line, layout_options
@@ -22,6 +23,7 @@ class Report:
     problems: list[str] = field(default_factory=list)  # the config cannot run as given, anywhere
     machine: list[str] = field(default_factory=list)  # this machine cannot run it (GPUs, packages)
     machine_notes: list[str] = field(default_factory=list)  # it runs here, but not as the config assumes (GPU card)
+    notes: list[str] = field(default_factory=list)  # it runs, but likely not as meant (a tool task's model)
     layouts: list[LayoutOption] = field(default_factory=list)  # the hardware's layouts, fastest predicted first
 
     @property
@@ -53,12 +55,17 @@ def preflight(cfg: RunConfig, *, run_dir: Path | None = None, machine: bool = Tr
         plan = dataclasses.replace(plan, layout_advice=faster_layout_line(layouts) or "")
     before = len(problems)
     check_model(cfg, problems)
-    check_task(cfg, problems, model_ok=len(problems) == before)
+    model_ok = len(problems) == before
+    task = check_task(cfg, problems, model_ok=model_ok)
+    notes: list[str] = []
+    if model_ok:
+        check_episode_task(cfg, task, problems, notes)
     check_dirs(cfg, run_dir, problems)
     on_machine: list[str] = []
-    notes: list[str] = []
+    machine_notes: list[str] = []
     if plan is not None and machine:
-        check_environment(plan.config, plan, on_machine, notes)
-        if run_dir is not None and not cfg.resume:  # a resumed run's own checkpoints count: checked as it starts
+        check_environment(plan.config, plan, on_machine, machine_notes)
+        # a resumed run's own checkpoints count: checked as it starts; bad inputs are said first, on their own
+        if run_dir is not None and not cfg.resume and not problems:
             check_room(plan, run_dir, on_machine)
-    return Report(plan, _unique(problems), _unique(on_machine), _unique(notes), layouts)
+    return Report(plan, _unique(problems), _unique(on_machine), _unique(machine_notes), _unique(notes), layouts)

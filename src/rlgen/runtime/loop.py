@@ -171,8 +171,9 @@ def _warn_rewards(run: Run, step: int, got: Any) -> None:
     if errors and not run.rollouts.said_env_error:  # once per run; env/errors counts them every step
         run.rollouts.said_env_error = True
         run.sink.console.print(f"[yellow]environment:[/] step {step}: {len(errors)} episodes ended with an error and "
-                               f"scored 0, the first: {escape(errors[0])} (env/errors counts them each step; "
-                               "run.log has each).", highlight=False)
+                               f"scored 0, the first: {escape(errors[0])} (env/errors counts them each step, "
+                               "env/timeouts those whose call ran past task.env_timeout_s; run.log has each).",
+                               highlight=False)
     want = run.cfg.algo.prompts_per_step
     kept = got.metrics.get("dynamic/groups_kept")
     if kept is not None and kept < want:

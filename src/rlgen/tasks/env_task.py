@@ -28,7 +28,7 @@ class EnvTask(DrawnTask):
         super().__init__(cfg)
         if problems := episode_problems(cfg):
             raise TaskDataError(problems[0])
-        self.name = f"env:{cfg.env}"
+        self.name, self.env_name = f"env:{cfg.env}", cfg.env
         self.env = make_env(cfg.env, dict(cfg.env_args))  # the driver's own: prompts and demonstrations
         self._rows: list[Prompt] | None = None
         if cfg.path:
@@ -42,7 +42,25 @@ class EnvTask(DrawnTask):
     def _draw(self, rng, n: int) -> list[Prompt]:
         if self._rows is not None:
             return [self._rows[rng.randrange(len(self._rows))] for _ in range(n)]
-        return self.env.draw(rng, n)
+        return self._drawn("draw", self.env.draw, rng, n)
+
+    def _drawn(self, method: str, fn: Any, rng: Any, n: int) -> list[Prompt]:
+        """fn(rng, n), the environment's own prompts (or transcripts); whatever goes wrong there is TaskDataError,
+        one sentence naming task.env."""
+        try:
+            out = fn(rng, n)
+        except Exception as err:  # noqa: BLE001 - an environment's own failure, of any kind
+            raise TaskDataError(f"task.env={self.env_name!r}: its {method}(rng, n) raised {type(err).__name__}: "
+                                f"{err}; fix it, or give task.path=<rows.jsonl> with {{\"prompt\", \"answer\"}} "
+                                "rows.") from err
+        items = list(out) if isinstance(out, (list, tuple)) else [out]
+        bad = [p for p in items if not isinstance(p, Prompt)]
+        what = f"a {type(bad[0]).__name__}" if bad else \
+            f"{len(items)} prompts" if method == "draw" and len(items) != n else ""
+        if what:
+            raise TaskDataError(f"task.env={self.env_name!r}: its {method}(rng, {n}) returned {what}; it must return "
+                                f"a list of {n} rlgen.tasks.base.Prompt.")
+        return items
 
     def tool_schemas(self) -> list[dict[str, Any]] | None:
         """The environment's tools as function schemas (a chat template lists them in the prompt), or None."""
@@ -52,5 +70,5 @@ class EnvTask(DrawnTask):
     def demonstrations(self, n: int, seed: int) -> list[Prompt]:
         demos = getattr(self.env, "demonstrations", None)
         if callable(demos):
-            return demos(step_rng(seed, "demos", 0), n)
+            return self._drawn("demonstrations", demos, step_rng(seed, "demos", 0), n)
         return super().demonstrations(n, seed)

@@ -205,7 +205,11 @@ def check_task(cfg: RunConfig, problems: list[str], model_ok: bool = True) -> ob
         problems.append(f"eval.every={cfg.eval.every} needs held-out prompts, and task={t.kind.value} has none; set "
                         "task.eval_path=<a file of held-out rows> or task.eval_fraction=0.05, or eval.every=0.")
     rows = getattr(task, "rows", None)
-    sample = rows if rows is not None else [p for s in range(4) for p in task.prompts(s, cfg.algo.prompts_per_step)]
+    try:
+        sample = rows if rows is not None else [p for s in range(4) for p in task.prompts(s, cfg.algo.prompts_per_step)]
+    except TaskDataError as err:  # an environment's draw() that fails
+        problems.append(str(err))
+        return None
     if model_ok:
         try:
             encoder = PromptEncoder(cfg)

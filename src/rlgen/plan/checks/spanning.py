@@ -59,27 +59,6 @@ def check_learners(cfg: RunConfig, learner: LearnerSpec, learners: tuple[Learner
                  f"{fix}.")
 
 
-def check_episodes(cfg: RunConfig, spec: EngineSpec, p: list[str]) -> None:
-    """A multi-turn task needs an engine kind that plays episodes, and an environment that can be built here."""
-    t = cfg.task
-    if t.kind != TaskKind.env:
-        return
-    if not spec.episodes:
-        p.append(f"task.kind=env plays multi-turn episodes inside the engines, which engine={spec.kind} does not; "
-                 "use engine=hf (CPU or GPU) or engine=vllm.")
-    if t.stop:
-        p.append("task.stop cuts a response at a string, which would cut an episode's environment turns too; leave "
-                 "task.stop empty for task.kind=env (the environment ends each episode).")
-    from rlgen.tasks.base import TaskDataError
-    from rlgen.tasks.envs import make_env
-
-    if t.env:  # none: the value checks have said so
-        try:
-            make_env(t.env, dict(t.env_args))
-        except TaskDataError as err:
-            p.append(str(err))
-
-
 def check_lengths(cfg: RunConfig, spec: EngineSpec, ms: ModelSummary, has_engines: bool, p: list[str]) -> None:
     """A prompt plus its response fits the engine's max_model_len and the model's positions. The sentence names
     both parts and puts the larger first among the fixes."""
@@ -94,6 +73,9 @@ def check_lengths(cfg: RunConfig, spec: EngineSpec, ms: ModelSummary, has_engine
                else f"set engine.max_model_len>={need}")
         p.append(f"engine.max_model_len={e.max_model_len} cannot hold {parts}; {fix}.")
     if m.max_position_embeddings < need:
+        key, other = ("task.max_prompt_tokens", resp) if t.max_prompt_tokens >= resp else (name, t.max_prompt_tokens)
+        fits = m.max_position_embeddings - other
+        shorter += f" ({key}={fits} fits)" if fits > 0 else ""
         p.append(f"{parts} tokens per sequence is more than model {m.name}'s max_position_embeddings="
                  f"{m.max_position_embeddings}; {shorter}, or use a model with more positions (model.path=, or raise "
                  "model.max_position_embeddings of a preset).")

@@ -82,12 +82,14 @@ def step_rollouts(run: Any, step: int, flight: Any, scores: Any, tl: StepTimelin
 
 def episode_metrics(flight: Any) -> dict[str, float]:
     """A multi-turn step's episodes (the first round's): the policy's turns and the environment's tokens per
-    episode, the episodes an environment ended with an error, and the longest engine's time in environment calls."""
+    episode, the episodes an environment ended with an error (of which those whose call ran past
+    task.env_timeout_s: env/timeouts), and the longest engine's time in environment calls."""
     comps = flight.prepared
     n = max(len(comps), 1)
     return {"env/turns": sum(c.turns for c in comps) / n,
             "env/tokens": sum(len(c.loss_mask) - sum(c.loss_mask) for c in comps) / n,
             "env/errors": float(sum(bool(c.env_error) for c in comps)),
+            "env/timeouts": float(sum(c.env_timed_out for c in comps)),
             "env_s": max((float(r.get("env_s", 0.0)) for r in flight.results.values()), default=0.0)}
 
 

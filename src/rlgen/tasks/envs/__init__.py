@@ -78,6 +78,8 @@ def env_class(name: str) -> Callable[..., Any]:
 
 
 def make_env(name: str, args: dict[str, Any]) -> Any:
+    """An instance of ``task.env`` built with ``task.env_args``; whatever stops it being built is TaskDataError,
+    one sentence naming task.env."""
     cls = env_class(name)
     try:
         env = cls(**args)
@@ -87,6 +89,9 @@ def make_env(name: str, args: dict[str, Any]) -> Any:
         raise TaskDataError(f"task.env={name!r} does not take task.env_args={args} ({err}).") from err
     except ValueError as err:
         raise TaskDataError(f"task.env={name!r} refuses task.env_args={args}: {err}") from err
+    except Exception as err:  # noqa: BLE001 - an environment's own failure to start, of any kind
+        raise TaskDataError(f"task.env={name!r} cannot be built with task.env_args={args}: its constructor raised "
+                            f"{type(err).__name__}: {err}; fix what it needs (or its arguments).") from err
     if not isinstance(env, Environment):
         raise TaskDataError(f"task.env={name!r} builds a {type(env).__name__}, which has no reset(prompt, seed) "
                             "and step(action); see docs/environments.md.")
