@@ -115,3 +115,18 @@ def test_the_tail_and_what_the_next_batch_fills_of_it():
     assert tail_metrics(done, flight({}, launched=9.0)) == {"gen/tail_s": 2.0, "gen/tail_filled": 2.0 / 3.0}
     assert tail_metrics(done, flight({}, launched=5.0))["gen/tail_filled"] == 1.0
     assert tail_metrics(flight({0: {"spans": [("generate", 0.0, 1.0)]}}), None) == {}  # no tail reported (hf)
+
+
+def test_partial_rollouts_shorten_the_awaited_tail_to_a_quantile_of_the_groups_longest():
+    import math
+
+    from rlgen.plan.lengths import awaited_response, longest_response
+
+    # 64 groups of 8, mean 250, cap 2048: without partial rollouts the batch waits for its longest of 512
+    whole = awaited_response(250, 512, 2048, group=8)
+    assert whole == longest_response(250, 512, 2048) == pytest.approx(250 * (math.log(512) + 0.5772))
+    # with a quarter more groups it waits until 80% of its groups are done: a group's longest at its 0.8 quantile
+    part = awaited_response(250, 512, 2048, group=8, share=0.25)
+    assert (1 - math.exp(-part / 250)) ** 8 == pytest.approx(0.8)
+    assert part < 0.6 * whole
+    assert awaited_response(250, 512, 300, group=8, share=0.25) == 300  # never past the cap

@@ -262,7 +262,8 @@ def _generation(plan: Plan, cfg: RunConfig, kv_tokens: int, max_conc: int, promp
     t_mem, t_cmp, t_step = _decode_step(c, ctx, plan, cfg)
     if shaped > 0:
         weights_s = _decode_step(0, ctx, plan, cfg)[2]  # a step's fixed part: the weights read once
-        decode_s = shaped_decode_s(weights_s, (t_step - weights_s) / c, seqs_engine, resp, shaped, b.max_new_tokens, c)
+        decode_s = shaped_decode_s(weights_s, (t_step - weights_s) / c, seqs_engine, resp, shaped, b.max_new_tokens, c,
+                                   b.samples_per_prompt, cfg.algo.partial_rollouts)
     else:
         full, rest = divmod(seqs_engine, c)
         decode_s = resp * (full * t_step + (_decode_step(rest, ctx, plan, cfg)[2] if rest else 0.0))
