@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -26,6 +27,7 @@ class FakeFlight:
     prepared: list[Completion]
     scoring: Scores
     results: dict = field(default_factory=dict)
+    resolved: Any = None  # a flight whose groups partial rollouts sorted out (InFlight.resolved)
 
 
 class FakeRollouts:
