@@ -117,6 +117,22 @@ def tail_start(finished: Iterable[float]) -> float | None:
     return times[min(len(times) - 1, math.ceil(TAIL_QUANTILE * len(times)) - 1)]
 
 
+def version_changes(marks: list[tuple[int, int]], version: int, length: int) -> list[tuple[int, int]]:
+    """A completion's version changes from the marks of the in-flight updates it lived through (tokens sampled
+    before each, the new version), or of the steps a partial rollout was carried through: only those inside the
+    completion that change its version."""
+    out: list[tuple[int, int]] = []
+    current = version
+    for n, new in marks:
+        if n >= length or new == current:
+            continue
+        if out and out[-1][0] == n:  # two updates before the next token: the later one counts
+            out.pop()
+        out.append((int(n), int(new)))
+        current = new
+    return out
+
+
 @dataclass(frozen=True)
 class Span:
     actor: str  # "engine0", "learner0", "driver"

@@ -145,18 +145,21 @@ class _FakeLLM:
 def test_vllm_generate_until_returns_once_enough_groups_are_done_and_reads_the_rest_before_cancelling():
     import asyncio
 
+    from rlgen.engines.cut_short import Until
     from rlgen.engines.vllm.loop import generate_until
 
     llm = _FakeLLM()
     # group 0: two quick samples; group 1: one quick, one slow; group 2: slow, but must finish; group 3: slow
     jobs = [(None, d, f"r{k}", None) for k, d in enumerate([0.01, 0.02, 0.01, 5.0, 0.3, 5.0])]
+    s = SamplingParams(n=1)
+    requests = [GenRequest((1,), s, g, must_finish=g == 2) for g in (0, 0, 1, 1, 2, 3)]  # one sample a job
     read = []
 
     def running(rid):
         read.append(rid)
         return ([7], [-0.5])
 
-    out = asyncio.run(asyncio.wait_for(generate_until(llm, jobs, [0, 0, 1, 1, 2, 3], 1, {4}, running), 3.0))
+    out = asyncio.run(asyncio.wait_for(generate_until(llm, jobs, list(range(6)), Until(requests, 1), running), 3.0))
     assert out[:3] == ["final r0", "final r1", "final r2"] and out[4] == "final r4"  # r4 had to finish
     assert out[3] == ([7], [-0.5]) and out[5] == ([7], [-0.5])
     assert sorted(read) == ["r3", "r5"] and sorted(llm.cancelled) == ["r3", "r5"]

@@ -20,11 +20,12 @@ import torch
 
 from rlgen.config import EngineConfig
 from rlgen.engines.cancel import CANCELLED, next_event
+from rlgen.engines.cut_short import Until
 from rlgen.engines.episodes import Episodic, is_episodes
 from rlgen.engines.hf.adapters import EngineAdapters
 from rlgen.engines.hf.sampling import generate_kwargs, ranked_logprobs, top_logprobs
 from rlgen.engines.hf.stream import Cancelled, StepStreamer
-from rlgen.engines.hf.until import Until, UntilCriterion
+from rlgen.engines.hf.until import UntilCriterion
 from rlgen.engines.kept_warm import KeptWarm
 from rlgen.hostinfo import process_info
 from rlgen.phases import ActorClock

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from rlgen.config import EngineConfig
+from rlgen.engines.cut_short import Until
 from rlgen.engines.episodes import Episodic, is_episodes
 from rlgen.engines.kept_warm import KeptWarm
 from rlgen.engines.vllm.adapters import AdapterFolders, AdapterMethods
@@ -262,14 +263,11 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, Episodic, KeptWar
         if self.asleep:
             raise EngineError(f"{self.name} is asleep; call wake() before generate_some().")
         t0 = time.time()
-        with self._lock:
-            self._calls += 1
-            call = self._calls
+        call = self._next_call()
         v = self.version
         rows = [(i, j) for i, r in enumerate(requests) for j in range(r.sampling.n)]
         jobs = [(self._prompt(requests[i]), self._sampling(requests[i], sample=j), f"{self.name}-{call}-{i}-{j}",
                  self._lora_of(requests[i])) for i, j in rows]
-        must = {k for k, (i, _) in enumerate(rows) if requests[i].must_finish}
         states: dict[str, Any] = {}
 
         def running(rid: str) -> tuple[list[int], list[float]]:
@@ -277,8 +275,7 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, Episodic, KeptWar
                 states.update(running_requests(self.llm))
             return self._so_far(states.get(rid))
 
-        outs = self._loop.run(generate_until(self.llm, jobs, [requests[i].group_id for i, _ in rows], enough, must,
-                                             running),
+        outs = self._loop.run(generate_until(self.llm, jobs, [i for i, _ in rows], Until(requests, enough), running),
                               self.timeout_s, f"{self.name}: generate_some() of {len(requests)} requests")
         changes = self._changes_of(call)
         completions = []
@@ -301,11 +298,15 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, Episodic, KeptWar
         except Exception:  # noqa: BLE001 - vLLM internals that moved: nothing is kept of this sample
             return [], []
 
-    def _jobs(self, requests: list[GenRequest]) -> tuple[int, int, list[tuple[Any, Any, str, Any]]]:
-        """This call's number, the version it starts under, and its vLLM jobs."""
+    def _next_call(self) -> int:
+        """A new call's number, which its requests' ids carry."""
         with self._lock:
             self._calls += 1
-            call = self._calls
+            return self._calls
+
+    def _jobs(self, requests: list[GenRequest]) -> tuple[int, int, list[tuple[Any, Any, str, Any]]]:
+        """This call's number, the version it starts under, and its vLLM jobs."""
+        call = self._next_call()
         jobs = [(self._prompt(r), self._sampling(r), f"{self.name}-{call}-{i}", self._lora_of(r))
                 for i, r in enumerate(requests)]
         return call, self.version, jobs

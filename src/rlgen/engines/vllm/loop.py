@@ -18,7 +18,9 @@ from typing import Any
 
 from rlgen.engines.base import EngineDead
 from rlgen.engines.cancel import CallCancelled, requested
+from rlgen.engines.cut_short import Until
 from rlgen.errors import causes
+from rlgen.types import version_changes
 
 
 def core_died(err: BaseException) -> bool:
@@ -102,27 +104,21 @@ async def generate_all(llm: Any, jobs: list[tuple[Any, Any, str, Any]], finished
     return await asyncio.gather(*(_generate_one(llm, *job, finished=finished) for job in jobs))
 
 
-async def generate_until(llm: Any, jobs: list[tuple[Any, Any, str, Any]], groups: list[int], enough: int,
-                         must: set[int], running: Callable[[str], Any]) -> list[Any]:
-    """Every job (one sample each, FINAL_ONLY) until ``enough`` groups (jobs sharing a group id in groups) are done
-    and every job in must is; the jobs still running are then cancelled (vLLM aborts them). Returns each job's
+async def generate_until(llm: Any, jobs: list[tuple[Any, Any, str, Any]], rows: list[int], until: Until,
+                         running: Callable[[str], Any]) -> list[Any]:
+    """Every job (one sample each, FINAL_ONLY; rows: the request it is a sample of) until ``until`` is met
+    (rlgen.engines.cut_short); the jobs still running are then cancelled (vLLM aborts them). Returns each job's
     final output, or for a job cut short what running(request id) read of it just before it was cancelled."""
     tasks = [asyncio.ensure_future(_generate_one(llm, *job)) for job in jobs]
     index = {t: i for i, t in enumerate(tasks)}
-    left: dict[int, int] = {}
-    for g in groups:
-        left[g] = left.get(g, 0) + 1
-    done_groups, must_left, waiting = 0, set(must), set(tasks)
+    waiting = set(tasks)
     out: list[Any] = [None] * len(jobs)
     try:
-        while waiting and (done_groups < enough or must_left):
+        while waiting and not until.met():
             done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
-                i = index[t]
-                out[i] = t.result()  # an error in one job ends the call (the finally cancels the others)
-                must_left.discard(i)
-                left[groups[i]] -= 1
-                done_groups += left[groups[i]] == 0
+                out[index[t]] = t.result()  # an error in one job ends the call (the finally cancels the others)
+                until.row_done(rows[index[t]])
         for t in waiting:  # read before the cancel: an aborted request's state is dropped
             out[index[t]] = running(jobs[index[t]][2])
     finally:
@@ -166,19 +162,5 @@ async def live_token_counts(llm: Any, prefix: str) -> dict[tuple[str, int], int]
     return counts
 
 
-def version_changes(marks: list[tuple[int, int]], version: int, length: int) -> list[tuple[int, int]]:
-    """A completion's version changes from the marks of the in-flight updates it lived through (tokens sampled
-    before each, the new version): only those inside the completion that change its version."""
-    out: list[tuple[int, int]] = []
-    current = version
-    for n, new in marks:
-        if n >= length or new == current:
-            continue
-        if out and out[-1][0] == n:  # two updates before the next token: the later one counts
-            out.pop()
-        out.append((int(n), int(new)))
-        current = new
-    return out
-
-
-__all__ = ["LoopThread", "build_engine", "generate_all", "generate_until", "running_requests", "live_token_counts", "version_changes"]
+__all__ = ["LoopThread", "build_engine", "generate_all", "generate_until", "live_token_counts", "running_requests",
+           "version_changes"]

@@ -18,7 +18,7 @@ from rlgen.types import Completion, GenRequest, Phase
 
 
 class StreamMethods:
-    """VLLMEngine's generate_stream; it uses its llm, _loop, _lock, _calls, version, name, timeout_s, asleep and
+    """VLLMEngine's generate_stream; it uses its llm, _loop, _next_call, version, name, timeout_s, asleep and
     its request-building helpers (_prompt, _sampling, _lora_of, _sampled_logprobs, _top_logprobs)."""
 
     def generate_stream(self, requests: list[GenRequest]) -> Iterator[dict[str, Any]]:
@@ -27,9 +27,7 @@ class StreamMethods:
         early cancels the requests' task, and vLLM aborts them."""
         if self.asleep:
             raise EngineError(f"{self.name} is asleep; call wake() before generate_stream().")
-        with self._lock:
-            self._calls += 1
-            call = self._calls
+        call = self._next_call()
         t0, v = time.time(), self.version
         events: queue.Queue = queue.Queue()
 

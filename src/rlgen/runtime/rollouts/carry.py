@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlgen.tasks.base import Prompt
-from rlgen.types import Completion, GenRequest, SamplingParams
+from rlgen.types import Completion, GenRequest, SamplingParams, version_changes
 
 PARTIAL_ROUND = 1_000  # task.extra_prompts' round for the groups a step's generation holds beyond its own
 CUT = "abort"  # the finish reason of a sample cut short
@@ -70,28 +70,16 @@ def continuations(c: Carried, group_id: int, sampling: SamplingParams, max_steps
     return out
 
 
-def _changes(part: Completion, more: Completion) -> list[tuple[int, int]]:
-    """The stitched completion's version changes: part's, then the continuation's version from its first token,
-    then the continuation's own, shifted past part's tokens."""
-    n = len(part.token_ids)
-    out = [tuple(x) for x in part.version_changes]
-    marks = [(n, more.version)] + [(n + k, v) for k, v in more.version_changes]
-    for at, v in marks:
-        current = out[-1][1] if out else part.version
-        if out and out[-1][0] == at:
-            out.pop()
-            current = out[-1][1] if out else part.version
-        if v != current:
-            out.append((at, v))
-    return out
-
-
 def stitch(part: Completion, more: Completion) -> Completion:
-    """A sample cut short, and its continuation: one completion of part's prompt."""
+    """A sample cut short, and its continuation: one completion of part's prompt. Its version changes are part's,
+    then the continuation's version from its first token, then the continuation's own, shifted past part's tokens."""
+    n = len(part.token_ids)
+    marks = [*part.version_changes, (n, more.version), *((n + k, v) for k, v in more.version_changes)]
     return dataclasses.replace(
         part, token_ids=part.token_ids + more.token_ids, logprobs=part.logprobs + more.logprobs,
         top_logprobs=part.top_logprobs + more.top_logprobs if part.top_logprobs or more.top_logprobs else [],
-        finish_reason=more.finish_reason, version_changes=_changes(part, more))
+        finish_reason=more.finish_reason,
+        version_changes=version_changes(marks, part.version, n + len(more.token_ids)))
 
 
 @dataclass

@@ -218,10 +218,9 @@ class Rollouts:
         the next flight launched."""
         from rlgen.runtime.rollouts.carry import resolve
 
-        comps = [c for i in sorted(flight.results) for c in flight.results[i]["completions"]]
         try:
             flight.resolved = resolve(flight.step, flight.prompts.prompts, flight.prompts.prompt_ids, flight.carried,
-                                      comps)
+                                      flight.completions())  # the engines' (not yet sorted out)
         except ValueError as err:
             raise RunError(str(err)) from err
         self.carry.extend(flight.resolved.cut)
