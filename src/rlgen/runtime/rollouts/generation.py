@@ -92,18 +92,15 @@ class Rollouts:
 
     def _partial_flight(self, step: int, version: int, sp: Any, sampling: Any, carried: list[Any],
                         extra: int | None) -> InFlight:
-        from rlgen.runtime.rollouts.batch import StepPrompts, encode_prompts, split_requests
+        from rlgen.runtime.rollouts.batch import StepPrompts, split_requests
         from rlgen.runtime.rollouts.carry import PARTIAL_ROUND, continuations, extra_groups, quotas
 
         a = self.cfg.algo
         sp = StepPrompts(sp.step, list(sp.prompts), list(sp.prompt_ids))
         extra = extra_groups(a.prompts_per_step, a.partial_rollouts, len(carried)) if extra is None else extra
         if extra:
-            more = getattr(self.task, "extra_prompts", None)
-            if more is None:
-                raise RunError(f"algo.partial_rollouts needs more prompts than each step's, but task {self.task.name} "
-                               "gives no extra_prompts(step, round, n); set algo.partial_rollouts=0 for it.")
-            added = encode_prompts(step, self.task, self.renderer, self.cfg, prompts=more(step, PARTIAL_ROUND, extra))
+            added = self._extra_prompts(step, PARTIAL_ROUND, extra, "algo.partial_rollouts",
+                                        "set algo.partial_rollouts=0")
             sp.prompts += added.prompts
             sp.prompt_ids += added.prompt_ids
         shards = split_requests(sp, sampling, len(self.engines))
@@ -119,16 +116,23 @@ class Rollouts:
         return InFlight(step, sp, shards, version, enough=quotas(groups, a.prompts_per_step), carried=by_gid,
                         extra=extra)
 
-    def extra_flight(self, step: int, round: int, n: int, version: int) -> InFlight:
-        """Generation round `round` >= 1 of a step (dynamic sampling): n more prompts of the task, their own
-        seeds, launched now."""
-        from rlgen.runtime.rollouts.batch import encode_prompts, sampling_params, split_requests
+    def _extra_prompts(self, step: int, round: int, n: int, setting: str, off: str) -> Any:
+        """n more prompts of the task for round `round` of a step, encoded (rollout.StepPrompts); a task that gives
+        none is refused in one sentence naming the setting that asked for them and how to turn it off."""
+        from rlgen.runtime.rollouts.batch import encode_prompts
 
         more = getattr(self.task, "extra_prompts", None)
         if more is None:
-            raise RunError(f"algo.dynamic_sampling needs more prompts than each step's, but task {self.task.name} "
-                           "gives no extra_prompts(step, round, n); turn algo.dynamic_sampling off for it.")
-        sp = encode_prompts(step, self.task, self.renderer, self.cfg, prompts=more(step, round, n))
+            raise RunError(f"{setting} needs more prompts than each step's, but task {self.task.name} gives no "
+                           f"extra_prompts(step, round, n); {off} for it.")
+        return encode_prompts(step, self.task, self.renderer, self.cfg, prompts=more(step, round, n))
+
+    def extra_flight(self, step: int, round: int, n: int, version: int) -> InFlight:
+        """Generation round `round` >= 1 of a step (dynamic sampling): n more prompts of the task, their own
+        seeds, launched now."""
+        from rlgen.runtime.rollouts.batch import sampling_params, split_requests
+
+        sp = self._extra_prompts(step, round, n, "algo.dynamic_sampling", "turn algo.dynamic_sampling off")
         seed = self.cfg.seed * 100_003 + step + round * REFILL_SEED_STRIDE
         sampling = sampling_params(self.cfg, self.stop_ids, seed=seed)
         return self._send(InFlight(step, sp, split_requests(sp, sampling, len(self.engines), self.episode), version))
