@@ -143,11 +143,12 @@ class HFEngine(Episodic, KeptWarm):
                     out[(i, j)].prompt_logprobs = scored
         return {"completions": completions, "spans": [(Phase.generate.value, t0, time.time())], "version": self.version}
 
-    @torch.no_grad()
     def _cut_short(self, req: GenRequest) -> Completion:
+        """A sample generate_some() never started: cut short with no tokens."""
         return Completion(group_id=req.group_id, prompt_ids=list(req.prompt_ids), token_ids=[], logprobs=[],
                           finish_reason="abort", version=self.version)
 
+    @torch.no_grad()
     def _generate_rows(self, requests: list[GenRequest], rows: list[tuple[int, int]], emit: Any = None,
                        cancel: threading.Event | None = None, until: Until | None = None) -> list[Completion]:
         s: SamplingParams = requests[rows[0][0]].sampling
