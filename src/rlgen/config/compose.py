@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rlgen.config import RunConfig, register_configs, to_run_config
+from rlgen.config.cards import CARDS_GROUP, unknown_card
 from rlgen.errors import UserError
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -49,7 +50,7 @@ def compose_run_config(overrides: list[str] | tuple[str, ...] = (), hydra_overri
                 del cfg["hydra"]
         return to_run_config(cfg)
     except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError(explain_config_error(err)) from err
+        raise ConfigError(explain_config_error(err, [*overrides])) from err
     except ValueError as err:
         if "Config group override must be" not in str(err):
             raise
@@ -113,9 +114,29 @@ def group_options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
-def explain_config_error(err: BaseException) -> str:
-    """One readable sentence from a Hydra/OmegaConf error, with what to do instead."""
+def _card_error(msg: str, overrides: list[str]) -> str | None:
+    """The sentence for a GPU card key that is not in the card table (named by a preset or by an override of
+    hardware/gpu), or for an override of hardware/gpu on a preset that names no card; None for other errors."""
+    m = re.search(rf"In '([^']+)': Could not find '{CARDS_GROUP}/([^']+)'", msg)
+    if m:
+        preset, key = m.groups()
+        given = f"{CARDS_GROUP}={key}"
+        return unknown_card(key, f"{given}: " if any(o.lstrip("+") == given for o in overrides) else
+                            f"conf/{preset}.yaml: ")
+    if re.search(rf"Could not override '{CARDS_GROUP}'\. No match", msg):
+        given = next((o for o in overrides if o.startswith(f"{CARDS_GROUP}=")), f"{CARDS_GROUP}=<card>")
+        return (f"{given} replaces the card a hardware preset names, and this preset names none; add one with "
+                f"+{given}, or give hardware.gpu.name= and hardware.gpu.memory_gb=.")
+    return None
+
+
+def explain_config_error(err: BaseException, overrides: list[str] | None = None) -> str:
+    """One readable sentence from a Hydra/OmegaConf error, with what to do instead (overrides: the command
+    line's, to tell a value it gave from one of the tree's)."""
     msg = str(err).strip()
+    card = _card_error(msg, overrides or [])
+    if card:
+        return card
     m = re.search(r"Could not override '([^']+)'", msg)
     if m and (_is_map(m.group(1)) or _is_map(m.group(1).rsplit(".", 1)[0])):
         key = m.group(1)

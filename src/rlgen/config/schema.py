@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from rlgen.config.cards import GPUSpec, register_cards
 from rlgen.config.choices import (  # noqa: F401 - re-exported: the schema's choices
     AnswerFormat,
     BreakerAction,
@@ -135,20 +136,12 @@ class AlgoConfig:
 
 
 @dataclass
-class GPUSpec:
-    name: str = "none"
-    memory_gb: float = 0.0
-    hbm_tbps: float = 0.0  # HBM bandwidth, TB/s
-    bf16_tflops: float = 0.0  # dense bf16 peak, TFLOP/s
-
-
-@dataclass
 class HardwareConfig:
     name: str = "cpu"
     nodes: int = 1
     gpus_per_node: int = 0
     cpus_per_node: int = 2
-    gpu: GPUSpec = field(default_factory=GPUSpec)
+    gpu: GPUSpec = field(default_factory=GPUSpec)  # a preset's `gpu: <key>` fills it from rlgen.config.cards
     # The layout. null (the multi-GPU presets): the plan builds every layout the hardware can hold and runs the
     # one predicted fastest, keeping any of the three the config gives (docs/plan.md, "Layouts").
     engine_gpus: int | None = 0  # total over all nodes; engines fill nodes first
@@ -440,6 +433,7 @@ def register_configs() -> None:
     cs.store(name="base_config", node=RunConfig)
     for group, node in _GROUPS.items():
         cs.store(group=group, name=f"base_{group}", node=node)
+    register_cards(cs)
 
 
 def to_run_config(cfg: Any) -> RunConfig:

@@ -13,6 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from rlgen.config import RunConfig
+from rlgen.config.cards import card
 from rlgen.metrics.balance import BalanceContext, StepBalance, Verdict, assess, context_from_plan
 from rlgen.plan import ENGINE_HEADROOM_GIB, GIB, Plan, Transport
 from rlgen.plan.lengths import shaped_decode_s, shaped_mean
@@ -45,8 +46,8 @@ CALIBRATION_SHAPE = {
     "prompt_tokens": 128,
     "response_tokens": 512,
     "concurrency": 1024,
-    "hbm_tbps": 3.35,
-    "bf16_tflops": 989.0,
+    "hbm_tbps": card("h100").spec.hbm_tbps,
+    "bf16_tflops": card("h100").spec.bf16_tflops,
 }
 
 # Learner: rlgen's DeepSpeed learner (ZeRO-2, bf16) on one H100, 128 rows of 312 tokens a step, 6 x params x

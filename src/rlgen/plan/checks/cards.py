@@ -3,41 +3,22 @@ the sentence for a hardware preset whose card is not the one present.
 
 The GPUs are read from nvidia-smi (no CUDA is initialised): the ones CUDA_VISIBLE_DEVICES leaves visible, by
 index or UUID. A known card brings its nominal memory, HBM bandwidth and dense bf16 peak (the planner's roofline
-needs them); an unknown one its memory as nvidia-smi gives it, and no prediction."""
+needs them) from the card table, rlgen.config.cards; an unknown one its memory as nvidia-smi gives it, and no
+prediction."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
 from rlgen.config import GPUSpec, HardwareConfig
+from rlgen.config.cards import CARDS, Card
 from rlgen.gpubusy import smi_rows
 from rlgen.gpustart import visible_devices
 
 AUTO = "auto"  # hardware=auto: the plan reads this machine's GPUs (and names the result auto:<what it found>)
 MEMORY_SLACK = 0.03  # a card with at most 3% fewer bytes than a preset's nominal GB still counts as that size
-
-
-@dataclass(frozen=True)
-class Card:
-    """A GPU model: what nvidia-smi's name contains, the spec presets use for it, and its preset suffix."""
-
-    key: str
-    spec: GPUSpec
-    preset: str = ""  # conf/hardware/<n>x<preset>.yaml where one exists
-
-
-KNOWN = (  # most specific names first; among cards of one key, the nearest memory wins
-    Card("H200", GPUSpec("H200-SXM-141GB", 141, 4.8, 989), "h200"),
-    Card("H100 NVL", GPUSpec("H100-NVL-94GB", 94, 3.9, 835)),
-    Card("H100 PCIe", GPUSpec("H100-PCIe-80GB", 80, 2.0, 756)),
-    Card("H100", GPUSpec("H100-SXM-80GB", 80, 3.35, 989), "h100"),
-    Card("A100", GPUSpec("A100-80GB", 80, 2.0, 312)),
-    Card("A100", GPUSpec("A100-40GB", 40, 1.555, 312)),
-    Card("L40S", GPUSpec("L40S-48GB", 48, 0.864, 362)),
-    Card("L4", GPUSpec("L4-24GB", 24, 0.3, 121)),
-    Card("A10", GPUSpec("A10-24GB", 24, 0.6, 125)),
-)
 
 
 @dataclass(frozen=True)
@@ -81,18 +62,19 @@ def visible_gpus() -> list[Gpu]:
 
 
 def card_of(gpu: Gpu) -> Card | None:
-    """The known card a GPU is, or None."""
-    named = [c for c in KNOWN if c.key in gpu.name]
+    """The known card a GPU is, or None: the first in CARDS whose nvidia-smi name it has, the nearest in memory
+    among cards of that name."""
+    named = [c for c in CARDS if c.smi in gpu.name]
     if not named:
         return None
-    key = named[0].key
-    return min((c for c in named if c.key == key), key=lambda c: abs(c.spec.memory_gb - gpu.gib))
+    smi = named[0].smi
+    return min((c for c in named if c.smi == smi), key=lambda c: abs(c.spec.memory_gb - gpu.gib))
 
 
 def spec_of(gpu: Gpu) -> GPUSpec:
     """The GPUSpec a plan uses for the GPU: a known card's, else its own memory and no roofline figures."""
     card = card_of(gpu)
-    return card.spec if card else GPUSpec(gpu.name.replace(" ", "-"), float(int(gpu.gib)))
+    return dataclasses.replace(card.spec) if card else GPUSpec(gpu.name.replace(" ", "-"), float(int(gpu.gib)))
 
 
 def found(gpus: list[Gpu]) -> str:
@@ -107,7 +89,7 @@ def found(gpus: list[Gpu]) -> str:
 def preset_for(gpus: list[Gpu], presets: list[str]) -> str | None:
     """The hardware preset made for these GPUs (their count and card), when there is one."""
     card = card_of(gpus[0]) if gpus else None
-    name = f"{len(gpus)}x{card.preset}" if card and card.preset else ""
+    name = f"{len(gpus)}x{card.key}" if card else ""
     return name if name in presets else None
 
 
@@ -147,5 +129,5 @@ def mismatch(hw: HardwareConfig, gpus: list[Gpu], presets: list[str]) -> tuple[s
     return None, f"{said}; {why} ({fix})."
 
 
-__all__ = ["AUTO", "KNOWN", "Card", "Gpu", "auto_hardware", "card_of", "found", "mismatch", "parse", "preset_for",
+__all__ = ["AUTO", "Card", "Gpu", "auto_hardware", "card_of", "found", "mismatch", "parse", "preset_for",
            "spec_of", "visible_gpus"]
