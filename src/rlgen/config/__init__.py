@@ -1,5 +1,6 @@
-"""The config schema (``schema``: one dataclass per Hydra group, imports no torch) and how a RunConfig is
-composed from the tree (``compose``). Importing this package imports neither torch nor Hydra."""
+"""The config schema (``schema``: one dataclass per Hydra group, imports no torch), the GPU cards hardware presets
+name (``cards``), and how a RunConfig is composed from the tree (``compose``). Importing this package imports
+neither torch nor Hydra."""
 
 from rlgen.config.schema import (
     _GROUPS,
