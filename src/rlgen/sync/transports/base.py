@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class PushResult:
+    """What one push (or a transport's start) did: the version the engines now hold or are taking."""
+
     version: int
     # per-engine refs of updates still being applied (object store only): the loop parks them as queued
     # updates; each engine applies its update before its next generate()
@@ -32,6 +34,8 @@ class PushResult:
 
 
 class WeightTransport(Protocol):
+    """What the run's set-up and loop call on a transport, whichever way it sends the weights."""
+
     kind: Transport
 
     def setup(self, learner: ActorHandle, engines: Sequence[ActorHandle], engine_names: Sequence[str], *,
@@ -47,6 +51,9 @@ class WeightTransport(Protocol):
 
 
 class TransportBase:
+    """What every transport keeps: the actors it joins, the engines' confirmed version, its timeouts and whether it
+    is broken; defaults for the calls a transport has nothing to do in."""
+
     kind: Transport
 
     def __init__(self, timeout_s: float, dtype: str = "bfloat16", bucket_bytes: int = DEFAULT_BUCKET_BYTES,
@@ -125,6 +132,8 @@ class TransportBase:
 
 
 class VLLMTransport(TransportBase):
+    """A transport through vLLM's native weight transfer (NCCL, CUDA IPC): it reads the learner's weight names."""
+
     def _meta(self) -> WeightMeta:
         meta = self._get([self.learner.weight_meta.remote(self.dtype)], "reading the learner's weight names")[0]
         self.bucket_bytes = max(self.bucket_bytes, int(meta["max_tensor_bytes"]))

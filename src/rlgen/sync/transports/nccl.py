@@ -29,6 +29,8 @@ ABORT_WAIT_S = 30.0  # for the learner's aborted broadcast to return
 
 
 class NcclTransport(VLLMTransport):
+    """Engines on GPUs of their own (ReceivesNccl): one packed broadcast from learner rank 0 per update."""
+
     kind = Transport.nccl
 
     def __init__(self, *args: Any, **kwargs: Any):
