@@ -53,10 +53,10 @@ def main() -> None:
     from rlgen.config.compose import compose_run_config
     from rlgen.engines.vllm.args import engine_args_for
     from rlgen.engines.vllm.engine import VLLMEngine
-    from rlgen.learners.weight_sender import WeightSender
     from rlgen.models import prepare_model
     from rlgen.plan import Transport, build_plan
-    from rlgen.runtime.policy.weight_transports import make_transport
+    from rlgen.sync.sender import WeightSender
+    from rlgen.sync.transports import make_transport
 
     overrides = ["engine=vllm", f"hardware={args.hardware}", f"model={args.model}", "engine.max_model_len=1024",
                  f"engine.enforce_eager={not args.graphs}"]
@@ -91,7 +91,7 @@ def main() -> None:
         for _ in range(args.repeats):
             version = ray.get(learner.bump.remote())
             if plan.transport is Transport.cuda_ipc:
-                transport.before_train()
+                transport.sleep_engines()
             times.append(transport.push(version).seconds)
         run = {"bucket_mb": bucket_mb, "bytes": total, "setup_s": setup_s, "push_s": times,
                "median_s": statistics.median(times), "gb_per_s": total / statistics.median(times) / 1e9}

@@ -56,7 +56,7 @@ def _gap(vllm, reference, adapter: str | None, reference_adapter: str | None) ->
 
 
 def test_named_and_policy_adapters_match_the_peft_reference(engines, model_path, tmp_path):
-    from rlgen.transfer import write_adapter
+    from rlgen.adapter_folder import write_adapter
 
     vllm, reference = engines
     base_gap = _gap(vllm, reference, None, None)

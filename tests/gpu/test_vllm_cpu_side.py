@@ -138,7 +138,7 @@ def test_seed_mixing_separates_prompts():
 def test_weight_chunks_keep_order_and_size():
     import torch
 
-    from rlgen.engines.vllm.engine import chunk_weights
+    from rlgen.sync.receiver import chunk_weights
 
     items = [(f"w{i}", torch.zeros(256, dtype=torch.float32)) for i in range(10)]  # 1 KiB each
     chunks = list(chunk_weights(items, chunk_bytes=3 * 1024))

@@ -20,8 +20,8 @@ import pytest
 from helpers import SMALL_QWEN2, algo_cfg, save_small_qwen2
 from rlgen.config import EngineConfig, MonitorConfig
 from rlgen.engines.vllm.args import engine_args_for
-from rlgen.learners.weight_sender import WeightSender
-from rlgen.runtime.policy.weight_transports import make_transport
+from rlgen.sync.sender import WeightSender
+from rlgen.sync.transports import make_transport
 from rlgen.types import GenRequest, SamplingParams
 
 pytestmark = pytest.mark.gpu
@@ -122,16 +122,16 @@ def _transport(kind: str, async_steps: int = 0, **kw):
     return make_transport(build_plan(cfg), cfg, bucket_mb=64, **kw)
 
 
-def _swap_round_trip(ray, transport, learner, engine, before_train=lambda: None):
+def _swap_round_trip(ray, transport, learner, engine, sleep_engines=lambda: None):
     base = _greedy(ray, engine)
     ray.get(learner.use.remote(1, 1))
-    before_train()
+    sleep_engines()
     res = transport.push(1)
     assert res.version == 1 and ray.get(engine.health.remote())["version"] == 1
     swapped = _greedy(ray, engine)
     assert swapped != base, "outputs did not change after syncing a different model"
     ray.get(learner.use.remote(0, 2))
-    before_train()
+    sleep_engines()
     transport.push(2)
     assert _greedy(ray, engine) == base, "syncing the original weights back did not restore the outputs"
     return res
@@ -163,7 +163,7 @@ def test_cuda_ipc_moves_weights_between_colocated_actors(ray_local, models, shar
     for level in (1, 2):  # level 2 drops the weights: they come back through vLLM's layerwise reload
         transport = _transport("cuda_ipc", sleep_level=level)
         transport.setup(learner, [engine], ["engine0"])
-        _swap_round_trip(ray, transport, learner, engine, before_train=transport.before_train)
+        _swap_round_trip(ray, transport, learner, engine, sleep_engines=transport.sleep_engines)
     # awake (async_steps>0): no sleep; an update in flight pauses the requests for the loads only
     transport = _transport("cuda_ipc", async_steps=1)
     assert transport.awake

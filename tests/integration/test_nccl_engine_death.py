@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from rlgen.learners.weight_sender import CONTROL_GROUP, WeightSender
-from rlgen.runtime.policy.weight_transports import NcclTransport
-from rlgen.transfer import SyncError
+from rlgen.sync.sender import CONTROL_GROUP, WeightSender
+from rlgen.sync.transports import NcclTransport
+from rlgen.sync.waits import SyncError
 
 ray = pytest.importorskip("ray")
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

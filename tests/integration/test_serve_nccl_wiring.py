@@ -12,9 +12,9 @@ import time
 import pytest
 
 from rlgen.config import EngineConfig
-from rlgen.runtime.policy.weight_transports import NcclTransport
 from rlgen.serve.app import make_app
 from rlgen.serve.pool import EnginePool, ServedModel
+from rlgen.sync.transports import NcclTransport
 from rlgen.wire.client import GenerationClient
 
 ray = pytest.importorskip("ray")

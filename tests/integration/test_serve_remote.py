@@ -119,8 +119,8 @@ def test_validate_gives_a_server_an_adapter_by_name_and_leaves_its_policy(server
     weights, which would replace the server's, are refused in one sentence."""
     pytest.importorskip("peft")
     from helpers import lora_export, lora_model
+    from rlgen.adapter_folder import write_adapter
     from rlgen.plan import PlanError
-    from rlgen.transfer import write_adapter
     from rlgen.validate.run import run_validate
 
     with GenerationClient(server.url) as client:

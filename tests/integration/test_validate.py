@@ -171,7 +171,7 @@ class AdapterIgnored(HFEngine):
 def adapter_dir(model_path, tmp_path_factory):
     """A LoRA adapter on the default model with a visible effect (PEFT starts lora_B at zero)."""
     pytest.importorskip("peft")
-    from rlgen.transfer import write_adapter
+    from rlgen.adapter_folder import write_adapter
 
     adapter = lora_export(lora_model(model_path, seed=0))
     path = tmp_path_factory.mktemp("adapter")

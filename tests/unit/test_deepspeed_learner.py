@@ -31,7 +31,7 @@ from rlgen.learners.deepspeed import DeepSpeedLearner, build_ds_config
 from rlgen.learners.packed import row_tokens
 from rlgen.learners.torch import NonFiniteWeightsError, TorchLearner
 from rlgen.microbatches import assign
-from rlgen.transfer import SyncError
+from rlgen.sync.waits import SyncError
 from rlgen.types import RolloutBatch
 
 PROMPTS = [[5, 6, 7], [5, 6, 7], [9, 4, 11, 3], [9, 4, 11, 3]]
@@ -143,7 +143,7 @@ def test_ds_config_rejects_other_stages(stage):
 
 
 def test_importing_the_learner_and_sync_needs_neither_deepspeed_nor_vllm():
-    code = ("import sys, rlgen.learners.deepspeed, rlgen.runtime.policy.weight_transports; "
+    code = ("import sys, rlgen.learners.deepspeed, rlgen.sync.transports; "
             "print(sorted(m for m in ('deepspeed', 'vllm') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -28,7 +28,8 @@ from rlgen.engines.contract import (
 from rlgen.engines.registry import engine_kinds, engine_spec
 
 SRC = Path(rlgen.__file__).parent
-CALLERS = ["runtime", "serve", "learners", "commands", "validate", "bench"]  # the code that calls engines
+CALLERS = ["runtime", "serve", "learners", "sync", "commands", "validate", "bench"]  # the code that calls engines
+LEARNER_CODE = ["learners", "sync/sender.py"]  # the learner actor's classes and the weight sender it mixes in
 
 # The one actor in CALLERS that is no engine: bench/raw.py drives vLLM's own offline LLM (RawVLLM, the bench's
 # baseline with no rlgen around it) in an actor of its own. It is no engine kind, so no spec claims anything for
@@ -153,12 +154,13 @@ def _called_names(tree: ast.AST) -> set[str]:
 
 
 def _trees(folders: list[str]) -> list[tuple[str, ast.AST]]:
-    files = [f for d in folders for f in sorted((SRC / d).rglob("*.py"))] if folders else []
+    """Each Python file under the folders (or the file itself, where one names a file)."""
+    files = [f for d in folders for f in ([SRC / d] if (SRC / d).is_file() else sorted((SRC / d).rglob("*.py")))]
     return [(str(f.relative_to(SRC)), ast.parse(f.read_text())) for f in files]
 
 
 def _learner_methods() -> set[str]:
-    return {f.name for _, tree in _trees(["learners"]) for c in ast.walk(tree) if isinstance(c, ast.ClassDef)
+    return {f.name for _, tree in _trees(LEARNER_CODE) for c in ast.walk(tree) if isinstance(c, ast.ClassDef)
             for f in c.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)}
 
 

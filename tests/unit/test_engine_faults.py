@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import ray
 
-from rlgen.engines.base import EngineDead
-from rlgen.runtime.rollouts.engine_restarts import EngineKeeper, EngineLost, death_detail, engine_died
+from rlgen.engines.base import EngineDead, engine_died
+from rlgen.runtime.rollouts.engine_restarts import EngineKeeper, EngineLost, death_detail
 
 
 class Wrapped(Exception):

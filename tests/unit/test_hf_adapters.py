@@ -9,10 +9,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from helpers import lora_export, lora_model, save_tiny_qwen2
+from rlgen.adapter_folder import write_adapter
 from rlgen.config import EngineConfig
 from rlgen.engines.hf.adapters import AdapterError
 from rlgen.engines.hf.engine import HFEngine
-from rlgen.transfer import write_adapter
 from rlgen.types import GenRequest, SamplingParams
 
 pytest.importorskip("peft")

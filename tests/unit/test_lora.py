@@ -9,6 +9,7 @@ from test_torch_learner import make_batch
 from transformers import AutoModelForCausalLM
 
 from helpers import algo_cfg, nudge_lora, save_tiny_qwen2
+from rlgen.adapter_folder import write_adapter
 from rlgen.config import LORA_BLOCK_LINEARS, MonitorConfig
 from rlgen.learners.lora import (
     LoraError,
@@ -19,7 +20,6 @@ from rlgen.learners.lora import (
     wrap,
 )
 from rlgen.learners.torch import TorchLearner
-from rlgen.transfer import write_adapter
 
 pytest.importorskip("peft")
 
@@ -108,9 +108,9 @@ def test_target_modules_the_model_lacks_and_a_folder_that_is_no_adapter_are_one_
 
 
 def test_the_gpu_weight_paths_send_the_merged_weights_under_the_base_names(base_dir):
-    from rlgen.learners.weight_sender import WeightSender
+    from rlgen.learners.sending import PolicySender
 
-    cls = type("TorchLearnerWithSender", (WeightSender, TorchLearner), {})
+    cls = type("TorchLearnerWithSender", (PolicySender, TorchLearner), {})
     learner = cls(base_dir, algo_cfg(lr=1e-3), MonitorConfig(), lora=LORA)
     nudge_lora(learner.peft)
     base = _base(base_dir)

@@ -10,6 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from helpers import lora_export, lora_model
+from rlgen.adapter_folder import write_adapter
 from rlgen.config import EngineConfig
 from rlgen.config.compose import compose_run_config
 from rlgen.engines.hf.engine import HFEngine
@@ -17,7 +18,6 @@ from rlgen.models import load_tokenizer, prepare_model
 from rlgen.plan import build_plan
 from rlgen.serve.app import make_app
 from rlgen.serve.pool import EnginePool, ServedModel
-from rlgen.transfer import write_adapter
 from rlgen.wire.client import GenerationClient, ServerError
 
 pytest.importorskip("peft")

@@ -22,17 +22,18 @@ from hypothesis import strategies as st
 from rlgen.config.compose import compose_run_config
 from rlgen.engines.contract import CapabilityMissing
 from rlgen.engines.vllm.args import engine_args_for
-from rlgen.engines.vllm.ipc_buffer import ALIGN_BYTES, buffer_bytes, chunk_views, ipc_layout, part_for
-from rlgen.learners.weight_sender import WeightSender
 from rlgen.plan import Transport, build_plan
-from rlgen.runtime.policy.ipc_transport import lead_ranks
-from rlgen.runtime.policy.weight_transports import (
+from rlgen.sync.ipc_buffer import ALIGN_BYTES, buffer_bytes, chunk_views, ipc_layout, part_for
+from rlgen.sync.layout import plan_buckets
+from rlgen.sync.sender import WeightSender
+from rlgen.sync.transports import (
     CudaIpcTransport,
     NcclTransport,
     ObjectStoreTransport,
+    lead_ranks,
     make_transport,
 )
-from rlgen.transfer import SyncError, SyncTimeoutError, get_all, plan_buckets, run_with_timeout
+from rlgen.sync.waits import SyncError, SyncTimeoutError, get_all, run_with_timeout
 
 
 class Handle:
@@ -348,7 +349,7 @@ def test_ipc_cycle_sleeps_for_training_and_wakes_weights_before_kv():
     learner = FakeLearner(log)
     t = CudaIpcTransport(timeout_s=2, sleep_level=2)
     t.setup(Handle(learner), [Handle(engine)], ["engine0"])
-    spans = t.before_train()
+    spans = t.sleep_engines()
     assert spans[0]["actor"] == "engine0"
     learner.version = 1
     res = t.push(1)
@@ -377,7 +378,7 @@ def test_awake_ipc_engines_never_sleep_and_pause_only_for_an_update_in_flight():
     t = CudaIpcTransport(timeout_s=2, sleep_level=1, awake=True)
     t.setup(Handle(learner), [Handle(e) for e in engines], [e.name for e in engines])
     log.clear()
-    assert t.before_train() == [] and t.no_update() == []
+    assert t.sleep_engines() == [] and t.wake_engines() == []
     learner.version = 1
     t.push(1)  # no generation running: load without pausing
     learner.version = 2
@@ -431,15 +432,15 @@ def test_ipc_skipped_step_brings_engines_back(level):
     t = CudaIpcTransport(timeout_s=2, sleep_level=level)
     t.setup(Handle(learner), [Handle(engine)], ["engine0"])
     log.clear()
-    t.before_train()
-    t.no_update()  # the learner skipped its step: version stays 0
+    t.sleep_engines()
+    t.wake_engines()  # the learner skipped its step: version stays 0
     mine = [w for _, w in log if _ == "engine0"]
     if level == 1:  # old weights were kept on the CPU
         assert mine == [f"sleep:{level}", "wake:"]
     else:  # level 2 dropped them: the learner sends the current version again
         assert mine == [f"sleep:{level}", "wake:weights", "ipc", "wake:kv_cache"]
     assert t.version == 0 == engine.version
-    assert ObjectStoreTransport(timeout_s=1).no_update() == []
+    assert ObjectStoreTransport(timeout_s=1).wake_engines() == []
 
 
 # -- the resident IPC buffer ------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ of each capability a kind claims, are ``rlgen.engines.contract``'s protocols (``
 from __future__ import annotations
 
 from rlgen.engines.contract import Engine
+from rlgen.errors import causes
 from rlgen.types import Completion, GenRequest
 
 COULD_NOT_START = " could not start: "  # between the engine's name and why, in every EngineStartError
@@ -22,4 +23,12 @@ class EngineDead(RuntimeError):
     gives it the current weights and sends its requests again (rlgen.runtime.rollouts.engine_restarts)."""
 
 
-__all__ = ["COULD_NOT_START", "Completion", "Engine", "EngineDead", "EngineStartError", "GenRequest"]
+def engine_died(err: BaseException) -> bool:
+    """Whether a failed call means an engine is gone: an actor that died, or an engine that raised EngineDead,
+    also when it reached us through another actor's call (an IPC update goes through the learner)."""
+    from ray.exceptions import RayActorError
+
+    return any(isinstance(e, (RayActorError, EngineDead)) for e in causes(err))
+
+
+__all__ = ["COULD_NOT_START", "Completion", "Engine", "EngineDead", "EngineStartError", "GenRequest", "engine_died"]

@@ -39,10 +39,11 @@ from rlgen.learners.grpo_step import (
 )
 from rlgen.learners.lora import AdapterOff
 from rlgen.learners.policy import adamw, frozen_model, load_policy, with_lora
+from rlgen.learners.sending import PolicySender
 from rlgen.learners.torch import NonFiniteWeightsError, TorchLearner
-from rlgen.learners.weight_sender import WeightSender
 from rlgen.phases import ActorClock
-from rlgen.transfer import DEFAULT_BUCKET_BYTES, plan_buckets, run_with_timeout
+from rlgen.sync.layout import DEFAULT_BUCKET_BYTES, plan_buckets
+from rlgen.sync.waits import run_with_timeout
 from rlgen.types import Phase, RolloutBatch
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ def _dist_env(rank: int, world_size: int, master_addr: str | None, master_port: 
                        "MASTER_ADDR": str(master_addr), "MASTER_PORT": str(master_port)})
 
 
-class DeepSpeedLearner(WeightSender, TorchLearner):
+class DeepSpeedLearner(PolicySender, TorchLearner):
     # ZeRO partitions the optimizer state (and with stage 3 the parameters) over the ranks: a surviving rank
     # cannot write a lost rank's files, so a lost rank stops the run at the last complete checkpoint.
     replicas = False

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlgen.adapter_folder import write_adapter
 from rlgen.algo.registry import Algorithm
 from rlgen.algo.registry import algorithm as find_algorithm
 from rlgen.config import AlgoConfig, KLPenalty, LossAgg, MonitorConfig
@@ -34,7 +35,6 @@ from rlgen.learners.lora import AdapterOff, adapter_config, adapter_weights, mer
 from rlgen.learners.policy import adamw, frozen_model, load_policy, with_lora
 from rlgen.packing import pack
 from rlgen.phases import ActorClock
-from rlgen.transfer import write_adapter
 from rlgen.types import RolloutBatch
 
 

@@ -15,10 +15,10 @@ import re
 import struct
 from pathlib import Path
 
+from rlgen.adapter_folder import read_adapter_config
 from rlgen.config import LORA_BLOCK_LINEARS, LORA_DEFAULT_RANK, LoraSync, RunConfig, Setting, set_key
 from rlgen.engines.registry import EngineSpec
 from rlgen.plan.memory import block_linears, full_finetune_fits
-from rlgen.transfer import read_adapter_config
 
 
 def resolve_lora(cfg: RunConfig, spec: EngineSpec, model, ranks: int, per_rank: int, colocated: bool,

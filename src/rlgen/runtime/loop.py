@@ -31,8 +31,8 @@ from rlgen.runtime.rollouts.refill import step_rollouts
 from rlgen.runtime.rollouts.tail import tail_metrics
 from rlgen.runtime.setup import Run
 from rlgen.runtime.step_record import step_record
+from rlgen.sync.waits import SyncError, SyncTimeoutError
 from rlgen.tasks.scoring import RewardError
-from rlgen.transfer import SyncError, SyncTimeoutError
 from rlgen.types import Phase, StepTimeline
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ def _step(run: Run, step: int, sink: Any, tracker: Any) -> str | None:
     run.learners_ready()  # the first batch may have generated while the learners started
     scores = got.scores
     staleness = state.version - batch.version
-    for r in _over_engines(run, run.transport.before_train):  # colocated engines sleep while the learner trains
+    for r in _over_engines(run, run.transport.sleep_engines):  # colocated engines sleep while the learner trains
         for phase, a, b in r["spans"]:
             tl.add(r["actor"], Phase(phase), a, b)
     try:
@@ -271,11 +271,11 @@ def _push(run: Run, metrics: dict, halt: bool, tl: StepTimeline) -> None:
     """The new version to the engines, unless the step was skipped or the breaker halts the run."""
     state = run.state
     if metrics.get("skipped"):
-        _over_engines(run, run.transport.no_update)  # colocated: wake the engines on their old weights
+        _over_engines(run, run.transport.wake_engines)  # colocated: wake the engines on their old weights
         return
     state.version = int(metrics["version"])
     if halt:
-        _over_engines(run, run.transport.no_update)
+        _over_engines(run, run.transport.wake_engines)
         return
     in_flight = state.async_steps > 0 and bool(run.rollouts.pending)
     try:

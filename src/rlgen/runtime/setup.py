@@ -47,15 +47,15 @@ from rlgen.runtime.durability.shared_folders import place_folder, place_run_fold
 from rlgen.runtime.errors import RunError, StopRequested
 from rlgen.runtime.policy.breaker import CircuitBreaker
 from rlgen.runtime.policy.state import RunState
-from rlgen.runtime.policy.weight_transports import make_transport
 from rlgen.runtime.rollouts.engine_restarts import EngineKeeper, EngineLost
 from rlgen.runtime.rollouts.generation import Rollouts
 from rlgen.runtime.signals import StopFlag
 from rlgen.runtime.start.loaders import start_loaders
 from rlgen.runtime.start.on_thread import Beside
 from rlgen.runtime.start.progress import StartupClock
+from rlgen.sync.transports import make_transport
+from rlgen.sync.waits import SyncError
 from rlgen.tasks.scoring import Scorer
-from rlgen.transfer import SyncError
 
 log = logging.getLogger(__name__)
 LEARNERS_BESIDE = "learners and weight transport (beside the first batch)"

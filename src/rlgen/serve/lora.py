@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from rlgen.adapter_folder import read_adapter_config
 from rlgen.plan.lora import adapter_misfit
 from rlgen.serve.http import failure
 from rlgen.serve.pool import EnginePool
-from rlgen.transfer import read_adapter_config
 from rlgen.wire.protocol import BadRequest
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlgen.transfer import read_adapter_config
+from rlgen.adapter_folder import read_adapter_config
 
 POLICY = "rlgen-policy"  # the policy adapter's name inside the PEFT model; never a served name
 

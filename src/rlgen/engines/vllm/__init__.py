@@ -2,9 +2,10 @@
 parallelism), takes a share of its GPU's memory that the plan sizes, sleeps while colocated learners train or
 stays awake and takes weight updates while it generates, and receives weights over NCCL (own GPUs) or CUDA IPC
 (colocated), or holds the base and takes LoRA adapters. Its other modules: args (engine arguments), loop (its
-event loop), weights and ipc_buffer (how weights get in), adapters (LoRA), stream (streamed generation), common
-(its error and timeouts), startup (why it could not start), kvcache (the KV size kept for the next start), fork
-(how its engine core starts), modelinfo (vLLM's inspection of the model class, begun at launch)."""
+event loop), updates (how weights get in; what its workers run is rlgen.sync.receiver), adapters (LoRA), stream
+(streamed generation), common (its error and timeouts), startup (why it could not start), kvcache (the KV size
+kept for the next start), fork (how its engine core starts), modelinfo (vLLM's inspection of the model class,
+begun at launch)."""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ import tempfile
 import time
 from typing import Any
 
+from rlgen.adapter_folder import write_adapter
 from rlgen.engines.vllm.common import CONTROL_TIMEOUT_S, EngineError
-from rlgen.transfer import write_adapter
 from rlgen.types import GenRequest, Phase
 
 KEEP = 4  # vLLM keeps this many adapters on the CPU (max_cpu_loras); their folders stay

@@ -4,8 +4,8 @@ Token-in/token-out, with the logprob of each sampled token (the quantity the lea
 that owns a daemon thread running one asyncio loop (``rlgen.engines.vllm.loop``), so any thread of a threaded
 actor can call in while a ``generate()`` is in flight; docs/architecture.md says why it is not an async actor.
 vllm is imported only when an engine is built. Its parts: engine arguments and seeds (``args``), weight updates
-(``updates``, ``weights``, ``ipc_buffer``), LoRA (``adapters``), streaming (``stream``), stored KV-cache sizes
-(``kvcache``).
+(``updates``; the functions its workers run are ``rlgen.sync.receiver``), LoRA (``adapters``), streaming
+(``stream``), stored KV-cache sizes (``kvcache``).
 """
 
 from __future__ import annotations
@@ -50,7 +50,6 @@ from rlgen.engines.vllm.startup import (
 )
 from rlgen.engines.vllm.stream import StreamMethods
 from rlgen.engines.vllm.updates import UpdateMethods
-from rlgen.engines.vllm.weights import WEIGHT_CHUNK_BYTES, chunk_weights
 from rlgen.hostinfo import process_info
 from rlgen.phases import ActorClock, read_log_times
 from rlgen.types import Completion, GenRequest, Phase, tail_start
@@ -436,9 +435,7 @@ __all__ = [
     "REQUIRED_ENV",
     "TUNED_DEFAULTS",
     "VLLMEngine",
-    "WEIGHT_CHUNK_BYTES",
     "build_engine_args",
-    "chunk_weights",
     "mix_seed",
     "require_cuda_and_vllm",
 ]

@@ -1,8 +1,10 @@
 """Weight updates on a vllm engine: ``UpdateMethods``, the engine's calls that put new weights into the running
-engine (mixed into VLLMEngine). ``update_weights`` sends them through vLLM's collective_rpc in chunks (the object-store
-path); the rest drive vLLM's native weight transfer: a trainer's NCCL group (init, start, receive, finish) and a
-colocated learner's resident CUDA IPC buffer (``receive_ipc``). Each update ends by dropping the prefix cache and
-taking the new policy version; an update while requests run notes how far each had got."""
+engine (mixed into VLLMEngine), run in the engine actor's own process. ``update_weights`` sends them through vLLM's
+collective_rpc in chunks (the object-store path); the rest drive vLLM's native weight transfer: a trainer's NCCL
+group (init, start, receive, finish) and a colocated learner's resident CUDA IPC buffer (``receive_ipc``). What
+each vLLM worker runs meanwhile is ``rlgen.sync.receiver``; the driver's side is ``rlgen.sync.transports``. Each
+update ends by dropping the prefix cache and taking the new policy version; an update while requests run notes how
+far each had got."""
 
 from __future__ import annotations
 
@@ -13,9 +15,14 @@ from typing import TYPE_CHECKING, Any
 from rlgen.engines.base import EngineDead
 from rlgen.engines.cancel import CallCancelled
 from rlgen.engines.vllm.common import CONTROL_TIMEOUT_S, EngineError, nccl_join_failed
-from rlgen.engines.vllm.ipc_buffer import load_ipc_on_worker
 from rlgen.engines.vllm.loop import live_token_counts
-from rlgen.engines.vllm.weights import chunk_weights, load_weights_on_worker, receive_nccl_on_worker, to_wire
+from rlgen.sync.receiver import (
+    chunk_weights,
+    load_ipc_on_worker,
+    load_weights_on_worker,
+    receive_nccl_on_worker,
+    to_wire,
+)
 from rlgen.types import Phase
 
 if TYPE_CHECKING:
@@ -129,7 +136,7 @@ class UpdateMethods:
 
     def receive_ipc(self, handle: dict[str, Any], chunk: dict[str, Any], version: int, *, first: bool = True,
                     last: bool = True, pause: bool = False, timeout_s: float = CONTROL_TIMEOUT_S) -> dict[str, Any]:
-        """Load one chunk of a colocated learner's resident IPC buffer (rlgen.engines.vllm.ipc_buffer) into the
+        """Load one chunk of a colocated learner's resident IPC buffer (rlgen.sync.ipc_buffer) into the
         running engine. pause=True (an update while requests run): pause them, keeping their KV cache, before
         the first chunk and resume them after the last, all inside this actor, so the pause lasts the loads
         only. The last chunk drops the prefix cache and takes the new policy version. After sleep level 2 the

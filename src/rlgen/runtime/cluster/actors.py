@@ -15,7 +15,7 @@ from typing import Any
 from rlgen.config import RunConfig, Transport
 from rlgen.learners.group import free_endpoint
 from rlgen.learners.registry import LEARNERS
-from rlgen.learners.weight_sender import CONTROL_GROUP, WeightSender
+from rlgen.learners.sending import PolicySender
 from rlgen.plan import Plan
 from rlgen.plan.checks.machine import bootstrap_address, cluster_join_mode
 from rlgen.plan.checks.machine import cluster_address as ray_address
@@ -31,6 +31,7 @@ from rlgen.runtime.cluster.local_ray import (
 )
 from rlgen.runtime.cluster.nodes import NODE_ID_LABEL, assign_nodes, cluster_nodes, free_per_node, spare_nodes
 from rlgen.runtime.errors import RunError
+from rlgen.sync.sender import CONTROL_GROUP, WeightSender
 
 log = logging.getLogger(__name__)
 MOVE_TIMEOUT_S = 30.0  # reserving one engine's bundle on a node that has the room for it
@@ -362,5 +363,5 @@ def learner_class(plan: Plan) -> tuple[type, dict[str, Any]]:
     if plan.transport in (Transport.nccl, Transport.cuda_ipc):
 
         if not issubclass(cls, WeightSender):
-            cls = type(f"{cls.__name__}WithSender", (WeightSender, cls), {})
+            cls = type(f"{cls.__name__}WithSender", (PolicySender, cls), {})
     return cls, spec.actor_kwargs(plan.config, plan)

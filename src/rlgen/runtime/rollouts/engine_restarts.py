@@ -11,21 +11,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from rlgen.engines.base import EngineDead
+from rlgen.engines.base import EngineDead, engine_died
 from rlgen.errors import causes
 from rlgen.runtime.cluster.nodes import node_alive, node_name
 from rlgen.runtime.errors import RunError, actor_death_detail
 
 log = logging.getLogger(__name__)
 HEALTH_TIMEOUT_S = 30.0  # an engine that does not answer its health check within this is busy, not dead
-
-
-def engine_died(err: BaseException) -> bool:
-    """Whether a failed call means an engine is gone: an actor that died, or an engine that raised EngineDead,
-    also when it reached us through another actor's call (an IPC update goes through the learner)."""
-    from ray.exceptions import RayActorError
-
-    return any(isinstance(e, (RayActorError, EngineDead)) for e in causes(err))
 
 
 def death_detail(err: BaseException) -> str:

@@ -11,9 +11,9 @@ import time
 from collections import deque
 from typing import Any
 
+from rlgen.engines.base import engine_died
 from rlgen.runtime.cluster.waits import POLL_S, short
 from rlgen.runtime.errors import RunError, StopRequested
-from rlgen.runtime.rollouts.engine_restarts import engine_died
 from rlgen.runtime.rollouts.in_flight import InFlight, results_from_json
 from rlgen.tasks.prompts import cut_at_stop
 from rlgen.tasks.scoring import RewardError, finite_mean

@@ -1,5 +1,7 @@
-"""The learner-side half of the GPU weight transports: a mixin that exports, packs and sends a learner's
-weights to vLLM engines over NCCL or CUDA IPC (``rlgen.runtime.policy.weight_transports`` holds the driver side). vllm is imported lazily.
+"""The learner's end of the GPU weight paths: ``WeightSender``, a mixin of the learner actor that exports its
+weights, packs them and sends them to the vLLM engines over NCCL (one packed broadcast from rank 0) or CUDA IPC
+(every rank packs its GPU's resident buffer, then has the engines it leads load each chunk). The driver's side is
+``rlgen.sync.transports``; the engine workers' side is ``rlgen.sync.receiver``. vllm is imported lazily.
 """
 
 from __future__ import annotations
@@ -7,49 +9,55 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict
 
-from rlgen.engines.vllm.ipc_buffer import buffer_bytes, chunk_views, ipc_layout, share
-from rlgen.transfer import (
-    DEFAULT_BUCKET_BYTES,
-    NUM_BUFFERS,
-    SLACK_S,
-    SyncError,
-    SyncTimeoutError,
-    get_all,
-    run_with_timeout,
-)
+from rlgen.sync.ipc_buffer import Chunk, IpcHandle, buffer_bytes, chunk_views, ipc_layout, share
+from rlgen.sync.layout import DEFAULT_BUCKET_BYTES, NUM_BUFFERS
+from rlgen.sync.waits import SLACK_S, SyncError, SyncReport, SyncTimeoutError, get_all, run_with_timeout
 from rlgen.types import Phase
 
+if TYPE_CHECKING:
+    import torch
+    from ray.actor import ActorHandle
+
 CONTROL_GROUP = "control"  # the learner's concurrency group for calls that must not wait behind a blocked one
+# the weights as packed into the IPC buffer: each chunk's (name, view of the buffer) pairs
+ChunkViews: TypeAlias = "list[list[tuple[str, torch.Tensor]]]"
+
+
+class WeightMeta(TypedDict):
+    """What the engines need to receive an update (names, dtype_names, shapes: vLLM's update info) and its size."""
+
+    names: list[str]
+    dtype_names: list[str]
+    shapes: list[list[int]]
+    max_tensor_bytes: int
+    total_bytes: int
 
 
 class WeightSender:
     """Learner-side half of the GPU transports. The learner class provides ``version``, ``name``, ``device``
-    and ``named_weights()``: (name, parameter) in HF checkpoint names. ``iter_weights`` yields full tensors;
-    a sharded learner (ZeRO-3) overrides it to gather bucket by bucket."""
+    and ``model``. ``named_weights()`` is (name, parameter) in HF checkpoint names and ``iter_weights`` yields
+    the full tensors to send: here the model's own parameters; a learner whose policy is not its model's
+    parameters as they are (LoRA adapters merged in: ``rlgen.learners.sending``; ZeRO-3 gathers, bucket by
+    bucket) overrides both."""
 
     version: int
     name: str
-    device: Any
-    _nccl_group: Any = None
+    device: torch.device | str
+    model: torch.nn.Module
+    _nccl_group: Any = None  # vLLM's trainer-side NCCL communicator (vllm is imported lazily)
     sync_blocked: str | None = None  # set when the learner's weights must not be exported
 
-    def named_weights(self) -> list[tuple[str, Any]]:
-        """With LoRA (a ``peft`` model): the base's parameters under the base's names (iter_weights merges the
-        adapters in, one tensor at a time)."""
-        peft = getattr(self, "peft", None)
-        if peft is not None:
-            from rlgen.learners.lora import base_parameters
-
-            return base_parameters(peft)
+    def named_weights(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """(name, parameter) of the policy, in HF checkpoint names and in the order they are sent."""
         return list(self.model.named_parameters())
 
     @staticmethod
-    def full_shape(param: Any) -> tuple[int, ...]:
+    def full_shape(param: torch.Tensor) -> tuple[int, ...]:
         return tuple(getattr(param, "ds_shape", None) or param.shape)  # ZeRO-3 keeps the full shape aside
 
-    def weight_meta(self, dtype: str) -> dict[str, Any]:
+    def weight_meta(self, dtype: str) -> WeightMeta:
         """names, dtype_names, shapes (the update info vLLM needs) and the largest tensor's bytes."""
         import torch
 
@@ -64,16 +72,12 @@ class WeightSender:
             "total_bytes": sum(math.prod(s) * item for s in shapes),
         }
 
-    def iter_weights(self, dtype: str | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Iterator[tuple[str, Any]]:
+    def iter_weights(self, dtype: str | None = None,
+                     bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Iterator[tuple[str, torch.Tensor]]:
         """(name, tensor [full shape]) in named_weights() order, cast to dtype (a view when it already is)."""
         import torch
 
         target = getattr(torch, dtype) if dtype else None
-        if getattr(self, "peft", None) is not None:
-            from rlgen.learners.lora import merged_weights
-
-            yield from merged_weights(self.peft, target)
-            return
         for name, p in self.named_weights():
             t = p.detach()
             yield name, (t.to(target) if target is not None else t)
@@ -93,7 +97,8 @@ class WeightSender:
 
         return get_ip(), get_open_port()
 
-    def init_nccl_sender(self, master_address: str, master_port: int, world_size: int, timeout_s: float) -> dict:
+    def init_nccl_sender(self, master_address: str, master_port: int, world_size: int,
+                         timeout_s: float) -> SyncReport:
         from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
 
         t0 = time.time()
@@ -113,7 +118,7 @@ class WeightSender:
         group.destroy()  # vLLM's PyNcclCommunicator: ncclCommAbort on a thread, waited for a few seconds
         return True
 
-    def send_weights_nccl(self, version: int, dtype: str, bucket_bytes: int, timeout_s: float) -> dict:
+    def send_weights_nccl(self, version: int, dtype: str, bucket_bytes: int, timeout_s: float) -> SyncReport:
         """Broadcast every weight, packed, to the engines (which must be in receive_weights concurrently)."""
         import torch
         from vllm.distributed.weight_transfer.nccl_engine import (
@@ -147,7 +152,7 @@ class WeightSender:
         return {"actor": self.name, "version": int(version), "spans": [(Phase.sync.value, t0, t1)],
                 "parts": {"send": t1 - t0}}
 
-    def _ipc_buffer(self, dtype: str, bucket_bytes: int) -> tuple[dict[str, Any], list[dict[str, Any]], list[list]]:
+    def _ipc_buffer(self, dtype: str, bucket_bytes: int) -> tuple[IpcHandle, list[Chunk], ChunkViews]:
         """The resident IPC buffer's shared handle, its layout and each chunk's (name, view) pairs: made on the
         first update, then reused (the layout follows the weights' names, shapes and dtype, which do not change
         during a run)."""
@@ -164,10 +169,10 @@ class WeightSender:
             self._ipc = (key, self._share_ipc(buffer), layout, [chunk_views(buffer, c) for c in layout])
         return self._ipc[1], self._ipc[2], self._ipc[3]
 
-    def _share_ipc(self, buffer: Any) -> dict[str, Any]:
+    def _share_ipc(self, buffer: torch.Tensor) -> IpcHandle:
         return share(buffer)
 
-    def ipc_handle(self, dtype: str, bucket_bytes: int) -> dict[str, Any]:
+    def ipc_handle(self, dtype: str, bucket_bytes: int) -> IpcHandle:
         """This rank's resident IPC buffer (made now if it is not yet) as a handle other processes open: the
         driver merges every rank's into one, so an engine spread over several GPUs finds a buffer on each."""
         return self._ipc_buffer(dtype, bucket_bytes)[0]
@@ -182,8 +187,9 @@ class WeightSender:
             dist.all_reduce(t)
             t.item()
 
-    def send_weights_ipc(self, engines: list[Any], version: int, dtype: str, bucket_bytes: int, timeout_s: float,
-                         pause: bool = False, handle: dict[str, Any] | None = None, lockstep: bool = False) -> dict:
+    def send_weights_ipc(self, engines: list[ActorHandle], version: int, dtype: str, bucket_bytes: int,
+                         timeout_s: float, pause: bool = False, handle: IpcHandle | None = None,
+                         lockstep: bool = False) -> SyncReport:
         """A whole IPC update of the engines this rank leads: pack each chunk of the layout into the resident
         buffer, then have the engines load it. With pause=True (an update in flight) the engines pause their
         requests (keeping the KV cache) on the first chunk and resume after the last, so the pause covers the
@@ -206,7 +212,7 @@ class WeightSender:
         t1 = time.time()
         weights = self.iter_weights(dtype, bucket_bytes)
         packing = loading = waiting = 0.0
-        done: list[dict] = []
+        done: list[SyncReport] = []
         for k, (chunk, chunk_view) in enumerate(zip(layout, views)):
             p0 = time.time()
             self._pack(weights, chunk_view)
@@ -230,7 +236,7 @@ class WeightSender:
         return {"actor": self.name, "version": int(version), "chunks": len(layout), "engines": done, "parts": parts,
                 "spans": [(Phase.sync.value, t0, time.time())]}
 
-    def _pack(self, weights: Iterator[tuple[str, Any]], chunk_view: list) -> None:
+    def _pack(self, weights: Iterator[tuple[str, torch.Tensor]], chunk_view: list[tuple[str, torch.Tensor]]) -> None:
         """The next weights from ``weights`` into one chunk's views of the buffer, in the layout's order."""
         import torch
 

@@ -2,19 +2,24 @@
 buffer on its own GPU, and the engines on that GPU load them from it in place. With one rank that rank sends to
 every engine; with a colocated learner group (hybrid: every GPU both trains and generates) each rank leads the
 engines whose first GPU is its own, and an engine spread over several GPUs (tensor parallel) has each worker
-read its own GPU's buffer. The learner's half is ``rlgen.learners.weight_sender.send_weights_ipc``."""
+read its own GPU's buffer. The learner's half is ``rlgen.sync.sender.WeightSender.send_weights_ipc``, the engine
+workers' ``rlgen.sync.receiver.load_ipc_on_worker``."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rlgen.engines.vllm.ipc_buffer import merged
-from rlgen.plan import Plan, Transport
-from rlgen.runtime.policy.transport_base import PushResult, VLLMTransport
-from rlgen.transfer import SyncError, check_versions
+from rlgen.config import Transport
+from rlgen.plan import Plan
+from rlgen.sync.ipc_buffer import IpcHandle, merged
+from rlgen.sync.transports.base import PushResult, VLLMTransport
+from rlgen.sync.waits import SyncError, SyncReport, check_versions
 from rlgen.types import Phase
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 
 def lead_ranks(plan: Plan) -> list[int]:
@@ -37,11 +42,11 @@ class CudaIpcTransport(VLLMTransport):
         self.sleep_level, self.awake = int(sleep_level), bool(awake)
         self.leads = list(leads)
         self.generates_before_start = True  # start() sends the weights the engines hold: it sets the buffer up
-        self.ranks: list[Any] = []
-        self.handle: dict[str, Any] = {}
+        self.ranks: list[ActorHandle] = []
+        self.handle: IpcHandle = {}
 
-    def setup(self, learner: Any, engines: Sequence[Any], engine_names: Sequence[str], *,
-              gatherers: Sequence[Any] = (), ranks: Sequence[Any] = ()) -> None:
+    def setup(self, learner: ActorHandle, engines: Sequence[ActorHandle], engine_names: Sequence[str], *,
+              gatherers: Sequence[ActorHandle] = (), ranks: Sequence[ActorHandle] = ()) -> None:
         """ranks: every learner rank (rank 0 first); each packs its own GPU's buffer, so a ZeRO-3 group's
         gathers need no gatherers here (every rank is in them, sending)."""
         self.ranks = list(ranks) or [learner, *gatherers]
@@ -68,14 +73,14 @@ class CudaIpcTransport(VLLMTransport):
     def start(self) -> PushResult:
         return self._cycle(self.version, resend=True)  # engines are awake before the first step
 
-    def before_train(self) -> list[dict[str, Any]]:
+    def sleep_engines(self) -> list[SyncReport]:
         if self.awake:
             return []
         t0 = time.time()
         self._get([e.sleep.remote(self.sleep_level) for e in self.engines], "engines going to sleep", self.engine_names)
         return [{"actor": n, "spans": [(Phase.idle.value, t0, time.time())]} for n in self.engine_names]
 
-    def no_update(self) -> list[dict[str, Any]]:
+    def wake_engines(self) -> list[SyncReport]:
         """Level 1 kept the old weights on the CPU: wake everything. Level 2 dropped them: send them again."""
         if self.awake:
             return []
@@ -90,14 +95,14 @@ class CudaIpcTransport(VLLMTransport):
                             "cannot be in flight.")
         return self._cycle(version, asleep=not self.awake, in_flight=in_flight)
 
-    def replace_engine(self, index: int, actor: Any, resend: bool = True) -> None:
+    def replace_engine(self, index: int, actor: ActorHandle, resend: bool = True) -> None:
         """The re-created engine joins IPC and (resend) gets the current weights; the others are untouched."""
         self.engines[index] = actor
         self._get([actor.init_weight_transfer.remote({}, self.timeout_s)], "IPC set-up", [self.engine_names[index]])
         if resend:
             self._cycle(self.version, resend=True, only=[index])
 
-    def _send(self, picked: Sequence[int], version: int, in_flight: bool) -> list[dict[str, Any]]:
+    def _send(self, picked: Sequence[int], version: int, in_flight: bool) -> list[SyncReport]:
         """Every rank packs and sends to the picked engines it leads (a rank that leads none still packs its
         buffer and meets the others); each rank's result, in rank order."""
         refs = []

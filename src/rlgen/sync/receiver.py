@@ -1,9 +1,14 @@
-"""Weights on their way into a running vLLM engine: chunking, the wire format (raw bytes, which vLLM's RPC
-decoder passes through untouched) and the function each vLLM worker runs through ``collective_rpc`` to load
-them.
+"""The engine's end of every weight path: what runs inside each vLLM worker process, sent there by the engine actor
+through ``collective_rpc`` (``rlgen.engines.vllm.updates``), and the wire format of the object-store path.
 
-``load_weights_on_worker`` is pickled by reference, so it stays a module-level function of this importable
-module. torch is imported inside the functions; importing this module imports neither vllm nor torch.
+- object store: the engine actor cuts the weights into chunks (``chunk_weights``) of raw bytes (``to_wire``: vLLM's
+  RPC decoder passes bytes through untouched); each worker rebuilds and loads them (``load_weights_on_worker``).
+- NCCL: each worker takes the learner's packed broadcast straight into the model (``receive_nccl_on_worker``).
+- CUDA IPC: each worker opens the learner's resident buffer on its GPU once and loads one chunk of it per call
+  (``load_ipc_on_worker``; the buffer's layout is ``rlgen.sync.ipc_buffer``).
+
+The worker functions are pickled by reference, so they stay module-level functions of this importable module.
+torch is imported inside the functions; importing this module imports neither vllm nor torch.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
+
+from rlgen.sync.ipc_buffer import Chunk, IpcHandle, chunk_views, part_for
 
 if TYPE_CHECKING:
     import torch
@@ -99,5 +106,41 @@ def receive_nccl_on_worker(worker: Any, update_info: dict[str, Any]) -> int:
     return len(update_info.get("names", ()))
 
 
-__all__ = ["WEIGHT_CHUNK_BYTES", "chunk_weights", "from_wire", "load_weights_on_worker", "receive_nccl_on_worker",
-           "to_wire"]
+def _open(worker: Any, handle: IpcHandle, device: torch.device) -> torch.Tensor:
+    """This GPU's shared buffer, opened on the first call and kept on the worker (a new handle replaces it)."""
+    import torch
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    part = part_for(handle, str(torch.cuda.get_device_properties(device).uuid))
+    key = (part["args"][7], part["args"][9])  # the memory handle and the storage's offset in it
+    cached = getattr(worker, "_rlgen_ipc_buffer", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    args = list(part["args"])
+    args[6] = device.index  # the sender's device index may differ from this process's numbering
+    buffer = rebuild_cuda_tensor(*args)
+    worker._rlgen_ipc_buffer = (key, buffer)
+    return buffer
+
+
+def load_ipc_on_worker(worker: Any, handle: IpcHandle, chunk: Chunk, clone: bool = False) -> int:
+    """Inside a vLLM worker: load one chunk of the shared buffer into the live model. The model's own
+    load_weights maps Hugging Face names onto vLLM's fused layers and copies into the parameters' storage
+    (captured CUDA graphs stay valid). clone=True copies the views first, for a loader that keeps them past
+    this call (vLLM's layerwise reload, after sleep level 2) while the learner reuses the buffer."""
+    import torch
+
+    model = worker.get_model()
+    # the worker's GPU: during vLLM's layerwise reload the parameters sit on the meta device
+    device = getattr(worker, "device", None) or torch.device("cuda", torch.cuda.current_device())
+    views = chunk_views(_open(worker, handle, device), chunk)
+    if clone:
+        views = [(name, t.clone()) for name, t in views]
+    with torch.no_grad(), torch.device(device):  # a reload materialises its layers on the current device
+        model.load_weights(views)
+    torch.cuda.synchronize(device)
+    return len(views)
+
+
+__all__ = ["WEIGHT_CHUNK_BYTES", "chunk_weights", "from_wire", "load_ipc_on_worker", "load_weights_on_worker",
+           "receive_nccl_on_worker", "to_wire"]

@@ -1,18 +1,24 @@
-"""Weight-transfer primitives shared by the learners' sending half and the runtime's transports: errors,
-bucketing, and waits that always end (a thread with a timeout, Ray refs or futures with a deadline)."""
+"""How a weight update fails and how long anyone waits for one: the errors (``SyncError``, ``SyncTimeoutError``),
+waits that always end (a thread with a timeout; Ray refs or futures with a deadline) and the check that every side
+took the version asked for. The transports (driver), the sender (learner) and the engines' update calls use them."""
 
 from __future__ import annotations
 
 import concurrent.futures
-import json
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
-DEFAULT_BUCKET_BYTES = 1 << 30  # packed-buffer size; raised to the largest tensor when that is larger
-NUM_BUFFERS = 2  # NCCL double buffering: pack chunk k+1 while chunk k is on the wire
+if TYPE_CHECKING:
+    from ray import ObjectRef
+
+# a call still running: a Ray object ref, or a future where tests stand in for Ray
+Pending: TypeAlias = "ObjectRef | concurrent.futures.Future[Any]"
+# what an actor reports of its part in an update: {"actor", "version", "spans", "parts", ...} (JSON-like values)
+SyncReport: TypeAlias = "dict[str, Any]"
+T = TypeVar("T")
+
 SLACK_S = 30.0  # the driver waits this much longer than the actors it waits on
 
 
@@ -21,28 +27,10 @@ class SyncError(RuntimeError):
 
 
 class SyncTimeoutError(SyncError):
-    pass
+    """A wait ran past its timeout; the side waited on may still be blocked (an NCCL call cannot be cancelled)."""
 
 
-# -- pure helpers ------------------------------------------------------------------------------------------
-def plan_buckets(sizes: Sequence[int], bucket_bytes: int) -> list[range]:
-    """Split tensors (by byte size, in order) into consecutive ranges of at most bucket_bytes each; a tensor
-    larger than bucket_bytes forms a bucket of its own. Every index appears exactly once, in order."""
-    if bucket_bytes < 1:
-        raise ValueError(f"bucket_bytes={bucket_bytes} must be positive")
-    buckets: list[range] = []
-    start, used = 0, 0
-    for i, size in enumerate(sizes):
-        if i > start and used + size > bucket_bytes:
-            buckets.append(range(start, i))
-            start, used = i, 0
-        used += size
-    if start < len(sizes):
-        buckets.append(range(start, len(sizes)))
-    return buckets
-
-
-def run_with_timeout(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
+def run_with_timeout(fn: Callable[[], T], timeout_s: float, what: str) -> T:
     """fn() on a daemon thread, waited for at most timeout_s. On timeout the thread is left behind (a
     blocked NCCL call cannot be interrupted) and SyncTimeoutError says so."""
     box: dict[str, Any] = {}
@@ -67,7 +55,7 @@ def run_with_timeout(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
 
 
 def get_all(
-    refs: Sequence[Any], timeout_s: float, what: str, names: Sequence[str] | None = None, *, fetch: bool = True
+    refs: Sequence[Pending], timeout_s: float, what: str, names: Sequence[str] | None = None, *, fetch: bool = True
 ) -> list[Any]:
     """Results of Ray object refs (or concurrent futures), in order, waiting at most timeout_s in all
     (fetch=False: only wait, return []). The first call to fail raises at once, so one side of a transfer
@@ -99,34 +87,12 @@ def get_all(
     return ray.get(refs) if fetch else []
 
 
-def check_versions(results: Sequence[dict[str, Any]], version: int, what: str) -> None:
+def check_versions(results: Sequence[SyncReport], version: int, what: str) -> None:
+    """Refuse an update unless every report in results says it took ``version``."""
     wrong = [(r.get("actor", "?"), r.get("version")) for r in results if r.get("version") != version]
     if wrong:
         raise SyncError(f"{what}: expected policy version {version} everywhere, got {wrong}.")
 
 
-def write_adapter(folder: str, tensors: dict[str, Any], config: dict[str, Any]) -> None:
-    """A PEFT adapter folder (adapter_config.json, adapter_model.safetensors) from a LoRA adapter's tensors and
-    config: what a learner's checkpoint holds and what a vllm engine loads."""
-
-    from safetensors.torch import save_file
-
-    os.makedirs(folder, exist_ok=True)
-    save_file(tensors, os.path.join(folder, "adapter_model.safetensors"))
-    with open(os.path.join(folder, "adapter_config.json"), "w") as f:
-        json.dump(config, f, indent=2)
-
-
-def read_adapter_config(folder: str) -> tuple[dict[str, Any] | None, str | None]:
-    """(adapter_config.json of the PEFT adapter folder, None), or (None, why it cannot be read: the end of a
-    sentence that starts with the folder)."""
-
-    path = os.path.join(os.path.expanduser(folder), "adapter_config.json")
-    if not os.path.isfile(path):
-        return None, "is not a PEFT adapter folder (no adapter_config.json there)"
-    try:
-        with open(path) as f:
-            value = json.load(f)
-    except (OSError, ValueError) as err:
-        return None, f"has an adapter_config.json that cannot be read as JSON ({err})"
-    return (value if isinstance(value, dict) else {}), None
+__all__ = ["SLACK_S", "Pending", "SyncError", "SyncReport", "SyncTimeoutError", "check_versions", "get_all",
+           "run_with_timeout"]
