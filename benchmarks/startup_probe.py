@@ -55,7 +55,7 @@ def timed_generate(engines: list[Any], reqs: list[Any], busy: Any, remote: bool)
     else:
         outs = [e.generate(p) for e, p in zip(engines, parts)]
     wall = time.time() - t0
-    tokens = sum(len(c.token_ids) for o in outs for c in o["completions"])
+    tokens = sum(len(c.token_ids) for o in outs for c in o.completions)
     return {"wall_s": round(wall, 2), "tokens": tokens, "tokens_per_s": round(tokens / wall), "gpu_busy_pct": busy.stop()}
 
 

@@ -49,7 +49,7 @@ def _requests(adapter: str | None) -> list[GenRequest]:
 
 def _gap(vllm, reference, adapter: str | None, reference_adapter: str | None) -> float:
     """Mean |Δ logprob| between vLLM's sampled-token logprobs and the reference's teacher-forced ones."""
-    out = vllm.generate(_requests(adapter))["completions"]
+    out = vllm.generate(_requests(adapter)).completions
     scored = reference.score([c.prompt_ids for c in out], [c.token_ids for c in out], 1.0, reference_adapter)
     deltas = [abs(a - b) for c, ref in zip(out, scored) for a, b in zip(c.logprobs, ref)]
     return sum(deltas) / len(deltas)

@@ -55,7 +55,7 @@ def _greedy(engine, prompts, max_new: int = 24) -> list[list[int]]:
         )
         for i, p in enumerate(prompts)
     ]
-    return [c.token_ids for c in engine.generate(reqs)["completions"]]
+    return [c.token_ids for c in engine.generate(reqs).completions]
 
 
 def _weights(model_path: str) -> dict:
@@ -85,13 +85,13 @@ def test_lengths_and_n_honoured(engine):
         for i, (p, (n, m)) in enumerate(zip(prompts, shapes))
     ]
     out = engine.generate(reqs)
-    comps = out["completions"]
+    comps = out.completions
     assert len(comps) == sum(n for n, _ in shapes)
     expected = [(10 + i, m) for i, (n, m) in enumerate(shapes) for _ in range(n)]
     assert [(c.group_id, len(c.token_ids)) for c in comps] == expected
     assert all(c.finish_reason == "length" and c.version == 0 for c in comps)
     assert all(list(c.prompt_ids) == list(reqs[c.group_id - 10].prompt_ids) for c in comps)
-    ((phase, start, end),) = out["spans"]
+    ((phase, start, end),) = out.spans
     assert phase == "generate" and end > start
 
 
@@ -102,7 +102,7 @@ def test_stop_token_ends_a_completion(engine):
         GenRequest(p, SamplingParams(n=2, max_new_tokens=50, stop_token_ids=stops), group_id=i)
         for i, p in enumerate(_prompts(4, seed=2))
     ]
-    for c in engine.generate(reqs)["completions"]:
+    for c in engine.generate(reqs).completions:
         if c.finish_reason == "stop":
             assert c.token_ids[-1] in stops
         else:
@@ -119,7 +119,7 @@ def test_logprobs_finite_nonpositive_and_match_hf(engine, model_path):
         GenRequest(p, SamplingParams(n=2, max_new_tokens=64, ignore_eos=True), group_id=i)
         for i, p in enumerate(prompts)
     ]
-    comps = engine.generate(reqs)["completions"]
+    comps = engine.generate(reqs).completions
     lps = [x for c in comps for x in c.logprobs]
     assert all(len(c.logprobs) == len(c.token_ids) for c in comps)
     assert all(math.isfinite(x) and x <= 1e-6 for x in lps)
@@ -143,8 +143,8 @@ def test_prompt_logprobs_match_hf_and_rank_the_prompts_own_tokens(engine, model_
     sampling = SamplingParams(n=1, max_new_tokens=1, ignore_eos=True, prompt_logprobs=3)
     reqs = [GenRequest(p, sampling, group_id=i) for i, p in enumerate(prompts)]
     ref = HFEngine(model_path, EngineConfig(kind="hf", dtype="bfloat16"), device="cuda")
-    got = engine.generate(reqs)["completions"]
-    want = ref.generate(reqs)["completions"]
+    got = engine.generate(reqs).completions
+    want = ref.generate(reqs).completions
     deltas = []
     for c, h, p in zip(got, want, prompts):
         assert len(c.prompt_logprobs) == len(p) and c.prompt_logprobs[0] is None
@@ -177,7 +177,7 @@ def test_weight_update_changes_outputs_and_restores(engine, model_path):
     assert changed != before
     assert all(
         c.version == 1
-        for c in engine.generate([GenRequest(prompts[0], SamplingParams(max_new_tokens=4), 0)])["completions"]
+        for c in engine.generate([GenRequest(prompts[0], SamplingParams(max_new_tokens=4), 0)]).completions
     )
 
     # Zeroing a whole layer's MLP output also changes outputs.
@@ -217,7 +217,7 @@ def test_pause_keeps_requests_and_resume_finishes_them(engine):
     t.join(timeout=120)
     assert not t.is_alive()
     assert still_running, "generation finished while the engine was paused"
-    comps = box["out"]["completions"]
+    comps = box["out"].completions
     assert [len(c.token_ids) for c in comps] == [600] * 16
 
 
@@ -254,9 +254,9 @@ def test_generate_stream_gives_the_tokens_generate_gives(engine):
                 streamed.setdefault((i, j), []).extend(tokens)
         else:
             final = event["final"]
-    assert final is not None and len(final["completions"]) == 4
+    assert final is not None and len(final.completions) == 4
     whole = _greedy(engine, prompts, max_new=40)
-    for k, c in enumerate(final["completions"]):
+    for k, c in enumerate(final.completions):
         assert c.token_ids == streamed[(k, 0)] == whole[k]
         assert len(c.top_logprobs) == 40 and all(1 <= len(t) <= 2 for t in c.top_logprobs)
 
@@ -302,7 +302,7 @@ def test_generate_some_ends_once_enough_groups_are_done_and_cuts_the_rest_short(
     long = SamplingParams(n=2, max_new_tokens=900, ignore_eos=True, seed=1)
     reqs = [GenRequest(p[0], short, 0), GenRequest(p[1], long, 1), GenRequest(p[2], long, 2),
             GenRequest(p[3], SamplingParams(n=1, max_new_tokens=300, ignore_eos=True, seed=1), 3, must_finish=True)]
-    comps = engine.generate_some(reqs, enough=1)["completions"]
+    comps = engine.generate_some(reqs, enough=1).completions
     assert [c.group_id for c in comps] == [0, 0, 1, 1, 2, 2, 3]
     assert [c.finish_reason for c in comps[:2]] == ["length", "length"]
     cut = comps[2:6]

@@ -106,7 +106,7 @@ def _greedy(ray, engine) -> list[list[int]]:
                        SamplingParams(n=1, temperature=0.0, max_new_tokens=16, ignore_eos=True), group_id=i)
             for i in range(8)]
     out = ray.get(engine.generate.remote(reqs), timeout=TIMEOUT_S)
-    return [c.token_ids for c in out["completions"]]
+    return [c.token_ids for c in out.completions]
 
 
 def _transport(kind: str, async_steps: int = 0, **kw):
@@ -150,7 +150,7 @@ def test_nccl_moves_weights_into_a_running_engine(ray_local, models):
     ref = engine.generate.remote([GenRequest((5, 6, 7), SamplingParams(n=4, max_new_tokens=256, ignore_eos=True), 0)])
     ray.get(learner.use.remote(1, 3))
     transport.push(3, in_flight=True)
-    assert all(len(c.token_ids) == 256 for c in ray.get(ref, timeout=TIMEOUT_S)["completions"])
+    assert all(len(c.token_ids) == 256 for c in ray.get(ref, timeout=TIMEOUT_S).completions)
     for actor in (engine, learner):
         ray.kill(actor)
 
@@ -174,7 +174,7 @@ def test_cuda_ipc_moves_weights_between_colocated_actors(ray_local, models, shar
     ref = engine.generate.remote([GenRequest((5, 6, 7), SamplingParams(n=4, max_new_tokens=256, ignore_eos=True), 0)])
     ray.get(learner.use.remote(1, 3))
     res = transport.push(3, in_flight=True)
-    assert all(len(c.token_ids) == 256 for c in ray.get(ref, timeout=TIMEOUT_S)["completions"])
+    assert all(len(c.token_ids) == 256 for c in ray.get(ref, timeout=TIMEOUT_S).completions)
     [(_, a, b)] = [r["spans"] for r in res.results if r["actor"] == "engine0"][0]
     print(f"ipc push in flight: {res.seconds:.3f} s, engine paused {b - a:.3f} s")
     assert ray.get(engine.health.remote())["version"] == 3 and not ray.get(engine.health.remote())["paused"]
@@ -197,12 +197,12 @@ def _tokens_know_their_version(ray, transport, learner, engine, new_tokens: int 
     prompt = (5, 6, 7)
     ray.get(learner.use.remote(0, 4))
     transport.push(4)
-    [a] = ray.get(_greedy_one(ray, engine, prompt, new_tokens), timeout=TIMEOUT_S)["completions"]
+    [a] = ray.get(_greedy_one(ray, engine, prompt, new_tokens), timeout=TIMEOUT_S).completions
     ref = _greedy_one(ray, engine, prompt, new_tokens)
     time.sleep(0.2)  # let decoding start
     ray.get(learner.use.remote(1, 5))
     transport.push(5, in_flight=True)
-    [mixed] = ray.get(ref, timeout=TIMEOUT_S)["completions"]
+    [mixed] = ray.get(ref, timeout=TIMEOUT_S).completions
     assert mixed.version == 4 and len(mixed.version_changes) == 1, mixed.version_changes
     [(k, version)] = mixed.version_changes
     print(f"in-flight update after {k} of {new_tokens} tokens")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlgen.config import BenchConfig, EngineConfig
+from rlgen.generated import GenResult
 from rlgen.types import Completion
 
 ray = pytest.importorskip("ray")
@@ -47,7 +48,7 @@ class StandInEngine:
         comps = [Completion(r.group_id, list(r.prompt_ids), [7] * r.sampling.max_new_tokens,
                             [-0.5] * r.sampling.max_new_tokens, "length", 0)
                  for r in requests for _ in range(r.sampling.n)]
-        return {"completions": comps, "spans": [("generate", a, time.time())], "version": 0}
+        return GenResult(completions=comps, version=0, spans=[("generate", a, time.time())])
 
     def shutdown(self):
         return None

@@ -119,6 +119,6 @@ def test_cancelling_one_call_leaves_the_others_running(engine):
         kept = asyncio.ensure_future(pool.call(0, "generate", _request(), cancel=True))
         await asyncio.sleep(0.6)
         left.cancel()
-        return (await kept)["completions"]
+        return (await kept).completions
 
     assert len(asyncio.run(two_calls())[0].token_ids) == TOKENS

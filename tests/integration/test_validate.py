@@ -131,7 +131,7 @@ def test_noisy_engine_keeps_the_tokens_and_noises_the_logprobs(cfg, model_path):
     clean = HFEngine(model_path, cfg.engine, seed=3)
     noisy = NoisyEngine(model_path, cfg.engine, seed=3, noise_std=0.5)
     reqs = [GenRequest((5, 6, 7, 8), SamplingParams(n=16, temperature=1.0, max_new_tokens=8, seed=1), 0)]
-    a, b = clean.generate(reqs)["completions"], noisy.generate(reqs)["completions"]
+    a, b = clean.generate(reqs).completions, noisy.generate(reqs).completions
     assert [c.token_ids for c in a] == [c.token_ids for c in b]
     d = torch.tensor([y - x for ca, cb in zip(a, b) for x, y in zip(ca.logprobs, cb.logprobs)])
     assert d.numel() > 20 and 0.3 < float(d.std()) < 0.7

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlgen.engines.episodes import Episodes, EpisodeSpec
+from rlgen.generated import GenResult
 from rlgen.models.build import build_tokenizer
 from rlgen.tasks.base import Prompt
 from rlgen.types import Completion, GenRequest, SamplingParams
@@ -55,7 +56,7 @@ class Scripted:
             self.seen.append(list(r.prompt_ids))
             ids = self.tok.encode(self.answers.pop(0), add_special_tokens=False) + [self.tok.eos_token_id]
             out.append(Completion(r.group_id, list(r.prompt_ids), ids, [-0.25] * len(ids), "stop", 1))
-        return {"completions": out, "version": 1}
+        return GenResult(completions=out, version=1)
 
 
 PROMPT = Prompt("3+4=", "7")

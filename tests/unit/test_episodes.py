@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from rlgen.engines.episodes import Episodes, EpisodeSpec, TurnTokens
+from rlgen.generated import GenResult
 from rlgen.models.build import build_tokenizer
 from rlgen.runtime.rollouts.batch import build_batch
 from rlgen.tasks.base import Prompt
@@ -50,7 +51,7 @@ class StandInEngine:
             ids = ids + [self.tok.eos_token_id]
             for _ in range(r.sampling.n):
                 out.append(Completion(r.group_id, list(r.prompt_ids), list(ids), [-0.5] * len(ids), "stop", 3))
-        return {"completions": out, "version": 3}
+        return GenResult(completions=out, version=3)
 
 
 @pytest.fixture

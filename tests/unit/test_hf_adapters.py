@@ -50,7 +50,7 @@ def _engine(base_dir):
 def _greedy(engine, adapter=None, n_tokens=6):
     reqs = [GenRequest(tuple(p), SamplingParams(temperature=0.0, max_new_tokens=n_tokens, ignore_eos=True), i, adapter)
             for i, p in enumerate(PROMPTS)]
-    return engine.generate(reqs)["completions"]
+    return engine.generate(reqs).completions
 
 
 def test_policy_and_named_adapters_match_peft(base_dir, tmp_path):
@@ -122,14 +122,14 @@ def test_unloading_the_last_adapter_gives_back_the_engine_it_was(base_dir, tmp_p
     very same logprobs (PEFT freezes the base and leaves it frozen; that alone moved CPU logprobs by about 1e-7)."""
     sampling = SamplingParams(n=4, temperature=1.0, max_new_tokens=8, seed=7, ignore_eos=True)
     reqs = [GenRequest(tuple(p), sampling, i) for i, p in enumerate(PROMPTS)]
-    fresh = _engine(base_dir).generate(reqs)["completions"]
+    fresh = _engine(base_dir).generate(reqs).completions
     engine = _engine(base_dir)
     _, adapter = _adapter(base_dir, seed=3)
     write_adapter(str(tmp_path), adapter["tensors"], adapter["config"])
     engine.add_adapter("style", str(tmp_path))
     _greedy(engine, "style")
     engine.remove_adapter("style")
-    again = engine.generate(reqs)["completions"]
+    again = engine.generate(reqs).completions
     assert [c.token_ids for c in again] == [c.token_ids for c in fresh]
     assert [c.logprobs for c in again] == [c.logprobs for c in fresh]
     assert all(p.requires_grad for p in engine.model.parameters())

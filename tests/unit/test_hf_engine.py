@@ -33,21 +33,21 @@ def test_n_lengths_and_order(engine):
         _req([8], 1, n=2, max_new_tokens=2, ignore_eos=True),
     ]
     out = engine.generate(reqs)
-    comps = out["completions"]
+    comps = out.completions
     assert [c.group_id for c in comps] == [0, 0, 0, 1, 1]
     assert [len(c.token_ids) for c in comps] == [5, 5, 5, 2, 2]
     assert all(c.finish_reason == "length" for c in comps)
     assert all(len(c.logprobs) == len(c.token_ids) for c in comps)
     assert all(lp <= 0 and math.isfinite(lp) for c in comps for lp in c.logprobs)
-    assert out["spans"][0][0] == "generate"
+    assert out.spans[0][0] == "generate"
 
 
 def test_stop_token_ends_a_completion(engine):
     # Greedy from this prompt, then make its second token a stop token: generation must end there.
-    first = engine.generate([_req([3, 4], 0, temperature=0.0, max_new_tokens=6, ignore_eos=True)])["completions"][0]
+    first = engine.generate([_req([3, 4], 0, temperature=0.0, max_new_tokens=6, ignore_eos=True)]).completions[0]
     stop = first.token_ids[1]
     again = engine.generate([_req([3, 4], 0, temperature=0.0, max_new_tokens=6, stop_token_ids=(stop,))])
-    c = again["completions"][0]
+    c = again.completions[0]
     assert c.token_ids == first.token_ids[: first.token_ids.index(stop) + 1]
     assert c.finish_reason == "stop"
 
@@ -56,7 +56,7 @@ def test_stop_token_ends_a_completion(engine):
 def test_sampled_logprobs_equal_teacher_forced_scores(engine, temperature):
     reqs = [_req([5, 6, 7, 9], 0, n=4, temperature=temperature, max_new_tokens=6), _req([2, 11], 1, n=4,
             temperature=temperature, max_new_tokens=6)]
-    comps = engine.generate(reqs)["completions"]
+    comps = engine.generate(reqs).completions
     scored = engine.score([c.prompt_ids for c in comps], [c.token_ids for c in comps], temperature)
     for c, s in zip(comps, scored):
         assert c.logprobs == pytest.approx(s, abs=1e-4)
@@ -66,31 +66,31 @@ def test_same_seed_same_samples(engine):
     # A seeded request gives the same samples on every call: a re-sent request (an engine restarted mid-step)
     # or a resumed run reproduces the completions exactly.
     reqs = [_req([5, 6], 0, n=4, max_new_tokens=6, seed=7, ignore_eos=True)]
-    a = [c.token_ids for c in engine.generate(reqs)["completions"]]
-    b = [c.token_ids for c in engine.generate(reqs)["completions"]]
+    a = [c.token_ids for c in engine.generate(reqs).completions]
+    b = [c.token_ids for c in engine.generate(reqs).completions]
     assert a == b
     assert len({tuple(t) for t in a}) > 1  # the n samples differ from each other
-    other = [c.token_ids for c in engine.generate([_req([5, 6], 0, n=4, max_new_tokens=6, seed=8, ignore_eos=True)])["completions"]]
+    other = [c.token_ids for c in engine.generate([_req([5, 6], 0, n=4, max_new_tokens=6, seed=8, ignore_eos=True)]).completions]
     assert other != a
 
 
 def test_unseeded_requests_vary_from_call_to_call(engine):
     reqs = [_req([5, 6], 0, n=4, max_new_tokens=6, seed=None, ignore_eos=True)]
-    a = [c.token_ids for c in engine.generate(reqs)["completions"]]
-    b = [c.token_ids for c in engine.generate(reqs)["completions"]]
+    a = [c.token_ids for c in engine.generate(reqs).completions]
+    b = [c.token_ids for c in engine.generate(reqs).completions]
     assert a != b
 
 
 def test_update_weights_changes_outputs_and_version(engine):
     greedy = [_req([5, 6, 7], 0, temperature=0.0, max_new_tokens=6, ignore_eos=True)]
-    before = engine.generate(greedy)["completions"][0].token_ids
+    before = engine.generate(greedy).completions[0].token_ids
     state = {k: v.clone() for k, v in engine.model.state_dict().items()}
     noisy = {k: v + 0.5 * torch.randn_like(v) for k, v in state.items()}
     res = engine.update_weights(noisy, version=3)
     assert res["version"] == 3 and engine.health()["version"] == 3
-    assert engine.generate(greedy)["completions"][0].token_ids != before
+    assert engine.generate(greedy).completions[0].token_ids != before
     engine.update_weights(state, version=4)
-    assert engine.generate(greedy)["completions"][0].token_ids == before
+    assert engine.generate(greedy).completions[0].token_ids == before
 
 
 def test_build_batch_layout():

@@ -86,7 +86,7 @@ def _req(gid, n, new, must=False):
 
 
 def test_hf_generate_some_cuts_the_rest_short_once_enough_groups_are_done(engine):
-    out = engine.generate_some([_req(0, 2, 2), _req(1, 2, 30), _req(2, 1, 30)], enough=1)["completions"]
+    out = engine.generate_some([_req(0, 2, 2), _req(1, 2, 30), _req(2, 1, 30)], enough=1).completions
     assert [c.finish_reason for c in out[:2]] == ["length", "length"]
     cut = out[2:]
     assert all(c.finish_reason == CUT and 0 < len(c.token_ids) < 30 for c in cut)
@@ -95,7 +95,7 @@ def test_hf_generate_some_cuts_the_rest_short_once_enough_groups_are_done(engine
 
 
 def test_hf_generate_some_runs_a_must_finish_request_to_its_end(engine):
-    out = engine.generate_some([_req(0, 1, 2), _req(1, 1, 25, must=True), _req(2, 1, 40)], enough=1)["completions"]
+    out = engine.generate_some([_req(0, 1, 2), _req(1, 1, 25, must=True), _req(2, 1, 40)], enough=1).completions
     assert out[1].finish_reason == "length" and len(out[1].token_ids) == 25
     assert out[2].finish_reason == CUT and len(out[2].token_ids) < 40
 

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from rlgen.config.compose import compose_run_config
+from rlgen.generated import GenResult
 from rlgen.plan import PlanError, build_plan
 from rlgen.plan import attention as plan_attention
 from rlgen.plan.lengths import longest_response
@@ -108,13 +109,13 @@ def test_the_tail_and_what_the_next_batch_fills_of_it():
     def flight(results, launched=None, engines=2):
         return SimpleNamespace(results=results, launched_at=launched, shards=[[object()]] * engines)
 
-    done = flight({0: {"tail_from": 8.0, "spans": [("generate", 0.0, 10.0)]},
-                   1: {"tail_from": 9.0, "spans": [("generate", 0.0, 10.0)]}})
+    done = flight({0: GenResult([], 0, spans=[("generate", 0.0, 10.0)], tail_from=8.0),
+                   1: GenResult([], 0, spans=[("generate", 0.0, 10.0)], tail_from=9.0)})
     assert tail_metrics(done, None) == {"gen/tail_s": 2.0, "gen/tail_filled": 0.0}
     # the next batch launched at 9.0: it filled 1 s of engine 0's 2-s tail and all of engine 1's 1-s tail
     assert tail_metrics(done, flight({}, launched=9.0)) == {"gen/tail_s": 2.0, "gen/tail_filled": 2.0 / 3.0}
     assert tail_metrics(done, flight({}, launched=5.0))["gen/tail_filled"] == 1.0
-    assert tail_metrics(flight({0: {"spans": [("generate", 0.0, 1.0)]}}), None) == {}  # no tail reported (hf)
+    assert tail_metrics(flight({0: GenResult([], 0, spans=[("generate", 0.0, 1.0)])}), None) == {}  # no tail (hf)
 
 
 def test_partial_rollouts_shorten_the_awaited_tail_to_a_quantile_of_the_groups_longest():

@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from rlgen.config import EngineConfig
 from rlgen.config.compose import compose_run_config
 from rlgen.engines.hf.engine import HFEngine
+from rlgen.generated import GenResult
 from rlgen.models import load_tokenizer, prepare_model
 from rlgen.plan import build_plan
 from rlgen.serve.app import make_app
@@ -165,7 +166,7 @@ class _Slow:
         import time
 
         time.sleep(1.0)
-        return {"completions": [], "spans": [], "version": 0}
+        return GenResult(completions=[], version=0)
 
     def health(self):
         return {"ok": True}

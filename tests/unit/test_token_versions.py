@@ -7,11 +7,11 @@ import json
 
 import torch
 
+from rlgen.generated import completion_from_json, completion_to_json
 from rlgen.runtime.rollouts.batch import build_batch
 from rlgen.runtime.step_record import token_version_metrics
 from rlgen.tasks.prompts import cut_at_stop
 from rlgen.types import Completion
-from rlgen.wire.protocol import completion_from_json, completion_to_json
 
 
 def comp(group: int, n: int, version: int, changes=()) -> Completion:

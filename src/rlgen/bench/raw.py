@@ -9,6 +9,7 @@ from typing import Any
 from rlgen.bench.gpu import BusySampler, MemorySampler, gpu_used_gib
 from rlgen.bench.sides import _env_vars, _finish_side, _get, _summarise_runs
 from rlgen.bench.workload import check_completions
+from rlgen.generated import GenResult
 from rlgen.types import Completion, GenRequest
 
 
@@ -30,7 +31,7 @@ class RawVLLM:
         if core is not None:
             core.shutdown()
 
-    def generate(self, requests: list[GenRequest], logprobs: int | None = 0) -> dict[str, Any]:
+    def generate(self, requests: list[GenRequest], logprobs: int | None = 0) -> GenResult:
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -61,7 +62,7 @@ class RawVLLM:
                     else [0.0] * len(toks)
                 )
                 completions.append(Completion(r.group_id, list(r.prompt_ids), toks, lps, o.finish_reason, 0))
-        return {"completions": completions, "spans": [("generate", t0, t1)], "version": 0}
+        return GenResult(completions=completions, version=0, spans=[("generate", t0, t1)])
 
 
 # -- running one side ----------------------------------------------------------------------------------------
@@ -105,8 +106,8 @@ def run_raw_side(
             gpu_busy = busy_gpu.stop() if busy_gpu is not None else None
             if i == 0:
                 rec["first_batch_s"] = round(time.time() - t0, 1)
-            ((phase, a, b),) = res["spans"]
-            chk = check_completions(requests, res["completions"])
+            ((phase, a, b),) = res.spans
+            chk = check_completions(requests, res.completions)
             if lp is None:
                 chk["logprobs_ok"] = None
             run = {"wall_s": wall, "engine_s": b - a, **chk}

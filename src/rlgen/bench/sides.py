@@ -82,8 +82,8 @@ def _generate_on(
     outs = _get([a.generate.remote(s) for a, s in busy], what)
     wall = time.time() - t1
     gpu_busy = busy_gpu.stop() if busy_gpu is not None else None
-    spans = [span for o in outs for span in o["spans"]]
-    chks = [check_completions(s, o["completions"]) for (_, s), o in zip(busy, outs)]
+    spans = [span for o in outs for span in o.spans]
+    chks = [check_completions(s, o.completions) for (_, s), o in zip(busy, outs)]
     return {
         "wall_s": wall,
         "engine_s": max(b for _, _, b in spans) - min(a for _, a, _ in spans),
@@ -325,8 +325,8 @@ def run_hf_side(
             if not runs:
                 rec["first_batch_s"] = round(time.time() - t0, 1)
             spent += wall
-            ((phase, a, b),) = res["spans"]
-            runs.append({"wall_s": wall, "engine_s": b - a, **check_completions(chunk, res["completions"])})
+            ((phase, a, b),) = res.spans
+            runs.append({"wall_s": wall, "engine_s": b - a, **check_completions(chunk, res.completions)})
             done.extend(chunk)
         rec.update(_summarise_runs(runs, combine=True))
         rec["subset"] = {

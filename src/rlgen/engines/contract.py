@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol, runtime_checkable
 
 from rlgen.engines.registry import EngineSpec
+from rlgen.generated import GenResult
 from rlgen.types import GenRequest
 
 TRANSFER_TIMEOUT_S = 300.0  # the protocols' default; a kind may default to its own
@@ -22,9 +23,9 @@ TRANSFER_TIMEOUT_S = 300.0  # the protocols' default; a kind may default to its 
 class Engine(Protocol):
     """Every engine kind (no flag): generation, weights, memory and health."""
 
-    def generate(self, requests: list[GenRequest], version: int | None = None) -> dict[str, Any]:
-        """Token-in/token-out. Returns {"completions": list[Completion] (n per request, in request order),
-        "spans": [(phase, start, end), ...], "version": int}."""
+    def generate(self, requests: list[GenRequest], version: int | None = None) -> GenResult:
+        """Token-in/token-out: n completions per request, in request order, the engine's spans and its policy
+        version (rlgen.generated.GenResult)."""
 
     def update_weights(self, weights: Any, version: int) -> dict[str, Any]:
         """Load new policy weights (a name -> tensor mapping); returns {"version": int, "spans": [...]}."""
@@ -102,7 +103,7 @@ class Servable(Protocol):
     """Not ``served``: a kind `rlgen serve` runs, which streams and drops its prefix cache on request."""
 
     def generate_stream(self, requests: list[GenRequest]) -> Iterator[dict[str, Any]]:
-        """generate(), streamed: {"deltas": [...]} as tokens come, then {"final": generate()'s result}."""
+        """generate(), streamed: {"deltas": [...]} as tokens come, then {"final": generate()'s GenResult}."""
 
     def reset_prefix_cache(self) -> bool:
         """Drop every cached prefix (computed under older weights); True when done."""
@@ -156,7 +157,7 @@ class ShutsDown(Protocol):
 class CutsShort(Protocol):
     """Flag ``cuts_short``: a generate() that ends once enough groups are done (algo.partial_rollouts)."""
 
-    def generate_some(self, requests: list[GenRequest], enough: int, version: int | None = None) -> dict[str, Any]:
+    def generate_some(self, requests: list[GenRequest], enough: int, version: int | None = None) -> GenResult:
         """generate(), ended once ``enough`` groups (the requests that share a group_id) have every sample finished
         and every must_finish request is done; each sample still running ends with finish_reason "abort" and the
         tokens (and logprobs) it had. The same result as generate()."""

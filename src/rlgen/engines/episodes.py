@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlgen.engines.envproc import EnvCallError, EnvProcess
+from rlgen.generated import GenResult
 from rlgen.tasks.base import Prompt
 from rlgen.tasks.envs import Opening, Step
 from rlgen.types import Completion, GenRequest, Phase
@@ -168,7 +169,7 @@ class _Activity:
 
 class Episodes:
     """Plays the episode requests of one generate() call; ``turn(requests)`` is the engine's own single-turn
-    generate (a list of GenRequests without episodes -> {"completions", "version"}).
+    generate (a list of GenRequests without episodes -> its GenResult).
 
     ``in_turns`` (an engine that draws a whole batch from one seed, the hf engine): every episode still going
     takes its next turn in one batch, then their environment steps run side by side; the batches are the same
@@ -243,7 +244,7 @@ class Episodes:
                 out = await turn_fn(self._turn_requests([e], turn))
             finally:
                 self.activity.add(generating=-1)
-            self._take(list(zip([e], out["completions"])))
+            self._take(list(zip([e], out.completions)))
             if not e.finish:
                 await self._env_call(e, self._act, self._stepped)
 
@@ -355,13 +356,13 @@ class Episodes:
             by_request: dict[int, list[Completion]] = {}
             pos = 0
             for i, r in enumerate(self.requests):
-                by_request[i] = out["completions"][pos : pos + r.sampling.n]
+                by_request[i] = out.completions[pos : pos + r.sampling.n]
                 pos += r.sampling.n
             index = {id(r): i for i, r in enumerate(self.requests)}
             self._take([(e, by_request[index[id(e.request)]][e.sample]) for e in episodes])
         else:
             out = self.turn(self._turn_requests(episodes, turn))
-            self._take(list(zip(episodes, out["completions"])))
+            self._take(list(zip(episodes, out.completions)))
 
     def _turn_requests(self, episodes: list[_Episode], turn: int) -> list[GenRequest]:
         """Each episode's next turn as a request of one sample: its context so far, the tokens left to it, and a
@@ -415,14 +416,13 @@ class Episodic:
 
     one_seed_per_batch = False
 
-    def play_episodes(self, requests: list[GenRequest]) -> dict[str, Any]:
+    def play_episodes(self, requests: list[GenRequest]) -> GenResult:
         if any(r.episode is None for r in requests):
             raise ValueError("a generate() call mixes episode requests with single-turn ones")
         tokenizer = _tokenizer(self.model_path)  # the engine's model folder: the environment's answers' tokens
         episodes = Episodes(self.generate, requests, tokenizer, in_turns=self.one_seed_per_batch)
         completions, env_s = self._play_episodes(episodes)
-        return {"completions": completions, "version": self.version, "env_s": env_s, "spans": episodes.spans}
-
+        return GenResult(completions=completions, version=self.version, spans=episodes.spans, env_s=env_s)
 
     def _play_episodes(self, episodes: Episodes) -> tuple[list[Completion], float]:
         return episodes.run()

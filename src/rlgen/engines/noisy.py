@@ -16,6 +16,7 @@ import torch
 
 from rlgen.config import EngineConfig
 from rlgen.engines.hf.engine import HFEngine
+from rlgen.generated import GenResult
 from rlgen.types import GenRequest
 
 
@@ -43,9 +44,9 @@ class NoisyEngine(HFEngine):
         noise = torch.randn(len(values), generator=self._noise, dtype=torch.float64) * self.noise_std
         return [v + float(e) for v, e in zip(values, noise)]
 
-    def generate(self, requests: list[GenRequest], version: int | None = None) -> dict[str, Any]:
+    def generate(self, requests: list[GenRequest], version: int | None = None) -> GenResult:
         out = super().generate(requests, version)
-        for c in out["completions"]:
+        for c in out.completions:
             c.logprobs = self._noisy(c.logprobs)
         return out
 

@@ -186,7 +186,7 @@ def _warn_rewards(run: Run, step: int, got: Any) -> None:
 
 def _add_engine_spans(run: Run, tl: StepTimeline, flight: InFlight) -> None:
     for i, res in flight.results.items():
-        for phase, a, b in res.get("spans", []):
+        for phase, a, b in res.spans:
             tl.add(run.engine_names[i], Phase(phase), a, b)
     for i, spans in flight.update_spans.items():
         for phase, a, b in spans:

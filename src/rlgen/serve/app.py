@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
+from rlgen.generated import completion_to_json
 from rlgen.serve.http import CLIENT_GONE, ClientGone, failure, unless_disconnected
 from rlgen.serve.http import body as _body
 from rlgen.serve.http import engine_arg as _engine_arg
@@ -40,7 +41,6 @@ from rlgen.serve.vllm_api import ROUTES as VLLM_ROUTES
 from rlgen.wire.protocol import (
     BadRequest,
     adapter_from_bytes,
-    completion_to_json,
     error_body,
     request_from_json,
     weights_from_bytes,

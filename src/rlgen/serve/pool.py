@@ -64,7 +64,7 @@ def _ray_cancel(ref: Any) -> None:
 
 
 def _engine_spans(index: int, result: dict[str, Any]) -> list[dict[str, Any]]:
-    """An engine's (phase, start, end) spans, each named with the engine that ran it."""
+    """A weight update's (phase, start, end) spans, each named with the engine that ran it."""
     return [{"engine": index, "phase": p, "start": a, "end": b} for p, a, b in result.get("spans", [])]
 
 
@@ -179,10 +179,10 @@ class EnginePool:
         results = await asyncio.gather(*(self.call(i, "generate", s, cancel=True) for i, s in jobs))
         self.requests += len(requests)
         self.sequences += sum(r.sampling.n for r in requests)
-        completions = [c for res in results for c in res["completions"]]
+        completions = [c for res in results for c in res.completions]
         self.tokens += sum(len(c.token_ids) for c in completions)
-        spans = [span for (i, _), res in zip(jobs, results) for span in _engine_spans(i, res)]
-        return {"completions": completions, "spans": spans, "version": max(res["version"] for res in results)}
+        spans = [span for (i, _), res in zip(jobs, results) for span in res.spans_json(engine=i)]
+        return {"completions": completions, "spans": spans, "version": max(res.version for res in results)}
 
     async def generate_stream(self, requests: list[GenRequest]) -> AsyncGenerator[dict[str, Any], None]:
         """The requests on one engine (the least busy), streamed: {"deltas": [(request, sample, tokens, logprobs,
@@ -202,9 +202,9 @@ class EnginePool:
                         yield {"deltas": [(origin[i][0], origin[i][1] + j, *rest) for i, j, *rest in event["deltas"]],
                                "version": version}
                     else:
-                        completions = event["final"]["completions"]
+                        completions = event["final"].completions
                         self.tokens += sum(len(c.token_ids) for c in completions)
-                        yield {"final": completions, "version": event["final"]["version"]}
+                        yield {"final": completions, "version": event["final"].version}
         finally:
             self.in_flight[index] -= 1
 

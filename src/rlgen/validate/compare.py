@@ -149,7 +149,7 @@ def compare(
             )
             for j, r in enumerate(case)
         ]
-        comps = candidate.call("generate", requests)["completions"]
+        comps = candidate.call("generate", requests).completions
         rows = [(r, j) for j, r in enumerate(case) for _ in range(r.n)]  # completion -> its request
         if len(comps) != len(rows):
             raise RuntimeError(f"case {k}: the candidate returned {len(comps)} completions for {len(rows)} samples.")
@@ -170,7 +170,7 @@ def compare(
                 forced.add(ref, cand)
         greedy_idx = [j for j, r in enumerate(case) if r.temperature <= 0]
         if greedy_idx:
-            ref_out = reference.call("generate", [requests[j] for j in greedy_idx])["completions"]
+            ref_out = reference.call("generate", [requests[j] for j in greedy_idx]).completions
             ref_first, pos = {}, 0  # n samples per request come back; greedy ones are all the same
             for j in greedy_idx:
                 ref_first[j] = ref_out[pos]

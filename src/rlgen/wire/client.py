@@ -17,12 +17,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlgen.generated import GenResult
 from rlgen.types import Completion, GenRequest, SamplingParams
 from rlgen.wire.protocol import (
     TOKEN_ENV,
     adapter_to_bytes,
     chunks,
-    completion_from_json,
     error_message,
     request_to_json,
     weights_to_bytes,
@@ -56,7 +56,9 @@ class _Call:
 
 
 def _generation(d: dict[str, Any]) -> Generation:
-    return Generation([completion_from_json(c) for c in d["completions"]], int(d["version"]), list(d.get("spans", [])))
+    """The /generate answer: its completions and version read as an engine's result, its spans as they came."""
+    res = GenResult.from_json(d)
+    return Generation(res.completions, res.version, list(d.get("spans", [])))
 
 
 def _engine(engine: int | None) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""What travels between ``rlgen serve`` and its clients: generation requests and completions as JSON, weights
-as safetensors bytes. Shared by the server and ``rlgen.wire.client`` so both read and write the same fields.
+"""What travels between ``rlgen serve`` and its clients: generation requests as JSON (the answers: rlgen.generated),
+weights as safetensors bytes. Shared by the server and ``rlgen.wire.client`` so both read and write the same fields.
 No torch import at module level."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rlgen.types import Completion, GenRequest, SamplingParams
+from rlgen.types import GenRequest, SamplingParams
 
 TOKEN_ENV = "RLGEN_SERVE_TOKEN"
 MAX_LOGPROBS = 20  # the most alternatives a request may ask for per token (OpenAI's limit)
@@ -146,22 +146,6 @@ def check_sampling(s: SamplingParams, where: str) -> None:
         raise BadRequest(f"{where}: frequency_penalty and presence_penalty must be in [-2, 2].")
     if not 0 <= s.logprobs <= MAX_LOGPROBS:
         raise BadRequest(f"{where}: logprobs={s.logprobs} must be in [0, {MAX_LOGPROBS}].")
-
-
-def completion_to_json(c: Completion) -> dict[str, Any]:
-    out = {"group_id": c.group_id, "prompt_ids": list(c.prompt_ids), "token_ids": list(c.token_ids),
-           "logprobs": [float(x) for x in c.logprobs], "finish_reason": c.finish_reason, "version": c.version,
-           "version_changes": [[int(i), int(v)] for i, v in c.version_changes]}
-    if c.top_logprobs:  # JSON keys are strings
-        out["top_logprobs"] = [{str(t): float(lp) for t, lp in pos.items()} for pos in c.top_logprobs]
-    return out
-
-
-def completion_from_json(d: dict[str, Any]) -> Completion:
-    return Completion(group_id=int(d["group_id"]), prompt_ids=list(d["prompt_ids"]), token_ids=list(d["token_ids"]),
-                      logprobs=list(d["logprobs"]), finish_reason=str(d["finish_reason"]), version=int(d["version"]),
-                      version_changes=[(int(i), int(v)) for i, v in d.get("version_changes", [])],
-                      top_logprobs=[{int(t): float(lp) for t, lp in pos.items()} for pos in d.get("top_logprobs", [])])
 
 
 def weights_to_bytes(weights: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> bytes:

@@ -27,6 +27,7 @@ from rlgen.engines.hf.sampling import generate_kwargs, ranked_logprobs, top_logp
 from rlgen.engines.hf.stream import Cancelled, StepStreamer
 from rlgen.engines.hf.until import UntilCriterion
 from rlgen.engines.kept_warm import KeptWarm
+from rlgen.generated import GenResult
 from rlgen.hostinfo import process_info
 from rlgen.phases import ActorClock
 from rlgen.types import Completion, GenRequest, Phase, SamplingParams
@@ -103,13 +104,13 @@ class HFEngine(Episodic, KeptWarm):
         return [int(v) for v in x] if isinstance(x, (list, tuple)) else [int(x)]
 
     # -- protocol ---------------------------------------------------------------------------------------
-    def generate_some(self, requests: list[GenRequest], enough: int, version: int | None = None) -> dict[str, Any]:
+    def generate_some(self, requests: list[GenRequest], enough: int, version: int | None = None) -> GenResult:
         """generate(), ended once ``enough`` groups are done and every must_finish request is (CutsShort): the
         samples still running end with finish_reason "abort" and the tokens they had."""
         return self.generate(requests, version, _until=Until(requests, enough))
 
     def generate(self, requests: list[GenRequest], version: int | None = None, _emit: Any = None,
-                 _cancel: threading.Event | None = None, _until: Until | None = None) -> dict[str, Any]:
+                 _cancel: threading.Event | None = None, _until: Until | None = None) -> GenResult:
         """_emit and _cancel: generate_stream's callback for each step's tokens, and its signal to stop early;
         _until: generate_some()'s stop."""
         if self.asleep:
@@ -141,7 +142,7 @@ class HFEngine(Episodic, KeptWarm):
                 scored = self._prompt_logprobs(r)
                 for j in range(r.sampling.n):
                     out[(i, j)].prompt_logprobs = scored
-        return {"completions": completions, "spans": [(Phase.generate.value, t0, time.time())], "version": self.version}
+        return GenResult(completions=completions, version=self.version, spans=[(Phase.generate.value, t0, time.time())])
 
     def _cut_short(self, req: GenRequest) -> Completion:
         """A sample generate_some() never started: cut short with no tokens."""

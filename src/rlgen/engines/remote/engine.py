@@ -16,6 +16,7 @@ from typing import Any
 
 from rlgen.config import EngineConfig
 from rlgen.engines.base import EngineStartError
+from rlgen.generated import GenResult
 from rlgen.hostinfo import process_info
 from rlgen.types import GenRequest, Phase
 from rlgen.wire.client import GenerationClient, ServerError
@@ -49,13 +50,13 @@ class RemoteEngine:
         self.start_s = time.time() - t0
         self.named: str | None = None  # a named adapter this engine loaded on the server and generates with
 
-    def generate(self, requests: list[GenRequest], version: int | None = None) -> dict[str, Any]:
+    def generate(self, requests: list[GenRequest], version: int | None = None) -> GenResult:
+        """The server engine's result; its spans are on the server's clock."""
         if self.named is not None:  # requests that name no adapter of their own use it, not the server's policy
             requests = [r if r.adapter else dataclasses.replace(r, adapter=self.named) for r in requests]
         out = self.client.generate(requests, engine=self.index)
         self.version = out.version
-        spans = [(s["phase"], s["start"], s["end"]) for s in out.spans]
-        return {"completions": out.completions, "spans": spans, "version": out.version}
+        return GenResult(completions=out.completions, version=out.version, spans=GenResult.spans_from_json(out.spans))
 
     def update_weights(self, weights: Any, version: int) -> dict[str, Any]:
         t0 = time.time()

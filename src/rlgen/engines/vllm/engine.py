@@ -50,6 +50,7 @@ from rlgen.engines.vllm.startup import (
 )
 from rlgen.engines.vllm.stream import StreamMethods
 from rlgen.engines.vllm.updates import UpdateMethods
+from rlgen.generated import GenResult
 from rlgen.hostinfo import process_info
 from rlgen.phases import ActorClock, read_log_times
 from rlgen.types import Completion, GenRequest, Phase, tail_start
@@ -223,7 +224,7 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, Episodic, KeptWar
         return [{int(t): (float(lp.logprob), int(lp.rank)) for t, lp in pos.items()} if pos else None
                 for pos in (out.prompt_logprobs[i] for i in range(len(out.prompt_logprobs)))]
 
-    def generate(self, requests: list[GenRequest], version: int | None = None) -> dict[str, Any]:
+    def generate(self, requests: list[GenRequest], version: int | None = None) -> GenResult:
         """n completions per request, in request order, each tagged with the policy version that was loaded
         when the call started (pause()/update_weights()/resume() during a call can mix versions)."""
         if self.asleep:
@@ -239,23 +240,23 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, Episodic, KeptWar
             f"{self.name}: generate() of {len(requests)} requests",
         )
         t1 = time.time()
-        return {"completions": self._completions(requests, outs, call, v), "spans": [(Phase.generate.value, t0, t1)],
-                "version": v, "tail_from": tail_start(finished)}
+        return GenResult(completions=self._completions(requests, outs, call, v), version=v,
+                         spans=[(Phase.generate.value, t0, t1)], tail_from=tail_start(finished))
 
     def _play_episodes(self, episodes: Any) -> tuple[list[Completion], float]:
         """Every episode a coroutine on the engine's loop, beside vLLM's own: no thread per episode. (The turn's
         coroutine is made here: an actor class with an ``async def`` method would be an async actor to Ray.)"""
 
-        async def turn(requests: list[GenRequest]) -> dict[str, Any]:
+        async def turn(requests: list[GenRequest]) -> GenResult:
             call, v, jobs = self._jobs(requests)
             outs = await asyncio.wait_for(generate_all(self.llm, jobs), self.timeout_s)
-            return {"completions": self._completions(requests, outs, call, v), "version": v}
+            return GenResult(completions=self._completions(requests, outs, call, v), version=v)
 
         spec = episodes.requests[0].episode
         bound = (self.timeout_s + spec.env_timeout_s) * (spec.max_turns + 1)
         return self._loop.run(episodes.play(turn), bound, f"{self.name}: {len(episodes.requests)} requests' episodes")
 
-    def generate_some(self, requests: list[GenRequest], enough: int, version: int | None = None) -> dict[str, Any]:
+    def generate_some(self, requests: list[GenRequest], enough: int, version: int | None = None) -> GenResult:
         """generate(), ended once ``enough`` groups are done and every must_finish request is (CutsShort): the
         samples still running end with finish_reason "abort" and the tokens they had. Each sample is a request of
         its own (the seed vLLM gives it inside an n-sample request), so one that is done is kept whole."""
@@ -286,7 +287,7 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, Episodic, KeptWar
                 toks, reason = list(o.token_ids), o.finish_reason
                 logprobs = self._sampled_logprobs(toks, o.logprobs)
             completions.append(self._completion(requests[i], job[2], 0, toks, logprobs, [], reason, v, changes))
-        return {"completions": completions, "spans": [(Phase.generate.value, t0, time.time())], "version": v}
+        return GenResult(completions=completions, version=v, spans=[(Phase.generate.value, t0, time.time())])
 
     def _so_far(self, state: Any) -> tuple[list[int], list[float]]:
         """A running request's tokens and their logprobs, from vLLM's state of it; none where it cannot be read

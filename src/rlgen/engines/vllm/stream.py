@@ -14,6 +14,7 @@ from typing import Any
 from rlgen.engines.cancel import CANCELLED, next_event
 from rlgen.engines.vllm.common import EngineError
 from rlgen.engines.vllm.loop import stream_one
+from rlgen.generated import GenResult
 from rlgen.types import Completion, GenRequest, Phase
 
 
@@ -69,7 +70,7 @@ class StreamMethods:
                 tokens, logprobs, tops = got.get((i, j), ([], [], []))
                 completions.append(Completion(req.group_id, list(req.prompt_ids), tokens, logprobs,
                                               finish_reason=reasons[i].get(j, "length"), version=v, top_logprobs=tops))
-        yield {"final": {"completions": completions, "spans": [(Phase.generate.value, t0, time.time())], "version": v}}
+        yield {"final": GenResult(completions=completions, version=v, spans=[(Phase.generate.value, t0, time.time())])}
 
 
 __all__ = ["StreamMethods"]

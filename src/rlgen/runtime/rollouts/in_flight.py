@@ -8,6 +8,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlgen.generated import GenResult
 from rlgen.types import Completion, GenRequest
 
 
@@ -19,7 +20,7 @@ class InFlight:
     launch_version: int  # the policy version the engines were given before this generate()
     refs: dict[int, tuple[int, Any]] = field(default_factory=dict)  # engine index -> (incarnation, generate ref)
     updates: dict[int, tuple[int, Any]] = field(default_factory=dict)  # engine index -> (incarnation, update ref)
-    results: dict[int, dict[str, Any]] = field(default_factory=dict)  # engine index -> generate() result
+    results: dict[int, GenResult] = field(default_factory=dict)  # engine index -> generate() result
     update_spans: dict[int, list[Any]] = field(default_factory=dict)  # engine index -> its weight update's spans
     prepared: list[Completion] | None = None  # the completions as trained on (cut at stop strings), once prepared
     scoring: Any = None  # the scorer's handle, once prepared
@@ -55,7 +56,7 @@ class InFlight:
         """The engines' completions; once the flight's groups are sorted out, those done only."""
         if self.resolved is not None:
             return list(self.resolved.completions)
-        return [c for i in sorted(self.results) for c in self.results[i]["completions"]]
+        return [c for i in sorted(self.results) for c in self.results[i].completions]
 
     def to_json(self) -> dict[str, Any]:
         """The finished flight's results (prompts are re-derived from the step on resume)."""
@@ -64,9 +65,9 @@ class InFlight:
             "launch_version": self.launch_version,
             "results": {
                 str(i): {
-                    "completions": [dataclasses.asdict(c) for c in r["completions"]],
-                    "spans": [list(s) for s in r.get("spans", [])],
-                    "version": r.get("version"),
+                    "completions": [dataclasses.asdict(c) for c in r.completions],
+                    "spans": [list(s) for s in r.spans],
+                    "version": r.version,
                 }
                 for i, r in self.results.items()
             },
@@ -75,12 +76,9 @@ class InFlight:
         }
 
 
-def results_from_json(data: dict[str, Any]) -> dict[int, dict[str, Any]]:
+def results_from_json(data: dict[str, Any]) -> dict[int, GenResult]:
     return {
-        int(i): {
-            "completions": [Completion(**c) for c in r["completions"]],
-            "spans": [tuple(s) for s in r["spans"]],
-            "version": r.get("version"),
-        }
+        int(i): GenResult(completions=[Completion(**c) for c in r["completions"]], version=r.get("version"),
+                          spans=[tuple(s) for s in r["spans"]])
         for i, r in data["results"].items()
     }

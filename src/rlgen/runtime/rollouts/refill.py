@@ -90,7 +90,7 @@ def episode_metrics(flight: Any) -> dict[str, float]:
             "env/tokens": sum(len(c.loss_mask) - sum(c.loss_mask) for c in comps) / n,
             "env/errors": float(sum(bool(c.env_error) for c in comps)),
             "env/timeouts": float(sum(c.env_timed_out for c in comps)),
-            "env_s": max((float(r.get("env_s", 0.0)) for r in flight.results.values()), default=0.0)}
+            "env_s": max((float(r.env_s) for r in flight.results.values()), default=0.0)}
 
 
 def _refilled(run: Any, step: int, flight: Any, scores: Any, rewards: list[float], pen: list[float],
@@ -132,7 +132,7 @@ def _round(run: Any, step: int, round: int, n: int, tl: StepTimeline) -> StepRol
     flight = ro.extra_flight(step, round, n, run.transport.version)
     ro.collect(flight)
     for i, res in flight.results.items():
-        for phase, a, b in res.get("spans", []):
+        for phase, a, b in res.spans:
             tl.add(run.engine_names[i], Phase(phase), a, b)
     try:
         ro.prepare(flight)

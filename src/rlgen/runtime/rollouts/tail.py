@@ -15,8 +15,8 @@ def tail_metrics(flight: Any, following: Any | None) -> dict[str, float]:
     before every tail began). {} when no engine reports its tail (engines other than vLLM's)."""
     total = filled = longest = 0.0
     for i, result in flight.results.items():
-        start = result.get("tail_from")
-        ends = [b for phase, _, b in result.get("spans", []) if phase == Phase.generate.value]
+        start = result.tail_from
+        ends = [b for phase, _, b in result.spans if phase == Phase.generate.value]
         if start is None or not ends:
             continue
         end = max(ends)
