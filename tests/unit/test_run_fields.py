@@ -15,7 +15,7 @@ from rlgen.plan import build_plan
 from rlgen.runtime.cluster.waits import Waiter
 from rlgen.runtime.policy.breaker import CircuitBreaker
 from rlgen.runtime.policy.state import RunState
-from rlgen.runtime.setup import Run
+from rlgen.runtime.run_parts import Run
 from rlgen.runtime.signals import StopFlag
 
 RUNTIME = Path(__file__).resolve().parents[2] / "src" / "rlgen" / "runtime"

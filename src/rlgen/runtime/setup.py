@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.markup import escape
 
-from rlgen.config import RunConfig, ShareMode
+from rlgen.config import ShareMode
 from rlgen.learners.registry import LEARNERS
 from rlgen.models import architectures
 from rlgen.plan import Plan
@@ -35,7 +35,6 @@ from rlgen.runtime.cluster.actors import (
     connect,
     engine_class,
     learner_class,
-    ray_session_dir,
     release,
     warm_cluster,
 )
@@ -50,6 +49,7 @@ from rlgen.runtime.policy.state import RunState
 from rlgen.runtime.policy.weight_transports import make_transport
 from rlgen.runtime.rollouts.engine_restarts import EngineKeeper, EngineLost
 from rlgen.runtime.rollouts.generation import Rollouts
+from rlgen.runtime.run_parts import Run
 from rlgen.runtime.signals import StopFlag
 from rlgen.runtime.start.loaders import start_loaders
 from rlgen.runtime.start.on_thread import Beside
@@ -60,22 +60,13 @@ from rlgen.transfer import SyncError
 if TYPE_CHECKING:
     from ray import ObjectRef
     from ray.actor import ActorHandle
-    from ray.util.placement_group import PlacementGroup
-    from transformers import PreTrainedTokenizerBase
 
-    from rlgen.algo.registry import Algorithm
-    from rlgen.metrics.sink import MetricsSink
-    from rlgen.plan.placement import Placement
-    from rlgen.runtime.durability.checkpoint import BackgroundWrite
-    from rlgen.runtime.durability.shared_folders import RunFolders
     from rlgen.runtime.durability.status_file import RunStatus
     from rlgen.runtime.policy.transport_base import TransportBase
     from rlgen.tasks.base import Task
     from rlgen.tasks.prompts import PromptRenderer
     from rlgen.types import JSONDict
 
-# the learner ranks' health refs, their names and when each was asked for: waited for beside the first batch
-LearnersToWait = tuple[list["ObjectRef[JSONDict]"], list[str], dict[str, float]]
 log = logging.getLogger(__name__)
 LEARNERS_BESIDE = "learners and weight transport (beside the first batch)"
 KEPT_ENGINE_WAKES = "an engine an earlier run kept warm wakes and takes this run's starting weights"
@@ -88,76 +79,6 @@ class Hooks:
     engine_cls: type | None = None
     engine_kwargs: dict[str, object] = field(default_factory=dict)  # passed on to engine_cls
     learner_cls: type | None = None
-
-
-@dataclass(slots=True)
-class Run:
-    """A run that is set up: its plan, its actors, and what drives them. The loop (runtime.loop) and checkpoints
-    (runtime.durability.checkpoint) work on it and on its RunState. Only the fields declared here can be set on
-    it: setting any other name raises AttributeError."""
-
-    plan: Plan
-    out_dir: Path
-    console: Console
-    stop: StopFlag
-    waiter: Waiter
-    state: RunState
-    status: RunStatus | None = None  # status.json, kept up to date with actors and checkpoints
-    resume: ResumePoint | None = None
-    startup: dict[str, float] = field(default_factory=dict)  # setup_s, sync_warmup_s, first_rollout_s
-    clock: StartupClock | None = None  # each start-up phase, and each actor's start
-    placement: Placement | None = None  # the plan's bundles, one placement group per node
-    learners: list[ActorHandle] = field(default_factory=list)  # every rank, rank 0 first (it speaks for the group)
-    zero3_gatherers: list[ActorHandle] = field(default_factory=list)  # ZeRO-3 ranks but 0: they join every gather
-    engine_names: list[str] = field(default_factory=list)
-    pgs: list[PlacementGroup] = field(default_factory=list)
-    node_ids: list[str] = field(default_factory=list)
-    started_ray: bool = False
-    taken_over: bool = False  # its cluster was kept warm by an earlier run and taken over (runtime.cluster.kept_engines)
-    folders: RunFolders | None = None  # where each node reads the model, who writes checkpoints
-    factory: ActorFactory | None = None
-    transport: TransportBase | None = None
-    keeper: EngineKeeper | None = None
-    rollouts: Rollouts | None = None
-    tokenizer: PreTrainedTokenizerBase | None = None
-    pad_id: int = 0
-    algorithm: Algorithm | None = None  # algo.advantage and algo.policy_loss
-    initial_model_path: str = ""  # the starting model; the frozen reference stays this one on resume
-    start_model_path: str = ""  # what the actors load: the initial model, or the checkpoint's policy
-    start_version: int = 0  # the policy version the engines start at (a re-created engine too)
-    sink: MetricsSink | None = None  # the metrics sink, once the loop runs
-    learners_to_wait: LearnersToWait | None = None  # learners whose start set_up leaves to the first batch's time
-    learners_pending: Beside[None] | None = None  # the learners and transport, set up beside the first batch
-    background_write: BackgroundWrite | None = None  # a checkpoint being completed
-    rank_rng: dict[int, tuple[int, str]] = field(default_factory=dict)  # rank -> (steps done, its RNG digest)
-
-    @property
-    def cfg(self) -> RunConfig:
-        return self.plan.config
-
-    @property
-    def engines(self) -> list[ActorHandle]:
-        return self.keeper.engines if self.keeper else []
-
-    @property
-    def learner(self) -> ActorHandle | None:
-        return self.learners[0] if self.learners else None
-
-    def learners_ready(self) -> None:
-        """Wait for the learners and the weight transport where they start beside the first batch."""
-        if self.learners_pending is not None:
-            self.learners_pending.result(self.stop, "starting the learners and the weight transport")
-            self.learners_pending = None
-
-    def note_actors(self, health: list[JSONDict]) -> None:
-        """Record the actors' pids and nodes in status.json."""
-        if self.status is None:
-            return
-        actors = dict(self.status.data.get("actors", {}))
-        actors.update({h["name"]: h.get("pid") for h in health if "name" in h})
-        nodes = dict(self.status.data.get("actor_nodes", {}))
-        nodes.update({h["name"]: h.get("node") for h in health if "name" in h})
-        self.status.update(actors=actors, actor_nodes=nodes, ray_session=ray_session_dir())
 
 
 def set_up(plan: Plan, out_dir: Path, *, resume: ResumePoint | None = None, stop: StopFlag | None = None,
@@ -181,8 +102,7 @@ def set_up(plan: Plan, out_dir: Path, *, resume: ResumePoint | None = None, stop
             _cluster(run)
         model.result(run.stop)
         _place_folders(run)
-        # the task, its prompt renderer and stop ids, once the actors are asked for
-        loop_inputs: list[tuple[Task, PromptRenderer, list[int]]] = []
+        loop_inputs: list[tuple[Task, PromptRenderer, list[int]]] = []  # once the actors are asked for
         with clock.phase("engines and learners"):
             _actors(run, hooks or Hooks(), algo, before_wait=lambda: loop_inputs.append(
                 task_loader.result(run.stop, "preparing the tokenizer and task")))
@@ -403,7 +323,6 @@ def _resync_engine(run: Run, index: int, actor: ActorHandle, resend: bool) -> No
 
 def _new_transport(run: Run) -> TransportBase:
     """The plan's weight transport, not yet joined to the actors."""
-
     cfg = run.cfg
     transport = make_transport(run.plan, cfg, bucket_mb=cfg.sync.bucket_mb, sleep_level=cfg.sync.sleep_level)
     transport.version = run.state.version
@@ -426,7 +345,6 @@ def _start_transport(run: Run, send: bool = True) -> None:
 
 def _loop_parts(run: Run, task: Task, renderer: PromptRenderer, stop_ids: list[int]) -> None:
     """The engines' side of the loop, and, resuming, the rollouts the checkpoint kept."""
-
     cfg = run.cfg
     run.rollouts = Rollouts(cfg, task, run.tokenizer, renderer, stop_ids, run.keeper,
                             Scorer(task.rewards, cfg.task, cfg.task.reward), run.stop)

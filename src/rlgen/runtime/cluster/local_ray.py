@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rlgen.durable import exclusive_lock
 from rlgen.runtime.cluster.dead_runs import (
@@ -45,9 +44,7 @@ from rlgen.runtime.cluster.kept_engines import CLAIM_MARGIN_S, NAMESPACE
 from rlgen.runtime.cluster.kept_fingerprint import differs
 from rlgen.runtime.errors import RunError, StopRequested
 from rlgen.runtime.signals import StopFlag, at_hard_exit
-
-if TYPE_CHECKING:
-    from rlgen.types import JSONDict
+from rlgen.types import JSONDict
 
 log = logging.getLogger(__name__)
 

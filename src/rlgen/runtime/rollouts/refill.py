@@ -20,7 +20,7 @@ from rlgen.types import Completion, Phase, StepTimeline
 if TYPE_CHECKING:
     from rlgen.config import AlgoConfig
     from rlgen.runtime.rollouts.in_flight import InFlight
-    from rlgen.runtime.setup import Run
+    from rlgen.runtime.run_parts import Run
 
 
 @dataclass
