@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 if TYPE_CHECKING:
     import torch
@@ -220,3 +220,9 @@ class RolloutBatch:
             prompt_len=self.prompt_len,
             token_versions=None if self.token_versions is None else self.token_versions[rows],
         )
+
+
+# JSON data as json.loads gives it and json.dumps takes it: status.json, checkpoints' metadata, the markers of
+# local Ray clusters, the fingerprints of clusters kept warm
+JSONValue: TypeAlias = str | int | float | bool | None | list["JSONValue"] | dict[str, "JSONValue"]
+JSONDict: TypeAlias = dict[str, JSONValue]

@@ -86,7 +86,7 @@ def _step(run: Run, step: int, sink: Any, tracker: Any) -> str | None:
     try:
         metrics = _train(run, batch, step, tl)
     except LearnerLost:  # the step runs again on resume, on these rollouts where they were generated ahead
-        run.rollouts.pending.appendleft(flight)
+        run.rollouts.put_back(flight)
         raise
     metrics.update(scores.means())
     metrics.update(got.metrics)
@@ -125,13 +125,10 @@ def _rollouts(run: Run, step: int, tl: StepTimeline) -> tuple[Any, Any, InFlight
     # The run's first batch generates alone: nothing trains meanwhile, and a batch launched ahead beside it would
     # share the engines' steps and delay it. Later batches go ahead at once, to generate while this one trains.
     ro.fill(step, run.state.async_steps if ro.collected else 0, run.transport.version)
-    flight = ro.pending[0]
     t0 = time.time()
-    ro.collect(flight)
-    ro.pending.popleft()
-    ro.collected += 1
+    flight = ro.next_flight()
     ro.fill(step, run.state.async_steps, run.transport.version)
-    tail = tail_metrics(flight, ro.pending[0] if ro.pending else None)
+    tail = tail_metrics(flight, ro.ahead())
     run.startup.setdefault("first_rollout_s", time.time() - launched_at())
     if run.clock is not None:
         run.clock.first_batch()
@@ -277,7 +274,7 @@ def _push(run: Run, metrics: dict, halt: bool, tl: StepTimeline) -> None:
     if halt:
         _over_engines(run, run.transport.wake_engines)
         return
-    in_flight = state.async_steps > 0 and bool(run.rollouts.pending)
+    in_flight = state.async_steps > 0 and run.rollouts.ahead() is not None
     try:
         res = _over_engines(run, lambda: run.transport.push(state.version, in_flight=in_flight), resync=False)
     except SyncTimeoutError as err:
@@ -292,7 +289,7 @@ def _push(run: Run, metrics: dict, halt: bool, tl: StepTimeline) -> None:
             tl.add(r["actor"], Phase(phase), a, b)
         for part, seconds in r.get("parts", {}).items():  # where an update's time went, the slowest actor's
             metrics[f"sync_{part}_s"] = max(seconds, metrics.get(f"sync_{part}_s", 0.0))
-    run.rollouts.queued_updates = {i: (run.keeper.incarnation[i], ref) for i, ref in enumerate(res.pending)}
+    run.rollouts.queue_updates(res.pending)
 
 
 def _over_engines(run: Run, call: Any, resync: bool = True) -> Any:
@@ -336,14 +333,13 @@ def _finish_updates(run: Run) -> None:
     """Surface any failure of the last weight update rather than dropping it."""
     from ray.exceptions import RayActorError
 
-    for i, (inc, ref) in list(run.rollouts.queued_updates.items()):
+    for i, (inc, ref) in run.rollouts.take_queued_updates().items():
         try:
             run.waiter.get(ref, "final weight update", interruptible=False)
         except RunError as err:
             if not isinstance(err.__cause__, RayActorError):
                 raise
             run.keeper.is_dead(i, inc, err.__cause__)
-    run.rollouts.queued_updates = {}
 
 
 __all__ = ["train"]

@@ -8,7 +8,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
@@ -40,6 +40,10 @@ from rlgen.runtime.setup import (
 from rlgen.runtime.signals import StopFlag
 from rlgen.runtime.start.progress import print_startup
 
+if TYPE_CHECKING:
+    from rlgen.runtime.durability.resume import ResumePoint
+    from rlgen.types import JSONValue
+
 log = logging.getLogger(__name__)
 
 
@@ -48,11 +52,11 @@ def run_training(
     out_dir: Path,
     console: Console | None = None,
     *,
-    resume: Any = None,
+    resume: ResumePoint | None = None,
     stop: StopFlag | None = None,
     resume_command: str | None = None,
     engine_cls: type | None = None,
-    engine_kwargs: dict[str, Any] | None = None,
+    engine_kwargs: dict[str, object] | None = None,
     learner_cls: type | None = None,
 ) -> dict:
     """Train the plan's steps in out_dir (continuing `resume`, a ResumePoint, when given) and return the
@@ -77,7 +81,7 @@ def run_training(
         lock.release()
 
 
-def _locked_run(plan: Plan, out_dir: Path, console: Console, stop: StopFlag, resume: Any,
+def _locked_run(plan: Plan, out_dir: Path, console: Console, stop: StopFlag, resume: ResumePoint | None,
                 resume_command: str | None, hooks: Hooks) -> dict:
     detach = attach_run_log(out_dir)
     _print_resolved(plan, console)
@@ -187,7 +191,7 @@ def _save_merged(run: Run, final: Path) -> str:
     return str(path)
 
 
-def _busy_sampler(plan: Plan) -> Any:
+def _busy_sampler(plan: Plan) -> BusySampler | None:
     """On a GPU run whose driver sits on a GPU node: nvidia-smi's busy % over the loop of this node's GPUs that
     the run was given (CUDA_VISIBLE_DEVICES; summary gpu_busy_pct; None where nvidia-smi cannot be run). None on
     CPU."""
@@ -224,7 +228,7 @@ def _ended(err: BaseException, out_dir: Path, status: RunStatus, stop: StopFlag,
     return err
 
 
-def _say_ended(status: RunStatus, **fields: Any) -> None:
+def _say_ended(status: RunStatus, **fields: JSONValue) -> None:
     """status.json's last update; a failure to write it is logged and never hides why the run ended."""
     try:
         status.update(**fields)
@@ -264,7 +268,7 @@ def _print_resolved(plan: Plan, console: Console) -> None:
         console.print(escape(line), highlight=False)
 
 
-def _note_resume(out_dir: Path, point: Any, console: Console) -> None:
+def _note_resume(out_dir: Path, point: ResumePoint, console: Console) -> None:
     """Say what is resumed and what changed, and keep a line of it in resumes.jsonl."""
     changed = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in point.changes.items())
     console.print(

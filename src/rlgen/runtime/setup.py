@@ -17,12 +17,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
 
-from rlgen.config import RunConfig, ShareMode
+from rlgen.config import ShareMode
 from rlgen.learners.registry import LEARNERS
 from rlgen.models import architectures
 from rlgen.plan import Plan
@@ -35,7 +35,6 @@ from rlgen.runtime.cluster.actors import (
     connect,
     engine_class,
     learner_class,
-    ray_session_dir,
     release,
     warm_cluster,
 )
@@ -49,6 +48,7 @@ from rlgen.runtime.policy.breaker import CircuitBreaker
 from rlgen.runtime.policy.state import RunState
 from rlgen.runtime.rollouts.engine_restarts import EngineKeeper, EngineLost
 from rlgen.runtime.rollouts.generation import Rollouts
+from rlgen.runtime.run_parts import Run
 from rlgen.runtime.signals import StopFlag
 from rlgen.runtime.start.loaders import start_loaders
 from rlgen.runtime.start.on_thread import Beside
@@ -56,6 +56,16 @@ from rlgen.runtime.start.progress import StartupClock
 from rlgen.sync.transports import make_transport
 from rlgen.sync.waits import SyncError
 from rlgen.tasks.scoring import Scorer
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.actor import ActorHandle
+
+    from rlgen.runtime.durability.status_file import RunStatus
+    from rlgen.sync.transports.base import TransportBase
+    from rlgen.tasks.base import Task
+    from rlgen.tasks.prompts import PromptRenderer
+    from rlgen.types import JSONDict
 
 log = logging.getLogger(__name__)
 LEARNERS_BESIDE = "learners and weight transport (beside the first batch)"
@@ -67,77 +77,12 @@ class Hooks:
     """Classes that replace the plan's engine or learner actor (tests inject faults and stand-ins with them)."""
 
     engine_cls: type | None = None
-    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    engine_kwargs: dict[str, object] = field(default_factory=dict)  # passed on to engine_cls
     learner_cls: type | None = None
 
 
-@dataclass
-class Run:
-    """A run that is set up: its plan, its actors, and what drives them. The loop (runtime.loop) and checkpoints
-    (runtime.durability.checkpoint) work on it and on its RunState."""
-
-    plan: Plan
-    out_dir: Path
-    console: Console
-    stop: StopFlag
-    waiter: Waiter
-    state: RunState
-    status: Any = None  # runtime.durability.status_file.RunStatus, kept up to date with actors and checkpoints
-    resume: ResumePoint | None = None
-    startup: dict[str, float] = field(default_factory=dict)  # setup_s, sync_warmup_s, first_rollout_s
-    clock: Any = None  # runtime.start.progress.StartupClock: each start-up phase, and each actor's start
-    learners: list[Any] = field(default_factory=list)  # every rank, rank 0 first (it speaks for the group)
-    engine_names: list[str] = field(default_factory=list)
-    pgs: list[Any] = field(default_factory=list)
-    node_ids: list[str] = field(default_factory=list)
-    started_ray: bool = False
-    taken_over: bool = False  # its cluster was kept warm by an earlier run and taken over (runtime.cluster.kept_engines)
-    folders: Any = None  # runtime.durability.shared_folders.RunFolders: where each node reads the model, who writes checkpoints
-    factory: ActorFactory | None = None
-    transport: Any = None
-    keeper: EngineKeeper | None = None
-    rollouts: Any = None  # runtime.rollouts.generation.Rollouts
-    tokenizer: Any = None
-    pad_id: int = 0
-    algorithm: Any = None  # rlgen.algo.registry.Algorithm: algo.advantage and algo.policy_loss
-    initial_model_path: str = ""  # the starting model; the frozen reference stays this one on resume
-    start_model_path: str = ""  # what the actors load: the initial model, or the checkpoint's policy
-    sink: Any = None  # the metrics sink, once the loop runs
-    learners_pending: Any = None  # runtime.start.on_thread.Beside: the learners and transport, set up beside the first batch
-    background_write: Any = None  # runtime.durability.checkpoint.BackgroundWrite: a checkpoint being completed
-    rank_rng: dict[int, tuple[int, str]] = field(default_factory=dict)  # rank -> (steps done, its RNG digest)
-
-    @property
-    def cfg(self) -> RunConfig:
-        return self.plan.config
-
-    @property
-    def engines(self) -> list[Any]:
-        return self.keeper.engines if self.keeper else []
-
-    @property
-    def learner(self) -> Any:
-        return self.learners[0] if self.learners else None
-
-    def learners_ready(self) -> None:
-        """Wait for the learners and the weight transport where they start beside the first batch."""
-        if self.learners_pending is not None:
-            self.learners_pending.result(self.stop, "starting the learners and the weight transport")
-            self.learners_pending = None
-
-    def note_actors(self, health: list[dict[str, Any]]) -> None:
-        """Record the actors' pids and nodes in status.json."""
-        if self.status is None:
-            return
-        actors = dict(self.status.data.get("actors", {}))
-        actors.update({h["name"]: h.get("pid") for h in health if "name" in h})
-        nodes = dict(self.status.data.get("actor_nodes", {}))
-        nodes.update({h["name"]: h.get("node") for h in health if "name" in h})
-        self.status.update(actors=actors, actor_nodes=nodes, ray_session=ray_session_dir())
-
-
 def set_up(plan: Plan, out_dir: Path, *, resume: ResumePoint | None = None, stop: StopFlag | None = None,
-           console: Console | None = None, status: Any = None, hooks: Hooks | None = None) -> Run:
+           console: Console | None = None, status: RunStatus | None = None, hooks: Hooks | None = None) -> Run:
     """The plan's actors, started and given the starting weights. On failure what was started is taken down
     (tear_down) before the error goes on."""
     cfg = plan.config
@@ -152,22 +97,23 @@ def set_up(plan: Plan, out_dir: Path, *, resume: ResumePoint | None = None, stop
         for var, val in QUIET_ENV.items():  # before transformers loads in this process (actors get them too)
             os.environ.setdefault(var, val)
         _engines_ahead(run)
-        algo, model, task = start_loaders(run)
+        algo, model, task_loader = start_loaders(run)
         with clock.phase("Ray cluster"):
             _cluster(run)
         model.result(run.stop)
         _place_folders(run)
-        loop_inputs: list[Any] = []  # the task, its prompt renderer and stop ids, once the actors are asked for
+        loop_inputs: list[tuple[Task, PromptRenderer, list[int]]] = []  # once the actors are asked for
         with clock.phase("engines and learners"):
-            _actors(run, hooks or Hooks(), algo, before_wait=lambda: loop_inputs.extend(
-                task.result(run.stop, "preparing the tokenizer and task")))
-        task, renderer, stop_ids = loop_inputs
-        if run.learners_pending is None:
+            _actors(run, hooks or Hooks(), algo, before_wait=lambda: loop_inputs.append(
+                task_loader.result(run.stop, "preparing the tokenizer and task")))
+        task, renderer, stop_ids = loop_inputs[0]
+        if run.learners_to_wait is None:
             with clock.phase("first weight push"):
                 _start_transport(run)
         else:
-            run.learners_pending = Beside(_learners_beside, run, *run.learners_pending,
+            run.learners_pending = Beside(_learners_beside, run, *run.learners_to_wait,
                                           done=clock.begin(LEARNERS_BESIDE, beside=True))
+            run.learners_to_wait = None
         _loop_parts(run, task, renderer, stop_ids)
     except BaseException as err:
         tear_down(run)
@@ -271,7 +217,7 @@ def _actors(run: Run, hooks: Hooks, algo: Beside, before_wait: Callable[[], None
     run.zero3_gatherers = run.learners[1:] if learner_kwargs.get("zero_stage") == 3 else []
 
 
-def _ask_engines(run: Run, asked: dict[str, float]) -> list[Any]:
+def _ask_engines(run: Run, asked: dict[str, float]) -> list[ActorHandle]:
     """Every engine asked for at once (vLLM engines that share a GPU take turns only to measure their KV cache:
     rlgen.engines.vllm.kvcache); kept engines taken over where the cluster kept them."""
     run.start_version = run.state.version
@@ -284,10 +230,10 @@ def _ask_engines(run: Run, asked: dict[str, float]) -> list[Any]:
     return engines
 
 
-def _wait_started(run: Run, engines: list[Any], asked: dict[str, float],
-                  before_wait: Callable[[], None] = lambda: None) -> list[dict[str, Any]]:
+def _wait_started(run: Run, engines: list[ActorHandle], asked: dict[str, float],
+                  before_wait: Callable[[], None] = lambda: None) -> list[JSONDict]:
     """The health reports of the engines and learners asked for, waited for: the engines', and the learners'
-    unless they may start beside the first batch (run.learners_pending then holds what set_up needs for that)."""
+    unless they may start beside the first batch (run.learners_to_wait then holds what set_up needs for that)."""
     # KeepsWarm: only kinds that claim it are kept (_cluster), so only they are taken over; they wake as the task loads
     taken = {i: engines[i].take_over.remote(run.state.version) for i in run.factory.kept}
     before_wait()
@@ -306,7 +252,7 @@ def _wait_started(run: Run, engines: list[Any], asked: dict[str, float],
         return health
     if run.transport.held_weights:
         return health + _wait_actors(run, learner_refs, learner_names, asked, doing=learner_words)
-    run.learners_pending = (learner_refs, learner_names, asked)  # they start beside the first batch
+    run.learners_to_wait = (learner_refs, learner_names, asked)  # they start beside the first batch
     return health
 
 
@@ -315,8 +261,8 @@ def _learner_words(run: Run) -> str:
     return LEARNERS[run.plan.learner_kind].starting
 
 
-def _wait_actors(run: Run, refs: list[Any], names: list[str], asked: dict[str, float],
-                 what: str = "actor start-up", doing: list[str] | None = None) -> list[dict[str, Any]]:
+def _wait_actors(run: Run, refs: list[ObjectRef[JSONDict]], names: list[str], asked: dict[str, float],
+                 what: str = "actor start-up", doing: list[str] | None = None) -> list[JSONDict]:
     """The actors' health reports at start-up, each actor's start timed; doing: what each does while it starts,
     said while the run waits for it."""
     health = run.waiter.get(refs, what, run.cfg.startup_timeout_s, names=names,
@@ -327,7 +273,7 @@ def _wait_actors(run: Run, refs: list[Any], names: list[str], asked: dict[str, f
     return health
 
 
-def _learners_beside(run: Run, refs: list[Any], names: list[str], asked: dict[str, float]) -> None:
+def _learners_beside(run: Run, refs: list[ObjectRef[JSONDict]], names: list[str], asked: dict[str, float]) -> None:
     """The learners' start and the weight transport's set-up, while the first batch generates (the engines hold
     the starting weights, so the transport need not send them)."""
     health = _wait_actors(run, refs, names, asked, "learner start-up", [_learner_words(run)] * len(names))
@@ -338,11 +284,11 @@ def _learners_beside(run: Run, refs: list[Any], names: list[str], asked: dict[st
     _start_transport(run, send=False)
 
 
-def _kept_engines(run: Run, asked: dict[str, float]) -> list[Any]:
+def _kept_engines(run: Run, asked: dict[str, float]) -> list[ActorHandle | None]:
     """In a cluster taken over from a run that kept its engines warm (runtime.cluster.kept_engines): the kept engines this run
     would build the same way, by index (None for the others); kept engines of other settings are stopped first,
     so their memory is free for this run's. A kept engine that does not answer is stopped and started anew."""
-    engines: list[Any] = [None] * len(run.plan.engines)
+    engines: list[ActorHandle | None] = [None] * len(run.plan.engines)
     cluster = warm_cluster()
     if cluster is None or not cluster.taken_over:
         return engines
@@ -367,7 +313,7 @@ def _place_engine_again(run: Run, index: int, gone: str) -> str | None:
     return node
 
 
-def _resync_engine(run: Run, index: int, actor: Any, resend: bool) -> None:
+def _resync_engine(run: Run, index: int, actor: ActorHandle, resend: bool) -> None:
     run.learners_ready()  # the transport the new engine joins
     try:
         run.transport.replace_engine(index, actor, resend)
@@ -375,9 +321,8 @@ def _resync_engine(run: Run, index: int, actor: Any, resend: bool) -> None:
         raise EngineLost(f"{run.engine_names[index]} was re-created but could not get the weights: {err}") from err
 
 
-def _new_transport(run: Run) -> Any:
+def _new_transport(run: Run) -> TransportBase:
     """The plan's weight transport, not yet joined to the actors."""
-
     cfg = run.cfg
     transport = make_transport(run.plan, cfg, bucket_mb=cfg.sync.bucket_mb, sleep_level=cfg.sync.sleep_level)
     transport.version = run.state.version
@@ -398,9 +343,8 @@ def _start_transport(run: Run, send: bool = True) -> None:
     run.startup["sync_warmup_s"] = warm.seconds if warm else 0.0
 
 
-def _loop_parts(run: Run, task: Any, renderer: Any, stop_ids: list[int]) -> None:
+def _loop_parts(run: Run, task: Task, renderer: PromptRenderer, stop_ids: list[int]) -> None:
     """The engines' side of the loop, and, resuming, the rollouts the checkpoint kept."""
-
     cfg = run.cfg
     run.rollouts = Rollouts(cfg, task, run.tokenizer, renderer, stop_ids, run.keeper,
                             Scorer(task.rewards, cfg.task, cfg.task.reward), run.stop)

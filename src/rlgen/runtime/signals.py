@@ -9,7 +9,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable
-from typing import Any
+from types import FrameType
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class StopFlag:
         self.count = 0
         self.on_first: Callable[[], None] | None = None
         self.on_second: Callable[[int], None] | None = None
-        self._previous: dict[int, Any] = {}
+        self._previous: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
         self.armed = False
 
     @property
@@ -83,7 +83,7 @@ class StopFlag:
         self._previous.clear()
         self.armed = False
 
-    def _handle(self, signum: int, frame: Any) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.count += 1
         if self.count == 1:
             self.request(signum)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from collections.abc import Mapping
 
-from rlgen.types import Phase, StepTimeline
+from rlgen.types import JSONDict, Phase, RolloutBatch, StepTimeline
 
 
-def step_record(step: int, tl: StepTimeline, batch: Any, rewards: list[float], metrics: dict[str, Any],
-                version: int, staleness: int, step_s: float, learner_ranks: int) -> dict[str, Any]:
+def step_record(step: int, tl: StepTimeline, batch: RolloutBatch, rewards: list[float], metrics: Mapping[str, object],
+                version: int, staleness: int, step_s: float, learner_ranks: int) -> JSONDict:
     gen_spans = [s for s in tl.spans if s.phase == Phase.generate]
     gen_wall = (max(s.end for s in gen_spans) - min(s.start for s in gen_spans)) if gen_spans else 0.0
     tokens = batch.num_response_tokens
@@ -51,7 +51,7 @@ def step_record(step: int, tl: StepTimeline, batch: Any, rewards: list[float], m
     return rec
 
 
-def token_version_metrics(batch: Any, learner_version: int) -> dict[str, float]:
+def token_version_metrics(batch: RolloutBatch, learner_version: int) -> dict[str, float]:
     """Per token: how many versions behind the learner each response token was sampled, on average, and the
     share of tokens sampled after an in-flight update changed the weights under their sequence."""
     tv = getattr(batch, "token_versions", None)

@@ -8,9 +8,9 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlgen.config import RunConfig, Transport
 from rlgen.learners.group import free_endpoint
@@ -33,12 +33,24 @@ from rlgen.runtime.cluster.nodes import NODE_ID_LABEL, assign_nodes, cluster_nod
 from rlgen.runtime.errors import RunError
 from rlgen.sync.sender import CONTROL_GROUP, WeightSender
 
+if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.actor import ActorHandle
+    from ray.util.placement_group import PlacementGroup
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from rlgen.plan.placement import ActorPlacement, Placement
+    from rlgen.runtime.cluster.local_ray import LocalCluster
+    from rlgen.runtime.cluster.waits import Waiter
+    from rlgen.runtime.signals import StopFlag
+
 log = logging.getLogger(__name__)
 MOVE_TIMEOUT_S = 30.0  # reserving one engine's bundle on a node that has the room for it
 QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def start_ray(cfg: RunConfig, plan: Plan, placement: Any, stop: Any = None, keep_warm: bool = False) -> bool:
+def start_ray(cfg: RunConfig, plan: Plan, placement: Placement, stop: StopFlag | None = None,
+              keep_warm: bool = False) -> bool:
     """Join the cluster at ray.address (or RAY_ADDRESS), in its token mode (plan.checks.ray_token), or start a
     fresh local one sized for the plan (after stopping what runs that died left of theirs, and clusters kept warm
     for other settings). keep_warm: take over a local cluster kept warm for these settings
@@ -85,8 +97,8 @@ def no_auto_connect() -> None:
     auto_init_hook.enable_auto_connect = False
 
 
-def connect(cfg: RunConfig, plan: Plan, placement: Any, stop: Any, waiter: Any,
-            keep_warm: bool = False) -> tuple[bool, list[str], list[Any]]:
+def connect(cfg: RunConfig, plan: Plan, placement: Placement, stop: StopFlag, waiter: Waiter,
+            keep_warm: bool = False) -> tuple[bool, list[str], list[PlacementGroup]]:
     """Join or start the cluster, give each plan node its own Ray node, and reserve the bundles there. Returns
     (whether this process connected, the Ray node of each plan node, the placement groups). keep_warm: a local
     cluster whose engines may be kept warm (runtime.cluster.kept_engines): its placement groups are detached and named by the
@@ -102,7 +114,7 @@ def connect(cfg: RunConfig, plan: Plan, placement: Any, stop: Any, waiter: Any,
     return started, node_ids, pgs
 
 
-def warm_cluster() -> Any:
+def warm_cluster() -> LocalCluster | None:
     """The local cluster of this process when its engines may be kept warm (it has a key), else None."""
     cluster = local_cluster()
     return cluster if cluster is not None and cluster.key else None
@@ -117,14 +129,15 @@ def ray_session_dir() -> str | None:
         return None
 
 
-def reserve(placement: Any, node_ids: list[str], timeout_s: float, wait: Callable[[list[Any], str, float], Any],
-            key: str = "", again: bool = False) -> list[Any]:
+def reserve(placement: Placement, node_ids: list[str], timeout_s: float,
+            wait: Callable[[list[ObjectRef], str, float], object], key: str = "",
+            again: bool = False) -> list[PlacementGroup]:
     """One STRICT_PACK placement group per plan node, pinned to its Ray node, ready within timeout_s. key: the
     groups are detached and named by it (runtime.cluster.kept_engines); again: those of that name are used where they exist."""
     import ray
     from ray.util.placement_group import get_placement_group, placement_group
 
-    def group(i: int, bundles: Any, node: str) -> Any:
+    def group(i: int, bundles: Sequence[dict[str, float]], node: str) -> PlacementGroup:
         named = {"name": kept_engines.group_name(key, i), "lifetime": "detached"} if key else {}
         if key and again:
             with contextlib.suppress(ValueError):
@@ -146,7 +159,7 @@ def reserve(placement: Any, node_ids: list[str], timeout_s: float, wait: Callabl
     return pgs
 
 
-def release(actors: list[Any], pgs: list[Any], started_ray: bool) -> None:
+def release(actors: Sequence[ActorHandle | None], pgs: Sequence[PlacementGroup], started_ray: bool) -> None:
     """Take down what a run or a server made. A cluster this process started goes whole (localray); one
     it joined, it leaves (its actors go with the connection); on a cluster another part of this process
     connected to, its actors and placement groups are removed one by one. Every wait is bounded, so a cluster
@@ -196,17 +209,17 @@ class ActorFactory:
 
     cfg: RunConfig
     plan: Plan
-    placement: Any
-    pgs: list[Any]
+    placement: Placement
+    pgs: list[PlacementGroup]
     node_ids: list[str]  # the Ray node of each placement group
     engine_cls: type
-    engine_kwargs: dict[str, Any]
+    engine_kwargs: dict[str, object]  # passed on to engine_cls
     learner_cls: type
-    learner_kwargs: dict[str, Any]
+    learner_kwargs: dict[str, object]  # passed on to learner_cls
     warm: bool = False  # engines are detached and named by their settings, to be kept warm (runtime.cluster.kept_engines)
     kept: set[int] = dataclasses.field(default_factory=set)  # engines an earlier run kept warm, taken over (set-up)
-    moved: dict[int, tuple[Any, str]] = dataclasses.field(default_factory=dict)  # engine -> (its own group, node)
-    gpu_ids: dict | None = None  # colocated TP>1 engines: the GPU Ray gave each learner bundle (bundle_gpus)
+    moved: dict[int, tuple[PlacementGroup, str]] = dataclasses.field(default_factory=dict)  # engine -> (its own group, node)
+    gpu_ids: dict[tuple[int, int | None], str] | None = None  # colocated TP>1 engines: the GPU Ray gave each learner bundle (bundle_gpus)
 
     @property
     def device(self) -> str:
@@ -220,13 +233,13 @@ class ActorFactory:
         return self.plan.engine.threaded or self.plan.transport is Transport.nccl
 
     @property
-    def learner_groups(self) -> dict[str, Any]:
+    def learner_groups(self) -> dict[str, int | dict[str, int]]:
         """A learner that sends weights over NCCL takes one call beside its others, in its "control" concurrency
         group: abort_weight_group(), which frees a broadcast blocked on an engine that died mid-update. Its other
         calls still run one at a time, in order."""
         return {"concurrency_groups": {CONTROL_GROUP: 1}} if self.plan.transport is Transport.nccl else {"max_concurrency": 1}
 
-    def strategy(self, ap: Any) -> Any:
+    def strategy(self, ap: ActorPlacement) -> PlacementGroupSchedulingStrategy:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         return PlacementGroupSchedulingStrategy(self.pgs[ap.group], placement_group_bundle_index=ap.bundle)
@@ -236,7 +249,7 @@ class ActorFactory:
             return self.moved[index][1]
         return self.node_ids[self.placement.engines[index].group]
 
-    def engine_strategy(self, index: int) -> Any:
+    def engine_strategy(self, index: int) -> PlacementGroupSchedulingStrategy:
         """Where engine ``index`` runs: its bundle in its plan node's group, or the group it was moved to."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -304,7 +317,7 @@ class ActorFactory:
         """The name of every engine, where warm."""
         return [self._engine_call(i, model_path)[1]["name"] for i in range(len(self.plan.engines))] if self.warm else []
 
-    def engine(self, index: int, model_path: PathByNode, version: int) -> Any:
+    def engine(self, index: int, model_path: PathByNode, version: int) -> ActorHandle:
         """Engine ``index`` in its bundle; model_path: one path, or the path on each node. In a cluster whose
         engines may be kept warm (``self.warm``) the engine is detached and named by its settings."""
         import ray
@@ -316,7 +329,7 @@ class ActorFactory:
         return ray.remote(self.engine_cls).options(**options).remote(path, engine_cfg, version=version, **args)
 
     def learners(self, model_path: PathByNode, rendezvous: tuple[str, int] | None,
-                 **extra: PathByNode | None) -> list[Any]:
+                 **extra: PathByNode | None) -> list[ActorHandle]:
         """Every learner rank in its bundle; model_path and the extra path arguments (resume_from,
         ref_model_path): one path, or the path on each node."""
         import ray
@@ -340,7 +353,7 @@ class ActorFactory:
             )
         return actors
 
-    def rendezvous_ref(self) -> Any:
+    def rendezvous_ref(self) -> ObjectRef[tuple[str, int]]:
         """A ref to (address, port) on rank 0's node, for a learner group's torch.distributed rendezvous."""
         import ray
 
@@ -348,13 +361,13 @@ class ActorFactory:
         return ray.remote(free_endpoint).options(num_cpus=0, scheduling_strategy=self.strategy(ap0)).remote()
 
 
-def engine_class(plan: Plan) -> tuple[type, dict[str, Any]]:
+def engine_class(plan: Plan) -> tuple[type, dict[str, object]]:
     """The engine actor class of the plan's engine kind and its extra constructor kwargs (from the kind's spec)."""
     spec = plan.engine
     return spec.actor_class(), spec.actor_kwargs(plan.config, plan.transport, dict(plan.engine_env))
 
 
-def learner_class(plan: Plan) -> tuple[type, dict[str, Any]]:
+def learner_class(plan: Plan) -> tuple[type, dict[str, object]]:
     """The learner class of the plan's learner kind and its extra constructor kwargs. A learner that feeds
     engines over NCCL or CUDA IPC gets the weight sender's methods (the DeepSpeed learner has them already)."""
 

@@ -5,10 +5,13 @@ bundles its plan slot spans instead, read here once by a small task in each bund
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlgen.plan import Plan
 from rlgen.runtime.errors import RunError
+
+if TYPE_CHECKING:
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 PROBE_GPU = 0.01  # of a bundle's one GPU; the learner and TP>1 engines leave at least half of it free
 PROBE_TIMEOUT_S = 60.0
@@ -25,7 +28,7 @@ def _accelerator_ids() -> list[str]:
     return [str(i) for i in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]
 
 
-def bundle_gpu_ids(plan: Plan, learner_strategies: list[Any]) -> dict[tuple[int, int | None], str]:
+def bundle_gpu_ids(plan: Plan, learner_strategies: list[PlacementGroupSchedulingStrategy]) -> dict[tuple[int, int | None], str]:
     """(plan node, GPU) -> the id of the GPU Ray reserved for the learner bundle there. learner_strategies:
     each learner rank's scheduling strategy (its bundle)."""
     import ray

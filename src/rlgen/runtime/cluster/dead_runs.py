@@ -20,7 +20,10 @@ import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlgen.types import JSONDict, JSONValue
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +78,13 @@ def boot_id() -> str | None:
         return None
 
 
-def identity(pid: int | None = None) -> dict[str, Any]:
+def identity(pid: int | None = None) -> JSONDict:
     """What tells this process (or pid) apart from a later one that gets the same pid."""
     pid = os.getpid() if pid is None else int(pid)
     return {"pid": pid, "start": start_time(pid), "boot": boot_id()}
 
 
-def same_process(ident: Any) -> bool:
+def same_process(ident: JSONValue) -> bool:
     """True while the process that ``ident`` (from identity()) describes still runs: its pid is alive with the
     same start time, since the same boot."""
     if not isinstance(ident, dict) or not isinstance(ident.get("pid"), int):
@@ -100,7 +103,7 @@ def _pids() -> list[int]:
         return []
 
 
-def cluster_processes(head: Any) -> list[int]:
+def cluster_processes(head: JSONValue) -> list[int]:
     """The processes of the cluster whose head ``head`` (identity() of it) was: the head while it runs, and every
     live process of its session (the head starts one of its own) that started no earlier than it did. A session's
     id stays taken while any member lives, so the id cannot have passed to another session meanwhile, and a
@@ -151,8 +154,8 @@ def stop_processes(pids: Iterable[int], term_wait_s: float = TERM_WAIT_S, kill_w
 
 
 # -- markers --------------------------------------------------------------------------------------------------
-def write_marker(session_dir: str | Path, driver: dict[str, Any], head_pid: int | None = None,
-                 kept: dict[str, Any] | None = None) -> Path:
+def write_marker(session_dir: str | Path, driver: JSONDict, head_pid: int | None = None,
+                 kept: JSONDict | None = None) -> Path:
     """Mark the session as one whose cluster rlgen started for ``driver`` (identity() of the driver), with
     ``head_pid``, the process that holds the cluster, and ``kept`` while its engines are kept warm for the next
     run ({"until": time, "key": the cluster's key, "address": its GCS address}). Written whole or not at all."""
@@ -166,7 +169,7 @@ def write_marker(session_dir: str | Path, driver: dict[str, Any], head_pid: int 
     return path
 
 
-def read_marker(session_dir: str | Path) -> dict[str, Any] | None:
+def read_marker(session_dir: str | Path) -> JSONDict | None:
     try:
         data = json.loads((Path(session_dir) / MARKER).read_text())
     except (OSError, ValueError):
@@ -179,7 +182,7 @@ def remove_marker(session_dir: str | Path) -> None:
         (Path(session_dir) / MARKER).unlink()
 
 
-def kept_for(data: dict[str, Any] | None, now: float | None = None) -> dict[str, Any] | None:
+def kept_for(data: JSONDict | None, now: float | None = None) -> JSONDict | None:
     """The marker's ``kept`` part while its cluster is kept warm: before its end, with its head running."""
     kept = (data or {}).get("kept")
     if not isinstance(kept, dict) or not isinstance(kept.get("until"), (int, float)):
@@ -197,7 +200,7 @@ def _sessions(root: str | Path | None) -> list[Path]:
     return [m.parent for m in markers if not m.parent.is_symlink()]  # session_latest: its session is listed too
 
 
-def kept_sessions(root: str | Path | None = None) -> list[tuple[Path, dict[str, Any]]]:
+def kept_sessions(root: str | Path | None = None) -> list[tuple[Path, JSONDict]]:
     """Session directories under root whose cluster is kept warm, with their markers."""
     out = []
     for session in _sessions(root):
@@ -207,7 +210,7 @@ def kept_sessions(root: str | Path | None = None) -> list[tuple[Path, dict[str, 
     return out
 
 
-def orphaned_sessions(root: str | Path | None = None, kept_too: bool = False) -> list[tuple[Path, dict[str, Any]]]:
+def orphaned_sessions(root: str | Path | None = None, kept_too: bool = False) -> list[tuple[Path, JSONDict]]:
     """Session directories under root (Ray's temp root by default) with a marker whose driver is gone; a cluster
     kept warm for the next run only with kept_too."""
     out = []

@@ -15,7 +15,14 @@ import hashlib
 import json
 import logging
 import time
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.actor import ActorHandle
+
+    from rlgen.types import JSONDict
 
 log = logging.getLogger(__name__)
 
@@ -27,11 +34,11 @@ ANSWER_S = 30.0  # for a kept engine to answer its health check when a run takes
 NAME_FREE_S = 10.0  # for Ray to free the name of an engine that was killed, before its successor takes it
 
 
-def _digest(obj: Any) -> str:
+def _digest(obj: object) -> str:
     return hashlib.sha1(json.dumps(obj, sort_keys=True, default=repr).encode()).hexdigest()[:12]
 
 
-def cluster_key(init: dict[str, Any], groups: list[list[dict[str, float]]]) -> str:
+def cluster_key(init: dict[str, int], groups: list[list[dict[str, float]]]) -> str:
     """What a kept cluster must match to be taken over: Ray's start arguments and the placement-group bundles."""
     return _digest({"init": init, "groups": groups})
 
@@ -40,7 +47,7 @@ def group_name(key: str, index: int) -> str:
     return f"{PREFIX}-{key}-pg{index}"
 
 
-def engine_key(cls: type, args: dict[str, Any]) -> str:
+def engine_key(cls: type, args: Mapping[str, object]) -> str:
     """What a kept engine must match to be taken over: its class and every argument it was built with."""
     plain = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in args.items()}
     return _digest({"class": f"{cls.__module__}.{cls.__qualname__}", "args": plain})
@@ -57,7 +64,7 @@ def named_engines() -> list[str]:
     return [a["name"] for a in list_named_actors(all_namespaces=True) if a.get("namespace") == NAMESPACE]
 
 
-def find_engine(name: str) -> Any:
+def find_engine(name: str) -> ActorHandle | None:
     """The kept engine actor of that name, or None."""
     import ray
 
@@ -82,7 +89,7 @@ def drop_engines(keep: set[str]) -> list[str]:
     return dropped
 
 
-def detached_options(name: str) -> dict[str, Any]:
+def detached_options(name: str) -> dict[str, str]:
     return {"name": name, "namespace": NAMESPACE, "lifetime": "detached"}
 
 
@@ -97,7 +104,7 @@ def free_name(name: str, timeout_s: float = NAME_FREE_S) -> None:
         time.sleep(0.2)
 
 
-def answering(actor: Any, timeout_s: float = ANSWER_S) -> Any:
+def answering(actor: ActorHandle | None, timeout_s: float = ANSWER_S) -> ActorHandle | None:
     """The kept engine if it answers its health check in time and is well, else None (it is stopped)."""
     import ray
 
@@ -113,7 +120,8 @@ def answering(actor: Any, timeout_s: float = ANSWER_S) -> Any:
     return None
 
 
-def keep_for_next_run(engines: list[Any], wait: Any) -> list[dict[str, Any]]:
+def keep_for_next_run(engines: Sequence[ActorHandle],
+                      wait: Callable[[list[ObjectRef], str, float], list[JSONDict]]) -> list[JSONDict]:
     """Every engine (KeepsWarm) tidies up for the next run (nothing paused or queued, no adapters, the prefix cache
     dropped), loads its starting weights again where its kind can, and sleeps where its kind sleeps (level 1:
     take_over() wakes an engine that can generate at once). wait(refs, what, timeout_s) returns their answers."""

@@ -11,7 +11,11 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlgen.config import RunConfig
+    from rlgen.types import JSONDict, JSONValue
 
 # the variables compared besides those rlgen hands each actor: what decides how Python, the libraries and the
 # GPUs behave in a worker; the rest of the environment (a shell's, a terminal's) is not compared
@@ -71,7 +75,7 @@ def _user_code(reward_specs: list[str], task_files: list[str]) -> dict[str, str]
     return seen
 
 
-def take(actor_env: dict[str, str], reward_specs: list[str], task_files: list[str]) -> dict[str, Any]:
+def take(actor_env: dict[str, str], reward_specs: list[str], task_files: list[str]) -> JSONDict:
     """This process's fingerprint: its working folder (path and identity), Python, rlgen's source, the environment
     variables that reach actors (actor_env: what rlgen hands each actor), and the user's reward modules and task
     files."""
@@ -83,8 +87,8 @@ def take(actor_env: dict[str, str], reward_specs: list[str], task_files: list[st
             "env": _env(actor_env), "user": _user_code(reward_specs, task_files)}
 
 
-def of_run(cfg: Any, actor_env: dict[str, str]) -> dict[str, Any]:
-    """take() for a run of cfg (a RunConfig), whose actors get actor_env."""
+def of_run(cfg: RunConfig, actor_env: dict[str, str]) -> JSONDict:
+    """take() for a run of cfg, whose actors get actor_env."""
     task = cfg.task
     rewards = list(task.rewards) if task.rewards else [task.reward]
     return take(actor_env, rewards, [p for p in (task.path, task.eval_path) if p])
@@ -108,7 +112,7 @@ def _removed_under(pid: int | None) -> bool:
         return False
 
 
-def differs(kept: dict[str, Any] | None, now: dict[str, Any], head_pid: int | None = None) -> str | None:
+def differs(kept: JSONValue, now: JSONDict, head_pid: int | None = None) -> str | None:
     """What the run with fingerprint ``now`` does not share with a cluster kept with fingerprint ``kept`` (whose
     head process, where given, shows the folder its workers start in), as the start of a sentence ("the kept Ray
     cluster ..."); None when it may be taken over."""

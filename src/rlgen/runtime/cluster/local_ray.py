@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rlgen.durable import exclusive_lock
 from rlgen.runtime.cluster.dead_runs import (
@@ -44,7 +43,8 @@ from rlgen.runtime.cluster.dead_runs import (
 from rlgen.runtime.cluster.kept_engines import CLAIM_MARGIN_S, NAMESPACE
 from rlgen.runtime.cluster.kept_fingerprint import differs
 from rlgen.runtime.errors import RunError, StopRequested
-from rlgen.runtime.signals import at_hard_exit
+from rlgen.runtime.signals import StopFlag, at_hard_exit
+from rlgen.types import JSONDict
 
 log = logging.getLogger(__name__)
 
@@ -59,21 +59,21 @@ class LocalCluster:
     """The local cluster this process started (or took over from a run that kept it warm): its head process and
     where the head said it is."""
 
-    head: Any  # subprocess.Popen, or a _Head for a head another process started
+    head: subprocess.Popen[bytes] | _Head  # a _Head for a head another process started
     scratch: str  # the head's output until it answers, and the file it answers in
     address: str = ""
     session_dir: str = ""
     forget: Callable[[], None] = lambda: None  # takes back the hard-exit hook
     key: str = ""  # the cluster key (runtime.cluster.kept_engines) when its engines may be kept warm at the end
     taken_over: bool = False  # a cluster an earlier run kept warm: its engines and placement groups are there
-    head_ident: dict[str, Any] | None = None  # leftovers.identity() of the head: its session is the cluster's
-    fingerprint: dict[str, Any] | None = None  # runtime.cluster.kept_fingerprint: what started it, kept with it
+    head_ident: JSONDict | None = None  # leftovers.identity() of the head: its session is the cluster's
+    fingerprint: JSONDict | None = None  # runtime.cluster.kept_fingerprint: what started it, kept with it
 
 
 class _Head:
     """A head process this process did not start (it took the cluster over), with the calls stop_local makes."""
 
-    def __init__(self, ident: dict[str, Any]):
+    def __init__(self, ident: JSONDict):
         self.ident, self.pid = ident, int(ident["pid"])
 
     def poll(self) -> int | None:
@@ -157,8 +157,8 @@ def _stop_session(session_dir: str) -> None:
     remove_marker(session_dir)
 
 
-def start_local(init: dict[str, Any], timeout_s: float, stop: Any, key: str = "",
-                fingerprint: dict[str, Any] | None = None) -> None:
+def start_local(init: dict[str, int], timeout_s: float, stop: StopFlag | None, key: str = "",
+                fingerprint: JSONDict | None = None) -> None:
     """Start a local cluster in a session of its own and join it (see above). With key (runtime.cluster.kept_engines's cluster
     key) and fingerprint (runtime.cluster.kept_fingerprint: this run's), a cluster an earlier run kept warm under
     that key and fingerprint is taken over instead. Every other kept cluster is stopped first: its engines hold
@@ -201,7 +201,7 @@ def _own(cluster: LocalCluster) -> None:
         _atexit_armed = True
 
 
-def _take_over(key: str, fingerprint: dict[str, Any]) -> bool:
+def _take_over(key: str, fingerprint: JSONDict) -> bool:
     """Join the cluster an earlier run kept warm under key, if there is one with time left that would start
     workers as this run would (its fingerprint: runtime.cluster.kept_fingerprint), and own it (its marker names
     this driver, without ``kept``, so neither its head nor another run ends it meanwhile). False when there is
@@ -265,7 +265,7 @@ def keep_local(until: float) -> bool:
     return True
 
 
-def _await_head(cluster: LocalCluster, answer: Path, timeout_s: float, stop: Any) -> dict[str, str]:
+def _await_head(cluster: LocalCluster, answer: Path, timeout_s: float, stop: StopFlag | None) -> dict[str, str]:
     """The head's answer (address, session_dir), within timeout_s."""
 
     deadline = time.monotonic() + timeout_s

@@ -8,9 +8,12 @@ assignment exists, one sentence says what the plan needs and what the cluster ha
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlgen.runtime.errors import RunError
+
+if TYPE_CHECKING:
+    from rlgen.plan.placement import Placement
 
 NODE_ID_LABEL = "ray.io/node-id"
 
@@ -49,7 +52,7 @@ def group_demand(group: tuple[dict[str, float], ...]) -> tuple[float, float]:
     return sum(b.get("CPU", 0.0) for b in group), sum(b.get("GPU", 0.0) for b in group)
 
 
-def assign_nodes(placement: Any, nodes: list[NodeInfo], where: str = "the cluster") -> list[str]:
+def assign_nodes(placement: Placement, nodes: list[NodeInfo], where: str = "the cluster") -> list[str]:
     """A distinct Ray node for each plan node (placement group), largest demand first, each on the smallest
     node that holds it. Raises RunError naming what is missing."""
     demands = [group_demand(g) for g in placement.groups]

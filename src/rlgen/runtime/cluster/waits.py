@@ -5,13 +5,25 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar, overload
 
 from rlgen.engines.base import COULD_NOT_START
 from rlgen.learners.group import CollectiveFailed
 from rlgen.runtime.cluster.nodes import node_alive
 from rlgen.runtime.errors import RunError, StopRequested, actor_death_detail
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
+
+    from rlgen.runtime.signals import StopFlag
+
+T = TypeVar("T")
+# progress(seconds waited, the indices of the refs still pending)
+Progress = Callable[[float, list[int]], None]
+# an outcome of one call: "ok" | "dead" | "raised" | "collective" | "pending", and its error
+Outcome = tuple[str, BaseException | None]
 
 log = logging.getLogger(__name__)
 POLL_S = 0.25  # waits wake this often to notice a stop request
@@ -34,7 +46,7 @@ def short(err: BaseException | None, limit: int = 300) -> str:
     return f"{type(err).__name__}: {first}"[:limit] if first else type(err).__name__
 
 
-def _culprit(refs: list[Any], names: list[str] | None) -> str | None:
+def _culprit(refs: Sequence[ObjectRef], names: list[str] | None) -> str | None:
     """The name of the first actor whose call failed (refs and names in the same order)."""
     import ray
 
@@ -49,11 +61,20 @@ def _culprit(refs: list[Any], names: list[str] | None) -> str | None:
 
 
 class Waiter:
-    def __init__(self, timeout_s: float, stop: Any, out_dir: Path):
+    def __init__(self, timeout_s: float, stop: StopFlag, out_dir: Path):
         self.timeout_s, self.stop, self.out_dir = float(timeout_s), stop, Path(out_dir)
 
-    def get(self, refs: Any, what: str, timeout_s: float | None = None, *, interruptible: bool = True,
-            names: list[str] | None = None, progress: Any = None, every_s: float = 15.0) -> Any:
+    @overload
+    def get(self, refs: ObjectRef[T], what: str, timeout_s: float | None = None, *, interruptible: bool = True,
+            names: list[str] | None = None, progress: Progress | None = None, every_s: float = 15.0) -> T: ...
+
+    @overload
+    def get(self, refs: list[ObjectRef[T]], what: str, timeout_s: float | None = None, *, interruptible: bool = True,
+            names: list[str] | None = None, progress: Progress | None = None, every_s: float = 15.0) -> list[T]: ...
+
+    def get(self, refs: ObjectRef[T] | list[ObjectRef[T]], what: str, timeout_s: float | None = None, *,
+            interruptible: bool = True, names: list[str] | None = None, progress: Progress | None = None,
+            every_s: float = 15.0) -> T | list[T]:
         """ray.get of one ref or a list, within timeout_s (timeout_s of the run by default); interruptible
         waits raise StopRequested once a stop is asked for. names: the actor behind each ref. progress(elapsed,
         pending indices) is called every every_s while refs are pending."""
@@ -95,9 +116,9 @@ class Waiter:
             who = _culprit(list(refs) if many else [refs], names) or "an actor"
             raise RunError(f"{what}: {who} raised {short(err.cause)}") from err
 
-    def learner_get(self, refs: list[Any], what: str, names: list[str] | None = None,
+    def learner_get(self, refs: Sequence[ObjectRef[T]], what: str, names: list[str] | None = None,
                     nodes: list[str] | None = None, hang_s: float | None = None,
-                    ranks: list[int] | None = None) -> list[Any]:
+                    ranks: list[int] | None = None) -> list[T]:
         """A call on every learner rank (refs in rank order): never interrupted (the learner's state must stay
         whole). A dead rank (nodes: the Ray node of each rank) raises LearnerLost at once. hang_s: once a rank
         has finished, the others must finish within hang_s; a rank whose collective timed out, or one still
@@ -108,7 +129,8 @@ class Waiter:
         refs = list(refs)
         start = time.time()
         deadline, hang_at = start + self.timeout_s, None
-        todo, outcomes = list(refs), [("pending", None)] * len(refs)
+        todo = list(refs)
+        outcomes: list[Outcome] = [("pending", None)] * len(refs)
         index = {r: i for i, r in enumerate(refs)}
         while todo:
             ready, todo = ray.wait(todo, num_returns=len(todo), timeout=POLL_S)
@@ -128,7 +150,7 @@ class Waiter:
         return _ranks_result(refs, outcomes, what, names, nodes, hang_s, ranks or list(range(len(refs))))
 
 
-def _outcome(ref: Any) -> tuple[str, BaseException | None]:
+def _outcome(ref: ObjectRef) -> Outcome:
     """("ok" | "dead" | "raised" | "pending", the error) of one call, without waiting."""
     import ray
     from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
@@ -149,8 +171,8 @@ def _timed_out(err: BaseException | None) -> bool:
     return isinstance(cause, CollectiveFailed) and cause.timed_out
 
 
-def _ranks_result(refs: list[Any], outcomes: list[tuple[str, Any]], what: str, names: list[str] | None,
-                  nodes: list[str] | None, hang_s: float | None, ranks: list[int]) -> list[Any]:
+def _ranks_result(refs: list[ObjectRef[T]], outcomes: list[Outcome], what: str, names: list[str] | None,
+                  nodes: list[str] | None, hang_s: float | None, ranks: list[int]) -> list[T]:
     """The ranks' results, or the error that says which rank failed and how (i: a ref's index)."""
     import ray
 

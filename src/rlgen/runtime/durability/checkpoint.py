@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlgen.durable import FULL
 from rlgen.learners.background import DONE, FAILED, marker
@@ -38,6 +38,11 @@ from rlgen.runtime.durability.resume import identity
 from rlgen.runtime.errors import RunError, RunStopped, StopRequested, WriteStopped
 from rlgen.runtime.rollouts.in_flight import InFlight
 
+if TYPE_CHECKING:
+    from rlgen.runtime.durability.resume import ResumePoint
+    from rlgen.runtime.run_parts import Run
+    from rlgen.types import JSONDict
+
 log = logging.getLogger(__name__)
 
 
@@ -54,10 +59,10 @@ class BackgroundWrite:
     path: Path | None = None
 
 
-def save(run: Any, reason: str, *, background: bool = False, stand_ins: dict[int, int] | None = None) -> Path:
-    """Write checkpoint step_<state.step> (run: a runtime.setup.Run) and return its path; with background (and
-    learners that write into the run directory) return once the learners hold a copy of their state, while the
-    checkpoint is completed in the background. stand_ins: {lost rank: surviving rank that writes its files}."""
+def save(run: Run, reason: str, *, background: bool = False, stand_ins: dict[int, int] | None = None) -> Path:
+    """Write checkpoint step_<state.step> and return its path; with background (and learners that write into
+    the run directory) return once the learners hold a copy of their state, while the checkpoint is completed in
+    the background. stand_ins: {lost rank: surviving rank that writes its files}."""
     state = run.state
     path = run.out_dir / CHECKPOINTS / checkpoint_name(state.step)
     if is_complete(path) and state.last_checkpoint is not None and state.last_checkpoint.name == path.name:
@@ -101,20 +106,20 @@ def save(run: Any, reason: str, *, background: bool = False, stand_ins: dict[int
     return final
 
 
-def _cost(run: Any, t0: float, what: str) -> None:
+def _cost(run: Run, t0: float, what: str) -> None:
     seconds = time.time() - t0
     log.info("checkpoint step_%06d cost the loop %.2f s (%s)", run.state.step, seconds, what)
     run.state.checkpoint_seconds.append(seconds)
 
 
-def _begin(run: Any, step: int) -> Path:
+def _begin(run: Run, step: int) -> Path:
     try:
         return begin_checkpoint(run.out_dir, step)
     except OSError as err:
         raise write_failed(run, step, err) from err
 
 
-def _finish(run: Any, step: int, tmp: Path, saved: dict[str, Any], rollouts: dict[str, Any]) -> Path:
+def _finish(run: Run, step: int, tmp: Path, saved: JSONDict, rollouts: JSONDict) -> Path:
     """The state files and the marker in, renamed into place; the run state and status.json learn of it."""
     try:
         final = finish_checkpoint(run.out_dir, step, tmp, saved, rollouts, run.cfg.checkpoint.keep, _pinned(run))
@@ -126,7 +131,7 @@ def _finish(run: Any, step: int, tmp: Path, saved: dict[str, Any], rollouts: dic
     return final
 
 
-def _pinned(run: Any) -> list[Path]:
+def _pinned(run: Run) -> list[Path]:
     """The checkpoint a resumed run started from, kept while it runs: an engine re-created after a fault loads
     its model folder (then takes the current weights), so pruning it would leave that engine nothing to start
     from. A later resume of the run lets it go."""
@@ -134,7 +139,7 @@ def _pinned(run: Any) -> list[Path]:
     return [start.parent] if start is not None and start.name == "model" and run.resume is not None else []
 
 
-def _complete(run: Any, job: BackgroundWrite, saved: dict[str, Any], rollouts: dict[str, Any]) -> None:
+def _complete(run: Run, job: BackgroundWrite, saved: JSONDict, rollouts: JSONDict) -> None:
     """The background half of a checkpoint: wait for every rank's files, then finish it (on a thread)."""
     try:
         _wait_for_ranks(run, job)
@@ -146,7 +151,7 @@ def _complete(run: Any, job: BackgroundWrite, saved: dict[str, Any], rollouts: d
         job.error = err
 
 
-def _wait_for_ranks(run: Any, job: BackgroundWrite) -> None:
+def _wait_for_ranks(run: Run, job: BackgroundWrite) -> None:
     """Every rank's done marker (then removed); a failed one, or none within timeout_s, raises."""
     timeout = run.cfg.timeout_s
     deadline = job.started + timeout
@@ -168,7 +173,7 @@ def _wait_for_ranks(run: Any, job: BackgroundWrite) -> None:
             time.sleep(POLL_S)
 
 
-def finish_background(run: Any, timeout: float | None = None) -> None:
+def finish_background(run: Run, timeout: float | None = None) -> None:
     """Wait for the checkpoint being written in the background, if any; its failure raises here (the
     checkpoints before it are untouched)."""
     job = getattr(run, "background_write", None)
@@ -183,13 +188,13 @@ def finish_background(run: Any, timeout: float | None = None) -> None:
         raise job.error
 
 
-def expected_bytes(run: Any) -> int:
+def expected_bytes(run: Run) -> int:
     """What the next checkpoint needs on disk: as much as the last one, or the plan's estimate for the first."""
     last = newest_checkpoint(run.out_dir)
     return folder_bytes(last) if last is not None else run.plan.disk.checkpoint_bytes
 
 
-def write_failed(run: Any, step: int, err: BaseException) -> BaseException:
+def write_failed(run: Run, step: int, err: BaseException) -> BaseException:
     """One sentence for a checkpoint that could not be written: where, why, that the last one is kept, and the
     fix (the run's end adds how to resume: WriteStopped)."""
     if isinstance(err, (RunError, DiskFull)) and "checkpoint step_" in str(err):
@@ -205,10 +210,10 @@ def write_failed(run: Any, step: int, err: BaseException) -> BaseException:
                         f"{kept}; {fix}.")
 
 
-def _ahead(run: Any) -> list[InFlight]:
+def _ahead(run: Run) -> list[InFlight]:
     """The flights generated ahead with weights older than the learner's: their results go in the checkpoint."""
     kept: list[InFlight] = []
-    for flight in run.rollouts.pending if run.rollouts else []:
+    for flight in run.rollouts.waiting() if run.rollouts else []:
         if flight.launch_version >= run.state.version:
             break  # this and every later flight can be regenerated exactly
         try:
@@ -220,7 +225,7 @@ def _ahead(run: Any) -> list[InFlight]:
     return kept
 
 
-def _fill(run: Any, tmp: Path, background: bool, stand_ins: dict[int, int]) -> None:
+def _fill(run: Run, tmp: Path, background: bool, stand_ins: dict[int, int]) -> None:
     """The learners' files (or, background, their host copies) and the tokenizer into the checkpoint's
     temporary folder. A learner on a node that cannot see the run directory sends its files back packed. A lost
     rank's files are written by its stand-in (stand_ins), which must write into the run directory."""
@@ -243,7 +248,7 @@ def _fill(run: Any, tmp: Path, background: bool, stand_ins: dict[int, int]) -> N
     run.tokenizer.save_pretrained(str(tmp / "model"))  # a complete HF folder: the learner saves weights only
 
 
-def stopped(run: Any, reason: str, exit_code: int, *, write: bool) -> RunStopped:
+def stopped(run: Run, reason: str, exit_code: int, *, write: bool) -> RunStopped:
     """The clean end of a stopped run: a checkpoint where the learner is still whole, then RunStopped."""
     path = None
     if write and run.learners:
@@ -261,7 +266,7 @@ def stopped(run: Any, reason: str, exit_code: int, *, write: bool) -> RunStopped
     return RunStopped(reason, exit_code=exit_code, step=run.state.step, checkpoint=str(path) if path else None)
 
 
-def restore_rollouts(run: Any, point: Any) -> None:
+def restore_rollouts(run: Run, point: ResumePoint) -> None:
     """The rollouts a checkpoint kept (generated ahead of the learner), back in flight; the run state itself was
     read when the run was set up (RunState.resumed)."""
     saved = read_rollouts(point.checkpoint)

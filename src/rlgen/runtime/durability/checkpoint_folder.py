@@ -19,7 +19,10 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlgen.types import JSONDict
 
 CHECKPOINTS = "checkpoints"
 FINAL_MODEL = "final_model"  # <run dir>/final_model: the trained policy, where a user looks for it
@@ -77,11 +80,11 @@ def newest_checkpoint(run_dir: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
-def read_state(checkpoint: str | Path) -> dict[str, Any]:
+def read_state(checkpoint: str | Path) -> JSONDict:
     return json.loads((Path(checkpoint) / STATE_FILE).read_text())
 
 
-def read_rollouts(checkpoint: str | Path) -> dict[str, Any]:
+def read_rollouts(checkpoint: str | Path) -> JSONDict:
     path = Path(checkpoint) / ROLLOUTS_FILE
     return json.loads(path.read_text()) if path.is_file() else {"flights": []}
 
@@ -97,7 +100,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write(path: Path, data: dict[str, Any]) -> None:
+def _write(path: Path, data: JSONDict) -> None:
     with open(path, "w") as f:
         f.write(json.dumps(data, default=str) + "\n")
         f.flush()
@@ -114,7 +117,7 @@ def begin_checkpoint(run_dir: str | Path, step: int) -> Path:
     return tmp
 
 
-def finish_checkpoint(run_dir: str | Path, step: int, tmp: Path, state: dict[str, Any], rollouts: dict[str, Any],
+def finish_checkpoint(run_dir: str | Path, step: int, tmp: Path, state: JSONDict, rollouts: JSONDict,
                       keep: int, pinned: Sequence[str | Path] = ()) -> Path:
     """The state files and the marker into ``tmp`` (which holds the learners' files), renamed into place; then
     the newest ``keep`` complete checkpoints stay (and the ``pinned`` ones) and torn ones go. On failure ``tmp``
@@ -141,8 +144,8 @@ def write_checkpoint(
     run_dir: str | Path,
     step: int,
     fill: Callable[[Path], None],
-    state: dict[str, Any],
-    rollouts: dict[str, Any],
+    state: JSONDict,
+    rollouts: JSONDict,
     keep: int,
 ) -> Path:
     """Write checkpoint ``step``: ``fill(tmp)`` writes the model and learner files into a temporary folder,
@@ -158,8 +161,8 @@ def write_checkpoint(
 
 
 def run_state(*, step: int, steps: int, version: int, async_steps: int, metrics_lines: int, prompts_per_step: int,
-              ahead: list[int], restarts: int, breaker: dict[str, Any], initial_model_path: str, wall_s: float,
-              reason: str, identity: dict[str, Any]) -> dict[str, Any]:
+              ahead: list[int], restarts: int, breaker: JSONDict, initial_model_path: str, wall_s: float,
+              reason: str, identity: JSONDict) -> JSONDict:
     """state.json of a checkpoint taken after ``step`` steps (identity: the config, learner ranks and task file
     digest that a resume is checked against)."""
     return {
@@ -214,10 +217,10 @@ def link_tree(src: Path, dst: Path) -> None:
 
 
 # -- the driver's RNG states -------------------------------------------------------------------------------
-def capture_rng() -> dict[str, Any]:
+def capture_rng() -> JSONDict:
     """Python's, NumPy's (when imported) and torch's (when imported) global RNG states, as JSON values."""
 
-    state: dict[str, Any] = {"python": _jsonable(random.getstate())}
+    state: JSONDict = {"python": _jsonable(random.getstate())}
     if "numpy" in sys.modules:
         import numpy as np
 
@@ -230,7 +233,7 @@ def capture_rng() -> dict[str, Any]:
     return state
 
 
-def restore_rng(state: dict[str, Any]) -> None:
+def restore_rng(state: JSONDict) -> None:
     random.setstate(_tupled(state["python"]))
     if "numpy" in state:
         import numpy as np
@@ -244,9 +247,9 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.set_rng_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
 
 
-def _jsonable(x: Any) -> Any:
+def _jsonable(x: object) -> object:
     return [_jsonable(v) for v in x] if isinstance(x, (tuple, list)) else x
 
 
-def _tupled(x: Any) -> Any:
+def _tupled(x: object) -> object:
     return tuple(_tupled(v) for v in x) if isinstance(x, list) else x

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlgen.errors import UserError
 from rlgen.plan import Plan
@@ -22,6 +22,9 @@ from rlgen.plan.checks.disk_room import (
     size_text,
 )
 from rlgen.runtime.durability.checkpoint_folder import list_checkpoints
+
+if TYPE_CHECKING:
+    from rlgen.runtime.durability.resume import ResumePoint
 
 
 class DiskFull(UserError):
@@ -41,7 +44,7 @@ class DiskTooSmall(DiskFull):
     exit_code = 2
 
 
-def check_run_fits(plan: Plan, run_dir: str | Path, resume: Any = None, resume_command: str | None = None) -> None:
+def check_run_fits(plan: Plan, run_dir: str | Path, resume: ResumePoint | None = None, resume_command: str | None = None) -> None:
     """Raise DiskTooSmall, before the run writes anything, when the disks cannot hold what it will write: its
     checkpoints (counting those run_dir holds already), final_model/merged and a preset model still to build.
     resume: the ResumePoint it continues; resume_command: what continues it, said in the fix."""

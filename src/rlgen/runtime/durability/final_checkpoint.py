@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlgen.durable import disk_full
 from rlgen.packing import unpack_into
@@ -20,11 +20,14 @@ from rlgen.runtime.durability.checkpoint_folder import CHECKPOINTS, FINAL_MODEL,
 from rlgen.runtime.durability.disk_space import DiskFull, folder_bytes, free_space
 from rlgen.runtime.errors import RunError, WriteStopped
 
+if TYPE_CHECKING:
+    from rlgen.runtime.run_parts import Run
 
-def save_final(run: Any) -> Path | None:
-    """Checkpoint step_<steps> (run: a runtime.setup.Run) and its path. Where the disk has no room for it, the
-    trained weights alone in final_model/ instead (run.state.weights_only, with the sentence saying so in
-    run.state.weights_only_note) and None; where they do not fit either, DiskFull."""
+
+def save_final(run: Run) -> Path | None:
+    """Checkpoint step_<steps> and its path. Where the disk has no room for it, the trained weights alone in
+    final_model/ instead (run.state.weights_only, with the sentence saying so in run.state.weights_only_note)
+    and None; where they do not fit either, DiskFull."""
     finish_background(run)  # a checkpoint still being written takes its room first
     root = run.out_dir / CHECKPOINTS
     free, need = free_space(root, expected_bytes(run))
@@ -41,7 +44,7 @@ def save_final(run: Any) -> Path | None:
     return None
 
 
-def _weights_bytes(run: Any) -> int:
+def _weights_bytes(run: Run) -> int:
     """What the trained weights take: the newest checkpoint's model folder, or the plan's estimate; with
     final_model/merged beside them where the run writes one."""
     last = newest_checkpoint(run.out_dir)
@@ -49,7 +52,7 @@ def _weights_bytes(run: Any) -> int:
     return model + run.plan.disk.merged_bytes
 
 
-def _save_weights(run: Any) -> Path:
+def _save_weights(run: Run) -> Path:
     """The policy alone (no optimizer state) as a Hugging Face folder at <run dir>/final_model, with its tokenizer:
     written into a folder beside it, then renamed into place."""
     final = run.out_dir / FINAL_MODEL
@@ -71,7 +74,7 @@ def _save_weights(run: Any) -> Path:
     return final
 
 
-def _fill_weights(run: Any, folder: Path) -> None:
+def _fill_weights(run: Run, folder: Path) -> None:
     """Every learner rank asked (gathering the weights may be a collective); rank 0 writes the folder, or sends it
     back packed from a node that cannot write into the run directory."""
     here = [run.folders.writes_here.get(n, True) for n in run.folders.learner_nodes]
@@ -86,7 +89,7 @@ def _fill_weights(run: Any, folder: Path) -> None:
     run.tokenizer.save_pretrained(str(folder))
 
 
-def _note(run: Any, path: Path, root: Path, free: int, need: int) -> str:
+def _note(run: Run, path: Path, root: Path, free: int, need: int) -> str:
     """The sentence for a run that kept its weights only: why, where they are, and what resuming can do."""
     last = newest_checkpoint(run.out_dir)
     then = (f"resume= continues from {last.name}, not from step {run.state.step}" if last is not None else

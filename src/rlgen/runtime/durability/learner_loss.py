@@ -6,18 +6,21 @@ One sentence says what happened, which checkpoint the run continues from, and ho
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlgen.runtime.cluster.waits import LearnerLost
 from rlgen.runtime.durability.checkpoint import save, stopped
 from rlgen.runtime.durability.disk_space import DiskFull
 from rlgen.runtime.errors import RunError, RunStopped, StopRequested
 
+if TYPE_CHECKING:
+    from rlgen.runtime.run_parts import Run
+
 log = logging.getLogger(__name__)
 MARGIN_S = 30.0  # on top of hang_timeout_s: a survivor still leaving a collective answers within this
 
 
-def learner_lost(run: Any, err: LearnerLost) -> RunStopped:
+def learner_lost(run: Run, err: LearnerLost) -> RunStopped:
     """The run's end after err (run: a runtime.setup.Run): a checkpoint of the last whole step from a surviving
     rank where one can be had, else the newest complete checkpoint, said plainly."""
     _kill(run, err.ranks)
@@ -43,7 +46,7 @@ class WeightUpdateHung(RunError):
     """A weight update did not finish within runtime.hang_timeout_s."""
 
 
-def update_hung(run: Any, err: WeightUpdateHung) -> RunStopped:
+def update_hung(run: Run, err: WeightUpdateHung) -> RunStopped:
     """The run's end after a hung weight update: the learners hold a step the run has not recorded, so it
     continues from the newest complete checkpoint (the actors still in the update end with the run)."""
     end = stopped(run, str(err), 1, write=False)
@@ -62,7 +65,7 @@ def fallback_sentence(what: str, why_not: str, checkpoint: str | None, step: int
            f"complete checkpoint, {name}, with resume=auto (the steps after it run again)."
 
 
-def stand_in_problem(run: Any, lost: list[int], survivors: list[int]) -> str | None:
+def stand_in_problem(run: Run, lost: list[int], survivors: list[int]) -> str | None:
     """Why no surviving rank can write the lost ranks' files of the last whole step, or None when one can: the
     ranks are replicas, the survivors hold the step the run is at (no update of the failed step applied), and the
     lost ranks' RNG states at that step, recorded when it finished, equal the survivors'."""
@@ -89,7 +92,7 @@ def stand_in_problem(run: Any, lost: list[int], survivors: list[int]) -> str | N
     return None
 
 
-def _kill(run: Any, ranks: list[int]) -> None:
+def _kill(run: Run, ranks: list[int]) -> None:
     """The lost ranks' actors gone for good (a hung one would otherwise hold its process and GPU)."""
     import ray
 

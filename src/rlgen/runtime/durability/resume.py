@@ -13,7 +13,6 @@ import json
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from rlgen.config import RunConfig, plain
 from rlgen.errors import UserError
@@ -28,6 +27,7 @@ from rlgen.runtime.durability.checkpoint_folder import (
     read_state,
     torn_checkpoints,
 )
+from rlgen.types import JSONDict, JSONValue
 
 MATH_PREFIXES = ("model.", "algo.", "task.", "learner.")
 MATH_KEYS = ("seed", "learner_ranks", "task_digest")
@@ -38,6 +38,7 @@ MATH_KEYS = ("seed", "learner_ranks", "task_digest")
 MEMORY_KEYS = ("algo.micro_batch_tokens", "algo.micro_batch_size", "learner.gradient_checkpointing",
                "learner.attention")
 IGNORED = ("resume",)
+Changes = dict[str, tuple[JSONValue, JSONValue]]  # key -> (its value in the checkpoint, its value now)
 SEARCH_DEPTH = 4  # levels under the output root: outputs/<date>/<time>, multirun/<date>/<time>/<job>
 
 
@@ -49,8 +50,8 @@ class ResumeError(UserError, ValueError):
 class ResumePoint:
     run_dir: Path
     checkpoint: Path
-    state: dict[str, Any]
-    changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # safe keys that differ: old, new
+    state: JSONDict
+    changes: Changes = field(default_factory=dict)  # safe keys that differ: old, new
     skipped_torn: list[Path] = field(default_factory=list)
 
     @property
@@ -58,7 +59,7 @@ class ResumePoint:
         return int(self.state["step"])
 
 
-def identity(cfg: RunConfig, learner_ranks: int) -> dict[str, Any]:
+def identity(cfg: RunConfig, learner_ranks: int) -> JSONDict:
     """What a checkpoint records to compare a later config with: the config, the learner ranks and the digest
     of the task's data file."""
 
@@ -67,8 +68,8 @@ def identity(cfg: RunConfig, learner_ranks: int) -> dict[str, Any]:
     return {"config": plain(cfg), "learner_ranks": int(learner_ranks), "task_digest": digest}
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _flatten(d: JSONDict, prefix: str = "") -> JSONDict:
+    out: JSONDict = {}
     for k, v in d.items():
         if isinstance(v, dict) and v and k != "env":
             out.update(_flatten(v, f"{prefix}{k}."))
@@ -77,7 +78,7 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def changes(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+def changes(saved: JSONDict, current: JSONDict) -> Changes:
     """Keys whose values differ between two identities: {key: (saved, current)}."""
     a = {**_flatten(saved.get("config", {})), "learner_ranks": saved.get("learner_ranks"),
          "task_digest": saved.get("task_digest")}
@@ -85,11 +86,11 @@ def changes(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple[A
     return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if k not in IGNORED and a.get(k) != b.get(k)}
 
 
-def math_keys(diff: dict[str, tuple[Any, Any]]) -> list[str]:
+def math_keys(diff: Changes) -> list[str]:
     return [k for k in diff if k in MATH_KEYS or (k.startswith(MATH_PREFIXES) and k not in MEMORY_KEYS)]
 
 
-def _describe(key: str, old: Any, new: Any) -> str:
+def _describe(key: str, old: JSONValue, new: JSONValue) -> str:
     if key == "task_digest":
         return "the contents of task.path"
     if key == "learner_ranks":
@@ -97,7 +98,7 @@ def _describe(key: str, old: Any, new: Any) -> str:
     return f"{key} ({old} -> {new})"
 
 
-def refusal(run_dir: Path, diff: dict[str, tuple[Any, Any]]) -> str:
+def refusal(run_dir: Path, diff: Changes) -> str:
     keys = math_keys(diff)
     what = ", ".join(_describe(k, *diff[k]) for k in keys)
     return (
@@ -106,7 +107,7 @@ def refusal(run_dir: Path, diff: dict[str, tuple[Any, Any]]) -> str:
     )
 
 
-def _read(checkpoint: Path) -> tuple[dict[str, Any] | None, str | None]:
+def _read(checkpoint: Path) -> tuple[JSONDict | None, str | None]:
     """(the checkpoint's state.json, None), or (None, why it cannot be read)."""
     try:
         state = read_state(checkpoint)
@@ -120,7 +121,7 @@ def _read(checkpoint: Path) -> tuple[dict[str, Any] | None, str | None]:
     return state, None
 
 
-def _state(checkpoint: Path, spec: str) -> dict[str, Any]:
+def _state(checkpoint: Path, spec: str) -> JSONDict:
     """The checkpoint's state.json; ResumeError naming the file, and the older checkpoint to resume from instead,
     when it cannot be read."""
     state, why = _read(checkpoint)
@@ -135,8 +136,8 @@ def _state(checkpoint: Path, spec: str) -> dict[str, Any]:
                       f"resumed; {fix}.")
 
 
-def _point(run_dir: Path, current: dict[str, Any], spec: str,
-           checkpoint: Path | None = None) -> tuple[ResumePoint | None, dict[str, tuple[Any, Any]]]:
+def _point(run_dir: Path, current: JSONDict, spec: str,
+           checkpoint: Path | None = None) -> tuple[ResumePoint | None, Changes]:
     """The point to resume run_dir from: checkpoint, or its newest complete one (None: it has none)."""
     if checkpoint is None:
         found = list_checkpoints(run_dir)
@@ -164,7 +165,7 @@ def _checkpoint_folder(path: Path) -> bool:
     return checkpoint_step(path) is not None and path.parent.name == CHECKPOINTS
 
 
-def resolve_explicit(spec: str, current: dict[str, Any]) -> ResumePoint:
+def resolve_explicit(spec: str, current: JSONDict) -> ResumePoint:
     """resume=<run dir> (its newest complete checkpoint) or resume=<run dir>/checkpoints/step_<k> (that one)."""
     path = Path(spec).expanduser()
     if path.exists() and not path.is_dir():
@@ -212,7 +213,7 @@ def candidates(run_dir: Path, search_root: Path | None) -> list[Path]:
     return unique
 
 
-def resolve_auto(run_dir: Path, search_root: Path | None, current: dict[str, Any]) -> tuple[ResumePoint | None, str]:
+def resolve_auto(run_dir: Path, search_root: Path | None, current: JSONDict) -> tuple[ResumePoint | None, str]:
     """The newest run with a compatible checkpoint, or None and a note saying why a new run starts."""
     fits: list[ResumePoint] = []
     misfits: list[tuple[ResumePoint, dict]] = []

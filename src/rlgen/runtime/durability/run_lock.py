@@ -21,10 +21,13 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlgen.durable import FULL
 from rlgen.errors import UserError
+
+if TYPE_CHECKING:
+    from rlgen.types import JSONValue
 
 LOCK_FILE = ".rlgen.lock"
 _SETTLE_S = 2.0  # a lock file younger than this may be half written by the run creating it: read it again
@@ -47,7 +50,7 @@ class LockInfo:
         return cls(os.getpid(), socket.gethostname(), time.time(), command, process_start(os.getpid()))
 
     @classmethod
-    def from_json(cls, data: Any) -> LockInfo:
+    def from_json(cls, data: JSONValue) -> LockInfo:
         """Raises ValueError (or TypeError/KeyError) when ``data`` is not a lock's content."""
         start = data.get("proc_start")
         return cls(int(data["pid"]), str(data["host"]), float(data["started"]), str(data["command"]),

@@ -10,17 +10,26 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 from rlgen.config import ShareMode
 from rlgen.packing import fingerprint, pack, unpack
 
+if TYPE_CHECKING:
+    from ray import ObjectRef
+
+    from rlgen.config import RunConfig
+    from rlgen.plan.placement import Placement
+
+T = TypeVar("T")
+
 SHIPPED_DIR = "rlgen-shipped"  # under each node's temp dir
 
 
-def _on_node(node_id: str, fn: Any, *args: Any) -> Any:
+def _on_node(node_id: str, fn: Callable[..., T], *args: object) -> ObjectRef[T]:
     """A ref to fn(*args) run on that node."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -100,7 +109,7 @@ class RunFolders:
     learner_extra: dict[str, dict[str, str]] = field(default_factory=dict)  # resume_from, ref_model_path by node
 
 
-def place_run_folders(cfg: Any, node_ids: list[str], placement: Any, model: str, run_dir: Path,
+def place_run_folders(cfg: RunConfig, node_ids: list[str], placement: Placement, model: str, run_dir: Path,
                       initial_model: str, checkpoint: Path | None = None) -> RunFolders:
     """The model (a resumed run: the checkpoint's, and the whole checkpoint for the learners; the initial model
     as the reference when algo.kl_coef > 0) placed on every node that runs an actor."""

@@ -8,9 +8,12 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlgen.durable import rewrite_small
+
+if TYPE_CHECKING:
+    from rlgen.types import JSONDict, JSONValue
 
 STATUS_FILE = "status.json"
 # running: steps are going; finished: all steps done; stopped: a clean stop (signal or fault), resumable;
@@ -18,13 +21,13 @@ STATUS_FILE = "status.json"
 STATES = ("starting", "running", "finished", "stopped", "failed", "rejected")
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+def write_json_atomic(path: Path, data: JSONDict) -> None:
     """``data`` as JSON in ``path``, whole or not at all (rlgen.durable.replace_text); on a full disk overwritten
     in place (rlgen.durable.rewrite_small), so status.json can still say why a run ended."""
     rewrite_small(Path(path), json.dumps(data, indent=2, default=str) + "\n")
 
 
-def read_status(run_dir: str | Path) -> dict[str, Any] | None:
+def read_status(run_dir: str | Path) -> JSONDict | None:
     path = Path(run_dir) / STATUS_FILE
     try:
         return json.loads(path.read_text())
@@ -33,17 +36,17 @@ def read_status(run_dir: str | Path) -> dict[str, Any] | None:
 
 
 class RunStatus:
-    def __init__(self, run_dir: str | Path, **fields: Any):
+    def __init__(self, run_dir: str | Path, **fields: JSONValue):
         self.path = Path(run_dir) / STATUS_FILE
-        self.data: dict[str, Any] = {"state": "starting", "started": time.time(), "pid": os.getpid(), **fields}
+        self.data: JSONDict = {"state": "starting", "started": time.time(), "pid": os.getpid(), **fields}
         # A checkpoint completed in the background updates it too. Reentrant: a signal handler (the stop's first
         # signal) may update it on the thread that is in the middle of an update; its fields are then written by
         # that update, right after its own write, instead of deadlocking on the lock or clobbering the write.
         self._lock = threading.RLock()
         self._depth = 0
-        self._pending: dict[str, Any] = {}
+        self._pending: JSONDict = {}
 
-    def update(self, **fields: Any) -> None:
+    def update(self, **fields: JSONValue) -> None:
         if "state" in fields and fields["state"] not in STATES:
             raise ValueError(f"unknown run state {fields['state']!r}")
         with self._lock:
@@ -62,7 +65,7 @@ class RunStatus:
             finally:
                 self._depth -= 1
 
-    def update_before_exit(self, **fields: Any) -> None:
+    def update_before_exit(self, **fields: JSONValue) -> None:
         """update() for a process that ends right after (a second signal's os._exit): the fields are written now.
         update() would leave them pending when the signal came in the middle of another update on this thread,
         whose write then never comes. Another thread's update under way gets a second to finish first."""

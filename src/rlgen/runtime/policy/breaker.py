@@ -13,14 +13,17 @@ import json
 import math
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from rlgen.config import BreakerAction, MonitorConfig
 
 if TYPE_CHECKING:
-    from rlgen.types import RolloutBatch
+    import torch
+
+    from rlgen.types import JSONDict, JSONValue, RolloutBatch
 
 KL_KEY = "mismatch/k3_kl"
 CONTEXT_KEYS = (
@@ -48,13 +51,13 @@ class BreakerEvent:
     message: str
     report_path: str | None = None  # set when the event halts and an out_dir was given
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         d = asdict(self)
         d["action"] = self.action.value
         return d
 
 
-def _plain(v: Any) -> Any:
+def _plain(v: JSONValue) -> JSONValue:
     """JSON-safe: non-finite floats become strings rather than invalid JSON."""
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)
@@ -65,7 +68,7 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def batch_tensors(batch: RolloutBatch) -> dict[str, Any]:
+def batch_tensors(batch: RolloutBatch) -> dict[str, torch.Tensor | int]:
     """The RolloutBatch as a dict of CPU tensors and ints (what ``archive`` saves; torch.load gives it back)."""
     return {
         "input_ids": batch.input_ids.detach().cpu(),  # [B*G, P+L]
@@ -86,7 +89,7 @@ def save_batch(batch: RolloutBatch, path: str | Path) -> None:
     torch.save(batch_tensors(batch), path)
 
 
-def batch_summary(batch: RolloutBatch) -> dict[str, Any]:
+def batch_summary(batch: RolloutBatch) -> dict[str, int | list[int]]:
     return {
         "sequences": batch.num_sequences,
         "response_tokens": batch.num_response_tokens,
@@ -96,7 +99,7 @@ def batch_summary(batch: RolloutBatch) -> dict[str, Any]:
     }
 
 
-def archive(batch: RolloutBatch, step: int, out_dir: str | Path, report: dict[str, Any] | None = None) -> Path:
+def archive(batch: RolloutBatch, step: int, out_dir: str | Path, report: JSONDict | None = None) -> Path:
     """Save ``batch`` as ``<out_dir>/batch_<step>.pt`` and write ``<out_dir>/report.json`` (``report``, or a
     summary of the batch when None). Creates the folder; returns the report's path."""
     folder = Path(out_dir)
@@ -131,13 +134,13 @@ class CircuitBreaker:
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.keep_batches = keep_batches
         # (step, context metrics, batch or None) of the steps in the current streak
-        self._breach: deque[tuple[int, dict[str, Any], Any]] = deque(maxlen=cfg.window)
-        self._skips: deque[tuple[int, dict[str, Any], Any]] = deque(maxlen=max(cfg.max_nonfinite_steps, 1))
+        self._breach: deque[tuple[int, JSONDict, RolloutBatch | None]] = deque(maxlen=cfg.window)
+        self._skips: deque[tuple[int, JSONDict, RolloutBatch | None]] = deque(maxlen=max(cfg.max_nonfinite_steps, 1))
         self.trips = 0
         self.events: list[BreakerEvent] = []
 
     # -- the per-step call ----------------------------------------------------------------------------
-    def update(self, step: int, metrics: dict[str, Any], batch: RolloutBatch | None = None) -> BreakerEvent | None:
+    def update(self, step: int, metrics: Mapping[str, JSONValue], batch: RolloutBatch | None = None) -> BreakerEvent | None:
         """Feed one step's learner metrics (and, optionally, its batch, kept for the archive while the step
         is part of a streak). Returns the event to act on, or None."""
         context = {k: metrics[k] for k in CONTEXT_KEYS if k in metrics}
@@ -157,7 +160,7 @@ class CircuitBreaker:
             "monitor/trips": self.trips,
         }
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> JSONDict:
         """The breaker's counts and streaks, for a checkpoint (the streaks' batches are not kept)."""
         return {
             "trips": self.trips,
@@ -166,7 +169,7 @@ class CircuitBreaker:
             "events": [e.to_dict() for e in self.events],
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: JSONDict) -> None:
         self.trips = int(state.get("trips", 0))
         self._breach.clear()
         self._breach.extend((int(step), ctx, None) for step, ctx in state.get("breach", []))

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlgen.runtime.durability.resume import ResumePoint
+    from rlgen.runtime.policy.breaker import CircuitBreaker
 
 
 @dataclass
@@ -14,7 +18,7 @@ class RunState:
     step: int = 0  # steps finished: the next step to run
     version: int = 0  # the learner's policy version; engines start with the same weights
     async_steps: int = 0  # how far engines may run ahead: the plan's, until the breaker tightens it to 0
-    breaker: Any = None  # the circuit breaker (runtime.policy.breaker.CircuitBreaker); a checkpoint saves its state
+    breaker: CircuitBreaker | None = None  # a checkpoint saves its state
     wall_before: float = 0.0  # wall time the run spent before this resume
     last_checkpoint: Path | None = None
     checkpoint_seconds: list[float] = field(default_factory=list)  # what each checkpoint cost the loop
@@ -22,13 +26,13 @@ class RunState:
     weights_only_note: str = ""  # the sentence saying so, and what it means for resuming
 
     @classmethod
-    def start(cls, async_steps: int, breaker: Any) -> RunState:
+    def start(cls, async_steps: int, breaker: CircuitBreaker) -> RunState:
         """A new run, with the plan's async_steps."""
         return cls(async_steps=int(async_steps), breaker=breaker)
 
     @classmethod
-    def resumed(cls, point: Any, breaker: Any) -> RunState:
-        """The state a checkpoint saved (point: a runtime.durability.resume.ResumePoint), the breaker loaded with its part."""
+    def resumed(cls, point: ResumePoint, breaker: CircuitBreaker) -> RunState:
+        """The state a checkpoint saved, the breaker loaded with its part."""
         s = point.state
         breaker.load_state_dict(s.get("breaker", {}))
         return cls(step=int(s["step"]), version=int(s["version"]), async_steps=int(s["async_steps"]), breaker=breaker,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -13,6 +13,9 @@ from rlgen.algo.loss import AdvantageShapeError
 from rlgen.config import RunConfig
 from rlgen.tasks.base import Prompt, Task
 from rlgen.types import Completion, GenRequest, RolloutBatch, SamplingParams
+
+if TYPE_CHECKING:
+    from rlgen.engines.episodes import EpisodeSpec
 
 
 class PromptTooLongError(ValueError):
@@ -59,7 +62,7 @@ def sampling_params(cfg: RunConfig, eos_ids: list[int], seed: int) -> SamplingPa
 
 
 def split_requests(sp: StepPrompts, sampling: SamplingParams, num_engines: int,
-                   episode: Callable[[Prompt], Any] | None = None) -> list[list[GenRequest]]:
+                   episode: Callable[[Prompt], EpisodeSpec] | None = None) -> list[list[GenRequest]]:
     """Round-robin whole groups over engines; group_id is the prompt's index in the step. episode(prompt): the
     EpisodeSpec its samples play (a multi-turn task), or None."""
     shards: list[list[GenRequest]] = [[] for _ in range(num_engines)]

@@ -10,10 +10,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from rlgen.tasks.base import Prompt
-from rlgen.types import Completion, GenRequest, SamplingParams, version_changes
+from rlgen.types import Completion, GenRequest, JSONDict, SamplingParams, version_changes
 
 PARTIAL_ROUND = 1_000  # task.extra_prompts' round for the groups a step's generation holds beyond its own
 CUT = "abort"  # the finish reason of a sample cut short
@@ -30,12 +29,12 @@ class Carried:
     steps: int  # how many steps' generations have cut it short
     source: int  # the step whose generation cut it short last
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONDict:
         return {"prompt": dataclasses.asdict(self.prompt), "prompt_ids": list(self.prompt_ids),
                 "samples": [dataclasses.asdict(c) for c in self.samples], "steps": self.steps, "source": self.source}
 
     @staticmethod
-    def from_json(data: dict[str, Any]) -> Carried:
+    def from_json(data: JSONDict) -> Carried:
         samples = [Completion(**c) for c in data["samples"]]
         for c in samples:  # JSON keeps lists where the completion had tuples
             c.version_changes = [tuple(x) for x in c.version_changes]

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlgen.engines.base import EngineDead, engine_died
 from rlgen.errors import causes
 from rlgen.runtime.cluster.nodes import node_alive, node_name
 from rlgen.runtime.errors import RunError, actor_death_detail
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 log = logging.getLogger(__name__)
 HEALTH_TIMEOUT_S = 30.0  # an engine that does not answer its health check within this is busy, not dead
@@ -38,9 +41,9 @@ class EngineLost(RunError):
 class EngineKeeper:
     """The engine actors by index, each with its incarnation (how many times it was re-created)."""
 
-    def __init__(self, engines: list[Any], names: list[str], max_restarts: int,
-                 create: Callable[[int], Any], ready: Callable[[Any, str], None],
-                 resync: Callable[[int, Any, bool], None], say: Callable[[str], None],
+    def __init__(self, engines: list[ActorHandle], names: list[str], max_restarts: int,
+                 create: Callable[[int], ActorHandle], ready: Callable[[ActorHandle, str], None],
+                 resync: Callable[[int, ActorHandle, bool], None], say: Callable[[str], None],
                  node_of: Callable[[int], str] | None = None,
                  place_again: Callable[[int, str], str | None] | None = None):
         """create(i): a new actor for engine i. ready(actor, what): wait for its health. resync(i, actor, resend):
@@ -88,7 +91,7 @@ class EngineKeeper:
             f"{self.max_restarts}) with the current weights, and sent its requests again"
         )
 
-    def _start(self, index: int, resync: bool, again: bool) -> Any:
+    def _start(self, index: int, resync: bool, again: bool) -> ActorHandle | None:
         """A new actor for engine ``index``, healthy and joined (resync: with the current weights). One that fails
         is taken down again, so it holds no GPU share; with ``again``, None where its node has left meanwhile."""
         import ray

@@ -9,22 +9,39 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from rlgen.engines.base import engine_died
 from rlgen.runtime.cluster.waits import POLL_S, short
 from rlgen.runtime.errors import RunError, StopRequested
-from rlgen.runtime.rollouts.in_flight import InFlight, results_from_json
-from rlgen.tasks.prompts import cut_at_stop
-from rlgen.tasks.scoring import RewardError, finite_mean
-from rlgen.types import SamplingParams
+from rlgen.runtime.rollouts.engine_restarts import EngineKeeper
+from rlgen.runtime.rollouts.in_flight import InFlight, UpdateResult, results_from_json
+from rlgen.tasks.prompts import PromptRenderer, cut_at_stop
+from rlgen.tasks.scoring import RewardError, Scorer, finite_mean
+from rlgen.types import Completion, SamplingParams
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.actor import ActorHandle
+    from transformers import PreTrainedTokenizerBase
+
+    from rlgen.config import RunConfig
+    from rlgen.engines.episodes import EpisodeSpec
+    from rlgen.generated import GenResult
+    from rlgen.runtime.rollouts.batch import StepPrompts
+    from rlgen.runtime.rollouts.carry import Carried
+    from rlgen.runtime.signals import StopFlag
+    from rlgen.sync.transports.base import WeightTransport
+    from rlgen.tasks.base import Prompt, Task
+    from rlgen.types import JSONDict
 
 log = logging.getLogger(__name__)
 EVAL_SEED_OFFSET = 7_919_000  # eval sampling seeds, apart from every training step's
 REFILL_SEED_STRIDE = 15_485_863  # dynamic sampling's round r of a step: seeds r strides from the step's own
 
 
-def episode_specs(cfg: Any, renderer: Any) -> Any:
+def episode_specs(cfg: RunConfig, renderer: PromptRenderer) -> Callable[[Prompt], EpisodeSpec] | None:
     """For a multi-turn task (task.kind=env): prompt -> the EpisodeSpec each of its samples plays; else None."""
     from rlgen.config import TaskKind
 
@@ -33,7 +50,7 @@ def episode_specs(cfg: Any, renderer: Any) -> Any:
         return None
     from rlgen.engines.episodes import EpisodeSpec
 
-    def spec(prompt: Any) -> EpisodeSpec:
+    def spec(prompt: Prompt) -> EpisodeSpec:
         return EpisodeSpec(env=t.env, env_args=dict(t.env_args), prompt=prompt, chat=renderer.chat,
                            max_turns=t.max_turns, max_total_tokens=t.max_total_tokens, env_timeout_s=t.env_timeout_s,
                            env_workers=t.env_workers, max_prompt_tokens=t.max_prompt_tokens)
@@ -41,7 +58,7 @@ def episode_specs(cfg: Any, renderer: Any) -> Any:
     return spec
 
 
-def _failed(ref: Any) -> bool:
+def _failed(ref: ObjectRef) -> bool:
     """Whether a finished call raised."""
     import ray
 
@@ -53,26 +70,64 @@ def _failed(ref: Any) -> bool:
 
 
 class Rollouts:
-    def __init__(self, cfg: Any, task: Any, tokenizer: Any, renderer: Any, stop_ids: list[int], keeper: Any,
-                 scorer: Any, stop: Any):
+    """The flights launched and not yet taken by a step, oldest first, and the weight updates queued for the next
+    flight launched."""
+
+    def __init__(self, cfg: RunConfig, task: Task, tokenizer: PreTrainedTokenizerBase, renderer: PromptRenderer,
+                 stop_ids: list[int], keeper: EngineKeeper, scorer: Scorer, stop: StopFlag):
         self.cfg, self.task, self.tokenizer, self.renderer = cfg, task, tokenizer, renderer
         self.stop_ids, self.keeper, self.scorer, self.stop = stop_ids, keeper, scorer, stop
-        self.transport: Any = None  # the run's weight transport (runtime.setup sets it): generate_at, after a death
-        self.pending: deque[InFlight] = deque()
-        self.queued_updates: dict[int, tuple[int, Any]] = {}  # object store: applied before each engine's next generate
+        self.transport: WeightTransport | None = None  # the run's (runtime.setup sets it): generate_at, after a death
+        self._pending: deque[InFlight] = deque()
+        # engine index -> (incarnation, update ref) in the object store: applied before each engine's next generate
+        self._queued_updates: dict[int, tuple[int, ObjectRef[UpdateResult]]] = {}
         self.next_gen = 0  # the next step to launch generation for
-        self.collected = 0  # flights collected by this process (the first one generates alone)
+        self._collected = 0  # flights collected by this process (the first one generates alone)
         self.eval_set = self._eval_prompts()
         self.episode = episode_specs(cfg, renderer)  # a multi-turn task: prompt -> the EpisodeSpec its samples play
         self.said_env_error = False  # an environment's first error is named on the console once
-        self.carry: list[Any] = []  # algo.partial_rollouts: groups cut short, for the next flight launched (carry.Carried)
+        self.carry: list[Carried] = []  # algo.partial_rollouts: groups cut short, for the next flight launched
 
     @property
-    def engines(self) -> list[Any]:
+    def engines(self) -> list[ActorHandle]:
         return self.keeper.engines
 
     # -- flights ----------------------------------------------------------------------------------------
-    def new_flight(self, step: int, launch_version: int, carried: list[Any] | None = None,
+    @property
+    def collected(self) -> int:  # flights taken by steps in this process (the first one generates alone)
+        return self._collected
+
+    def waiting(self) -> list[InFlight]:
+        """The flights launched and not yet taken by a step, oldest first."""
+        return list(self._pending)
+
+    def next_flight(self) -> InFlight:
+        """The oldest flight, collected (an engine that died meanwhile is re-created), and taken off the queue."""
+        flight = self._pending[0]
+        self.collect(flight)
+        self._pending.popleft()
+        self._collected += 1
+        return flight
+
+    def put_back(self, flight: InFlight) -> None:
+        """A flight whose step did not finish, back at the front of the queue (a checkpoint keeps its rollouts)."""
+        self._pending.appendleft(flight)
+
+    def ahead(self) -> InFlight | None:
+        """The oldest flight still waiting (the one after the step's own, once it was taken), or None."""
+        return self._pending[0] if self._pending else None
+
+    def queue_updates(self, refs_by_engine: Sequence[ObjectRef[UpdateResult]]) -> None:
+        """A weight update's refs, one per engine in order: each is waited for before its engine's next generate
+        is collected, in place of any queued before."""
+        self._queued_updates = {i: (self.keeper.incarnation[i], ref) for i, ref in enumerate(refs_by_engine)}
+
+    def take_queued_updates(self) -> dict[int, tuple[int, ObjectRef[UpdateResult]]]:
+        """The queued updates (engine index -> (incarnation, ref)), taken off the queue: the caller waits for them."""
+        queued, self._queued_updates = self._queued_updates, {}
+        return queued
+
+    def new_flight(self, step: int, launch_version: int, carried: list[Carried] | None = None,
                    extra: int | None = None, async_steps: int = 0) -> InFlight:
         """Step's flight. With algo.partial_rollouts it also holds the groups that the flights up to step -
         async_steps - 1 cut short (carried: those, in place of the ones waiting; so what a flight holds does not
@@ -90,8 +145,8 @@ class Rollouts:
             self.carry = [c for c in self.carry if c.source > ready]
         return self._partial_flight(step, launch_version, sp, sampling, carried, extra)
 
-    def _partial_flight(self, step: int, version: int, sp: Any, sampling: Any, carried: list[Any],
-                        extra: int | None) -> InFlight:
+    def _partial_flight(self, step: int, version: int, sp: StepPrompts, sampling: SamplingParams,
+                        carried: list[Carried], extra: int | None) -> InFlight:
         from rlgen.runtime.rollouts.batch import StepPrompts, split_requests
         from rlgen.runtime.rollouts.carry import PARTIAL_ROUND, continuations, extra_groups, quotas
 
@@ -116,9 +171,9 @@ class Rollouts:
         return InFlight(step, sp, shards, version, enough=quotas(groups, a.prompts_per_step), carried=by_gid,
                         extra=extra)
 
-    def _extra_prompts(self, step: int, round: int, n: int, setting: str, off: str) -> Any:
-        """n more prompts of the task for round `round` of a step, encoded (rollout.StepPrompts); a task that gives
-        none is refused in one sentence naming the setting that asked for them and how to turn it off."""
+    def _extra_prompts(self, step: int, round: int, n: int, setting: str, off: str) -> StepPrompts:
+        """n more prompts of the task for round `round` of a step, encoded; a task that gives none is refused in
+        one sentence naming the setting that asked for them and how to turn it off."""
         from rlgen.runtime.rollouts.batch import encode_prompts
 
         more = getattr(self.task, "extra_prompts", None)
@@ -148,11 +203,11 @@ class Rollouts:
         """Launch every step up to step + async_steps (weights queued since the last launch go first)."""
         while self.next_gen < self.cfg.steps and self.next_gen <= step + async_steps:
             flight = self._send(self.new_flight(self.next_gen, version, async_steps=async_steps))
-            flight.updates, self.queued_updates = self.queued_updates, {}
-            self.pending.append(flight)
+            flight.updates = self.take_queued_updates()
+            self._pending.append(flight)
             self.next_gen += 1
 
-    def restore(self, saved: list[dict[str, Any]], next_step: int, carry: list[dict[str, Any]] = ()) -> None:
+    def restore(self, saved: Sequence[JSONDict], next_step: int, carry: Sequence[JSONDict] = ()) -> None:
         """Flights a checkpoint kept (generated ahead of the learner) with their results, and the groups it had
         cut short and not yet sent on (algo.partial_rollouts)."""
         from rlgen.runtime.rollouts.carry import Carried
@@ -162,16 +217,16 @@ class Rollouts:
             carried = [Carried.from_json(c) for _, c in sorted(data.get("carried", {}).items(), key=lambda x: int(x[0]))]
             flight = self.new_flight(int(data["step"]), int(data["launch_version"]), carried, data.get("extra"))
             flight.results = results_from_json(data)
-            self.pending.append(flight)
-        self.next_gen = self.pending[-1].step + 1 if self.pending else next_step
+            self._pending.append(flight)
+        self.next_gen = self._pending[-1].step + 1 if self._pending else next_step
 
-    def carry_to_save(self, kept: list[InFlight]) -> list[dict[str, Any]]:
+    def carry_to_save(self, kept: list[InFlight]) -> list[JSONDict]:
         """The groups cut short that a checkpoint keeps apart from its flights (kept: the flights it saves): those
         the flights it does not save were carrying (those are generated again on resume, and carry them again),
         then those waiting, less the ones the pending flights cut short (they cut them again on resume)."""
         saved = {f.step for f in kept}
-        again = [c for f in self.pending if f.step not in saved for c in f.carried.values()]
-        pending = {f.step for f in self.pending}
+        again = [c for f in self._pending if f.step not in saved for c in f.carried.values()]
+        pending = {f.step for f in self._pending}
         return [c.to_json() for c in again + [c for c in self.carry if c.source not in pending]]
 
     def collect(self, flight: InFlight, *, interruptible: bool = True) -> None:
@@ -229,19 +284,19 @@ class Rollouts:
             raise RunError(str(err)) from err
         self.carry.extend(flight.resolved.cut)
 
-    def _generate_again(self, i: int, flight: InFlight) -> Any:
+    def _generate_again(self, i: int, flight: InFlight) -> ObjectRef[GenResult]:
         """Engine i's requests of ``flight`` sent to its re-created actor, at the weights the flight was launched
         with where the transport keeps those (a flight launched ahead of the learner); the later versions it then
         takes again are queued before its next generate, as a push's are."""
 
-        def generate() -> Any:
+        def generate() -> ObjectRef[GenResult]:
             return flight.call(self.engines[i], i)
 
         if self.transport is None:
             return generate()
         ref, updates = self.transport.generate_at(i, flight.launch_version, generate)
         if updates:
-            self.queued_updates[i] = (self.keeper.incarnation[i], updates[-1])
+            self._queued_updates[i] = (self.keeper.incarnation[i], updates[-1])
         return ref
 
     # -- on the driver ------------------------------------------------------------------------------------
@@ -265,7 +320,7 @@ class Rollouts:
         else:
             flight.scoring = self.scorer.submit(texts, [p.answer for p in prompts], where, flight.step)
 
-    def _decoded(self, flight: InFlight) -> tuple[list[Any], list[str]]:
+    def _decoded(self, flight: InFlight) -> tuple[list[Completion], list[str]]:
         comps = flight.completions()
         texts = self.tokenizer.batch_decode([c.token_ids for c in comps], skip_special_tokens=True)
         if self.cfg.task.stop and self.episode is None:
@@ -278,10 +333,10 @@ class Rollouts:
         in the pool meanwhile). Anything that goes wrong is left for the step that needs the flight."""
         import ray
 
-        if not self.pending or self.pending[0].scoring is not None:
+        if not self._pending or self._pending[0].scoring is not None:
             flight = None
         else:
-            flight = self.pending[0]
+            flight = self._pending[0]
         if flight is None:
             return
         refs = [ref for _, ref in flight.refs.values()] + [ref for _, ref in flight.updates.values()]
@@ -297,7 +352,7 @@ class Rollouts:
             log.info("prefetching step %d's rollouts: %s", flight.step, err)
 
     # -- held-out evaluation ----------------------------------------------------------------------------
-    def _eval_prompts(self) -> list[Any]:
+    def _eval_prompts(self) -> list[Prompt]:
         e = self.cfg.eval
         if e.every <= 0:
             return []

@@ -6,46 +6,64 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
-from rlgen.generated import GenResult
+from rlgen.generated import GenResult, SpanTuple
 from rlgen.types import Completion, GenRequest
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.actor import ActorHandle
+
+    from rlgen.runtime.rollouts.batch import StepPrompts
+    from rlgen.runtime.rollouts.carry import Carried, Resolved
+    from rlgen.tasks.scoring import Pending
+    from rlgen.types import JSONDict
+
+
+class UpdateResult(TypedDict, total=False):
+    """An engine's answer to a weight update, as the driver reads it."""
+
+    actor: str
+    version: int
+    spans: list[SpanTuple]
 
 
 @dataclass
 class InFlight:
     step: int
-    prompts: Any  # rollout.StepPrompts
+    prompts: StepPrompts
     shards: list[list[GenRequest]]  # per engine index; [] where an engine got no requests
     launch_version: int  # the policy version the engines were given before this generate()
-    refs: dict[int, tuple[int, Any]] = field(default_factory=dict)  # engine index -> (incarnation, generate ref)
-    updates: dict[int, tuple[int, Any]] = field(default_factory=dict)  # engine index -> (incarnation, update ref)
+    # engine index -> (incarnation, generate ref), and (incarnation, update ref)
+    refs: dict[int, tuple[int, ObjectRef[GenResult]]] = field(default_factory=dict)
+    updates: dict[int, tuple[int, ObjectRef[UpdateResult]]] = field(default_factory=dict)
     results: dict[int, GenResult] = field(default_factory=dict)  # engine index -> generate() result
-    update_spans: dict[int, list[Any]] = field(default_factory=dict)  # engine index -> its weight update's spans
+    update_spans: dict[int, list[SpanTuple]] = field(default_factory=dict)  # engine index -> its weight update's spans
     prepared: list[Completion] | None = None  # the completions as trained on (cut at stop strings), once prepared
-    scoring: Any = None  # the scorer's handle, once prepared
+    scoring: Pending | None = None  # the scorer's handle, once prepared
     launched_at: float | None = None  # when its generate() calls went to the engines (None: restored, not sent)
     # algo.partial_rollouts: the groups each engine must finish (None: all of them), the carried groups this flight
     # goes on with (by group id), the extra prompts it holds, and, once collected, its groups sorted out
     enough: list[int] | None = None
-    carried: dict[int, Any] = field(default_factory=dict)  # group id -> carry.Carried
+    carried: dict[int, Carried] = field(default_factory=dict)  # group id -> its group cut short before
     extra: int = 0
-    resolved: Any = None  # carry.Resolved
+    resolved: Resolved | None = None
 
     @property
     def samples(self) -> int:
         """Completions per prompt (a carried group's continuations are requests of one sample each)."""
         return max(r.sampling.n for reqs in self.shards for r in reqs)
 
-    def call(self, engine: Any, i: int) -> Any:
+    def call(self, engine: ActorHandle, i: int) -> ObjectRef[GenResult]:
         """Engine i's generate() of its requests (generate_some() when the flight may cut groups short)."""
         if self.enough is None:
             return engine.generate.remote(self.shards[i])
         return engine.generate_some.remote(self.shards[i], self.enough[i])
 
-    def trained(self) -> Any:
-        """The prompts of the groups trained on (rollout.StepPrompts): all of them, or, once the flight's groups
-        are sorted out, those done."""
+    def trained(self) -> StepPrompts:
+        """The prompts of the groups trained on: all of them, or, once the flight's groups are sorted out, those
+        done."""
         if self.resolved is None:
             return self.prompts
         from rlgen.runtime.rollouts.batch import StepPrompts
@@ -58,7 +76,7 @@ class InFlight:
             return list(self.resolved.completions)
         return [c for i in sorted(self.results) for c in self.results[i].completions]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONDict:
         """The finished flight's results (prompts are re-derived from the step on resume)."""
         return {
             "step": self.step,
@@ -76,7 +94,7 @@ class InFlight:
         }
 
 
-def results_from_json(data: dict[str, Any]) -> dict[int, GenResult]:
+def results_from_json(data: JSONDict) -> dict[int, GenResult]:
     return {
         int(i): GenResult(completions=[Completion(**c) for c in r["completions"]], version=r.get("version"),
                           spans=[tuple(s) for s in r["spans"]])

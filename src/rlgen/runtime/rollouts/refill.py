@@ -11,23 +11,29 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlgen.runtime.errors import RunError
-from rlgen.tasks.scoring import RewardError
+from rlgen.tasks.scoring import RewardError, Scores
 from rlgen.types import Completion, Phase, StepTimeline
+
+if TYPE_CHECKING:
+    from rlgen.config import AlgoConfig
+    from rlgen.runtime.rollouts.in_flight import InFlight
+    from rlgen.runtime.run_parts import Run
 
 
 @dataclass
 class StepRollouts:
     completions: list[Completion]  # to train on, group ids 0 .. groups-1
     rewards: list[float]  # the rewards the advantages come from (shaped), one per completion
-    scores: Any  # tasks.scoring.Scores of every completion generated this step (all rounds)
+    scores: Scores  # of every completion generated this step (all rounds)
     penalties: list[float]  # the overlong penalty of every completion generated (all rounds)
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def shaped_rewards(completions: list[Completion], totals: list[float], algo: Any) -> tuple[list[float], list[float]]:
+def shaped_rewards(completions: list[Completion], totals: list[float],
+                   algo: AlgoConfig) -> tuple[list[float], list[float]]:
     """(the rewards plus the overlong penalty, the penalties), one per completion."""
     if not algo.overlong_buffer:
         return list(totals), [0.0] * len(totals)
@@ -63,7 +69,7 @@ def _informative(completions: list[Completion], rewards: list[float]) -> list[tu
     return [g for g in _groups(completions, rewards) if g[0][0].group_id in kept]
 
 
-def step_rollouts(run: Any, step: int, flight: Any, scores: Any, tl: StepTimeline) -> StepRollouts:
+def step_rollouts(run: Run, step: int, flight: InFlight, scores: Scores, tl: StepTimeline) -> StepRollouts:
     """The step's first round (flight, scored), shaped, and refilled when algo.dynamic_sampling is on."""
     algo = run.cfg.algo
     rewards, pen = shaped_rewards(flight.prepared, scores.totals, algo)
@@ -80,7 +86,7 @@ def step_rollouts(run: Any, step: int, flight: Any, scores: Any, tl: StepTimelin
     return got
 
 
-def episode_metrics(flight: Any) -> dict[str, float]:
+def episode_metrics(flight: InFlight) -> dict[str, float]:
     """A multi-turn step's episodes (the first round's): the policy's turns and the environment's tokens per
     episode, the episodes an environment ended with an error (of which those whose call ran past
     task.env_timeout_s: env/timeouts), and the longest engine's time in environment calls."""
@@ -93,7 +99,7 @@ def episode_metrics(flight: Any) -> dict[str, float]:
             "env_s": max((float(r.env_s) for r in flight.results.values()), default=0.0)}
 
 
-def _refilled(run: Any, step: int, flight: Any, scores: Any, rewards: list[float], pen: list[float],
+def _refilled(run: Run, step: int, flight: InFlight, scores: Scores, rewards: list[float], pen: list[float],
               tl: StepTimeline) -> StepRollouts:
     """Dynamic sampling: the first round's informative groups, then more rounds until the batch is full."""
     algo = run.cfg.algo
@@ -125,7 +131,7 @@ def _refilled(run: Any, step: int, flight: Any, scores: Any, rewards: list[float
     return StepRollouts(comps, out_rewards, scores, pen, metrics)
 
 
-def _round(run: Any, step: int, round: int, n: int, tl: StepTimeline) -> StepRollouts:
+def _round(run: Run, step: int, round: int, n: int, tl: StepTimeline) -> StepRollouts:
     """One more generation round of n prompts: generated, scored, shaped (not refilled)."""
 
     ro = run.rollouts

@@ -4,12 +4,15 @@ its requests were done, rlgen.types.tail_start) and how much of that time the ne
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlgen.types import Phase
 
+if TYPE_CHECKING:
+    from rlgen.runtime.rollouts.in_flight import InFlight
 
-def tail_metrics(flight: Any, following: Any | None) -> dict[str, float]:
+
+def tail_metrics(flight: InFlight, following: InFlight | None) -> dict[str, float]:
     """gen/tail_s: the longest tail of the flight's engines; gen/tail_filled: the share of the engines' tail time in
     which the following flight had been launched on the same engine (0 when none was; 1 when it was launched
     before every tail began). {} when no engine reports its tail (engines other than vLLM's)."""

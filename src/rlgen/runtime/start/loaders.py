@@ -1,13 +1,13 @@
 """Set-up's loaders: the algorithm, the starting model folder and the task (with its tokenizer, prompts and stop
 ids), each on a thread of its own beside the cluster's start, once the libraries they share are imported whole.
-``run`` is the runtime.setup.Run being set up; each loader fills in its part of it."""
+``run`` is the Run being set up; each loader fills in its part of it."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlgen.algo.registry import algorithm
 from rlgen.config import RunConfig
@@ -17,8 +17,12 @@ from rlgen.runtime.start.progress import StartupClock
 from rlgen.tasks import build_task, task_libraries
 from rlgen.tasks.prompts import PromptRenderer, length_stop_ids, model_stop_ids
 
+if TYPE_CHECKING:
+    from rlgen.runtime.run_parts import Run
+    from rlgen.tasks.base import Task
 
-def start_loaders(run: Any) -> tuple[Beside, Beside, Beside]:
+
+def start_loaders(run: Run) -> tuple[Beside[None], Beside[None], Beside[tuple[Task, PromptRenderer, list[int]]]]:
     """The algorithm, the model folder and the task, each loading on a thread of its own beside the cluster's
     start, once the libraries they share are imported (seconds on a GPU host)."""
     clock = run.clock or StartupClock(run.console)
@@ -48,11 +52,11 @@ def _shared_libraries(cfg: RunConfig) -> None:
         getattr(transformers, name)
 
 
-def _after(libraries: Beside, run: Any) -> None:
+def _after(libraries: Beside[None], run: Run) -> None:
     libraries.result(run.stop, "importing torch and transformers")
 
 
-def _model(run: Any, libraries: Beside) -> None:
+def _model(run: Run, libraries: Beside[None]) -> None:
     """The folders the actors load: the starting model (built and cached, or a checkpoint's). A folder already
     there is found at once, so the engines can be asked for as soon as the cluster is up; a build waits for the
     libraries it needs."""
@@ -68,13 +72,13 @@ def _model(run: Any, libraries: Beside) -> None:
     run.start_model_path = str(run.resume.checkpoint / "model") if run.resume and not lora else run.initial_model_path
 
 
-def _algorithm(run: Any, libraries: Beside) -> None:
+def _algorithm(run: Run, libraries: Beside[None]) -> None:
     _after(libraries, run)
 
     run.algorithm = algorithm(run.cfg.algo)
 
 
-def _task(run: Any, libraries: Beside, model: Beside) -> tuple[Any, Any, list[int]]:
+def _task(run: Run, libraries: Beside[None], model: Beside[None]) -> tuple[Task, PromptRenderer, list[int]]:
     """The task, its prompts as the model's tokenizer renders them and the stop ids: what the loop needs, ready
     while the actors start (loading the tokenizer imports transformers, seconds on a GPU host)."""
     _after(libraries, run)

@@ -5,38 +5,41 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Generic, TypeVar
 
 from rlgen.runtime.errors import StopRequested
 from rlgen.runtime.signals import StopFlag
 
+T = TypeVar("T")
 
-class Beside:
+
+class Beside(Generic[T]):
     """fn(*args) on a daemon thread, then ``done()`` (say, ending its start-up phase); result() waits for it, leaving
     early on a stop, and raises what it raised."""
 
-    def __init__(self, fn: Callable[..., Any], *args: Any, done: Callable[[], None] | None = None):
-        self._box: dict[str, Any] = {}
+    def __init__(self, fn: Callable[..., T], *args: object, done: Callable[[], None] | None = None):
+        self._out: list[T] = []  # what fn returned, once it has
+        self._err: list[BaseException] = []  # what it raised, if it did
         self._thread = threading.Thread(target=self._run, args=(done, fn, *args), name="rlgen-setup", daemon=True)
         self._thread.start()
 
-    def _run(self, done: Callable[[], None] | None, fn: Callable[..., Any], *args: Any) -> None:
+    def _run(self, done: Callable[[], None] | None, fn: Callable[..., T], *args: object) -> None:
         try:
-            self._box["out"] = fn(*args)
+            self._out.append(fn(*args))
         except BaseException as err:  # noqa: BLE001 - raised again in the waiting thread
-            self._box["err"] = err
+            self._err.append(err)
         finally:
             if done is not None:
                 done()
 
-    def result(self, stop: StopFlag, what: str = "preparing the model folder and task") -> Any:
+    def result(self, stop: StopFlag, what: str = "preparing the model folder and task") -> T:
         while self._thread.is_alive():
             if stop.requested:
                 raise StopRequested(what)
             self._thread.join(0.1)
-        if "err" in self._box:
-            raise self._box["err"]
-        return self._box["out"]
+        if self._err:
+            raise self._err[0]
+        return self._out[0]
 
 
 __all__ = ["Beside"]

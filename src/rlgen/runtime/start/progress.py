@@ -8,12 +8,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
 from rlgen import launched_at
+
+if TYPE_CHECKING:
+    from rlgen.types import JSONDict
 
 PROGRESS_S = 15.0  # a start-up wait says who it waits for this often: never a silent minute
 LAUNCH = "launch to set-up (imports, config, plan)"
@@ -25,7 +28,7 @@ class StartupClock:
         self.console, self.launched = console, launched_at() if launched is None else launched
         self.phases: dict[str, float] = {}  # seconds each phase took
         self.began: dict[str, float] = {}  # when each phase began, in seconds after launch (as it was said)
-        self.actors: dict[str, dict[str, Any]] = {}
+        self.actors: dict[str, JSONDict] = {}  # each actor's own start
         self.first_rollout_s: float | None = None
         self._setup_end: float | None = None
 
@@ -59,7 +62,7 @@ class StartupClock:
 
         return end
 
-    def waiting(self, names: list[str], doing: list[str] | None = None) -> Any:
+    def waiting(self, names: list[str], doing: list[str] | None = None) -> Callable[[float, list[int]], None]:
         """A progress callback for Waiter.get over actors named `names` (in the refs' order); doing[i]: what actor
         i does while it starts, in words (its kind's, EngineSpec.start_words), said for the ones still pending."""
         def say(elapsed: float, pending: list[int]) -> None:
@@ -69,7 +72,7 @@ class StartupClock:
                                f"so far{what})", highlight=False)
         return say
 
-    def actor(self, health: dict[str, Any], launched_at: float) -> None:
+    def actor(self, health: JSONDict, launched_at: float) -> None:
         """One actor's start from its health report: when its process started and its constructor ran (seconds
         after launch), and its own steps."""
         s = health.get("startup") or {}
@@ -97,13 +100,13 @@ class StartupClock:
                 self.phases[FIRST_BATCH] = time.time() - self._setup_end
                 self.began[FIRST_BATCH] = self._setup_end - self.launched
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return {"phases": {k: round(v, 3) for k, v in self.phases.items()},
                 "began": {k: round(v, 3) for k, v in self.began.items()}, "actors": self.actors,
                 "first_rollout_s": None if self.first_rollout_s is None else round(self.first_rollout_s, 3)}
 
 
-def print_startup(startup: dict[str, Any], console: Console) -> None:
+def print_startup(startup: JSONDict, console: Console) -> None:
     """The start-up report: each phase and each actor's own start, when it began (at, in seconds after launch,
     as the lines said while the run started) and the seconds it took."""
     phases = startup.get("phases") or {}
