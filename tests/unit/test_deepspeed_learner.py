@@ -149,6 +149,19 @@ def test_importing_the_learner_and_sync_needs_neither_deepspeed_nor_vllm():
     assert out.stdout.strip() == "[]"
 
 
+def test_the_learners_hold_one_core_and_neither_inherits_the_other(model_dir):
+    from rlgen.learners.actor import LearnerActor
+    from rlgen.learners.step_core import StepCore
+
+    assert not issubclass(DeepSpeedLearner, TorchLearner) and not issubclass(TorchLearner, DeepSpeedLearner)
+    assert issubclass(DeepSpeedLearner, LearnerActor) and issubclass(TorchLearner, LearnerActor)
+    for cls in (DeepSpeedLearner, TorchLearner):
+        assert vars(cls).get("__doc__") and cls.__doc__ != LearnerActor.__doc__, cls  # a docstring of its own
+    assert (TorchLearner.replicas, DeepSpeedLearner.replicas) == (True, False)
+    assert type(ds_learner(model_dir, algo_cfg()).core) is StepCore
+    assert type(TorchLearner(model_dir, algo_cfg(), MonitorConfig()).core) is StepCore
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU error path")
 def test_construction_without_cuda_says_what_to_use(model_dir):
     with pytest.raises(RuntimeError, match="CUDA GPU"):
@@ -365,7 +378,7 @@ def test_two_ranks_on_shards_make_the_whole_batch_step(model_dir, agg, old):
 
     shards = [batch.select(torch.arange(r.start, r.stop)) for r in (range(0, 2), range(2, 4))]
     ranks = [ds_learner(model_dir, algo) for _ in shards]
-    total = sum(batch_denominator(r.model, unpack_batch(b, r.device, algo.micro_batch_tokens), algo, r.loss_agg)
+    total = sum(batch_denominator(r.model, unpack_batch(b, r.device, algo.micro_batch_tokens), algo, r.core.loss_agg)
                 for r, b in zip(ranks, shards))
     for rank in ranks:
         rank.world_size = 2

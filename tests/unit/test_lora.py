@@ -56,12 +56,12 @@ def test_the_reference_is_the_base_with_the_adapters_off(base_dir):
     learner = TorchLearner(base_dir, algo_cfg(lr=1e-3, kl_coef=0.1), MonitorConfig(), lora=LORA)
     nudge_lora(learner.peft)
     with torch.no_grad():
-        ref = learner.ref_model(input_ids=IDS).logits
+        ref = learner.core.ref_model(input_ids=IDS).logits
         policy = learner.model(input_ids=IDS).logits
         base = _base(base_dir)(input_ids=IDS).logits
     assert torch.allclose(ref, base, atol=1e-5)
     assert not torch.allclose(policy, base, atol=1e-3)  # the adapters are on outside the reference
-    assert sum(p.numel() for p in learner.ref_model.parameters()) == 0  # no second copy of the weights
+    assert sum(p.numel() for p in learner.core.ref_model.parameters()) == 0  # no second copy of the weights
 
 
 def test_only_the_adapters_train_and_the_export_keeps_the_base_names(base_dir):

@@ -1,12 +1,12 @@
 """A DeepSpeed ZeRO learner (stage 2 or 3) on one GPU per rank: bf16, gradient checkpointing, micro-batches.
 
-Same protocol, metrics keys and GRPO loss as ``TorchLearner``; what differs is what ZeRO forces. The loss is
-divided by the whole batch's denominator before backward, micro-batches accumulate with DeepSpeed's own
-boundary (a no-grad forward comes first where the denominator or algo.old_logprobs=trainer needs the trainer's
-logprobs), and a non-finite step is skipped through DeepSpeed's overflow check (parameters that turn
-non-finite after a step cannot be rolled back, so their export is refused). The optimizer is torch's AdamW,
-handed to ZeRO as a client optimizer; deepspeed is imported only when a learner is built. docs/weight_sync.md
-("DeepSpeed learner") has the details; measurements are in docs/benchmarks.md.
+Same actor calls (rlgen.learners.actor), metrics keys and loss (rlgen.learners.step_core) as the torch learner;
+what differs is what ZeRO forces. The loss is divided by the whole batch's denominator before backward,
+micro-batches accumulate with DeepSpeed's own boundary (a no-grad forward comes first where the denominator or
+algo.old_logprobs=trainer needs the trainer's logprobs), and a non-finite step is skipped through DeepSpeed's
+overflow check (parameters that turn non-finite after a step cannot be rolled back, so their export is refused).
+The optimizer is torch's AdamW, handed to ZeRO as a client optimizer; deepspeed is imported only when a learner
+is built. docs/weight_sync.md ("DeepSpeed learner") has the details; measurements are in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -21,26 +21,16 @@ from typing import Any
 import torch
 
 from rlgen.algo.registry import Algorithm
-from rlgen.algo.registry import algorithm as find_algorithm
-from rlgen.config import AlgoConfig, LossAgg, MonitorConfig
+from rlgen.config import AlgoConfig, MonitorConfig
 from rlgen.gpustart import beside_engine_starts
+from rlgen.learners.actor import LearnerActor, NonFiniteWeightsError
 from rlgen.learners.attention import use_packed_attention
-from rlgen.learners.background import HostCopies, reserve_pinned, tensor_sizes, to_host
-from rlgen.learners.group import free_endpoint
-from rlgen.learners.grpo_step import (
-    Micro,
-    StepSums,
-    assemble_metrics,
-    batch_denominator,
-    inverse,
-    micro_loss,
-    unpack_batch,
-    with_old_logprobs,
-)
+from rlgen.learners.background import HostCopies, reserve_pinned, tensor_sizes
+from rlgen.learners.ds_setup import CLIENT_KEY, DS_TAG, DeferredFiles, build_ds_config, dist_env
+from rlgen.learners.grpo_step import inverse
 from rlgen.learners.lora import AdapterOff
-from rlgen.learners.policy import adamw, frozen_model, load_policy, with_lora
+from rlgen.learners.policy import adamw, frozen_reference, load_policy, with_lora
 from rlgen.learners.sending import PolicySender
-from rlgen.learners.torch import NonFiniteWeightsError, TorchLearner
 from rlgen.phases import ActorClock
 from rlgen.sync.layout import DEFAULT_BUCKET_BYTES, plan_buckets
 from rlgen.sync.waits import run_with_timeout
@@ -48,78 +38,12 @@ from rlgen.types import Phase, RolloutBatch
 
 log = logging.getLogger(__name__)
 MEASURE_WAIT_S = 600.0  # at most this long for an engine on the learner's GPU to size its KV cache, then go on
-DS_TAG = "zero"  # the tag of DeepSpeed's checkpoint inside a checkpoint's learner/ folder
-# rlgen's counters and RNG states ride in DeepSpeed's client state under one key of their own: DeepSpeed keeps a
-# "skipped_steps" of its own there and drops it from what load_checkpoint hands back
-CLIENT_KEY = "rlgen"
 
 
-class DeferredFiles:
-    """DeepSpeed's checkpoint engine, whose saves can be deferred: while ``defer`` is on, each file DeepSpeed
-    saves is kept as a copy in host memory, and ``write_deferred`` writes them later (from a background thread)
-    through the engine it wraps. Everything else (loading, commits) goes to that engine."""
-
-    def __init__(self, inner: Any):
-        self.inner, self.defer, self.deferred = inner, False, []
-
-    def save(self, state_dict: Any, path: str) -> None:
-        if self.defer:
-            self.deferred.append((to_host(state_dict), path))
-        else:
-            self.inner.save(state_dict, path)
-
-    def write_deferred(self) -> None:
-        files, self.deferred = self.deferred, []
-        for state_dict, path in files:
-            self.inner.save(state_dict, path)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
-def build_ds_config(algo: AlgoConfig, *, zero_stage: int, world_size: int = 1, bf16: bool = True) -> dict[str, Any]:
-    """The DeepSpeed JSON config for this learner. Pure: no deepspeed import. A step's micro-batches are as many as
-    its tokens need (rlgen.microbatches), so the learner marks the last one as the accumulation boundary itself;
-    DeepSpeed's batch geometry counts one micro-batch of one row a rank."""
-    if zero_stage not in (2, 3):
-        raise ValueError(f"learner.zero_stage={zero_stage}: this learner runs ZeRO stage 2 or 3.")
-    zero: dict[str, Any] = {"stage": zero_stage, "overlap_comm": True, "contiguous_gradients": True,
-                            "reduce_bucket_size": int(5e8)}
-    if zero_stage == 3:
-        zero.update(stage3_prefetch_bucket_size=int(5e7), stage3_param_persistence_threshold=int(1e5),
-                    stage3_gather_16bit_weights_on_model_save=True)
-    return {
-        "train_micro_batch_size_per_gpu": 1,
-        "gradient_accumulation_steps": 1,
-        "train_batch_size": world_size,
-        "gradient_clipping": float(algo.grad_clip) if algo.grad_clip > 0 else 0.0,
-        "bf16": {"enabled": bool(bf16), "check_grad_overflow": True},
-        "data_types": {"grad_accum_dtype": "fp32"},
-        "zero_optimization": zero,
-        "zero_allow_untested_optimizer": True,  # torch AdamW as a client optimizer: no op builds needed
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-    }
-
-
-def _dist_env(rank: int, world_size: int, master_addr: str | None, master_port: int | None) -> None:
-    """torch.distributed settings for this rank of the learner group. Each rank is a Ray actor that sees only
-    its own GPU, so LOCAL_RANK is 0. One rank alone picks a free local port."""
-    if master_addr is None or master_port is None:
-        if world_size > 1:
-            raise ValueError("a learner group of several ranks needs master_addr and master_port from rank 0")
-
-        master_addr, master_port = free_endpoint(local=True)
-    os.environ.update({"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(world_size),
-                       "MASTER_ADDR": str(master_addr), "MASTER_PORT": str(master_port)})
-
-
-class DeepSpeedLearner(PolicySender, TorchLearner):
-    # ZeRO partitions the optimizer state (and with stage 3 the parameters) over the ranks: a surviving rank
-    # cannot write a lost rank's files, so a lost rank stops the run at the last complete checkpoint.
-    replicas = False
-
-    """ZeRO-2/3 learner. Constructor arguments are plain values so the class can be wrapped in ray.remote.
+class DeepSpeedLearner(PolicySender, LearnerActor):
+    """ZeRO-2/3 learner: a DeepSpeed engine around the policy takes its backward and optimizer step, and its
+    `StepCore` (``core``) the batch's loss. Constructor arguments are plain values so the class can be wrapped
+    in ray.remote.
 
     zero_stage: 2 or 3. gradient_checkpointing: recompute activations in backward (HF's non-reentrant
     checkpointing). sync_bucket_bytes: ZeRO-3 gathers at most this many bytes of parameters at once when
@@ -131,6 +55,10 @@ class DeepSpeedLearner(PolicySender, TorchLearner):
     release_memory: return cached GPU memory after each step (colocated engines need it to wake up). env:
     variables set before NCCL starts (NCCL_*).
     """
+
+    # ZeRO partitions the optimizer state (and with stage 3 the parameters) over the ranks: a surviving rank
+    # cannot write a lost rank's files, so a lost rank stops the run at the last complete checkpoint.
+    replicas = False
 
     def __init__(
         self,
@@ -188,11 +116,11 @@ class DeepSpeedLearner(PolicySender, TorchLearner):
             if lora:  # only the adapters train; the base with them off is the KL reference
                 module = self.peft = with_lora(module, lora, resume_from, lora_init)
             elif algo.kl_coef > 0:  # a full bf16 copy; fine for the sizes rlgen targets on one GPU
-                self.ref_model = frozen_model(ref_model_path or model_path, torch.bfloat16, self.device)
-                use_packed_attention(self.ref_model, attention)
+                self.core.ref_model = frozen_reference(ref_model_path or model_path, torch.bfloat16, self.device,
+                                                       attention)
             self.clock.step("weights")
             _, optimizer = adamw(module, algo)
-            _dist_env(rank, world_size, master_addr, master_port)
+            dist_env(rank, world_size, master_addr, master_port)
             os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")  # a timed-out collective raises on its rank
             deepspeed.init_distributed(dist_backend="nccl", timeout=timedelta(seconds=float(hang_timeout_s)))
             self.engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=self.ds_config)
@@ -202,7 +130,7 @@ class DeepSpeedLearner(PolicySender, TorchLearner):
             self.model = self.engine  # the forward (rlgen.learners.packed) calls self.model(...)
             self.module = self.engine.module
             if self.peft is not None and algo.kl_coef > 0:
-                self.ref_model = AdapterOff(self.engine, self.peft)
+                self.core.ref_model = AdapterOff(self.engine, self.peft)
             self.clock.step("DeepSpeed engine")
         if resume_from:
             self._resume(resume_from)
@@ -214,9 +142,7 @@ class DeepSpeedLearner(PolicySender, TorchLearner):
     def _init_state(self, algo, monitor, rank, name, device, zero_stage, sync_bucket_bytes, world_size=1,
                     release_memory=False, algorithm: Algorithm | None = None) -> None:
         """Bookkeeping shared by every construction path (tests build the learner around a stand-in engine)."""
-        self._init_common(algo, monitor, rank, name, device)
-        self.loss_agg = LossAgg(algo.loss_agg)
-        self.loss_fn = (algorithm or find_algorithm(algo.kind)).loss
+        self._init_actor(algo, monitor, rank, name, device, algorithm)
         self.zero_stage = int(zero_stage)
         self.sync_bucket_bytes = int(sync_bucket_bytes)
         self.world_size = int(world_size)
@@ -225,40 +151,24 @@ class DeepSpeedLearner(PolicySender, TorchLearner):
         self.sync_blocked = None
 
     # -- training --------------------------------------------------------------------------------------
-    def _micro_step(self, micro: Micro, scale: float, poison: bool):
-        """Forward and backward of one micro-batch; the loss is pre-divided by the batch denominator (scale =
-        1/denominator). poison, or a non-finite loss, makes the loss NaN so that DeepSpeed's overflow check
-        skips the step. Returns its rows, the detached trainer logprobs [n, Lm] and `MicroLoss.sums()`."""
-        out = micro_loss(self.model, self.ref_model if self._kl_in_loss() else None, micro, self.algo,
-                         self.loss_agg, self.loss_fn)
-        total = out.total
-        if poison or not math.isfinite(out.pg + out.kl + out.ent):
-            total = total * float("nan")
-        self.engine.backward(total * scale, scale_wrt_gas=False)
-        return micro.rows, out.logp.detach(), out.sums()
-
     def train_step(self, batch: RolloutBatch) -> dict[str, Any]:
-        """One optimizer step; the returned keys are TorchLearner.train_step's. Every rank runs as many
-        micro-batches as the others (the driver's assignment), since each meets the others in ZeRO's reduce."""
+        """One optimizer step; the returned keys are the torch learner's. Every rank runs as many micro-batches
+        as the others (the driver's assignment), since each meets the others in ZeRO's reduce."""
         start = time.time()
         step_index = self.calls
         self.calls += 1
-        algo = self.algo
+        core = self.core
         # algo.old_logprobs=trainer: every row's logprobs before the update, one no-grad forward per micro-batch
-        step = with_old_logprobs(self.model, unpack_batch(batch, self.device, algo.micro_batch_tokens), algo)
+        step = core.prepare(self.model, batch)
         # The whole batch's denominator over every rank's shard; DeepSpeed then averages the ranks' gradients,
-        # so each rank scales by world_size / denominator.
-        denom = self._sum_over_ranks(batch_denominator(self.model, step, algo, self.loss_agg))
+        # so each rank scales by world_size / denominator. A non-finite loss is made NaN before the engine's
+        # backward (poison), so that DeepSpeed's overflow check skips the step.
+        denom = self._sum_over_ranks(core.denominator(self.model, step))
         scale = self.world_size * inverse(denom)
-
-        sums = StepSums(step)
-        micros = step.micros()
-        for i, micro in enumerate(micros):
-            last = i == len(micros) - 1
-            self.engine.set_gradient_accumulation_boundary(last)
-            poison = last and not math.isfinite(sums.losses(scale, algo)[2])
-            sums.add(*self._micro_step(micro, scale, poison))
-        pg_loss, kl_value, loss = sums.losses(inverse(denom), algo)  # this shard's share of the loss
+        sums = core.accumulate(self.model, step, self._micro_backward, scale=scale,
+                               boundary=self.engine.set_gradient_accumulation_boundary, poison=True)
+        losses = core.losses(sums, denom)  # this shard's share of the loss
+        loss = losses[2]
 
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
@@ -275,11 +185,13 @@ class DeepSpeedLearner(PolicySender, TorchLearner):
         self._record_outcome(reason)
         if self.release_memory:  # colocated: hand the allocator's cache back before the engines wake up
             torch.cuda.empty_cache()
-        return assemble_metrics(
-            step, sums, loss=loss, pg_loss=pg_loss, kl_value=kl_value if self._kl_in_loss() else None,
-            grad_norm=grad_norm, version=self.version, reason=reason, delta_threshold=self.monitor.delta_threshold,
-            start=start,
-        )
+        return core.metrics(step, sums, losses, grad_norm=grad_norm, version=self.version, reason=reason,
+                            start=start)
+
+    def _micro_backward(self, loss: torch.Tensor) -> None:
+        """The engine's backward of one micro-batch's loss, already divided (scale_wrt_gas off: the learner
+        marks the accumulation boundary itself)."""
+        self.engine.backward(loss, scale_wrt_gas=False)
 
     def _local_weights_finite(self) -> bool:
         """Every rank's parameter storage (ZeRO-3: each rank's partitions) is all finite (read back once)."""
@@ -404,7 +316,7 @@ class DeepSpeedLearner(PolicySender, TorchLearner):
         t0 = time.time()
         if self.peft is not None:
             if self.rank == 0:
-                self._model_folder_job(path, False)()
+                self._adapter_job(path)()
         elif self._gathers_weights():
             weights = self.get_weights()
             if self.rank == 0:
@@ -421,7 +333,7 @@ class DeepSpeedLearner(PolicySender, TorchLearner):
         jobs = []
         if self.peft is not None:  # the adapter folder (megabytes); the frozen base stays out of the checkpoint
             if self.rank == 0:
-                jobs.append(self._model_folder_job(os.path.join(path, "model"), background))
+                jobs.append(self._adapter_job(os.path.join(path, "model")))
         elif self._gathers_weights():
             weights = self.get_weights()  # host tensors; a collective under ZeRO-3
             if self.rank == 0:

@@ -1,8 +1,8 @@
 """The training step shared by the learners: batch tensors in packed micro-batches, the response forward, one
 micro-batch's loss and metric sums, their accumulation over a batch, and the metrics `train_step` returns.
 
-What a learner adds is how the gradients of `MicroLoss.total` are taken and applied (plain backward and
-AdamW, or a DeepSpeed engine) and its non-finite guard.
+`StepCore` (rlgen.learners.step_core) runs these for a learner; what a learner adds is how the gradients of
+`MicroLoss.total` are taken and applied (plain backward and AdamW, or a DeepSpeed engine) and its non-finite guard.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from rlgen.config import AlgoConfig
+from rlgen.learners.attention import use_packed_attention
 from rlgen.learners.lora import LoraSpec, wrap
 
 
@@ -51,10 +52,18 @@ def frozen_model(source: str | nn.Module, dtype: torch.dtype, device: torch.devi
     return model.to(device).eval().requires_grad_(False)
 
 
+def frozen_reference(source: str | nn.Module, dtype: torch.dtype, device: torch.device, attention: str) -> nn.Module:
+    """The KL reference of a learner without LoRA: frozen_model of source with the learner's packed-attention
+    backend (with LoRA the reference is the policy with its adapters off, rlgen.learners.lora.AdapterOff)."""
+    model = frozen_model(source, dtype, device)
+    use_packed_attention(model, attention)
+    return model
+
+
 def adamw(model: nn.Module, algo: AlgoConfig) -> tuple[list[nn.Parameter], torch.optim.AdamW]:
     """The model's trainable parameters and torch's AdamW over them, at algo.lr and algo.weight_decay."""
     params = [p for p in model.parameters() if p.requires_grad]
     return params, torch.optim.AdamW(params, lr=algo.lr, weight_decay=algo.weight_decay)
 
 
-__all__ = ["adamw", "disable_dropout", "frozen_model", "load_policy", "with_lora"]
+__all__ = ["adamw", "disable_dropout", "frozen_model", "frozen_reference", "load_policy", "with_lora"]
