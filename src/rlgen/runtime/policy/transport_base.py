@@ -81,6 +81,12 @@ class TransportBase:
         """The step was skipped (or the run halts): bring engines back to generating on their old weights."""
         return []
 
+    def sleep_engines(self) -> list[dict[str, Any]]:  # the step's name for before_train (dispatches to overrides)
+        return self.before_train()
+
+    def wake_engines(self) -> list[dict[str, Any]]:  # the step's name for no_update (dispatches to overrides)
+        return self.no_update()
+
     def close(self) -> None:
         self.learner, self.engines, self.gatherers = None, [], []
 
