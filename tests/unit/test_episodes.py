@@ -334,7 +334,7 @@ def test_an_environment_whose_process_dies_ends_only_its_episode(tok):
 def test_a_steps_record_counts_the_episodes_that_timed_out():
     from types import SimpleNamespace
 
-    from rlgen.runtime.rollouts.refill import episode_metrics
+    from rlgen.runtime.step.score import episode_metrics
 
     def episode(error="", timed_out=False):
         return Completion(0, [1], [2, 3], [-0.1, -0.1], "stop", 0, loss_mask=[1, 0], env_reward=0.0, turns=1,

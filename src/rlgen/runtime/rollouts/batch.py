@@ -1,4 +1,4 @@
-"""Prompts -> GenRequests per engine; Completions + rewards -> a padded RolloutBatch."""
+"""Prompts -> GenRequests per engine; Completions + rewards -> a padded RolloutBatch (its advantages to come)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rlgen.algo.advantages import group_advantages
-from rlgen.algo.loss import AdvantageShapeError
 from rlgen.config import RunConfig
 from rlgen.tasks.base import Prompt, Task
 from rlgen.types import Completion, GenRequest, RolloutBatch, SamplingParams
@@ -93,12 +91,10 @@ def check_complete(completions: list[Completion], sp: StepPrompts, n: int) -> No
         )
 
 
-def build_batch(
-    completions: list[Completion], rewards: list[float], pad_id: int,
-    advantages: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, mask_truncated: bool = False,
-) -> RolloutBatch:
-    """Completions (any order) -> RolloutBatch sorted by group. Prompts left-padded, responses right-padded.
-    advantages(rewards [N], group_ids [N]) -> [N]: the algorithm's (GRPO's group-normalised ones when None).
+def build_batch(completions: list[Completion], rewards: list[float], pad_id: int,
+                mask_truncated: bool = False) -> RolloutBatch:
+    """Completions (any order) -> RolloutBatch sorted by group. Prompts left-padded, responses right-padded. Its
+    advantages are 0 here: a step computes them once, from the batch's rewards (rlgen.runtime.step.advantages).
     mask_truncated: a completion that ran into max_new_tokens (finish_reason "length") keeps its reward's place in
     its group's advantages but gets response mask 0, so it leaves the loss (DAPO's overlong filtering). An
     episode's response mask is its loss_mask: 1 on the policy's tokens, 0 on the environment's."""
@@ -129,18 +125,13 @@ def build_batch(
             engine_logprobs[row, :t] = torch.tensor(c.logprobs, dtype=torch.float32)
             token_versions[row, :t] = torch.tensor(c.token_versions(), dtype=torch.long)
     group_ids = torch.tensor([c.group_id for c in comps], dtype=torch.long)  # [N]
-    adv = (advantages or (lambda r, g: group_advantages(r, g)))(rw, group_ids)
-    if getattr(adv, "shape", None) != (n,):
-        raise AdvantageShapeError(
-            f"the algorithm's advantages have shape {list(getattr(adv, 'shape', []))} for a batch of {n} completions; "
-            f"an advantages function must return one value per completion, shape [{n}].")
     return RolloutBatch(
         input_ids=input_ids,
         attention_mask=attention,
         response_mask=response_mask,
         engine_logprobs=engine_logprobs,
         rewards=rw,
-        advantages=adv.to(torch.float32),
+        advantages=torch.zeros(n, dtype=torch.float32),
         group_ids=group_ids,
         version=min(c.version for c in comps),
         prompt_len=p_len,

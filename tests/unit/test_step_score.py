@@ -1,4 +1,4 @@
-"""Dynamic sampling and overlong shaping on the driver (rlgen.runtime.rollouts.refill), with stand-ins for the engines and
+"""Dynamic sampling and overlong shaping on the driver (rlgen.runtime.step.score), with stand-ins for the engines and
 the scorer: groups whose rewards are all equal never reach the batch, the batch is refilled to full from further
 rounds, and the cap on rounds holds."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from helpers import algo_cfg
-from rlgen.runtime.rollouts.refill import shaped_rewards, step_rollouts
+from rlgen.runtime.step.score import shape_and_refill, shaped_rewards
 from rlgen.tasks.scoring import Scores
 from rlgen.types import Completion, StepTimeline
 
@@ -55,7 +55,7 @@ def _run(plan, **algo):
     run = SimpleNamespace(cfg=cfg, rollouts=ro, transport=SimpleNamespace(version=0), engine_names=["engine0"])
     first = ro.extra_flight(0, 0, len(plan[0]), 0)
     ro.asked.clear()
-    return step_rollouts(run, 0, first, first.scoring, StepTimeline(0)), ro
+    return shape_and_refill(run, 0, first, first.scoring, StepTimeline(0)), ro
 
 
 CONST, MIXED = [1.0] * G, [0.0, 1.0, 0.0, 1.0]
@@ -108,19 +108,6 @@ def test_overlong_penalty_shapes_rewards_and_can_make_a_group_informative():
     assert rewards == pytest.approx([1.0, 0.75, 0.5])
 
 
-def test_advantages_of_the_wrong_length_get_a_sentence():
-    import torch
-
-    from rlgen.algo.loss import AdvantageShapeError
-    from rlgen.runtime.rollouts.batch import build_batch
-
-    comps = [c for c, _ in _group(0, MIXED)]
-    with pytest.raises(AdvantageShapeError, match=r"shape \[5\] for a batch of 4 completions; .* shape \[4\]"):
-        build_batch(comps, MIXED, 0, lambda r, g: torch.zeros(5))
-    batch = build_batch(comps, MIXED, 0, mask_truncated=True)
-    assert batch.advantages.shape == (4,) and batch.response_mask.sum() == 4 * 3
-
-
 def test_truncated_responses_leave_the_loss_with_mask_truncated():
     from rlgen.runtime.rollouts.batch import build_batch
 
@@ -129,4 +116,5 @@ def test_truncated_responses_leave_the_loss_with_mask_truncated():
     kept = build_batch(comps, [1.0, 0.0, 1.0, 0.0], 0)
     assert masked.response_mask.sum(dim=-1).tolist() == [2.0, 0.0, 2.0, 0.0]
     assert kept.response_mask.sum(dim=-1).tolist() == [2.0, 2.0, 2.0, 2.0]
-    assert masked.advantages.tolist() == kept.advantages.tolist()  # the group's advantages still count them
+    # their rewards stay in the batch for their groups' advantages (test_step_advantages)
+    assert masked.rewards.tolist() == kept.rewards.tolist() == [1.0, 0.0, 1.0, 0.0]

@@ -1,6 +1,7 @@
-"""A step's rollouts as the learner gets them: rewards shaped by the response length (DAPO's overlong penalty),
-and, with dynamic sampling, groups whose rewards are all equal dropped and replaced by groups of more prompts,
-generated in further rounds until the batch is full or algo.max_gen_batches rounds have run.
+"""Score: the step's completions decoded, checked and scored, their rewards shaped by the response length (DAPO's
+overlong penalty), and, with dynamic sampling, groups whose rewards are all equal dropped and replaced by groups of
+more prompts, generated in further rounds until the batch is full or algo.max_gen_batches rounds have run. The
+completions kept are padded into the batch's rows; their advantages come next (``runtime.step.advantages``).
 
 Every completion generated is scored and counted in the step's reward metrics (they all come from the current
 policy); only the kept groups are trained on. The extra rounds' generation goes on the step's timeline, so the
@@ -9,31 +10,71 @@ balancer counts it as generation work."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from rich.markup import escape
+
 from rlgen.runtime.errors import RunError
+from rlgen.runtime.rollouts.in_flight import InFlight
+from rlgen.runtime.setup import Run
+from rlgen.runtime.step.generate import Generated
 from rlgen.tasks.scoring import RewardError, Scores
-from rlgen.types import Completion, Phase, StepTimeline
+from rlgen.types import Completion, Phase, RolloutBatch, StepTimeline
 
 if TYPE_CHECKING:
     from rlgen.config import AlgoConfig
-    from rlgen.runtime.rollouts.in_flight import InFlight
-    from rlgen.runtime.run_parts import Run
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
-class StepRollouts:
+class Scored:
+    """The score phase's result: the rows to train on and what the step's record takes from the scoring."""
+
+    rows: RolloutBatch  # sorted by group, with the shaped rewards; the advantages phase fills in their advantages
+    scores: Scores  # every completion generated this step (all rounds)
+    metrics: dict[str, float]  # reward/* means, then shaping, dynamic sampling, episodes, partial rollouts, tail
+
+
+@dataclass
+class Shaped:
+    """The completions to train on with the rewards their advantages come from, after dynamic sampling's refill."""
+
     completions: list[Completion]  # to train on, group ids 0 .. groups-1
     rewards: list[float]  # the rewards the advantages come from (shaped), one per completion
-    scores: Scores  # of every completion generated this step (all rounds)
+    scores: Scores  # every completion generated this step (all rounds)
     penalties: list[float]  # the overlong penalty of every completion generated (all rounds)
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def shaped_rewards(completions: list[Completion], totals: list[float],
-                   algo: AlgoConfig) -> tuple[list[float], list[float]]:
+def score(run: Run, step: int, generated: Generated, tl: StepTimeline) -> Scored:
+    """The step's flight prepared and scored (the driver's reward spans on the timeline), shaped and refilled, and
+    padded into rows; says when rewards came back NaN, an environment failed, or the batch could not be filled."""
+    from rlgen.runtime.rollouts.batch import build_batch
+
+    flight, algo = generated.flight, run.cfg.algo
+    t0 = time.time()
+    try:
+        run.rollouts.prepare(flight)
+        scores = run.rollouts.scorer.result(flight.scoring)
+    except RewardError as err:
+        raise RunError(str(err)) from err
+    t1 = time.time()
+    tl.add("driver", Phase.reward, t0, t1)
+    got = shape_and_refill(run, step, flight, scores, tl)
+    got.metrics.update(generated.tail)
+    t0 = time.time() if got.metrics.get("dynamic/rounds", 1) > 1 else t1  # the extra rounds' scoring is inside them
+    rows = build_batch(got.completions, got.rewards, run.pad_id, mask_truncated=algo.mask_truncated)
+    tl.add("driver", Phase.reward, t0, time.time())
+    _warn_rewards(run, step, got)
+    return Scored(rows, got.scores, {**got.scores.means(), **got.metrics})
+
+
+def shaped_rewards(completions: list[Completion], totals: list[float], algo: AlgoConfig) -> tuple[list[float], list[float]]:
     """(the rewards plus the overlong penalty, the penalties), one per completion."""
     if not algo.overlong_buffer:
         return list(totals), [0.0] * len(totals)
@@ -69,12 +110,12 @@ def _informative(completions: list[Completion], rewards: list[float]) -> list[tu
     return [g for g in _groups(completions, rewards) if g[0][0].group_id in kept]
 
 
-def step_rollouts(run: Run, step: int, flight: InFlight, scores: Scores, tl: StepTimeline) -> StepRollouts:
+def shape_and_refill(run: Run, step: int, flight: InFlight, scores: Scores, tl: StepTimeline) -> Shaped:
     """The step's first round (flight, scored), shaped, and refilled when algo.dynamic_sampling is on."""
     algo = run.cfg.algo
     rewards, pen = shaped_rewards(flight.prepared, scores.totals, algo)
     got = _refilled(run, step, flight, scores, rewards, pen, tl) if algo.dynamic_sampling else \
-        StepRollouts(flight.prepared, rewards, scores, pen)
+        Shaped(flight.prepared, rewards, scores, pen)
     if algo.overlong_buffer:  # over every completion generated
         got.metrics["reward/overlong_penalty"] = sum(got.penalties) / max(len(got.penalties), 1)
     if algo.mask_truncated:  # of those trained on
@@ -96,11 +137,11 @@ def episode_metrics(flight: InFlight) -> dict[str, float]:
             "env/tokens": sum(len(c.loss_mask) - sum(c.loss_mask) for c in comps) / n,
             "env/errors": float(sum(bool(c.env_error) for c in comps)),
             "env/timeouts": float(sum(c.env_timed_out for c in comps)),
-            "env_s": max((float(r.env_s) for r in flight.results.values()), default=0.0)}
+            "env_s": max((r.env_s for r in flight.results.values()), default=0.0)}
 
 
 def _refilled(run: Run, step: int, flight: InFlight, scores: Scores, rewards: list[float], pen: list[float],
-              tl: StepTimeline) -> StepRollouts:
+              tl: StepTimeline) -> Shaped:
     """Dynamic sampling: the first round's informative groups, then more rounds until the batch is full."""
     algo = run.cfg.algo
     metrics: dict[str, float] = {}
@@ -123,15 +164,15 @@ def _refilled(run: Run, step: int, flight: InFlight, scores: Scores, rewards: li
                     "dynamic/groups_surplus": float(max(len(kept) - want, 0))})
     if not kept:  # nothing to learn from this step: train on the first round (its advantages are all 0)
         metrics["dynamic/groups_kept"] = 0.0
-        return StepRollouts(flight.prepared, rewards, scores, pen, metrics)
+        return Shaped(flight.prepared, rewards, scores, pen, metrics)
     comps, out_rewards = [], []
     for gid, (cs, rs) in enumerate(kept[:want]):
         comps += [dataclasses.replace(c, group_id=gid) for c in cs]
         out_rewards += rs
-    return StepRollouts(comps, out_rewards, scores, pen, metrics)
+    return Shaped(comps, out_rewards, scores, pen, metrics)
 
 
-def _round(run: Run, step: int, round: int, n: int, tl: StepTimeline) -> StepRollouts:
+def _round(run: Run, step: int, round: int, n: int, tl: StepTimeline) -> Shaped:
     """One more generation round of n prompts: generated, scored, shaped (not refilled)."""
 
     ro = run.rollouts
@@ -146,7 +187,33 @@ def _round(run: Run, step: int, round: int, n: int, tl: StepTimeline) -> StepRol
     except RewardError as err:
         raise RunError(str(err)) from err
     rewards, pen = shaped_rewards(flight.prepared, scores.totals, run.cfg.algo)
-    return StepRollouts(flight.prepared, rewards, scores, pen)
+    return Shaped(flight.prepared, rewards, scores, pen)
 
 
-__all__ = ["StepRollouts", "shaped_rewards", "step_rollouts"]
+def _warn_rewards(run: Run, step: int, got: Shaped) -> None:
+    """Say when rewards came back NaN (they were given advantage 0), or dynamic sampling could not fill the batch."""
+    nan = got.scores.nan_count
+    if nan:
+        run.sink.console.print(f"[yellow]reward:[/] step {step}: {nan} of {len(got.scores.totals)} rewards were NaN; "
+                               "those completions get advantage 0 (reward/nan counts them).", highlight=False)
+    errors = [c.env_error for c in got.completions if c.env_error]
+    for c in got.completions:
+        if c.env_error:
+            log.info("step %d, group %d: the episode scored 0: %s", step, c.group_id, c.env_error)
+    if errors and not run.rollouts.said_env_error:  # once per run; env/errors counts them every step
+        run.rollouts.said_env_error = True
+        run.sink.console.print(f"[yellow]environment:[/] step {step}: {len(errors)} episodes ended with an error and "
+                               f"scored 0, the first: {escape(errors[0])} (env/errors counts them each step, "
+                               "env/timeouts those whose call ran past task.env_timeout_s; run.log has each).",
+                               highlight=False)
+    want = run.cfg.algo.prompts_per_step
+    kept = got.metrics.get("dynamic/groups_kept")
+    if kept is not None and kept < want:
+        run.sink.console.print(
+            f"[yellow]dynamic sampling:[/] step {step} kept {kept:.0f} of {want} groups after "
+            f"algo.max_gen_batches={run.cfg.algo.max_gen_batches} rounds (the others' rewards were all equal); it "
+            "trained on those. Raise algo.max_gen_batches, or use a task whose prompts are neither all solved nor "
+            "all failed.", highlight=False)
+
+
+__all__ = ["Scored", "Shaped", "episode_metrics", "score", "shape_and_refill", "shaped_rewards"]

@@ -1,0 +1,74 @@
+"""Advantages: the one place a step's advantages are computed, by the algorithm (algo.advantage), over the whole
+batch before it is sharded. With algo.kl_penalty=reward (and algo.kl_coef > 0) the learners first give each
+sequence's summed KL to the reference, and kl_coef times it comes off the sequence's reward; the advantages then
+come from those rewards."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from rlgen.config import KLPenalty
+from rlgen.microbatches import Assignment
+from rlgen.runtime.errors import RunError
+from rlgen.runtime.setup import Run
+from rlgen.runtime.step.score import Scored
+from rlgen.runtime.step.shards import assign_rows, rank_names, shards
+from rlgen.types import RolloutBatch
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class Batch:
+    """What the learners train on: the step's rows with their advantages, and each rank's share of them."""
+
+    rows: RolloutBatch  # with the step's advantages (and, for kl_penalty=reward, the rewards less the KL penalty)
+    assignment: Assignment  # which rows each learner rank trains on (runtime.step.shards)
+    staleness: int  # the learner's version less the oldest version that sampled the rows
+    metrics: dict[str, float]  # kl and kl_reward_penalty with algo.kl_penalty=reward, else {}
+
+
+def advantages(run: Run, step: int, scored: Scored) -> Batch:
+    """The scored rows with their advantages, computed once (after the KL penalty where the rewards carry it)."""
+    algo, rows = run.cfg.algo, scored.rows
+    assignment = assign_rows(run, rows)
+    metrics: dict[str, float] = {}
+    if algo.kl_coef > 0 and KLPenalty(algo.kl_penalty) is KLPenalty.reward:
+        kl = _sequence_kl(run, step, rows, assignment)
+        rows.rewards = rows.rewards - algo.kl_coef * kl
+        metrics = {"kl": float(kl.sum()) / max(rows.num_response_tokens, 1),
+                   "kl_reward_penalty": float(algo.kl_coef * kl.mean())}
+    rows.advantages = computed_advantages(run, rows)
+    return Batch(rows, assignment, run.state.version - rows.version, metrics)
+
+
+def computed_advantages(run: Run, rows: RolloutBatch) -> torch.Tensor:
+    """The algorithm's advantages of the rows' rewards within their groups, [N] float32; an advantages function
+    that gives another shape is refused in a sentence naming algo.advantage."""
+    import torch
+
+    from rlgen.algo.loss import AdvantageShapeError
+
+    algo, n = run.cfg.algo, rows.num_sequences
+    adv = run.algorithm.advantages(rows.rewards, rows.group_ids, algo)
+    if getattr(adv, "shape", None) != (n,):
+        err = AdvantageShapeError(
+            f"the algorithm's advantages have shape {list(getattr(adv, 'shape', []))} for a batch of {n} completions; "
+            f"an advantages function must return one value per completion, shape [{n}].")
+        raise RunError(f"algo.advantage={algo.advantage}: {err}") from err
+    return adv.to(torch.float32)
+
+
+def _sequence_kl(run: Run, step: int, rows: RolloutBatch, assignment: Assignment) -> torch.Tensor:
+    """Each row's summed KL to the reference, from the learner ranks that will train on it: [N], in row order."""
+    import torch
+
+    refs = [a.sequence_kl.remote(b) for a, b in zip(run.learners, shards(rows, assignment))]
+    per_rank = run.waiter.learner_get(refs, f"the reference KL of step {step}", rank_names(run),
+                                      run.folders.learner_nodes)
+    return torch.tensor(assignment.gather(per_rank), dtype=torch.float32)
+
+
+__all__ = ["Batch", "advantages", "computed_advantages"]

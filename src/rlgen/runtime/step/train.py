@@ -1,0 +1,74 @@
+"""Train: one optimizer step of the learner group, each rank on its shard of the batch's rows. One metrics dict
+comes back and every rank's spans go on the timeline; a learner out of GPU memory ends the run with one sentence
+saying what to lower. While the ranks train, the next flight's rollouts are prepared and scored if they are in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rlgen.errors import causes
+from rlgen.learners.group import merge_rank_metrics
+from rlgen.plan.memory import response_bound
+from rlgen.runtime.cluster.waits import LearnerLost
+from rlgen.runtime.errors import RunError
+from rlgen.runtime.setup import Run
+from rlgen.runtime.step.advantages import Batch
+from rlgen.runtime.step.shards import rank_names, shards
+from rlgen.types import Phase, StepTimeline
+
+
+@dataclass
+class Trained:
+    """The learner group's step: its merged metrics (rlgen.learners.group.merge_rank_metrics: loss, version,
+    skipped, mismatch/*, ...), then the advantages phase's KL ones."""
+
+    metrics: dict[str, Any]
+
+
+def train_batch(run: Run, step: int, batch: Batch, tl: StepTimeline) -> Trained:
+    """Each rank's train_step on its shard; the ranks' RNG digests are kept (a survivor may stand in for a rank
+    later) and their spans go on the timeline."""
+    refs = [a.train_step.remote(b) for a, b in zip(run.learners, shards(batch.rows, batch.assignment))]
+    run.rollouts.prefetch()
+    try:
+        per_rank = run.waiter.learner_get(refs, f"training step {step}", rank_names(run), run.folders.learner_nodes,
+                                          hang_s=run.cfg.runtime.hang_timeout_s)
+    except LearnerLost:
+        raise
+    except RunError as err:
+        if out_of_memory(err):
+            raise RunError(_oom_sentence(run, step)) from err
+        raise
+    for rank, m in enumerate(per_rank):  # each rank's RNG after the step: a survivor may stand in for it later
+        if "rng_digest" in m:
+            run.rank_rng[rank] = (step + 1, m.pop("rng_digest"))
+    for rank, m in enumerate(per_rank):
+        for phase, a, b in m.get("spans", []):
+            tl.add(f"learner{rank}", Phase(phase), a, b)
+    return Trained({**merge_rank_metrics(per_rank), **batch.metrics})
+
+
+def out_of_memory(err: BaseException) -> bool:
+    """Whether a learner's failure was running out of GPU memory (torch's OutOfMemoryError, by name)."""
+    return any(type(e).__name__ == "OutOfMemoryError" or "CUDA out of memory" in str(e).split("\n", 1)[0]
+               for e in causes(err))
+
+
+def _oom_sentence(run: Run, step: int) -> str:
+    cfg, b = run.cfg, run.plan.batch
+    tokens = cfg.algo.micro_batch_tokens
+    budget = f"micro-batches of up to {tokens} packed tokens" if tokens else \
+        f"each rank's {b.sequences_per_rank} sequences in one micro-batch"
+    fixes = [f"lower algo.micro_batch_tokens (now {tokens or 'the whole shard'}; a row of {b.max_seq_len} tokens must "
+             "fit)"]
+    if not cfg.learner.gradient_checkpointing:
+        fixes.append("set learner.gradient_checkpointing=true")
+    name, bound = response_bound(cfg)
+    fixes.append(f"lower {name} (now {bound})")
+    return (f"training step {step} ran out of GPU memory on the learner ({budget}); " + ", ".join(fixes[:-1]) +
+            f", or {fixes[-1]}. The last checkpoint is kept, and resume=auto with a smaller micro-batch or gradient "
+            "checkpointing continues from it.")
+
+
+__all__ = ["Trained", "out_of_memory", "train_batch"]
