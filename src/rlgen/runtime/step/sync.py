@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeVar
 
 from rich.markup import escape
 
@@ -23,13 +23,15 @@ from rlgen.sync.transports.base import PushResult
 from rlgen.sync.waits import SyncError, SyncTimeoutError
 from rlgen.types import Phase, StepTimeline
 
+T = TypeVar("T")
+
 
 @dataclass
 class Synced:
     """The sync phase's result: the breaker's halt message (None: the run goes on) and its metrics."""
 
     halt: str | None
-    metrics: dict[str, Any] = field(default_factory=dict)  # sync_<part>_s of the push, then the breaker's state
+    metrics: dict[str, float] = field(default_factory=dict)  # sync_<part>_s of the push, then the breaker's state
 
 
 def sleep_engines(run: Run, tl: StepTimeline) -> None:
@@ -49,7 +51,7 @@ def sync(run: Run, step: int, trained: Trained, batch: Batch, tl: StepTimeline) 
         run.sink.console.print(f"[yellow]breaker:[/] {escape(event.message)}", highlight=False)
         if event.action is BreakerAction.tighten:
             state.async_steps = 0
-    metrics: dict[str, Any] = {}
+    metrics: dict[str, float] = {}
     if trained.metrics.get("skipped"):
         over_engines(run, run.transport.wake_engines)  # colocated: wake the engines on their old weights
     else:
@@ -61,7 +63,7 @@ def sync(run: Run, step: int, trained: Trained, batch: Batch, tl: StepTimeline) 
     return Synced(event.message if halt else None, {**metrics, **state.breaker.metrics()})
 
 
-def _push(run: Run, tl: StepTimeline) -> dict[str, Any]:
+def _push(run: Run, tl: StepTimeline) -> dict[str, float]:
     """state.version to every engine; the push's spans on the timeline. Returns sync_<part>_s: where the update's
     time went, the slowest actor's."""
     state, metrics = run.state, {}
@@ -86,7 +88,7 @@ def _push(run: Run, tl: StepTimeline) -> dict[str, Any]:
     return metrics
 
 
-def over_engines(run: Run, call: Callable[[], Any], resync: bool = True) -> Any:
+def over_engines(run: Run, call: Callable[[], T], resync: bool = True) -> T:
     """call() of the transport over every engine; when it failed because engines are gone (an actor, or the
     engine core inside one), they are re-created, and call() runs once more. resync: the new engines get the
     weights the engines had first; a push passes False, since its retry gives every engine the new ones (the

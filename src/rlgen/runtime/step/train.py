@@ -5,7 +5,6 @@ saying what to lower. While the ranks train, the next flight's rollouts are prep
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from rlgen.errors import causes
 from rlgen.learners.group import merge_rank_metrics
@@ -15,7 +14,7 @@ from rlgen.runtime.errors import RunError
 from rlgen.runtime.setup import Run
 from rlgen.runtime.step.advantages import Batch
 from rlgen.runtime.step.shards import rank_names, shards
-from rlgen.types import Phase, StepTimeline
+from rlgen.types import JSONDict, Phase, StepTimeline
 
 
 @dataclass
@@ -23,7 +22,7 @@ class Trained:
     """The learner group's step: its merged metrics (rlgen.learners.group.merge_rank_metrics: loss, version,
     skipped, mismatch/*, ...), then the advantages phase's KL ones."""
 
-    metrics: dict[str, Any]
+    metrics: JSONDict
 
 
 def train_batch(run: Run, step: int, batch: Batch, tl: StepTimeline) -> Trained:
