@@ -55,8 +55,8 @@ def main() -> None:
     from rlgen.engines.vllm.engine import VLLMEngine
     from rlgen.models import prepare_model
     from rlgen.plan import Transport, build_plan
+    from rlgen.runtime.start.transport import make_transport
     from rlgen.sync.sender import WeightSender
-    from rlgen.sync.transports import make_transport
 
     overrides = ["engine=vllm", f"hardware={args.hardware}", f"model={args.model}", "engine.max_model_len=1024",
                  f"engine.enforce_eager={not args.graphs}"]

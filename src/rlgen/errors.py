@@ -25,3 +25,17 @@ def causes(err: BaseException | None, depth: int = 8) -> Iterator[BaseException]
             return
         yield err
         err = getattr(err, "cause", None) or err.__cause__ or err.__context__
+
+
+class EngineDead(RuntimeError):
+    """The engine inside a live actor can no longer work: vLLM's engine core process died, or a CUDA error left
+    its GPU state unusable. The actor answers, but only a new actor helps: the run re-creates it in its place,
+    gives it the current weights and sends its requests again (rlgen.runtime.rollouts.engine_restarts)."""
+
+
+def engine_died(err: BaseException) -> bool:
+    """Whether a failed call means an engine is gone: an actor that died, or an engine that raised EngineDead,
+    also when it reached us through another actor's call (an IPC update goes through the learner)."""
+    from ray.exceptions import RayActorError
+
+    return any(isinstance(e, (RayActorError, EngineDead)) for e in causes(err))

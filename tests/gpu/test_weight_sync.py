@@ -20,8 +20,8 @@ import pytest
 from helpers import SMALL_QWEN2, algo_cfg, save_small_qwen2
 from rlgen.config import EngineConfig, MonitorConfig
 from rlgen.engines.vllm.args import engine_args_for
+from rlgen.runtime.start.transport import make_transport
 from rlgen.sync.sender import WeightSender
-from rlgen.sync.transports import make_transport
 from rlgen.types import GenRequest, SamplingParams
 
 pytestmark = pytest.mark.gpu

@@ -23,6 +23,7 @@ from rlgen.config.compose import compose_run_config
 from rlgen.engines.contract import CapabilityMissing
 from rlgen.engines.vllm.args import engine_args_for
 from rlgen.plan import Transport, build_plan
+from rlgen.runtime.start.transport import make_transport
 from rlgen.sync.ipc_buffer import ALIGN_BYTES, buffer_bytes, chunk_views, ipc_layout, part_for
 from rlgen.sync.layout import plan_buckets
 from rlgen.sync.sender import WeightSender
@@ -31,7 +32,6 @@ from rlgen.sync.transports import (
     NcclTransport,
     ObjectStoreTransport,
     lead_ranks,
-    make_transport,
 )
 from rlgen.sync.waits import SyncError, SyncTimeoutError, get_all, run_with_timeout
 

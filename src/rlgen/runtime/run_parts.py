@@ -13,6 +13,7 @@ from rlgen.config import RunConfig
 from rlgen.plan import Plan
 from rlgen.runtime.cluster.actors import ActorFactory, ray_session_dir
 from rlgen.runtime.cluster.waits import Waiter
+from rlgen.runtime.durability.background_write import BackgroundWrite
 from rlgen.runtime.durability.resume import ResumePoint
 from rlgen.runtime.policy.state import RunState
 from rlgen.runtime.rollouts.engine_restarts import EngineKeeper
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
     from rlgen.algo.registry import Algorithm
     from rlgen.metrics.sink import MetricsSink
     from rlgen.plan.placement import Placement
-    from rlgen.runtime.durability.checkpoint import BackgroundWrite
     from rlgen.runtime.durability.shared_folders import RunFolders
     from rlgen.runtime.durability.status_file import RunStatus
     from rlgen.sync.transports.base import TransportBase

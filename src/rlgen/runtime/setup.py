@@ -53,7 +53,7 @@ from rlgen.runtime.signals import StopFlag
 from rlgen.runtime.start.loaders import start_loaders
 from rlgen.runtime.start.on_thread import Beside
 from rlgen.runtime.start.progress import StartupClock
-from rlgen.sync.transports import make_transport
+from rlgen.runtime.start.transport import make_transport
 from rlgen.sync.waits import SyncError
 from rlgen.tasks.scoring import Scorer
 

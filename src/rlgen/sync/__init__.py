@@ -2,7 +2,8 @@
 take part, and each part of this package runs in one of them:
 
 - the driver (``rlgen train``'s own process) holds a transport (``transports``: object store, NCCL, CUDA IPC or
-  LoRA adapters, picked from ``plan.transport`` by ``transports.make_transport``) and calls the actors;
+  LoRA adapters, picked from ``plan.transport`` by ``rlgen.runtime.start.transport.make_transport``) and calls
+  the actors;
 - the learner actors export, pack and send their weights (``sender.WeightSender``, a mixin of the learner actor;
   ``rlgen.learners.sending`` tells it which weights the policy is);
 - the engine actors take them in (``rlgen.engines.vllm.updates``, the engine's own calls behind the capability
@@ -14,7 +15,7 @@ handles (``ipc_buffer``), and the errors and waits that always end (``waits``).
 
 One update over NCCL, as ``rlgen.runtime.loop`` drives it at the end of a step:
 
-1. At set-up, ``make_transport(plan, cfg)`` checks that the engine kind claims ``ReceivesNccl``;
+1. At set-up, the runtime's ``make_transport(plan, cfg)`` checks that the engine kind claims ``ReceivesNccl``;
    ``transport.setup(learner, engines, names)`` reads the learner's weight names (``WeightSender.weight_meta``)
    and forms one NCCL group: every engine's ``init_weight_transfer`` and the learner's ``init_nccl_sender`` run
    at once. ``transport.start()`` sends the starting weights once, so the group's first-use costs stay out of

@@ -15,7 +15,6 @@ import logging
 import shutil
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,6 +22,7 @@ from rlgen.durable import FULL
 from rlgen.learners.background import DONE, FAILED, marker
 from rlgen.packing import unpack_into
 from rlgen.runtime.cluster.waits import POLL_S, LearnerLost
+from rlgen.runtime.durability.background_write import BackgroundWrite
 from rlgen.runtime.durability.checkpoint_folder import (
     CHECKPOINTS,
     begin_checkpoint,
@@ -44,19 +44,6 @@ if TYPE_CHECKING:
     from rlgen.types import JSONDict
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class BackgroundWrite:
-    """A checkpoint whose learner files are being written; a thread completes it when they are."""
-
-    step: int
-    tmp: Path
-    started: float
-    thread: threading.Thread | None = None
-    error: BaseException | None = None
-    seconds: float = 0.0  # from the start of the checkpoint to its COMPLETE marker
-    path: Path | None = None
 
 
 def save(run: Run, reason: str, *, background: bool = False, stand_ins: dict[int, int] | None = None) -> Path:

@@ -1,6 +1,6 @@
-"""The driver's side of weight sync: one interface (``WeightTransport``, in ``base``), picked by
-``plan.transport`` through ``make_transport``: Ray's object store (CPU, hf engines: ``object_store``), vLLM's NCCL
-weight transfer (engines on GPUs of their own: ``nccl``), a resident CUDA IPC buffer (colocated: ``ipc``), or LoRA
+"""The driver's side of weight sync: one interface (``WeightTransport``, in ``base``), one transport for each
+``plan.transport`` (``rlgen.runtime.start.transport.make_transport`` picks it): Ray's object store (CPU, hf engines:
+``object_store``), vLLM's NCCL weight transfer (engines on GPUs of their own: ``nccl``), a resident CUDA IPC buffer (colocated: ``ipc``), or LoRA
 adapters (``learner.lora.sync=adapter``: ``adapter``). ``start()`` sends the starting weights once during set-up,
 so the first update's one-off costs stay out of step 0. Every wait has a timeout; a transport whose NCCL or IPC call
 timed out marks itself broken and fails every later push at once. vllm is imported lazily.
@@ -8,41 +8,12 @@ docs/weight_sync.md has each transport step by step."""
 
 from __future__ import annotations
 
-from rlgen.config import RunConfig, Transport
-from rlgen.engines.contract import PausesInFlight, PolicyAdapters, ReceivesIpc, ReceivesNccl, has, require
-from rlgen.plan import Plan
-from rlgen.sync.layout import DEFAULT_BUCKET_BYTES
 from rlgen.sync.transports.adapter import AdapterTransport
 from rlgen.sync.transports.base import PushResult, TransportBase, WeightTransport
 from rlgen.sync.transports.ipc import CudaIpcTransport, lead_ranks
 from rlgen.sync.transports.nccl import NcclTransport
 from rlgen.sync.transports.object_store import ObjectStoreTransport
-
-
-def make_transport(plan: Plan, cfg: RunConfig, *, bucket_mb: float | None = None,
-                   sleep_level: int = 1) -> TransportBase:
-    """The transport for plan.transport, once the engine kind claims the capability it calls. cfg is the RunConfig
-    (timeout_s, engine.dtype); an update waits at most runtime.hang_timeout_s where that is shorter."""
-    bucket = int(bucket_mb * 2**20) if bucket_mb else DEFAULT_BUCKET_BYTES
-    kwargs = {"timeout_s": min(cfg.timeout_s, cfg.runtime.hang_timeout_s), "dtype": str(cfg.engine.dtype),
-              "bucket_bytes": bucket, "tp_sizes": [e.tensor_parallel_size for e in plan.engines]}
-    transport: TransportBase
-    if plan.transport is Transport.nccl:
-        require(plan.engine, ReceivesNccl, "weights over NCCL")
-        transport = NcclTransport(**kwargs)
-    elif plan.transport is Transport.cuda_ipc:
-        require(plan.engine, ReceivesIpc, "weights over CUDA IPC")
-        transport = CudaIpcTransport(**kwargs, sleep_level=sleep_level, awake=plan.engines_awake,
-                                     leads=lead_ranks(plan))
-    elif plan.transport is Transport.lora_adapter:
-        require(plan.engine, PolicyAdapters, "LoRA adapters as the policy")
-        transport = AdapterTransport(**kwargs, asleep=plan.colocated and not plan.engines_awake)
-    else:
-        transport = ObjectStoreTransport(**kwargs, kind=plan.transport, lora=bool(plan.config.learner.lora.enabled),
-                                         history=plan.async_steps + 1)
-    transport.pauses = has(plan.engine, PausesInFlight)
-    return transport
-
+from rlgen.sync.transports.plan_view import SyncPlan
 
 __all__ = ["AdapterTransport", "CudaIpcTransport", "NcclTransport", "ObjectStoreTransport", "PushResult",
-           "TransportBase", "WeightTransport", "lead_ranks", "make_transport"]
+           "SyncPlan", "TransportBase", "WeightTransport", "lead_ranks"]

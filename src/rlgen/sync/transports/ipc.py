@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from rlgen.config import Transport
-from rlgen.plan import Plan
 from rlgen.sync.ipc_buffer import IpcHandle, merged
 from rlgen.sync.transports.base import PushResult, VLLMTransport
 from rlgen.sync.waits import SyncError, SyncReport, check_versions
@@ -21,8 +20,10 @@ from rlgen.types import Phase
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
+    from rlgen.sync.transports.plan_view import SyncPlan
 
-def lead_ranks(plan: Plan) -> list[int]:
+
+def lead_ranks(plan: SyncPlan) -> list[int]:
     """For each engine, the learner rank on its first GPU: the rank that drives its IPC loads."""
     rank_of = {(lr.node, lr.gpu): lr.rank for lr in plan.learners}
     return [rank_of.get((e.node, e.gpus[0] if e.gpus else None), 0) for e in plan.engines]

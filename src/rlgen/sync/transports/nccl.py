@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from rlgen.config import Transport
-from rlgen.engines.base import engine_died
+from rlgen.errors import engine_died
 from rlgen.sync.layout import NUM_BUFFERS
 from rlgen.sync.sender import CONTROL_GROUP
 from rlgen.sync.transports.base import PushResult, VLLMTransport
