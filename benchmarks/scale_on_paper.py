@@ -48,6 +48,7 @@ def driver_costs(sequences: int = 1024, prompt: int = 512, response: int = MEAN_
 
     import ray
 
+    from rlgen.algo.advantages import group_advantages
     from rlgen.models import build_tokenizer
     from rlgen.runtime.rollouts.batch import StepPrompts, build_batch
     from rlgen.tasks.base import Prompt
@@ -69,6 +70,7 @@ def driver_costs(sequences: int = 1024, prompt: int = 512, response: int = MEAN_
     reward = time.perf_counter() - t0
     t0 = time.perf_counter()
     batch = build_batch(comps, rewards, 0)
+    batch.advantages = group_advantages(batch.rewards, batch.group_ids)  # the step's advantages phase, as GRPO's
     build = time.perf_counter() - t0
     ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
