@@ -16,6 +16,9 @@
 #     trl-serve [ARGS]  TRL's GRPOTrainer in server mode against `rlgen serve` (benchmarks/trl_serve.py; --gpus 2 on
 #                       two GPUs: weights over TRL's NCCL path)
 #     lora-7b [OVERRIDES]  the 7B one-liner as typed (5 steps): LoRA picked by the plan, its sync by `auto`
+#     lora-kept [OVERRIDES]  one GPU: `model=small learner.lora.rank=8` as typed, its adapters sent as adapters and
+#                       merged, each run twice: the first keeps its engines warm, the second takes them over (the
+#                       lines it ends with, any traceback, and each run's first rollout)
 #     lora-validate [ARGS]  a 0.5B LoRA adapter with random lora_B (benchmarks/random_adapter.py ARGS), then
 #                       `rlgen validate` of it both ways: vLLM's adapter kernels and merged weights
 #     serve-nccl [TRAIN_OVERRIDES]  two GPUs: `rlgen serve` (0.5B) on GPU 0, then two `rlgen train engine=remote` jobs
@@ -132,6 +135,20 @@ EOF2
         learner.lora.init="$out/lora/adapter/final_model" learner.lora.sync=$sync hydra.run.dir="$out/validate-$sync" \
         > "$out/validate-$sync.log" 2>&1
       echo "validate $sync: exit $?" | tee -a "$out/lora.log"
+    done
+    ;;
+  lora-kept)
+    for sync in adapter merged; do
+      for run in first second; do
+        "$py" -m rlgen.cli train engine=vllm hardware=1xh200 model=small learner.lora.rank=8 \
+          learner.lora.sync=$sync hydra.run.dir="$out/lora-$sync-$run" "$@" > "$out/lora-$sync-$run.log" 2>&1
+        echo "lora $sync $run: exit $?, $(grep -c Traceback "$out/lora-$sync-$run.log") tracebacks" \
+          | tee -a "$out/lora-kept.log"
+        tail -n 4 "$out/lora-$sync-$run.log" | tee -a "$out/lora-kept.log"
+        "$py" -c 'import json, sys; s = json.load(open(sys.argv[1])); print(json.dumps({k: s.get(k) for k in
+          ("first_rollout_s", "setup_s", "reward_first_20pct", "reward_last_20pct")}))' \
+          "$out/lora-$sync-$run/summary.json" | tee -a "$out/lora-kept.log"
+      done
     done
     ;;
   trl-serve)

@@ -88,7 +88,8 @@ APPS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rlgen.commands.checks import check_command, pin_run_dir, print_problems
+    from rlgen.commands.checks import TRAIN_JOBS, check_command, print_problems
+    from rlgen.commands.run_dirs import pin_run_dir
 
     argv = list(sys.argv[1:] if argv is None else argv)
     set_command_line(shlex.join(["rlgen", *argv]))
@@ -109,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides = args.overrides
         if cmd == "train":
             try:
-                overrides = pin_run_dir(args)
-            except UserError as err:  # a live run holds that directory: refused before Hydra writes there
+                overrides = pin_run_dir(args, TRAIN_JOBS)
+            except UserError as err:  # a live run, or another run's files, hold that directory: before Hydra writes
                 return print_problems([str(err)])
         return _hydra_app(APPS[cmd], [*args.flags, *overrides], cmd)
     return print_problems([f"unknown command {cmd!r}; choose one of: plan, {', '.join(APPS)} (rlgen --help lists them)."])

@@ -80,3 +80,17 @@ def test_named_and_policy_adapters_match_the_peft_reference(engines, model_path,
     assert vllm.remove_adapter("style")["adapters"] == []
     with pytest.raises(Exception, match="no adapter named 'style' is loaded"):
         vllm.generate(_requests("style"))
+
+
+def test_an_engine_that_took_adapters_alone_is_kept_with_its_folders_weights(engines, model_path):
+    """Kept warm after a LoRA run (its adapters sent as adapters): the base it holds is its model folder's, so it
+    needs no reload, which a LoRA build cannot do (its layers name the base weights base_layer.*: vLLM's
+    reload_weights failed on them), and it is ready for the next run at once."""
+    vllm, _ = engines
+    vllm.load_adapter(_adapter(model_path, seed=3), version=2)
+    kept = vllm.keep_for_next_run()
+    assert kept["start_weights"] is True and vllm.version == 0
+    took = vllm.take_over(version=0)
+    assert took["ok"] and took["start_weights"] is True
+    out = vllm.generate(_requests(None)).completions
+    assert len(out) == 2 * len(PROMPTS) and all(c.version == 0 for c in out)

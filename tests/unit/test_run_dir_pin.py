@@ -8,7 +8,7 @@ import datetime
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from rlgen.commands.checks import fill_now, hydra_quoted
+from rlgen.commands.run_dirs import fill_now, hydra_quoted
 from rlgen.config.compose import run_dir_template
 
 

@@ -1,11 +1,10 @@
 """Before a Hydra app starts: the command line is read, every job's config composed and, for `train`, the
-validation pass run. Problems print one sentence each and the command exits 2, before Ray or a model build."""
+validation pass run. Problems print one sentence each and the command exits 2, before Ray or a model build.
+Where the run writes is fixed next, by rlgen.commands.run_dirs."""
 
 from __future__ import annotations
 
-import datetime
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -14,16 +13,18 @@ from rich.markup import escape
 
 from rlgen.commands.args import Args, jobs, split_argv
 from rlgen.config import RunConfig, plain
-from rlgen.config.compose import ConfigError, compose_run_config, run_dir_template
+from rlgen.config.compose import ConfigError, compose_run_config
 from rlgen.plan.preflight import preflight
 from rlgen.runtime.durability.resume import ResumeError, identity, resolve_explicit
-from rlgen.runtime.durability.run_lock import claim_run_dir
 from rlgen.serve.checks import serve_problems
 
 # The plans of the configs this process has already validated, by config: the Hydra job takes its plan from here
 # instead of building it again (a sweep point that failed the pass is not here, so its job records why it was
 # rejected).
 PLANNED: dict[str, Any] = {}
+# The last `rlgen train` command line's jobs, in the sweep's order: each config and its plan (None: refused), for
+# the run directory's checks before Hydra starts (rlgen.commands.run_dirs).
+TRAIN_JOBS: list[tuple[RunConfig, Any]] = []
 
 
 def config_key(cfg: RunConfig) -> str:
@@ -65,6 +66,7 @@ def compose_jobs(command: str, argv: list[str]) -> tuple[Args, list[RunConfig]]:
 
 def check_command(command: str, argv: list[str]) -> int | None:
     """An exit code when the command cannot start, None to hand it to Hydra."""
+    TRAIN_JOBS.clear()
     try:
         args, cfgs = compose_jobs(command, argv)
     except ConfigError as err:
@@ -112,41 +114,5 @@ def check_train(args: Args, cfgs: list[RunConfig]) -> int | None:
             f"exits 2 at the end: {escape(said)}.", highlight=False)
     PLANNED.update((config_key(cfg), report.plan) for cfg, problems, report in zip(cfgs, blocking, reports)
                    if not problems)
+    TRAIN_JOBS[:] = [(cfg, None if problems else report.plan) for cfg, problems, report in zip(cfgs, blocking, reports)]
     return None
-
-
-def pin_run_dir(args: Args) -> list[str]:
-    """A single run's directory, fixed and locked before Hydra writes its .hydra/ files there, so a second run
-    on a live directory is refused before it touches it. Returns the overrides to hand Hydra instead of
-    args.overrides: hydra.run.dir set to the directory (its ${now:...} filled in). Raises RunLocked (a
-    UserError) when a live run holds it. A directory Hydra alone can resolve (another interpolation) is left to
-    the run's own lock, taken when the run starts."""
-
-    if args.multirun or args.print_only or args.own_config:
-        return args.overrides
-    path = fill_now(run_dir_template(args.overrides))
-    if path is None:
-        return args.overrides
-    claim_run_dir(path)  # as Hydra will make it: relative to here, no ~ expanded
-    kept = [o for o in args.overrides if not o.lstrip("+").startswith("hydra.run.dir=")]
-    return [*kept, f"hydra.run.dir={hydra_quoted(path)}"]
-
-
-def fill_now(raw: str, now: Any = None) -> str | None:
-    """raw with each ${now:<format>} filled in as Hydra does (one instant for all); None when another
-    interpolation is left."""
-
-    now = now or datetime.datetime.now()
-    filled = re.sub(r"\$\{now:([^}]*)\}", lambda m: now.strftime(m.group(1)), raw)
-    return None if "${" in filled else filled
-
-
-def hydra_quoted(value: str) -> str:
-    """value as Hydra's override parser reads it back unchanged: bare where it can be, else single-quoted."""
-
-    if re.fullmatch(r"[\w./+:@%-]+", value):
-        return value
-    # inside quotes a backslash is itself, except before a quote or the closing quote, where it is doubled
-    value = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, value)
-    return "'" + value.replace("'", "\\'") + "'"
-

@@ -30,6 +30,7 @@ from rlgen.runtime.durability.resume import (
     resolve_explicit,
     search_root_from_hydra,
 )
+from rlgen.runtime.durability.run_folder import RunDirHeld
 from rlgen.runtime.durability.run_lock import release_claim
 from rlgen.runtime.durability.status_file import RunStatus, read_status
 from rlgen.runtime.run import run_training
@@ -60,10 +61,11 @@ def _in_multirun() -> bool:
 
 
 def _job_failed(status: str, message: str, prefix: str, code: int, out: Path | None = None, *,
-                end_sweep: bool = False) -> float:
+                end_sweep: bool = False, record: bool = True) -> float:
     """Report a job that could not run or stopped. A single run exits with `code`; a job of a multirun writes
-    its reason to status.json (the sweep summary shows it) and returns NaN, so the sweep goes on (and ends with
-    the largest such code), unless end_sweep (a stop signal: the user wants the whole sweep to stop)."""
+    its reason to status.json (the sweep summary shows it; not where record=False: the folder holds another run's)
+    and returns NaN, so the sweep goes on (and ends with the largest such code), unless end_sweep (a stop signal:
+    the user wants the whole sweep to stop)."""
 
     Console(stderr=True, soft_wrap=True).print(prefix + escape(message), highlight=False)
     if end_sweep or not _in_multirun():
@@ -72,7 +74,7 @@ def _job_failed(status: str, message: str, prefix: str, code: int, out: Path | N
 
     note_failed_job(code)
     out = out or run_dir()
-    if (read_status(out) or {}).get("state") not in ("stopped", "failed"):
+    if record and (read_status(out) or {}).get("state") not in ("stopped", "failed"):
         RunStatus(out).update(state=status, reason=message)
     return float("nan")
 
@@ -155,6 +157,8 @@ def train_app(dict_cfg) -> float:
         return _job_failed("rejected", "\n".join(err.problems), "[bold red]error:[/] ", 2)
     except ResumeError as err:
         return _job_failed("rejected", str(err), "[bold red]error:[/] ", 2)
+    except RunDirHeld as err:  # its status.json is the other run's
+        return _job_failed("rejected", str(err), "[bold red]error:[/] ", 2, record=False)
     except RunStopped as err:
         where = f"; checkpoint {_shown(err.checkpoint)}" if err.checkpoint else "; no checkpoint yet"
         how = f"; resume with: {_resume_command(out)}" if err.checkpoint else ""

@@ -105,3 +105,11 @@ class WandbMode(StrEnum):
     disabled = "disabled"
     offline = "offline"
     online = "online"
+
+
+class ExistingRun(StrEnum):
+    """What a new run does with a run directory that already holds another run (docs/durability.md)."""
+
+    refuse = "refuse"  # stop before anything is written, in one sentence naming the run there and the choices
+    new = "new"  # run in a folder of its own beside it (<dir>-2, -3, ...), named on the first line
+    replace = "replace"  # delete the other run's files (metrics, checkpoints, final model, reports) first

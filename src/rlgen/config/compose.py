@@ -35,6 +35,14 @@ def run_dir_template(overrides: list[str]) -> str:
     return str(OmegaConf.to_container(_compose(overrides, with_hydra=True).hydra.run, resolve=False)["dir"])
 
 
+def sweep_dir_template(overrides: list[str]) -> tuple[str, str]:
+    """hydra.sweep.dir and hydra.sweep.subdir for these overrides, their interpolations left as written."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.to_container(_compose(overrides, with_hydra=True).hydra.sweep, resolve=False)
+    return str(node["dir"]), str(node["subdir"])
+
+
 def compose_run_config(overrides: list[str] | tuple[str, ...] = (), hydra_overrides: list[str] | tuple[str, ...] = ()
                        ) -> RunConfig:
     """The RunConfig for overrides; hydra_overrides (hydra.run.dir=... and the like) are checked too, then

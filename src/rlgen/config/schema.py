@@ -15,6 +15,7 @@ from rlgen.config.cards import GPUSpec, register_cards
 from rlgen.config.choices import (  # noqa: F401 - re-exported: the schema's choices
     AnswerFormat,
     BreakerAction,
+    ExistingRun,
     ISMode,
     KLEstimator,
     KLPenalty,
@@ -411,9 +412,9 @@ class RunConfig:
     startup_timeout_s: float = 900.0  # reserving resources and starting actors (vLLM compiles: minutes)
     cache_dir: str = "~/.cache/rlgen"  # built tiny models and tokenizers
     progress: bool = True
-    # Continue a stopped run from its newest complete checkpoint: "auto" (the newest unfinished run with these
-    # settings under the output root) or a run directory. null starts a new run.
+    # Continue a run from its newest complete checkpoint: "auto" (the newest with these settings) or a run directory.
     resume: str | None = None
+    existing_run: ExistingRun = ExistingRun.refuse  # a run directory that holds another run: refuse, new, replace
 
 
 _GROUPS: dict[str, type] = {

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.markup import escape
 
+from rlgen.config import ExistingRun
 from rlgen.durable import disk_full
 from rlgen.gpubusy import BusySampler
 from rlgen.metrics.balance import context_from_plan
@@ -24,6 +25,7 @@ from rlgen.runlog import MirroredConsole, attach_run_log
 from rlgen.runtime.durability.checkpoint_folder import final_model_from, newest_checkpoint
 from rlgen.runtime.durability.disk_space import DiskFull, check_run_fits
 from rlgen.runtime.durability.resume import resume_clause
+from rlgen.runtime.durability.run_folder import held_run, settle
 from rlgen.runtime.durability.run_lock import acquire_run_lock, command_line
 from rlgen.runtime.durability.status_file import RunStatus
 from rlgen.runtime.errors import RunError, RunStopped, StopRequested, WriteStopped
@@ -67,6 +69,13 @@ def run_training(
     console = console or MirroredConsole()
     stop = stop or StopFlag()
     out_dir = Path(out_dir)
+    # a folder that holds another run is never written over: refused, left for a folder of its own, or (replace)
+    # cleared once this run holds its lock
+    held = None if resume is not None else held_run(out_dir)
+    replace = held is not None and plan.config.existing_run is ExistingRun.replace
+    if held is not None and not replace:
+        out_dir, said = settle(out_dir, plan.config.existing_run)
+        console.print(f"[yellow]note:[/] {escape(said)}", highlight=False)
     # every write the run will make must fit, before it writes anything: refused in a sentence (DiskTooSmall)
     check_run_fits(plan, out_dir, resume, resume_command)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -74,6 +83,9 @@ def run_training(
     lock = acquire_run_lock(out_dir, command_line())
     if lock.stale:
         log.info("%s", lock.stale)
+    if replace:
+        _, said = settle(out_dir, ExistingRun.replace, keep=(".hydra",))  # Hydra's files are this run's
+        console.print(f"[yellow]note:[/] {escape(said)}", highlight=False)
     try:
         return _locked_run(plan, out_dir, console, stop, resume, resume_command,
                            Hooks(engine_cls, dict(engine_kwargs or {}), learner_cls))

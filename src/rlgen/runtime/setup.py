@@ -39,7 +39,7 @@ from rlgen.runtime.cluster.actors import (
     warm_cluster,
 )
 from rlgen.runtime.cluster.local_ray import keep_local
-from rlgen.runtime.cluster.waits import Waiter
+from rlgen.runtime.cluster.waits import Waiter, short
 from rlgen.runtime.durability.checkpoint import finish_background, restore_rollouts
 from rlgen.runtime.durability.resume import ResumePoint
 from rlgen.runtime.durability.shared_folders import place_folder, place_run_folders
@@ -381,7 +381,9 @@ def _keep_engines(run: Run) -> bool:
     try:
         kept_engines.keep_for_next_run(run.engines, run.waiter.get)
     except Exception as err:  # noqa: BLE001 - not keeping them is always safe
-        log.warning("the engines were not kept warm: %s", err)
+        log.info("the engines were not kept warm", exc_info=err)  # the detail in run.log; one line here
+        run.console.print(f"[yellow]note:[/] the engines were not kept warm ({escape(str(short(err)))}); the next run "
+                          "starts them afresh.", highlight=False)
         return False
     for learner in run.learners:  # they end with the driver anyway; now frees their memory before the next run
         with contextlib.suppress(Exception):

@@ -93,6 +93,7 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, Episodic, KeptWar
         self.engine_cfg = engine
         self.version = int(version)  # of the weights in model_path (a resumed run starts from a checkpoint's)
         self.folder_version = self.version
+        self.base_replaced = False  # whole weights loaded since the start: the model folder's are gone
         self.asleep = False
         self.slept_level = 0  # the level of the last sleep(); 2 dropped the weights, which then need a full reload
         self.weights_on_gpu = True  # False between sleep() and a wake() that brings the weights back
@@ -392,14 +393,21 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, Episodic, KeptWar
             self._loop.run(self.llm.reset_prefix_cache(), CONTROL_TIMEOUT_S, f"{self.name}: prefix-cache reset")
 
     def _restore_start_weights(self) -> bool:
-        """vLLM's reload_weights: each worker reads the model folder again into the weights it holds (in place, so
-        CUDA graphs and sleep mode go on working). An engine asleep at level 1 wakes for it."""
+        """vLLM's reload_weights: each worker reads the model folder again into its weights (in place: CUDA graphs
+        and sleep mode go on working); asleep at level 1, it wakes for it. Adapters alone leave the folder's weights
+        in place; a LoRA build cannot reload (its layers name the base ``base_layer``): the next run's push does."""
+        if not self.base_replaced:
+            self.version = self.folder_version
+            return True
+        if self.args.get("enable_lora"):
+            return False
         if self.asleep:
             self.wake()
         what = f"{self.name}: loading its model folder's weights again"
         self._loop.run(self.llm.collective_rpc("reload_weights", timeout=CONTROL_TIMEOUT_S), CONTROL_TIMEOUT_S, what)
         self._loop.run(self.llm.reset_prefix_cache(), CONTROL_TIMEOUT_S, f"{self.name}: prefix-cache reset")
         self.version = self.folder_version
+        self.base_replaced = False
         return True
 
     def _sleeps_while_kept(self) -> bool:

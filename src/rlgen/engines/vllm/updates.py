@@ -33,7 +33,8 @@ _TORCH_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16"
 
 class UpdateMethods:
     """VLLMEngine's weight updates; they use its llm, _loop, _lock, name, engine_cfg, version, asleep, slept_level,
-    weights_on_gpu, paused, salt_prefix_cache, _update_t0, _version_changes, pause() and resume()."""
+    weights_on_gpu, paused, salt_prefix_cache, _update_t0, _version_changes, pause() and resume(); each sets
+    base_replaced."""
 
     # -- weights ----------------------------------------------------------------------------------------
     def _wire_dtype(self) -> Any:
@@ -55,6 +56,7 @@ class UpdateMethods:
         if self.asleep:
             raise EngineError(f"{self.name} is asleep; wake() it before update_weights().")
         t0 = time.time()
+        self.base_replaced = True
         items = weights.items() if isinstance(weights, Mapping) else weights
         wire = self._wire_dtype()
 
@@ -144,6 +146,7 @@ class UpdateMethods:
 
         self._check_weights_on_gpu()
         t0 = time.time()
+        self.base_replaced = True
         if first:
             self._update_t0 = t0
         reload = self.asleep and self.slept_level == 2
@@ -192,6 +195,7 @@ class UpdateMethods:
         so its requests are not resumed."""
         self._check_weights_on_gpu()
         t0 = time.time()
+        self.base_replaced = True
         if pause:
             self.pause("keep")
         t1 = time.time()

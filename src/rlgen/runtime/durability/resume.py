@@ -37,7 +37,7 @@ MATH_KEYS = ("seed", "learner_ranks", "task_digest")
 # checkpoints from before micro-batches were packed.)
 MEMORY_KEYS = ("algo.micro_batch_tokens", "algo.micro_batch_size", "learner.gradient_checkpointing",
                "learner.attention")
-IGNORED = ("resume",)
+IGNORED = ("resume", "existing_run")
 Changes = dict[str, tuple[JSONValue, JSONValue]]  # key -> (its value in the checkpoint, its value now)
 SEARCH_DEPTH = 4  # levels under the output root: outputs/<date>/<time>, multirun/<date>/<time>/<job>
 
@@ -157,7 +157,7 @@ def check_steps(point: ResumePoint, steps: int, spec: str) -> None:
     if point.step >= steps:
         raise ResumeError(f"resume={spec}: {what} is at step {point.step} already, so steps={steps} leaves "
                           f"nothing to train; set steps= above {point.step} (e.g. steps={2 * point.step}) to train it "
-                          "further, or drop resume= to start a new run.")
+                          "further, or drop resume= to start a new run (in a folder that holds no run).")
 
 
 def _checkpoint_folder(path: Path) -> bool:
@@ -260,7 +260,32 @@ def search_root_from_hydra() -> Path | None:
         pattern = str(OmegaConf.to_container(node, resolve=False)["dir"])
     except (ImportError, ValueError, KeyError):
         return None
+    return search_root_of(pattern)
+
+
+def search_root_of(pattern: str) -> Path:
+    """Where resume=auto looks for runs, from hydra.run.dir's pattern: its fixed prefix, or the folder a fixed
+    directory is in."""
     fixed = pattern.split("${", 1)[0].rstrip("/")
     if "${" not in pattern:  # a fixed directory: the runs beside it
         fixed = str(Path(pattern).parent)
     return Path(fixed or ".").expanduser()
+
+
+def continues(folder: Path, resume: str | None, current: JSONDict, search_root: Path | None) -> tuple[bool, str]:
+    """Whether a run with this resume= continues the run that folder holds; where it does not, a clause on why
+    (for the sentence refusing to write there). Raises ResumeError as resolve_auto does."""
+    if not resume:
+        return False, ""
+    if resume != "auto":
+        path = Path(resume).expanduser()
+        target = path.parent.parent if _checkpoint_folder(path) else path
+        return target.resolve() == folder.resolve(), f" (resume={resume} continues another run)"
+    point, _ = resolve_auto(folder, search_root, current)
+    if point is not None:
+        same = point.run_dir.resolve() == folder.resolve()
+        return same, "" if same else f" (resume=auto would continue {point.run_dir} instead)"
+    here, diff = _point(folder, current, "auto")
+    keys = math_keys(diff) if here is not None else []
+    what = ", ".join(_describe(k, *diff[k]) for k in keys[:4])
+    return False, f" (this run's settings differ in {what}, which change the math)" if keys else ""
