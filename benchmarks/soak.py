@@ -98,9 +98,10 @@ def compare(soak: list[dict], reference: list[dict], tol: float = TOLERANCE) -> 
             "unequal": unequal[:20], "passed": bool(reference) and steps_same and within and not unequal}
 
 
-def ballast_bytes(free: int, checkpoint_bytes: int) -> int:
-    """What to fill so half of what the next checkpoint's free-space check asks for stays free."""
-    return max(0, free - needed_with_headroom(checkpoint_bytes) // 2)
+def ballast_bytes(free: int, checkpoint_bytes: int, small_bytes: int) -> int:
+    """What to fill so half of what the next checkpoint's free-space check asks for stays free (small_bytes: the
+    run's small files, plan.json's disk.small_bytes)."""
+    return max(0, free - needed_with_headroom(checkpoint_bytes, small_bytes) // 2)
 
 
 # -- one `rlgen train` process -------------------------------------------------------------------------------
@@ -193,9 +194,9 @@ def actor_pids(run_dir: Path, class_name: str) -> list[int]:
     return sorted(out)
 
 
-def fill_disk(root: Path, checkpoint_bytes: int) -> tuple[Path, int]:
+def fill_disk(root: Path, checkpoint_bytes: int, small_bytes: int) -> tuple[Path, int]:
     ballast = root / "soak-ballast"
-    size = ballast_bytes(shutil.disk_usage(root).free, checkpoint_bytes)
+    size = ballast_bytes(shutil.disk_usage(root).free, checkpoint_bytes, small_bytes)
     fd = os.open(ballast, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.posix_fallocate(fd, 0, size)
@@ -255,7 +256,8 @@ class Soak:
             os.kill(launch.proc.pid, signal.SIGTERM)
         elif fault.kind == "disk_full":
             ckpts = list_checkpoints(self.run_dir)
-            self.ballast, size = fill_disk(Path(self.args.run_root), folder_bytes(ckpts[-1]) if ckpts else 0)
+            small = json.loads((self.run_dir / "plan.json").read_text())["disk"]["small_bytes"]
+            self.ballast, size = fill_disk(Path(self.args.run_root), folder_bytes(ckpts[-1]) if ckpts else 0, small)
             fault.detail.update(ballast_bytes=size, free_after=shutil.disk_usage(self.args.run_root).free)
         return {"exit": EXPECTED[fault.kind], "by": time.time() + self.args.wait_s}
 

@@ -57,7 +57,7 @@ def test_a_disk_too_small_for_the_run_is_refused_before_anything_starts(tmp_path
 def test_a_run_whose_disk_filled_keeps_its_trained_weights_and_says_so(tmp_path):
     run_dir = tmp_path / "run"
     disk = build_plan(compose_run_config(["steps=3", "checkpoint.every=0"])).disk
-    between = needed_with_headroom(disk.model_bytes) + disk.learner_bytes // 2  # the weights fit, a checkpoint not
+    between = needed_with_headroom(disk.model_bytes, disk.small_bytes) + disk.learner_bytes // 2  # weights, not more
     proc, _ = _train(run_dir, between, 3, "steps=3", "checkpoint.every=0")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]

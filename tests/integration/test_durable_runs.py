@@ -328,13 +328,13 @@ def test_a_failed_checkpoint_write_leaves_the_previous_one_usable(tmp_path):
 def test_a_run_whose_disk_cannot_hold_its_checkpoints_is_refused_before_its_first_step(tmp_path, monkeypatch):
     from rlgen.runtime.durability.disk_space import DiskTooSmall
 
-    monkeypatch.setattr("rlgen.plan.checks.disk_room.free_bytes_at", lambda path: 10 * 2**20)
+    monkeypatch.setattr("rlgen.plan.checks.disk_room.free_bytes_at", lambda path: 2 * 2**20)
     cfg = compose_run_config([*BASE, "steps=6"])  # checkpoint.every=0: the final checkpoint still needs its room
     with pytest.raises(DiskTooSmall) as info:
         run_training(build_plan(cfg), tmp_path / "run", Console(quiet=True))
     message = str(info.value)
     assert info.value.exit_code == 2 and len(info.value.sentences()) == 1
-    assert message.startswith(f"{tmp_path / 'run'} has 10.5 MB free, but this run needs about ")
+    assert message.startswith(f"{tmp_path / 'run'} has 2.1 MB free, but this run needs about ")
     assert "its checkpoint at the end" in message and "hydra.run.dir=<folder>" in message
     assert not (tmp_path / "run").exists()  # refused before it wrote anything: no lock, status or metrics
 
@@ -352,12 +352,12 @@ def _free_after(monkeypatch, out: Path, lines: int, free: int) -> None:
 def test_a_disk_that_fills_before_a_checkpoint_stops_the_run_with_the_resume_command(tmp_path, monkeypatch):
     from rlgen.runtime import RunError
 
-    _free_after(monkeypatch, tmp_path, 3, 10 * 2**20)
+    _free_after(monkeypatch, tmp_path, 3, 2 * 2**20)
     cfg = compose_run_config([*BASE, "steps=6", "checkpoint.every=2"])
     with pytest.raises(RunError) as info:
         run_training(build_plan(cfg), tmp_path, Console(quiet=True), resume_command="rlgen train steps=6 resume=R")
     message = str(info.value)
-    assert message.startswith(f"{tmp_path / 'checkpoints'} has 10.5 MB free but a checkpoint needs about ")
+    assert message.startswith(f"{tmp_path / 'checkpoints'} has 2.1 MB free but a checkpoint needs about ")
     assert message.endswith("; free some space on that disk, or keep fewer checkpoints (now checkpoint.keep=2); "
                             "resume with: rlgen train steps=6 resume=R (it continues from step_000002).")
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000002"]
@@ -370,7 +370,7 @@ def test_the_end_of_a_run_without_room_for_a_checkpoint_keeps_the_trained_weight
 
     cfg = compose_run_config([*BASE, "steps=3"])
     plan = build_plan(cfg)
-    between = needed_with_headroom(plan.disk.model_bytes) + plan.disk.learner_bytes // 2  # weights fit, not more
+    between = needed_with_headroom(plan.disk.model_bytes, plan.disk.small_bytes) + plan.disk.learner_bytes // 2
     _free_after(monkeypatch, tmp_path, 3, between)
     summary = run_training(plan, tmp_path, Console(quiet=True))  # ends well: exit 0
     final = tmp_path / "final_model"

@@ -96,7 +96,7 @@ def test_the_7b_on_a_small_disk_is_refused_before_it_starts(tmp_path):
     [problem] = room_problems(plan, tmp_path / "run", built=True, free_bytes=_free(43_800_000_000))
     assert problem.startswith(f"{tmp_path / 'run'} has 43.8 GB free, but this run needs about 128.0 GB there: "
                               "its checkpoint at the end, about 121.8 GB (the weights 15.2 GB and the optimizer "
-                              "state 106.6 GB), and 6.2 GB of headroom")
+                              "state 106.6 GB), and 6.1 GB of headroom")
     assert problem.endswith("; free space on that disk, or point the run directory at a larger one "
                             "(hydra.run.dir=<folder>).")
     assert room_problems(plan, tmp_path / "run", built=True, free_bytes=_free(130_000_000_000)) == []
@@ -104,7 +104,7 @@ def test_the_7b_on_a_small_disk_is_refused_before_it_starts(tmp_path):
 
 def test_a_model_still_to_build_on_the_same_disk_counts(tmp_path):
     plan = _plan([*SEVEN_B, f"cache_dir={tmp_path / 'cache'}"])
-    free = needed_with_headroom(plan.disk.checkpoint_bytes)  # room for the checkpoint, not for the build too
+    free = needed_with_headroom(plan.disk.checkpoint_bytes, plan.disk.small_bytes)  # the checkpoint, not the build
     assert room_problems(plan, tmp_path / "run", built=True, free_bytes=_free(free)) == []
     [problem] = room_problems(plan, tmp_path / "run", built=False, free_bytes=_free(free))
     assert f"the model qwen2_5_7b built into cache_dir={tmp_path / 'cache'} (15.2 GB)" in problem
@@ -114,24 +114,25 @@ def test_a_model_still_to_build_on_the_same_disk_counts(tmp_path):
 def test_the_fix_names_the_checkpoint_settings_that_would_fit(tmp_path):
     plan = _plan([])  # 150 steps, a checkpoint every 50, two kept: three on disk at once
     size = plan.disk.checkpoint_bytes
-    [problem] = room_problems(plan, tmp_path, built=True, free_bytes=_free(needed_with_headroom(2 * size)))
+    small = plan.disk.small_bytes
+    [problem] = room_problems(plan, tmp_path, built=True, free_bytes=_free(needed_with_headroom(2 * size, small)))
     assert "3 checkpoints of about" in problem and "checkpoint.keep=2 stay while the next is written" in problem
     assert ", or checkpoint.keep=1 (it needs about" in problem and ", or checkpoint.every=0 (it needs about" in problem
-    [problem] = room_problems(plan, tmp_path, built=True, free_bytes=_free(needed_with_headroom(size)))
+    [problem] = room_problems(plan, tmp_path, built=True, free_bytes=_free(needed_with_headroom(size, small)))
     assert "checkpoint.keep=1" not in problem and ", or checkpoint.every=0" in problem  # keep=1 still holds two
 
 
 def test_a_resumed_run_counts_its_checkpoints_and_says_how_to_resume(tmp_path):
     plan = _plan(["steps=300"])  # resumed at 150 with two kept: 200, 250 and 300 to write
-    size = plan.disk.checkpoint_bytes
+    size, small = plan.disk.checkpoint_bytes, plan.disk.small_bytes
     on_disk = OnDisk((size, size), resumed_at=150)
     assert run_dir_bytes(plan, on_disk) == 2 * size  # four at once (the one it resumed from is kept): two more
     command = f"rlgen train steps=300 resume={tmp_path}"
     [problem] = room_problems(plan, tmp_path, on_disk, built=True, resume_command=command,
-                              free_bytes=_free(needed_with_headroom(size)))
+                              free_bytes=_free(needed_with_headroom(size, small)))
     assert "but the rest of this run needs about" in problem and "as large as the newest one there" in problem
     # with one kept, the one resumed from goes once a newer one is written: one more at once, not two
-    one_more = size_text(needed_with_headroom(size))
+    one_more = size_text(needed_with_headroom(size, small))
     assert problem.endswith(f"; free space on that disk, or checkpoint.keep=1 (it needs about {one_more}), or "
                             f"checkpoint.every=0 (it needs about {one_more}), then resume with: {command}.")
     assert "hydra.run.dir" not in problem  # a resumed run goes on in its own directory
@@ -154,15 +155,15 @@ def _checkpoint(run_dir: Path, step: int, size: int) -> None:
 
 def test_check_run_fits_raises_a_refusal_with_the_resume_command(tmp_path, monkeypatch):
     plan = _plan(["steps=300"])
-    size = plan.disk.checkpoint_bytes
+    size, small = plan.disk.checkpoint_bytes, plan.disk.small_bytes
     for step in (100, 150):
         _checkpoint(tmp_path, step, size)
-    monkeypatch.setattr("rlgen.plan.checks.disk_room.free_bytes_at", _free(needed_with_headroom(size)))
+    monkeypatch.setattr("rlgen.plan.checks.disk_room.free_bytes_at", _free(needed_with_headroom(size, small)))
     with pytest.raises(DiskTooSmall) as info:
         check_run_fits(plan, tmp_path, SimpleNamespace(step=150), "rlgen train steps=300 resume=RUN")
     assert isinstance(info.value, UserError) and info.value.exit_code == 2 and len(info.value.sentences()) == 1
     assert str(info.value).endswith("then resume with: rlgen train steps=300 resume=RUN.")
-    monkeypatch.setattr("rlgen.plan.checks.disk_room.free_bytes_at", _free(needed_with_headroom(3 * size)))
+    monkeypatch.setattr("rlgen.plan.checks.disk_room.free_bytes_at", _free(needed_with_headroom(3 * size, small)))
     check_run_fits(plan, tmp_path, SimpleNamespace(step=150))  # two more fit
 
 
@@ -180,10 +181,11 @@ def test_the_resume_clause_says_what_resuming_continues_from(tmp_path):
 def test_the_end_of_a_run_with_room_for_neither_checkpoint_nor_weights_says_so(tmp_path, monkeypatch):
     plan = _plan(["steps=3", "checkpoint.every=0"])
     run = SimpleNamespace(out_dir=tmp_path, plan=plan, background_write=None, learners=[])
-    monkeypatch.setattr("rlgen.plan.checks.disk_room.free_bytes_at", _free(10 * 2**20))
+    monkeypatch.setattr("rlgen.plan.checks.disk_room.free_bytes_at", _free(2 * 2**20))
     with pytest.raises(DiskFull) as info:
         save_final(run)  # nothing is asked of a learner: the probe comes first
-    whole, weights = (size_text(needed_with_headroom(n)) for n in (plan.disk.checkpoint_bytes, plan.disk.model_bytes))
-    assert str(info.value) == (f"{tmp_path / 'checkpoints'} has 10.5 MB free but a checkpoint needs about {whole} "
+    whole, weights = (size_text(needed_with_headroom(n, plan.disk.small_bytes))
+                      for n in (plan.disk.checkpoint_bytes, plan.disk.model_bytes))
+    assert str(info.value) == (f"{tmp_path / 'checkpoints'} has 2.1 MB free but a checkpoint needs about {whole} "
                                f"(the final one), and the trained weights alone about {weights}; free some space on "
                                "that disk.")

@@ -122,7 +122,8 @@ def test_an_unknown_card_on_the_command_line_is_one_line_and_exit_2(capsys):
     assert info.value.args == (unknown_card("h300"),)
 
 
-def test_swapping_the_card_of_a_preset_without_one_says_how_to_add_it():
-    with pytest.raises(ConfigError, match=re.escape(f"{CARDS_GROUP}=h100 replaces the card a hardware preset names, "
-                                                    f"and this preset names none; add one with +{CARDS_GROUP}=h100")):
+def test_swapping_the_card_of_a_preset_without_one_names_the_presets_made_for_it():
+    with pytest.raises(ConfigError, match=re.escape(f"{CARDS_GROUP}=h100 replaces the card of a GPU preset, and "
+                                                    "hardware=cpu names none (it has no GPUs); choose a preset made "
+                                                    "for H100-SXM-80GB GPUs: hardware=1xh100")):
         compose_run_config(["hardware=cpu", f"{CARDS_GROUP}=h100"])

@@ -248,19 +248,22 @@ def test_a_checkpoint_that_cannot_fit_is_refused_with_the_fixes(tmp_path):
     target = tmp_path / "run" / "checkpoints"  # not created yet: its nearest existing folder is probed
     probed = []
     with pytest.raises(DiskFull) as info:
-        check_free_space(target, 2 * 10**9, keep=3, free_bytes=lambda p: probed.append(p) or 10**9)
+        check_free_space(target, 2 * 10**9, keep=3, small_bytes=5 * 2**20,
+                         free_bytes=lambda p: probed.append(p) or 10**9)
     msg = str(info.value)
     assert probed == [tmp_path] and isinstance(info.value, UserError) and info.value.exit_code == 1
-    assert str(target) in msg and "1.0 GB free" in msg and "needs about 2.2 GB" in msg  # 2 GB + 5% + 64 MiB
+    assert str(target) in msg and "1.0 GB free" in msg and "needs about 2.1 GB" in msg  # 2 GB + 5% + 5 MiB
     assert "checkpoint.keep=3" in msg and len(info.value.sentences()) == 1
-    assert (info.value.path, info.value.free, info.value.need) == (target, 10**9, 2_167_108_864)
+    assert (info.value.path, info.value.free, info.value.need) == (target, 10**9, 2_105_242_880)
 
 
 def test_a_checkpoint_that_fits_passes(tmp_path):
-    check_free_space(tmp_path, 2 * 10**9, keep=2, free_bytes=lambda p: 3 * 10**9)
-    check_free_space(tmp_path, 0, keep=2)  # the real disk has room for nothing plus headroom
+    check_free_space(tmp_path, 2 * 10**9, keep=2, small_bytes=5 * 2**20, free_bytes=lambda p: 3 * 10**9)
+    check_free_space(tmp_path, 0, keep=2, small_bytes=5 * 2**20)  # the real disk has room for nothing plus headroom
     with pytest.raises(DiskFull):  # the headroom counts: exactly need_bytes free is not enough
-        check_free_space(tmp_path, 10**9, keep=2, free_bytes=lambda p: 10**9)
+        check_free_space(tmp_path, 10**9, keep=2, small_bytes=5 * 2**20, free_bytes=lambda p: 10**9)
+    with pytest.raises(DiskFull):  # and so do the run's small files beside it
+        check_free_space(tmp_path, 0, keep=2, small_bytes=5 * 2**20, free_bytes=lambda p: 4 * 2**20)
 
 
 def test_folder_bytes_sums_files_once(tmp_path):

@@ -94,10 +94,10 @@ def test_missing_repeated_or_unequal_steps_fail(soak):
 
 
 def test_the_ballast_leaves_less_than_the_checkpoint_check_asks_for(soak):
-    free, ckpt = 500 * 2**20, 1_200_000
-    ballast = soak.ballast_bytes(free, ckpt)
-    assert 0 < free - ballast < needed_with_headroom(ckpt)
-    assert soak.ballast_bytes(10 * 2**20, ckpt) == 0  # already too full: nothing to add
+    free, ckpt, small = 500 * 2**20, 1_200_000, 7 * 2**20
+    ballast = soak.ballast_bytes(free, ckpt, small)
+    assert 0 < free - ballast < needed_with_headroom(ckpt, small)
+    assert soak.ballast_bytes(4 * 2**20, ckpt, small) == 0  # already too full: nothing to add
 
 
 def test_metrics_are_read_as_they_grow_and_a_cut_file_is_read_again(soak, tmp_path):

@@ -9,6 +9,8 @@ detected GPU in the same table, by what nvidia-smi calls it. A new card is one m
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +62,36 @@ def register_cards(cs: Any) -> None:
         cs.store(group=CARDS_GROUP, name=c.key, node=GPUSpec(**vars(c.spec)))
 
 
+def _gpus(preset: str, key: str) -> int | None:
+    """The GPUs in all of a preset named <n>x<key> (2x8xh100: two nodes of eight), None for another name."""
+    m = re.fullmatch(rf"((?:\d+x)+){re.escape(key)}", preset)
+    if m is None:
+        return None
+    total = 1
+    for n in m.group(1).rstrip("x").split("x"):
+        total *= int(n)
+    return total
+
+
+def card_presets(key: str, presets: Iterable[str]) -> list[str]:
+    """The hardware presets made for a card (named <n>x<key>, conf/hardware/), fewest GPUs first."""
+    found = [(g, p) for p in presets if (g := _gpus(p, key)) is not None]
+    return [p for _, p in sorted(found)]
+
+
+def card_advice(key: str, presets: Iterable[str]) -> str:
+    """Where a known card can go, as the fix of a sentence: the presets made for it, or, where none is, the card
+    put on the smallest GPU preset."""
+    presets = list(presets)
+    made = card_presets(key, presets)
+    if made:
+        more = f" (or {', '.join(made[1:])})" if made[1:] else ""
+        return f"choose a preset made for {card(key).spec.name} GPUs: hardware={made[0]}{more}"
+    gpu = sorted((g, p) for c in CARDS for p in presets if (g := _gpus(p, c.key)) is not None)
+    return f"put the card on a GPU preset: hardware={gpu[0][1]} {CARDS_GROUP}={key}" if gpu else (
+        "add a GPU preset for it to conf/hardware/ (docs/plan.md, \"Adding a host\")")
+
+
 def unknown_card(key: str, where: str = "") -> str:
     """The one sentence for a card key that is not in CARDS: the known keys, and how to add a card."""
     known = ", ".join(f"{c.key} ({c.spec.name})" for c in CARDS)
@@ -67,4 +99,5 @@ def unknown_card(key: str, where: str = "") -> str:
             "src/rlgen/config/cards.py (docs/plan.md, \"Adding a host\").")
 
 
-__all__ = ["CARDS", "CARDS_GROUP", "Card", "GPUSpec", "card", "register_cards", "unknown_card"]
+__all__ = ["CARDS", "CARDS_GROUP", "Card", "GPUSpec", "card", "card_advice", "card_presets", "register_cards",
+           "unknown_card"]

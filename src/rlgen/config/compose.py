@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rlgen.config import RunConfig, register_configs, to_run_config
-from rlgen.config.cards import CARDS_GROUP, unknown_card
+from rlgen.config.cards import CARDS, CARDS_GROUP, card_advice, unknown_card
 from rlgen.errors import UserError
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -122,6 +122,26 @@ def group_options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
+def made_without_gpus(preset: str) -> bool:
+    """Whether a hardware preset of conf/hardware/ is made for a machine without GPUs (its gpus_per_node: 0;
+    hardware=auto gives none and reads this machine's)."""
+    from omegaconf import OmegaConf
+
+    path = CONF_DIR / "hardware" / f"{preset}.yaml"
+    return path.is_file() and OmegaConf.load(path).get("gpus_per_node") == 0
+
+
+def _chosen(group: str, overrides: list[str]) -> str:
+    """The preset of a config group these overrides choose: the last one given, else conf/config.yaml's."""
+    given = [o.split("=", 1)[1] for o in overrides if o.lstrip("+~").startswith(f"{group}=")]
+    if given:
+        return given[-1]
+    from omegaconf import OmegaConf
+
+    defaults = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"))["defaults"]
+    return next((str(d[group]) for d in defaults if isinstance(d, dict) and group in d), "")
+
+
 def _card_error(msg: str, overrides: list[str]) -> str | None:
     """The sentence for a GPU card key that is not in the card table (named by a preset or by an override of
     hardware/gpu), or for an override of hardware/gpu on a preset that names no card; None for other errors."""
@@ -133,8 +153,13 @@ def _card_error(msg: str, overrides: list[str]) -> str | None:
                             f"conf/{preset}.yaml: ")
     if re.search(rf"Could not override '{CARDS_GROUP}'\. No match", msg):
         given = next((o for o in overrides if o.startswith(f"{CARDS_GROUP}=")), f"{CARDS_GROUP}=<card>")
-        return (f"{given} replaces the card a hardware preset names, and this preset names none; add one with "
-                f"+{given}, or give hardware.gpu.name= and hardware.gpu.memory_gb=.")
+        key = given.split("=", 1)[1]
+        if key not in {c.key for c in CARDS}:
+            return unknown_card(key, f"{given}: ")
+        preset = _chosen("hardware", overrides)
+        why = " (it has no GPUs)" if made_without_gpus(preset) else ""
+        return (f"{given} replaces the card of a GPU preset, and hardware={preset} names none{why}; "
+                f"{card_advice(key, group_options('hardware'))}.")
     return None
 
 

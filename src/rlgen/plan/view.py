@@ -10,6 +10,7 @@ from rich.table import Table
 
 from rlgen.plan import GIB, Plan
 from rlgen.plan.layouts import LayoutOption, faster_layout_line
+from rlgen.plan.lengths import shaped_mean
 from rlgen.plan.prediction import predict, print_prediction
 
 
@@ -163,7 +164,8 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
               + f"; attention: {cfg.learner.attention}")
     shaped = cfg.task.response_length_mean
     g.add_row("sequence", f"<= {b.max_prompt_tokens} prompt + {b.max_new_tokens} new tokens"
-              + (f" (RL-shaped: about {shaped} on average, task.response_length_mean)" if shaped else ""))
+              + (f" (RL-shaped: about {shaped_mean(shaped, b.max_new_tokens):.0f} on average, "
+                 "task.response_length_mean)" if shaped > 0 else ""))
     g.add_row("async_steps", f"{plan.async_steps} ({'on-policy' if plan.async_steps == 0 else 'engines may run ahead'})")
     g.add_row("partial rollouts", partial_line(cfg.algo, plan.async_steps))
     g.add_row("weight sync", plan.transport.value)

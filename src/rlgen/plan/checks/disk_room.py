@@ -1,6 +1,7 @@
 """Room on disk for what a run writes, before its first step: its checkpoints at the most there are at once,
 final_model/merged and the preset model built into cache_dir (plan.disk), held against the free space of the
-file system each goes to, with headroom for metrics, status and logs. A disk too small is one sentence naming
+file system each goes to, with headroom for the run's own small files (plan.disk's small_bytes: metrics, status,
+logs, reports) and 5% for a checkpoint larger than estimated. A disk too small is one sentence naming
 the folder, what is free, what is needed and the settings that fix it.
 
 ``rlgen train`` checks a new run in its validation pass, before it writes anything; every run is checked again
@@ -21,7 +22,6 @@ from rlgen.plan.disk import checkpoints_at_once, checkpoints_written
 from rlgen.plan.layout import Plan
 
 HEADROOM_FRACTION = 0.05  # a checkpoint may be a little larger than predicted (or than the last one)
-HEADROOM_BYTES = 64 * 2**20  # and the run keeps writing metrics, status and logs beside its checkpoints
 WRITE_LESS = (("keep", 1), ("every", 0))  # checkpoint settings that shrink a run's writes: one kept, only the last
 
 
@@ -47,9 +47,10 @@ def free_bytes_at(path: Path) -> int:
     return shutil.disk_usage(path).free
 
 
-def needed_with_headroom(need_bytes: int) -> int:
-    """need_bytes plus 5% plus 64 MiB."""
-    return int(max(0, need_bytes) * (1 + HEADROOM_FRACTION)) + HEADROOM_BYTES
+def needed_with_headroom(need_bytes: int, small_bytes: int = 0) -> int:
+    """need_bytes plus 5%, plus small_bytes: what the run keeps writing beside it (its metrics, status, logs and
+    reports: plan.disk.small_bytes; 0 on a disk the run only builds its model on)."""
+    return int(max(0, need_bytes) * (1 + HEADROOM_FRACTION)) + max(0, small_bytes)
 
 
 def size_text(n: float) -> str:
@@ -91,7 +92,7 @@ def room_problems(plan: Plan, run_dir: str | Path, on_disk: OnDisk | None = None
     free = probe(here)
     problems = []
     extra = build if together else 0
-    if free < needed_with_headroom(run_dir_bytes(plan, on_disk) + extra):
+    if free < needed_with_headroom(run_dir_bytes(plan, on_disk) + extra, plan.disk.small_bytes):
         problems.append(_run_dir_sentence(plan, run_dir, on_disk, free, extra, resume_command))
     if build and not together:
         cache_free = probe(nearest_existing(cache))
@@ -121,7 +122,7 @@ def _run_dir_sentence(plan: Plan, run_dir: Path, on_disk: OnDisk, free: int, bui
     cfg, d = plan.config, plan.disk
     c = cfg.checkpoint
     writes = run_dir_bytes(plan, on_disk) + build
-    need = needed_with_headroom(writes)
+    need = needed_with_headroom(writes, d.small_bytes)
     what = _checkpoints_text(plan, on_disk)
     if d.merged_bytes:
         what += f", final_model/merged ({size_text(d.merged_bytes)})"
@@ -131,10 +132,10 @@ def _run_dir_sentence(plan: Plan, run_dir: Path, on_disk: OnDisk, free: int, bui
     fixes = []
     for name, value in WRITE_LESS:
         if getattr(c, name) != value:
-            smaller = needed_with_headroom(run_dir_bytes(plan, on_disk, **{name: value}) + build)
+            smaller = needed_with_headroom(run_dir_bytes(plan, on_disk, **{name: value}) + build, d.small_bytes)
             if smaller <= free:
                 fixes.append(f"checkpoint.{name}={value} (it needs about {size_text(smaller)})")
-    if build and needed_with_headroom(writes - build) <= free:
+    if build and needed_with_headroom(writes - build, d.small_bytes) <= free:
         fixes.append("cache_dir=<a folder on another disk> to build the model there")
     alts = "".join(f", or {f}" for f in fixes)
     if on_disk.resumed_at is None:
@@ -159,5 +160,5 @@ def _checkpoints_text(plan: Plan, on_disk: OnDisk) -> str:
             "stay while the next is written)")
 
 
-__all__ = ["HEADROOM_BYTES", "HEADROOM_FRACTION", "OnDisk", "check_room", "free_bytes_at", "nearest_existing",
+__all__ = ["HEADROOM_FRACTION", "OnDisk", "check_room", "free_bytes_at", "nearest_existing",
            "needed_with_headroom", "room_problems", "run_dir_bytes", "size_text"]

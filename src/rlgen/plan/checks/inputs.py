@@ -143,7 +143,8 @@ class PromptEncoder:
 
 
 def check_prompts(prompts: list, cfg: RunConfig, encoder: PromptEncoder, problems: list[str], what: str) -> None:
-    """Every prompt not empty, encodable, and within task.max_prompt_tokens; bad ones named by their row."""
+    """Every prompt not empty, encodable, and (task.long_prompts=reject) within task.max_prompt_tokens; bad ones
+    named by their row. Under skip and truncate the run leaves a long prompt out or cuts it, however long."""
     limit = cfg.task.max_prompt_tokens
     bad: list[str] = []
     system = cfg.task.system_prompt
@@ -152,19 +153,21 @@ def check_prompts(prompts: list, cfg: RunConfig, encoder: PromptEncoder, problem
         problems.append(f"task.system_prompt has characters {encoder.name} cannot encode ({shown}); remove them, or "
                         "use model.path=<a model whose tokenizer has them>.")
         return
+    reject = cfg.task.long_prompts.value == "reject"  # skip and truncate decide about a long prompt themselves
     for i, p in enumerate(prompts):
         where = p.source or f"{what} {i}"
         text = p.text
         if not text.strip():
             bad.append(f"{where}: the prompt is empty; every row needs a prompt.")
-        elif len(text) > limit * CHARS_PER_TOKEN_CAP:
+        elif reject and len(text) > limit * CHARS_PER_TOKEN_CAP:
             bad.append(f"{where}: the prompt is {len(text):,} characters long, far more than "
-                       f"task.max_prompt_tokens={limit} tokens hold; shorten it or drop the row.")
+                       f"task.max_prompt_tokens={limit} tokens hold; shorten it or drop the row, or set "
+                       "task.long_prompts=skip (leave such rows out) or truncate.")
         elif unknown := encoder.unknown(text):
             shown = ", ".join(repr(c) for c in unknown[:8])
             bad.append(f"{where}: the prompt has characters {encoder.name} cannot encode ({shown}); remove them, or "
                        "use model.path=<a model whose tokenizer has them>.")
-        elif cfg.task.long_prompts.value == "reject":
+        elif reject:
             n = encoder.count(text)
             if n > limit:
                 bad.append(f"{where}: the prompt has {n} tokens, more than task.max_prompt_tokens={limit}; raise "

@@ -5,6 +5,8 @@ problem is one sentence that names the settings that cause it and says how to fi
 from __future__ import annotations
 
 from rlgen.config import VLLM_ENV_REMOVED_IN_0_26, GPUSpec, RunConfig, TaskKind
+from rlgen.config.cards import CARDS, CARDS_GROUP, card_advice, card_presets
+from rlgen.config.compose import group_options, made_without_gpus
 from rlgen.engines.registry import EngineSpec
 from rlgen.learners.registry import LearnerSpec
 from rlgen.plan.layout import Layout, LearnerSlot, ModelSummary
@@ -20,10 +22,24 @@ def hardware_problems(cfg: RunConfig) -> list[str]:
         p.append(f"hardware.nodes={hw.nodes} must be at least 1.")
     if hw.gpus_per_node < 0:
         p.append(f"hardware.gpus_per_node={hw.gpus_per_node} must be >= 0 (0: no GPU, as hardware=cpu).")
+    elif hw.gpus_per_node == 0 and hw.gpu.name != GPUSpec().name and made_without_gpus(hw.name):
+        p.append(_card_without_gpus(hw.name, hw.gpu.name))
     elif hw.gpus_per_node == 0 and hw.gpu.name != GPUSpec().name:  # a card named: GPU hardware
         p.append(f"hardware.gpus_per_node=0 leaves hardware={hw.name} without its {hw.gpu.name} GPUs; set "
                  "hardware.gpus_per_node to the GPUs each node has, or use hardware=cpu for a machine without GPUs.")
     return p
+
+
+def _card_without_gpus(preset: str, name: str) -> str:
+    """A card given to a preset made without GPUs: drop it, or the presets made for that card."""
+    found = next((c for c in CARDS if c.spec.name == name), None)
+    presets = group_options("hardware")
+    if found is None:
+        gpu = next((p for c in CARDS for p in card_presets(c.key, presets)), None)
+        return (f"hardware={preset} has no GPUs, so a GPU card ({name}) means nothing on it; drop the hardware.gpu "
+                "settings" + (f", or choose a GPU preset such as hardware={gpu}." if gpu else "."))
+    return (f"hardware={preset} has no GPUs, so a GPU card means nothing on it; drop the +{CARDS_GROUP}={found.key} "
+            f"override, or {card_advice(found.key, presets)}.")
 
 
 def check_hardware(cfg: RunConfig, spec: EngineSpec, layout: Layout, p: list[str]) -> None:
@@ -81,6 +97,32 @@ def check_lengths(cfg: RunConfig, spec: EngineSpec, ms: ModelSummary, has_engine
                  "model.max_position_embeddings of a preset).")
     if has_engines:
         check_engine_floor(cfg, spec, ms, p)
+
+
+def check_shaped_lengths(cfg: RunConfig, p: list[str]) -> None:
+    """task.response_length_mean's random stop ids: for random weights only (a warm-started preset's trained
+    answers would be cut), and below the response cap (at or above it, every response runs to the cap)."""
+    mean, m, cap = cfg.task.response_length_mean, cfg.model, cfg.algo.max_new_tokens
+    if mean <= 0:
+        return
+    if m.warm_start_steps > 0 and not m.path:
+        p.append(f"task.response_length_mean={mean} adds random stop ids, meant for random weights, but model "
+                 f"{m.name} is warm-started (model.warm_start_steps={m.warm_start_steps}), so they would cut its "
+                 "trained answers short; set model.warm_start_steps=0 for random weights, or drop "
+                 "task.response_length_mean.")
+    if mean >= cap:
+        p.append(f"task.response_length_mean={mean} is not below the response cap algo.max_new_tokens={cap}, so "
+                 f"every response would run to the cap; set task.response_length_mean below {cap}, or raise "
+                 "algo.max_new_tokens.")
+
+
+def shaped_length_notes(cfg: RunConfig) -> list[str]:
+    """A warning for task.response_length_mean on model.path, a folder that may hold trained weights."""
+    mean = cfg.task.response_length_mean
+    if mean <= 0 or not cfg.model.path:
+        return []
+    return [f"task.response_length_mean={mean} adds random stop ids that cut a trained model's answers short, and "
+            f"is meant for random-weight models; drop it unless model.path={cfg.model.path} holds random weights."]
 
 
 def check_engine_floor(cfg: RunConfig, spec: EngineSpec, ms: ModelSummary, p: list[str]) -> None:
@@ -160,4 +202,5 @@ def check_partial_rollouts(cfg: RunConfig, spec: EngineSpec, p: list[str]) -> No
 
 
 __all__ = ["check_engine_floor", "check_hardware", "check_learners", "check_lengths", "check_micro_batch",
-           "check_partial_rollouts", "hardware_problems", "live_vllm_env"]
+           "check_partial_rollouts", "check_shaped_lengths", "hardware_problems", "live_vllm_env",
+           "shaped_length_notes"]

@@ -56,7 +56,8 @@ def save(run: Run, reason: str, *, background: bool = False, stand_ins: dict[int
         return path  # nothing has happened since that one was written
     finish_background(run)
     t0 = time.time()
-    check_free_space(run.out_dir / CHECKPOINTS, expected_bytes(run), keep=run.cfg.checkpoint.keep)
+    check_free_space(run.out_dir / CHECKPOINTS, expected_bytes(run), keep=run.cfg.checkpoint.keep,
+                     small_bytes=run.plan.disk.small_bytes)
     kept = _ahead(run)
     saved = run_state(
         step=state.step, steps=run.cfg.steps, version=state.version, async_steps=state.async_steps,

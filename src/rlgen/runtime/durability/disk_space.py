@@ -54,18 +54,22 @@ def check_run_fits(plan: Plan, run_dir: str | Path, resume: ResumePoint | None =
         raise DiskTooSmall("\n".join(problems), path=Path(run_dir))
 
 
-def free_space(path: str | Path, need_bytes: int, free_bytes: Callable[[Path], int] | None = None) -> tuple[int, int]:
+def free_space(path: str | Path, need_bytes: int, small_bytes: int,
+               free_bytes: Callable[[Path], int] | None = None) -> tuple[int, int]:
     """(free bytes, bytes needed with headroom) on the file system holding ``path`` (probed at its nearest existing
-    ancestor) for a write of ``need_bytes``. ``free_bytes``: a stand-in for the probe."""
-    return (free_bytes or disk_room.free_bytes_at)(nearest_existing(path)), needed_with_headroom(need_bytes)
+    ancestor) for a write of ``need_bytes`` beside the run's small files (``small_bytes``: plan.disk's).
+    ``free_bytes``: a stand-in for the probe."""
+    free = (free_bytes or disk_room.free_bytes_at)(nearest_existing(path))
+    return free, needed_with_headroom(need_bytes, small_bytes)
 
 
-def check_free_space(path: str | Path, need_bytes: int, *, keep: int, what: str = "a checkpoint",
+def check_free_space(path: str | Path, need_bytes: int, *, keep: int, small_bytes: int, what: str = "a checkpoint",
                      free_bytes: Callable[[Path], int] | None = None) -> None:
     """Raise DiskFull when the file system holding ``path`` has less free space than ``need_bytes`` plus
     headroom. ``need_bytes``: what the write adds (the newest checkpoint's folder_bytes is a good guess; older
-    checkpoints are pruned only after the new one is complete). ``keep``: checkpoint.keep, named in the fix."""
-    free, need = free_space(path, need_bytes, free_bytes)
+    checkpoints are pruned only after the new one is complete). ``keep``: checkpoint.keep, named in the fix;
+    ``small_bytes``: what the run's metrics, status, logs and reports take (plan.disk.small_bytes)."""
+    free, need = free_space(path, need_bytes, small_bytes, free_bytes)
     if free >= need:
         return
     fewer = f", or keep fewer checkpoints (now checkpoint.keep={keep})" if keep > 1 else ""

@@ -30,10 +30,11 @@ def save_final(run: Run) -> Path | None:
     and None; where they do not fit either, DiskFull."""
     finish_background(run)  # a checkpoint still being written takes its room first
     root = run.out_dir / CHECKPOINTS
-    free, need = free_space(root, expected_bytes(run))
+    small = run.plan.disk.small_bytes
+    free, need = free_space(root, expected_bytes(run), small)
     if free >= need:
         return save(run, "final")
-    weights_need = needed_with_headroom(_weights_bytes(run))
+    weights_need = needed_with_headroom(_weights_bytes(run), small)
     if free < weights_need:
         raise DiskFull(f"{root} has {size_text(free)} free but a checkpoint needs about {size_text(need)} (the "
                        f"final one), and the trained weights alone about {size_text(weights_need)}; free some space "
