@@ -94,6 +94,8 @@ def test_a_failing_environment_scores_its_episodes_0_and_the_run_goes_on(tmp_pat
     for why in ("the calculator is down", "longer than task.env_timeout_s=1", "returned dict, not"):
         assert why in log
     assert log.count("episodes ended with an error and scored 0") == 1  # named once; env/errors counts each step
+    # the hanging calls made the steps long: said once, with what they cost, not as a stuck actor
+    assert log.count("environment calls ran past task.env_timeout_s=1 s and were killed") == 1
 
 
 @pytest.fixture
@@ -134,3 +136,35 @@ def test_an_agent_written_against_the_openai_sdk_trains_as_it_is(tmp_path, no_ke
     assert all(r["env/turns"] == 2.0 and r["env/tokens"] == 3.0 and r["env/errors"] == 0 for r in records)
     assert max(r["mismatch/max_abs_delta"] for r in records) < 1e-3
     assert 0 < sum(r["reward_mean"] for r in records) / 4 < 1
+
+
+def test_an_environment_of_ones_own_runs_on_the_default_model_with_the_bounds_fitted(tmp_path, no_kept, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ENVS), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.syspath_prepend(str(ENVS))
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) + "\n" for a in range(10)))
+    cfg = compose_run_config(["progress=false", "task=env", "task.env=episode_envs:EchoEnv", f"task.path={rows}",
+                              "steps=2", "algo.prompts_per_step=4", "algo.samples_per_prompt=2"])
+    plan = build_plan(cfg)  # no bound set: the plan fits them to the model's 128 positions
+    assert (plan.config.task.max_prompt_tokens, plan.config.task.max_total_tokens) == (25, 103)
+    summary = run_training(plan, tmp_path / "run")
+    records = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert len(records) == 2 and summary["steps"] == 2
+    assert all(r["env/turns"] == 3.0 and r["env/errors"] == 0 for r in records)  # EchoEnv's three turns each
+
+
+def test_a_step_made_long_by_environment_timeouts_is_said_so_not_stuck(tmp_path, no_kept, monkeypatch):
+    from rlgen.runtime.errors import RunError
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ENVS), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.syspath_prepend(str(ENVS))
+    cfg = compose_run_config(["progress=false", "task=env", "task.env=flaky_env:FlakyEnv", "task.max_prompt_tokens=8",
+                              "task.max_total_tokens=16", "task.env_timeout_s=1", "++task.env_args.hang_s=3",
+                              "steps=1", "timeout_s=3"])
+    with pytest.raises(RunError) as err:
+        run_training(build_plan(cfg), tmp_path)
+    said = str(err.value)
+    assert said.startswith("generation for step 0 did not finish within timeout_s=3 s: its episodes' environment "
+                           "calls alone may take up to task.env_timeout_s=1 s a call x 5 calls an episode")
+    assert "lower task.env_timeout_s, raise task.env_workers, or raise timeout_s above 160." in said
+    assert "stuck" not in said

@@ -163,3 +163,50 @@ def test_vllm_generate_until_returns_once_enough_groups_are_done_and_reads_the_r
     assert out[:3] == ["final r0", "final r1", "final r2"] and out[4] == "final r4"  # r4 had to finish
     assert out[3] == ([7], [-0.5]) and out[5] == ([7], [-0.5])
     assert sorted(read) == ["r3", "r5"] and sorted(llm.cancelled) == ["r3", "r5"]
+
+
+def _flight_with_carried(carried, prompts=4, max_steps=1_000_000):
+    """A partial flight of one engine, as the run builds it: the step's own prompts and the carried groups."""
+    from types import SimpleNamespace
+
+    from rlgen.config.compose import compose_run_config
+    from rlgen.runtime.rollouts.batch import StepPrompts
+    from rlgen.runtime.rollouts.generation import Rollouts
+
+    cfg = compose_run_config(["algo.partial_rollouts=0.25", f"algo.prompts_per_step={prompts}",
+                              f"algo.partial_max_steps={max_steps}"])
+    rollouts = Rollouts.__new__(Rollouts)
+    rollouts.cfg, rollouts.keeper = cfg, SimpleNamespace(engines=[None])
+    sp = StepPrompts(3, [Prompt(f"p{g}", "a") for g in range(prompts)], [[5, 6, g + 2] for g in range(prompts)])
+    sampling = SamplingParams(n=2, max_new_tokens=12, ignore_eos=True, seed=3)
+    return rollouts._partial_flight(3, 0, sp, sampling, carried, extra=0)
+
+
+def _carried(gid, steps, toks=(7, 8)):
+    ids = [5, 6, 9 + gid]
+    return Carried(Prompt(f"c{gid}", "a"), ids, [_c(0, toks, CUT, prompt=ids), _c(0, toks, CUT, prompt=ids)],
+                   steps=steps, source=2)
+
+
+def test_a_carried_groups_continuations_go_first_oldest_first():
+    flight = _flight_with_carried([_carried(0, 1), _carried(1, 3)])
+    shard = flight.shards[0]
+    assert [r.group_id for r in shard[:4]] == [4, 4, 5, 5] and all(r.sampling.n == 1 for r in shard[:4])
+    assert flight.carried[4].steps == 3 and flight.carried[5].steps == 1  # the oldest first
+
+
+def test_a_carried_group_gets_tokens_although_the_steps_own_groups_are_enough(engine):
+    flight = _flight_with_carried([_carried(0, 1)])
+    out = engine.generate_some(flight.shards[0], flight.enough[0]).completions
+    more = [c for c in out if c.group_id in flight.carried]
+    assert len(more) == 2 and all(c.token_ids for c in more)  # not left behind with 0 new tokens
+
+
+def test_the_plan_refuses_a_partial_max_steps_the_run_never_reaches():
+    from rlgen.config.compose import compose_run_config
+    from rlgen.plan import build_plan
+
+    got = plan_problems(["steps=10", "algo.partial_rollouts=0.25", "algo.partial_max_steps=1000000"])
+    assert any("algo.partial_max_steps=1000000" in p and "steps=10" in p and "at most 9" in p for p in got)
+    assert build_plan(compose_run_config(["steps=10", "algo.partial_rollouts=0.25", "algo.partial_max_steps=9"]))
+    assert build_plan(compose_run_config(["steps=1", "algo.partial_rollouts=0.25"]))  # the default, 1, always fits

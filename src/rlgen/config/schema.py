@@ -225,7 +225,7 @@ class TaskConfig:
     max_operand: int = 20  # arith: operands in [0, max_operand)
     length: int = 4  # reverse: letters per word
     alphabet: str = "abcdef"
-    max_prompt_tokens: int = 16
+    max_prompt_tokens: int | None = 16  # null: fitted to the model's positions, up to 64 (rlgen plan shows it)
     long_prompts: LongPrompts = LongPrompts.reject
     prompt_format: PromptFormat = PromptFormat.auto
     system_prompt: str | None = None  # chat format: the system turn
@@ -246,7 +246,7 @@ class TaskConfig:
     env: str | None = None
     env_args: dict[str, Any] = field(default_factory=dict)
     max_turns: int = 4  # the policy's turns per episode at most
-    max_total_tokens: int = 256  # the episode's tokens after the prompt (the policy's and the environment's)
+    max_total_tokens: int | None = 256  # the episode's tokens after the prompt (null: fitted to the model)
     env_timeout_s: float = 30.0  # a reset or step that takes longer is killed; its episode ends with reward 0
     env_workers: int = 16  # environment calls run at once, per engine (each episode's in a process of its own)
     seed: int = 0

@@ -26,11 +26,13 @@ from rlgen.plan.checks.spanning import (
     check_lengths,
     check_micro_batch,
     check_partial_rollouts,
+    check_shaped_lengths,
     hardware_problems,
     live_vllm_env,
 )
 from rlgen.plan.checks.values import check_values, once_per_nonfinite
 from rlgen.plan.disk import disk_writes
+from rlgen.plan.env_bound import env_time_notes
 from rlgen.plan.headroom import hardware_room
 from rlgen.plan.kv_cache import size_kv_cache
 from rlgen.plan.layout import BatchGeometry, Choice, EngineSlot, Layout, ModelSummary, Plan, PlanError
@@ -40,6 +42,7 @@ from rlgen.plan.model_folder import with_model_folder
 from rlgen.plan.overlap import default_async_steps, fit_with_overlap
 from rlgen.plan.recipes import fill_recipe
 from rlgen.plan.slots import default_engines_per_gpu, place_engines, place_learners
+from rlgen.plan.task_bounds import fill_task_bounds
 
 
 def count_params(m) -> tuple[int, int]:
@@ -113,6 +116,8 @@ def _resolve(cfg: RunConfig, spec: EngineSpec) -> tuple[RunConfig, list[Setting]
     cfg = with_model_folder(cfg)
     params, vocab = count_params(cfg.model)
     cfg, settings = fill_recipe(cfg, params)
+    cfg, bounds = fill_task_bounds(cfg)
+    settings += bounds
     if spec.resolve is not None:
         cfg, resolved = spec.resolve(cfg, params, vocab, p)
         if p:
@@ -201,6 +206,7 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
     check_micro_batch(cfg, p)
     check_partial_rollouts(cfg, spec, p)
     check_lengths(cfg, spec, ms, bool(engines) and cfg.engine.tensor_parallel_size > 0, p)
+    check_shaped_lengths(cfg, p)
     check_episodes(cfg, p)
     if p:
         raise PlanError(once_per_nonfinite(cfg, p))
@@ -212,7 +218,8 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
         hardware=cfg.hardware.name, nodes=cfg.hardware.nodes, gpus_per_node=cfg.hardware.gpus_per_node,
         engines=_shares(engines, cfg, spec), learners=learners, transport=transport_of(cfg, spec, layout),
         batch=batch, model=ms, async_steps=cfg.algo.async_steps, engine_env=env,
-        warnings=tuple(_idle_engine_gpus(cfg, engines, layout) + dropped), settings=tuple(settings), memory=memory,
+        warnings=tuple(_idle_engine_gpus(cfg, engines, layout) + dropped + env_time_notes(cfg, len(engines))),
+        settings=tuple(settings), memory=memory,
         disk=disk_writes(cfg, ms.params, learner.kind, adapter_params(cfg)),
         room=hardware_room(cfg, spec, layout, engines, learners, ms),
     )

@@ -14,7 +14,9 @@ from rlgen.plan.checks.disk_room import check_room
 from rlgen.plan.checks.episodes import check_episode_task
 from rlgen.plan.checks.inputs import check_dirs, check_model, check_task
 from rlgen.plan.checks.machine import check_environment
+from rlgen.plan.checks.spanning import shaped_length_notes
 from rlgen.plan.layouts import LayoutOption, faster_layout_line, layout_options
+from rlgen.plan.task_bounds import fill_task_bounds
 
 
 @dataclass
@@ -53,11 +55,12 @@ def preflight(cfg: RunConfig, *, run_dir: Path | None = None, machine: bool = Tr
     else:
         layouts = layout_options(cfg, plan, build_plan)
         plan = dataclasses.replace(plan, layout_advice=faster_layout_line(layouts) or "")
+    cfg = fill_task_bounds(cfg)[0]  # the task's bounds left null, as the plan fills them: the checks read them
     before = len(problems)
     check_model(cfg, problems)
     model_ok = len(problems) == before
     task = check_task(cfg, problems, model_ok=model_ok)
-    notes: list[str] = []
+    notes = shaped_length_notes(cfg)
     if model_ok:
         check_episode_task(cfg, task, problems, notes)
     check_dirs(cfg, run_dir, problems)

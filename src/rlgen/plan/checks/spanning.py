@@ -190,6 +190,11 @@ def check_partial_rollouts(cfg: RunConfig, spec: EngineSpec, p: list[str]) -> No
         p.append(f"algo.partial_rollouts={a.partial_rollouts} must be in (0, 4]: the share of groups a step's "
                  "generation holds beyond those it trains (0.25 is usual; 0 turns partial rollouts off).")
         return
+    most = max(1, cfg.steps - 1)  # a group first cut at step 0 is carried into steps 1 .. steps-1 at most
+    if a.partial_max_steps > most:
+        p.append(f"algo.partial_max_steps={a.partial_max_steps} is more than a run of steps={cfg.steps} can carry a "
+                 f"group (one first cut at step 0 is carried at most {most} times), so a group cut short may never be "
+                 f"made to finish; set algo.partial_max_steps={min(2, most)} (at most {most}) or raise steps.")
     if not spec.cuts_short:
         p.append(f"algo.partial_rollouts needs engines that end a call once enough groups are done, which "
                  f"engine={spec.kind} does not; use engine=vllm or engine=hf, or set algo.partial_rollouts=0.")

@@ -17,6 +17,7 @@ from rlgen.runtime.errors import RunError, StopRequested, actor_death_detail
 if TYPE_CHECKING:
     from ray import ObjectRef
 
+    from rlgen.plan.env_bound import EnvBound
     from rlgen.runtime.signals import StopFlag
 
 T = TypeVar("T")
@@ -36,6 +37,20 @@ class LearnerLost(RunError):
     def __init__(self, message: str, *, ranks: list[int] | None = None, hung: bool = False):
         super().__init__(message)
         self.ranks, self.hung = list(ranks or []), bool(hung)
+
+
+def did_not_finish(what: str, key: str, timeout_s: float, env: EnvBound | None = None) -> str:
+    """The sentence for a wait that ran past its timeout. env: the bound on the environment calls of the episodes
+    it waited for; where that reaches the timeout, they are why, and the sentence names the settings that
+    shorten them."""
+    if env is not None and env.seconds >= timeout_s:
+        return (f"{what} did not finish within {key}={timeout_s:.0f} s: its episodes' environment calls alone may "
+                f"take up to {env.words()}; lower task.env_timeout_s, raise task.env_workers, or raise {key} above "
+                f"{env.seconds:.0f}.")
+    said = f"{what} did not finish within {key}={timeout_s:.0f} s; an actor may be stuck or the step too large"
+    if env is not None:
+        said += f" (its episodes' environment calls take up to {env.words()} of it)"
+    return f"{said}. Raise {key}=<seconds> or shrink algo.prompts_per_step."
 
 
 def short(err: BaseException | None, limit: int = 300) -> str:
@@ -96,10 +111,7 @@ class Waiter:
                 raise StopRequested(what)
             left = deadline - time.time()
             if left <= 0:
-                raise RunError(
-                    f"{what} did not finish within {key}={timeout_s:.0f} s; an actor may be stuck or the step too "
-                    f"large. Raise {key}=<seconds> or shrink algo.prompts_per_step."
-                )
+                raise RunError(did_not_finish(what, key, timeout_s))
             _, todo = ray.wait(todo, num_returns=len(todo), timeout=min(POLL_S, left))
         try:
             return ray.get(list(refs) if many else refs)

@@ -55,6 +55,11 @@ def quotas(groups_per_engine: list[int], want: int) -> list[int]:
     return [min(g, math.ceil(want * g / total)) if total else 0 for g in groups_per_engine]
 
 
+def oldest_first(carried: list[Carried]) -> list[Carried]:
+    """The carried groups, those cut short most often first (in their order otherwise)."""
+    return sorted(carried, key=lambda c: -c.steps)
+
+
 def continuations(c: Carried, group_id: int, sampling: SamplingParams, max_steps: int) -> list[GenRequest]:
     """The group's samples that were cut short, each a request of one sample that goes on from its tokens (its own
     seed; what is left of max_new_tokens); they must finish once the group has been carried max_steps times."""
@@ -101,7 +106,7 @@ def resolve(step: int, prompts: list[Prompt], prompt_ids: list[list[int]], carri
     by: dict[int, list[Completion]] = {}
     for c in completions:
         by.setdefault(c.group_id, []).append(c)
-    done, cut, finished_carried, oldest = [], [], 0, 0
+    done, cut, finished_carried, oldest, stalled = [], [], 0, 0, 0
     for g in range(len(prompts)):
         got = by.get(g, [])
         was = carried.get(g)
@@ -109,6 +114,7 @@ def resolve(step: int, prompts: list[Prompt], prompt_ids: list[list[int]], carri
             if len(got) != sum(s.finish_reason == CUT for s in was.samples):
                 raise ValueError(f"step {step}: carried group {g} got {len(got)} continuations for "
                                  f"{sum(s.finish_reason == CUT for s in was.samples)} samples cut short.")
+            stalled += not any(c.token_ids for c in got)
             more = iter(got)
             samples = [stitch(s, next(more)) if s.finish_reason == CUT else s for s in was.samples]
         else:
@@ -122,10 +128,10 @@ def resolve(step: int, prompts: list[Prompt], prompt_ids: list[list[int]], carri
         done.append((g, samples))
     out = [dataclasses.replace(s, group_id=k) for k, (_, samples) in enumerate(done) for s in samples]
     metrics = {"partial/carried": float(len(cut)), "partial/finished_carried": float(finished_carried),
-               "partial/oldest": float(oldest),
+               "partial/oldest": float(oldest), "partial/stalled": float(stalled),
                "partial/cut_tokens": float(sum(len(s.token_ids) for c in cut for s in c.samples))}
     return Resolved(out, [prompts[g] for g, _ in done], [list(prompt_ids[g]) for g, _ in done], cut, metrics)
 
 
-__all__ = ["CUT", "PARTIAL_ROUND", "Carried", "Resolved", "continuations", "extra_groups", "quotas", "resolve",
-           "stitch"]
+__all__ = ["CUT", "PARTIAL_ROUND", "Carried", "Resolved", "continuations", "extra_groups", "oldest_first",
+           "quotas", "resolve", "stitch"]

@@ -13,13 +13,13 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from rlgen.engines.base import engine_died
-from rlgen.runtime.cluster.waits import POLL_S, short
+from rlgen.runtime.cluster.waits import POLL_S, did_not_finish, short
 from rlgen.runtime.errors import RunError, StopRequested
 from rlgen.runtime.rollouts.engine_restarts import EngineKeeper
 from rlgen.runtime.rollouts.in_flight import InFlight, UpdateResult, results_from_json
 from rlgen.tasks.prompts import PromptRenderer, cut_at_stop
 from rlgen.tasks.scoring import RewardError, Scorer, finite_mean
-from rlgen.types import Completion, SamplingParams
+from rlgen.types import Completion, GenRequest, SamplingParams
 
 if TYPE_CHECKING:
     from ray import ObjectRef
@@ -86,6 +86,7 @@ class Rollouts:
         self.eval_set = self._eval_prompts()
         self.episode = episode_specs(cfg, renderer)  # a multi-turn task: prompt -> the EpisodeSpec its samples play
         self.said_env_error = False  # an environment's first error is named on the console once
+        self.said_env_timeouts = False  # and the first step its timeouts made long
         self.carry: list[Carried] = []  # algo.partial_rollouts: groups cut short, for the next flight launched
 
     @property
@@ -148,7 +149,13 @@ class Rollouts:
     def _partial_flight(self, step: int, version: int, sp: StepPrompts, sampling: SamplingParams,
                         carried: list[Carried], extra: int | None) -> InFlight:
         from rlgen.runtime.rollouts.batch import StepPrompts, split_requests
-        from rlgen.runtime.rollouts.carry import PARTIAL_ROUND, continuations, extra_groups, quotas
+        from rlgen.runtime.rollouts.carry import (
+            PARTIAL_ROUND,
+            continuations,
+            extra_groups,
+            oldest_first,
+            quotas,
+        )
 
         a = self.cfg.algo
         sp = StepPrompts(sp.step, list(sp.prompts), list(sp.prompt_ids))
@@ -158,16 +165,20 @@ class Rollouts:
                                         "set algo.partial_rollouts=0")
             sp.prompts += added.prompts
             sp.prompt_ids += added.prompt_ids
-        shards = split_requests(sp, sampling, len(self.engines))
-        groups = [len(reqs) for reqs in shards]
+        own = split_requests(sp, sampling, len(self.engines))
+        groups = [len(reqs) for reqs in own]
+        # the carried groups' continuations go first, the oldest first: an engine works through its requests in
+        # order and may end the call before it starts the last ones, so a group carried always gets on
+        first: list[list[GenRequest]] = [[] for _ in own]
         by_gid = {}
-        for c in carried:
+        for c in oldest_first(carried):
             gid = len(sp.prompts)
             sp.prompts.append(c.prompt)
             sp.prompt_ids.append(list(c.prompt_ids))
-            shards[gid % len(shards)] += continuations(c, gid, sampling, a.partial_max_steps)
-            groups[gid % len(shards)] += 1
+            first[gid % len(own)] += continuations(c, gid, sampling, a.partial_max_steps)
+            groups[gid % len(own)] += 1
             by_gid[gid] = c
+        shards = [ahead + reqs for ahead, reqs in zip(first, own)]
         return InFlight(step, sp, shards, version, enough=quotas(groups, a.prompts_per_step), carried=by_gid,
                         extra=extra)
 
@@ -243,8 +254,7 @@ class Rollouts:
                 raise StopRequested(what)
             left = deadline - time.time()
             if left <= 0:
-                raise RunError(f"{what} did not finish within timeout_s={timeout:.0f} s; an actor may be stuck or the "
-                               "step too large. Raise timeout_s=<seconds> or shrink algo.prompts_per_step.")
+                raise RunError(did_not_finish(what, "timeout_s", timeout, flight.env_bound()))
             ready, _ = ray.wait([ref for _, ref in flight.refs.values()], num_returns=1, timeout=min(POLL_S, left))
             for i, (inc, ref) in list(flight.refs.items()):
                 if ref not in ready:

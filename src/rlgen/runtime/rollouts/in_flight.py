@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypedDict
 
 from rlgen.generated import GenResult, SpanTuple
+from rlgen.plan.env_bound import EnvBound
 from rlgen.types import Completion, GenRequest
 
 if TYPE_CHECKING:
@@ -54,6 +55,15 @@ class InFlight:
     def samples(self) -> int:
         """Completions per prompt (a carried group's continuations are requests of one sample each)."""
         return max(r.sampling.n for reqs in self.shards for r in reqs)
+
+    def env_bound(self) -> EnvBound | None:
+        """How long its episodes' environment calls may take on the engine that plays the most (None: it holds
+        no episodes)."""
+        spec = next((r.episode for reqs in self.shards for r in reqs if r.episode is not None), None)
+        if spec is None:
+            return None
+        episodes = max(sum(r.sampling.n for r in reqs if r.episode is not None) for reqs in self.shards)
+        return EnvBound(spec.env_timeout_s, spec.max_turns, episodes, spec.env_workers)
 
     def call(self, engine: ActorHandle, i: int) -> ObjectRef[GenResult]:
         """Engine i's generate() of its requests (generate_some() when the flight may cut groups short)."""

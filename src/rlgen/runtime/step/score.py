@@ -70,7 +70,7 @@ def score(run: Run, step: int, generated: Generated, tl: StepTimeline) -> Scored
     t0 = time.time() if got.metrics.get("dynamic/rounds", 1) > 1 else t1  # the extra rounds' scoring is inside them
     rows = build_batch(got.completions, got.rewards, run.pad_id, mask_truncated=algo.mask_truncated)
     tl.add("driver", Phase.reward, t0, time.time())
-    _warn_rewards(run, step, got)
+    _warn_rewards(run, step, got, flight)
     return Scored(rows, got.scores, {**got.scores.means(), **got.metrics})
 
 
@@ -190,8 +190,36 @@ def _round(run: Run, step: int, round: int, n: int, tl: StepTimeline) -> Shaped:
     return Shaped(flight.prepared, rewards, scores, pen)
 
 
-def _warn_rewards(run: Run, step: int, got: Shaped) -> None:
-    """Say when rewards came back NaN (they were given advantage 0), or dynamic sampling could not fill the batch."""
+def _timeouts_by_engine(flight: InFlight) -> tuple[list[int], float]:
+    """The episodes whose environment call ran past task.env_timeout_s, on each engine, and the longest engine's
+    generate() call in seconds."""
+    counts = [sum(c.env_timed_out for c in r.completions) for r in flight.results.values()]
+    calls = [max(b for _, _, b in r.spans) - min(a for _, a, _ in r.spans) for r in flight.results.values() if r.spans]
+    return counts, max(calls, default=0.0)
+
+
+TIMEOUTS_LONG = 0.1  # timeouts that cost this share of a step's generation made it long
+
+
+def timeouts_sentence(step: int, per_engine: list[int], gen_s: float, env_timeout_s: float,
+                      env_workers: int) -> str | None:
+    """What the step's environment timeouts cost, where that made its generation long (TIMEOUTS_LONG of it), with
+    the settings that shorten it; None otherwise. Each held one of an engine's task.env_workers for
+    task.env_timeout_s: the engine with the most waited at least ceil(its timeouts / env_workers) x that."""
+    most = max(per_engine, default=0)
+    cost = -(-most // max(1, env_workers)) * env_timeout_s
+    if not most or cost < TIMEOUTS_LONG * gen_s:
+        return None
+    return (f"step {step}: {sum(per_engine)} episodes' environment calls ran past task.env_timeout_s="
+            f"{env_timeout_s:g} s and were killed; waiting for them took at least {cost:.0f} s of the step's "
+            f"{gen_s:.0f} s of generation ({most} on one engine, task.env_workers={env_workers} at a time). Lower "
+            "task.env_timeout_s, raise task.env_workers, or raise timeout_s if steps run past it (env/timeouts counts "
+            "them each step).")
+
+
+def _warn_rewards(run: Run, step: int, got: Shaped, flight: InFlight) -> None:
+    """Say when rewards came back NaN (they were given advantage 0), an environment failed or its timeouts made
+    the step long, or dynamic sampling could not fill the batch."""
     nan = got.scores.nan_count
     if nan:
         run.sink.console.print(f"[yellow]reward:[/] step {step}: {nan} of {len(got.scores.totals)} rewards were NaN; "
@@ -206,6 +234,12 @@ def _warn_rewards(run: Run, step: int, got: Shaped) -> None:
                                f"scored 0, the first: {escape(errors[0])} (env/errors counts them each step, "
                                "env/timeouts those whose call ran past task.env_timeout_s; run.log has each).",
                                highlight=False)
+    if got.metrics.get("env/timeouts") and not run.rollouts.said_env_timeouts:
+        t = run.cfg.task
+        said = timeouts_sentence(step, *_timeouts_by_engine(flight), t.env_timeout_s, t.env_workers)
+        if said:  # once per run, when they made a step long; env/timeouts counts them every step
+            run.rollouts.said_env_timeouts = True
+            run.sink.console.print(f"[yellow]environment:[/] {said}", highlight=False)
     want = run.cfg.algo.prompts_per_step
     kept = got.metrics.get("dynamic/groups_kept")
     if kept is not None and kept < want:
