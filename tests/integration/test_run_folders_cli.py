@@ -112,6 +112,15 @@ def test_a_sweep_into_a_folder_whose_jobs_hold_runs_is_refused_or_goes_to_its_ow
     assert snapshot(sweep) == before  # Hydra wrote nothing there either
 
 
+def test_resume_of_another_run_into_a_folder_that_holds_one_is_refused(finished, tmp_path):
+    held = fake_run(tmp_path / "held")
+    before, theirs = snapshot(held), snapshot(finished)
+    got = train(tmp_path, "steps=4", f"resume={finished}", f"hydra.run.dir={held}")
+    assert got.returncode == 2, got.stdout[-2000:] + got.stderr[-2000:]
+    assert f"{held} holds a finished run" in got.stderr and f"(resume={finished} continues another run)" in got.stderr
+    assert snapshot(held) == before and snapshot(finished) == theirs
+
+
 def test_the_library_call_refuses_a_held_folder_too(tmp_path):
     from rlgen.config.compose import compose_run_config
     from rlgen.plan import build_plan

@@ -75,3 +75,68 @@ def test_an_awake_engine_is_not_woken():
     engine.keep_for_next_run(1)
     engine.take_over(0)
     assert "wake" not in engine.calls
+
+
+class _Loop:
+    """A vLLM engine's loop that records the calls made on it (none here may reach vLLM)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, coro, timeout_s, what):
+        self.calls.append(what)
+        coro.close()
+
+
+class _LLM:
+    async def _call(self):
+        return None
+
+    def collective_rpc(self, *args, **kwargs):
+        return self._call()
+
+    def reset_prefix_cache(self):
+        return self._call()
+
+
+def _vllm_engine(lora: bool, replaced: bool):
+    from rlgen.engines.vllm.engine import VLLMEngine
+
+    engine = object.__new__(VLLMEngine)  # its state only: no vLLM behind it
+    engine.name, engine.args, engine.version, engine.folder_version = "engine0", {"enable_lora": lora}, 5, 0
+    engine.asleep, engine.base_replaced, engine._loop, engine.llm = False, replaced, _Loop(), _LLM()
+    return engine
+
+
+def test_a_vllm_engine_that_took_adapters_alone_keeps_its_folders_weights_without_a_reload():
+    adapters_only = _vllm_engine(lora=True, replaced=False)
+    assert adapters_only._restore_start_weights() is True and adapters_only.version == 0
+    assert adapters_only._loop.calls == []  # no reload_weights: vLLM fails it on a LoRA build
+    whole_on_lora = _vllm_engine(lora=True, replaced=True)
+    assert whole_on_lora._restore_start_weights() is False  # the next run's first push brings them
+    assert whole_on_lora._loop.calls == []
+    plain = _vllm_engine(lora=False, replaced=True)
+    assert plain._restore_start_weights() is True and plain.version == 0 and not plain.base_replaced
+    assert plain._loop.calls[0] == "engine0: loading its model folder's weights again"
+
+
+def test_engines_that_cannot_be_kept_say_so_in_one_line(monkeypatch):
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from rlgen.runtime import setup
+    from rlgen.runtime.errors import RunError
+
+    def fails(engines, wait):
+        raise RunError("keeping the engines warm: engine0 raised ValueError: There is no module or parameter\n"
+                       + "\n".join(f"  File 'vllm/x.py', line {k}" for k in range(100)))
+
+    monkeypatch.setattr(setup.kept_engines, "keep_for_next_run", fails)
+    console = Console(record=True, width=200)
+    run = SimpleNamespace(engines=[object()], learners=[], waiter=SimpleNamespace(get=None), console=console,
+                          cfg=SimpleNamespace(engine=SimpleNamespace(keep_warm_s=300)))
+    assert setup._keep_engines(run) is False
+    said = [ln for ln in console.export_text().splitlines() if ln.strip()]
+    assert len(said) == 1 and said[0].startswith("note: the engines were not kept warm (RunError: keeping"), said
+    assert said[0].endswith("the next run starts them afresh.") and "File" not in said[0]

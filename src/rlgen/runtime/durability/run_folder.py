@@ -74,10 +74,10 @@ class RunDirHeld(UserError):
     def __init__(self, held: HeldRun, why: str = "", key: str = "hydra.run.dir"):
         self.held = held
         more = f"steps={2 * held.step}" if held.step else "steps=<more>"
-        further = (f"to train it further, resume={held.path} {more} with its settings{why}; " if held.checkpoint
-                   else "")
+        further = (f"; to train it further, resume={held.path} {more} with its settings{why}" if held.checkpoint
+                   else why)
         super().__init__(
-            f"{held.path} holds {held.describe()}, and a new run there would overwrite it; {further}to start a new run, "
+            f"{held.path} holds {held.describe()}, and a new run there would overwrite it{further}; to start a new run, "
             f"choose another folder ({key}=<folder>), or set existing_run=new (a folder of its own beside it) "
             "or existing_run=replace (deletes that run's metrics, checkpoints and final model first).")
 
