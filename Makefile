@@ -25,12 +25,13 @@ install: $(PY)  ## create .venv and install rlgen (CPU torch) with dev tools and
 train:  ## the main job: `rlgen train` on the embedded default (CPU, tiny model)
 	$(RLGEN) train
 
+# The smoke runs write to fixed folders, each replacing its last run there (existing_run=replace).
 smoke:  ## the embedded default run, which learns (about a minute on 2 cores)
-	$(RLGEN) train hydra.run.dir=outputs/smoke
+	$(RLGEN) train hydra.run.dir=outputs/smoke existing_run=replace
 
 # On one GPU, with the gpu extra: vLLM engine and DeepSpeed learner colocated, the engine generating the next batch
 # while the learner trains; a 2.4M-parameter model built and warm-started on the GPU (no download), then RL.
-SMOKE_GPU ?= engine=vllm hardware=1xh100 model=small steps=150 hydra.run.dir=outputs/smoke-gpu
+SMOKE_GPU ?= engine=vllm hardware=1xh100 model=small steps=150 hydra.run.dir=outputs/smoke-gpu existing_run=replace
 smoke-gpu:  ## a GPU run that learns in a few minutes (one H100; needs the gpu extra)
 	$(RLGEN) train $(SMOKE_GPU)
 
