@@ -27,6 +27,7 @@ from rlgen.runtime.durability.checkpoint_folder import (
     read_state,
     torn_checkpoints,
 )
+from rlgen.runtime.durability.run_folder import held_run
 from rlgen.types import JSONDict, JSONValue
 
 MATH_PREFIXES = ("model.", "algo.", "task.", "learner.")
@@ -240,10 +241,12 @@ def resolve_auto(run_dir: Path, search_root: Path | None, current: JSONDict) -> 
 def resume_clause(run_dir: Path, command: str | None) -> str:
     """How a run that stopped goes on, for the end of the sentence saying why it stopped: the command that resumes
     it (command: as rlgen train builds it; resume=<run dir> where none is given) and the checkpoint it continues
-    from, or that it has no complete checkpoint yet, so running it again starts over."""
+    from, or that it has no complete checkpoint yet, so running it again starts over (into the same folder, once
+    it holds the run's metrics, with existing_run=replace)."""
     found = list_checkpoints(run_dir)
     if not found:
-        return "it has no checkpoint yet, so running it again starts from step 0"
+        again = " (with existing_run=replace, to run in this folder again)" if held_run(run_dir) is not None else ""
+        return f"it has no checkpoint yet, so running it again starts from step 0{again}"
     how = command or f"resume={run_dir} and the same settings"
     return f"resume with: {how} (it continues from {found[-1].name})"
 
