@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from rlgen.commands.args import Args
-from rlgen.config import RunConfig
+from rlgen.config import ExistingRun, RunConfig
 from rlgen.config.compose import run_dir_template, sweep_dir_template
 from rlgen.runtime.durability.resume import continues, identity, search_root_of
 from rlgen.runtime.durability.run_folder import RunDirHeld, held_run, new_folder, settle
@@ -71,17 +71,18 @@ def _pin_sweep_dir(args: Args, jobs: list[tuple[RunConfig, Any]]) -> list[str]:
     if not held:
         return args.overrides
     policy = held[0][0].existing_run
-    if policy.value == "refuse":
+    if policy is ExistingRun.refuse:
         raise RunDirHeld(held[0][1], f" (one of {len(held)} job folders of the sweep {sweep} that hold a run)",
                          key="hydra.sweep.dir")
-    if policy.value == "new":
+    if policy is ExistingRun.new:
         other = new_folder(sweep)
-        note = f"{sweep} holds {len(held)} runs of an earlier sweep; this sweep writes to {other} (existing_run=new)."
+        runs = f"{len(held)} run{'s' if len(held) != 1 else ''}"
+        note = f"{sweep} holds {runs} of an earlier sweep; this sweep writes to {other} (existing_run=new)."
         sweep = str(other)
     else:
         for cfg, h in held:
             settle(h.path, cfg.existing_run)
-        note = f"{len(held)} job folders of {sweep} held runs; their files were deleted (existing_run=replace)."
+        note = f"{len(held)} job folder(s) of {sweep} held a run; their files were deleted (existing_run=replace)."
     Console(stderr=True, soft_wrap=True).print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     return [*_without(args.overrides, "hydra.sweep.dir="), f"hydra.sweep.dir={hydra_quoted(sweep)}"]
 

@@ -166,6 +166,11 @@ def _checkpoint_folder(path: Path) -> bool:
     return checkpoint_step(path) is not None and path.parent.name == CHECKPOINTS
 
 
+def _run_dir_of(path: Path) -> Path:
+    """The run directory resume=<path> names: path, or the run a checkpoint folder belongs to."""
+    return path.parent.parent if _checkpoint_folder(path) else path
+
+
 def resolve_explicit(spec: str, current: JSONDict) -> ResumePoint:
     """resume=<run dir> (its newest complete checkpoint) or resume=<run dir>/checkpoints/step_<k> (that one)."""
     path = Path(spec).expanduser()
@@ -182,7 +187,7 @@ def resolve_explicit(spec: str, current: JSONDict) -> ResumePoint:
     if _checkpoint_folder(path) and not is_complete(path):
         raise ResumeError(f"resume={spec}: the checkpoint is torn (it has no {MARKER} marker); give its run "
                           f"directory, {path.parent.parent}, to resume from the newest complete one.")
-    run_dir = path.parent.parent if _checkpoint_folder(path) else path
+    run_dir = _run_dir_of(path)
     point, diff = _point(run_dir, current, spec, path if _checkpoint_folder(path) else None)
     if point is None:
         torn = torn_checkpoints(run_dir)
@@ -281,8 +286,7 @@ def continues(folder: Path, resume: str | None, current: JSONDict, search_root: 
     if not resume:
         return False, ""
     if resume != "auto":
-        path = Path(resume).expanduser()
-        target = path.parent.parent if _checkpoint_folder(path) else path
+        target = _run_dir_of(Path(resume).expanduser())
         return target.resolve() == folder.resolve(), f" (resume={resume} continues another run)"
     point, _ = resolve_auto(folder, search_root, current)
     if point is not None:
