@@ -1,7 +1,11 @@
 """Runs side by side by their step breakdown: what each trained (real response tokens a step, the packed tokens the
-learners forwarded, micro-batches), how long its phases took (medians over the steps after the first: generate,
-train, the step), the generation tail (rlgen.runtime.rollouts.tail), and the learner's measured peak memory
-against the plan's. The first run is the base every ratio is to.
+learners forwarded, micro-batches), how long its phases took (means over the steps after the first: generate,
+train, the step), how its steps spread (the longest step over the shortest: about 1 where steps are even, 2 and
+more where a short and a long one alternate), its throughput (the real response tokens of those steps over their
+seconds, tokens/s), the generation tail (rlgen.runtime.rollouts.tail), and the learner's measured peak memory
+against the plan's. The first run is the base every ratio is to; the ratios are of means. The median of the
+generate, train and step seconds is kept beside the means (``<key>_median``) only: where steps alternate, it
+lands on either.
 
     python benchmarks/lengths_report.py RUN_DIR [RUN_DIR ...] [--out report.json]
 """
@@ -13,20 +17,51 @@ import json
 import statistics
 from pathlib import Path
 
+from rlgen.metrics.steady import steady
+
 KEYS = ("generate_s", "train_s", "step_s", "response_tokens", "packed_tokens", "micro_batches", "gen/tail_s",
         "gen/tail_filled", "sync_s", "staleness", "partial/carried", "partial/cut_tokens")
+MEDIAN_KEYS = ("generate_s", "train_s", "step_s")
+RATIO_KEYS = ("train_s", "generate_s", "step_s", "tokens_per_s")
 
 
-def run_summary(run: Path) -> dict:
-    """One run's medians over steps 1.. (step 0 starts the engines and generates alone), its lengths and memory."""
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    later = records[1:] or records
-    plan = json.loads((run / "plan.json").read_text())
-    out: dict = {"run": run.name, "steps": len(records)}
+def steady_records(records: list[dict]) -> list[dict]:
+    """The records of steps 1.. (step 0 starts the engines and generates alone); all of them for a one-step run."""
+    return records[1:] or records
+
+
+def means(later: list[dict]) -> dict:
+    """The mean of each of KEYS over the records that hold it, with the median beside for MEDIAN_KEYS."""
+    out: dict = {}
     for key in KEYS:
         values = [r[key] for r in later if key in r]
         if values:
-            out[key] = round(statistics.median(values), 3)
+            out[key] = round(statistics.fmean(values), 3)
+            if key in MEDIAN_KEYS:
+                out[f"{key}_median"] = round(statistics.median(values), 3)
+    return out
+
+
+def step_spread(records: list[dict]) -> dict:
+    """How the steps after the first spread (min, max, max/min, coefficient of variation) and the real response
+    tokens a second over them, by rlgen.metrics.steady; nothing where the records lack a step's seconds or
+    tokens."""
+    if not records or not all("step_s" in r and "response_tokens" in r for r in records):
+        return {}
+    s = steady([r["step_s"] for r in records], [r["response_tokens"] for r in records],
+               warmup=1 if len(records) > 1 else 0)
+    if s is None:
+        return {}
+    return {"step_min_s": round(s.min_s, 3), "step_max_s": round(s.max_s, 3), "step_spread": round(s.spread, 3),
+            "step_cv": round(s.cv, 3), "steps_even": s.even, "tokens_per_s": round(s.tokens_per_s, 1)}
+
+
+def run_summary(run: Path) -> dict:
+    """One run's means over steps 1.., its step spread and tokens/s, its lengths and memory."""
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    later = steady_records(records)
+    plan = json.loads((run / "plan.json").read_text())
+    out: dict = {"run": run.name, "steps": len(records), **means(later), **step_spread(records)}
     mean_len = [r["response_tokens"] / max(r["sequences"], 1) for r in later]
     out["mean_response_tokens"] = round(statistics.fmean(mean_len), 1) if mean_len else None
     out["max_new_tokens"] = plan["config"]["algo"]["max_new_tokens"]
@@ -45,19 +80,23 @@ def run_summary(run: Path) -> dict:
 
 
 def report(runs: list[Path]) -> dict:
+    """Every run's summary, each with its means' ratios to the first run's (<key>_vs_<first run>)."""
     rows = [run_summary(r) for r in runs]
     base = rows[0]
     for row in rows:
-        for key in ("train_s", "generate_s", "step_s"):
+        for key in RATIO_KEYS:
             if key in row and base.get(key):
                 row[f"{key}_vs_{base['run']}"] = round(row[key] / base[key], 2)
     return {"runs": rows}
 
 
 def table(rep: dict) -> str:
+    """The runs as a markdown table: means (train_s, generate_s, step_s), the step spread and tokens/s."""
     cols = ("run", "max_new_tokens", "mean_response_tokens", "response_tokens", "packed_tokens", "micro_batches",
-            "train_s", "generate_s", "step_s", "gen/tail_s", "gen/tail_filled", "learner_peak_gib",
-            "plan_learner_peak_gib")
+            "train_s", "generate_s", "step_s", "step_spread", "tokens_per_s", "step_s_median", "gen/tail_s",
+            "gen/tail_filled", "learner_peak_gib", "plan_learner_peak_gib")
+    base = rep["runs"][0]["run"] if rep["runs"] else ""
+    cols += (f"step_s_vs_{base}",)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(row.get(c, "")) for c in cols) + " |" for row in rep["runs"]]
     return "\n".join(lines)

@@ -27,10 +27,17 @@ Sides:
 Every side runs ``--steps`` optimizer steps of ``--prompts`` x ``--samples`` sequences. A step's time is the
 wall time between the ends of two consecutive steps, so each side's logging and bookkeeping count. The report
 (OUT/peer.json and a table on stdout; sides already in OUT/peer.json for the same inputs stay, so one
-comparison can span consecutive invocations) gives each side's median step after ``--warmup`` steps (the last
-step left out: with async_steps=1 nothing is generated beside it), its time from
-process launch to the end of its first step, whether its losses stayed finite, its mean response length, and
-the ratio of every side's median step to TRL's (to the first side's when TRL is not run).
+comparison can span consecutive invocations) sums up each side's steady steps, those after ``--warmup`` steps
+(the last step left out: with async_steps=1 nothing is generated beside it), with rlgen.metrics.steady: the mean
+step (``mean_step_s``), the shortest and longest (``step_min_s``, ``step_max_s``), their ratio (``step_spread``:
+about 1 for even steps, 2 and more where a short and a long step alternate), the steps' coefficient of variation
+(``step_cv``) and the real response tokens a second over them (``tokens_per_s``; TRL's from the mean length it
+logs each step); the median step (``median_step_s``) is kept beside them only, since where steps alternate it
+lands on either. Also each side's time from process launch to the end of its first step, whether its losses
+stayed finite, its mean response length, and the ratio of every side's mean step to TRL's (to the first side's
+when TRL is not run). rlgen's phases (generate, train, sync, ...) are means over the records of the same steady
+steps (``mean_<key>``). ``--report OUT`` computes these again from each side's ``step_s`` (and ``step_tokens``,
+the tokens of each step, where recorded), so a peer.json written before them can be tabled as well.
 
 The model folder is built here (``--model`` takes an existing one): a byte-level BPE tokenizer of ``--vocab``
 tokens and a randomly initialised model of the preset's shape, so responses run to the length limit on both
@@ -76,6 +83,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from rlgen.metrics.steady import Steady, steady
 
 HERE = Path(__file__).resolve()
 BUILTIN_SIDES = {
@@ -245,22 +254,41 @@ def run_side(cmd: list[str], log: Path, timeout_s: float, env: dict | None = Non
     return rc, launched
 
 
-def steady_median(steps: list[float], warmup: int) -> float | None:
-    """The median of steps warmup .. n-2 (steps[k-1] is step k). The last step is left out too: with
-    async_steps=1 no next batch is generated beside it, so it is not the steady state."""
-    kept = steps[max(warmup - 1, 0):-1]
-    return statistics.median(kept) if kept else None
+STEP_FIELDS = ("mean_step_s", "step_spread", "step_min_s", "step_max_s", "step_cv", "tokens_per_s",
+               "median_step_s")
+
+
+def steady_steps(steps: list[float], warmup: int, tokens: list[float] | None = None) -> Steady | None:
+    """Steps warmup .. n-2 (steps[k-1] is step k) summed up, with each step's real response tokens where given
+    (one count a step, else none are used). The last step is left out too: with async_steps=1 no next batch is
+    generated beside it, so it is not the steady state."""
+    if tokens is not None and len(tokens) != len(steps):
+        tokens = None
+    return steady(steps, tokens, warmup=max(warmup - 1, 0), tail=1)
+
+
+def step_fields(steps: list[float], warmup: int, tokens: list[float] | None = None) -> dict:
+    """A side's STEP_FIELDS over its steady steps (each None where no steady step is left)."""
+    s = steady_steps(steps, warmup, tokens)
+    if s is None:
+        return dict.fromkeys(STEP_FIELDS)
+    return {"mean_step_s": s.mean_s, "step_spread": s.spread, "step_min_s": s.min_s, "step_max_s": s.max_s,
+            "step_cv": s.cv, "tokens_per_s": s.tokens_per_s, "median_step_s": s.median_s}
 
 
 def summarize(name: str, rc: int, launched: float, ends: list[float], losses: list[float], lengths: list[float],
-              warmup: int, extra: dict | None = None) -> dict:
+              warmup: int, extra: dict | None = None, tokens: list[float] | None = None) -> dict:
+    """One side's result from the ends of its steps (one a step, from its process launch) and each step's loss
+    and mean response length; tokens: each step's real response tokens, one count for each end."""
     steps = [b - a for a, b in zip(ends, ends[1:])]  # step k (k >= 1): end of k-1 to end of k
+    per_step = [float(t) for t in tokens[1:]] if tokens is not None and len(tokens) == len(ends) else None
     return {
         "side": name,
         "rc": rc,
         "steps_done": len(ends),
-        "median_step_s": steady_median(steps, warmup),
+        **step_fields(steps, warmup, per_step),
         "step_s": [round(s, 4) for s in steps],
+        **({"step_tokens": per_step} if per_step is not None else {}),
         "first_step_s": ends[0] - launched if ends else None,
         "finite": bool(losses) and all(math.isfinite(x) for x in losses),
         "mean_response_tokens": statistics.fmean(lengths) if lengths else None,
@@ -278,8 +306,10 @@ def trl_side(out: Path, spec: dict, warmup: int, timeout_s: float) -> dict:
     res = json.loads((work / "result.json").read_text()) if (work / "result.json").is_file() else {}
     error = work / "error.txt"
     extra = {"error": error.read_text().strip().splitlines()[-1]} if error.is_file() else {}
-    return summarize("trl", rc, launched, res.get("step_ends", []), res.get("losses", []),
-                     res.get("mean_length", []), warmup, extra)
+    lengths = res.get("mean_length", [])
+    tokens = [n * spec["prompts"] * spec["samples"] for n in lengths]  # TRL logs each step's mean length
+    return summarize("trl", rc, launched, res.get("step_ends", []), res.get("losses", []), lengths, warmup, extra,
+                     tokens)
 
 
 def engine_args(spec: dict) -> list[str]:
@@ -315,16 +345,28 @@ def rlgen_side(out: Path, name: str, overrides: list[str], spec: dict, warmup: i
     rc, launched = run_side(cmd, work / "log.txt", timeout_s)
     metrics = work / "run" / "metrics.jsonl"
     recs = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
-    extra = summary_of(work, ("first_rollout_s", "setup_s", "sync_warmup_s"))
-    for key in ("generate_s", "train_s", "sync_s", "sync_pause_s", "overlap_efficiency", "sync_start_s", "sync_load_s",
-                "sync_pack_s", "sync_finish_s", "packed_tokens", "micro_batches", "gen/tail_s", "gen/tail_filled",
-                "learner_peak_gib"):
-        vals = [r[key] for r in recs[warmup:] if key in r]
-        if vals:
-            extra[f"median_{key}"] = statistics.median(vals)
-    extra["overrides"] = overrides
+    extra = {**summary_of(work, ("first_rollout_s", "setup_s", "sync_warmup_s")), **phase_means(recs, warmup),
+             "overrides": overrides}
     return summarize(name, rc, launched, [r["t_end"] for r in recs], [r["loss"] for r in recs],
-                     [r["response_tokens"] / r["sequences"] for r in recs], warmup, extra)
+                     [r["response_tokens"] / r["sequences"] for r in recs], warmup, extra,
+                     [r["response_tokens"] for r in recs])
+
+
+PHASES = ("generate_s", "train_s", "sync_s", "sync_pause_s", "overlap_efficiency", "sync_start_s", "sync_load_s",
+          "sync_pack_s", "sync_finish_s", "packed_tokens", "micro_batches", "gen/tail_s", "gen/tail_filled",
+          "learner_peak_gib")
+
+
+def phase_means(recs: list[dict], warmup: int) -> dict:
+    """mean_<key> of each of PHASES over the records of the steady steps (record k is step k; steps warmup ..
+    n-2, as steady_steps counts them), for the keys those records hold."""
+    kept = recs[max(warmup, 1):-1]
+    out = {}
+    for key in PHASES:
+        vals = [r[key] for r in kept if key in r]
+        if vals:
+            out[f"mean_{key}"] = statistics.fmean(vals)
+    return out
 
 
 def parse_side(text: str, builtin: dict[str, list[str]] = BUILTIN_SIDES) -> tuple[str, list[str]]:
@@ -602,28 +644,47 @@ def learn(args: argparse.Namespace, out: Path) -> None:
     write_learning(out, report)
 
 
+def base_mean(results: list[dict]) -> float | None:
+    """The mean step every side's ratio is to: TRL's, else the first side's with one."""
+    timed = [r for r in results if r.get("mean_step_s")]
+    return next((r for r in timed if r["side"] == "trl"), timed[0] if timed else {}).get("mean_step_s")
+
+
+def cell(value: float | None, fmt: str, suffix: str = "") -> str:
+    """A table cell: the value formatted, "-" for none."""
+    return f"{value:{fmt}}{suffix}" if value is not None else "-"
+
+
 def table(results: list[dict]) -> str:
-    timed = [r for r in results if r.get("median_step_s")]
-    base = next((r for r in timed if r["side"] == "trl"), timed[0] if timed else {}).get("median_step_s")
-    lines = ["| side | rc | median step s | vs base | first step s (from launch) | finite | response tokens |",
-             "|---|---:|---:|---:|---:|---|---:|"]
+    """The sides as a markdown table: the mean step, its spread and its ratio to the base's mean step first."""
+    base = base_mean(results)
+    lines = ["| side | rc | mean step s | spread (max/min) | vs base (means) | tokens/s | median step s "
+             "| first step s (from launch) | finite | response tokens |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for r in results:
-        med = r.get("median_step_s")
-        ratio = f"{med / base:.2f}x" if med and base else "-"
-        first = f"{r['first_step_s']:.1f}" if r.get("first_step_s") is not None else "-"
-        toks = f"{r['mean_response_tokens']:.0f}" if r.get("mean_response_tokens") else "-"
-        lines.append(f"| {r['side']} | {r['rc']} | {med:.3f} | {ratio} | {first} | {r['finite']} | {toks} |"
-                     if med else f"| {r['side']} | {r['rc']} | - | - | {first} | {r['finite']} | {toks} |")
+        mean = r.get("mean_step_s")
+        cells = [r["side"], str(r["rc"]), cell(mean, ".3f"), cell(r.get("step_spread"), ".2f"),
+                 cell(mean / base if mean and base else None, ".2f", "x"), cell(r.get("tokens_per_s"), ".0f"),
+                 cell(r.get("median_step_s"), ".3f"), cell(r.get("first_step_s"), ".1f"), str(r["finite"]),
+                 cell(r.get("mean_response_tokens") or None, ".0f")]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def retable(report: dict) -> dict:
+    """The report with each side's STEP_FIELDS computed again from its step_s (and step_tokens where recorded),
+    so peer.json files written before those fields are tabled alike; a side without step_s keeps what it has."""
+    for r in report["sides"]:
+        if "step_s" in r:
+            r.update(step_fields(r["step_s"], report.get("warmup", 2), r.get("step_tokens")))
+    return report
 
 
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--report":  # the tables again from OUT/peer.json, OUT/learning.json
         done = Path(sys.argv[2])
         if (done / "peer.json").is_file() or not (done / "learning.json").is_file():
-            report = json.loads((done / "peer.json").read_text())
-            for r in report["sides"]:
-                r["median_step_s"] = steady_median(r["step_s"], report["warmup"])
+            report = retable(json.loads((done / "peer.json").read_text()))
             (done / "peer.json").write_text(json.dumps(report, indent=2))
             print(table(report["sides"]))
         if (done / "learning.json").is_file():
@@ -657,7 +718,7 @@ def main() -> None:
     ap.add_argument("--engine-share", type=float, default=0.35, help="vLLM gpu_memory_utilization, both sides")
     ap.add_argument("--hardware", default="1xh100", help="rlgen's hardware preset")
     ap.add_argument("--steps", type=int, help="optimizer steps per side (default 12; --learn: 150)")
-    ap.add_argument("--warmup", type=int, default=2, help="steps left out of the median")
+    ap.add_argument("--warmup", type=int, default=2, help="steps left out of the steady steps (their mean)")
     ap.add_argument("--sides", help="(default rlgen,rlgen_async,trl; --learn: rlgen,trl)")
     ap.add_argument("--device", choices=["cuda", "cpu"], default=None)
     ap.add_argument("--timeout", type=float, default=900, help="seconds per side")
@@ -703,7 +764,7 @@ def main() -> None:
         print(f"== {name} {' '.join(overrides)}", flush=True)
         r = (trl_side(out, spec, args.warmup, args.timeout) if name == "trl"
              else rlgen_side(out, name, overrides, spec, args.warmup, args.timeout))
-        print(json.dumps({k: v for k, v in r.items() if k != "step_s"}), flush=True)
+        print(json.dumps({k: v for k, v in r.items() if k not in ("step_s", "step_tokens")}), flush=True)
         results.append(r)
     report = {"spec": spec, "model_build_s": build_s, "warmup": args.warmup, "sides": results,
               "date": time.strftime("%Y-%m-%d"), "versions": versions()}
