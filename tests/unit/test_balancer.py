@@ -151,11 +151,15 @@ def test_rolling_numbers_average_the_window():
     assert v.learner_wait_s == pytest.approx((0.51 + 0.71) / 2)
 
 
-def test_run_summary_uses_medians_past_warmup():
+def test_run_summary_uses_means_past_warmup():
     recs = series([(5.0, 0.1)] + [(0.1, 0.9)] * 4 + [(3.0, 0.1)])
     v = summarize(recs)
-    assert v.kind == Kind.training_bound.value
-    assert v.steps == 5
+    # the mean past warm-up: producer (4 x 0.11 + 3.01) / 5 = 0.69 s against consumer (4 x 0.92 + 0.12) / 5 = 0.76 s
+    # (the median, 0.11 s against 0.92 s, said training-bound; with the warm-up step, generation-bound)
+    assert v.producer_s == pytest.approx((4 * 0.11 + 3.01) / 5)
+    assert v.consumer_s == pytest.approx((4 * 0.92 + 0.12) / 5)
+    assert v.kind == Kind.balanced.value
+    assert (v.steps, v.first_step, v.step) == (5, 1, 5)
     assert summarize([]) is None
 
 
@@ -334,10 +338,12 @@ def test_a_weight_update_whose_sides_overlap_counts_its_wall_time_once():
 def test_a_long_generation_tail_gets_partial_rollouts_advised_unless_they_are_on():
     from rlgen.metrics.balance import BalanceContext, Kind, StepBalance, advise
 
-    # generation-bound (4 s generating against 1 s training), 2.5 s of the 4 s the tail of the last responses
-    m = StepBalance(0, 4.0, 3.0, 4.0, 1.0, 4.0, 0.0, 0.0, 1000, 1, tail_s=2.5)
+    # generation-bound (4 s generating against 1 s training); the learner waited 2.5 s of the 4 s step for the tail
+    # of the last responses, with nothing generating beside it
+    m = StepBalance(0, 4.0, 3.0, 4.0, 1.0, 4.0, 0.0, 0.0, 1000, 1, tail_s=2.5, tail_filled=0.0, tail_wait_s=2.5)
     text = advise(Kind.generation_bound, m, BalanceContext(async_steps=1))
-    assert "62% of generating it is the tail" in text and "algo.partial_rollouts=0.25" in text
+    assert "waits 2.5 s a step for the generation tail" in text and "algo.partial_rollouts=0.25" in text
+    assert "carrying the tail would cut the mean step by about 62%" in text
     assert "partial_rollouts" not in advise(Kind.generation_bound, m, BalanceContext(async_steps=1, partial=True))
-    short = StepBalance(0, 4.0, 3.0, 4.0, 1.0, 4.0, 0.0, 0.0, 1000, 1, tail_s=0.5)
+    short = dataclasses.replace(m, tail_s=0.5, tail_wait_s=0.25)  # 6% of the step: not worth carrying
     assert "partial_rollouts" not in advise(Kind.generation_bound, short, BalanceContext(async_steps=1))

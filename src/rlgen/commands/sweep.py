@@ -141,12 +141,14 @@ def to_markdown(rows: list[dict[str, Any]], sweep_dir: Path) -> str:
         "",
         f"Every run: `{' '.join(common)}`." if common else "",
         "Ranked by end-to-end throughput (response tokens per second of step wall clock, first step left out).",
-        "Verdicts are medians over the steps: generate/train is the time to generate a batch over the time to "
-        "train on it.",
+        "Verdicts are means over the steps past the first: generate/train is the time to generate a batch over the "
+        "time to train on it, and steps spread is the longest of those steps over the shortest (over 1.5x, a run's "
+        "steps alternate, and its advice says between what).",
         "",
-        "| rank | overrides | layout | tok/s end to end | generation tok/s | learner needs tok/s | step s | learner wait "
-        "| engines idle | generate/train | verdict | GPU busy | first rollout s | reward (last 20%) | status |",
-        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|",
+        "| rank | overrides | layout | tok/s end to end | generation tok/s | learner needs tok/s | step s | steps spread "
+        "| learner wait | engines idle | generate/train | verdict | GPU busy | first rollout s | reward (last 20%) "
+        "| status |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|",
     ]
     for r in rows:
         lines.append("| " + " | ".join([
@@ -157,6 +159,7 @@ def to_markdown(rows: list[dict[str, Any]], sweep_dir: Path) -> str:
             _cell(r.get("gen_tokens_per_s"), ",.0f"),
             _cell(r.get("required_tokens_per_s"), ",.0f"),
             _cell(r.get("step_s")),
+            _cell(r.get("spread"), ".1f") + ("x" if isinstance(r.get("spread"), float) else ""),
             _cell(r.get("learner_wait_frac"), ".0%"),
             _cell(r.get("engine_idle_frac"), ".0%"),
             _cell(r.get("ratio"), ".2f"),

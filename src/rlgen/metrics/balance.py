@@ -3,7 +3,9 @@
 The engines produce a batch (generate, load weights: P seconds) and the learner consumes it (score, train,
 export: C seconds). With ratio = P / C, above 1 + band the step is generation-bound, below 1 / (1 + band)
 training-bound, and balanced in between. ``BalanceTracker`` changes its verdict only after the new kind has
-held for ``hold`` steps in a row. How P and C are read from a step's spans: docs/plan.md.
+held for ``hold`` steps in a row. How P and C are read from a step's spans: docs/plan.md. Verdicts over several
+steps are their means (a median lands on either step of a series that alternates), with the spread of the step times
+beside (rlgen.metrics.steady). Whether carrying the generation tail would pay: rlgen.metrics.tail_gain.
 Pure Python: no torch, no Ray.
 """
 
@@ -17,13 +19,15 @@ from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from typing import Any
 
+from rlgen.metrics.room_advice import more_engines, with_more_gpus
+from rlgen.metrics.steady import Steady, steady
+from rlgen.metrics.tail_gain import carry_advice, carry_gain, tail_wait_s
 from rlgen.types import covered_seconds
 
 DEFAULT_BAND = 0.15  # ratio within [1/1.15, 1.15]: balanced
 DEFAULT_HOLD = 3  # consecutive steps a new kind must hold before the rolling verdict changes
 DEFAULT_WINDOW = 5  # steps the rolling numbers average over
 DEFAULT_WARMUP = 1  # first steps left out of rolling and run verdicts (first generate/backward are slow)
-MAX_ENGINE_GROWTH = 16  # past this, "add N engines" stops being useful advice
 SYNC_NOTE_FRAC = 0.2  # mention weight sync when it takes more than this share of the step
 
 
@@ -97,6 +101,10 @@ class StepBalance:
     num_engines: int
     env_s: float = 0.0  # busiest engine: waiting for its episodes' environment calls (multi-turn tasks)
     tail_s: float = 0.0  # the longest engine's generation tail (gen/tail_s: after 90% of its requests were done)
+    tail_filled: float | None = None  # gen/tail_filled: the share of the tail the next batch generated beside
+    # the learner's wait for the tail that nothing filled: what carrying it would save (rlgen.metrics.tail_gain).
+    # None: not measured
+    tail_wait_s: float | None = None
 
     @property
     def ratio(self) -> float:
@@ -106,7 +114,6 @@ class StepBalance:
         return self.producer_s / self.consumer_s
 
 
-TAIL_BOUND_FRAC = 0.4  # a generation tail this share of generating a batch gets partial rollouts advised
 ENV_BOUND_FRAC = 0.3  # an environment taking this share of the engines' busy time is named as the bottleneck
 
 
@@ -165,9 +172,15 @@ def measure(spans: Iterable[Any], tokens: int, step: int = 0, num_engines: int |
 
 
 def measure_record(record: Mapping[str, Any], num_engines: int | None = None) -> StepBalance:
-    """A StepBalance from one metrics record (its ``timeline``, ``response_tokens`` and generation tail)."""
+    """A StepBalance from one metrics record (its ``timeline``, ``response_tokens`` and generation tail: gen/tail_s
+    and gen/tail_filled, which engines without a tail measurement leave out)."""
     m = measure(record["timeline"], int(record.get("response_tokens", 0)), int(record.get("step", 0)), num_engines)
-    return replace(m, tail_s=float(record.get("gen/tail_s", 0.0)))
+    tail, filled = record.get("gen/tail_s"), record.get("gen/tail_filled")
+    m = replace(m, tail_s=float(tail or 0.0))
+    if tail is None or filled is None:
+        return m
+    wait = tail_wait_s(float(tail), m.learner_wait_s, float(filled))
+    return m if wait is None else replace(m, tail_filled=float(filled), tail_wait_s=wait)
 
 
 def classify(ratio: float, band: float = DEFAULT_BAND) -> Kind:
@@ -196,6 +209,12 @@ class Verdict:
     step_s: float = 0.0  # step window
     producer_s: float = 0.0
     consumer_s: float = 0.0
+    first_step: int = -1  # the first step the numbers include
+    step_median_s: float = 0.0  # beside the mean step_s only
+    step_min_s: float = 0.0
+    step_max_s: float = 0.0
+    spread: float = 1.0  # the longest step over the shortest (rlgen.metrics.steady)
+    partial_gain: float | None = None  # share of the mean step carrying the tail would save (None: not measured)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -223,7 +242,7 @@ def advise(kind: Kind, m: StepBalance, ctx: BalanceContext = NO_CONTEXT) -> str:
             f"generation-bound: the learner waited {m.learner_wait_s / window:.0%} of the step; generating a batch "
             f"takes {_fmt_x(ratio)} as long as training on it"
         )
-        more_gpus = _more_engines(n, ratio, ctx, fixes)
+        more_gpus = more_engines(n, ratio, ctx, fixes)
         if ctx.tensor_parallel_size > 1:
             fixes.append(
                 f"split engines to a smaller engine.tensor_parallel_size than {ctx.tensor_parallel_size} "
@@ -235,10 +254,6 @@ def advise(kind: Kind, m: StepBalance, ctx: BalanceContext = NO_CONTEXT) -> str:
             head += f", and {m.env_s / max(m.producer_s, 1e-12):.0%} of the engines' time is their environment's"
             fixes.insert(0, "make the environment answer faster or raise task.env_workers (the environment is the "
                             "bottleneck)")
-        if m.tail_s > TAIL_BOUND_FRAC * m.gen_s and not ctx.partial and not ctx.episodes:
-            head += (f"; {m.tail_s / max(m.gen_s, 1e-12):.0%} of generating it is the tail, the last 10% of the "
-                     "responses")
-            fixes.insert(0, "carry the tail into the next step (algo.partial_rollouts=0.25)")
         if ctx.episodes and ctx.async_steps == 1 and ctx.runs_ahead:
             fixes.append("raise algo.async_steps to 2 so the next batch's episodes generate while this one's last "
                          "wait on their environment")
@@ -259,13 +274,19 @@ def advise(kind: Kind, m: StepBalance, ctx: BalanceContext = NO_CONTEXT) -> str:
                             f"of the {ctx.engine_gpus + ctx.learner_gpus} GPUs, not {ctx.learner_gpus})")
         fixes.append("speed up the learner (fewer micro-batches: a larger algo.micro_batch_tokens, as far as the "
                      "learner GPU's memory allows)")
-        more_gpus = _with_more_gpus(ctx, "more learner ranks")
+        more_gpus = with_more_gpus(ctx, "more learner ranks")
     else:
         more_gpus = ""
         head = f"balanced: generating and training a batch take about the same time (ratio {ratio:.2f})"
         if overlap:
             saved = min(m.producer_s, m.consumer_s)
             fixes.append(f"raise algo.async_steps to 1 to overlap them (saves up to {saved:.3g} s a step)")
+    # carrying the tail: where it is predicted to cut the mean step enough (rlgen.metrics.tail_gain); with partial
+    # rollouts on, the measured tail is the cut one, and multi-turn episodes are not carried
+    carry = None if ctx.partial or ctx.episodes else carry_advice(m.tail_wait_s, m.window_s)
+    if carry:
+        head += f"; {carry[0]}"
+        fixes.insert(0, carry[1])
     text = head + ("; " + ", or ".join(fixes) if fixes else "") + (f"; {more_gpus}" if more_gpus else "")
     if m.sync_s > SYNC_NOTE_FRAC * window:
         text += f". Weight sync takes {m.sync_s / window:.0%} of the step"
@@ -274,60 +295,17 @@ def advise(kind: Kind, m: StepBalance, ctx: BalanceContext = NO_CONTEXT) -> str:
     return text + "."
 
 
-def _more_engines(n: int, ratio: float, ctx: BalanceContext, fixes: list[str]) -> str:
-    """Generation-bound: the engines to add that the hardware has room for (into fixes); returns the "with more
-    GPUs" clause for what it has no room for ("" when all fits, or on CPU)."""
-    known = ctx.device == "cuda" and ctx.free_gpus is not None
-    if not (math.isfinite(ratio) and ratio <= MAX_ENGINE_GROWTH):
-        if not known:
-            fixes.append(f"add engines (it would take over {MAX_ENGINE_GROWTH}x the {n} there are)")
-            return ""
-        fixes += _more_per_gpu(ctx)
-        return _with_more_gpus(ctx, f"over {MAX_ENGINE_GROWTH}x the {n} engines there are", 10**9)
-    add = max(1, math.ceil(n * ratio - 1e-9) - n)
-    if not known:
-        gpus = f": {(n + add) * ctx.tensor_parallel_size} engine GPUs" if ctx.device == "cuda" else ""
-        fixes.append(f"add {add} engine{'s' if add > 1 else ''} (engine.num_engines={n + add}{gpus})")
-        return ""
-    fit = min(add, ctx.free_gpus // max(ctx.tensor_parallel_size, 1))
-    if fit:
-        fixes.append(f"add {fit} engine{'s' if fit > 1 else ''} on the idle GPUs (engine.num_engines={n + fit})")
-    tp = max(ctx.tensor_parallel_size, 1)
-    move = min(add - fit, (ctx.learner_gpus - 1) // tp) * tp  # learners keep at least one GPU
-    if move > 0:
-        fixes.append(f"move {move} GPUs from the learners to the engines (hardware.engine_gpus="
-                     f"{ctx.engine_gpus + move}, hardware.learner_gpus={ctx.learner_gpus - move}, "
-                     f"engine.num_engines={n + fit + move // tp})")
-    if fit < add:
-        fixes += _more_per_gpu(ctx)
-    if fit >= add:
-        return ""
-    need = (n + add) * tp
-    return _with_more_gpus(ctx, f"engine.num_engines={n + add}, {need} engine GPUs", need)
-
-
-def _more_per_gpu(ctx: BalanceContext) -> list[str]:
-    """One more engine per GPU, where the plan found it fits; [] where it does not."""
-    k = ctx.engines_per_gpu_next
-    return [f"run {k} engines per GPU (engine.engines_per_gpu={k}), which keeps a GPU busier"] if k else []
-
-
-def _with_more_gpus(ctx: BalanceContext, change: str, need: int = 0) -> str:
-    """'with more GPUs: hardware=<preset> <change>': the smallest preset with more GPUs (and at least `need` of
-    them, when one has); "" on CPU or when there is none."""
-    if ctx.device != "cuda" or not ctx.bigger_hardware:
-        return ""
-    name = next((h for h, g in ctx.bigger_hardware if g >= need), ctx.bigger_hardware[-1][0])
-    return f"with more GPUs: hardware={name} ({change})"
-
-
 def assess(m: StepBalance, ctx: BalanceContext = NO_CONTEXT, band: float = DEFAULT_BAND) -> Verdict:
     """The verdict of one step (no hysteresis)."""
     kind = classify(m.ratio, band)
-    return _verdict(kind, kind, m, ctx, steps=1)
+    return _verdict(kind, kind, [m], ctx)
 
 
-def _verdict(kind: Kind, step_kind: Kind, m: StepBalance, ctx: BalanceContext, steps: int) -> Verdict:
+def _verdict(kind: Kind, step_kind: Kind, ms: Sequence[StepBalance], ctx: BalanceContext,
+             m: StepBalance | None = None) -> Verdict:
+    """The verdict of the steps ms: the numbers of m (their mean, combine), the spread of their step times."""
+    m = m or (ms[0] if len(ms) == 1 else combine(ms))
+    st = steady([x.window_s for x in ms], warmup=0)
     window = max(m.window_s, 1e-12)
     return Verdict(
         kind=kind.value,
@@ -338,25 +316,43 @@ def _verdict(kind: Kind, step_kind: Kind, m: StepBalance, ctx: BalanceContext, s
         gen_tokens_per_s=m.tokens / m.producer_s if m.producer_s > 0 else 0.0,
         required_tokens_per_s=m.tokens / m.consumer_s if m.consumer_s > 0 else 0.0,
         sync_s=m.sync_s,
-        advice=advise(kind, m, ctx),
+        advice=advise(kind, m, ctx) + _uneven(st),
         ratio=m.ratio,
         step_kind=step_kind.value,
         step=m.step,
-        steps=steps,
+        steps=len(ms),
         step_s=m.window_s,
         producer_s=m.producer_s,
         consumer_s=m.consumer_s,
+        first_step=ms[0].step,
+        step_median_s=st.median_s if st else m.window_s,
+        step_min_s=st.min_s if st else m.window_s,
+        step_max_s=st.max_s if st else m.window_s,
+        spread=st.spread if st else 1.0,
+        partial_gain=carry_gain(m.tail_wait_s, m.window_s),
     )
 
 
+def _uneven(st: Steady | None) -> str:
+    """The clause a verdict over uneven steps ends with: their mean hides that they alternate."""
+    if st is None or st.even:
+        return ""
+    return f" Steps alternate between {st.min_s:.3g} s and {st.max_s:.3g} s, which their mean hides."
+
+
 def combine(ms: Sequence[StepBalance], how: str = "mean") -> StepBalance:
-    """One StepBalance standing for several steps: their mean, or their median (robust to outliers)."""
+    """One StepBalance standing for several steps: their mean, or their median. A figure that some step lacks
+    (None: its tail not measured) is None."""
     if not ms:
         raise ValueError("combine needs at least one step")
     avg = statistics.median if how == "median" else statistics.fmean
 
     def f(key: str) -> float:
         return float(avg([getattr(m, key) for m in ms]))
+
+    def known(key: str) -> float | None:
+        got = [getattr(m, key) for m in ms]
+        return None if any(x is None for x in got) else float(avg(got))
 
     return StepBalance(
         step=ms[-1].step,
@@ -371,6 +367,8 @@ def combine(ms: Sequence[StepBalance], how: str = "mean") -> StepBalance:
         num_engines=max(m.num_engines for m in ms),
         env_s=f("env_s"),
         tail_s=f("tail_s"),
+        tail_filled=known("tail_filled"),
+        tail_wait_s=known("tail_wait_s"),
     )
 
 
@@ -404,13 +402,13 @@ class BalanceTracker:
         self.seen += 1
         raw = classify(m.ratio, self.band)
         if self.seen <= self.warmup:
-            v = _verdict(raw, raw, m, self.ctx, steps=1)
+            v = _verdict(raw, raw, [m], self.ctx)
             self.history.append(v)
             return v
         self.recent.append(m)
         self._step_kind(raw)
         assert self.kind is not None
-        v = _verdict(self.kind, raw, combine(list(self.recent)), self.ctx, steps=len(self.recent))
+        v = _verdict(self.kind, raw, list(self.recent), self.ctx)
         self.history.append(v)
         return v
 
@@ -438,11 +436,12 @@ def summarize(
     band: float = DEFAULT_BAND,
     warmup: int = DEFAULT_WARMUP,
 ) -> Verdict | None:
-    """The run's verdict: medians over every step past warm-up (all steps if the run is that short)."""
+    """The run's verdict: means over every step past warm-up (all steps if the run is that short), with the
+    spread of their step times; where they spread over steady.SPREAD_LIMIT, its advice says they alternate."""
     ms = [measure_record(r, ctx.num_engines) for r in records if r.get("timeline")]
     if not ms:
         return None
     use = ms[warmup:] if len(ms) > warmup else ms
-    m = combine(use, "median")
+    m = combine(use)
     kind = classify(m.ratio, band)
-    return _verdict(kind, kind, m, ctx, steps=len(use))
+    return _verdict(kind, kind, use, ctx, m)

@@ -215,7 +215,8 @@ def plot_reward(records: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
 
 def balance_summary(records: Sequence[Mapping[str, Any]], ctx: BalanceContext = NO_CONTEXT,
                     warmup: int = DEFAULT_WARMUP) -> dict[str, Any]:
-    """Flat numbers of the run's balance (medians past warm-up) and its end-to-end throughput."""
+    """Flat numbers of the run's balance (means past warm-up, the spread and median of the step times beside) and
+    its end-to-end throughput."""
     v = summarize(records, ctx, warmup=warmup)
     use = list(records[warmup:]) if len(records) > warmup else list(records)
     wall = sum(_num(r.get("step_s")) for r in use)
@@ -224,8 +225,17 @@ def balance_summary(records: Sequence[Mapping[str, Any]], ctx: BalanceContext = 
     if v is not None:
         d = v.to_dict()
         out.update({k: d[k] for k in ("kind", "ratio", "learner_wait_frac", "engine_idle_frac", "gen_tokens_per_s",
-                                      "required_tokens_per_s", "sync_s", "step_s", "advice")})
+                                      "required_tokens_per_s", "sync_s", "step_s", "step_median_s", "spread",
+                                      "partial_gain", "advice")})
     return out
+
+
+def steps_label(v: Verdict) -> str:
+    """Which steps a run's verdict sums up, and how far their times spread: "means over steps 1-9, steps spread
+    1.1x"."""
+    if v.steps <= 1:
+        return f"step {v.step}"
+    return f"means over steps {v.first_step}-{v.step}, steps spread {v.spread:.1f}x"
 
 
 def print_summary(records: Sequence[Mapping[str, Any]], ctx: BalanceContext = NO_CONTEXT, console=None) -> None:
@@ -240,18 +250,21 @@ def print_summary(records: Sequence[Mapping[str, Any]], ctx: BalanceContext = NO
         console.print("balance: no step has a timeline", highlight=False)
         return
     e2e = balance_summary(records, ctx)["tokens_per_s_end_to_end"]
-    t = Table(title=f"balance over {v.steps} step(s) (medians, first step left out)", title_justify="left",
-              show_header=False)
+    t = Table(title=f"balance over {v.steps} step(s) ({steps_label(v)})", title_justify="left", show_header=False)
     t.add_column("what")
     t.add_column("value")
     t.add_row("verdict", f"[bold]{KIND_LABEL[v.kind]}[/] (generate / train time {v.ratio:.2f})")
-    t.add_row("step", f"{v.step_s:.3g} s")
+    t.add_row("step", f"{v.step_s:.3g} s" + (f" (median {v.step_median_s:.3g} s, {v.step_min_s:.3g}-{v.step_max_s:.3g} s)"
+                                              if v.steps > 1 else ""))
     t.add_row("learner waited", f"{v.learner_wait_s:.3g} s ({v.learner_wait_frac:.0%} of the step)")
     t.add_row("engines idle", f"{v.engine_idle_s:.3g} s ({v.engine_idle_frac:.0%} of the step)")
     t.add_row("generation", f"{v.gen_tokens_per_s:,.0f} tok/s")
     t.add_row("learner needs", f"{v.required_tokens_per_s:,.0f} tok/s")
     t.add_row("end to end", f"{e2e:,.0f} tok/s")
     t.add_row("weight sync", f"{v.sync_s:.3g} s")
+    if v.partial_gain is not None:
+        t.add_row("tail waited for", f"{v.partial_gain * v.step_s:.3g} s ({v.partial_gain:.0%} of the step), nothing "
+                                     "else generating")
     console.print(t)
     console.print(escape(v.advice), highlight=False)
 

@@ -3,8 +3,10 @@
 A roofline model: an engine's decode step is bound by memory bandwidth or by matmul rate, plus a per-sequence
 overhead; a batch generates in waves of the sequences that fit at once; the learner's step is 6 x params x
 tokens at an assumed MFU; a weight sync is the bf16 weights over the transport's bandwidth. Lengths are taken
-at their maxima unless the caller gives means or task.response_length_mean their RL shape (plan.lengths). docs/plan.md
-has the formulas. Every efficiency factor below says where it comes from. Pure Python: no torch, no Ray, no GPU.
+at their maxima unless the caller gives means or task.response_length_mean their RL shape (plan.lengths); with that
+shape the batch's longest response sets its generation, and the step is predicted without and with partial rollouts
+as well. The engines' side is rlgen.plan.prediction_generation. docs/plan.md has the formulas. Every efficiency
+factor says where it comes from. Pure Python: no torch, no Ray, no GPU.
 """
 
 from __future__ import annotations
@@ -13,42 +15,23 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from rlgen.config import RunConfig
-from rlgen.config.cards import card
 from rlgen.metrics.balance import BalanceContext, StepBalance, Verdict, assess, context_from_plan
+from rlgen.metrics.tail_gain import PARTIAL_GAIN_FRAC, PARTIAL_SHARE
 from rlgen.plan import ENGINE_HEADROOM_GIB, GIB, Plan, Transport
-from rlgen.plan.lengths import shaped_decode_s, shaped_mean
-from rlgen.plan.placement import gpu_group
-
-BF16_BYTES = 2
-
-# What a program gets of the spec figures in hardware.gpu (peak bf16 TFLOP/s, HBM TB/s).
-# bf16 8192^3 torch matmul on random data: 798 TFLOP/s on an H100 SXM, 769-798 on an H200 (torch 2.11+cu130);
-# 771 on the H100 in the learner measurement below. 790 / 989 spec = 0.80.
-MATMUL_EFFICIENCY = 0.80
-# Device-to-device copy, bytes read + written: about 3.0 TB/s of the 3.35 spec on an H100 (2.6 in one run
-# here) and 4.3 of the 4.8 spec on an H200: about 0.90 of spec.
-HBM_EFFICIENCY = 0.90
-
-# Decode calibration: vLLM (random weights, Qwen2.5-0.5B shape) on one H100 generated 128 prompts x 8 samples
-# x 512 new tokens at 26.1k tokens/s without logprobs and 19.6k with logprobs=0, which is what rlgen asks
-# for. The roofline part of that workload is under 2 us a token, so almost all of the measured ~51 us a
-# token is per-token engine work (scheduling, sampling over a 152k vocabulary, logprobs, output processing);
-# we keep it as a fixed per-token overhead per engine, worked out below from the measurement. Assumed for
-# the calibration: 128-token prompts (rlgen bench's default) and all 1024 sequences in flight (vLLM's default
-# max_num_seqs for its LLM class on 80 GB GPUs); with 256 in flight the overhead moves by under 3%.
-CALIBRATION_TOKENS_PER_S = 19_600.0
-CALIBRATION_TOKENS_PER_S_NO_LOGPROBS = 26_100.0
-CALIBRATION_SHAPE = {
-    "params": 494_032_768,
-    "layers": 24,
-    "hidden": 896,
-    "kv_bytes_per_token": 12_288,
-    "prompt_tokens": 128,
-    "response_tokens": 512,
-    "concurrency": 1024,
-    "hbm_tbps": card("h100").spec.hbm_tbps,
-    "bf16_tflops": card("h100").spec.bf16_tflops,
-}
+from rlgen.plan.lengths import shaped_mean
+from rlgen.plan.prediction_generation import (
+    BF16_BYTES,
+    CALIBRATED_ON,
+    CALIBRATION_TOKENS_PER_S,
+    DECODE_OVERHEAD_S_PER_TOKEN,
+    HBM_EFFICIENCY,
+    MATMUL_EFFICIENCY,
+    Generation,
+    TailCases,
+    engine_capacity,
+    generation,
+    tail_cases,
+)
 
 # Learner: rlgen's DeepSpeed learner (ZeRO-2, bf16) on one H100, 128 rows of 312 tokens a step, 6 x params x
 # tokens (benchmarks/learner_speed.py; docs/benchmarks.md, "Learner micro-batches"). At 32 rows a micro-batch the
@@ -71,28 +54,6 @@ NO_CPU_ROOFLINE = (
 )
 
 
-def _step_time(c: float, ctx: float, params: float, layers: int, hidden: int, kv_bytes: float, tp: int,
-               hbm_tbps: float, tflops: float) -> tuple[float, float, float]:
-    """(memory-bound s, compute-bound s) of one decode step of c sequences, and its roofline time."""
-    bytes_ = (params * BF16_BYTES + c * ctx * kv_bytes) / tp
-    flops = c * (2 * params + 4 * layers * hidden * ctx) / tp
-    t_mem = bytes_ / (hbm_tbps * 1e12 * HBM_EFFICIENCY)
-    t_cmp = flops / (tflops * 1e12 * MATMUL_EFFICIENCY)
-    return t_mem, t_cmp, max(t_mem, t_cmp)
-
-
-def _calibrated_overhead() -> float:
-    s = CALIBRATION_SHAPE
-    ctx = s["prompt_tokens"] + s["response_tokens"] / 2
-    _, _, t = _step_time(s["concurrency"], ctx, s["params"], s["layers"], s["hidden"], s["kv_bytes_per_token"], 1,
-                         s["hbm_tbps"], s["bf16_tflops"])
-    return 1.0 / CALIBRATION_TOKENS_PER_S - t / s["concurrency"]
-
-
-DECODE_OVERHEAD_S_PER_TOKEN = _calibrated_overhead()  # about 49 us
-CALIBRATED_ON = "vllm"  # the engine kind the decode overhead was measured on; others get a note
-
-
 def _count(n: float) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M"
 
@@ -105,6 +66,28 @@ def learner_mfu(hidden: int) -> float:
         return m1
     x = (math.log(hidden) - math.log(h0)) / (math.log(h1) - math.log(h0))
     return m0 + x * (m1 - m0)
+
+
+@dataclass(frozen=True)
+class PartialPrediction:
+    """The predicted step without and with partial rollouts, for RL-shaped lengths (prediction_generation.TailCases)."""
+
+    share: float  # algo.partial_rollouts of the case with them: the config's, or the share the balance advice names
+    tail: bool  # the batch's longest response is well above the mean (TAIL_SHAPE_RATIO)
+    mean_tokens: float
+    longest_tokens: float  # what a batch waits for without partial rollouts
+    awaited_tokens: float  # with them
+    gen_s_without: float
+    gen_s_with: float
+    step_s_without: float
+    step_s_with: float
+    gain: float  # 1 - step with / step without
+    gen_gain: float  # 1 - generation with / without
+
+    @property
+    def faster(self) -> bool:
+        """Whether the step with partial rollouts is predicted shorter by at least PARTIAL_GAIN_FRAC."""
+        return self.gain >= PARTIAL_GAIN_FRAC
 
 
 @dataclass(frozen=True)
@@ -133,6 +116,7 @@ class Prediction:
     step_s: float = 0.0
     required_tokens_per_s: float = 0.0
     verdict: Verdict | None = None
+    partial: PartialPrediction | None = None  # RL-shaped lengths only: the step without and with partial rollouts
     notes: tuple[str, ...] = ()
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -166,33 +150,29 @@ def predict(
     if mean_response_tokens is None and shaped > 0:  # geometric lengths cut at the cap (task.response_length_mean)
         mean_response_tokens = shaped_mean(shaped, b.max_new_tokens)
     resp = float(mean_response_tokens if mean_response_tokens is not None else b.max_new_tokens)
-    kv_tokens, max_conc = _engine_capacity(plan, cfg)
+    kv_tokens, max_conc = engine_capacity(plan, cfg)
     if max_conc < 1:
         return Prediction(False, f"the KV cache of one engine holds {kv_tokens} tokens, less than one "
                                  f"{b.max_seq_len}-token sequence.")
-    gen = _generation(plan, cfg, kv_tokens, max_conc, prompt, resp, shaped)
+    gen = generation(plan, cfg, kv_tokens, max_conc, prompt, resp, shaped)
     learner = _learner(plan, cfg, prompt, resp)
     sync = _weight_sync(plan, cfg)
-    return _prediction(plan, cfg, gen, learner, sync)
+    cases = tail_cases(plan, cfg, kv_tokens, max_conc, prompt, resp, shaped, PARTIAL_SHARE)
+    return _prediction(plan, cfg, gen, learner, sync, _partial(plan, cases, learner, sync))
 
 
-@dataclass(frozen=True)
-class _Generation:
-    """The engines' side of a step, for the busiest engine."""
-
-    num_engines: int  # GPU groups: engines sharing a GPU count as one
-    shared: bool  # several engines on one GPU
-    prompt: float
-    resp: float
-    kv_tokens: int
-    max_conc: int
-    seqs_engine: int
-    concurrency: int
-    t_mem: float
-    t_cmp: float
-    t_step: float
-    gen_s: float
-    batch_tokens: float  # response tokens of the whole batch
+def _partial(plan: Plan, cases: TailCases | None, learner: _Learner, sync: _Sync) -> PartialPrediction | None:
+    """The step of each case, as the step of the plan is predicted (_balance)."""
+    if cases is None:
+        return None
+    without = _balance(plan, cases.without, learner, sync).step_s
+    with_partial = _balance(plan, cases.with_partial, learner, sync).step_s
+    g0, g1 = cases.without.gen_s, cases.with_partial.gen_s
+    return PartialPrediction(
+        share=cases.share, tail=cases.tail, mean_tokens=cases.mean_tokens, longest_tokens=cases.longest_tokens,
+        awaited_tokens=cases.awaited_tokens, gen_s_without=g0, gen_s_with=g1, step_s_without=without,
+        step_s_with=with_partial, gain=1 - with_partial / without if without > 0 else 0.0,
+        gen_gain=1 - g1 / g0 if g0 > 0 else 0.0)
 
 
 @dataclass(frozen=True)
@@ -227,65 +207,6 @@ class _Balance:
     shares_gpus: bool  # colocated with async_steps > 0: generation and training time-slice each GPU
 
 
-def _engine_capacity(plan: Plan, cfg: RunConfig) -> tuple[int, int]:
-    """KV capacity of one engine (all its GPUs) in tokens, and how many sequences fit at full length."""
-    gpu, e, b = cfg.hardware.gpu, cfg.engine, plan.batch
-    tp = plan.engines[0].tensor_parallel_size
-    share = gpu.memory_gb * 1e9 * e.gpu_memory_utilization - ENGINE_HEADROOM_GIB * GIB  # less the weights below
-    usable = tp * e.kv_cache_gib * GIB if e.kv_cache_gib else tp * share - plan.model.params * BF16_BYTES
-    kv_tokens = max(0, int(usable // plan.model.kv_bytes_per_token))
-    max_conc = min(e.max_num_seqs, kv_tokens // max(b.max_seq_len, 1))
-    return kv_tokens, max_conc
-
-
-def _decode_step(k: int, ctx: float, plan: Plan, cfg: RunConfig) -> tuple[float, float, float]:
-    """(memory-bound s, compute-bound s) of one engine's decode step of k sequences, and its time with the
-    per-token engine overhead."""
-    m, gpu = cfg.model, cfg.hardware.gpu
-    t_mem, t_cmp, t = _step_time(k, ctx, plan.model.params, m.num_layers, m.hidden_size,
-                                 plan.model.kv_bytes_per_token, plan.engines[0].tensor_parallel_size,
-                                 gpu.hbm_tbps, gpu.bf16_tflops)
-    return t_mem, t_cmp, t + k * DECODE_OVERHEAD_S_PER_TOKEN
-
-
-def _generation(plan: Plan, cfg: RunConfig, kv_tokens: int, max_conc: int, prompt: float,
-                resp: float, shaped: int = 0) -> _Generation:
-    """Decode rate of one engine and generation time of a batch on the busiest engine; with RL-shaped lengths
-    (shaped: their mean before the cap), until its longest response ends (plan.lengths)."""
-    b, gpu, params = plan.batch, cfg.hardware.gpu, plan.model.params
-    tp = plan.engines[0].tensor_parallel_size
-    # engines sharing a GPU (engine.engines_per_gpu) are drawn as one engine with the GPU's whole engine share:
-    # the roofline is the GPU's, and what parallel engine cores save in CPU work per step is not modelled
-    n = len({gpu_group(e) for e in plan.engines})
-    seqs_engine = math.ceil(b.prompts_per_step / n) * b.samples_per_prompt  # groups are dealt round-robin
-    c = min(max_conc, seqs_engine)
-    ctx = prompt + resp / 2
-    t_mem, t_cmp, t_step = _decode_step(c, ctx, plan, cfg)
-    if shaped > 0:
-        weights_s = _decode_step(0, ctx, plan, cfg)[2]  # a step's fixed part: the weights read once
-        decode_s = shaped_decode_s(weights_s, (t_step - weights_s) / c, seqs_engine, resp, shaped, b.max_new_tokens, c,
-                                   b.samples_per_prompt, cfg.algo.partial_rollouts)
-    else:
-        full, rest = divmod(seqs_engine, c)
-        decode_s = resp * (full * t_step + (_decode_step(rest, ctx, plan, cfg)[2] if rest else 0.0))
-    prefill_s = seqs_engine * prompt * 2 * params / tp / (gpu.bf16_tflops * 1e12 * MATMUL_EFFICIENCY)
-    return _Generation(
-        num_engines=n,
-        shared=len(plan.engines) > n,
-        prompt=prompt,
-        resp=resp,
-        kv_tokens=kv_tokens,
-        max_conc=max_conc,
-        seqs_engine=seqs_engine,
-        concurrency=c,
-        t_mem=t_mem,
-        t_cmp=t_cmp,
-        t_step=t_step,
-        gen_s=decode_s + prefill_s,
-        batch_tokens=b.sequences_per_step * resp,
-    )
-
-
 def _learner(plan: Plan, cfg: RunConfig, prompt: float, resp: float) -> _Learner:
     """Training time of a batch over the learner GPUs: each rank's share of the packed tokens in micro-batches of
     algo.micro_batch_tokens, each the longer of its compute and the per-micro-batch floor."""
@@ -316,7 +237,7 @@ def _weight_sync(plan: Plan, cfg: RunConfig) -> _Sync:
     return _Sync(0.0, "not modelled for this transport")
 
 
-def _balance(plan: Plan, gen: _Generation, learner: _Learner, sync: _Sync) -> _Balance:
+def _balance(plan: Plan, gen: Generation, learner: _Learner, sync: _Sync) -> _Balance:
     """The step in steady state and its verdict.
 
     P = engines' time per batch, C = learner's. Overlapped (async_steps > 0, separate GPUs): the step is the
@@ -346,9 +267,12 @@ def _balance(plan: Plan, gen: _Generation, learner: _Learner, sync: _Sync) -> _B
     )
 
 
-def _notes(plan: Plan, cfg: RunConfig, gen: _Generation, bal: _Balance) -> tuple[str, ...]:
+def _notes(plan: Plan, cfg: RunConfig, gen: Generation, bal: _Balance,
+           partial: PartialPrediction | None) -> tuple[str, ...]:
     """What the prediction leaves out or guesses at, for this plan."""
     notes: list[str] = []
+    if partial is not None and cfg.algo.partial_rollouts > 0 and not partial.faster:
+        notes.append(_no_gain_note(partial))
     if plan.transport == Transport.nccl and plan.nodes > 1:
         notes.append("engines on other nodes than learner rank 0 receive weights over the network; sync is "
                      "likely slower than predicted.")
@@ -365,7 +289,32 @@ def _notes(plan: Plan, cfg: RunConfig, gen: _Generation, bal: _Balance) -> tuple
     return tuple(notes)
 
 
-def _sources(plan: Plan, cfg: RunConfig, gen: _Generation, learner: _Learner, sync: _Sync) -> dict[str, str]:
+def _no_gain_note(p: PartialPrediction) -> str:
+    """Partial rollouts on and predicted not to shorten the step: why."""
+    if not p.tail:
+        why = (f"a batch's longest response (about {p.longest_tokens:.0f} tokens) is not far above the mean "
+               f"({p.mean_tokens:.0f}), so there is little tail to carry")
+    elif p.gen_gain >= PARTIAL_GAIN_FRAC:
+        why = "generating the batch gets shorter, but the step waits on training, not on the generation tail"
+    else:
+        why = ("the engines need more decode steps for the batch's tokens at full concurrency than its longest "
+               "response takes, so nothing waits on the tail")
+    return (f"algo.partial_rollouts={p.share:g} is predicted not to shorten the step here ({p.step_s_with:.2f} s with "
+            f"it, {p.step_s_without:.2f} s without): {why}.")
+
+
+def _partial_row(p: PartialPrediction) -> tuple[str, str, str]:
+    """The table row of the step without and with partial rollouts, and which is predicted faster."""
+    which = (f"faster with algo.partial_rollouts={p.share:g}, by about {p.gain:.0%}" if p.faster else
+             f"about the same (under {PARTIAL_GAIN_FRAC:.0%} apart)")
+    return ("step without / with partial rollouts", f"{p.step_s_without:.2f} s / {p.step_s_with:.2f} s: {which}",
+            f"generation waits for the longest of each engine's responses (about {p.longest_tokens:.0f} tokens, mean "
+            f"{p.mean_tokens:.0f}), with partial rollouts until 1 / (1 + {p.share:g}) of its groups are done (about "
+            f"{p.awaited_tokens:.0f}); how much of the tail the next batch fills is not modelled (the run measures "
+            "it: gen/tail_filled)")
+
+
+def _sources(plan: Plan, cfg: RunConfig, gen: Generation, learner: _Learner, sync: _Sync) -> dict[str, str]:
     """Where each predicted number comes from, by Prediction field."""
     gpu, e, b = cfg.hardware.gpu, cfg.engine, plan.batch
     tp = plan.engines[0].tensor_parallel_size
@@ -389,7 +338,8 @@ def _sources(plan: Plan, cfg: RunConfig, gen: _Generation, learner: _Learner, sy
     }
 
 
-def _prediction(plan: Plan, cfg: RunConfig, gen: _Generation, learner: _Learner, sync: _Sync) -> Prediction:
+def _prediction(plan: Plan, cfg: RunConfig, gen: Generation, learner: _Learner, sync: _Sync,
+                partial: PartialPrediction | None = None) -> Prediction:
     """The Prediction of a plan from the estimates of its two sides and its weight sync."""
     bal = _balance(plan, gen, learner, sync)
     tp = plan.engines[0].tensor_parallel_size
@@ -417,7 +367,8 @@ def _prediction(plan: Plan, cfg: RunConfig, gen: _Generation, learner: _Learner,
         step_s=bal.step_s,
         required_tokens_per_s=bal.required_tokens_per_s,
         verdict=bal.verdict,
-        notes=_notes(plan, cfg, gen, bal),
+        partial=partial,
+        notes=_notes(plan, cfg, gen, bal, partial),
         sources=_sources(plan, cfg, gen, learner, sync),
     )
 
@@ -450,6 +401,8 @@ def print_prediction(pred: Prediction, console=None) -> None:
         ("weight sync", f"{pred.sync_s:.3f} s", s["sync_s"]),
         ("step", f"{pred.step_s:.2f} s", "overlapped if async_steps > 0 on GPUs of their own, else summed"),
     ]
+    if pred.partial is not None and pred.partial.tail:
+        rows.append(_partial_row(pred.partial))
     for row in rows:
         t.add_row(*(escape(x) for x in row))
     console.print(t)
