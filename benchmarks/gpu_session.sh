@@ -15,7 +15,8 @@
 #                       `rlgen validate` both ways
 #     trl-serve [ARGS]  TRL's GRPOTrainer in server mode against `rlgen serve` (benchmarks/trl_serve.py; --gpus 2 on
 #                       two GPUs: weights over TRL's NCCL path)
-#     lora-7b [OVERRIDES]  the 7B one-liner as typed (5 steps): LoRA picked by the plan, its sync by `auto`
+#     lora-7b [OVERRIDES]  the 7B one-liner as typed (5 steps): LoRA picked by the plan, its sync by `auto`; its
+#                       mean step after the first, the steps' spread (max/min) and tokens/s (the median beside)
 #     lora-kept [OVERRIDES]  one GPU: `model=small learner.lora.rank=8` as typed, its adapters sent as adapters and
 #                       merged, each run twice: the first keeps its engines warm, the second takes them over (the
 #                       lines it ends with, any traceback, and each run's first rollout)
@@ -43,13 +44,20 @@
 #                       engine.tensor_parallel_size=1,2`, with its summary (OUT/sweep/sweep_summary.md)
 #     lengths [OVERRIDES]  one GPU: the padding pair, the 0.5B with 512 sequences a step, every response 256 tokens
 #                       against RL-shaped lengths (cap 2,048, mean about 256: task.response_length_mean), then the
-#                       learner alone (benchmarks/learner_speed.py, the 1.5B at the plan's token budget, both lengths)
+#                       learner alone (benchmarks/learner_speed.py, the 1.5B at the plan's token budget, both lengths);
+#                       benchmarks/lengths_report.py gives each run's mean step, its spread and tokens/s
 #     tail [ARGS]      one GPU: benchmarks/peer_trl.py's small shape (64 sequences a step), fixed 256 against RL-shaped
-#                       lengths (cap 2,048, mean about 256), and TRL's GRPOTrainer on the RL-shaped ones
+#                       lengths (cap 2,048, mean about 256), and TRL's GRPOTrainer on the RL-shaped ones: each
+#                       side's mean step, its spread (max/min), tokens/s and the ratio of means to TRL's
 #     partial [ARGS]   two GPUs side by side: on GPU 0 the padding pair of `lengths`, and its RL-shaped run again
 #                       with algo.partial_rollouts=0.25, then 0.5 with algo.partial_max_steps=2; on GPU 1 the small
 #                       shape of `tail`, fixed against RL-shaped without and with partial rollouts (side
 #                       rlgen_partial), and TRL's GRPOTrainer on the RL-shaped lengths
+#     pace [OVERRIDES]  one GPU: the padding pair of `lengths` (8 steps) at two sets of stop ids (task.seed 0 and
+#                       7), each RL-shaped run without and with partial rollouts (0.5, two carries), and
+#                       benchmarks/lengths_report.py over all five: each run's mean step, spread and tokens/s
+#     peer-shapes [ARGS]  one GPU: benchmarks/peer_trl.py at RL-shaped lengths for each PROMPTS:CAP:MEAN in $SHAPES
+#                       (default "8:2048:256 4:4096:512"), sides rlgen_async, rlgen_partial and TRL's GRPOTrainer
 #     long [OVERRIDES]  one GPU: the 1.5B with 32k-token responses (every response at its cap), 3 steps, at the plan's
 #                       token budget: its step breakdown and the learner's peak memory against the plan's
 #     long-7b [OVERRIDES]  two GPUs: the 7B with 16k-token responses, 3 steps, likewise
@@ -160,12 +168,15 @@ EOF2
     "$py" - "$out/lora-7b" <<'EOF3' | tee -a "$out/lora-7b.log"
 import json, statistics, sys
 from pathlib import Path
+from rlgen.metrics.steady import steady
 run = Path(sys.argv[1])
 s = json.loads((run / "summary.json").read_text())
 steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 later = steps[1:] or steps
-print(json.dumps({"steps": len(steps), "median_step_s": statistics.median(m["step_s"] for m in later),
-                  "median_sync_s": statistics.median(m["sync_s"] for m in later),
+st = steady([m["step_s"] for m in steps], [m["response_tokens"] for m in steps], warmup=1 if len(steps) > 1 else 0)
+print(json.dumps({"steps": len(steps), "mean_step_s": st and st.mean_s, "step_spread": st and st.spread,
+                  "tokens_per_s": st and st.tokens_per_s, "median_step_s": st and st.median_s,
+                  "mean_sync_s": statistics.fmean(m["sync_s"] for m in later),
                   "learner_peak_gib": max(m.get("learner_peak_gib", 0) for m in steps),
                   "mismatch_mean_abs_delta": statistics.mean(m["mismatch/mean_abs_delta"] for m in steps),
                   "first_rollout_s": s.get("first_rollout_s"),
@@ -252,6 +263,35 @@ EOF3
     ) &
     wait
     cat "$out/padding.log" "$out/tail.log"
+    ;;
+  pace)
+    base=(engine=vllm hardware=1xh200 model=qwen2_5_0_5b algo.prompts_per_step=64 steps=8 engine.max_model_len=2064
+          progress=false existing_run=replace)
+    rl=(algo.max_new_tokens=2048 task.response_length_mean=256)
+    runs=()
+    one() {  # NAME OVERRIDES...: one run of the pair, its folder kept for the report
+      local name=$1; shift
+      "$py" -m rlgen.cli train "${base[@]}" hydra.run.dir="$out/$name" "$@" > "$out/$name.log" 2>&1
+      echo "$name rc=$?"; runs+=("$out/$name")
+    }
+    one pad-fixed algo.max_new_tokens=256 "$@"
+    for seed in 0 7; do
+      one "pad-rl-s$seed" "${rl[@]}" task.seed=$seed "$@"
+      one "pad-rl-s$seed-partial" "${rl[@]}" task.seed=$seed algo.partial_rollouts=0.5 algo.partial_max_steps=2 "$@"
+    done
+    "$py" -m ray.scripts.scripts stop --force > /dev/null 2>&1
+    "$py" benchmarks/lengths_report.py "${runs[@]}" --out "$out/pace.json" | tee "$out/pace.log"
+    ;;
+  peer-shapes)
+    model=()
+    for shape in ${SHAPES:-8:2048:256 4:4096:512}; do
+      IFS=: read -r prompts cap mean <<< "$shape"
+      "$py" benchmarks/peer_trl.py "$out/peer-$prompts-$cap" "${model[@]}" --prompts "$prompts" --new-tokens "$cap" \
+        --mean-tokens "$mean" --sides rlgen_async,rlgen_partial,trl --steps 10 --hardware 1xh200 "$@" \
+        > "$out/peer-$prompts-$cap.log" 2>&1
+      echo "shape $shape rc=$?"; tail -8 "$out/peer-$prompts-$cap.log"
+      [ -d "$out/peer-$prompts-$cap/model" ] && model=(--model "$out/peer-$prompts-$cap/model")
+    done
     ;;
   long)
     "$py" -m rlgen.cli train engine=vllm hardware=1xh200 model=qwen2_5_1_5b algo.max_new_tokens=32704 \

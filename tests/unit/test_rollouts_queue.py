@@ -19,7 +19,7 @@ def _rollouts(collected: list[int]) -> Rollouts:
                   SimpleNamespace(close=lambda: None), StopFlag())
     ro.new_flight = lambda step, version, async_steps=0: InFlight(step, StepPrompts(step, [], []), [[], []], version)
     ro._send = lambda flight: flight
-    ro.collect = lambda flight, interruptible=True: collected.append(flight.step)
+    ro.collect = lambda flight, interruptible=True, launch=None: collected.append(flight.step)
     return ro
 
 

@@ -17,9 +17,10 @@ from rlgen.runtime.cluster.waits import POLL_S, did_not_finish, short
 from rlgen.runtime.errors import RunError, StopRequested
 from rlgen.runtime.rollouts.engine_restarts import EngineKeeper
 from rlgen.runtime.rollouts.in_flight import InFlight, UpdateResult, results_from_json
+from rlgen.runtime.rollouts.pace import Pace
 from rlgen.tasks.prompts import PromptRenderer, cut_at_stop
 from rlgen.tasks.scoring import RewardError, Scorer, finite_mean
-from rlgen.types import Completion, GenRequest, SamplingParams
+from rlgen.types import Completion, GenRequest, Phase, SamplingParams
 
 if TYPE_CHECKING:
     from ray import ObjectRef
@@ -88,6 +89,7 @@ class Rollouts:
         self.said_env_error = False  # an environment's first error is named on the console once
         self.said_env_timeouts = False  # and the first step its timeouts made long
         self.carry: list[Carried] = []  # algo.partial_rollouts: groups cut short, for the next flight launched
+        self.pace = Pace()  # when a flight ahead of the learner goes out (rlgen.runtime.rollouts.pace)
 
     @property
     def engines(self) -> list[ActorHandle]:
@@ -102,12 +104,16 @@ class Rollouts:
         """The flights launched and not yet taken by a step, oldest first."""
         return list(self._pending)
 
-    def next_flight(self) -> InFlight:
-        """The oldest flight, collected (an engine that died meanwhile is re-created), and taken off the queue."""
+    def next_flight(self, launch: Callable[[], float | None] | None = None) -> InFlight:
+        """The oldest flight, collected (an engine that died meanwhile is re-created), and taken off the queue;
+        launch: called while it is waited for, to send the flights ahead whose time has come (see fill)."""
         flight = self._pending[0]
-        self.collect(flight)
+        self.collect(flight, launch=launch)
         self._pending.popleft()
         self._collected += 1
+        now = time.time()
+        ends = [b for r in flight.results.values() for phase, _, b in r.spans if phase == Phase.generate.value]
+        self.pace.collected(flight.launched_at, min(max(ends), now) if ends else now, now)
         return flight
 
     def put_back(self, flight: InFlight) -> None:
@@ -210,13 +216,20 @@ class Rollouts:
                 flight.refs[i] = (self.keeper.incarnation[i], flight.call(self.engines[i], i))
         return flight
 
-    def fill(self, step: int, async_steps: int, version: int) -> None:
-        """Launch every step up to step + async_steps (weights queued since the last launch go first)."""
+    def fill(self, step: int, async_steps: int, version: int, paced: bool = False) -> float | None:
+        """Launch every step up to step + async_steps (weights queued since the last launch go first). paced: a
+        flight ahead of the step's own waits for its time (rlgen.runtime.rollouts.pace); returns the seconds until
+        the next one is due (None: none waits)."""
         while self.next_gen < self.cfg.steps and self.next_gen <= step + async_steps:
+            wait = self.pace.wait_s(async_steps, time.time()) if paced and self.next_gen > step else 0.0
+            if wait > 0:
+                return wait
             flight = self._send(self.new_flight(self.next_gen, version, async_steps=async_steps))
+            self.pace.launched(flight.launched_at)
             flight.updates = self.take_queued_updates()
             self._pending.append(flight)
             self.next_gen += 1
+        return None
 
     def restore(self, saved: Sequence[JSONDict], next_step: int, carry: Sequence[JSONDict] = ()) -> None:
         """Flights a checkpoint kept (generated ahead of the learner) with their results, and the groups it had
@@ -240,9 +253,11 @@ class Rollouts:
         pending = {f.step for f in self._pending}
         return [c.to_json() for c in again + [c for c in self.carry if c.source not in pending]]
 
-    def collect(self, flight: InFlight, *, interruptible: bool = True) -> None:
+    def collect(self, flight: InFlight, *, interruptible: bool = True,
+                launch: Callable[[], float | None] | None = None) -> None:
         """Wait for a flight's results. An engine that died is re-created and its requests are sent again; a
-        stop request raises StopRequested."""
+        stop request raises StopRequested. launch: called as the wait goes on, to send flights whose time has come;
+        it returns the seconds until the next is due (None: none is held)."""
         import ray
         from ray.exceptions import RayActorError, RayTaskError
 
@@ -252,10 +267,12 @@ class Rollouts:
         while flight.refs:
             if interruptible and self.stop.requested:
                 raise StopRequested(what)
+            due = launch() if launch is not None else None
             left = deadline - time.time()
             if left <= 0:
                 raise RunError(did_not_finish(what, "timeout_s", timeout, flight.env_bound()))
-            ready, _ = ray.wait([ref for _, ref in flight.refs.values()], num_returns=1, timeout=min(POLL_S, left))
+            wait = min(POLL_S, left, due) if due is not None else min(POLL_S, left)
+            ready, _ = ray.wait([ref for _, ref in flight.refs.values()], num_returns=1, timeout=wait)
             for i, (inc, ref) in list(flight.refs.items()):
                 if ref not in ready:
                     continue

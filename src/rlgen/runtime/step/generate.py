@@ -23,20 +23,28 @@ class Generated:
     """The step's flight, collected (its completions not yet prepared), and its generation tail's metrics."""
 
     flight: InFlight
-    tail: dict[str, float]  # gen/tail_s, gen/tail_filled (rlgen.runtime.rollouts.tail); {} where engines give none
+    # gen/tail_s, gen/tail_filled (rlgen.runtime.rollouts.tail; {} where engines give none), and
+    # gen/launch_ahead_s: how long after the step began the flight async_steps ahead went out (its pace)
+    tail: dict[str, float]
 
 
 def generate(run: Run, step: int, tl: StepTimeline) -> Generated:
     """The step's flight, collected: the learner's wait for it and the engines' generate and update spans go on
     the timeline. The flights after it go out meanwhile, up to state.async_steps steps ahead."""
-    ro = run.rollouts
-    # The run's first batch generates alone: nothing trains meanwhile, and a batch launched ahead beside it would
-    # share the engines' steps and delay it. Later batches go ahead at once, to generate while this one trains.
-    ro.fill(step, run.state.async_steps if ro.collected else 0, run.transport.version)
+    ro, depth = run.rollouts, run.state.async_steps
     t0 = time.time()
-    flight = ro.next_flight()
-    ro.fill(step, run.state.async_steps, run.transport.version)
+    ro.pace.step_began(t0)
+    # The run's first batch generates alone: nothing trains meanwhile, and a batch launched ahead beside it would
+    # share the engines' steps and delay it. Later batches go ahead while this one is waited for, each at its
+    # pace (rlgen.runtime.rollouts.pace: so steps do not alternate), and once it is in, at once.
+    version, ahead = run.transport.version, ro.collected > 0
+    ro.fill(step, depth if ahead else 0, version, paced=True)
+    flight = ro.next_flight(launch=(lambda: ro.fill(step, depth, version, paced=True)) if ahead else None)
+    ro.fill(step, depth, version)
     tail = tail_metrics(flight, ro.ahead())
+    last = ro.waiting()[-1] if ahead and ro.waiting() else None
+    if last is not None and last.step == step + depth and last.launched_at is not None:
+        tail["gen/launch_ahead_s"] = max(0.0, last.launched_at - t0)  # how long its pace held the flight ahead
     run.startup.setdefault("first_rollout_s", time.time() - launched_at())
     if run.clock is not None:
         run.clock.first_batch()
