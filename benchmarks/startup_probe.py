@@ -1,6 +1,20 @@
-"""Where a vLLM engine's start-up and a rollout's decode time go, at the 0.5B one-liner's shape, on one GPU.
+"""Where a run's start-up goes: the one-liner cold and then from its kept engines, phase by phase; or where a vLLM
+engine's start-up and a rollout's decode time go, at the 0.5B one-liner's shape, on one GPU.
 
+    python benchmarks/startup_probe.py OUT_DIR --runs [--one-liner "ARGS"] [--host-caches] [--keep] [OVERRIDES ...]
     python benchmarks/startup_probe.py OUT_DIR [--tokens 256] [--skip cold,warm,plan,pair]
+
+``--runs``: the one-liner (``--one-liner``, by default ``engine=vllm hardware=1xh200 model=qwen2_5_0_5b steps=2``,
+then OVERRIDES) twice, each as a command of its own: ``cold`` with a fresh ``cache_dir`` (so the random model
+folder is built) after every Ray cluster an earlier run kept warm is stopped, then ``kept``, which takes over the
+engines the cold run kept warm (``engine.keep_warm_s``). vLLM's, Triton's and torch's compile caches are fresh
+folders too, as on a fresh host, unless ``--host-caches``. Then, in fresh interpreters, how long the start's
+imports take on this host (the page cache warm by then). OUT_DIR/startup.json gets each run's start-up from its
+summary.json (phases, when each began, each actor's steps), the critical path read from them, and the imports;
+OUT_DIR/cold.log and kept.log are the runs' output. The kept cluster is stopped at the end unless ``--keep``. On a
+CPU machine ``--one-liner "steps=2 engine.keep_warm_s=120"`` runs the same stages with hf engines.
+
+The engine probe (without ``--runs``):
 
 Runs rlgen's VLLMEngine (in this process, as a Ray actor would) on a random qwen2_5_0_5b folder at the
 one-liner's engine share (0.45), stage by stage, and writes OUT_DIR/probe.json after each stage:
@@ -27,7 +41,9 @@ import glob
 import json
 import os
 import random
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -75,12 +91,149 @@ def recorded_kv_bytes() -> int | None:
     return int(json.loads(Path(plans[-1]).read_text())["kv_cache_memory_bytes"]) if plans else None
 
 
+ONE_LINER = "engine=vllm hardware=1xh200 model=qwen2_5_0_5b steps=2"
+RUN_TIMEOUT_S = 360  # each run, its two steps and its end included (about 1-3 minutes): a hung run ends here
+TARGETS_S = {"cold": 45.0, "kept": 15.0}  # the issue's: first rollout on a fresh host, and from kept engines
+CACHE_VARS = ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
+IMPORTS = {  # what the start imports, each timed in a fresh interpreter
+    "torch (and a GPU through NVML)": "import os; os.environ['PYTORCH_NVML_BASED_CUDA_CHECK'] = '1'; import torch; "
+                                      "torch.cuda.is_available()",
+    "transformers, tokenizer side": "import transformers as t; t.PreTrainedTokenizerBase; t.AutoConfig; t.AutoTokenizer",
+    "transformers, the tokenizer by its class": "import transformers as t; t.PreTrainedTokenizerBase; "
+                                                "import transformers.models.qwen2.tokenization_qwen2",
+    "transformers, tokenizer and model sides": "import transformers as t; t.PreTrainedTokenizerBase; t.AutoConfig; "
+                                               "t.AutoTokenizer; t.PreTrainedModel; t.AutoModelForCausalLM",
+    "vllm": "import os; os.environ['PYTORCH_NVML_BASED_CUDA_CHECK'] = '1'; import torch; torch.cuda.is_available(); "
+            "import vllm",
+    "vllm's AsyncLLM": "import vllm; from vllm.v1.engine.async_llm import AsyncLLM",
+    "deepspeed": "import deepspeed",
+    "ray": "import ray",
+}
+
+
+def stop_kept_clusters() -> list[str]:
+    """Stop every Ray cluster a run left or kept warm on this host (what a cold start must not take over)."""
+    from rlgen.runtime.cluster.dead_runs import clean_leftovers
+
+    return [str(p) for p in clean_leftovers(kept_too=True)]
+
+
+def one_run(name: str, command: list[str], env: dict[str, str], run_dir: Path, log: Path) -> dict[str, Any]:
+    """One run of the one-liner as a command of its own: its exit, wall time and summary.json's start-up."""
+    t0 = time.time()
+    with open(log, "wb") as f:
+        try:
+            rc = subprocess.run(command, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+    rec: dict[str, Any] = {"command": " ".join(command), "rc": rc, "wall_s": round(time.time() - t0, 1)}
+    summary = run_dir / "summary.json"
+    if summary.is_file():
+        s = json.loads(summary.read_text())
+        rec["startup"] = s.get("startup", {})
+        rec["setup_s"] = s.get("startup", {}).get("setup_s")
+    else:
+        rec["log_tail"] = log.read_text(errors="replace")[-4000:]
+    rec["critical"] = critical_path(rec.get("startup") or {})
+    print(f"[probe] {name}: rc {rc}, first rollout {rec['critical'].get('first_rollout_s')} s", flush=True)
+    return rec
+
+
+def critical_path(startup: dict[str, Any]) -> dict[str, Any]:
+    """The seconds after launch at which each thing the first rollout waits for was done, from a run's start-up."""
+    phases, began, actors = startup.get("phases") or {}, startup.get("began") or {}, startup.get("actors") or {}
+
+    def end(phase: str) -> float | None:
+        return round(began[phase] + phases[phase], 2) if phase in phases and phase in began else None
+
+    engines = {n: a for n, a in actors.items() if n.startswith("engine")}
+    learners = {n: a for n, a in actors.items() if n.startswith("learner")}
+    out: dict[str, Any] = {
+        "first_rollout_s": startup.get("first_rollout_s"),
+        "set_up_began_s": phases.get("launch to set-up (imports, config, plan)"),
+        "ray_ready_s": end("Ray cluster"),
+        "model_folder_ready_s": end("model folder"),
+        "task_ready_s": end("tokenizer and task"),
+        "engines_asked_s": min((a["asked_s"] for a in engines.values() if a.get("asked_s") is not None), default=None),
+        "engines_ready_s": max((a["ready_s"] for a in engines.values() if a.get("ready_s") is not None), default=None),
+        "learners_ready_s": max((a["ready_s"] for a in learners.values() if a.get("ready_s") is not None), default=None),
+        "first_batch_s": phases.get("first batch (generate, score)"),
+        "engines": {n: {k: a.get(k) for k in ("asked_s", "init_begin_s", "ready_s", "steps", "parts", "kv_size",
+                                               "core_start", "kept_warm") if a.get(k) is not None}
+                    for n, a in engines.items()},
+    }
+    # what the first batch waited for last: the engines, or the tokenizer and task
+    waits = {k: out[k] for k in ("engines_ready_s", "task_ready_s") if out[k] is not None}
+    out["first_batch_waited_for"] = max(waits, key=lambda k: waits[k]) if waits else None
+    return out
+
+
+def time_imports(env: dict[str, str]) -> dict[str, Any]:
+    """Seconds each of IMPORTS takes in a fresh interpreter (None: it failed, e.g. not installed)."""
+    out: dict[str, Any] = {}
+    for what, code in IMPORTS.items():
+        t0 = time.time()
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        out[what] = round(time.time() - t0, 2) if done.returncode == 0 else None
+    return out
+
+
+def runs_main(args: argparse.Namespace) -> int:
+    """--runs: the one-liner cold, then from its kept engines; OUT/startup.json."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work or tempfile.mkdtemp(prefix="rlgen-startup-"))
+    work.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if not args.host_caches:  # as on a fresh host; the same for both runs (the kept cluster's fingerprint has them)
+        for var in CACHE_VARS:
+            env[var] = str(work / "caches" / var.lower())
+    from rlgen.bench.gpu import gpu_info, versions
+
+    result: dict[str, Any] = {"command": " ".join(sys.argv), "one_liner": args.one_liner, "overrides": args.overrides,
+                              "machine": gpu_info(), "cpus": os.cpu_count(), "versions": versions(),
+                              "work": str(work), "fresh_caches": not args.host_caches, "targets_s": TARGETS_S,
+                              "stopped_before": stop_kept_clusters(), "runs": {}}
+
+    def save() -> None:
+        (out / "startup.json").write_text(json.dumps(result, indent=2) + "\n")
+
+    base = [sys.executable, "-m", "rlgen.cli", "train", *args.one_liner.split(), f"cache_dir={work / 'cache'}"]
+    for name in ("cold", "kept"):
+        run_dir = work / "runs" / name
+        result["runs"][name] = one_run(name, [*base, f"hydra.run.dir={run_dir}", *args.overrides], env, run_dir,
+                                       out / f"{name}.log")
+        save()
+    kept = result["runs"]["kept"]["critical"]["engines"]
+    result["kept_took_over"] = bool(kept) and all(e.get("kept_warm") for e in kept.values())
+    if not args.keep:
+        result["stopped_after"] = stop_kept_clusters()
+    result["imports"] = time_imports(env)
+    result["met"] = {name: (r["critical"].get("first_rollout_s") or float("inf")) <= TARGETS_S[name]
+                     for name, r in result["runs"].items()}
+    save()
+    print(json.dumps({n: r["critical"] for n, r in result["runs"].items()}, indent=1), flush=True)
+    print(f"[probe] imports: {json.dumps(result['imports'])}", flush=True)
+    print(f"[probe] first rollout: cold {result['runs']['cold']['critical'].get('first_rollout_s')} s "
+          f"(target {TARGETS_S['cold']:.0f}), kept {result['runs']['kept']['critical'].get('first_rollout_s')} s "
+          f"(target {TARGETS_S['kept']:.0f}; took over: {result['kept_took_over']}); {out / 'startup.json'}", flush=True)
+    return 0 if all(r["rc"] == 0 for r in result["runs"].values()) else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--skip", default="")
-    args = ap.parse_args()
+    ap.add_argument("--runs", action="store_true", help="the one-liner cold, then from its kept engines")
+    ap.add_argument("--one-liner", default=ONE_LINER, help="the run's arguments (--runs)")
+    ap.add_argument("--work", default="", help="where the runs' caches and run folders go (--runs; a temp dir)")
+    ap.add_argument("--host-caches", action="store_true", help="this host's compile caches, not fresh ones (--runs)")
+    ap.add_argument("--keep", action="store_true", help="leave the kept cluster running at the end (--runs)")
+    ap.add_argument("overrides", nargs="*", help="more overrides for both runs (--runs)")
+    args = ap.parse_intermixed_args()
+    if args.runs:
+        return runs_main(args)
     skip = set(filter(None, args.skip.split(",")))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

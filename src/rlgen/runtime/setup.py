@@ -1,7 +1,8 @@
 """Set-up and tear-down: a plan becomes a Run, the actors and the objects that drive them.
 
 In order: the algorithm, the model and the task load on threads of their own while a Ray cluster starts; the
-learner ranks and the engines start all at once; the weight transport sends the starting weights (or, where
+learner ranks and the engines start all at once (engines whose model folder is still being built are asked for as
+soon as the cluster is up, and wait for it); the weight transport sends the starting weights (or, where
 the engines hold them already, the learners finish beside the first batch); then come the engine keeper, the
 rollouts and the run state. With engine.keep_warm_s a cluster and its engines outlive a run that ends well,
 and the next run with the same settings takes them over. docs/startup.md walks through each phase.
@@ -50,6 +51,7 @@ from rlgen.runtime.rollouts.engine_restarts import EngineKeeper, EngineLost
 from rlgen.runtime.rollouts.generation import Rollouts
 from rlgen.runtime.run_parts import Run
 from rlgen.runtime.signals import StopFlag
+from rlgen.runtime.start.early_engines import EarlyEngines, engines_before_folder
 from rlgen.runtime.start.loaders import start_loaders
 from rlgen.runtime.start.on_thread import Beside
 from rlgen.runtime.start.progress import StartupClock
@@ -68,6 +70,7 @@ if TYPE_CHECKING:
     from rlgen.types import JSONDict
 
 log = logging.getLogger(__name__)
+ACTORS = "engines and learners"
 LEARNERS_BESIDE = "learners and weight transport (beside the first batch)"
 KEPT_ENGINE_WAKES = "an engine an earlier run kept warm wakes and takes this run's starting weights"
 
@@ -93,6 +96,8 @@ def set_up(plan: Plan, out_dir: Path, *, resume: ResumePoint | None = None, stop
               status=status, resume=resume)
     t0 = time.time()
     run.clock = clock = StartupClock(run.console)
+    hooks = hooks or Hooks()
+    early: EarlyEngines | None = None
     try:
         for var, val in QUIET_ENV.items():  # before transformers loads in this process (actors get them too)
             os.environ.setdefault(var, val)
@@ -100,12 +105,17 @@ def set_up(plan: Plan, out_dir: Path, *, resume: ResumePoint | None = None, stop
         algo, model, task_loader = start_loaders(run)
         with clock.phase("Ray cluster"):
             _cluster(run)
+        early = engines_before_folder(run, lambda: _factory(run, hooks), model, ACTORS)  # where the model folder is still being built
         model.result(run.stop)
         _place_folders(run)
         loop_inputs: list[tuple[Task, PromptRenderer, list[int]]] = []  # once the actors are asked for
-        with clock.phase("engines and learners"):
-            _actors(run, hooks or Hooks(), algo, before_wait=lambda: loop_inputs.append(
-                task_loader.result(run.stop, "preparing the tokenizer and task")))
+        end = early.end_phase if early is not None else clock.begin(ACTORS)
+        try:
+            _actors(run, hooks, algo, before_wait=lambda: loop_inputs.append(
+                task_loader.result(run.stop, "preparing the tokenizer and task")), early=early)
+        finally:
+            end()
+        early = None  # the run's engines now
         task, renderer, stop_ids = loop_inputs[0]
         if run.learners_to_wait is None:
             with clock.phase("first weight push"):
@@ -116,6 +126,8 @@ def set_up(plan: Plan, out_dir: Path, *, resume: ResumePoint | None = None, stop
             run.learners_to_wait = None
         _loop_parts(run, task, renderer, stop_ids)
     except BaseException as err:
+        if early is not None:
+            early.stop()
         tear_down(run)
         if take_over_failed(run, err):
             raise TakeOverFailed(err) from err
@@ -179,19 +191,29 @@ def _place_folders(run: Run) -> None:
                                     run.initial_model_path, run.resume.checkpoint if run.resume else None)
 
 
-def _actors(run: Run, hooks: Hooks, algo: Beside, before_wait: Callable[[], None] = lambda: None) -> None:
+def _factory(run: Run, hooks: Hooks) -> ActorFactory:
+    """The run's actor factory, its engine side (the learner side is filled in once the engines are asked for:
+    the learner's class imports torch)."""
+    engine_cls, engine_kwargs = (hooks.engine_cls, dict(hooks.engine_kwargs)) if hooks.engine_cls else engine_class(run.plan)
+    run.engine_names = [f"engine{s.index}" for s in run.plan.engines]
+    return ActorFactory(run.cfg, run.plan, run.placement, run.pgs, run.node_ids, engine_cls, engine_kwargs,
+                        type(None), {}, warm=warm_cluster() is not None)
+
+
+def _actors(run: Run, hooks: Hooks, algo: Beside, before_wait: Callable[[], None] = lambda: None,
+            early: EarlyEngines | None = None) -> None:
     """The engines, then the learner ranks; every actor healthy. The engines are asked for first: theirs is the
     longest start, and the learners take the algorithm, which may still be importing (``algo``). before_wait
-    runs once all are asked for."""
+    runs once all are asked for. early: the engines asked for before the model folder was there."""
     cfg, plan = run.cfg, run.plan
-    engine_cls, engine_kwargs = (hooks.engine_cls, dict(hooks.engine_kwargs)) if hooks.engine_cls else engine_class(plan)
-    learner_cls, learner_kwargs = learner_class(plan)
-    learner_cls = hooks.learner_cls or learner_cls  # a test's class takes the kind's arguments
-    run.factory = ActorFactory(cfg, plan, run.placement, run.pgs, run.node_ids, engine_cls, engine_kwargs,
-                               learner_cls, dict(learner_kwargs), warm=warm_cluster() is not None)
-    run.engine_names = [f"engine{s.index}" for s in plan.engines]
+    if early is None:
+        run.factory = _factory(run, hooks)
+    assert run.factory is not None
     asked: dict[str, float] = {}
-    engines = _ask_engines(run, asked)
+    engines, taken = _ask_engines(run, asked, early)
+    learner_cls, learner_kwargs = learner_class(plan)
+    run.factory.learner_cls = hooks.learner_cls or learner_cls  # a test's class takes the kind's arguments
+    run.factory.learner_kwargs = dict(learner_kwargs)
     rendezvous = None
     if len(run.placement.learners) > 1:
         rendezvous = run.waiter.get(run.factory.rendezvous_ref(), "finding the learner group's rendezvous",
@@ -200,7 +222,7 @@ def _actors(run: Run, hooks: Hooks, algo: Beside, before_wait: Callable[[], None
     run.factory.learner_kwargs["algorithm"] = run.algorithm
     asked.update({f"learner{r}": time.time() for r in range(len(run.placement.learners))})
     run.learners = run.factory.learners(run.folders.learner_paths, rendezvous, **run.folders.learner_extra)
-    health = _wait_started(run, engines, asked, before_wait)
+    health = _wait_started(run, engines, taken, asked, before_wait)
     bad = [h for h in health if not h.get("ok")]
     if bad:
         raise RunError(f"actors reported unhealthy at start-up: {bad}")
@@ -217,25 +239,36 @@ def _actors(run: Run, hooks: Hooks, algo: Beside, before_wait: Callable[[], None
     run.zero3_gatherers = run.learners[1:] if learner_kwargs.get("zero_stage") == 3 else []
 
 
-def _ask_engines(run: Run, asked: dict[str, float]) -> list[ActorHandle]:
+def _ask_engines(run: Run, asked: dict[str, float],
+                 early: EarlyEngines | None = None) -> tuple[list[ActorHandle], dict[int, ObjectRef[JSONDict]]]:
     """Every engine asked for at once (vLLM engines that share a GPU take turns only to measure their KV cache:
-    rlgen.engines.vllm.kvcache); kept engines taken over where the cluster kept them."""
+    rlgen.engines.vllm.kvcache); kept engines taken over where the cluster kept them, and asked to wake at once
+    (their take_over calls, by index); early: the engines asked for before the model folder was there, which
+    are the run's where they were given the path they would be given now."""
     run.start_version = run.state.version
     run.transport = _new_transport(run)
-    engines = _kept_engines(run, asked)
-    for i in range(len(run.plan.engines)):
-        if engines[i] is None:
-            asked[run.engine_names[i]] = time.time()
-            engines[i] = run.factory.engine(i, run.folders.engine_paths, run.state.version)
-    return engines
+    if early is not None:
+        engines = early.hand_over(run, asked)
+        if engines is not None:
+            return engines, {}
+    kept = _kept_engines(run, asked)
+    # KeepsWarm: only kinds that claim it are kept (_cluster), so only they are taken over; they wake while the
+    # learners are asked for and the task loads
+    taken = {i: kept[i].take_over.remote(run.state.version) for i in run.factory.kept}
+    engines = [e if e is not None else _new_engine(run, i, asked) for i, e in enumerate(kept)]
+    return engines, taken
 
 
-def _wait_started(run: Run, engines: list[ActorHandle], asked: dict[str, float],
-                  before_wait: Callable[[], None] = lambda: None) -> list[JSONDict]:
-    """The health reports of the engines and learners asked for, waited for: the engines', and the learners'
-    unless they may start beside the first batch (run.learners_to_wait then holds what set_up needs for that)."""
-    # KeepsWarm: only kinds that claim it are kept (_cluster), so only they are taken over; they wake as the task loads
-    taken = {i: engines[i].take_over.remote(run.state.version) for i in run.factory.kept}
+def _new_engine(run: Run, index: int, asked: dict[str, float]) -> ActorHandle:
+    asked[run.engine_names[index]] = time.time()
+    return run.factory.engine(index, run.folders.engine_paths, run.state.version)
+
+
+def _wait_started(run: Run, engines: list[ActorHandle], taken: dict[int, ObjectRef[JSONDict]],
+                  asked: dict[str, float], before_wait: Callable[[], None] = lambda: None) -> list[JSONDict]:
+    """The health reports of the engines and learners asked for, waited for: the engines' (a kept engine's
+    answer to take_over, in ``taken``), and the learners' unless they may start beside the first batch
+    (run.learners_to_wait then holds what set_up needs for that)."""
     before_wait()
     engine_refs = [taken[i] if i in taken else e.health.remote() for i, e in enumerate(engines)]
     engine_words = [KEPT_ENGINE_WAKES if i in taken else run.plan.engine.start_words for i in range(len(engines))]

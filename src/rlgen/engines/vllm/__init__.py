@@ -5,7 +5,8 @@ stays awake and takes weight updates while it generates, and receives weights ov
 event loop), updates (how weights get in; what its workers run is rlgen.sync.receiver), adapters (LoRA), stream
 (streamed generation), common (its error and timeouts), startup (why it could not start), kvcache (the KV size
 kept for the next start), fork (how its engine core starts), modelinfo (vLLM's inspection of the model class,
-begun at launch)."""
+begun at launch). ``before_model_folder`` is what an engine asked for before its model folder is built does
+meanwhile: it imports vLLM."""
 
 from __future__ import annotations
 
@@ -36,6 +37,16 @@ def _ahead(architectures: list[str], env: dict[str, str]) -> None:
     from rlgen.engines.vllm.modelinfo import start_inspection
 
     start_inspection(architectures, env)
+
+
+def before_model_folder(env: dict[str, str] | None) -> str:
+    """What an engine asked for before its model folder exists does meanwhile (rlgen.runtime.start.early_engines):
+    the first step of its start, vLLM's import with the engine's environment (startup.prepare_process). Its own
+    start then finds vLLM imported. Returns the name of the step, as the engine's start-up clock names it."""
+    from rlgen.engines.vllm.startup import prepare_process
+
+    prepare_process(env)
+    return "import vllm"
 
 
 ENGINE = EngineSpec(

@@ -39,6 +39,22 @@ def require_cuda_and_vllm() -> None:
         ) from err
 
 
+def prepare_process(env: dict[str, str] | None) -> None:
+    """What a vLLM engine's process does first, before it needs its model folder: the engine's environment (and
+    REQUIRED_ENV, unless set), then torch's check for a GPU through NVML and vllm's import, without initializing
+    CUDA (the engine core is forked from this process). A problem is left to the engine's own start, which says
+    it in its words."""
+    from rlgen.engines.vllm.args import REQUIRED_ENV
+
+    os.environ.update({k: str(v) for k, v in (env or {}).items()})
+    for k, v in REQUIRED_ENV.items():
+        os.environ.setdefault(k, v)
+    try:
+        require_cuda_and_vllm()
+    except EngineError:
+        pass
+
+
 def _free_memory(m: re.Match) -> str:
     return free_memory_sentence(*(float(x) for x in m.groups()))
 
@@ -139,4 +155,5 @@ def check_free_memory(name: str, utilization: float, gpus: list[int] | None = No
         pynvml.nvmlShutdown()
 
 
-__all__ = ["EngineStartError", "check_free_memory", "explain", "own_logs", "own_stderr_tail", "require_cuda_and_vllm"]
+__all__ = ["EngineStartError", "check_free_memory", "explain", "own_logs", "own_stderr_tail", "prepare_process",
+           "require_cuda_and_vllm"]

@@ -317,16 +317,22 @@ class ActorFactory:
         """The name of every engine, where warm."""
         return [self._engine_call(i, model_path)[1]["name"] for i in range(len(self.plan.engines))] if self.warm else []
 
-    def engine(self, index: int, model_path: PathByNode, version: int) -> ActorHandle:
+    def engine(self, index: int, model_path: PathByNode, version: int, cls: type | None = None) -> ActorHandle:
         """Engine ``index`` in its bundle; model_path: one path, or the path on each node. In a cluster whose
-        engines may be kept warm (``self.warm``) the engine is detached and named by its settings."""
+        engines may be kept warm (``self.warm``) the engine is detached and named by its settings. cls: the actor
+        class, where it is not engine_cls itself but one built on it (runtime.start.early_engines); the name and
+        settings stay engine_cls's."""
         import ray
 
         args, options = self._engine_call(index, model_path)
         if self.warm:
             kept_engines.free_name(options["name"])  # an engine re-created in a run: its predecessor's name
         path, engine_cfg = args.pop("model_path"), args.pop("engine")
-        return ray.remote(self.engine_cls).options(**options).remote(path, engine_cfg, version=version, **args)
+        return ray.remote(cls or self.engine_cls).options(**options).remote(path, engine_cfg, version=version, **args)
+
+    def engine_path(self, index: int, model_path: PathByNode) -> str | None:
+        """The model path engine ``index`` is given: model_path, or its node's path in it."""
+        return _at(model_path, self.engine_node(index))
 
     def learners(self, model_path: PathByNode, rendezvous: tuple[str, int] | None,
                  **extra: PathByNode | None) -> list[ActorHandle]:

@@ -49,6 +49,10 @@ from rlgen.types import JSONDict
 log = logging.getLogger(__name__)
 
 HEAD_STOP_S = 20.0  # for the head to take its cluster down before what is left is killed
+# Ray starts one idle worker per CPU for the head's own driver, which runs nothing: a run's actors need workers of
+# their own (their runtime env names environment variables), so those would only take the host's cores while
+# the run imports, builds its model folder and starts its engines. Set to 1 in the environment to have them back.
+HEAD_ENV = {"RAY_prestart_worker_first_driver": "0"}
 SHUTDOWN_S = 30.0  # for ray.shutdown() here; leaving a cluster that is already gone can stall
 CLAIM_LOCK = "rlgen_claim.lock"
 _HEAD_CODE = "import sys; from rlgen.runtime.cluster.local_ray import head_main; head_main(sys.argv[1:])"
@@ -175,7 +179,8 @@ def start_local(init: dict[str, int], timeout_s: float, stop: StopFlag | None, k
     answer = Path(scratch) / "head.json"
     with open(Path(scratch) / "head.log", "wb") as out:
         head = subprocess.Popen([sys.executable, "-c", _HEAD_CODE, json.dumps(init), str(answer), json.dumps(identity())],
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**HEAD_ENV, **os.environ})
     cluster = _local = LocalCluster(head, scratch, key=key, head_ident=identity(head.pid), fingerprint=fingerprint)
     _own(cluster)
     try:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from rlgen.algo.registry import algorithm
 from rlgen.config import RunConfig
-from rlgen.models import built_model, load_tokenizer, prepare_model
+from rlgen.models.build import built_model, load_tokenizer, prepare_model, tokenizer_class_of
 from rlgen.runtime.start.on_thread import Beside
 from rlgen.runtime.start.progress import StartupClock
 from rlgen.tasks import build_task, task_libraries
@@ -26,7 +26,10 @@ def start_loaders(run: Run) -> tuple[Beside[None], Beside[None], Beside[tuple[Ta
     """The algorithm, the model folder and the task, each loading on a thread of its own beside the cluster's
     start, once the libraries they share are imported (seconds on a GPU host)."""
     clock = run.clock or StartupClock(run.console)
-    libraries = Beside(_shared_libraries, run.cfg)
+    found = built_model(run.cfg, device=run.plan.device)  # None: this process builds the model folder
+    # the tokenizer class a preset's build names (models.build.load_tokenizer); the task starts from that folder
+    named = tokenizer_class_of(found) if found and run.resume is None else None
+    libraries = Beside(_shared_libraries, run.cfg, found is None, named[0] if named else None)
     algo = Beside(_algorithm, run, libraries)
     model = Beside(_model, run, libraries, done=clock.begin("model folder"))
     task = Beside(_task, run, libraries, model, done=clock.begin("tokenizer and task"))
@@ -34,22 +37,34 @@ def start_loaders(run: Run) -> tuple[Beside[None], Beside[None], Beside[tuple[Ta
 
 
 SHARED_LIBRARIES = ("torch", "transformers")
-# what the loaders reach for in transformers: its tokenizer and model bases, and the Auto classes
-TRANSFORMERS_NAMES = ("PreTrainedTokenizerBase", "PreTrainedModel", "AutoConfig", "AutoTokenizer", "AutoModelForCausalLM")
+# what the loaders reach for in transformers: its tokenizer base and, unless the model folder names its
+# tokenizer's class (models.build.load_tokenizer), the Auto classes; where this process builds the model folder,
+# its model base and Auto class too (nothing else here needs those)
+TOKENIZER_NAMES = ("PreTrainedTokenizerBase", "AutoConfig", "AutoTokenizer")
+MODEL_NAMES = ("PreTrainedModel", "AutoModelForCausalLM")
+TRANSFORMERS_NAMES = TOKENIZER_NAMES + MODEL_NAMES
 
 
-def _shared_libraries(cfg: RunConfig) -> None:
+def _shared_libraries(cfg: RunConfig, builds: bool = True, tokenizer_module: str | None = None) -> None:
     """Import whole, on one thread, what set-up's loaders share, before they run side by side. A library that one
     thread is still importing looks broken to another: datasets, hashing a data set, found transformers half
     imported and without PreTrainedTokenizerBase. A library that is not installed is left to the code that needs
-    it, which says how to install it."""
+    it, which says how to install it. builds: the model folder is built here, so transformers' model side is
+    needed too; a folder that is there already (kept, given, or cached) needs only the tokenizer's side, and
+    only its tokenizer's module where the folder names its tokenizer's class (tokenizer_module), not the Auto
+    classes."""
 
     for name in (*SHARED_LIBRARIES, *task_libraries(cfg.task)):
         if importlib.util.find_spec(name) is not None:
             importlib.import_module(name)
     transformers = sys.modules.get("transformers")
-    for name in TRANSFORMERS_NAMES if transformers is not None else ():
+    if transformers is None:
+        return
+    named = tokenizer_module if not builds else None
+    for name in TRANSFORMERS_NAMES if builds else TOKENIZER_NAMES[:1] if named else TOKENIZER_NAMES:
         getattr(transformers, name)
+    if named:
+        importlib.import_module(named)
 
 
 def _after(libraries: Beside[None], run: Run) -> None:
@@ -62,7 +77,7 @@ def _model(run: Run, libraries: Beside[None]) -> None:
     libraries it needs."""
     cfg = run.cfg
     path = built_model(cfg, device=run.plan.device)
-    if path is None:
+    if path is None:  # a build (the libraries imported its model side: start_loaders saw no folder)
         _after(libraries, run)
         path = prepare_model(cfg, device=run.plan.device)
     run.initial_model_path = path

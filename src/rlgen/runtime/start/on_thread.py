@@ -32,6 +32,10 @@ class Beside(Generic[T]):
             if done is not None:
                 done()
 
+    def finished(self) -> bool:
+        """Whether fn has returned or raised (result() would not wait)."""
+        return not self._thread.is_alive()
+
     def result(self, stop: StopFlag, what: str = "preparing the model folder and task") -> T:
         while self._thread.is_alive():
             if stop.requested:

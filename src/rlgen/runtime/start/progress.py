@@ -92,6 +92,9 @@ class StartupClock:
         }
         if health.get("kept_warm"):  # an engine an earlier run kept warm: how many runs have taken it over
             self.actors[name]["kept_warm"] = health["kept_warm"]
+        for key in ("kv_size", "core_start"):  # a vLLM engine's: its KV cache given, stored or measured; fork or spawn
+            if isinstance(health.get(key), str):
+                self.actors[name][key] = health[key]
 
     def first_batch(self) -> None:
         if self.first_rollout_s is None:
