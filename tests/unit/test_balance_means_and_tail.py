@@ -55,7 +55,8 @@ def test_the_run_verdict_is_the_mean_of_alternating_steps_and_says_they_alternat
     long, short = 3.5, 0.7
     assert (v.steps, v.first_step, v.step) == (9, 1, 9)
     assert v.step_s == pytest.approx((4 * long + 5 * short) / 9)  # the mean step, 1.94 s
-    assert v.step_median_s == pytest.approx(short)  # what a median said: the short step
+    # the spread leaves the run's last step out (nothing generates beside a run's last step): 4 long, 4 short
+    assert v.step_median_s == pytest.approx((long + short) / 2)
     assert (v.step_min_s, v.step_max_s) == (pytest.approx(short), pytest.approx(long))
     assert v.spread == pytest.approx(long / short)
     # mean generation (4 x 3.0 + 5 x 0.2) / 9 = 1.44 s against 0.5 s of training: generation-bound (the medians,
@@ -74,7 +75,7 @@ def test_the_rolling_verdict_carries_the_spread_of_its_window():
     last = vs[-1]
     assert last.steps == 4 and last.spread == pytest.approx(3.5 / 0.7)
     assert last.step_s == pytest.approx((3.5 + 3 * 0.7) / 4)  # steps 6-9: one long, three short
-    assert "Steps alternate between 0.7 s and 3.5 s" in last.advice
+    assert "Steps range from 0.7 s to 3.5 s" in last.advice  # its window ends on two short steps: no alternation
 
 
 def test_the_printed_balance_says_means_the_steps_and_their_spread():
@@ -83,10 +84,10 @@ def test_the_printed_balance_says_means_the_steps_and_their_spread():
     print_summary(recs, BalanceContext(num_engines=1), Console(file=buf, width=250))
     text = buf.getvalue()
     assert "balance over 9 step(s) (means over steps 1-9, steps spread 5.0x)" in text
-    assert "1.94 s (median 0.7 s, 0.7-3.5 s)" in text
+    assert "1.94 s (median 2.1 s, 0.7-3.5 s)" in text
     assert "medians" not in text
     flat = balance_summary(recs)
-    assert flat["spread"] == pytest.approx(5.0) and flat["step_median_s"] == pytest.approx(0.7)
+    assert flat["spread"] == pytest.approx(5.0, rel=1e-6) and flat["step_median_s"] == pytest.approx(2.1)
     md = to_markdown([{**flat, "overrides": [], "status": "ok"}], Path("sweep"))
     assert "Verdicts are means over the steps past the first" in md and "medians" not in md
     assert "| steps spread |" in md and "| 5.0x |" in md

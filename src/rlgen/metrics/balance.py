@@ -20,7 +20,7 @@ from enum import StrEnum
 from typing import Any
 
 from rlgen.metrics.room_advice import more_engines, with_more_gpus
-from rlgen.metrics.steady import Steady, steady
+from rlgen.metrics.steady import steady, uneven_clause
 from rlgen.metrics.tail_gain import carry_advice, carry_gain, tail_wait_s
 from rlgen.types import covered_seconds
 
@@ -302,10 +302,12 @@ def assess(m: StepBalance, ctx: BalanceContext = NO_CONTEXT, band: float = DEFAU
 
 
 def _verdict(kind: Kind, step_kind: Kind, ms: Sequence[StepBalance], ctx: BalanceContext,
-             m: StepBalance | None = None) -> Verdict:
-    """The verdict of the steps ms: the numbers of m (their mean, combine), the spread of their step times."""
+             m: StepBalance | None = None, tail: int = 0) -> Verdict:
+    """The verdict of the steps ms: the numbers of m (their mean, combine), the spread of their step times (less
+    the last ``tail`` of them)."""
     m = m or (ms[0] if len(ms) == 1 else combine(ms))
-    st = steady([x.window_s for x in ms], warmup=0)
+    times = [x.window_s for x in ms]
+    st = steady(times, warmup=0, tail=tail if len(times) - tail >= 2 else 0)
     window = max(m.window_s, 1e-12)
     return Verdict(
         kind=kind.value,
@@ -316,7 +318,7 @@ def _verdict(kind: Kind, step_kind: Kind, ms: Sequence[StepBalance], ctx: Balanc
         gen_tokens_per_s=m.tokens / m.producer_s if m.producer_s > 0 else 0.0,
         required_tokens_per_s=m.tokens / m.consumer_s if m.consumer_s > 0 else 0.0,
         sync_s=m.sync_s,
-        advice=advise(kind, m, ctx) + _uneven(st),
+        advice=advise(kind, m, ctx) + uneven_clause(st, times[: len(times) - tail] if st and st.steps < len(times) else times),
         ratio=m.ratio,
         step_kind=step_kind.value,
         step=m.step,
@@ -331,13 +333,6 @@ def _verdict(kind: Kind, step_kind: Kind, ms: Sequence[StepBalance], ctx: Balanc
         spread=st.spread if st else 1.0,
         partial_gain=carry_gain(m.tail_wait_s, m.window_s),
     )
-
-
-def _uneven(st: Steady | None) -> str:
-    """The clause a verdict over uneven steps ends with: their mean hides that they alternate."""
-    if st is None or st.even:
-        return ""
-    return f" Steps alternate between {st.min_s:.3g} s and {st.max_s:.3g} s, which their mean hides."
 
 
 def combine(ms: Sequence[StepBalance], how: str = "mean") -> StepBalance:
@@ -437,11 +432,13 @@ def summarize(
     warmup: int = DEFAULT_WARMUP,
 ) -> Verdict | None:
     """The run's verdict: means over every step past warm-up (all steps if the run is that short), with the
-    spread of their step times; where they spread over steady.SPREAD_LIMIT, its advice says they alternate."""
+    spread of their step times (the last left out, of four or more); where they spread over
+    steady.SPREAD_LIMIT, its advice says how (they alternate, or range from one time to another)."""
     ms = [measure_record(r, ctx.num_engines) for r in records if r.get("timeline")]
     if not ms:
         return None
     use = ms[warmup:] if len(ms) > warmup else ms
     m = combine(use)
     kind = classify(m.ratio, band)
-    return _verdict(kind, kind, use, ctx, m)
+    # the spread leaves the run's last step out: nothing generates beside it, so it is short by nature
+    return _verdict(kind, kind, use, ctx, m, tail=1 if len(use) >= 4 else 0)

@@ -61,6 +61,17 @@ def steady(seconds: Sequence[float], tokens: Sequence[float] | None = None, warm
                   rate)
 
 
+def uneven_clause(st: Steady | None, times: Sequence[float]) -> str:
+    """The clause a verdict over uneven steps ends with: their mean hides that they alternate (each step longer
+    than the one before it shorter, or the other way round), or how far apart they range."""
+    if st is None or st.even:
+        return ""
+    turns = [b - a for a, b in zip(times, times[1:])]
+    alternate = len(turns) >= 2 and all(x * y < 0 for x, y in zip(turns, turns[1:]))
+    how = f"alternate between {st.min_s:.3g} s and" if alternate else f"range from {st.min_s:.3g} s to"
+    return f" Steps {how} {st.max_s:.3g} s, which their mean hides."
+
+
 def ratio(a: Steady | None, b: Steady | None) -> float | None:
     """a's mean step over b's (None where either is missing)."""
     if a is None or b is None or b.mean_s <= 0:
@@ -68,4 +79,4 @@ def ratio(a: Steady | None, b: Steady | None) -> float | None:
     return a.mean_s / b.mean_s
 
 
-__all__ = ["SPREAD_LIMIT", "Steady", "ratio", "steady"]
+__all__ = ["SPREAD_LIMIT", "Steady", "ratio", "steady", "uneven_clause"]
