@@ -90,3 +90,15 @@ def test_to_dict_rounds_and_says_even():
     assert d["mean_s"] == round(7 / 3, 4) and d["spread"] == 4.0 and d["even"] is False
     assert d["steps"] == 3 and d["first"] == 0 and d["tokens_per_s"] == 1.0
     assert set(d) == set(Steady.__dataclass_fields__) | {"even"}
+
+
+def test_the_clause_names_steps_that_alternate_and_not_noise_about_one_time():
+    from rlgen.metrics.steady import uneven_clause
+
+    noisy = [0.66, 0.64, 0.70, 0.65, 0.52, 0.68, 1.05, 0.67, 0.66, 0.69, 0.63]  # a checkpoint's slow step among them
+    assert steady(noisy, warmup=0).spread > 1.5 and uneven_clause(steady(noisy, warmup=0), noisy) == ""
+    alternating = [6.3, 10.2, 7.2, 10.4, 6.9, 10.3, 10.1, 6.5]  # one turn that does not flip
+    assert "alternate between 6.3 s and 10.4 s" in uneven_clause(steady(alternating, warmup=0), alternating)
+    ranging = [2.0, 2.5, 3.5, 5.0, 7.0, 9.0]
+    assert "range from 2 s to 9 s" in uneven_clause(steady(ranging, warmup=0), ranging)
+    assert uneven_clause(steady([1.0, 1.2, 1.1], warmup=0), [1.0, 1.2, 1.1]) == ""  # even

@@ -61,15 +61,24 @@ def steady(seconds: Sequence[float], tokens: Sequence[float] | None = None, warm
                   rate)
 
 
+ALTERNATE_SHARE = 0.8  # of the turns between steps that change direction: steps that alternate
+RANGE_CV = 0.25  # steps that do not alternate are said to range only past this coefficient of variation
+
+
 def uneven_clause(st: Steady | None, times: Sequence[float]) -> str:
-    """The clause a verdict over uneven steps ends with: their mean hides that they alternate (each step longer
-    than the one before it shorter, or the other way round), or how far apart they range."""
+    """The clause a verdict over uneven steps (spread past SPREAD_LIMIT) ends with, where their mean hides it:
+    they alternate (nearly every step longer than the one before it is followed by a shorter one, and the other
+    way round), or they range widely (cv past RANGE_CV). Noise about one time, with a slow step or two among many
+    (a checkpoint), says nothing."""
     if st is None or st.even:
         return ""
     turns = [b - a for a, b in zip(times, times[1:])]
-    alternate = len(turns) >= 2 and all(x * y < 0 for x, y in zip(turns, turns[1:]))
-    how = f"alternate between {st.min_s:.3g} s and" if alternate else f"range from {st.min_s:.3g} s to"
-    return f" Steps {how} {st.max_s:.3g} s, which their mean hides."
+    flips = [x * y < 0 for x, y in zip(turns, turns[1:])]
+    if flips and sum(flips) >= ALTERNATE_SHARE * len(flips):
+        return f" Steps alternate between {st.min_s:.3g} s and {st.max_s:.3g} s, which their mean hides."
+    if st.cv > RANGE_CV:
+        return f" Steps range from {st.min_s:.3g} s to {st.max_s:.3g} s, which their mean hides."
+    return ""
 
 
 def ratio(a: Steady | None, b: Steady | None) -> float | None:
@@ -79,4 +88,4 @@ def ratio(a: Steady | None, b: Steady | None) -> float | None:
     return a.mean_s / b.mean_s
 
 
-__all__ = ["SPREAD_LIMIT", "Steady", "ratio", "steady", "uneven_clause"]
+__all__ = ["ALTERNATE_SHARE", "RANGE_CV", "SPREAD_LIMIT", "Steady", "ratio", "steady", "uneven_clause"]
