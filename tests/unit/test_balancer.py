@@ -14,11 +14,11 @@ from rlgen.metrics.balance import (
     StepBalance,
     assess,
     classify,
-    context_from_plan,
     measure,
     measure_record,
     summarize,
 )
+from rlgen.metrics.balance_context import context_from_plan
 from rlgen.types import Phase, StepTimeline
 
 
@@ -86,7 +86,7 @@ def test_a_training_bound_split_run_is_told_to_train_on_every_gpu():
     assert "hardware.colocated" not in assess(m, dataclasses.replace(split, hybrid=False)).advice
     # the plan says where it could: engines of their own that can share a GPU (vLLM), not hf engines or CPU runs
     from rlgen.config.compose import compose_run_config
-    from rlgen.metrics.balance import context_from_plan
+    from rlgen.metrics.balance_context import context_from_plan
     from rlgen.plan import build_plan
 
     def plan_of(*overrides):

@@ -20,10 +20,10 @@ from rlgen.metrics.balance import (
     Kind,
     Verdict,
     assess,
-    context_from_plan,
     measure_record,
     summarize,
 )
+from rlgen.metrics.balance_context import context_from_plan
 
 PHASE_COLORS = {
     "generate": "#2ca02c",

@@ -4,10 +4,8 @@ plan found the hardware has room for (BalanceContext's room fields). Pure Python
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from rlgen.metrics.balance import BalanceContext
+from rlgen.metrics.balance_context import BalanceContext
 
 MAX_ENGINE_GROWTH = 16  # past this, "add N engines" stops being useful advice
 

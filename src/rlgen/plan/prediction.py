@@ -15,7 +15,8 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from rlgen.config import RunConfig
-from rlgen.metrics.balance import BalanceContext, StepBalance, Verdict, assess, context_from_plan
+from rlgen.metrics.balance import BalanceContext, StepBalance, Verdict, assess
+from rlgen.metrics.balance_context import context_from_plan
 from rlgen.metrics.tail_gain import PARTIAL_GAIN_FRAC, PARTIAL_SHARE
 from rlgen.plan import ENGINE_HEADROOM_GIB, GIB, Plan, Transport
 from rlgen.plan.lengths import shaped_mean

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import time
 
-from rlgen.metrics.balance import BalanceTracker, context_from_plan
+from rlgen.metrics.balance import BalanceTracker
+from rlgen.metrics.balance_context import context_from_plan
 from rlgen.metrics.sink import MetricsSink
 from rlgen.runtime.cluster.waits import LearnerLost
 from rlgen.runtime.durability.checkpoint import save, stopped

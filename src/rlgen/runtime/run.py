@@ -16,7 +16,7 @@ from rich.markup import escape
 from rlgen.config import ExistingRun
 from rlgen.durable import disk_full
 from rlgen.gpubusy import BusySampler
-from rlgen.metrics.balance import context_from_plan
+from rlgen.metrics.balance_context import context_from_plan
 from rlgen.metrics.report import balance_summary, print_summary, write_report
 from rlgen.metrics.sink import MetricsSink
 from rlgen.plan import Plan
