@@ -1,11 +1,13 @@
 """Runs side by side by their step breakdown: what each trained (real response tokens a step, the packed tokens the
-learners forwarded, micro-batches), how long its phases took (means over the steps after the first: generate,
-train, the step), how its steps spread (the longest step over the shortest: about 1 where steps are even, 2 and
+learners forwarded, micro-batches), how long its phases took (means over the steady steps: generate, train, the
+step), how its steps spread (the longest step over the shortest: about 1 where steps are even, 2 and
 more where a short and a long one alternate), its throughput (the real response tokens of those steps over their
 seconds, tokens/s), the generation tail (rlgen.runtime.rollouts.tail), and the learner's measured peak memory
 against the plan's. The first run is the base every ratio is to; the ratios are of means. The median of the
 generate, train and step seconds is kept beside the means (``<key>_median``) only: where steps alternate, it
-lands on either.
+lands on either. The steady steps are steps 2 to n-2 where a run has four or more: step 0 starts the engines and
+generates alone, step 1 waits for the batch launched once step 0's was in, and the last step has nothing
+generating beside it (so its learner trains alone, faster); a shorter run keeps what is left after step 0.
 
     python benchmarks/lengths_report.py RUN_DIR [RUN_DIR ...] [--out report.json]
 """
@@ -25,9 +27,18 @@ MEDIAN_KEYS = ("generate_s", "train_s", "step_s")
 RATIO_KEYS = ("train_s", "generate_s", "step_s", "tokens_per_s")
 
 
+STEADY_FIRST, STEADY_TAIL = 2, 1  # steps left out at either end of a run of four or more
+
+
+def steady_window(n: int) -> tuple[int, int]:
+    """(first, tail): the steps left out at the start and the end of a run of n steps."""
+    return (STEADY_FIRST, STEADY_TAIL) if n >= 4 else (min(1, n - 1), 0) if n > 0 else (0, 0)
+
+
 def steady_records(records: list[dict]) -> list[dict]:
-    """The records of steps 1.. (step 0 starts the engines and generates alone); all of them for a one-step run."""
-    return records[1:] or records
+    """The records of the steady steps (steady_window); all of them for a one-step run."""
+    first, tail = steady_window(len(records))
+    return records[first:len(records) - tail] or records
 
 
 def means(later: list[dict]) -> dict:
@@ -48,8 +59,8 @@ def step_spread(records: list[dict]) -> dict:
     tokens."""
     if not records or not all("step_s" in r and "response_tokens" in r for r in records):
         return {}
-    s = steady([r["step_s"] for r in records], [r["response_tokens"] for r in records],
-               warmup=1 if len(records) > 1 else 0)
+    first, tail = steady_window(len(records))
+    s = steady([r["step_s"] for r in records], [r["response_tokens"] for r in records], warmup=first, tail=tail)
     if s is None:
         return {}
     return {"step_min_s": round(s.min_s, 3), "step_max_s": round(s.max_s, 3), "step_spread": round(s.spread, 3),
@@ -57,7 +68,7 @@ def step_spread(records: list[dict]) -> dict:
 
 
 def run_summary(run: Path) -> dict:
-    """One run's means over steps 1.., its step spread and tokens/s, its lengths and memory."""
+    """One run's means over its steady steps, its step spread and tokens/s, its lengths and memory."""
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     later = steady_records(records)
     plan = json.loads((run / "plan.json").read_text())

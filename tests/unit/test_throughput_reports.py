@@ -143,6 +143,13 @@ def test_a_run_reports_means_spread_and_tokens_per_second(lengths, tmp_path):
     assert row["mean_response_tokens"] == pytest.approx(150.0)
 
 
+def test_the_steady_steps_leave_out_the_first_two_and_the_last(lengths, tmp_path):
+    # step 1 waits for the batch launched once step 0's was in; the last trains with nothing generating beside it
+    row = lengths.run_summary(write_run(tmp_path, "ends", [10.0, 7.0, 4.0, 4.0, 4.0, 1.5]))
+    assert row["step_s"] == pytest.approx(4.0) and row["step_spread"] == pytest.approx(1.0)
+    assert row["train_s"] == pytest.approx(2.0)  # the phases' means over the same steps
+
+
 def test_one_step_runs_count_their_one_step(lengths, tmp_path):
     row = lengths.run_summary(write_run(tmp_path, "one", [5.0]))
     assert row["step_s"] == 5.0 and row["step_spread"] == 1.0 and row["tokens_per_s"] == pytest.approx(120.0)
