@@ -81,3 +81,22 @@ def test_paced_steps_do_not_alternate(fixed_time_engine, tmp_path, monkeypatch):
     assert after.mean_s <= 1.1 * before.mean_s, (paced, unpaced)  # even steps at the same throughput
     held = [r.get("gen/launch_ahead_s", 0.0) for r in recs[1:-1]]
     assert max(held) > 0.2, held  # the pace held a flight back after its step began (step 1: the first chance)
+
+
+def test_own_in_sends_the_flight_ahead_once_the_steps_own_is_in(fixed_time_engine, tmp_path, monkeypatch):
+    from rlgen.config import LaunchAhead
+    from rlgen.config.settings import set_key
+
+    real = build_plan
+
+    def own_in(cfg, **kw):
+        return real(set_key(cfg, "algo.launch_ahead", LaunchAhead.own_in), **kw)
+
+    monkeypatch.setattr(sys.modules[__name__], "build_plan", own_in)
+    steps, recs = _steps(tmp_path, "own_in")
+    after = steady(steps, warmup=1, tail=1)
+    assert after is not None and after.spread <= 1.5, steps
+    # one flight generates at a time: a step takes a flight's whole generate call (its learner work is far shorter)
+    assert after.mean_s >= 0.9 * GEN_S, steps
+    held = [r["gen/launch_ahead_s"] for r in recs[1:-1]]
+    assert min(held) >= 0.5 * GEN_S, held  # each went out once the step's own call had answered

@@ -6,7 +6,6 @@ from rlgen.config.schema import (
     _GROUPS,
     LORA_BLOCK_LINEARS,
     LORA_DEFAULT_RANK,
-    VLLM_ENV_REMOVED_IN_0_26,
     AlgoConfig,
     AnswerFormat,
     BenchConfig,
@@ -20,6 +19,7 @@ from rlgen.config.schema import (
     ISMode,
     KLEstimator,
     KLPenalty,
+    LaunchAhead,
     LearnerConfig,
     LearnerKind,
     Level,
@@ -52,6 +52,7 @@ from rlgen.config.schema import (
     to_run_config,
 )
 from rlgen.config.settings import Setting, get_key, plain, set_key
+from rlgen.config.vllm_env import VLLM_ENV_REMOVED_IN_0_26
 
 __all__ = [
     "Setting",
@@ -77,6 +78,7 @@ __all__ = [
     "LoraSync",
     "LongPrompts",
     "LossAgg",
+    "LaunchAhead",
     "ScaleRewards",
     "RewardStd",
     "Level",

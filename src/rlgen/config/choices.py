@@ -36,6 +36,13 @@ class ScaleRewards(StrEnum):
     none = "none"  # r - group mean (Dr. GRPO)
 
 
+class LaunchAhead(StrEnum):
+    """When a flight ahead of the learner goes out (rlgen.runtime.rollouts.launch)."""
+
+    step_start = "step_start"  # at the step's start, beside the step's own flight, paced so steps do not alternate
+    own_in = "own_in"  # once the step's own flight is in: the learner's wait never shares the engines with it
+
+
 class RewardStd(StrEnum):
     population = "population"  # divide by n
     unbiased = "unbiased"  # divide by n - 1 (TRL's convention)

@@ -19,6 +19,7 @@ from rlgen.config.choices import (  # noqa: F401 - re-exported: the schema's cho
     ISMode,
     KLEstimator,
     KLPenalty,
+    LaunchAhead,
     Level,
     LongPrompts,
     LossAgg,
@@ -31,13 +32,6 @@ from rlgen.config.choices import (  # noqa: F401 - re-exported: the schema's cho
     WandbMode,
     WeightsOver,
 )
-
-# Environment variables vLLM no longer reads as of 0.26, with what replaced them. The plan drops them and
-# says so, rather than passing dead settings to the engine.
-VLLM_ENV_REMOVED_IN_0_26: dict[str, str] = {
-    "VLLM_USE_V1": "the V1 engine is the only engine; drop the variable",
-    "VLLM_ATTENTION_BACKEND": "pick the backend with the engine argument attention_backend instead",
-}
 
 
 @dataclass
@@ -134,6 +128,7 @@ class AlgoConfig:
     # step's are done; the groups still running carry into the next step's, and go on from where they stopped
     partial_rollouts: float = 0.0
     partial_max_steps: int = 1  # a group cut short this many times runs to its end in the next generation
+    launch_ahead: LaunchAhead | None = None  # when a flight ahead goes out (LaunchAhead); null: the plan picks
 
 
 @dataclass

@@ -213,7 +213,9 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
     env, dropped = live_vllm_env(cfg.engine.env) if spec.passes_env else ({}, [])
     cfg, background = _checkpoint_background(cfg, device)
     settings.append(background)
-    return Plan(
+    from rlgen.plan.launch_ahead import with_launch_ahead  # lazy: it reads the prediction's decode model
+
+    return with_launch_ahead(Plan(
         config=cfg, engine=spec, learner_kind=learner.kind, layout=layout, device=device,
         hardware=cfg.hardware.name, nodes=cfg.hardware.nodes, gpus_per_node=cfg.hardware.gpus_per_node,
         engines=_shares(engines, cfg, spec), learners=learners, transport=transport_of(cfg, spec, layout),
@@ -222,7 +224,7 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
         settings=tuple(settings), memory=memory,
         disk=disk_writes(cfg, ms.params, learner.kind, adapter_params(cfg)),
         room=hardware_room(cfg, spec, layout, engines, learners, ms),
-    )
+    ))
 
 
 def _with_engines_per_gpu(cfg: RunConfig, runnable: bool) -> Plan:

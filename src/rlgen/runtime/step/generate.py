@@ -10,12 +10,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from rlgen import launched_at
+from rlgen.config import LaunchAhead
 from rlgen.runtime.cluster.waits import LearnerLost
 from rlgen.runtime.rollouts.generation import Rollouts
 from rlgen.runtime.rollouts.in_flight import InFlight
 from rlgen.runtime.rollouts.tail import tail_metrics
 from rlgen.runtime.setup import Run
 from rlgen.types import Phase, StepTimeline
+
+# whether the flights ahead go out while the step's own flight is waited for (algo.launch_ahead)
+WHILE_WAITING = {LaunchAhead.step_start: True, LaunchAhead.own_in: False}
 
 
 @dataclass
@@ -37,12 +41,14 @@ def generate(run: Run, step: int, tl: StepTimeline) -> Generated:
     # The run's first batch generates alone: nothing trains meanwhile, and a batch launched ahead beside it would
     # share the engines' steps and delay it. Later batches go ahead while this one is waited for, each at its
     # pace (rlgen.runtime.rollouts.pace: so steps do not alternate), and once it is in, at once.
-    version, ahead = run.transport.version, ro.collected > 0
-    ro.fill(step, depth if ahead else 0, version, paced=True)
-    flight = ro.next_flight(launch=(lambda: ro.fill(step, depth, version, paced=True)) if ahead else None)
+    # With algo.launch_ahead=own_in (rlgen.plan.launch_ahead) they wait for it instead, as the first step's do.
+    version = run.transport.version
+    beside = ro.collected > 0 and WHILE_WAITING[run.cfg.algo.launch_ahead or LaunchAhead.step_start]
+    ro.fill(step, depth if beside else 0, version, paced=True)
+    flight = ro.next_flight(launch=(lambda: ro.fill(step, depth, version, paced=True)) if beside else None)
     ro.fill(step, depth, version)
     tail = tail_metrics(flight, ro.ahead())
-    last = ro.waiting()[-1] if ahead and ro.waiting() else None
+    last = ro.waiting()[-1] if ro.collected > 1 and ro.waiting() else None
     if last is not None and last.step == step + depth and last.launched_at is not None:
         tail["gen/launch_ahead_s"] = max(0.0, last.launched_at - t0)  # how long its pace held the flight ahead
     run.startup.setdefault("first_rollout_s", time.time() - launched_at())
