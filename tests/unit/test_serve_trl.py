@@ -84,7 +84,7 @@ def test_prompt_logprobs_within_what_the_engines_give(pool):
     before it reaches them; vLLM's answer reads as the hf engine's."""
     from types import SimpleNamespace as NS
 
-    from rlgen.engines.vllm.engine import VLLMEngine
+    from rlgen.engines.vllm.outputs import prompt_logprobs
     from rlgen.serve.openai import completions_request
     from rlgen.wire.protocol import BadRequest
 
@@ -98,8 +98,8 @@ def test_prompt_logprobs_within_what_the_engines_give(pool):
     with pytest.raises(BadRequest, match="prompt_logprobs is not offered with stream=true"):
         completions_request({"prompt": [[5, 6]], "prompt_logprobs": 1, "stream": True}, pool.model)
     answer = NS(prompt_logprobs=[None, {7: NS(logprob=-0.1, rank=1), 9: NS(logprob=-3.0, rank=4)}])
-    assert VLLMEngine._prompt_logprobs(answer) == [None, {7: (-0.1, 1), 9: (-3.0, 4)}]
-    assert VLLMEngine._prompt_logprobs(NS(prompt_logprobs=None)) == []
+    assert prompt_logprobs(answer) == [None, {7: (-0.1, 1), 9: (-3.0, 4)}]
+    assert prompt_logprobs(NS(prompt_logprobs=None)) == []
 
 
 def test_trl_chat_and_prefix_cache_reset(client):

@@ -73,6 +73,8 @@ def serve(plan: Any, out_dir: Path, console: Any) -> None:
         started, node_ids, pgs = connect(cfg, plan, placement, stop, waiter)
         model_path = model.result(stop)
         engine_cls, engine_kwargs = engine_class(plan)
+        if plan.engine_kind == "vllm":  # a server's requests may sample with anything: vLLM's whole warm-up
+            engine_kwargs = {**engine_kwargs, "sampler_warmup": "all"}
         factory = ActorFactory(cfg, plan, placement, pgs, node_ids, engine_cls, engine_kwargs, type(None), {})
         console.print(f"starting {len(plan.engines)} {plan.engine_kind} engine(s) of TP "
                       f"{cfg.engine.tensor_parallel_size} for {cfg.model.name}", highlight=False)

@@ -5,7 +5,7 @@ that owns a daemon thread running one asyncio loop (``rlgen.engines.vllm.loop``)
 actor can call in while a ``generate()`` is in flight; docs/architecture.md says why it is not an async actor.
 vllm is imported only when an engine is built. Its parts: engine arguments and seeds (``args``), weight updates
 (``updates``; the functions its workers run are ``rlgen.sync.receiver``), LoRA (``adapters``), streaming
-(``stream``), stored KV-cache sizes (``kvcache``).
+(``stream``), the logprobs of its outputs (``outputs``), stored KV-cache sizes (``kvcache``), what vLLM's sampler warm-up samples with (``warmup``).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from rlgen.engines.vllm.loop import (
     running_requests,
     version_changes,
 )
+from rlgen.engines.vllm.outputs import prompt_logprobs, sampled_logprobs, top_logprobs
 from rlgen.engines.vllm.startup import (
     EngineStartError,
     check_free_memory,
@@ -50,6 +51,7 @@ from rlgen.engines.vllm.startup import (
 )
 from rlgen.engines.vllm.stream import StreamMethods
 from rlgen.engines.vllm.updates import UpdateMethods
+from rlgen.engines.vllm.warmup import ALL, ROLLOUTS, set_sampler_warmup
 from rlgen.generated import GenResult
 from rlgen.hostinfo import process_info
 from rlgen.phases import ActorClock, read_log_times
@@ -75,6 +77,7 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, Episodic, KeptWar
         engine_args: dict[str, Any] | None = None,
         timeout_s: float = CALL_TIMEOUT_S,
         version: int = 0,
+        sampler_warmup: str = ROLLOUTS,
     ):
         t0 = time.time()
         self.clock = ActorClock()
@@ -87,6 +90,7 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, Episodic, KeptWar
             os.environ.setdefault(k, v)
         require_cuda_and_vllm()
         self.core_start = choose_core_start()  # fork, or spawn where fork is not safe
+        self.sampler_warmup = set_sampler_warmup(sampler_warmup) if self.core_start == FORK else ALL  # see warmup
         self.clock.step("import vllm")
 
         self.name, self.seed, self.timeout_s = name, seed, timeout_s
@@ -199,32 +203,6 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, Episodic, KeptWar
             prompt["cache_salt"] = f"{self.name}-v{self.version}"
         return prompt
 
-    @staticmethod
-    def _sampled_logprobs(token_ids: list[int], logprobs: Any) -> list[float]:
-        if logprobs is None:
-            raise EngineError("vLLM returned no logprobs although logprobs=0 was requested.")
-        flat = getattr(logprobs, "logprobs", None)
-        if flat is not None and len(flat) == len(token_ids):
-            return list(flat)  # one entry per position: the sampled token's
-        return [pos[tok].logprob for tok, pos in zip(token_ids, logprobs)]
-
-    @staticmethod
-    def _top_logprobs(logprobs: Any, k: int, length: int) -> list[dict[int, float]]:
-        """Per position, the k most likely tokens (vLLM's ranks 1..k) and their logprobs."""
-        if k <= 0 or logprobs is None:
-            return []
-        return [{int(t): float(lp.logprob) for t, lp in logprobs[i].items() if lp.rank is not None and lp.rank <= k}
-                for i in range(length)]
-
-    @staticmethod
-    def _prompt_logprobs(out: Any) -> list[dict[int, tuple[float, int]] | None]:
-        """vLLM's prompt logprobs (asked for with sampling.prompt_logprobs) as {token: (logprob, rank)} per position,
-        None at the first."""
-        if out.prompt_logprobs is None:
-            return []
-        return [{int(t): (float(lp.logprob), int(lp.rank)) for t, lp in pos.items()} if pos else None
-                for pos in (out.prompt_logprobs[i] for i in range(len(out.prompt_logprobs)))]
-
     def generate(self, requests: list[GenRequest], version: int | None = None) -> GenResult:
         """n completions per request, in request order, each tagged with the policy version that was loaded
         when the call started (pause()/update_weights()/resume() during a call can mix versions)."""
@@ -286,7 +264,7 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, Episodic, KeptWar
             else:
                 o = out.outputs[0]
                 toks, reason = list(o.token_ids), o.finish_reason
-                logprobs = self._sampled_logprobs(toks, o.logprobs)
+                logprobs = sampled_logprobs(toks, o.logprobs)
             completions.append(self._completion(requests[i], job[2], 0, toks, logprobs, [], reason, v, changes))
         return GenResult(completions=completions, version=v, spans=[(Phase.generate.value, t0, time.time())])
 
@@ -295,7 +273,7 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, Episodic, KeptWar
         (the sample then starts again from its prompt, which is as correct and only slower)."""
         try:
             toks = [int(t) for t in state.detokenizer.output_token_ids]
-            return toks, self._sampled_logprobs(toks, state.logprobs_processor.logprobs)
+            return toks, sampled_logprobs(toks, state.logprobs_processor.logprobs)
         except Exception:  # noqa: BLE001 - vLLM internals that moved: nothing is kept of this sample
             return [], []
 
@@ -339,9 +317,9 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, Episodic, KeptWar
                     raise EngineError(f"{self.name}: a request ended with finish_reason={o.finish_reason!r}.")
                 toks = list(o.token_ids)
                 completions.append(self._completion(
-                    req, f"{self.name}-{call}-{i}", o.index, toks, self._sampled_logprobs(toks, o.logprobs),
-                    self._top_logprobs(o.logprobs, req.sampling.logprobs, len(toks)), o.finish_reason, v, changes,
-                    self._prompt_logprobs(out)))
+                    req, f"{self.name}-{call}-{i}", o.index, toks, sampled_logprobs(toks, o.logprobs),
+                    top_logprobs(o.logprobs, req.sampling.logprobs, len(toks)), o.finish_reason, v, changes,
+                    prompt_logprobs(out)))
         return completions
 
     # -- memory and scheduling --------------------------------------------------------------------------
@@ -427,6 +405,7 @@ class VLLMEngine(AdapterMethods, StreamMethods, UpdateMethods, Episodic, KeptWar
             "start_s": self.start_s,
             "kv_size": self.kv_size,  # the KV cache's size: measured by vLLM, stored by an earlier start, or given
             "core_start": self.core_start,  # how vLLM's engine-core process was started: fork or spawn
+            "sampler_warmup": self.sampler_warmup,  # what vLLM's sampler warm-up sampled with: rollouts or all
             "startup": self.clock.to_dict(),
             **process_info(),
         }

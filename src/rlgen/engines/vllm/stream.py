@@ -14,13 +14,14 @@ from typing import Any
 from rlgen.engines.cancel import CANCELLED, next_event
 from rlgen.engines.vllm.common import EngineError
 from rlgen.engines.vllm.loop import stream_one
+from rlgen.engines.vllm.outputs import sampled_logprobs, top_logprobs
 from rlgen.generated import GenResult
 from rlgen.types import Completion, GenRequest, Phase
 
 
 class StreamMethods:
     """VLLMEngine's generate_stream; it uses its llm, _loop, _next_call, version, name, timeout_s, asleep and
-    its request-building helpers (_prompt, _sampling, _lora_of, _sampled_logprobs, _top_logprobs)."""
+    its request-building helpers (_prompt, _sampling, _lora_of)."""
 
     def generate_stream(self, requests: list[GenRequest]) -> Iterator[dict[str, Any]]:
         """generate(), streamed (as HFEngine.generate_stream): {"deltas": [(request, sample, tokens, logprobs, top
@@ -34,8 +35,8 @@ class StreamMethods:
 
         def delta(i: int, o: Any) -> tuple:
             toks = list(o.token_ids)
-            return (i, o.index, toks, self._sampled_logprobs(toks, o.logprobs),
-                    self._top_logprobs(o.logprobs, requests[i].sampling.logprobs, len(toks)))
+            return (i, o.index, toks, sampled_logprobs(toks, o.logprobs),
+                    top_logprobs(o.logprobs, requests[i].sampling.logprobs, len(toks)))
 
         jobs = [stream_one(self.llm, i, self._prompt(r), self._sampling(r, stream=True), f"{self.name}-{call}-{i}",
                            self._lora_of(r), events.put, delta) for i, r in enumerate(requests)]

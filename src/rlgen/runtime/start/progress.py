@@ -92,7 +92,8 @@ class StartupClock:
         }
         if health.get("kept_warm"):  # an engine an earlier run kept warm: how many runs have taken it over
             self.actors[name]["kept_warm"] = health["kept_warm"]
-        for key in ("kv_size", "core_start"):  # a vLLM engine's: its KV cache given, stored or measured; fork or spawn
+        # a vLLM engine's: its KV cache given, stored or measured; fork or spawn; its sampler warm-up's sampling
+        for key in ("kv_size", "core_start", "sampler_warmup"):
             if isinstance(health.get(key), str):
                 self.actors[name][key] = health[key]
 
