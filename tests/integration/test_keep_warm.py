@@ -92,3 +92,38 @@ def test_a_kept_engine_that_died_is_started_anew(tmp_path, no_kept):
     second, status2, records = _train(tmp_path / "b", "engine.keep_warm_s=120", "steps=1")
     assert status2["actors"]["engine0"] != engine_pid and records
     assert "kept_warm" not in second["startup"]["actors"]["engine0"]
+
+
+def _ray_processes(session: Path) -> list[int]:
+    """The GCS server and raylet of a Ray session (their command lines name its folder)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if ("gcs_server" in cmd or "raylet" in cmd) and session.name in cmd:
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.slow
+def test_a_kept_cluster_whose_gcs_is_gone_is_not_joined(tmp_path, no_kept):
+    # Ray's own processes stopped under the head that kept the cluster (as `ray stop --force` does, which leaves
+    # that head and its marker): the next run with the same settings must start a new cluster rather than wait
+    # on the dead GCS, which ray.init retries for minutes
+    import os
+    import signal
+
+    _train(tmp_path / "a", "engine.keep_warm_s=120", "steps=1")
+    (session, marker), = kept_sessions()
+    pids = _ray_processes(session)
+    assert pids and marker["head"]["pid"] not in pids
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    t0 = time.time()
+    second, _, records = _train(tmp_path / "b", "engine.keep_warm_s=120", "steps=1")
+    assert records and "kept_warm" not in second["startup"]["actors"]["engine0"]
+    assert time.time() - t0 < 150  # before the check, ray.init retried the dead GCS past 200 s here

@@ -55,6 +55,7 @@ HEAD_STOP_S = 20.0  # for the head to take its cluster down before what is left 
 HEAD_ENV = {"RAY_prestart_worker_first_driver": "0"}
 SHUTDOWN_S = 30.0  # for ray.shutdown() here; leaving a cluster that is already gone can stall
 CLAIM_LOCK = "rlgen_claim.lock"
+GCS_ANSWER_S = 3.0  # for a kept cluster's GCS to accept a connection: ray.init would retry a dead one for minutes
 _HEAD_CODE = "import sys; from rlgen.runtime.cluster.local_ray import head_main; head_main(sys.argv[1:])"
 
 
@@ -219,6 +220,8 @@ def _take_over(key: str, fingerprint: JSONDict) -> bool:
         if kept.get("key") != key or float(kept["until"]) < time.time() + CLAIM_MARGIN_S:
             continue
         why = differs(kept.get("fingerprint"), fingerprint, head_pid=(data.get("head") or {}).get("pid"))
+        if not why and not gcs_answers(str(kept.get("address", ""))):  # its Ray processes were stopped under it
+            why = f"the kept Ray cluster's GCS at {kept.get('address')} does not answer"
         if why:
             log.warning("%s; starting a new one", why)
             continue
@@ -241,6 +244,20 @@ def _take_over(key: str, fingerprint: JSONDict) -> bool:
         log.info("took over the Ray cluster an earlier run kept warm: %s", session)
         return True
     return False
+
+
+def gcs_answers(address: str, timeout_s: float = GCS_ANSWER_S) -> bool:
+    """Whether a GCS at host:port accepts a connection within timeout_s."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return False
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
 
 
 def _namespace(cluster: LocalCluster) -> dict[str, str]:
