@@ -53,9 +53,10 @@
 #                       with algo.partial_rollouts=0.25, then 0.5 with algo.partial_max_steps=2; on GPU 1 the small
 #                       shape of `tail`, fixed against RL-shaped without and with partial rollouts (side
 #                       rlgen_partial), and TRL's GRPOTrainer on the RL-shaped lengths
-#     pace [OVERRIDES]  one GPU: the padding pair of `lengths` (8 steps) at two sets of stop ids (task.seed 0 and
-#                       7), each RL-shaped run without and with partial rollouts (0.5, two carries), and
-#                       benchmarks/lengths_report.py over all five: each run's mean step, spread and tokens/s
+#     pace [OVERRIDES]  one GPU: the padding pair of `lengths` (10 steps, PACE_STEPS) at two sets of stop ids
+#                       (task.seed 0 and 7), each RL-shaped run without and with partial rollouts (0.5, two
+#                       carries), seed 0 also with algo.launch_ahead=step_start, and benchmarks/lengths_report.py
+#                       over every run OUT holds; PACE_RUNS names a part of the runs, to split them over calls
 #     peer-shapes [ARGS]  one GPU: benchmarks/peer_trl.py at RL-shaped lengths for each PROMPTS:CAP:MEAN in $SHAPES
 #                       (default "8:2048:256 4:4096:512"), sides rlgen_async, rlgen_partial and TRL's GRPOTrainer
 #     long [OVERRIDES]  one GPU: the 1.5B with 32k-token responses (every response at its cap), 3 steps, at the plan's
@@ -265,19 +266,32 @@ EOF3
     cat "$out/padding.log" "$out/tail.log"
     ;;
   pace)
-    base=(engine=vllm hardware=1xh200 model=qwen2_5_0_5b algo.prompts_per_step=64 steps=8 engine.max_model_len=2064
-          progress=false existing_run=replace)
+    # PACE_RUNS: which of the runs below (default all), so the set can be split over calls into one OUT; the
+    # report covers every run folder OUT holds
+    base=(engine=vllm hardware=1xh200 model=qwen2_5_0_5b algo.prompts_per_step=64 steps=${PACE_STEPS:-10}
+          engine.max_model_len=2064 progress=false existing_run=replace)
     rl=(algo.max_new_tokens=2048 task.response_length_mean=256)
-    runs=()
-    one() {  # NAME OVERRIDES...: one run of the pair, its folder kept for the report
+    want=" ${PACE_RUNS:-pad-fixed pad-rl-s0-step_start pad-rl-s0 pad-rl-s0-partial pad-rl-s7 pad-rl-s7-partial} "
+    one() {  # NAME OVERRIDES...: one run of the pair, where PACE_RUNS names it
       local name=$1; shift
+      [[ $want == *" $name "* ]] || return 0
       "$py" -m rlgen.cli train "${base[@]}" hydra.run.dir="$out/$name" "$@" > "$out/$name.log" 2>&1
-      echo "$name rc=$?"; runs+=("$out/$name")
+      echo "$name rc=$?"
     }
     one pad-fixed algo.max_new_tokens=256 "$@"
+    one pad-rl-s0-step_start "${rl[@]}" task.seed=0 algo.launch_ahead=step_start "$@"  # the launch before own_in
+    partial=(algo.partial_rollouts=0.5 algo.partial_max_steps=2)
     for seed in 0 7; do
       one "pad-rl-s$seed" "${rl[@]}" task.seed=$seed "$@"
-      one "pad-rl-s$seed-partial" "${rl[@]}" task.seed=$seed algo.partial_rollouts=0.5 algo.partial_max_steps=2 "$@"
+      one "pad-rl-s$seed-partial" "${rl[@]}" task.seed=$seed "${partial[@]}" "$@"
+    done
+    # one engine on the GPU in place of the plan's two (only where PACE_RUNS names them)
+    one pad-fixed-1eng algo.max_new_tokens=256 engine.engines_per_gpu=1 "$@"
+    one pad-rl-s0-partial-1eng "${rl[@]}" task.seed=0 "${partial[@]}" engine.engines_per_gpu=1 "$@"
+    runs=()
+    for name in pad-fixed pad-rl-s0-step_start pad-rl-s0 pad-rl-s0-partial pad-rl-s7 pad-rl-s7-partial \
+        pad-fixed-1eng pad-rl-s0-partial-1eng; do
+      [ -f "$out/$name/metrics.jsonl" ] && runs+=("$out/$name")
     done
     "$py" -m ray.scripts.scripts stop --force > /dev/null 2>&1
     "$py" benchmarks/lengths_report.py "${runs[@]}" --out "$out/pace.json" | tee "$out/pace.log"
