@@ -56,10 +56,10 @@ def fixed_time_engine():
     unregister_engine("fixed_time")
 
 
-def _steps(tmp_path: Path, name: str) -> tuple[list[float], list[dict]]:
+def _steps(tmp_path: Path, name: str, *extra: str) -> tuple[list[float], list[dict]]:
     cfg = compose_run_config(["engine.kind=fixed_time", f"steps={STEPS}", "progress=false", "algo.async_steps=1",
                               "algo.prompts_per_step=4", "algo.samples_per_prompt=4", "checkpoint.every=0",
-                              "eval.every=0", "engine.num_engines=1"])
+                              "eval.every=0", "engine.num_engines=1", *extra])
     plan = build_plan(cfg)
     assert plan.async_steps == 1
     run_training(plan, out_dir=str(tmp_path / name), console=Console(quiet=True))
@@ -83,17 +83,8 @@ def test_paced_steps_do_not_alternate(fixed_time_engine, tmp_path, monkeypatch):
     assert max(held) > 0.2, held  # the pace held a flight back after its step began (step 1: the first chance)
 
 
-def test_own_in_sends_the_flight_ahead_once_the_steps_own_is_in(fixed_time_engine, tmp_path, monkeypatch):
-    from rlgen.config import LaunchAhead
-    from rlgen.config.settings import set_key
-
-    real = build_plan
-
-    def own_in(cfg, **kw):
-        return real(set_key(cfg, "algo.launch_ahead", LaunchAhead.own_in), **kw)
-
-    monkeypatch.setattr(sys.modules[__name__], "build_plan", own_in)
-    steps, recs = _steps(tmp_path, "own_in")
+def test_own_in_sends_the_flight_ahead_once_the_steps_own_is_in(fixed_time_engine, tmp_path):
+    steps, recs = _steps(tmp_path, "own_in", "algo.launch_ahead=own_in")
     after = steady(steps, warmup=1, tail=1)
     assert after is not None and after.spread <= 1.5, steps
     # one flight generates at a time: a step takes a flight's whole generate call (its learner work is far shorter)

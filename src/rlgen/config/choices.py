@@ -37,7 +37,8 @@ class ScaleRewards(StrEnum):
 
 
 class LaunchAhead(StrEnum):
-    """When a flight ahead of the learner goes out (rlgen.runtime.rollouts.launch)."""
+    """When a flight ahead of the learner goes out (rlgen.runtime.step.generate), where the plan picks it
+    (rlgen.plan.launch_ahead)."""
 
     step_start = "step_start"  # at the step's start, beside the step's own flight, paced so steps do not alternate
     own_in = "own_in"  # once the step's own flight is in: the learner's wait never shares the engines with it

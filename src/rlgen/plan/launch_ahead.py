@@ -30,13 +30,7 @@ def tail_slowdown(plan: Plan) -> float | None:
     """How many times longer a decode step of a few sequences takes with a whole flight's sequences beside it on
     the busiest engine (None: the plan has no decode model for these engines: CPU, no GPU figures, no KV share)."""
     from rlgen.plan.placement import gpu_group
-    from rlgen.plan.prediction_generation import (
-        DECODE_OVERHEAD_S_PER_TOKEN,
-        DECODE_STEP_CPU_S,
-        DECODE_TOKEN_CPU_S,
-        decode_step,
-        engine_capacity,
-    )
+    from rlgen.plan.prediction_generation import decode_split, engine_capacity
 
     cfg, b = plan.config, plan.batch
     gpu = cfg.hardware.gpu
@@ -46,12 +40,8 @@ def tail_slowdown(plan: Plan) -> float | None:
     _, max_conc = engine_capacity(plan, cfg)
     n = len({gpu_group(e) for e in plan.engines})
     seqs = min(max(max_conc, 1), math.ceil(b.prompts_per_step / n) * b.samples_per_prompt)
-    ctx = b.max_prompt_tokens + b.max_new_tokens / 2
-    # as plan.prediction_generation.generation splits a decode step: a fixed part (the weights read once, the
-    # engine's CPU work of a step) and each sequence's part of the roofline and of the CPU work
-    fixed = decode_step(0, ctx, plan, cfg)[2] + DECODE_STEP_CPU_S
-    beside = (decode_step(seqs, ctx, plan, cfg)[2] - seqs * DECODE_OVERHEAD_S_PER_TOKEN + seqs * DECODE_TOKEN_CPU_S
-              + DECODE_STEP_CPU_S)
+    fixed, per_seq = decode_split(seqs, b.max_prompt_tokens + b.max_new_tokens / 2, plan, cfg)
+    beside = fixed + seqs * per_seq
     return beside / fixed if fixed > 0 else None
 
 

@@ -134,6 +134,16 @@ def decode_step(k: int, ctx: float, plan: Plan, cfg: RunConfig) -> tuple[float, 
     return t_mem, t_cmp, t + k * DECODE_OVERHEAD_S_PER_TOKEN
 
 
+def decode_split(c: int, ctx: float, plan: Plan, cfg: RunConfig) -> tuple[float, float]:
+    """One engine's decode step of c sequences split in two: its fixed part (the weights read once and the
+    engine's CPU work of a step, DECODE_STEP_CPU_S) and what each sequence in flight adds (its part of the
+    roofline and its own CPU work, DECODE_TOKEN_CPU_S)."""
+    weights_s = decode_step(0, ctx, plan, cfg)[2]
+    t_step = decode_step(c, ctx, plan, cfg)[2]
+    per_seq = (t_step - c * DECODE_OVERHEAD_S_PER_TOKEN - weights_s) / c + DECODE_TOKEN_CPU_S
+    return weights_s + DECODE_STEP_CPU_S, per_seq
+
+
 def generation(plan: Plan, cfg: RunConfig, kv_tokens: int, max_conc: int, prompt: float,
                resp: float, shaped: int = 0, share: float | None = None) -> Generation:
     """Decode rate of one engine and generation time of a batch on the busiest engine; with RL-shaped lengths
@@ -151,12 +161,9 @@ def generation(plan: Plan, cfg: RunConfig, kv_tokens: int, max_conc: int, prompt
     ctx = prompt + resp / 2
     t_mem, t_cmp, t_step = decode_step(c, ctx, plan, cfg)
     if shaped > 0:
-        # a step's fixed part: the weights read once and the engine's CPU work of a step; each sequence in flight
-        # adds its part of the roofline and its own CPU work (DECODE_STEP_CPU_S, DECODE_TOKEN_CPU_S)
-        weights_s = decode_step(0, ctx, plan, cfg)[2]
-        per_seq = (t_step - c * DECODE_OVERHEAD_S_PER_TOKEN - weights_s) / c + DECODE_TOKEN_CPU_S
-        decode_s = shaped_decode_s(weights_s + DECODE_STEP_CPU_S, per_seq, seqs_engine, resp, shaped,
-                                   b.max_new_tokens, c, b.samples_per_prompt, share)
+        fixed, per_seq = decode_split(c, ctx, plan, cfg)
+        decode_s = shaped_decode_s(fixed, per_seq, seqs_engine, resp, shaped, b.max_new_tokens, c,
+                                   b.samples_per_prompt, share)
     else:
         full, rest = divmod(seqs_engine, c)
         decode_s = resp * (full * t_step + (decode_step(rest, ctx, plan, cfg)[2] if rest else 0.0))
@@ -222,5 +229,5 @@ def tail_cases(plan: Plan, cfg: RunConfig, kv_tokens: int, max_conc: int, prompt
 __all__ = [
     "BF16_BYTES", "CALIBRATED_ON", "CALIBRATION_TOKENS_PER_S", "DECODE_OVERHEAD_S_PER_TOKEN", "DECODE_STEP_CPU_S",
     "DECODE_TOKEN_CPU_S", "HBM_EFFICIENCY", "MATMUL_EFFICIENCY", "TAIL_SHAPE_RATIO", "Generation", "TailCases",
-    "decode_step", "engine_capacity", "generation", "step_time", "tail_cases",
+    "decode_split", "decode_step", "engine_capacity", "generation", "step_time", "tail_cases",
 ]

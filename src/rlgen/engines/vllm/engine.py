@@ -5,7 +5,8 @@ that owns a daemon thread running one asyncio loop (``rlgen.engines.vllm.loop``)
 actor can call in while a ``generate()`` is in flight; docs/architecture.md says why it is not an async actor.
 vllm is imported only when an engine is built. Its parts: engine arguments and seeds (``args``), weight updates
 (``updates``; the functions its workers run are ``rlgen.sync.receiver``), LoRA (``adapters``), streaming
-(``stream``), the logprobs of its outputs (``outputs``), stored KV-cache sizes (``kvcache``), what vLLM's sampler warm-up samples with (``warmup``).
+(``stream``), the logprobs of its outputs (``outputs``), stored KV-cache sizes (``kvcache``), what vLLM's sampler
+warm-up samples with (``warmup``).
 """
 
 from __future__ import annotations
