@@ -202,6 +202,9 @@ class LearnerConfig:
     zero_stage: int | None = None
     gradient_checkpointing: bool | None = None  # DeepSpeed learner only; null: the recipe's
     attention: str = "auto"  # over packed rows: flash_attn, torch_varlen, sdpa_segments; auto: the fastest present
+    # ranks forwarding slices of the same rows' tokens (Ulysses; rlgen.mesh); null: the smallest degree whose
+    # learner fits the longest row, 1 where one rank's does
+    sequence_parallel: int | None = None
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 

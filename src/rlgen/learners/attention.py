@@ -1,8 +1,9 @@
 """Attention over packed rows: several sequences back to back in one row of tokens, each attending causally to
 its own tokens only. The learner's models run it through transformers' attention interface (a registered
 function per backend, chosen by the plan: ``learner.attention``); each forward passes the rows' boundaries as
-``packed_segments=(cu_seqlens [k+1] int32, longest)``; a forward without them takes each row as one whole
-sequence (no padding).
+``packed_segments=(cu_seqlens [k+1] int32, longest)``, and under sequence parallelism a third part, the rank's
+sequence group, with which each rank holds a slice of the row's tokens (rlgen.learners.ulysses); a forward
+without them takes each row as one whole sequence (no padding).
 
 Backends, fastest first (``rlgen.plan.attention`` picks the first one present; ``rlgen.learners.registry``
 lists their names for the plan, which imports no torch):
@@ -21,6 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from rlgen.learners.ulysses import sharded_attention
 
 PREFIX = "rlgen_packed_"  # transformers' name of a backend: PREFIX + backend
 
@@ -116,9 +119,12 @@ def _interface(kernel: Kernel) -> Callable[..., tuple[torch.Tensor, None]]:
         if query.shape[0] != 1:
             raise PackedAttentionError(f"packed attention takes one row of packed tokens, not {query.shape[0]} "
                                        "rows (rlgen.learners.packed packs a micro-batch into one).")
-        cu, longest = segments
+        cu, longest, *group = segments  # a third part: this rank's sequence group (rlgen.learners.ulysses)
         q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, H, D]
-        out = kernel(q, k, v, cu, int(longest), float(scale))  # [T, H, D]
+        if group and group[0] is not None:  # T is this rank's slice of the row, cu the whole row's
+            out = sharded_attention(kernel, q, k, v, cu, int(longest), float(scale), group[0])
+        else:
+            out = kernel(q, k, v, cu, int(longest), float(scale))  # [T, H, D]
         return out.unsqueeze(0), None
 
     return attention

@@ -31,6 +31,7 @@ from rlgen.learners.grpo_step import inverse
 from rlgen.learners.lora import AdapterOff
 from rlgen.learners.policy import adamw, frozen_reference, load_policy, with_lora
 from rlgen.learners.sending import PolicySender
+from rlgen.learners.ulysses import join_sequence_groups, learner_mesh
 from rlgen.phases import ActorClock
 from rlgen.sync.layout import DEFAULT_BUCKET_BYTES, plan_buckets
 from rlgen.sync.waits import run_with_timeout
@@ -53,7 +54,10 @@ class DeepSpeedLearner(PolicySender, LearnerActor):
     data-parallel learner: each gets its shard of the batch, the loss denominator is the whole batch's (one
     all-reduce), and DeepSpeed averages the gradients, so the update is the one-rank update of the whole batch.
     release_memory: return cached GPU memory after each step (colocated engines need it to wake up). env:
-    variables set before NCCL starts (NCCL_*).
+    variables set before NCCL starts (NCCL_*). sequence_parallel: the learner mesh's sequence degree
+    (rlgen.mesh): groups of that many neighbouring ranks train the same rows, each forwarding a slice of every
+    micro-batch's tokens (rlgen.learners.ulysses); DeepSpeed still averages over every rank, and each group's
+    denominator counts once.
     """
 
     # ZeRO partitions the optimizer state (and with stage 3 the parameters) over the ranks: a surviving rank
@@ -85,6 +89,7 @@ class DeepSpeedLearner(PolicySender, LearnerActor):
         hang_timeout_s: float = 300.0,
         warm_checkpoint_copies: bool = False,
         attention: str = "torch_varlen",
+        sequence_parallel: int = 1,
     ) -> None:
         self.clock = ActorClock()
         if not torch.cuda.is_available():
@@ -123,6 +128,9 @@ class DeepSpeedLearner(PolicySender, LearnerActor):
             dist_env(rank, world_size, master_addr, master_port)
             os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")  # a timed-out collective raises on its rank
             deepspeed.init_distributed(dist_backend="nccl", timeout=timedelta(seconds=float(hang_timeout_s)))
+            self.mesh = learner_mesh(self.world_size, sequence_parallel)
+            self.core.sequence = join_sequence_groups(self.mesh.sequence_groups(), rank, hang_timeout_s) \
+                if self.world_size > 1 else None
             self.engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=self.ds_config)
             self._ckpt_files.inner = self.engine.checkpoint_engine  # background checkpoints hand their files over
             self.engine.checkpoint_engine = self._ckpt_files
@@ -146,6 +154,7 @@ class DeepSpeedLearner(PolicySender, LearnerActor):
         self.zero_stage = int(zero_stage)
         self.sync_bucket_bytes = int(sync_bucket_bytes)
         self.world_size = int(world_size)
+        self.mesh = learner_mesh(self.world_size, 1)
         self.release_memory = bool(release_memory)
         self._ckpt_files = DeferredFiles(None)  # wraps DeepSpeed's checkpoint engine once there is one
         self.sync_blocked = None
@@ -163,7 +172,8 @@ class DeepSpeedLearner(PolicySender, LearnerActor):
         # The whole batch's denominator over every rank's shard; DeepSpeed then averages the ranks' gradients,
         # so each rank scales by world_size / denominator. A non-finite loss is made NaN before the engine's
         # backward (poison), so that DeepSpeed's overflow check skips the step.
-        denom = self._sum_over_ranks(core.denominator(self.model, step))
+        own = core.denominator(self.model, step)
+        denom = self._sum_over_ranks(own if self.mesh.leads(self.rank) else 0.0)  # a sequence group's once
         scale = self.world_size * inverse(denom)
         sums = core.accumulate(self.model, step, self._micro_backward, scale=scale,
                                boundary=self.engine.set_gradient_accumulation_boundary, poison=True)

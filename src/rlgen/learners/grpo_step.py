@@ -21,6 +21,7 @@ from rlgen.algo.loss import aggregate, kl_estimate, normaliser, sequence_keep, t
 from rlgen.algo.registry import Loss
 from rlgen.config import AlgoConfig, LossAgg, OldLogprobs
 from rlgen.learners.packed import Packed, pack, packed_forward, row_tokens
+from rlgen.learners.ulysses import SequenceGroup
 from rlgen.metrics.mismatch import mismatch_metrics
 from rlgen.microbatches import assign
 from rlgen.types import Phase, RolloutBatch
@@ -77,9 +78,11 @@ class StepBatch:
         return out
 
 
-def unpack_batch(batch: RolloutBatch, device: torch.device, micro_batch_tokens: int) -> StepBatch:
+def unpack_batch(batch: RolloutBatch, device: torch.device, micro_batch_tokens: int,
+                 sequence: SequenceGroup | None = None) -> StepBatch:
     """The batch's tensors on device, in the micro-batches the driver chose (batch.micro_rows), or else in
-    micro-batches of at most micro_batch_tokens real tokens (0: one micro-batch), each packed.
+    micro-batches of at most micro_batch_tokens real tokens (0: one micro-batch), each packed; with a sequence
+    group, each packed row split over the group's ranks (rlgen.learners.ulysses).
 
     Raises ValueError when the response mask does not match input_ids and prompt_len, or the micro-batches do
     not cover every row once.
@@ -101,7 +104,7 @@ def unpack_batch(batch: RolloutBatch, device: torch.device, micro_batch_tokens: 
     if sorted(r for g in groups for r in g) != list(range(n_rows)) or not all(groups):
         raise ValueError(f"bad batch: its micro-batches {groups} do not take each of its {n_rows} rows once")
     rows = tuple(torch.tensor(g, dtype=torch.long, device=device) for g in groups)
-    packs = tuple(pack(ids[r], attn[r], mask[r], prompt_len) for r in rows)
+    packs = tuple(pack(ids[r], attn[r], mask[r], prompt_len, sequence) for r in rows)
     return StepBatch(ids, attn, mask, engine_logp, advantages, prompt_len, rows, packs)
 
 

@@ -17,6 +17,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from rlgen.algo.loss import token_entropy, token_logprobs
+from rlgen.learners.ulysses import SequenceGroup, sum_over_group
 from rlgen.microbatches import chunk_tokens
 
 
@@ -33,10 +34,22 @@ class Packed:
     slot: torch.Tensor  # [R] where each goes in the [n, Lm] padded layout, flattened (row * Lm + column)
     rows: int  # n
     resp_len: int  # Lm
+    # sequence parallelism: this rank's group, each rank forwarding its slice of the row (rlgen.learners.ulysses);
+    # padding: tokens after the rows, one segment that predicts nothing, making the row a multiple of the degree
+    sequence: SequenceGroup | None = None
+    padding: int = 0
 
     @property
     def tokens(self) -> int:
-        return int(self.ids.shape[1])
+        """The rows' tokens (the padding left out)."""
+        return int(self.ids.shape[1]) - self.padding
+
+    def local(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids, positions) [1, T'] this rank forwards: the whole row, or its slice under sequence parallelism."""
+        if self.sequence is None:
+            return self.ids, self.positions
+        lo, hi = self.sequence.bounds(int(self.ids.shape[1]))
+        return self.ids[:, lo:hi], self.positions[:, lo:hi]
 
 
 def kept_lengths(attn: torch.Tensor, mask: torch.Tensor, prompt_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,8 +73,10 @@ def _cat(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long, device=device)
 
 
-def pack(ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor, prompt_len: int) -> Packed:
-    """Padded rows ids, attn [n, P+L] and mask [n, L] as one packed row."""
+def pack(ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor, prompt_len: int,
+         sequence: SequenceGroup | None = None) -> Packed:
+    """Padded rows ids, attn [n, P+L] and mask [n, L] as one packed row; with a sequence group, padded at its end
+    to a multiple of the group's degree (each rank forwards an equal slice)."""
     prompt, kept = kept_lengths(attn, mask, prompt_len)
     pieces, positions, bounds, predict, targets, slot = [], [], [0], [], [], []
     resp_len = max(int(kept.max().item()), 1) if len(kept) else 1
@@ -79,6 +94,11 @@ def pack(ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor, prompt_len: 
             slot.append(j * resp_len + torch.arange(k, device=ids.device))
         start += fwd.numel()
         bounds.append(start)
+    padding = (-start) % sequence.degree if sequence is not None else 0
+    if padding:  # a segment of its own: it attends only to itself, and no position of it predicts a token
+        pieces.append(torch.zeros(padding, dtype=ids.dtype, device=ids.device))
+        positions.append(torch.arange(padding, device=ids.device))
+        bounds.append(start + padding)
     lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
     return Packed(
         ids=_cat(pieces, ids.device).unsqueeze(0),
@@ -90,6 +110,8 @@ def pack(ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor, prompt_len: 
         slot=_cat(slot, ids.device),
         rows=int(ids.shape[0]),
         resp_len=resp_len,
+        sequence=sequence,
+        padding=padding,
     )
 
 
@@ -139,13 +161,21 @@ class _StatsHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         head, p = self._head[0], self.packed
-        h = hidden[0].index_select(0, p.predict)  # [R, H]
+        own, first = None, 0
+        if p.sequence is not None:  # hidden holds this rank's slice of the row: the positions inside it
+            first, end = p.sequence.bounds(int(p.ids.shape[1]))
+            own = ((p.predict >= first) & (p.predict < end)).nonzero().squeeze(-1)  # [R'] indices into R
+        predict, targets = (p.predict, p.targets) if own is None else (p.predict[own], p.targets[own])
+        h = hidden[0].index_select(0, predict - first)  # [R', H]
         parts = []
         for lo in range(0, max(h.shape[0], 1), self.chunk):
-            args = (h[lo: lo + self.chunk], head, p.targets[lo: lo + self.chunk], self.temperature,
-                    self.entropy_grad)
+            args = (h[lo: lo + self.chunk], head, targets[lo: lo + self.chunk], self.temperature, self.entropy_grad)
             parts.append(checkpoint(_stats, *args, use_reentrant=False) if torch.is_grad_enabled() else _stats(*args))
-        return torch.cat(parts).unsqueeze(0)  # [1, R, 2]
+        stats = torch.cat(parts)  # [R', 2]
+        if own is not None:  # every rank's tokens, on every rank (rlgen.learners.ulysses.sum_over_group)
+            whole = stats.new_zeros(p.predict.shape[0], 2).index_copy(0, own, stats)  # [R, 2]
+            stats = sum_over_group(whole, p.sequence)
+        return stats.unsqueeze(0)  # [1, R, 2]
 
 
 def packed_forward(model: nn.Module, packed: Packed, temperature: float, entropy_grad: bool = False,
@@ -157,9 +187,10 @@ def packed_forward(model: nn.Module, packed: Packed, temperature: float, entropy
     head = lm.get_output_embeddings()
     size = chunk or chunk_tokens(int(lm.config.vocab_size))
     lm.set_output_embeddings(_StatsHead(head, packed, temperature, entropy_grad, size))
+    ids, positions = packed.local()
     try:
-        out = model(input_ids=packed.ids, position_ids=packed.positions, use_cache=False,
-                    packed_segments=(packed.cu_seqlens, packed.longest))
+        out = model(input_ids=ids, position_ids=positions, use_cache=False,
+                    packed_segments=(packed.cu_seqlens, packed.longest, packed.sequence))
     finally:
         lm.set_output_embeddings(head)
     stats = out.logits[0]  # [R, 2]

@@ -45,10 +45,10 @@ def _lora_kwargs(cfg: RunConfig, plan: Any = None) -> dict[str, Any]:
 
 
 def _torch_kwargs(cfg: RunConfig, plan: Any = None) -> dict[str, Any]:
-    """LoRA's settings, how long a collective of several ranks may wait (runtime.hang_timeout_s), and the
-    packed-attention backend the plan chose."""
+    """LoRA's settings, how long a collective of several ranks may wait (runtime.hang_timeout_s), the
+    packed-attention backend the plan chose and the learner mesh's sequence degree."""
     return {**_lora_kwargs(cfg), "hang_timeout_s": float(cfg.runtime.hang_timeout_s),
-            "attention": str(cfg.learner.attention)}
+            "attention": str(cfg.learner.attention), "sequence_parallel": int(cfg.learner.sequence_parallel or 1)}
 
 
 def _deepspeed_kwargs(cfg: RunConfig, plan: Any) -> dict[str, Any]:

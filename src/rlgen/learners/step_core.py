@@ -32,6 +32,7 @@ from rlgen.learners.grpo_step import (
     unpack_batch,
     with_old_logprobs,
 )
+from rlgen.learners.ulysses import SequenceGroup
 from rlgen.types import RolloutBatch
 
 
@@ -46,6 +47,8 @@ class StepCore:
         self.loss_agg = LossAgg(algo.loss_agg)
         self.loss_fn = (algorithm or find_algorithm(algo.kind)).loss
         self.ref_model: nn.Module | None = None
+        # sequence parallelism: this rank's group, set by the learner once it has joined it (None: one rank)
+        self.sequence: SequenceGroup | None = None
 
     def kl_in_loss(self) -> bool:
         """Whether the KL to the reference goes into the loss (algo.kl_penalty=loss, with a reference)."""
@@ -55,7 +58,7 @@ class StepCore:
         """The batch's tensors on this rank's device in their micro-batches (the driver's, or of at most
         algo.micro_batch_tokens tokens), with the trainer's own logprobs before the update where
         algo.old_logprobs=trainer (one no-grad forward of model per micro-batch)."""
-        step = unpack_batch(batch, self.device, self.algo.micro_batch_tokens)
+        step = unpack_batch(batch, self.device, self.algo.micro_batch_tokens, self.sequence)
         return with_old_logprobs(model, step, self.algo)
 
     def denominator(self, model: nn.Module, step: StepBatch) -> float:
@@ -114,7 +117,7 @@ class StepCore:
         driver subtracts kl_coef times it from the rewards before the advantages). [] without a reference."""
         if self.ref_model is None:
             return []
-        step = unpack_batch(batch, self.device, self.algo.micro_batch_tokens)
+        step = unpack_batch(batch, self.device, self.algo.micro_batch_tokens, self.sequence)
         return [float(v) for v in sequence_kl(self.ref_model, step, self.algo).cpu()]
 
 

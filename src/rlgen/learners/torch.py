@@ -19,6 +19,7 @@ from rlgen.learners.collective import join_group, leave_group, rng_digest, sum_o
 from rlgen.learners.group import CollectiveFailed
 from rlgen.learners.lora import AdapterOff, merged_weights
 from rlgen.learners.policy import adamw, frozen_reference, load_policy, with_lora
+from rlgen.learners.ulysses import join_sequence_groups, learner_mesh
 from rlgen.phases import ActorClock
 from rlgen.types import RolloutBatch
 
@@ -56,6 +57,7 @@ class TorchLearner(LearnerActor):
         master_port: int | None = None,
         hang_timeout_s: float = 300.0,
         attention: str = "sdpa_segments",
+        sequence_parallel: int = 1,
     ) -> None:
         """ref_model_path: the frozen reference for algo.kl_coef > 0 (default: model_path). resume_from: a
         checkpoint folder whose learner state (optimizer, counters, RNG) this learner continues from; its
@@ -65,7 +67,9 @@ class TorchLearner(LearnerActor):
         lora_init: an adapter folder to start from. world_size > 1: data-parallel ranks (rank 0's master_addr and
         master_port), each training on its shard with the gradients summed over the group; every collective
         waits at most hang_timeout_s (rlgen.learners.collective). attention: the packed-attention backend
-        (rlgen.learners.attention; the plan's learner.attention)."""
+        (rlgen.learners.attention; the plan's learner.attention). sequence_parallel: the learner mesh's sequence
+        degree (rlgen.mesh): groups of that many neighbouring ranks train the same rows, each forwarding a slice of
+        every micro-batch's tokens (rlgen.learners.ulysses)."""
         self.clock = ActorClock()
         import transformers  # noqa: F401 - its import time is the clock's first phase
 
@@ -91,10 +95,12 @@ class TorchLearner(LearnerActor):
             self.optimizer.load_state_dict(state["optimizer"])
             self._restore_counters(state)
         self.world_size, self.hang_timeout_s = int(world_size), float(hang_timeout_s)
+        self.mesh = learner_mesh(self.world_size, sequence_parallel)
         if self.world_size > 1:
             if master_addr is None or master_port is None:
                 raise ValueError("a learner group of several ranks needs master_addr and master_port from rank 0")
             join_group(rank, self.world_size, master_addr, int(master_port), self.hang_timeout_s, self.device)
+            self.core.sequence = join_sequence_groups(self.mesh.sequence_groups(), rank, self.hang_timeout_s)
             self.clock.step("process group")
         self.clock.done()
 
@@ -164,12 +170,14 @@ class TorchLearner(LearnerActor):
         loss.backward()
 
     def _sum_gradients(self, step_index: int, denom: float) -> float:
-        """The gradient all-reduce: every rank's gradients (undivided) and loss denominator summed over the group.
-        Returns the whole batch's denominator; raises CollectiveFailed when the all-reduce does not complete."""
+        """The gradient all-reduce: every rank's gradients (undivided) and loss denominator summed over the group
+        (a sequence group's denominator once, by its lead: its ranks share rows). Returns the whole batch's
+        denominator; raises CollectiveFailed when the all-reduce does not complete."""
         for p in self.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        return sum_over_ranks([p.grad for p in self.params], denom, rank=self.rank,
+        share = denom if self.mesh.leads(self.rank) else 0.0
+        return sum_over_ranks([p.grad for p in self.params], share, rank=self.rank,
                               operation=f"the gradient all-reduce of step {step_index}",
                               timeout_s=self.hang_timeout_s)
 

@@ -38,6 +38,7 @@ from rlgen.plan.kv_cache import size_kv_cache
 from rlgen.plan.layout import BatchGeometry, Choice, EngineSlot, Layout, ModelSummary, Plan, PlanError
 from rlgen.plan.lora import resolve_lora
 from rlgen.plan.memory import GIB, adapter_params, response_bound, share_part
+from rlgen.plan.mesh import resolve_mesh
 from rlgen.plan.model_folder import with_model_folder
 from rlgen.plan.overlap import default_async_steps, fit_with_overlap
 from rlgen.plan.recipes import fill_recipe
@@ -190,7 +191,9 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
     cfg, attention = resolve_attention(cfg, device, learner, p)
     settings.append(attention)
     ms = model_summary(cfg)
-    batch = _batch(cfg, max(len(learners), 1), bool(learners), p)
+    cfg, mesh, degree = resolve_mesh(cfg, spec, ms, len(learners), layout is Layout.colocated, p)
+    settings += [degree] if degree else []
+    batch = _batch(cfg, max(mesh.data, 1), bool(learners), p)
     zero_from_recipe = any(s.key == "learner.zero_stage" and s.source.startswith("recipe") for s in settings)
     cfg, lora = resolve_lora(cfg, spec, ms, len(learners), batch.sequences_per_rank, layout is Layout.colocated,
                              zero_from_recipe, p)
@@ -219,7 +222,7 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
         config=cfg, engine=spec, learner_kind=learner.kind, layout=layout, device=device,
         hardware=cfg.hardware.name, nodes=cfg.hardware.nodes, gpus_per_node=cfg.hardware.gpus_per_node,
         engines=_shares(engines, cfg, spec), learners=learners, transport=transport_of(cfg, spec, layout),
-        batch=batch, model=ms, async_steps=cfg.algo.async_steps, engine_env=env,
+        batch=batch, model=ms, async_steps=cfg.algo.async_steps, engine_env=env, mesh=mesh,
         warnings=tuple(_idle_engine_gpus(cfg, engines, layout) + dropped + env_time_notes(cfg, len(engines))),
         settings=tuple(settings), memory=memory,
         disk=disk_writes(cfg, ms.params, learner.kind, adapter_params(cfg)),

@@ -12,6 +12,7 @@ from typing import Any
 from rlgen.config import LearnerKind, RunConfig, Setting, Transport, plain
 from rlgen.engines.registry import EngineSpec
 from rlgen.errors import UserError
+from rlgen.mesh import LearnerMesh
 from rlgen.plan.disk import DiskWrites
 from rlgen.plan.memory import GIB, MemorySplit
 
@@ -108,6 +109,7 @@ class Plan:
     choices: tuple[Choice, ...] = ()  # values chosen by building the plan with each candidate (plan.build)
     layout_advice: str = ""  # another layout of this hardware predicted faster, with what to type (plan.layouts)
     layout_ranking: tuple = ()  # plan.layouts.LayoutOption of every layout, fastest first, where the plan chose one
+    mesh: LearnerMesh = LearnerMesh()  # the learner ranks as data x sequence (rlgen.mesh)
 
     @property
     def checkpoint_gib(self) -> float:

@@ -134,9 +134,11 @@ def longest_sequence(cfg: RunConfig) -> int:
 
 def learner_memory(cfg: RunConfig, params: int, vocab: int, ranks: int, tokens: int,
                    ipc_gib: float = 0.0) -> LearnerMemory:
-    """A rank's memory training micro-batches of `tokens` packed tokens."""
+    """A rank's memory training micro-batches of `tokens` packed tokens; under sequence parallelism
+    (learner.sequence_parallel) each rank holds its slice of them, the activations and logits that slice's."""
     m, a, lc = cfg.model, cfg.algo, cfg.learner
     n = max(ranks, 1)
+    tokens = -(-tokens // max(lc.sequence_parallel or 1, 1))
     z3 = lc.zero_stage == 3
     layer_token = 2 * (12 * m.hidden_size + 3 * m.intermediate_size)  # bf16 bytes of one layer's activations
     if lc.gradient_checkpointing:
@@ -274,6 +276,13 @@ def full_finetune_fits(cfg: RunConfig, spec: EngineSpec, model, ranks: int, per_
     b = _budget(full, spec, model, colocated)
     peak = learner_memory(full, model.params, model.vocab_size, ranks, longest_sequence(cfg), b.ipc).peak
     return peak <= b.train_room, peak, b.train_room
+
+
+def longest_row_fits(cfg: RunConfig, spec: EngineSpec, model, ranks: int, colocated: bool) -> bool:
+    """Whether a learner rank, at the config's sequence degree, holds a micro-batch of the longest row beside
+    the engines as the config has them (the least a step needs)."""
+    b = _budget(cfg, spec, model, colocated)
+    return learner_memory(cfg, model.params, model.vocab_size, ranks, longest_sequence(cfg), b.ipc).peak <= b.train_room
 
 
 def _split_of(b: _Budget, fraction: float | None, learner: LearnerMemory, tokens: int) -> MemorySplit:
@@ -418,6 +427,8 @@ def _learner_too_big(cfg: RunConfig, learner: LearnerMemory, room: float, total:
         fixes.append("learner.gradient_checkpointing=true")
     if lc.zero_stage != 3 and ranks > 1:
         fixes.append("learner.zero_stage=3")
+    if ranks > 1 and (lc.sequence_parallel or 1) < ranks:
+        fixes.append(f"learner.sequence_parallel={ranks} (each rank holds a slice of every row)")
     fixes.append("more learner GPUs with learner.zero_stage=3" if ranks == 1 or lc.zero_stage == 3
                  else "more learner GPUs")
     fixes.append("shorter responses (algo.max_new_tokens)")
@@ -433,4 +444,4 @@ def _learner_too_big(cfg: RunConfig, learner: LearnerMemory, room: float, total:
 
 
 __all__ = ["LearnerMemory", "MemorySplit", "adapter_params", "block_linears", "engine_part", "fit_memory",
-           "full_finetune_fits", "learner_memory", "longest_sequence"]
+           "full_finetune_fits", "learner_memory", "longest_row_fits", "longest_sequence"]

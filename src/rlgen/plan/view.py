@@ -159,7 +159,13 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
     g.add_column("value")
     g.add_row("batch", f"{b.prompts_per_step} prompts x {b.samples_per_prompt} samples = {b.sequences_per_step} sequences")
     tokens = cfg.algo.micro_batch_tokens
-    g.add_row("per learner rank", f"about {b.sequences_per_rank} sequences of equal work, packed (no padding) in "
+    mesh = plan.mesh
+    if plan.learners:
+        g.add_row("learner mesh", mesh.describe() + (
+            f": groups of {mesh.sequence} ranks train the same rows, each forwarding 1/{mesh.sequence} of every "
+            "micro-batch's tokens (Ulysses sequence parallelism)" if mesh.sequence > 1 else ": data parallel"))
+    share = "per sequence group" if mesh.sequence > 1 else "per learner rank"
+    g.add_row(share, f"about {b.sequences_per_rank} sequences of equal work, packed (no padding) in "
               + (f"micro-batches of up to {tokens} tokens" if tokens else "one micro-batch")
               + f"; attention: {cfg.learner.attention}")
     shaped = cfg.task.response_length_mean

@@ -13,7 +13,7 @@ from rlgen.microbatches import Assignment
 from rlgen.runtime.errors import RunError
 from rlgen.runtime.setup import Run
 from rlgen.runtime.step.score import Scored
-from rlgen.runtime.step.shards import assign_rows, rank_names, shards
+from rlgen.runtime.step.shards import assign_rows, leads, rank_names, shards
 from rlgen.types import RolloutBatch
 
 if TYPE_CHECKING:
@@ -65,10 +65,10 @@ def _sequence_kl(run: Run, step: int, rows: RolloutBatch, assignment: Assignment
     """Each row's summed KL to the reference, from the learner ranks that will train on it: [N], in row order."""
     import torch
 
-    refs = [a.sequence_kl.remote(b) for a, b in zip(run.learners, shards(rows, assignment))]
+    refs = [a.sequence_kl.remote(b) for a, b in zip(run.learners, shards(rows, assignment, run.plan.mesh))]
     per_rank = run.waiter.learner_get(refs, f"the reference KL of step {step}", rank_names(run),
                                       run.folders.learner_nodes)
-    return torch.tensor(assignment.gather(per_rank), dtype=torch.float32)
+    return torch.tensor(assignment.gather(leads(per_rank, run.plan.mesh)), dtype=torch.float32)
 
 
 __all__ = ["Batch", "advantages", "computed_advantages"]

@@ -1,0 +1,79 @@
+"""The learner mesh in the plan (rlgen.plan.mesh): learner.sequence_parallel as given, checked against the ranks
+and the model's heads with a fix in each sentence, or chosen where left null (the smallest degree whose learner
+holds the longest row); rows are shared out over the data ranks only; `rlgen plan` shows the mesh."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlgen.config.compose import compose_run_config
+from rlgen.mesh import head_problem
+from rlgen.plan import PlanError, build_plan
+
+
+def plan_of(*overrides: str):
+    return build_plan(compose_run_config(list(overrides)))
+
+
+def setting(plan, key: str):
+    return next(s for s in plan.settings if s.key == key)
+
+
+def test_a_given_degree_makes_groups_that_share_rows():
+    plan = plan_of("hardware.learner_ranks=4", "learner.sequence_parallel=2")
+    assert (plan.mesh.data, plan.mesh.sequence) == (2, 2)
+    assert plan.config.learner.sequence_parallel == 2
+    assert plan.batch.sequences_per_rank == plan.batch.sequences_per_step // 2  # two data shards, not four
+    assert setting(plan, "learner.sequence_parallel").source == "config"
+
+
+def test_left_null_on_cpu_it_is_one():
+    plan = plan_of("hardware.learner_ranks=2")
+    assert (plan.mesh.data, plan.mesh.sequence) == (2, 1)
+    assert setting(plan, "learner.sequence_parallel").source == "derived: CPU learners train whole rows"
+
+
+@pytest.mark.parametrize(("overrides", "words"), [
+    (["hardware.learner_ranks=2", "learner.sequence_parallel=3"], "does not divide the plan's 2 learner rank(s)"),
+    (["learner.sequence_parallel=0"], "must be at least 1"),
+    (["hardware.learner_ranks=8", "learner.sequence_parallel=8"], "does not divide the model's 4 attention heads"),
+])
+def test_a_degree_that_cannot_work_is_refused_with_its_fix(overrides, words):
+    with pytest.raises(PlanError) as err:
+        plan_of(*overrides)
+    assert any(words in p for p in err.value.problems), err.value.problems
+
+
+def test_heads_split_or_repeat_over_the_degree():
+    assert head_problem(2, 4, 2) is None  # two key/value heads, one a rank
+    assert head_problem(4, 4, 2) is None  # repeated: each of four ranks gets a copy of one
+    assert "key/value heads" in head_problem(4, 12, 3)  # 3 neither splits over 4 nor divides it
+    assert "degrees that fit: 2, 14)" in head_problem(4, 14, 2)  # Qwen2.5-0.5B: 14 heads, 2 key/value heads
+    assert head_problem(1, 14, 2) is None
+
+
+GPU_LONG = ["engine=vllm", "hardware=2xh200", "hardware.colocated=true", "model=qwen2_5_1_5b",
+            "algo.max_new_tokens=32760", "learner.gradient_checkpointing=false"]
+
+
+def test_left_null_on_gpus_it_is_the_smallest_degree_whose_learner_holds_the_longest_row():
+    plan = plan_of(*GPU_LONG)
+    assert (plan.mesh.data, plan.mesh.sequence) == (1, 2)
+    assert "only as a slice of 1/2" in setting(plan, "learner.sequence_parallel").source
+    short = plan_of(*GPU_LONG[:-2], "algo.max_new_tokens=1024")
+    assert short.mesh.sequence == 1 and setting(short, "learner.sequence_parallel").source.startswith("derived: one")
+
+
+def test_the_memory_model_gives_each_rank_its_slice_of_the_activations():
+    one = plan_of(*GPU_LONG, "learner.sequence_parallel=1", "algo.async_steps=0")
+    two = plan_of(*GPU_LONG, "learner.sequence_parallel=2", "algo.async_steps=0")
+    assert two.memory.learner_peak_gib < one.memory.learner_peak_gib
+    assert two.config.algo.micro_batch_tokens >= one.config.algo.micro_batch_tokens
+
+
+def test_rlgen_plan_shows_the_mesh(capsys):
+    from rlgen.cli import main
+
+    assert main(["plan", "hardware.learner_ranks=4", "learner.sequence_parallel=2"]) in (0, None)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "data 2 x sequence 2 (4 ranks)" in out and "Ulysses sequence parallelism" in out
