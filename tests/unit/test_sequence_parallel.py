@@ -13,28 +13,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_packed_learner import CASES, algo_of, near_trainer, random_batch
+from test_packed_learner import CASES, algo_of, models, near_trainer, random_batch
 
-from helpers import tiny_qwen2, tokens_for
+from helpers import tokens_for
 from rlgen.algo.registry import configured_loss
 from rlgen.config import LossAgg
-from rlgen.learners.attention import use_packed_attention
 from rlgen.learners.grpo_step import StepSums, micro_loss, unpack_batch, with_old_logprobs
 from rlgen.mesh import LearnerMesh
 
 HOLES = (False, True)
 
 
-def _models(seed: int = 0):
-    padded = tiny_qwen2(seed).train()
-    padded.config._attn_implementation = "sdpa"
-    packed = tiny_qwen2(seed).train()
-    use_packed_attention(packed, "sdpa_segments")
-    return padded, packed
-
-
 def _case(preset: str, values: dict, holes: bool):
-    padded, model = _models()
+    padded, model = models()
     batch = near_trainer(padded, random_batch(1, holes), 2)
     one_micro = values.get("entropy_top_frac", 1.0) < 1
     algo = algo_of(preset, **values, micro_batch_tokens=0 if one_micro else tokens_for(batch, 3))
