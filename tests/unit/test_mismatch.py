@@ -68,3 +68,48 @@ def test_non_finite_under_a_zero_mask_is_ignored():
     trainer[1, 2] = math.nan
     m = mismatch_metrics(trainer, ENGINE, MASK, threshold=0.75)
     assert m["max_abs_delta"] == pytest.approx(1.0)
+
+
+def _long_rows():
+    """Three rows of 600, 3,000 and 40,000 response tokens (the second with a hole, as an episode's), each with
+    its own constant delta: 0.1, 0.2, 0.3."""
+    lengths, deltas = (600, 3000, 40000), (0.1, 0.2, 0.3)
+    mask = torch.zeros(3, 40000)
+    trainer = torch.zeros(3, 40000)
+    for i, (n, d) in enumerate(zip(lengths, deltas)):
+        mask[i, :n] = 1.0
+        trainer[i, :n] = -d
+    mask[1, 10:20] = 0.0
+    return trainer, torch.zeros(3, 40000), mask
+
+
+def test_mismatch_is_kept_by_response_length():
+    from rlgen.metrics.mismatch import mismatch_by_length, response_lengths
+
+    trainer, engine, mask = _long_rows()
+    assert response_lengths(mask).tolist() == [600, 3000, 40000]
+    got = mismatch_by_length(trainer, engine, mask, threshold=1.0)
+    assert set(got) == {f"by_length/{b}/{k}" for b in ("0-1k", "1k-8k", "32k+")
+                        for k in ("k3_kl", "mean_abs_delta", "max_abs_delta", "tokens")}  # no row of 8k-32k
+    assert got["by_length/0-1k/tokens"] == 600 and got["by_length/1k-8k/tokens"] == 2990
+    for bucket, d in (("0-1k", 0.1), ("1k-8k", 0.2), ("32k+", 0.3)):
+        assert got[f"by_length/{bucket}/mean_abs_delta"] == pytest.approx(d)
+        assert got[f"by_length/{bucket}/k3_kl"] == pytest.approx(math.exp(-d) + d - 1)
+
+
+def test_the_ranks_mismatch_by_length_merges_by_tokens():
+    from rlgen.learners.group import merge_rank_metrics
+
+    a = {"loss": 1.0, "mismatch/by_length/0-1k/tokens": 100, "mismatch/by_length/0-1k/k3_kl": 0.01,
+         "mismatch/by_length/0-1k/mean_abs_delta": 0.1, "mismatch/by_length/0-1k/max_abs_delta": 0.5}
+    b = {"loss": 2.0, "mismatch/by_length/0-1k/tokens": 300, "mismatch/by_length/0-1k/k3_kl": 0.03,
+         "mismatch/by_length/0-1k/mean_abs_delta": 0.3, "mismatch/by_length/0-1k/max_abs_delta": 0.4,
+         "mismatch/by_length/32k+/tokens": 50000, "mismatch/by_length/32k+/k3_kl": 0.002,
+         "mismatch/by_length/32k+/mean_abs_delta": 0.05, "mismatch/by_length/32k+/max_abs_delta": float("nan")}
+    m = merge_rank_metrics([a, b])
+    assert m["mismatch/by_length/0-1k/tokens"] == 400
+    assert m["mismatch/by_length/0-1k/k3_kl"] == pytest.approx(0.025)
+    assert m["mismatch/by_length/0-1k/mean_abs_delta"] == pytest.approx(0.25)
+    assert m["mismatch/by_length/0-1k/max_abs_delta"] == 0.5
+    assert m["mismatch/by_length/32k+/tokens"] == 50000 and m["mismatch/by_length/32k+/k3_kl"] == 0.002
+    assert math.isnan(m["mismatch/by_length/32k+/max_abs_delta"])  # a non-finite delta stays visible

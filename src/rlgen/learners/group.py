@@ -52,6 +52,26 @@ def _weighted(values: Sequence[float], weights: Sequence[float]) -> float:
     return sum(v * w for v, w in zip(values, weights) if w > 0) / total
 
 
+BY_LENGTH = "mismatch/by_length/"  # mismatch/by_length/<bucket>/<stat> (rlgen.metrics.mismatch.mismatch_by_length)
+
+
+def _by_length(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The mismatch by response length over the ranks: each bucket any rank has, its tokens summed, its maximum
+    the largest and its means weighted by each rank's tokens in it."""
+    out: dict[str, Any] = {}
+    buckets = dict.fromkeys(k[len(BY_LENGTH):].rsplit("/", 1)[0] for m in per_rank for k in m if k.startswith(BY_LENGTH))
+    for bucket in buckets:
+        key = f"{BY_LENGTH}{bucket}/"
+        ranks = [m for m in per_rank if f"{key}tokens" in m]
+        weights = [float(m[f"{key}tokens"]) for m in ranks]
+        out[f"{key}tokens"] = int(sum(weights))
+        highs = [float(m[f"{key}max_abs_delta"]) for m in ranks]
+        out[f"{key}max_abs_delta"] = math.nan if any(math.isnan(v) for v in highs) else max(highs)
+        for stat in ("k3_kl", "mean_abs_delta"):
+            out[f"{key}{stat}"] = _weighted([float(m[f"{key}{stat}"]) for m in ranks], weights)
+    return out
+
+
 def merge_rank_metrics(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One train_step result from every rank's: each rank reports its shard with the whole batch's loss
     denominator, so losses add up; means are weighted by the count they average over; maxima are maxima; grad_norm, version and
@@ -75,6 +95,7 @@ def merge_rank_metrics(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for key, count in MEANS.items():
         if key in first:
             out[key] = _weighted([float(m[key]) for m in per_rank], [float(m.get(count, 0)) for m in per_rank])
+    out.update(_by_length(per_rank))
     out["skipped"] = any(m.get("skipped") for m in per_rank)
     reasons = [m["skip_reason"] for m in per_rank if m.get("skip_reason")]
     if reasons:

@@ -22,7 +22,7 @@ from rlgen.algo.registry import Loss
 from rlgen.config import AlgoConfig, LossAgg, OldLogprobs
 from rlgen.learners.packed import Packed, pack, packed_forward, row_tokens
 from rlgen.learners.ulysses import SequenceGroup
-from rlgen.metrics.mismatch import mismatch_metrics
+from rlgen.metrics.mismatch import mismatch_by_length, mismatch_metrics
 from rlgen.microbatches import assign
 from rlgen.types import Phase, RolloutBatch
 
@@ -353,6 +353,8 @@ def assemble_metrics(
     if reason is not None:
         out["skip_reason"] = reason
     out.update({f"mismatch/{k}": v for k, v in mismatch.items()})
+    by_length = mismatch_by_length(sums.trainer_logp, step.engine_logp, step.mask, delta_threshold)
+    out.update({f"mismatch/{k}": v for k, v in by_length.items()})
     out["spans"] = [(Phase.train.value, start, time.time())]
     return out
 

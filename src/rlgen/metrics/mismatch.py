@@ -38,3 +38,30 @@ def mismatch_metrics(
         "frac_over_threshold": float((~(abs_r <= threshold)).double().mean().item()),
         "tokens": tokens,
     }
+
+
+# Response-length buckets the mismatch is kept by: (name, fewest tokens, most tokens)
+LENGTH_BUCKETS = (("0-1k", 0, 1024), ("1k-8k", 1025, 8192), ("8k-32k", 8193, 32768), ("32k+", 32769, None))
+BY_LENGTH = "by_length"  # the keys: by_length/<bucket>/<k3_kl | mean_abs_delta | max_abs_delta | tokens>
+
+
+def response_lengths(mask: torch.Tensor) -> torch.Tensor:
+    """Each row's response length [N]: up to its last token under mask [N, L] (an episode's turns and the
+    environment's answers between them), 0 for a row with none."""
+    cols = torch.arange(1, mask.shape[1] + 1, device=mask.device)  # [L]
+    return (mask.bool() * cols).amax(dim=-1) if mask.shape[1] else torch.zeros(mask.shape[0], dtype=torch.long)
+
+
+def mismatch_by_length(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor,
+                       threshold: float) -> dict[str, float]:
+    """mismatch_metrics (less frac_over_threshold) of the rows in each response-length bucket that has any,
+    as by_length/<bucket>/<name>: engine numerics are reported to drift with length."""
+    lengths = response_lengths(mask)  # [N]
+    out: dict[str, float] = {}
+    for name, low, high in LENGTH_BUCKETS:
+        rows = (lengths >= max(low, 1)) & (lengths <= (high if high is not None else lengths.max().item()))
+        if not bool(rows.any()):
+            continue
+        one = mismatch_metrics(trainer_logp[rows], engine_logp[rows], mask[rows], threshold)
+        out.update({f"{BY_LENGTH}/{name}/{k}": v for k, v in one.items() if k != "frac_over_threshold"})
+    return out
