@@ -150,16 +150,16 @@ PLAN_ERRORS = [
     ),
     (
         "sequence-beyond-position-embeddings",
-        ["algo.max_new_tokens=200", "engine.max_model_len=4096"],
-        ["task.max_prompt_tokens=8 + algo.max_new_tokens=200 = 208 tokens per sequence",
+        ["algo.max_new_tokens=600", "engine.max_model_len=4096"],  # past YaRN x4 over the 128 too
+        ["task.max_prompt_tokens=8 + algo.max_new_tokens=600 = 608 tokens per sequence",
          "max_position_embeddings=128", "lower algo.max_new_tokens or task.max_prompt_tokens"],
         1,
     ),
     (
         # the prompt side is the larger part: the sentence says so first (a long-prompt data set, default model)
         "long-prompts-beyond-position-embeddings",
-        ["task.max_prompt_tokens=256", "engine.max_model_len=4096"],
-        ["task.max_prompt_tokens=256 + algo.max_new_tokens=4 = 260 tokens per sequence",
+        ["task.max_prompt_tokens=600", "engine.max_model_len=4096"],
+        ["task.max_prompt_tokens=600 + algo.max_new_tokens=4 = 604 tokens per sequence",
          "lower task.max_prompt_tokens (or shorten the prompts) or algo.max_new_tokens"],
         1,
     ),

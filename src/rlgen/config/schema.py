@@ -159,6 +159,9 @@ class ModelConfig:
     max_position_embeddings: int = 128
     tie_word_embeddings: bool = True
     rope_theta: float = 10000.0
+    # YaRN over max_position_embeddings (Qwen2.5: 4 gives 131,072 positions); null: a preset gets the smallest of
+    # 2 and 4 its longest sequence needs (none where it fits), a folder (model.path) its config.json's; 1: off
+    yarn_factor: float | None = None
     warm_start_steps: int = 0  # supervised steps on the task's demonstrations before RL
     warm_start_lr: float = 3e-3
 

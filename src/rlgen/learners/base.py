@@ -15,7 +15,8 @@ class Learner(Protocol):
     def train_step(self, batch: RolloutBatch) -> dict[str, Any]:
         """One optimizer step on the batch. Returns plain floats/ints: loss, pg_loss, grad_norm, entropy,
         clip_frac, tis_frac, seq_masked_frac, ratio_mean, ratio_max, mismatch/* (trainer vs engine
-        logprobs before the update), response_tokens, version (after the step), skipped, skip_reason (when
+        logprobs before the update; mismatch/by_length/* by response length), response_tokens, response_len_max
+        (the longest response trained), version (after the step), skipped, skip_reason (when
         skipped), kl (when a reference model is used), and "spans": [(phase, start, end), ...]."""
 
     def get_weights(self) -> dict[str, torch.Tensor]:

@@ -10,7 +10,7 @@ from typing import Any
 
 # Keys each rank reports for its own shard, by how the group's value follows from the ranks' values.
 SUMMED = ("loss", "pg_loss", "kl", "response_tokens", "sequences", "loss_tokens", "packed_tokens", "mismatch/tokens")
-MAXED = ("ratio_max", "mismatch/max_abs_delta")
+MAXED = ("ratio_max", "mismatch/max_abs_delta", "response_len_max")
 # means, and the count each is a mean over
 MEANS = {
     "entropy": "response_tokens", "ratio_mean": "response_tokens", "clip_frac": "loss_tokens",
@@ -92,6 +92,8 @@ def merge_rank_metrics(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if key in first:
             vals = [float(m[key]) for m in per_rank]
             out[key] = math.nan if any(math.isnan(v) for v in vals) else max(vals)
+            if isinstance(first[key], int) and not math.isnan(out[key]):
+                out[key] = int(out[key])
     for key, count in MEANS.items():
         if key in first:
             out[key] = _weighted([float(m[key]) for m in per_rank], [float(m.get(count, 0)) for m in per_rank])

@@ -22,7 +22,7 @@ from rlgen.algo.registry import Loss
 from rlgen.config import AlgoConfig, LossAgg, OldLogprobs
 from rlgen.learners.packed import Packed, pack, packed_forward, row_tokens
 from rlgen.learners.ulysses import SequenceGroup
-from rlgen.metrics.mismatch import mismatch_by_length, mismatch_metrics
+from rlgen.metrics.mismatch import mismatch_by_length, mismatch_metrics, response_lengths
 from rlgen.microbatches import assign
 from rlgen.types import Phase, RolloutBatch
 
@@ -339,6 +339,7 @@ def assemble_metrics(
         "ratio_mean": acc["ratio"] / tokens if tokens else 1.0,
         "ratio_max": ratio_max if tokens else 1.0,
         "response_tokens": tokens,
+        "response_len_max": int(response_lengths(mask).max().item()) if mask.numel() else 0,  # the longest trained
         "sequences": int(mask.any(dim=-1).sum().item()),  # with at least one response token
         "loss_tokens": int(acc["loss_tokens"]),  # under the loss after sequence masking
         "packed_tokens": step.tokens,  # the tokens the micro-batches forwarded: prompts and kept responses

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from rlgen.charvocab import BOS, CHAR_VOCAB, EOS, PAD, SPECIAL_TOKENS
 from rlgen.config import ModelConfig, RunConfig
 from rlgen.durable import exclusive_lock
+from rlgen.rope import rope_parameters
 from rlgen.tasks import build_task
 
 if TYPE_CHECKING:
@@ -137,7 +138,7 @@ def hf_config(m: ModelConfig, vocab_size: int) -> Qwen2Config:
         num_key_value_heads=m.num_kv_heads,
         max_position_embeddings=m.max_position_embeddings,
         tie_word_embeddings=m.tie_word_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": m.rope_theta},
+        rope_parameters=rope_parameters(m.rope_theta, m.max_position_embeddings, m.yarn_factor),
         pad_token_id=CHAR_VOCAB.index(PAD),
         eos_token_id=CHAR_VOCAB.index(EOS),
         bos_token_id=CHAR_VOCAB.index(BOS),

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rlgen.config import ModelConfig
 from rlgen.config.compose import compose_run_config
+from rlgen.rope import rope_parameters
 
 PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 CHAT_TEMPLATE = (
@@ -73,7 +74,7 @@ def build_folder(out: str | Path, preset: ModelConfig, texts: list[str], vocab_s
         num_hidden_layers=preset.num_layers, num_attention_heads=preset.num_heads,
         num_key_value_heads=preset.num_kv_heads, max_position_embeddings=preset.max_position_embeddings,
         tie_word_embeddings=preset.tie_word_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": preset.rope_theta},
+        rope_parameters=rope_parameters(preset.rope_theta, preset.max_position_embeddings, preset.yarn_factor),
         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None,
     )
     big = preset.hidden_size * preset.num_layers >= 896 * 24

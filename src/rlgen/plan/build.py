@@ -31,6 +31,7 @@ from rlgen.plan.checks.spanning import (
     live_vllm_env,
 )
 from rlgen.plan.checks.values import check_values, once_per_nonfinite
+from rlgen.plan.context import fill_context
 from rlgen.plan.disk import disk_writes
 from rlgen.plan.env_bound import env_time_notes
 from rlgen.plan.headroom import hardware_room
@@ -114,11 +115,15 @@ def _resolve(cfg: RunConfig, spec: EngineSpec) -> tuple[RunConfig, list[Setting]
     check_engine_plays_episodes(cfg, spec, p)  # known from the kind alone: said before a server is asked
     if p:
         raise PlanError(p)
+    given_yarn = cfg.model.yarn_factor
     cfg = with_model_folder(cfg)
     params, vocab = count_params(cfg.model)
     cfg, settings = fill_recipe(cfg, params)
+    cfg, context = fill_context(cfg, given_yarn, p)
+    if p:
+        raise PlanError(p)
     cfg, bounds = fill_task_bounds(cfg)
-    settings += bounds
+    settings += context + bounds
     if spec.resolve is not None:
         cfg, resolved = spec.resolve(cfg, params, vocab, p)
         if p:

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from rlgen.config import RunConfig
+from rlgen.rope import yarn_factor_of
 
 HF_FIELDS = {  # ModelConfig field <- a Hugging Face config.json key
     "hidden_size": "hidden_size", "intermediate_size": "intermediate_size", "num_layers": "num_hidden_layers",
@@ -32,5 +33,6 @@ def with_model_folder(cfg: RunConfig) -> RunConfig:
     hf = hf.get("text_config", hf) if isinstance(hf.get("text_config"), dict) else hf
     values = {field: hf[key] for field, key in HF_FIELDS.items() if isinstance(hf.get(key), (int, bool))}
     values["num_kv_heads"] = hf.get("num_key_value_heads") or values.get("num_heads", cfg.model.num_kv_heads)
+    values["yarn_factor"] = yarn_factor_of(hf)  # None: the folder's rotary embedding is not extended
     values["name"] = Path(cfg.model.path).name
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **values))

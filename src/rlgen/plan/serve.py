@@ -14,6 +14,7 @@ from rlgen.learners.registry import resolve_learner
 from rlgen.plan.build import count_params, layout_of, model_summary, spec_of, transport_of
 from rlgen.plan.checks.spanning import check_engine_floor, hardware_problems, live_vllm_env
 from rlgen.plan.checks.values import check_values
+from rlgen.plan.context import positions
 from rlgen.plan.layout import BatchGeometry, Layout, Plan, PlanError
 from rlgen.plan.model_folder import with_model_folder
 from rlgen.plan.recipes import fill_recipe
@@ -107,9 +108,9 @@ def build_serve_plan(cfg: RunConfig, token: str | None = None) -> Plan:
     cfg = set_key(cfg, "engine.engines_per_gpu", 1)  # a server's engines have their GPUs to themselves
     engines = place_engines(cfg, spec, Layout.split, p)
     ms = model_summary(cfg)
-    if cfg.model.max_position_embeddings < cfg.engine.max_model_len:
+    if positions(cfg.model) < cfg.engine.max_model_len:
         p.append(f"engine.max_model_len={cfg.engine.max_model_len} is over model {cfg.model.name}'s "
-                 f"max_position_embeddings={cfg.model.max_position_embeddings}; lower it.")
+                 f"{positions(cfg.model)} positions; lower it.")
     check_engine_floor(cfg, spec, ms, p)
     if p:
         raise PlanError(p)
@@ -138,9 +139,9 @@ def _serve_config(cfg: RunConfig, spec) -> tuple[RunConfig, list[Setting]]:
                        ("hardware.colocated", False), ("hardware.engine_gpus", total), ("hardware.learner_gpus", 0)):
         cfg = set_key(cfg, key, value)
     if e.max_model_len is None:
-        cfg = set_key(cfg, "engine.max_model_len", cfg.model.max_position_embeddings)
-        settings.append(Setting("engine.max_model_len", cfg.model.max_position_embeddings,
-                                "derived: model.max_position_embeddings"))
+        cfg = set_key(cfg, "engine.max_model_len", positions(cfg.model))
+        settings.append(Setting("engine.max_model_len", positions(cfg.model),
+                                "derived: model.max_position_embeddings (times model.yarn_factor)"))
     if total and spec.memory_share:
         share = e.gpu_memory_utilization or spec.default_memory_share
         settings.append(Setting("engine.gpu_memory_utilization", share, "config" if e.gpu_memory_utilization else

@@ -7,6 +7,7 @@ config sets always wins. Pure: JSON only, no torch."""
 from __future__ import annotations
 
 from rlgen.config import RunConfig, Setting, set_key
+from rlgen.plan.context import positions
 from rlgen.plan.model_folder import with_model_folder
 
 PROMPT_CAP = 64  # task.max_prompt_tokens left null, on a model with room
@@ -17,7 +18,9 @@ PROMPT_SHARE = 5  # a model with less room: 1/5 of it for the prompt
 def room_of(cfg: RunConfig) -> tuple[int, str]:
     """The tokens a sequence may have, and what sets that."""
     m = with_model_folder(cfg).model
-    room, why = m.max_position_embeddings, f"model {m.name}'s max_position_embeddings={m.max_position_embeddings}"
+    room, why = positions(m), f"model {m.name}'s max_position_embeddings={m.max_position_embeddings}"
+    if room > m.max_position_embeddings:
+        why += f" with YaRN x{m.yarn_factor:g} ({room})"
     if cfg.engine.max_model_len and cfg.engine.max_model_len < room:
         room, why = cfg.engine.max_model_len, f"engine.max_model_len={cfg.engine.max_model_len}"
     return room, why

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rlgen.config import EngineConfig
+from rlgen.rope import context_positions
 
 VLLM_DEFAULT_SHARE = 0.9  # vLLM's own gpu_memory_utilization: an engine alone on its GPUs
 
@@ -33,13 +34,14 @@ VLLM_MAX_LOGPROBS = 20  # vLLM's max_logprobs when unset: the most logprobs per 
 
 
 def model_context_length(model_path: str) -> int | None:
-    """max_position_embeddings from a model folder's config.json, or None when it does not say."""
+    """The positions a model folder's config.json holds (max_position_embeddings, times its YaRN factor), or
+    None when it does not say."""
 
     path = Path(model_path) / "config.json"
     if not path.is_file():
         return None
-    value = json.loads(path.read_text()).get("max_position_embeddings")
-    return int(value) if value else None
+    hf = json.loads(path.read_text())
+    return context_positions(hf) if isinstance(hf, dict) else None
 
 
 def build_engine_args(

@@ -9,9 +9,11 @@ from rlgen.config.cards import CARDS, CARDS_GROUP, card_advice, card_presets
 from rlgen.config.compose import group_options, made_without_gpus
 from rlgen.engines.registry import EngineSpec
 from rlgen.learners.registry import LearnerSpec
+from rlgen.plan.context import positions
 from rlgen.plan.layout import Layout, LearnerSlot, ModelSummary
 from rlgen.plan.memory import ENGINE_HEADROOM_GIB, GIB, engine_floor_gib, longest_sequence, response_bound
 from rlgen.plan.overlap import check_sleep_mode
+from rlgen.rope import YARN_FACTORS
 
 
 def hardware_problems(cfg: RunConfig) -> list[str]:
@@ -88,13 +90,21 @@ def check_lengths(cfg: RunConfig, spec: EngineSpec, ms: ModelSummary, has_engine
         fix = (f"start the server with engine.max_model_len>={need}, or {shorter}" if spec.served
                else f"set engine.max_model_len>={need}")
         p.append(f"engine.max_model_len={e.max_model_len} cannot hold {parts}; {fix}.")
-    if m.max_position_embeddings < need:
+    room = positions(m)
+    if room < need:
         key, other = ("task.max_prompt_tokens", resp) if t.max_prompt_tokens >= resp else (name, t.max_prompt_tokens)
-        fits = m.max_position_embeddings - other
+        fits = room - other
         shorter += f" ({key}={fits} fits)" if fits > 0 else ""
+        extended = f" with YaRN x{m.yarn_factor:g} ({room})" if room > m.max_position_embeddings else ""
+        factor = next((f for f in YARN_FACTORS if need <= m.max_position_embeddings * f), None)
+        yarn = ""
+        if factor and m.path:
+            yarn = f"YaRN x{factor:g} in the folder's config.json (its rope_scaling, as Qwen2.5 documents), "
+        elif factor:
+            yarn = f"model.yarn_factor={factor:g}, "
         p.append(f"{parts} tokens per sequence is more than model {m.name}'s max_position_embeddings="
-                 f"{m.max_position_embeddings}; {shorter}, or use a model with more positions (model.path=, or raise "
-                 "model.max_position_embeddings of a preset).")
+                 f"{m.max_position_embeddings}{extended}; {shorter}, or use a model with more positions (model.path=, "
+                 f"{yarn}or raise model.max_position_embeddings of a preset).")
     if has_engines:
         check_engine_floor(cfg, spec, ms, p)
 
