@@ -8,6 +8,7 @@ import math
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -193,3 +194,16 @@ def test_validate_catches_an_engine_that_drops_the_adapter(adapter_dir):
     cfg = compose_run_config(["progress=false", f"learner.lora.init={adapter_dir}", "learner.lora.sync=adapter"])
     report = run_validate(cfg, _v(), engine_cls=AdapterIgnored)
     assert not report.passed
+
+
+def test_validate_checks_an_engine_at_a_given_length(cfg):
+    v = ValidateConfig(cases=2, max_requests=2, max_n=1, max_new_tokens=4, length=300, perturb=Perturb.none)
+    cases = draw_cases(v, 40, {0, 1, 2})
+    assert all(len(r.prompt_ids) == 296 for case in cases for r in case)  # the responses start at position 296
+    assert cases == draw_cases(v, 40, {0, 1, 2})  # repeatable, as the drawn cases are
+    same = run_validate(cfg, v)  # past the tiny preset's 128 positions: the plan extends them with YaRN x4
+    assert same.passed and same.settings["length"] == 300
+    config = json.loads((Path(same.settings["model_path"]) / "config.json").read_text())
+    assert config["rope_parameters"]["rope_type"] == "yarn" and config["rope_parameters"]["factor"] == 4.0
+    noisy = run_validate(cfg, v, engine_cls=NoisyEngine, engine_kwargs={"noise_std": 0.1})
+    assert not noisy.passed  # at that length too, a wrong engine fails

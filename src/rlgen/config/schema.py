@@ -316,6 +316,9 @@ class ValidateConfig:
     max_prompt_tokens: int = 12
     max_new_tokens: int = 8
     max_n: int = 3  # samples per request
+    # > 0: every prompt is this many tokens less max_new_tokens, so the responses' logprobs are compared at this
+    # position (engine numerics at length; the plan sizes the engine, and extends the model with YaRN, to fit it)
+    length: int = 0
     temperatures: list[float] = field(default_factory=lambda: [0.0, 0.7, 1.0, 1.3])  # 0 is greedy
     kl_tolerance: float = 1e-3  # per row: k3 KL(candidate || reference) at most this
     min_greedy_agreement: float = 0.9  # fraction of greedy sequences that agree

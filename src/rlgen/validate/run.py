@@ -17,12 +17,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlgen.config import Perturb, RunConfig, Runner, ValidateConfig, to_run_config
+from rlgen.config import Perturb, RunConfig, Runner, ValidateConfig, set_key, to_run_config
 from rlgen.engines.contract import ScoresTokens, has, require
 from rlgen.engines.registry import engine_spec
 from rlgen.models import load_tokenizer, prepare_model
 from rlgen.plan import build_plan
-from rlgen.validate.cases import DrawnRequest, draw_cases
+from rlgen.validate.cases import DrawnRequest, draw_cases, prompt_length
 from rlgen.validate.compare import CheckRow, ValidationReport, compare, jsonable
 from rlgen.validate.engines import InActor, InProcess, perturbed_hf_engine_cls
 from rlgen.validate.lora import give_policy, refuse_on_a_server
@@ -66,6 +66,8 @@ def run_validate(
 
     v = v or getattr(cfg, "validate", None) or ValidateConfig()
     start = time.time()
+    if prompt_length(v):  # the engine and the model sized for prompts of that many tokens and their responses
+        cfg = set_key(set_key(cfg, "task.max_prompt_tokens", prompt_length(v)), "algo.max_new_tokens", v.max_new_tokens)
     plan = build_plan(cfg)
     refuse_on_a_server(plan)
     cfg = plan.config
