@@ -62,6 +62,16 @@
 #     long [OVERRIDES]  one GPU: the 1.5B with 32k-token responses (every response at its cap), 3 steps, at the plan's
 #                       token budget: its step breakdown and the learner's peak memory against the plan's
 #     long-7b [OVERRIDES]  two GPUs: the 7B with 16k-token responses, 3 steps, likewise
+#     learner-long     one GPU: the learner alone at reasoning lengths (benchmarks/learner_speed.py): the 0.5B at one
+#                       65,536-token micro-batch, as one sequence and as 16 of 4,096, then the 1.5B at one 131,072-token
+#                       sequence; tokens/s, MFU and the peak beside the plan's memory model of the same rank
+#     long-131k [OVERRIDES]  one GPU: 131,072-token sequences end to end: the 1.5B (YaRN x4, from the plan) on
+#                       122,880-token prompts (benchmarks/long_prompts.py, truncated to their last tokens) and 8,192-token
+#                       responses, 3 steps: the step breakdown, the learner's peak against the plan's, mismatch by length
+#     long-7b-65k [OVERRIDES]  one GPU: the 7B at 65,536 tokens (61,440-token prompts, 4,096-token responses) with LoRA
+#                       (the plan's), 3 steps, likewise
+#     mismatch-length [ARGS]  one GPU: `rlgen validate engine=vllm model=qwen2_5_1_5b` at 1k, 16k, 64k and 128k tokens
+#                       (validate.length), two cases of one request each: k3 KL and |dlogp| against the HF reference
 #     serve-lora ADAPTER [OVERRIDES]  `rlgen serve` with vLLM adapters: load, generate with and without, unload
 #                       (benchmarks/serve_lora.py)
 # Run from the repository root with rlgen importable (installed, or src on PYTHONPATH). Every vLLM process is
@@ -318,6 +328,38 @@ EOF3
       task.max_prompt_tokens=64 algo.prompts_per_step=2 algo.samples_per_prompt=4 steps=3 checkpoint.every=0 \
       engine.keep_warm_s=0 progress=false hydra.run.dir="$out/long-7b" "$@" > "$out/long-7b.log" 2>&1
     "$py" benchmarks/lengths_report.py "$out/long-7b" --out "$out/long-7b.json" | tee -a "$out/long-7b.log"
+    ;;
+  learner-long)
+    lrn=(--variants t65536:ckpt --lengths fixed --prompt 64 --warmup 1 --steps 2)
+    "$py" benchmarks/learner_speed.py --model qwen2_5_0_5b "${lrn[@]}" --rows 1 --resp 65472 \
+      --out "$out/learner-0_5b-1x65536.json" 2>&1 | tee "$out/learner-long.log"
+    "$py" benchmarks/learner_speed.py --model qwen2_5_0_5b "${lrn[@]}" --rows 16 --resp 4032 \
+      --out "$out/learner-0_5b-16x4096.json" 2>&1 | tee -a "$out/learner-long.log"
+    "$py" benchmarks/learner_speed.py --model qwen2_5_1_5b --variants t131072:ckpt --lengths fixed --prompt 64 \
+      --warmup 1 --steps 2 --rows 1 --resp 131008 --out "$out/learner-1_5b-1x131072.json" 2>&1 \
+      | tee -a "$out/learner-long.log"
+    ;;
+  long-131k|long-7b-65k)
+    if [ "$stage" = long-131k ]; then
+      model=qwen2_5_1_5b prompt=122880 resp=8192
+    else
+      model=qwen2_5_7b prompt=61440 resp=4096
+    fi
+    "$py" benchmarks/long_prompts.py "$out/long.jsonl" --rows 4 --tokens "$prompt" | tee "$out/$stage.log"
+    "$py" -m rlgen.cli train engine=vllm hardware=1xh200 model=$model task=jsonl task.path="$out/long.jsonl" \
+      task.long_prompts=truncate task.max_prompt_tokens=$prompt algo.max_new_tokens=$resp algo.prompts_per_step=1 \
+      algo.samples_per_prompt=2 steps=3 checkpoint.every=0 engine.keep_warm_s=0 progress=false \
+      hydra.run.dir="$out/$stage" "$@" >> "$out/$stage.log" 2>&1
+    echo "train rc=$?" | tee -a "$out/$stage.log"
+    "$py" benchmarks/lengths_report.py "$out/$stage" --out "$out/$stage.json" | tee -a "$out/$stage.log"
+    ;;
+  mismatch-length)
+    for length in 1024 16384 65536 131072; do
+      "$py" -m rlgen.cli validate engine=vllm hardware=1xh200 model=qwen2_5_1_5b validate.length=$length \
+        validate.cases=2 validate.max_requests=1 validate.max_n=1 validate.max_new_tokens=16 \
+        hydra.run.dir="$out/validate-$length" "$@" > "$out/validate-$length.log" 2>&1
+      echo "length $length rc=$?"; tail -12 "$out/validate-$length.log"
+    done
     ;;
   learner-speed)
     # one process per GPU at once, each its own variants; then the four ranks as one ZeRO-2 group

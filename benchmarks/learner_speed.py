@@ -25,11 +25,11 @@ import time
 
 import torch
 
-from rlgen.config import set_key
 from rlgen.config.compose import compose_run_config
 from rlgen.learners.deepspeed import DeepSpeedLearner
 from rlgen.models.build import prepare_model
 from rlgen.plan import build_plan
+from rlgen.plan.memory import learner_memory
 from rlgen.types import RolloutBatch
 
 
@@ -66,18 +66,22 @@ def parse_variant(text: str) -> tuple[str, bool]:
     return budget, ckpt == "ckpt"
 
 
-def plan_budget(args) -> int:
-    """algo.micro_batch_tokens as `rlgen plan` derives it for this model and these lengths on one H200."""
-    cfg = compose_run_config([f"model={args.model}", "engine=vllm", "hardware=1xh200", f"algo.max_new_tokens={args.resp}",
-                              f"task.max_prompt_tokens={args.prompt}", "algo.async_steps=1"])
-    return int(build_plan(cfg).config.algo.micro_batch_tokens)
+def planned(args, ckpt: bool, tokens: int | None = None):
+    """The plan of `rlgen plan` for this model and these lengths on one H200 (its micro-batch budget derived, or
+    tokens): the learner's config (YaRN where the lengths pass the model's positions) and its memory model."""
+    overrides = [f"model={args.model}", "engine=vllm", "hardware=1xh200", f"algo.max_new_tokens={args.resp}",
+                 f"task.max_prompt_tokens={args.prompt}", "algo.async_steps=1", "algo.lr=1e-6",
+                 f"learner.gradient_checkpointing={str(ckpt).lower()}"]
+    if tokens:
+        overrides.append(f"algo.micro_batch_tokens={tokens}")
+    return build_plan(compose_run_config(overrides))
 
 
 def run_variant(args, budget: str, ckpt: bool, lengths: str) -> dict:
-    tokens_budget = plan_budget(args) if budget == "plan" else int(budget.removeprefix("t"))
-    cfg = compose_run_config([f"model={args.model}", "hardware=1xh200", "algo.lr=1e-6",
-                              f"algo.max_new_tokens={args.resp}", "algo.async_steps=1"])
-    cfg = set_key(cfg, "algo.micro_batch_tokens", tokens_budget)
+    plan = planned(args, ckpt, None if budget == "plan" else int(budget.removeprefix("t")))
+    cfg = plan.config
+    tokens_budget = int(cfg.algo.micro_batch_tokens)
+    alone = learner_memory(cfg, plan.model.params, plan.model.vocab_size, args.world_size, tokens_budget)
     path = prepare_model(cfg, "cuda")
     learner = DeepSpeedLearner(
         path, cfg.algo, cfg.monitor, rank=args.rank, world_size=args.world_size, gradient_checkpointing=ckpt,
@@ -105,7 +109,9 @@ def run_variant(args, budget: str, ckpt: bool, lengths: str) -> dict:
         "step_s": round(step_s, 3), "tokens_per_s": round(tokens / step_s),
         "mfu_6pt": round(6 * params * tokens / step_s / args.peak_tflops / 1e12, 4),
         "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1), "params": params,
-        "attention": args.attention,
+        "attention": args.attention, "yarn_factor": cfg.model.yarn_factor,
+        # the plan's memory model of this rank alone (no engine's IPC buffer beside it), against the measured peak
+        "plan_peak_gib": round(alone.peak, 1), "plan_parts": alone.parts(),
     }
     if args.profile:
         record["profile"] = profile_step(learner, batch)

@@ -67,6 +67,22 @@ def step_spread(records: list[dict]) -> dict:
             "step_cv": round(s.cv, 3), "steps_even": s.even, "tokens_per_s": round(s.tokens_per_s, 1)}
 
 
+def mismatch_by_length(records: list[dict]) -> dict:
+    """Engine-vs-trainer mismatch by response length over every step (mismatch/by_length/<bucket>/*): each
+    bucket's k3 KL and mean |dlogp| weighted by its tokens, its largest |dlogp| and its tokens."""
+    prefix = "mismatch/by_length/"
+    buckets = dict.fromkeys(k[len(prefix):].rsplit("/", 1)[0] for r in records for k in r if k.startswith(prefix))
+    out: dict = {}
+    for b in buckets:
+        rows = [r for r in records if f"{prefix}{b}/tokens" in r]
+        tokens = sum(r[f"{prefix}{b}/tokens"] for r in rows)
+        for stat in ("k3_kl", "mean_abs_delta"):
+            out[f"mismatch_{b}_{stat}"] = sum(r[f"{prefix}{b}/{stat}"] * r[f"{prefix}{b}/tokens"] for r in rows) / max(tokens, 1)
+        out[f"mismatch_{b}_max_abs_delta"] = max(r[f"{prefix}{b}/max_abs_delta"] for r in rows)
+        out[f"mismatch_{b}_tokens"] = tokens
+    return out
+
+
 def run_summary(run: Path) -> dict:
     """One run's means over its steady steps, its step spread and tokens/s, its lengths and memory."""
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -84,6 +100,7 @@ def run_summary(run: Path) -> dict:
         out["learner_peak_gib"] = round(measured, 2)
         out["plan_learner_peak_gib"] = planned
         out["peak_vs_plan"] = round(measured / planned, 3)
+    out.update(mismatch_by_length(records))
     summary = run / "summary.json"
     if summary.is_file():
         out["first_rollout_s"] = json.loads(summary.read_text()).get("first_rollout_s")

@@ -155,6 +155,17 @@ def test_one_step_runs_count_their_one_step(lengths, tmp_path):
     assert row["step_s"] == 5.0 and row["step_spread"] == 1.0 and row["tokens_per_s"] == pytest.approx(120.0)
 
 
+def test_the_mismatch_by_length_is_weighted_by_each_steps_tokens(lengths):
+    key = "mismatch/by_length/32k+/"
+    steps = [{key + "tokens": 100, key + "k3_kl": 1e-3, key + "mean_abs_delta": 0.1, key + "max_abs_delta": 0.5},
+             {key + "tokens": 300, key + "k3_kl": 3e-3, key + "mean_abs_delta": 0.3, key + "max_abs_delta": 0.2},
+             {"step": 2}]  # a step with no row that long
+    got = lengths.mismatch_by_length(steps)
+    assert got["mismatch_32k+_k3_kl"] == pytest.approx(2.5e-3) and got["mismatch_32k+_mean_abs_delta"] == pytest.approx(0.25)
+    assert got["mismatch_32k+_max_abs_delta"] == 0.5 and got["mismatch_32k+_tokens"] == 400
+    assert lengths.mismatch_by_length([{"step": 0}]) == {}
+
+
 def test_ratios_to_the_base_run_are_of_means_and_the_table_shows_them(lengths, tmp_path):
     base = write_run(tmp_path, "even", [10.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0])
     alt = write_run(tmp_path, "alt", [10.0, *ALTERNATING])
