@@ -18,6 +18,7 @@ from dataclasses import dataclass
 # the most bytes of fp32 logits the learner's LM head makes at once (rlgen.learners.packed: the response tokens'
 # logprobs come a chunk at a time); 512 MiB is 883 tokens of a 151,936-token vocabulary
 CHUNK_LOGIT_BYTES = 512 * 2**20
+TILE_TOKENS = 8192  # a tiled MLP's tile (rlgen.learners.tiling), and the memory model's unit of its activations
 
 
 def chunk_tokens(vocab: int) -> int:

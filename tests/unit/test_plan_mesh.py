@@ -56,12 +56,27 @@ GPU_LONG = ["engine=vllm", "hardware=2xh200", "hardware.colocated=true", "model=
             "algo.max_new_tokens=32760", "learner.gradient_checkpointing=false"]
 
 
+def test_left_null_on_gpus_a_tiled_mlp_comes_before_a_sequence_group():
+    plan = plan_of(*GPU_LONG)  # the 1.5B's 32,768-token row without checkpoints: too big for a rank untiled
+    assert (plan.mesh.data, plan.mesh.sequence) == (2, 1) and plan.config.learner.tiled_mlp is True
+    assert "only with its MLPs tiled" in setting(plan, "learner.tiled_mlp").source
+    short = plan_of(*GPU_LONG[:-2], "algo.max_new_tokens=1024")
+    assert short.mesh.sequence == 1 and short.config.learner.tiled_mlp is False
+    assert setting(short, "learner.sequence_parallel").source.startswith("derived: one")
+    assert not any(s.key == "learner.tiled_mlp" for s in short.settings)  # shown only where it is on or given
+
+
 def test_left_null_on_gpus_it_is_the_smallest_degree_whose_learner_holds_the_longest_row():
-    plan = plan_of(*GPU_LONG)
+    plan = plan_of(*GPU_LONG, "learner.tiled_mlp=false")
     assert (plan.mesh.data, plan.mesh.sequence) == (1, 2)
     assert "only as a slice of 1/2" in setting(plan, "learner.sequence_parallel").source
-    short = plan_of(*GPU_LONG[:-2], "algo.max_new_tokens=1024")
-    assert short.mesh.sequence == 1 and setting(short, "learner.sequence_parallel").source.startswith("derived: one")
+    assert setting(plan, "learner.tiled_mlp").source == "config"
+
+
+def test_the_memory_model_counts_one_tile_of_a_tiled_mlp():
+    untiled = plan_of(*GPU_LONG, "learner.tiled_mlp=false", "learner.sequence_parallel=1", "algo.async_steps=0")
+    tiled = plan_of(*GPU_LONG, "learner.tiled_mlp=true", "learner.sequence_parallel=1", "algo.async_steps=0")
+    assert tiled.memory.learner_peak_gib < untiled.memory.learner_peak_gib
 
 
 def test_the_memory_model_gives_each_rank_its_slice_of_the_activations():

@@ -159,9 +159,7 @@ class ModelConfig:
     max_position_embeddings: int = 128
     tie_word_embeddings: bool = True
     rope_theta: float = 10000.0
-    # YaRN over max_position_embeddings (Qwen2.5: 4 gives 131,072 positions); null: a preset gets the smallest of
-    # 2 and 4 its longest sequence needs (none where it fits), a folder (model.path) its config.json's; 1: off
-    yarn_factor: float | None = None
+    yarn_factor: float | None = None  # YaRN over max_position_embeddings; null: as needed (docs/plan.md); 1: off
     warm_start_steps: int = 0  # supervised steps on the task's demonstrations before RL
     warm_start_lr: float = 3e-3
 
@@ -205,9 +203,8 @@ class LearnerConfig:
     zero_stage: int | None = None
     gradient_checkpointing: bool | None = None  # DeepSpeed learner only; null: the recipe's
     attention: str = "auto"  # over packed rows: flash_attn, torch_varlen, sdpa_segments; auto: the fastest present
-    # ranks forwarding slices of the same rows' tokens (Ulysses; rlgen.mesh); null: the smallest degree whose
-    # learner fits the longest row, 1 where one rank's does
-    sequence_parallel: int | None = None
+    sequence_parallel: int | None = None  # ranks sharing rows, each a slice of their tokens; null: docs/plan.md
+    tiled_mlp: bool | None = None  # each MLP a tile of tokens at a time; null: where the longest row needs it
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 
@@ -316,9 +313,7 @@ class ValidateConfig:
     max_prompt_tokens: int = 12
     max_new_tokens: int = 8
     max_n: int = 3  # samples per request
-    # > 0: every prompt is this many tokens less max_new_tokens, so the responses' logprobs are compared at this
-    # position (engine numerics at length; the plan sizes the engine, and extends the model with YaRN, to fit it)
-    length: int = 0
+    length: int = 0  # > 0: every prompt this many tokens less max_new_tokens (numerics at a length)
     temperatures: list[float] = field(default_factory=lambda: [0.0, 0.7, 1.0, 1.3])  # 0 is greedy
     kl_tolerance: float = 1e-3  # per row: k3 KL(candidate || reference) at most this
     min_greedy_agreement: float = 0.9  # fraction of greedy sequences that agree

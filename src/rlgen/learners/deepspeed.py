@@ -31,6 +31,7 @@ from rlgen.learners.grpo_step import inverse
 from rlgen.learners.lora import AdapterOff
 from rlgen.learners.policy import adamw, frozen_reference, load_policy, with_lora
 from rlgen.learners.sending import PolicySender
+from rlgen.learners.tiling import tile_mlps
 from rlgen.learners.ulysses import join_sequence_groups, learner_mesh
 from rlgen.phases import ActorClock
 from rlgen.sync.layout import DEFAULT_BUCKET_BYTES, plan_buckets
@@ -57,7 +58,7 @@ class DeepSpeedLearner(PolicySender, LearnerActor):
     variables set before NCCL starts (NCCL_*). sequence_parallel: the learner mesh's sequence degree
     (rlgen.mesh): groups of that many neighbouring ranks train the same rows, each forwarding a slice of every
     micro-batch's tokens (rlgen.learners.ulysses); DeepSpeed still averages over every rank, and each group's
-    denominator counts once.
+    denominator counts once. tiled_mlp: each layer's MLP a tile of tokens at a time (rlgen.learners.tiling).
     """
 
     # ZeRO partitions the optimizer state (and with stage 3 the parameters) over the ranks: a surviving rank
@@ -90,6 +91,7 @@ class DeepSpeedLearner(PolicySender, LearnerActor):
         warm_checkpoint_copies: bool = False,
         attention: str = "torch_varlen",
         sequence_parallel: int = 1,
+        tiled_mlp: bool = False,
     ) -> None:
         self.clock = ActorClock()
         if not torch.cuda.is_available():
@@ -115,6 +117,8 @@ class DeepSpeedLearner(PolicySender, LearnerActor):
 
             module = load_policy(model_path, torch.bfloat16, self.device)
             use_packed_attention(module, attention)
+            if tiled_mlp:
+                tile_mlps(module)
             if gradient_checkpointing:
                 module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
                 module.config.use_cache = False
@@ -122,7 +126,7 @@ class DeepSpeedLearner(PolicySender, LearnerActor):
                 module = self.peft = with_lora(module, lora, resume_from, lora_init)
             elif algo.kl_coef > 0:  # a full bf16 copy; fine for the sizes rlgen targets on one GPU
                 self.core.ref_model = frozen_reference(ref_model_path or model_path, torch.bfloat16, self.device,
-                                                       attention)
+                                                       attention, tiled_mlp)
             self.clock.step("weights")
             _, optimizer = adamw(module, algo)
             dist_env(rank, world_size, master_addr, master_port)

@@ -14,6 +14,7 @@ from torch import nn
 from rlgen.config import AlgoConfig
 from rlgen.learners.attention import use_packed_attention
 from rlgen.learners.lora import LoraSpec, wrap
+from rlgen.learners.tiling import tile_mlps
 
 
 def disable_dropout(model: nn.Module) -> None:
@@ -52,11 +53,15 @@ def frozen_model(source: str | nn.Module, dtype: torch.dtype, device: torch.devi
     return model.to(device).eval().requires_grad_(False)
 
 
-def frozen_reference(source: str | nn.Module, dtype: torch.dtype, device: torch.device, attention: str) -> nn.Module:
+def frozen_reference(source: str | nn.Module, dtype: torch.dtype, device: torch.device, attention: str,
+                     tiled_mlp: bool = False) -> nn.Module:
     """The KL reference of a learner without LoRA: frozen_model of source with the learner's packed-attention
-    backend (with LoRA the reference is the policy with its adapters off, rlgen.learners.lora.AdapterOff)."""
+    backend, and its MLPs tiled as the learner's are (with LoRA the reference is the policy with its adapters off,
+    rlgen.learners.lora.AdapterOff)."""
     model = frozen_model(source, dtype, device)
     use_packed_attention(model, attention)
+    if tiled_mlp:
+        tile_mlps(model)
     return model
 
 

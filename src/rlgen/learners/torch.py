@@ -19,6 +19,7 @@ from rlgen.learners.collective import join_group, leave_group, rng_digest, sum_o
 from rlgen.learners.group import CollectiveFailed
 from rlgen.learners.lora import AdapterOff, merged_weights
 from rlgen.learners.policy import adamw, frozen_reference, load_policy, with_lora
+from rlgen.learners.tiling import tile_mlps
 from rlgen.learners.ulysses import join_sequence_groups, learner_mesh
 from rlgen.phases import ActorClock
 from rlgen.types import RolloutBatch
@@ -58,6 +59,7 @@ class TorchLearner(LearnerActor):
         hang_timeout_s: float = 300.0,
         attention: str = "sdpa_segments",
         sequence_parallel: int = 1,
+        tiled_mlp: bool = False,
     ) -> None:
         """ref_model_path: the frozen reference for algo.kl_coef > 0 (default: model_path). resume_from: a
         checkpoint folder whose learner state (optimizer, counters, RNG) this learner continues from; its
@@ -69,7 +71,8 @@ class TorchLearner(LearnerActor):
         waits at most hang_timeout_s (rlgen.learners.collective). attention: the packed-attention backend
         (rlgen.learners.attention; the plan's learner.attention). sequence_parallel: the learner mesh's sequence
         degree (rlgen.mesh): groups of that many neighbouring ranks train the same rows, each forwarding a slice of
-        every micro-batch's tokens (rlgen.learners.ulysses)."""
+        every micro-batch's tokens (rlgen.learners.ulysses). tiled_mlp: each layer's MLP a tile of tokens at a time
+        (rlgen.learners.tiling)."""
         self.clock = ActorClock()
         import transformers  # noqa: F401 - its import time is the clock's first phase
 
@@ -80,6 +83,8 @@ class TorchLearner(LearnerActor):
         self.clock.step("import transformers")
         self.model = load_policy(model_path, torch.float32, self.device)
         use_packed_attention(self.model, attention)
+        if tiled_mlp:
+            tile_mlps(self.model)
         self.clock.step("weights")
         if lora:
             self.model = self.peft = with_lora(self.model, lora, resume_from, lora_init)
@@ -89,7 +94,8 @@ class TorchLearner(LearnerActor):
         if algo.kl_coef > 0 and self.peft is not None:
             self.core.ref_model = AdapterOff(self.model, self.peft)
         elif algo.kl_coef > 0:
-            self.core.ref_model = frozen_reference(ref_model_path or self.model, torch.float32, self.device, attention)
+            self.core.ref_model = frozen_reference(ref_model_path or self.model, torch.float32, self.device, attention,
+                                                   tiled_mlp)
         if resume_from:
             state = load_learner_state(resume_from, self.rank)
             self.optimizer.load_state_dict(state["optimizer"])

@@ -196,8 +196,8 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
     cfg, attention = resolve_attention(cfg, device, learner, p)
     settings.append(attention)
     ms = model_summary(cfg)
-    cfg, mesh, degree = resolve_mesh(cfg, spec, ms, len(learners), layout is Layout.colocated, p)
-    settings += [degree] if degree else []
+    cfg, mesh, long_rows = resolve_mesh(cfg, spec, ms, len(learners), layout is Layout.colocated, p)
+    settings += long_rows
     batch = _batch(cfg, max(mesh.data, 1), bool(learners), p)
     zero_from_recipe = any(s.key == "learner.zero_stage" and s.source.startswith("recipe") for s in settings)
     cfg, lora = resolve_lora(cfg, spec, ms, len(learners), batch.sequences_per_rank, layout is Layout.colocated,

@@ -27,7 +27,7 @@ from rlgen.config import (
 )
 from rlgen.engines.registry import EngineSpec
 from rlgen.engines.vllm.args import VLLM_DEFAULT_SHARE
-from rlgen.microbatches import chunk_tokens
+from rlgen.microbatches import TILE_TOKENS, chunk_tokens
 from rlgen.plan.recipes import recipe_for
 from rlgen.plan.tensor_parallel import kv_groups
 
@@ -140,7 +140,8 @@ def learner_memory(cfg: RunConfig, params: int, vocab: int, ranks: int, tokens: 
     n = max(ranks, 1)
     tokens = -(-tokens // max(lc.sequence_parallel or 1, 1))
     z3 = lc.zero_stage == 3
-    layer_token = 2 * (12 * m.hidden_size + 3 * m.intermediate_size)  # bf16 bytes of one layer's activations
+    mlp_tokens = min(tokens, TILE_TOKENS) if lc.tiled_mlp else tokens  # a tiled MLP's widest part: one tile's
+    layer_token = 2 * 12 * m.hidden_size + 2 * 3 * m.intermediate_size * mlp_tokens / max(tokens, 1)  # bf16 bytes
     if lc.gradient_checkpointing:
         act = tokens * (m.num_layers * 2 * m.hidden_size + layer_token)
     else:
