@@ -92,3 +92,24 @@ def test_rlgen_plan_shows_the_mesh(capsys):
     assert main(["plan", "hardware.learner_ranks=4", "learner.sequence_parallel=2"]) in (0, None)
     out = " ".join(capsys.readouterr().out.split())
     assert "data 2 x sequence 2 (4 ranks)" in out and "Ulysses sequence parallelism" in out
+
+
+H100_LONG = ["engine=vllm", "hardware=1xh100", "model=qwen2_5_1_5b", "algo.max_new_tokens=131000",
+             "learner.lora.enabled=false"]
+
+
+def test_on_one_gpu_the_plan_tiles_then_offloads_the_checkpoints_to_hold_the_longest_row():
+    plan = plan_of(*H100_LONG)
+    lc = plan.config.learner
+    assert (plan.mesh.sequence, lc.tiled_mlp, lc.offload_checkpoints) == (1, True, True)
+    assert "activation checkpoints in host memory" in setting(plan, "learner.offload_checkpoints").source
+    both = ["learner.tiled_mlp=true", "algo.async_steps=0"]  # an engine asleep while the learner trains: room for either
+    kept = plan_of(*H100_LONG, *both, "learner.offload_checkpoints=false")
+    offloaded = plan_of(*H100_LONG, *both, "learner.offload_checkpoints=true")
+    assert kept.config.learner.offload_checkpoints is False
+    assert offloaded.memory.learner_peak_gib < kept.memory.learner_peak_gib
+
+
+def test_offloaded_checkpoints_without_checkpoints_are_refused():
+    with pytest.raises(PlanError, match="learner.gradient_checkpointing=true on the DeepSpeed learner"):
+        plan_of(*GPU_LONG, "learner.offload_checkpoints=true")

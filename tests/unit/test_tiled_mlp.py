@@ -1,4 +1,4 @@
-"""A tiled MLP (rlgen.learners.tiling) gives the untiled step exactly: the loss and every parameter's gradient of a
+"""A tiled MLP (rlgen.learners.tiling) and offloaded checkpoints (rlgen.learners.offload) give the plain step exactly: the loss and every parameter's gradient of a
 packed micro-batch, for every algorithm preset, with tiles far shorter than the packed row; its no-grad forward
 is the same too, and a copy of a tiled model (a frozen reference) tiles its own weights."""
 
@@ -49,3 +49,24 @@ def test_a_tiled_forward_without_gradients_and_a_copy_of_it():
             p.mul_(0.5)
         assert not torch.allclose(packed_forward(twin, one, 1.0)[0], want)  # the copy runs its own weights
         torch.testing.assert_close(packed_forward(tiled, one, 1.0)[0], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("preset", ["grpo", "cispo"])
+def test_offloaded_checkpoints_train_what_kept_ones_train(preset):
+    from rlgen.learners.offload import offload_checkpoints
+
+    padded, kept = models()
+    kept.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    offloaded = copy.deepcopy(kept)
+    assert offload_checkpoints(offloaded) == 2  # the two decoder layers
+    batch = near_trainer(padded, random_batch(1), 2)
+    algo = algo_of(preset, micro_batch_tokens=0)
+    want_loss, _ = packed_step(kept, None, batch, algo)
+    got_loss, _ = packed_step(offloaded, None, batch, algo)
+    assert got_loss == pytest.approx(want_loss, rel=1e-6)
+    mine = dict(offloaded.named_parameters())
+    for name, p in kept.named_parameters():
+        torch.testing.assert_close(mine[name].grad, p.grad, rtol=1e-6, atol=1e-8, msg=name)
+    _, plain = models()
+    with pytest.raises(ValueError, match="gradient checkpointing on"):
+        offload_checkpoints(plain)

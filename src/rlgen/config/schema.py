@@ -205,6 +205,7 @@ class LearnerConfig:
     attention: str = "auto"  # over packed rows: flash_attn, torch_varlen, sdpa_segments; auto: the fastest present
     sequence_parallel: int | None = None  # ranks sharing rows, each a slice of their tokens; null: docs/plan.md
     tiled_mlp: bool | None = None  # each MLP a tile of tokens at a time; null: where the longest row needs it
+    offload_checkpoints: bool | None = None  # activation checkpoints in host memory; null: likewise
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 

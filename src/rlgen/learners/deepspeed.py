@@ -29,6 +29,7 @@ from rlgen.learners.background import HostCopies, reserve_pinned, tensor_sizes
 from rlgen.learners.ds_setup import CLIENT_KEY, DS_TAG, DeferredFiles, build_ds_config, dist_env
 from rlgen.learners.grpo_step import inverse
 from rlgen.learners.lora import AdapterOff
+from rlgen.learners.offload import offload_checkpoints as offload
 from rlgen.learners.policy import adamw, frozen_reference, load_policy, with_lora
 from rlgen.learners.sending import PolicySender
 from rlgen.learners.tiling import tile_mlps
@@ -59,6 +60,7 @@ class DeepSpeedLearner(PolicySender, LearnerActor):
     (rlgen.mesh): groups of that many neighbouring ranks train the same rows, each forwarding a slice of every
     micro-batch's tokens (rlgen.learners.ulysses); DeepSpeed still averages over every rank, and each group's
     denominator counts once. tiled_mlp: each layer's MLP a tile of tokens at a time (rlgen.learners.tiling).
+    offload_checkpoints: the gradient checkpoints in host memory (rlgen.learners.offload).
     """
 
     # ZeRO partitions the optimizer state (and with stage 3 the parameters) over the ranks: a surviving rank
@@ -92,6 +94,7 @@ class DeepSpeedLearner(PolicySender, LearnerActor):
         attention: str = "torch_varlen",
         sequence_parallel: int = 1,
         tiled_mlp: bool = False,
+        offload_checkpoints: bool = False,
     ) -> None:
         self.clock = ActorClock()
         if not torch.cuda.is_available():
@@ -121,6 +124,8 @@ class DeepSpeedLearner(PolicySender, LearnerActor):
                 tile_mlps(module)
             if gradient_checkpointing:
                 module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                if offload_checkpoints:
+                    offload(module)
                 module.config.use_cache = False
             if lora:  # only the adapters train; the base with them off is the KL reference
                 module = self.peft = with_lora(module, lora, resume_from, lora_init)

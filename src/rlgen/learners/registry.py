@@ -57,6 +57,7 @@ def _deepspeed_kwargs(cfg: RunConfig, plan: Any) -> dict[str, Any]:
         **_torch_kwargs(cfg),
         "zero_stage": cfg.learner.zero_stage,
         "gradient_checkpointing": cfg.learner.gradient_checkpointing,
+        "offload_checkpoints": bool(cfg.learner.offload_checkpoints),
         "sync_bucket_bytes": int(cfg.sync.bucket_mb * 2**20),
         "release_memory": bool(plan.colocated and not plan.engines_awake),  # engines that sleep wake into it
         # background checkpoints copy into page-locked host blocks, which the learner reserves as it starts

@@ -196,7 +196,7 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
     cfg, attention = resolve_attention(cfg, device, learner, p)
     settings.append(attention)
     ms = model_summary(cfg)
-    cfg, mesh, long_rows = resolve_mesh(cfg, spec, ms, len(learners), layout is Layout.colocated, p)
+    cfg, mesh, long_rows = resolve_mesh(cfg, spec, ms, len(learners), layout is Layout.colocated, learner.kind, p)
     settings += long_rows
     batch = _batch(cfg, max(mesh.data, 1), bool(learners), p)
     zero_from_recipe = any(s.key == "learner.zero_stage" and s.source.startswith("recipe") for s in settings)

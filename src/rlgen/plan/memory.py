@@ -142,8 +142,9 @@ def learner_memory(cfg: RunConfig, params: int, vocab: int, ranks: int, tokens: 
     z3 = lc.zero_stage == 3
     mlp_tokens = min(tokens, TILE_TOKENS) if lc.tiled_mlp else tokens  # a tiled MLP's widest part: one tile's
     layer_token = 2 * 12 * m.hidden_size + 2 * 3 * m.intermediate_size * mlp_tokens / max(tokens, 1)  # bf16 bytes
-    if lc.gradient_checkpointing:
-        act = tokens * (m.num_layers * 2 * m.hidden_size + layer_token)
+    if lc.gradient_checkpointing:  # each layer's input kept (offloaded: the two a copy overlaps), one layer's whole
+        kept = 2 if lc.offload_checkpoints else m.num_layers
+        act = tokens * (kept * 2 * m.hidden_size + layer_token)
     else:
         act = tokens * m.num_layers * layer_token
     adapters = adapter_params(cfg)

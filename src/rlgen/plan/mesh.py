@@ -1,12 +1,13 @@
 """How the learner holds its longest row: the mesh the plan builds (rlgen.mesh), learner.sequence_parallel checked
-against the ranks and the model's heads, and whether each layer's MLP is tiled (learner.tiled_mlp). Left null,
-the smallest degree (and untiled before tiled) at which a learner rank holds a micro-batch of the run's longest
-row: 1 and untiled on CPU, and wherever one rank holds it; the largest allowed, tiled, where none does, which
-leaves the most room to what the memory check says next."""
+against the ranks and the model's heads, whether each layer's MLP is tiled (learner.tiled_mlp) and whether the
+activation checkpoints go to host memory (learner.offload_checkpoints). Left null, the cheapest way a learner
+rank holds a micro-batch of the run's longest row (resolve_mesh): none of them on CPU, and wherever one rank holds
+it; all of them, at the largest degree allowed, where nothing does, which leaves the most room to what the memory
+check says next."""
 
 from __future__ import annotations
 
-from rlgen.config import RunConfig, Setting, set_key
+from rlgen.config import LearnerKind, RunConfig, Setting, set_key
 from rlgen.engines.registry import EngineSpec
 from rlgen.mesh import LearnerMesh, head_problem
 from rlgen.plan.memory import longest_row_fits, longest_sequence
@@ -35,23 +36,43 @@ def _given_degree(cfg: RunConfig, ranks: int, p: list[str]) -> int | None:
     return given
 
 
-def _fits(cfg: RunConfig, spec: EngineSpec, model, ranks: int, colocated: bool, degree: int, tiled: bool) -> bool:
-    cfg = set_key(set_key(cfg, "learner.sequence_parallel", degree), "learner.tiled_mlp", tiled)
-    return longest_row_fits(cfg, spec, model, ranks, colocated)
+KEYS = ("learner.sequence_parallel", "learner.tiled_mlp", "learner.offload_checkpoints")
 
 
-def resolve_mesh(cfg: RunConfig, spec: EngineSpec, model, ranks: int, colocated: bool,
+def _with(cfg: RunConfig, choice: tuple[int, bool, bool]) -> RunConfig:
+    for key, value in zip(KEYS, choice):
+        cfg = set_key(cfg, key, value)
+    return cfg
+
+
+def _ways(cfg: RunConfig, degrees: list[int], deepspeed: bool) -> list[tuple[int, bool, bool]]:
+    """(degree, tiled, offloaded) in the order the plan tries them: for each degree, untiled, tiled, then tiled
+    with the checkpoints offloaded (only where the DeepSpeed learner checkpoints); the config's values fixed."""
+    lc = cfg.learner
+    ways = [(False, False), (True, False)]
+    if deepspeed and lc.gradient_checkpointing:
+        ways.append((True, True))
+    if lc.tiled_mlp is not None:
+        ways = [w for w in ways if w[0] == lc.tiled_mlp] or [(lc.tiled_mlp, False)]
+    if lc.offload_checkpoints is not None:
+        ways = [(t, lc.offload_checkpoints) for t in dict.fromkeys(t for t, _ in ways)]
+    return [(d, t, o) for d in degrees for t, o in ways]
+
+
+def resolve_mesh(cfg: RunConfig, spec: EngineSpec, model, ranks: int, colocated: bool, learner_kind: LearnerKind,
                  p: list[str]) -> tuple[RunConfig, LearnerMesh, list[Setting]]:
-    """(the config with learner.sequence_parallel and learner.tiled_mlp filled, the mesh, the settings to show);
+    """(the config with learner.sequence_parallel, learner.tiled_mlp and learner.offload_checkpoints filled, the mesh, the settings to show);
     problems go to p. model: the plan's ModelSummary; ranks: the learner ranks placed (0: a plan without them).
 
-    Left null, the two are chosen together, cheapest first: for each degree the ranks and heads allow, smallest
-    first, the MLP untiled and then tiled (a tile's recompute costs less than a sequence group's all-to-alls);
-    the first pair whose rank holds a micro-batch of the longest row is taken."""
+    Left null, the three are chosen together, cheapest first (_ways): for each degree the ranks and heads allow,
+    smallest first, the MLP untiled, then tiled (a tile's recompute costs less than a sequence group's
+    all-to-alls), then with the checkpoints offloaded too; the first whose rank holds a micro-batch of the longest
+    row is taken."""
     m, lc = cfg.model, cfg.learner
     if ranks < 1:
         return cfg, LearnerMesh(), []
     gpus = cfg.hardware.gpus_per_node > 0
+    deepspeed = learner_kind is LearnerKind.deepspeed
     if lc.sequence_parallel is not None:
         given = _given_degree(cfg, ranks, p)
         if given is None:
@@ -60,10 +81,9 @@ def resolve_mesh(cfg: RunConfig, spec: EngineSpec, model, ranks: int, colocated:
     else:
         degrees = _degrees(ranks, m.num_heads, m.num_kv_heads) if gpus else [1]
         why = "derived: one rank holds the longest row" if gpus else "derived: CPU learners train whole rows"
-    tiles = [lc.tiled_mlp] if lc.tiled_mlp is not None else [False, True]
-    pairs = [(d, t) for d in degrees for t in tiles]
-    fitting = [(d, t) for d, t in pairs if not gpus or _fits(cfg, spec, model, ranks, colocated, d, t)]
-    degree, tiled = fitting[0] if fitting else pairs[-1]  # none fits: the most room; the memory check says more
+    ways = _ways(cfg, degrees, deepspeed)
+    fitting = [w for w in ways if not gpus or longest_row_fits(_with(cfg, w), spec, model, ranks, colocated)]
+    degree, tiled, offloaded = fitting[0] if fitting else ways[-1]  # none fits: the most room; the memory check
     longest = longest_sequence(cfg)
     if lc.sequence_parallel is None and degree > 1:
         why = (f"derived: a learner rank holds the longest row ({longest} tokens) only as a slice of 1/{degree}; the "
@@ -71,13 +91,18 @@ def resolve_mesh(cfg: RunConfig, spec: EngineSpec, model, ranks: int, colocated:
                f"derived: no degree lets a learner rank hold the longest row ({longest} tokens); the largest the ranks "
                "and heads allow")
     settings = [Setting("learner.sequence_parallel", degree, why)]
-    if lc.tiled_mlp is not None:
-        settings.append(Setting("learner.tiled_mlp", tiled, "config"))
-    elif tiled:
-        settings.append(Setting("learner.tiled_mlp", True, f"derived: a learner rank holds a micro-batch of the longest "
-                                                           f"row ({longest} tokens) only with its MLPs tiled"))
-    cfg = set_key(set_key(cfg, "learner.sequence_parallel", degree), "learner.tiled_mlp", tiled)
-    return cfg, LearnerMesh(ranks // degree, degree), settings
+    for key, given, value, what in (("learner.tiled_mlp", lc.tiled_mlp, tiled, "its MLPs tiled"),
+                                    ("learner.offload_checkpoints", lc.offload_checkpoints, offloaded,
+                                     "its activation checkpoints in host memory")):
+        if given is not None:
+            settings.append(Setting(key, given, "config"))
+        elif value:
+            settings.append(Setting(key, True, f"derived: a learner rank holds a micro-batch of the longest row "
+                                               f"({longest} tokens) only with {what}"))
+    if offloaded and not (deepspeed and lc.gradient_checkpointing):
+        p.append("learner.offload_checkpoints=true keeps the gradient checkpoints in host memory, but this learner "
+                 "makes none; set learner.gradient_checkpointing=true on the DeepSpeed learner, or leave it out.")
+    return _with(cfg, (degree, tiled, offloaded)), LearnerMesh(ranks // degree, degree), settings
 
 
 __all__ = ["resolve_mesh"]
