@@ -335,9 +335,10 @@ EOF3
       --out "$out/learner-0_5b-1x65536.json" 2>&1 | tee "$out/learner-long.log"
     "$py" benchmarks/learner_speed.py --model qwen2_5_0_5b "${lrn[@]}" --rows 16 --resp 4032 \
       --out "$out/learner-0_5b-16x4096.json" 2>&1 | tee -a "$out/learner-long.log"
-    "$py" benchmarks/learner_speed.py --model qwen2_5_1_5b --variants t131072:ckpt --lengths fixed --prompt 64 \
-      --warmup 1 --steps 2 --rows 1 --resp 131008 --out "$out/learner-1_5b-1x131072.json" 2>&1 \
-      | tee -a "$out/learner-long.log"
+    # the 1.5B at 131,072 as the plan holds it, then with the MLP tiled and the checkpoints offloaded
+    "$py" benchmarks/learner_speed.py --model qwen2_5_1_5b --variants t131072:ckpt,t131072:ckpt:tiled:offload \
+      --lengths fixed --prompt 64 --warmup 1 --steps 2 --rows 1 --resp 131008 \
+      --out "$out/learner-1_5b-1x131072.json" 2>&1 | tee -a "$out/learner-long.log"
     ;;
   long-131k|long-7b-65k)
     if [ "$stage" = long-131k ]; then

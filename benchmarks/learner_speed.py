@@ -60,13 +60,16 @@ def synthetic_batch(rows: int, prompt: int, resp_lens: list[int], vocab: int, se
     )
 
 
-def parse_variant(text: str) -> tuple[str, bool]:
-    """'plan:ckpt' -> ('plan', True); 't16384:nockpt' -> ('t16384', False)."""
-    budget, ckpt = text.split(":")
-    return budget, ckpt == "ckpt"
+def parse_variant(text: str) -> tuple[str, bool, list[str]]:
+    """'plan:ckpt' -> ('plan', True, []); 't16384:nockpt' -> ('t16384', False, []); 't131072:ckpt:tiled:offload'
+    -> (..., ['learner.tiled_mlp=true', 'learner.offload_checkpoints=true']); untold, the plan decides those."""
+    budget, ckpt, *extra = text.split(":")
+    names = {"tiled": "learner.tiled_mlp", "offload": "learner.offload_checkpoints"}
+    return budget, ckpt == "ckpt", [f"{names[e.removeprefix('no')]}={str(not e.startswith('no')).lower()}"
+                                    for e in extra]
 
 
-def planned(args, ckpt: bool, tokens: int | None = None):
+def planned(args, ckpt: bool, tokens: int | None = None, extra: list[str] | None = None):
     """The plan of `rlgen plan` for this model and these lengths on one H200 (its micro-batch budget derived, or
     tokens): the learner's config (YaRN where the lengths pass the model's positions) and its memory model."""
     overrides = [f"model={args.model}", "engine=vllm", "hardware=1xh200", f"algo.max_new_tokens={args.resp}",
@@ -74,11 +77,11 @@ def planned(args, ckpt: bool, tokens: int | None = None):
                  f"learner.gradient_checkpointing={str(ckpt).lower()}"]
     if tokens:
         overrides.append(f"algo.micro_batch_tokens={tokens}")
-    return build_plan(compose_run_config(overrides))
+    return build_plan(compose_run_config(overrides + list(extra or [])))
 
 
-def run_variant(args, budget: str, ckpt: bool, lengths: str) -> dict:
-    plan = planned(args, ckpt, None if budget == "plan" else int(budget.removeprefix("t")))
+def run_variant(args, budget: str, ckpt: bool, lengths: str, extra: list[str] | None = None) -> dict:
+    plan = planned(args, ckpt, None if budget == "plan" else int(budget.removeprefix("t")), extra)
     cfg = plan.config
     tokens_budget = int(cfg.algo.micro_batch_tokens)
     alone = learner_memory(cfg, plan.model.params, plan.model.vocab_size, args.world_size, tokens_budget)
@@ -87,6 +90,7 @@ def run_variant(args, budget: str, ckpt: bool, lengths: str) -> dict:
         path, cfg.algo, cfg.monitor, rank=args.rank, world_size=args.world_size, gradient_checkpointing=ckpt,
         master_addr=args.master_addr if args.world_size > 1 else None,
         master_port=args.master_port if args.world_size > 1 else None, attention=args.attention,
+        tiled_mlp=bool(cfg.learner.tiled_mlp), offload_checkpoints=bool(cfg.learner.offload_checkpoints),
     )
     params = sum(p.numel() for p in learner.module.parameters())
     vocab = learner.module.config.vocab_size
@@ -109,7 +113,8 @@ def run_variant(args, budget: str, ckpt: bool, lengths: str) -> dict:
         "step_s": round(step_s, 3), "tokens_per_s": round(tokens / step_s),
         "mfu_6pt": round(6 * params * tokens / step_s / args.peak_tflops / 1e12, 4),
         "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1), "params": params,
-        "attention": args.attention, "yarn_factor": cfg.model.yarn_factor,
+        "attention": args.attention, "yarn_factor": cfg.model.yarn_factor, "tiled_mlp": cfg.learner.tiled_mlp,
+        "offload_checkpoints": cfg.learner.offload_checkpoints,
         # the plan's memory model of this rank alone (no engine's IPC buffer beside it), against the measured peak
         "plan_peak_gib": round(alone.peak, 1), "plan_parts": alone.parts(),
     }
@@ -163,10 +168,10 @@ def main() -> None:
     args = ap.parse_args()
     records = []
     for text in args.variants.split(","):
-        budget, ckpt = parse_variant(text)
+        budget, ckpt, extra = parse_variant(text)
         for lengths in args.lengths.split(","):
             try:
-                record = run_variant(args, budget, ckpt, lengths)
+                record = run_variant(args, budget, ckpt, lengths, extra)
             except torch.OutOfMemoryError as err:
                 record = {"variant": text, "lengths": lengths, "error": f"out of memory: {str(err)[:200]}"}
                 gc.collect()
