@@ -59,6 +59,7 @@
 #                       over every run OUT holds; PACE_RUNS names a part of the runs, to split them over calls
 #     peer-shapes [ARGS]  one GPU: benchmarks/peer_trl.py at RL-shaped lengths for each PROMPTS:CAP:MEAN in $SHAPES
 #                       (default "8:2048:256 4:4096:512"), sides rlgen_async, rlgen_partial and TRL's GRPOTrainer
+#                       ($PEER_SIDES names others, e.g. rlgen:own_in:algo.async_steps=1,algo.launch_ahead=own_in)
 #     long [OVERRIDES]  one GPU: the 1.5B with 32k-token responses (every response at its cap), 3 steps, at the plan's
 #                       token budget: its step breakdown and the learner's peak memory against the plan's
 #     long-7b [OVERRIDES]  two GPUs: the 7B with 16k-token responses, 3 steps, likewise
@@ -311,7 +312,7 @@ EOF3
     for shape in ${SHAPES:-8:2048:256 4:4096:512}; do
       IFS=: read -r prompts cap mean <<< "$shape"
       "$py" benchmarks/peer_trl.py "$out/peer-$prompts-$cap" "${model[@]}" --prompts "$prompts" --new-tokens "$cap" \
-        --mean-tokens "$mean" --sides rlgen_async,rlgen_partial,trl --steps 10 --hardware 1xh200 "$@" \
+        --mean-tokens "$mean" --sides "${PEER_SIDES:-rlgen_async,rlgen_partial,trl}" --steps 10 --hardware 1xh200 "$@" \
         > "$out/peer-$prompts-$cap.log" 2>&1
       echo "shape $shape rc=$?"; tail -8 "$out/peer-$prompts-$cap.log"
       [ -d "$out/peer-$prompts-$cap/model" ] && model=(--model "$out/peer-$prompts-$cap/model")
