@@ -108,7 +108,7 @@ def run_variant(args, budget: str, ckpt: bool, lengths: str, extra: list[str] | 
     tokens = int(batch.attention_mask.sum())
     record = {
         "variant": f"{budget}:{'ckpt' if ckpt else 'nockpt'}", "lengths": lengths, "micro_batch_tokens": tokens_budget,
-        "micro_batches": out["micro_batches"], "world_size": args.world_size, "rank": args.rank, "rows": args.rows,
+        "micro_batches": out.metrics["micro_batches"], "world_size": args.world_size, "rank": args.rank, "rows": args.rows,
         "tokens_per_step": tokens, "padded_tokens_per_step": int(batch.attention_mask.numel()),
         "step_s": round(step_s, 3), "tokens_per_s": round(tokens / step_s),
         "mfu_6pt": round(6 * params * tokens / step_s / args.peak_tflops / 1e12, 4),

@@ -222,6 +222,26 @@ class RolloutBatch:
         )
 
 
+@dataclass(frozen=True)
+class StepResult:
+    """One learner rank's train_step: what the driver acts on, typed, apart from the metrics it logs."""
+
+    version: int  # the policy version after the step (applied updates)
+    skip_reason: str | None  # why the update was not applied; None: it was
+    spans: tuple[tuple[str, float, float], ...]  # (phase, start, end) of this rank's step
+    metrics: dict[str, Any]  # loss, grad_norm, mismatch/*, ... (plain numbers; rlgen.learners.group merges them)
+    rng_digest: str | None = None  # several ranks: a digest of this rank's RNG states after the step
+
+    @property
+    def skipped(self) -> bool:
+        return self.skip_reason is not None
+
+    def record(self) -> dict[str, Any]:
+        """The metrics with the step's outcome beside them, as a step record logs them."""
+        out = {**self.metrics, "version": self.version, "skipped": self.skipped}
+        return out | ({"skip_reason": self.skip_reason} if self.skipped else {})
+
+
 # JSON data as json.loads gives it and json.dumps takes it: status.json, checkpoints' metadata, the markers of
 # local Ray clusters, the fingerprints of clusters kept warm
 JSONValue: TypeAlias = str | int | float | bool | None | list["JSONValue"] | dict[str, "JSONValue"]

@@ -190,7 +190,7 @@ def test_step_matches_torch_learner(model_dir, agg, micro, seq_mask_cap, old):
 
     ref.optimizer.step = capture
     ds = ds_learner(model_dir, algo)
-    want, got = ref.train_step(batch), ds.train_step(batch)
+    want, got = ref.train_step(batch).record(), ds.train_step(batch).record()
     assert set(got) == set(want)
     for key in ("loss", "pg_loss", "grad_norm", "entropy", "clip_frac", "tis_frac", "seq_masked_frac",
                 "ratio_mean", "ratio_max", "mismatch/k3_kl"):
@@ -213,13 +213,13 @@ def test_nan_advantage_skips_without_touching_parameters(model_dir):
     algo = algo_cfg(micro_batch_tokens=tokens_for(make_batch(), 2))
     ds = ds_learner(model_dir, algo)
     before = params(ds.module)
-    out = ds.train_step(make_batch(advantages=[1.0, math.nan, -1.0, 0.0]))
+    out = ds.train_step(make_batch(advantages=[1.0, math.nan, -1.0, 0.0])).record()
     assert out["skipped"] is True and out["skip_reason"].startswith("non-finite loss")
     assert out["version"] == 0 == ds.get_version()
     assert all(torch.equal(before[k], v) for k, v in params(ds.module).items())
     assert len(ds.engine.optimizer.state) == 0  # the optimizer never stepped
     assert ds.health()["consecutive_skips"] == 1
-    out = ds.train_step(make_batch())
+    out = ds.train_step(make_batch()).record()
     assert out["skipped"] is False and out["version"] == 1 and ds.health()["consecutive_skips"] == 0
 
 
@@ -227,7 +227,7 @@ def test_nan_gradient_skips_the_step(model_dir):
     ds = ds_learner(model_dir, algo_cfg())
     hook = ds.module.model.layers[0].mlp.up_proj.weight.register_hook(lambda g: torch.full_like(g, math.nan))
     before = params(ds.module)
-    out = ds.train_step(make_batch())
+    out = ds.train_step(make_batch()).record()
     hook.remove()
     assert out["skipped"] is True and out["skip_reason"].startswith("non-finite gradient norm")
     assert all(torch.equal(before[k], v) for k, v in params(ds.module).items())
@@ -235,7 +235,7 @@ def test_nan_gradient_skips_the_step(model_dir):
 
 def test_non_finite_parameters_block_export(model_dir):
     ds = ds_learner(model_dir, algo_cfg(lr=math.inf))  # finite loss and gradients, non-finite update
-    out = ds.train_step(make_batch())
+    out = ds.train_step(make_batch()).record()
     assert out["skipped"] is True and "not rolled back" in out["skip_reason"]
     assert out["version"] == 0 and ds.sync_blocked
     with pytest.raises(NonFiniteWeightsError, match="refusing"):
@@ -326,12 +326,12 @@ REAL_ENGINE = textwrap.dedent("""
         learner.module = engine.module
         return learner
 
-    whole = learner_of(0).train_step(make_batch())  # one micro-batch, against two below: the same gradient
+    whole = learner_of(0).train_step(make_batch()).record()  # one micro-batch, against two below: the same gradient
     learner = learner_of(tokens_for(make_batch(), 2))
     w0 = learner.get_weights()
-    ok = learner.train_step(make_batch())
+    ok = learner.train_step(make_batch()).record()
     w1 = learner.get_weights()
-    bad = learner.train_step(make_batch(advantages=[1.0, math.nan, -1.0, 0.0]))
+    bad = learner.train_step(make_batch(advantages=[1.0, math.nan, -1.0, 0.0])).record()
     w2 = learner.get_weights()
     print(json.dumps({
         "ok": [ok["skipped"], ok["version"], math.isfinite(ok["grad_norm"])],
@@ -368,13 +368,13 @@ def test_two_ranks_on_shards_make_the_whole_batch_step(model_dir, agg, old):
     """Rank r trains on its shard with the whole batch's denominator and scales by world_size, so DeepSpeed's
     average of the two ranks' gradients is the one-rank gradient, and the merged metrics are the one-rank
     metrics."""
-    from rlgen.learners.group import merge_rank_metrics
+    from rlgen.learners.group import merge_results
     from rlgen.learners.grpo_step import batch_denominator, unpack_batch
 
     batch = make_batch()
     algo = algo_cfg(lr=1e-2, loss_agg=agg, micro_batch_tokens=tokens_for(batch, 1), grad_clip=0.0, old_logprobs=old)
     whole = ds_learner(model_dir, algo)
-    want = whole.train_step(batch)
+    want = whole.train_step(batch).record()
 
     shards = [batch.select(torch.arange(r.start, r.stop)) for r in (range(0, 2), range(2, 4))]
     ranks = [ds_learner(model_dir, algo) for _ in shards]
@@ -389,7 +389,7 @@ def test_two_ranks_on_shards_make_the_whole_batch_step(model_dir, agg, old):
             return total if len(calls) == 1 else 0.0
 
         rank._sum_over_ranks = all_reduce
-    got = merge_rank_metrics([r.train_step(b) for r, b in zip(ranks, shards)])
+    got = merge_results([r.train_step(b) for r, b in zip(ranks, shards)]).record()
 
     for key in ("loss", "pg_loss", "entropy", "clip_frac", "tis_frac", "ratio_mean", "ratio_max", "seq_masked_frac",
                 "response_tokens", "sequences", "mismatch/k3_kl", "mismatch/mean_abs_delta", "mismatch/max_abs_delta",
@@ -402,16 +402,19 @@ def test_two_ranks_on_shards_make_the_whole_batch_step(model_dir, agg, old):
 
 
 def test_merging_takes_the_worst_outcome_and_keeps_nan():
-    from rlgen.learners.group import merge_rank_metrics
+    from rlgen.learners.group import merge_results
+    from rlgen.types import StepResult
 
-    a = {"loss": 0.5, "ratio_max": 1.1, "response_tokens": 3, "entropy": 1.0, "skipped": False, "version": 2,
-         "spans": [("train", 0.0, 1.0)]}
-    b = {"loss": 0.25, "ratio_max": math.nan, "response_tokens": 1, "entropy": 3.0, "skipped": True,
-         "skip_reason": "non-finite loss (nan) at step 4", "version": 2, "spans": [("train", 0.0, 2.0)]}
-    m = merge_rank_metrics([a, b])
+    a = StepResult(2, None, (("train", 0.0, 1.0),), {"loss": 0.5, "ratio_max": 1.1, "response_tokens": 3,
+                                                     "entropy": 1.0}, rng_digest="aa")
+    b = StepResult(2, "non-finite loss (nan) at step 4", (("train", 0.0, 2.0),),
+                   {"loss": 0.25, "ratio_max": math.nan, "response_tokens": 1, "entropy": 3.0}, rng_digest="bb")
+    merged = merge_results([a, b])
+    m = merged.metrics
     assert m["loss"] == 0.75 and m["response_tokens"] == 4 and m["entropy"] == pytest.approx(1.5)
-    assert math.isnan(m["ratio_max"]) and m["skipped"] is True and m["skip_reason"].startswith("non-finite")
-    assert "spans" not in m
+    assert math.isnan(m["ratio_max"]) and merged.skipped and merged.skip_reason.startswith("non-finite")
+    assert merged.version == 2 and merged.spans == () and merged.rng_digest is None  # each rank's own
+    assert merged.record()["skipped"] is True and merged.record()["skip_reason"] == b.skip_reason
 
 
 # -- checkpoint and resume ---------------------------------------------------------------------------------

@@ -68,7 +68,7 @@ def test_only_the_adapters_train_and_the_export_keeps_the_base_names(base_dir):
     learner = TorchLearner(base_dir, algo_cfg(lr=1e-2), MonitorConfig(), lora=LORA)
     assert learner.params and all(".lora_" in n for n, p in learner.model.named_parameters() if p.requires_grad)
     before = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
-    out = learner.train_step(make_batch(_base(base_dir)))
+    out = learner.train_step(make_batch(_base(base_dir))).record()
     assert out["skipped"] is False and out["version"] == 1
     after = dict(learner.model.named_parameters())
     moved = [n for n in before if not torch.equal(before[n], after[n])]

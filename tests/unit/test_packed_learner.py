@@ -94,14 +94,23 @@ def padded_step(model, ref, batch: RolloutBatch, algo) -> tuple[float, float]:
     return float(total.detach()) / denom, _norm(model)
 
 
-def packed_step(model, ref, batch: RolloutBatch, algo) -> tuple[float, float]:
-    """The learner's packed step (grpo_step), in micro-batches of algo.micro_batch_tokens."""
-    step = with_old_logprobs(model, unpack_batch(batch, torch.device("cpu"), algo.micro_batch_tokens), algo)
+def accumulate(model, ref, batch: RolloutBatch, algo, sequence=None):
+    """(the step, its sums) of the learner's packed step (grpo_step) in micro-batches of algo.micro_batch_tokens,
+    each micro-batch's loss backpropagated undivided; with a sequence group, this rank's slice of each
+    (rlgen.learners.ulysses)."""
+    step = with_old_logprobs(model, unpack_batch(batch, torch.device("cpu"), algo.micro_batch_tokens, sequence),
+                             algo)
     sums = StepSums(step)
     for micro in step.micros():
         out = micro_loss(model, ref, micro, algo, LossAgg(algo.loss_agg), configured_loss)
         out.total.backward()
         sums.add(micro.rows, out.logp.detach(), out.sums())
+    return step, sums
+
+
+def packed_step(model, ref, batch: RolloutBatch, algo) -> tuple[float, float]:
+    """The learner's packed step (grpo_step), in micro-batches of algo.micro_batch_tokens."""
+    _, sums = accumulate(model, ref, batch, algo)
     denom = sums.get("denom")
     for p in model.parameters():
         p.grad /= denom

@@ -13,12 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_packed_learner import CASES, algo_of, models, near_trainer, random_batch
+from test_packed_learner import CASES, accumulate, algo_of, models, near_trainer, random_batch
 
 from helpers import tokens_for
-from rlgen.algo.registry import configured_loss
-from rlgen.config import LossAgg
-from rlgen.learners.grpo_step import StepSums, micro_loss, unpack_batch, with_old_logprobs
 from rlgen.mesh import LearnerMesh
 
 HOLES = (False, True)
@@ -36,12 +33,7 @@ def _case(preset: str, values: dict, holes: bool):
 def _step(model, ref, batch, algo, sequence=None) -> tuple[float, dict[str, torch.Tensor], int]:
     """One step's (loss, gradients summed over the group and divided by the batch's denominator, the packed
     row's padding) as the learners take it (rlgen.learners.step_core)."""
-    step = with_old_logprobs(model, unpack_batch(batch, torch.device("cpu"), algo.micro_batch_tokens, sequence), algo)
-    sums = StepSums(step)
-    for micro in step.micros():
-        out = micro_loss(model, ref, micro, algo, LossAgg(algo.loss_agg), configured_loss)
-        out.total.backward()
-        sums.add(micro.rows, out.logp.detach(), out.sums())
+    step, sums = accumulate(model, ref, batch, algo, sequence)
     denom = sums.get("denom")
     grads = {n: (p.grad if p.grad is not None else torch.zeros_like(p)).clone() for n, p in model.named_parameters()}
     if sequence is not None:

@@ -94,9 +94,11 @@ def test_one_step_updates_and_reports(model_dirs, kind):
     learner = TorchLearner(model_dirs[kind], algo_cfg(lr=1e-3), MonitorConfig())
     assert isinstance(learner, Learner)
     before = params_of(learner)
-    out = learner.train_step(batch)
+    result = learner.train_step(batch)
+    out = result.record()
 
-    assert out["skipped"] is False and "skip_reason" not in out
+    assert out["skipped"] is False and "skip_reason" not in out and result.skip_reason is None
+    assert "version" not in result.metrics and "spans" not in result.metrics  # control data is typed
     assert out["version"] == 1 == learner.get_version()
     assert not same_params(before, params_of(learner))
     for key, value in out.items():
@@ -113,7 +115,7 @@ def test_one_step_updates_and_reports(model_dirs, kind):
     assert out["clip_frac"] == 0.0 and out["seq_masked_frac"] == 0.0
     assert 0.0 < out["entropy"] <= math.log(32) + 1e-4
     assert out["grad_norm"] > 0.0
-    (phase, start, end), *rest = out["spans"]
+    (phase, start, end), *rest = result.spans
     assert phase == "train" and start <= end and not rest
     assert learner.health()["ok"] and learner.health()["version"] == 1
 
@@ -151,7 +153,7 @@ def test_micro_batches_match_whole_batch(model_dirs, agg, micro, drift_row):
         algo = algo_cfg(lr=1e-2, loss_agg=agg, micro_batch_tokens=tokens_for(batch, micro_batch_size),
                         seq_mask_cap=seq_mask_cap)
         learner = TorchLearner(path, algo, MonitorConfig())
-        outs = [learner.train_step(batch) for _ in range(2)]  # the second step sees ratios != 1
+        outs = [learner.train_step(batch).record() for _ in range(2)]  # the second step sees ratios != 1
         results.append((outs, params_of(learner)))
     (whole, p_whole), (split, p_split) = results
     for a, b in zip(whole, split):
@@ -180,7 +182,7 @@ def test_positive_advantage_raises_the_token_logprob(model_dirs):
     start_good = unpadded_logprobs(learner.model, prompts[0], responses[0])[0]
     start_bad = unpadded_logprobs(learner.model, prompts[1], responses[1])[0]
     for _ in range(8):  # on-policy: engine logprobs from the current weights each step
-        out = learner.train_step(make_batch(learner.model, prompts, responses, advantages=[1.0, -1.0]))
+        out = learner.train_step(make_batch(learner.model, prompts, responses, advantages=[1.0, -1.0])).record()
         assert not out["skipped"]
     end_good = unpadded_logprobs(learner.model, prompts[0], responses[0])[0]
     end_bad = unpadded_logprobs(learner.model, prompts[1], responses[1])[0]
@@ -194,7 +196,7 @@ def test_nan_gradient_skips_the_step(model_dirs):
     param = learner.model.model.layers[0].mlp.up_proj.weight
     hook = param.register_hook(lambda g: torch.full_like(g, math.nan))
     before = params_of(learner)
-    out = learner.train_step(batch)
+    out = learner.train_step(batch).record()
     assert out["skipped"] is True
     assert out["skip_reason"] == "non-finite gradient norm (nan) at step 0"
     assert out["version"] == 0 == learner.get_version()
@@ -203,7 +205,7 @@ def test_nan_gradient_skips_the_step(model_dirs):
     assert all(torch.isfinite(t).all() for t in learner.get_weights().values())
     assert learner.health()["consecutive_skips"] == 1
     hook.remove()
-    out = learner.train_step(batch)
+    out = learner.train_step(batch).record()
     assert out["skipped"] is False and out["version"] == 1
 
 
@@ -211,7 +213,7 @@ def test_nan_advantage_skips_the_step(model_dirs):
     batch = make_batch(load(model_dirs["qwen2"]), advantages=[1.0, math.nan, -1.0, 0.0])
     learner = TorchLearner(model_dirs["qwen2"], algo_cfg(), MonitorConfig())
     before = params_of(learner)
-    out = learner.train_step(batch)
+    out = learner.train_step(batch).record()
     assert out["skipped"] is True and out["skip_reason"].startswith("non-finite")
     assert out["version"] == 0
     assert same_params(before, params_of(learner))
@@ -224,7 +226,7 @@ def test_non_finite_update_is_rolled_back(model_dirs):
     before = params_of(learner)
     exp_avg = {id(p): s["exp_avg"].clone() for p, s in learner.optimizer.state.items()}
     learner.optimizer.param_groups[0]["lr"] = math.nan  # finite gradients, non-finite update
-    out = learner.train_step(batch)
+    out = learner.train_step(batch).record()
     assert out["skipped"] is True
     assert out["skip_reason"] == "non-finite parameters after the update at step 1"
     assert out["version"] == 1
@@ -244,11 +246,11 @@ def test_get_weights_refuses_non_finite(model_dirs):
 
 def test_kl_penalty_uses_a_frozen_reference(model_dirs):
     batch = make_batch(load(model_dirs["qwen2"]))
-    assert "kl" not in TorchLearner(model_dirs["qwen2"], algo_cfg(), MonitorConfig()).train_step(batch)
+    assert "kl" not in TorchLearner(model_dirs["qwen2"], algo_cfg(), MonitorConfig()).train_step(batch).metrics
     learner = TorchLearner(model_dirs["qwen2"], algo_cfg(lr=1e-2, kl_coef=0.5), MonitorConfig())
-    first = learner.train_step(batch)
+    first = learner.train_step(batch).record()
     assert first["kl"] == pytest.approx(0.0, abs=1e-9)
-    second = learner.train_step(batch)
+    second = learner.train_step(batch).record()
     assert second["kl"] > 1e-6
     assert second["loss"] == pytest.approx(second["pg_loss"] + 0.5 * second["kl"])
 
@@ -256,9 +258,9 @@ def test_kl_penalty_uses_a_frozen_reference(model_dirs):
 def test_temperature_matches_the_engine_distribution(model_dirs):
     model = load(model_dirs["qwen2"])
     learner = TorchLearner(model_dirs["qwen2"], algo_cfg(temperature=0.5), MonitorConfig())
-    assert learner.train_step(make_batch(model, temperature=0.5))["mismatch/k3_kl"] < 1e-4
+    assert learner.train_step(make_batch(model, temperature=0.5)).record()["mismatch/k3_kl"] < 1e-4
     learner = TorchLearner(model_dirs["qwen2"], algo_cfg(temperature=0.5), MonitorConfig())
-    assert learner.train_step(make_batch(model, temperature=1.0))["mismatch/max_abs_delta"] > 1e-3
+    assert learner.train_step(make_batch(model, temperature=1.0)).record()["mismatch/max_abs_delta"] > 1e-3
 
 
 def test_save_writes_a_loadable_checkpoint(model_dirs, tmp_path):
@@ -284,7 +286,7 @@ def test_trainer_old_logprobs_measure_policy_change_not_staleness(model_dirs, mi
     for old, size in (("engine", 0), ("trainer", 0), ("trainer", micro)):
         learner = TorchLearner(path, algo_cfg(lr=5e-2, old_logprobs=old, micro_batch_tokens=tokens_for(batch, size),
                                               clip_low=0.01, clip_high=0.01), MonitorConfig())
-        outs[old, size] = [learner.train_step(batch) for _ in range(2)]
+        outs[old, size] = [learner.train_step(batch).record() for _ in range(2)]
     stale_engine, stale_trainer = outs["engine", 0][1], outs["trainer", 0][1]
     assert stale_engine["ratio_max"] > 1.01 and stale_engine["clip_frac"] > 0  # the clip binds on staleness
     assert stale_trainer["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and stale_trainer["clip_frac"] == 0.0

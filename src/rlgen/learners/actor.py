@@ -21,7 +21,7 @@ from rlgen.learners.collective import rng_digest
 from rlgen.learners.lora import adapter_config, adapter_weights, save_merged
 from rlgen.learners.step_core import StepCore
 from rlgen.packing import pack
-from rlgen.types import RolloutBatch
+from rlgen.types import RolloutBatch, StepResult
 
 COUNTERS = ("version", "calls", "skipped_steps", "consecutive_skips", "last_skip_reason")
 
@@ -96,8 +96,8 @@ class LearnerActor:
 
     # -- the actor's calls -----------------------------------------------------------------------------------
 
-    def train_step(self, batch: RolloutBatch) -> dict[str, Any]:
-        """One optimizer step (see `rlgen.learners.base.Learner.train_step` for the returned keys)."""
+    def train_step(self, batch: RolloutBatch) -> StepResult:
+        """One optimizer step (see `rlgen.learners.base.Learner.train_step` for what it returns)."""
         raise NotImplementedError
 
     def get_weights(self, dtype: torch.dtype | str | None = None) -> dict[str, torch.Tensor]:

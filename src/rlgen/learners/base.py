@@ -7,17 +7,18 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
-    from rlgen.types import RolloutBatch
+    from rlgen.types import RolloutBatch, StepResult
 
 
 @runtime_checkable
 class Learner(Protocol):
-    def train_step(self, batch: RolloutBatch) -> dict[str, Any]:
-        """One optimizer step on the batch. Returns plain floats/ints: loss, pg_loss, grad_norm, entropy,
-        clip_frac, tis_frac, seq_masked_frac, ratio_mean, ratio_max, mismatch/* (trainer vs engine
-        logprobs before the update; mismatch/by_length/* by response length), response_tokens, response_len_max
-        (the longest response trained), version (after the step), skipped, skip_reason (when
-        skipped), kl (when a reference model is used), and "spans": [(phase, start, end), ...]."""
+    def train_step(self, batch: RolloutBatch) -> StepResult:
+        """One optimizer step on the batch. Returns a StepResult: the version after the step, the skip reason
+        (None: applied), the step's spans [(phase, start, end), ...], with several ranks the RNG digest, and the
+        metrics, plain floats/ints: loss, pg_loss, grad_norm, entropy, clip_frac, tis_frac, seq_masked_frac,
+        ratio_mean, ratio_max, mismatch/* (trainer vs engine logprobs before the update; mismatch/by_length/* by
+        response length), response_tokens, response_len_max (the longest response trained), and kl (when a
+        reference model is used)."""
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """The full model state for the engines: CPU tensors, names as in the HF checkpoint, all finite."""

@@ -37,7 +37,7 @@ from rlgen.learners.ulysses import join_sequence_groups, learner_mesh
 from rlgen.phases import ActorClock
 from rlgen.sync.layout import DEFAULT_BUCKET_BYTES, plan_buckets
 from rlgen.sync.waits import run_with_timeout
-from rlgen.types import Phase, RolloutBatch
+from rlgen.types import Phase, RolloutBatch, StepResult
 
 log = logging.getLogger(__name__)
 MEASURE_WAIT_S = 600.0  # at most this long for an engine on the learner's GPU to size its KV cache, then go on
@@ -169,7 +169,7 @@ class DeepSpeedLearner(PolicySender, LearnerActor):
         self.sync_blocked = None
 
     # -- training --------------------------------------------------------------------------------------
-    def train_step(self, batch: RolloutBatch) -> dict[str, Any]:
+    def train_step(self, batch: RolloutBatch) -> StepResult:
         """One optimizer step; the returned keys are the torch learner's. Every rank runs as many micro-batches
         as the others (the driver's assignment), since each meets the others in ZeRO's reduce."""
         start = time.time()
@@ -204,8 +204,8 @@ class DeepSpeedLearner(PolicySender, LearnerActor):
         self._record_outcome(reason)
         if self.release_memory:  # colocated: hand the allocator's cache back before the engines wake up
             torch.cuda.empty_cache()
-        return core.metrics(step, sums, losses, grad_norm=grad_norm, version=self.version, reason=reason,
-                            start=start)
+        return core.result(step, sums, losses, grad_norm=grad_norm, version=self.version, reason=reason,
+                           start=start)
 
     def _micro_backward(self, loss: torch.Tensor) -> None:
         """The engine's backward of one micro-batch's loss, already divided (scale_wrt_gas off: the learner

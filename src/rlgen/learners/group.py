@@ -8,6 +8,8 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
+from rlgen.types import StepResult
+
 # Keys each rank reports for its own shard, by how the group's value follows from the ranks' values.
 SUMMED = ("loss", "pg_loss", "kl", "response_tokens", "sequences", "loss_tokens", "packed_tokens", "mismatch/tokens")
 MAXED = ("ratio_max", "mismatch/max_abs_delta", "response_len_max")
@@ -73,16 +75,15 @@ def _by_length(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def merge_rank_metrics(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One train_step result from every rank's: each rank reports its shard with the whole batch's loss
-    denominator, so losses add up; means are weighted by the count they average over; maxima are maxima; grad_norm, version and
-    the step's outcome are the group's (DeepSpeed reduces them) and taken from rank 0. spans are left out:
-    the caller keeps each rank's."""
+    """One metrics dict from every rank's (StepResult.metrics): each rank reports its shard with the whole batch's
+    loss denominator, so losses add up; means are weighted by the count they average over; maxima are maxima;
+    grad_norm is the group's (DeepSpeed reduces it) and taken from rank 0."""
     if not per_rank:
         raise ValueError("no rank reported")
     first = per_rank[0]
     if len(per_rank) == 1:
-        return {k: v for k, v in first.items() if k != "spans"}
-    out = {k: v for k, v in first.items() if k != "spans"}
+        return dict(first)
+    out = dict(first)
     for key in SUMMED:
         if key in first:
             out[key] = sum(m[key] for m in per_rank)
@@ -98,11 +99,18 @@ def merge_rank_metrics(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if key in first:
             out[key] = _weighted([float(m[key]) for m in per_rank], [float(m.get(count, 0)) for m in per_rank])
     out.update(_by_length(per_rank))
-    out["skipped"] = any(m.get("skipped") for m in per_rank)
-    reasons = [m["skip_reason"] for m in per_rank if m.get("skip_reason")]
-    if reasons:
-        out["skip_reason"] = reasons[0]
     return out
 
 
-__all__ = ["CollectiveFailed", "free_endpoint", "merge_rank_metrics"]
+def merge_results(per_rank: Sequence[StepResult]) -> StepResult:
+    """One step's result from every rank's (one per data shard: a sequence group's peers answer as its lead):
+    the metrics merged (merge_rank_metrics), the version rank 0's (the ranks step together), skipped where any rank
+    skipped, with the first reason. Spans and RNG digests are each rank's own and left out."""
+    if not per_rank:
+        raise ValueError("no rank reported")
+    reason = next((r.skip_reason for r in per_rank if r.skip_reason is not None), None)
+    return StepResult(version=per_rank[0].version, skip_reason=reason, spans=(),
+                      metrics=merge_rank_metrics([r.metrics for r in per_rank]))
+
+
+__all__ = ["CollectiveFailed", "free_endpoint", "merge_rank_metrics", "merge_results"]

@@ -1,5 +1,5 @@
 """The training step shared by the learners: batch tensors in packed micro-batches, the response forward, one
-micro-batch's loss and metric sums, their accumulation over a batch, and the metrics `train_step` returns.
+micro-batch's loss and metric sums, their accumulation over a batch, and the result `train_step` returns.
 
 `StepCore` (rlgen.learners.step_core) runs these for a learner; what a learner adds is how the gradients of
 `MicroLoss.total` are taken and applied (plain backward and AdamW, or a DeepSpeed engine) and its non-finite guard.
@@ -24,7 +24,7 @@ from rlgen.learners.packed import Packed, pack, packed_forward, row_tokens
 from rlgen.learners.ulysses import SequenceGroup
 from rlgen.metrics.mismatch import mismatch_by_length, mismatch_metrics, response_lengths
 from rlgen.microbatches import assign
-from rlgen.types import Phase, RolloutBatch
+from rlgen.types import Phase, RolloutBatch, StepResult
 
 
 @dataclass(frozen=True)
@@ -306,7 +306,7 @@ def inverse(denom: float) -> float:
     return 1.0 / denom if denom > 0 else 0.0
 
 
-def assemble_metrics(
+def step_result(
     step: StepBatch,
     sums: StepSums,
     *,
@@ -318,10 +318,10 @@ def assemble_metrics(
     reason: str | None,
     delta_threshold: float,
     start: float,
-) -> dict[str, Any]:
-    """The dict `Learner.train_step` returns. kl_value None: no reference model (no "kl" key). reason: why
-    the step was skipped, None when applied. Mismatch metrics compare the trainer logprobs gathered before
-    the update with the engine's."""
+) -> StepResult:
+    """What `Learner.train_step` returns: the policy version after the step, why it was skipped (reason; None
+    when applied), its span and its metrics. kl_value None: no reference model (no "kl" key). Mismatch metrics
+    compare the trainer logprobs gathered before the update with the engine's."""
     mismatch = mismatch_metrics(sums.trainer_logp, step.engine_logp, step.mask, delta_threshold)
     acc, mask = sums.totals, step.mask
     tokens = int(mask.sum().item())
@@ -344,20 +344,16 @@ def assemble_metrics(
         "loss_tokens": int(acc["loss_tokens"]),  # under the loss after sequence masking
         "packed_tokens": step.tokens,  # the tokens the micro-batches forwarded: prompts and kept responses
         "micro_batches": len(step.packs),
-        "version": version,
-        "skipped": reason is not None,
     }
     if kl_value is not None:
         out["kl"] = kl_value
     if step.ids.is_cuda:  # the learner's peak GPU memory so far (torch's allocator), for memory records
         out["learner_peak_gib"] = torch.cuda.max_memory_allocated(step.ids.device) / 2**30
-    if reason is not None:
-        out["skip_reason"] = reason
     out.update({f"mismatch/{k}": v for k, v in mismatch.items()})
     by_length = mismatch_by_length(sums.trainer_logp, step.engine_logp, step.mask, delta_threshold)
     out.update({f"mismatch/{k}": v for k, v in by_length.items()})
-    out["spans"] = [(Phase.train.value, start, time.time())]
-    return out
+    return StepResult(version=version, skip_reason=reason, spans=((Phase.train.value, start, time.time()),),
+                      metrics=out)
 
 
 __all__ = [
@@ -365,13 +361,13 @@ __all__ = [
     "MicroLoss",
     "StepBatch",
     "StepSums",
-    "assemble_metrics",
     "batch_denominator",
     "inverse",
     "micro_loss",
     "policy_logprobs",
     "reference_logprobs",
     "sequence_kl",
+    "step_result",
     "token_kl",
     "unpack_batch",
     "with_old_logprobs",

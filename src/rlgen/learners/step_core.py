@@ -24,16 +24,16 @@ from rlgen.learners.grpo_step import (
     MicroLoss,
     StepBatch,
     StepSums,
-    assemble_metrics,
     batch_denominator,
     inverse,
     micro_loss,
     sequence_kl,
+    step_result,
     unpack_batch,
     with_old_logprobs,
 )
 from rlgen.learners.ulysses import SequenceGroup
-from rlgen.types import RolloutBatch
+from rlgen.types import RolloutBatch, StepResult
 
 
 class StepCore:
@@ -102,12 +102,12 @@ class StepCore:
         """(pg_loss, kl, loss) of the batch over the denominator denom (0: no loss tokens, all 0.0)."""
         return sums.losses(inverse(denom), self.algo)
 
-    def metrics(self, step: StepBatch, sums: StepSums, losses: tuple[float, float, float], *, grad_norm: float,
-                version: int, reason: str | None, start: float) -> dict[str, Any]:
-        """What train_step returns (`Learner.train_step`'s keys): losses from `losses`, the skip reason (None:
-        applied), the policy version after the step, and the train span from start to now."""
+    def result(self, step: StepBatch, sums: StepSums, losses: tuple[float, float, float], *, grad_norm: float,
+               version: int, reason: str | None, start: float) -> StepResult:
+        """What train_step returns (`Learner.train_step`): the policy version after the step, the skip reason
+        (None: applied), the train span from start to now, and the metrics with the losses from `losses`."""
         pg_loss, kl_value, loss = losses
-        return assemble_metrics(step, sums, loss=loss, pg_loss=pg_loss,
+        return step_result(step, sums, loss=loss, pg_loss=pg_loss,
                                 kl_value=kl_value if self.kl_in_loss() else None, grad_norm=grad_norm,
                                 version=version, reason=reason, delta_threshold=self.monitor.delta_threshold,
                                 start=start)

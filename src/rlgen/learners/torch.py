@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
 import time
@@ -22,7 +23,7 @@ from rlgen.learners.policy import adamw, frozen_reference, load_policy, with_lor
 from rlgen.learners.tiling import tile_mlps
 from rlgen.learners.ulysses import join_sequence_groups, learner_mesh
 from rlgen.phases import ActorClock
-from rlgen.types import RolloutBatch
+from rlgen.types import RolloutBatch, StepResult
 
 
 class TorchLearner(LearnerActor):
@@ -112,9 +113,9 @@ class TorchLearner(LearnerActor):
 
     # -- training ------------------------------------------------------------------------------------------
 
-    def train_step(self, batch: RolloutBatch) -> dict[str, Any]:
-        """One optimizer step. See `Learner.train_step` for the returned keys; with several ranks also rng_digest
-        (rlgen.learners.collective.rng_digest after the step).
+    def train_step(self, batch: RolloutBatch) -> StepResult:
+        """One optimizer step (`Learner.train_step`); with several ranks its result holds the digest of this rank's
+        RNG states after the step (rlgen.learners.collective.rng_digest).
 
         A step whose all-reduce did not complete applied no update: the step counter and RNG states go back to
         the last whole step's, and CollectiveFailed is raised."""
@@ -127,10 +128,10 @@ class TorchLearner(LearnerActor):
             self.optimizer.zero_grad(set_to_none=True)
             raise
         if self.world_size > 1:
-            out["rng_digest"] = rng_digest(self.device)
+            out = dataclasses.replace(out, rng_digest=rng_digest(self.device))
         return out
 
-    def _train_step(self, batch: RolloutBatch) -> dict[str, Any]:
+    def _train_step(self, batch: RolloutBatch) -> StepResult:
         """One optimizer step.
 
         Packed micro-batches (the driver's, or of at most algo.micro_batch_tokens tokens) each backpropagate their
@@ -168,8 +169,8 @@ class TorchLearner(LearnerActor):
             reason = self._guarded_step(step_index)
         self.optimizer.zero_grad(set_to_none=True)
         self._record_outcome(reason)
-        return core.metrics(step, sums, losses, grad_norm=grad_norm, version=self.version, reason=reason,
-                            start=start)
+        return core.result(step, sums, losses, grad_norm=grad_norm, version=self.version, reason=reason,
+                           start=start)
 
     def _micro_backward(self, loss: torch.Tensor) -> None:
         """The backward of one micro-batch's loss (undivided): its gradients add to the parameters'."""

@@ -52,10 +52,10 @@ def sync(run: Run, step: int, trained: Trained, batch: Batch, tl: StepTimeline) 
         if event.action is BreakerAction.tighten:
             state.async_steps = 0
     metrics: dict[str, float] = {}
-    if trained.metrics.get("skipped"):
+    if trained.result.skipped:
         over_engines(run, run.transport.wake_engines)  # colocated: wake the engines on their old weights
     else:
-        state.version = int(trained.metrics["version"])
+        state.version = trained.result.version
         if halt:
             over_engines(run, run.transport.wake_engines)
         else:

@@ -7,21 +7,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlgen.errors import causes
-from rlgen.learners.group import merge_rank_metrics
+from rlgen.learners.group import merge_results
 from rlgen.plan.memory import response_bound
 from rlgen.runtime.cluster.waits import LearnerLost
 from rlgen.runtime.errors import RunError
 from rlgen.runtime.setup import Run
 from rlgen.runtime.step.advantages import Batch
 from rlgen.runtime.step.shards import leads, rank_names, shards
-from rlgen.types import JSONDict, Phase, StepTimeline
+from rlgen.types import JSONDict, Phase, StepResult, StepTimeline
 
 
 @dataclass
 class Trained:
-    """The learner group's step: its merged metrics (rlgen.learners.group.merge_rank_metrics: loss, version,
-    skipped, mismatch/*, ...), then the advantages phase's KL ones."""
+    """The learner group's step: its result (rlgen.learners.group.merge_results: the version after it, whether it
+    was skipped and why) and the metrics the step record logs (the result's record: loss, mismatch/*, ..., version,
+    skipped), then the advantages phase's KL ones."""
 
+    result: StepResult
     metrics: JSONDict
 
 
@@ -39,13 +41,13 @@ def train_batch(run: Run, step: int, batch: Batch, tl: StepTimeline) -> Trained:
         if out_of_memory(err):
             raise RunError(_oom_sentence(run, step)) from err
         raise
-    for rank, m in enumerate(per_rank):  # each rank's RNG after the step: a survivor may stand in for it later
-        if "rng_digest" in m:
-            run.rank_rng[rank] = (step + 1, m.pop("rng_digest"))
-    for rank, m in enumerate(per_rank):
-        for phase, a, b in m.get("spans", []):
+    for rank, r in enumerate(per_rank):  # each rank's RNG after the step: a survivor may stand in for it later
+        if r.rng_digest is not None:
+            run.rank_rng[rank] = (step + 1, r.rng_digest)
+        for phase, a, b in r.spans:
             tl.add(f"learner{rank}", Phase(phase), a, b)
-    return Trained({**merge_rank_metrics(leads(per_rank, run.plan.mesh)), **batch.metrics})
+    result = merge_results(leads(per_rank, run.plan.mesh))
+    return Trained(result, {**result.record(), **batch.metrics})
 
 
 def out_of_memory(err: BaseException) -> bool:
