@@ -18,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from rlgen.algo.loss import token_entropy, token_logprobs
 from rlgen.learners.ulysses import SequenceGroup, sum_over_group
+from rlgen.metrics.mismatch import response_lengths
 from rlgen.microbatches import chunk_tokens
 
 
@@ -58,8 +59,7 @@ def kept_lengths(attn: torch.Tensor, mask: torch.Tensor, prompt_len: int) -> tup
     such token keeps one response token (so every micro-batch has a token to differentiate)."""
     prompt = attn[:, :prompt_len].sum(dim=-1)  # [N]
     resp = attn[:, prompt_len:].sum(dim=-1)  # [N]
-    cols = torch.arange(1, mask.shape[1] + 1, device=mask.device)  # [L]
-    last = (mask.bool() * cols).amax(dim=-1) if mask.shape[1] else torch.zeros_like(prompt)  # [N]
+    last = response_lengths(mask).to(prompt.device)  # [N]
     return prompt, torch.where(last > 0, last, resp.clamp(max=1))
 
 

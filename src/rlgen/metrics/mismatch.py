@@ -49,7 +49,7 @@ def response_lengths(mask: torch.Tensor) -> torch.Tensor:
     """Each row's response length [N]: up to its last token under mask [N, L] (an episode's turns and the
     environment's answers between them), 0 for a row with none."""
     cols = torch.arange(1, mask.shape[1] + 1, device=mask.device)  # [L]
-    return (mask.bool() * cols).amax(dim=-1) if mask.shape[1] else torch.zeros(mask.shape[0], dtype=torch.long)
+    return (mask.bool() * cols).amax(dim=-1) if mask.shape[1] else torch.zeros(mask.shape[0], dtype=torch.long, device=mask.device)
 
 
 def mismatch_by_length(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor,
