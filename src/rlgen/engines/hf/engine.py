@@ -255,13 +255,15 @@ class HFEngine(Episodic, KeptWarm):
         ids, mask = left_pad(rows, self.pad_id)
         ids, mask = ids.to(self.device), mask.to(self.device)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        with self.adapters.active(adapter):
-            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits.float()  # [N, T, V]
+        keep = max(map(len, token_ids), default=0) + 1  # rows end together: only the last positions are scored, so
+        with self.adapters.active(adapter):  # a long prompt costs no [T, V] logits
+            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                                logits_to_keep=keep).logits.float()  # [N, keep, V]
         if temperature > 0:
             logits = logits / temperature
-        logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # [N, T-1]
-        width = ids.shape[1]
-        return [logp[r, width - 1 - len(t) : width - 1].tolist() for r, t in enumerate(token_ids)]
+        tail = ids[:, ids.shape[1] - keep + 1 :]  # the tokens the kept positions predict
+        logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, tail.unsqueeze(-1)).squeeze(-1)  # [N, keep-1]
+        return [logp[r, logp.shape[1] - len(t) :].tolist() for r, t in enumerate(token_ids)]
 
     def update_weights(self, weights: dict[str, torch.Tensor], version: int) -> dict[str, Any]:
         t0 = time.time()
