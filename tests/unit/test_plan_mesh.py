@@ -113,3 +113,34 @@ def test_on_one_gpu_the_plan_tiles_then_offloads_the_checkpoints_to_hold_the_lon
 def test_offloaded_checkpoints_without_checkpoints_are_refused():
     with pytest.raises(PlanError, match="learner.gradient_checkpointing=true on the DeepSpeed learner"):
         plan_of(*GPU_LONG, "learner.offload_checkpoints=true")
+
+
+SEVEN_B_LONG = ["engine=vllm", "hardware=2xh200", "model=qwen2_5_7b", "algo.max_new_tokens=65536"]
+
+
+def test_the_7b_at_65536_on_two_gpus_plans_a_sequence_group_that_trains_the_whole_model(capsys):
+    from rlgen.cli import main
+
+    plan = plan_of(*SEVEN_B_LONG)
+    lc = plan.config.learner
+    assert plan.colocated and (plan.mesh.data, plan.mesh.sequence) == (1, 2)
+    assert lc.lora.enabled is False and lc.offload_checkpoints is False  # a sequence group before host memory
+    assert "only as a slice of 1/2" in setting(plan, "learner.sequence_parallel").source
+    assert "of those that train the whole model" in setting(plan, "hardware.colocated").source
+    assert main(["plan", *SEVEN_B_LONG]) in (0, None)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "data 1 x sequence 2 (2 ranks)" in out and "Ulysses sequence parallelism" in out
+    assert "split 1+1, TP 1 trains only LoRA adapters: full fine-tuning does not fit it" in out
+
+
+def test_lora_asked_for_keeps_the_layout_the_prediction_picks():
+    plan = plan_of(*SEVEN_B_LONG, "learner.lora.enabled=true")
+    assert plan.config.learner.lora.enabled and setting(plan, "hardware.colocated").source.startswith(
+        "derived: the layout predicted fastest (")  # every layout weighed, none left out
+
+
+def test_offloading_comes_after_every_degree_on_the_gpus():
+    two = plan_of(*SEVEN_B_LONG, "hardware.colocated=true")
+    assert (two.mesh.sequence, two.config.learner.offload_checkpoints) == (2, False)
+    forced = plan_of(*SEVEN_B_LONG, "hardware.colocated=true", "learner.sequence_parallel=1")
+    assert forced.config.learner.offload_checkpoints is True  # one rank alone holds it only so

@@ -181,8 +181,9 @@ def choose_layout(cfg: RunConfig, spec: EngineSpec, build: Build, runnable: bool
     predicted = sorted((w for w in built if w[0].step_s is not None), key=lambda w: w[0].step_s)
     half = next((w for w in mine if not w[1]["hardware.colocated"] and w[1]["hardware.engine_gpus"] * 2 >= total),
                 mine[0])
+    predicted, lora_only = _whole_model_first(cfg, predicted)
     if predicted:
-        best, why = predicted[0], _why_fastest(predicted)
+        best, why = predicted[0], _why_fastest(predicted, bool(lora_only))
     elif built:
         best = half if half[2] is not None else built[0]
         why = "derived: no layout has a predicted step (engine kind without a prediction); engines get half the GPUs"
@@ -191,20 +192,36 @@ def choose_layout(cfg: RunConfig, spec: EngineSpec, build: Build, runnable: bool
     option, keys, plan, _ = best
     settings = tuple(Setting(k, v, why) for k, v in keys.items() if k != "engine.tensor_parallel_size"
                      and not (keys["hardware.colocated"] and k != "hardware.colocated"))
-    choice = Choice("layout", option.label, why, tuple((w[0].label, w[0].why or (
-        f"predicted {w[0].step_s:.1f} s a step against {option.step_s:.1f} s" if w[0].step_s is not None else ""))
+    choice = Choice("layout", option.label, why, tuple((w[0].label, w[0].why or (LORA_ONLY if w in lora_only else (
+        f"predicted {w[0].step_s:.1f} s a step against {option.step_s:.1f} s" if w[0].step_s is not None else "")))
         for w in mine if w is not best) + ((option.label, ""),))
     ranking = tuple(_ranked([dataclasses.replace(w[0], current=w is best) for w in weighed]))
     return dataclasses.replace(plan, settings=settings + plan.settings, choices=plan.choices + (choice,),
                                layout_ranking=ranking)
 
 
-def _why_fastest(predicted: list) -> str:
+LORA_ONLY = "trains only LoRA adapters: full fine-tuning does not fit it"
+
+
+def _whole_model_first(cfg: RunConfig, predicted: list) -> tuple[list, list]:
+    """(the predicted layouts to pick from, those left out): where learner.lora.enabled is left null and some
+    layout trains the whole model, the layouts that derived LoRA are left out. LoRA is derived only where full
+    fine-tuning fits no layout of this hardware: it trains something else, not the same thing faster."""
+    whole = [w for w in predicted if not w[2].config.learner.lora.enabled]
+    if cfg.learner.lora.enabled is not None or not whole:
+        return predicted, []
+    return whole, [w for w in predicted if w not in whole]
+
+
+def _why_fastest(predicted: list, whole_only: bool = False) -> str:
     best = predicted[0][0]
-    text = f"derived: the layout predicted fastest ({best.label}, {best.step_s:.1f} s a step"
+    of = " of those that train the whole model" if whole_only else ""
+    text = f"derived: the layout predicted fastest{of} ({best.label}, {best.step_s:.1f} s a step"
     if len(predicted) > 1:
         nxt = predicted[1][0]
         text += f"; next {nxt.label}, {nxt.step_s:.1f} s"
+    if whole_only:
+        text += "; those with LoRA adapters only are left out, learner.lora.enabled=true lets them in"
     return text + "; rlgen plan ranks them)"
 
 
@@ -219,4 +236,4 @@ def faster_layout_line(options: list[LayoutOption]) -> str | None:
             f"({best.step_s:.1f} s against {mine.step_s:.1f} s); to try it, add: {' '.join(best.overrides)}")
 
 
-__all__ = ["LayoutOption", "choose_layout", "faster_layout_line", "layout_label", "layout_open", "layout_options"]
+__all__ = ["LORA_ONLY", "LayoutOption", "choose_layout", "faster_layout_line", "layout_label", "layout_open", "layout_options"]

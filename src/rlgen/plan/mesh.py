@@ -46,17 +46,20 @@ def _with(cfg: RunConfig, choice: tuple[int, bool, bool]) -> RunConfig:
 
 
 def _ways(cfg: RunConfig, degrees: list[int], deepspeed: bool) -> list[tuple[int, bool, bool]]:
-    """(degree, tiled, offloaded) in the order the plan tries them: for each degree, untiled, tiled, then tiled
-    with the checkpoints offloaded (only where the DeepSpeed learner checkpoints); the config's values fixed."""
+    """(degree, tiled, offloaded) in the order the plan tries them: for each degree, untiled then tiled; then,
+    only where no degree holds the row that way, each degree with the checkpoints offloaded too (only where the
+    DeepSpeed learner checkpoints). A tile's recompute costs less than a sequence group's all-to-alls over the GPUs'
+    links, and those less than every layer's input over the host link and back, in host memory the ranks of a
+    node share. The config's values are fixed."""
     lc = cfg.learner
-    ways = [(False, False), (True, False)]
-    if deepspeed and lc.gradient_checkpointing:
-        ways.append((True, True))
+    on_gpu = [(False, False), (True, False)]
     if lc.tiled_mlp is not None:
-        ways = [w for w in ways if w[0] == lc.tiled_mlp] or [(lc.tiled_mlp, False)]
+        on_gpu = [w for w in on_gpu if w[0] == lc.tiled_mlp]
+    offloaded = [(True, True)] if deepspeed and lc.gradient_checkpointing and lc.tiled_mlp is not False else []
     if lc.offload_checkpoints is not None:
-        ways = [(t, lc.offload_checkpoints) for t in dict.fromkeys(t for t, _ in ways)]
-    return [(d, t, o) for d in degrees for t, o in ways]
+        tiles = dict.fromkeys(t for t, _ in on_gpu + offloaded)
+        on_gpu, offloaded = [(t, lc.offload_checkpoints) for t in tiles], []
+    return [(d, t, o) for d in degrees for t, o in on_gpu] + [(d, t, o) for d in degrees for t, o in offloaded]
 
 
 def resolve_mesh(cfg: RunConfig, spec: EngineSpec, model, ranks: int, colocated: bool, learner_kind: LearnerKind,
@@ -65,9 +68,8 @@ def resolve_mesh(cfg: RunConfig, spec: EngineSpec, model, ranks: int, colocated:
     problems go to p. model: the plan's ModelSummary; ranks: the learner ranks placed (0: a plan without them).
 
     Left null, the three are chosen together, cheapest first (_ways): for each degree the ranks and heads allow,
-    smallest first, the MLP untiled, then tiled (a tile's recompute costs less than a sequence group's
-    all-to-alls), then with the checkpoints offloaded too; the first whose rank holds a micro-batch of the longest
-    row is taken."""
+    smallest first, the MLP untiled, then tiled; then each degree with the checkpoints offloaded too; the first
+    whose rank holds a micro-batch of the longest row is taken."""
     m, lc = cfg.model, cfg.learner
     if ranks < 1:
         return cfg, LearnerMesh(), []

@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from rlgen.plan import GIB, Plan
-from rlgen.plan.layouts import LayoutOption, faster_layout_line
+from rlgen.plan.layouts import LORA_ONLY, LayoutOption, faster_layout_line
 from rlgen.plan.lengths import shaped_mean
 from rlgen.plan.prediction import predict, print_prediction
 
@@ -118,6 +118,11 @@ def choice_lines(plan: Plan) -> list[str]:
     lines = []
     for c in (c for c in plan.choices if len(c.tried) > 1):
         if c.key == "layout":  # the layouts table ranks every one, with why a layout does not build
+            lora_only = [v for v, r in c.tried if r == LORA_ONLY]
+            if lora_only:
+                lines.append(f"chosen: layout {c.chosen}, predicted fastest at this TP size of the layouts that train "
+                             f"the whole model ({', '.join(lora_only)} {LORA_ONLY}; ranked below)")
+                continue
             lines.append(f"chosen: layout {c.chosen}, predicted fastest of the {len(c.tried)} at this TP size "
                          "(ranked below)")
             continue
