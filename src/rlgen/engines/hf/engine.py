@@ -23,6 +23,7 @@ from rlgen.engines.cancel import CANCELLED, next_event
 from rlgen.engines.cut_short import Until
 from rlgen.engines.episodes import Episodic, is_episodes
 from rlgen.engines.hf.adapters import EngineAdapters
+from rlgen.engines.hf.attention import use_causal_sdpa
 from rlgen.engines.hf.sampling import generate_kwargs, ranked_logprobs, top_logprobs
 from rlgen.engines.hf.stream import Cancelled, StepStreamer
 from rlgen.engines.hf.until import UntilCriterion
@@ -84,6 +85,8 @@ class HFEngine(Episodic, KeptWarm):
         self.dtype = _dtype(engine.dtype, device)
         self.max_batch = max(1, engine.max_num_seqs)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype).to(device).eval()
+        if getattr(self.model.config, "_attn_implementation", None) == "sdpa":  # GQA in float32 at any length
+            use_causal_sdpa(self.model)
         self.adapters = EngineAdapters(self.model)  # LoRA: the policy adapter and named ones, injected on arrival
         self.clock.step("weights")
         gen = self.model.generation_config
