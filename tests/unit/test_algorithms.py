@@ -19,8 +19,9 @@ from rlgen.algo.loss import (
 )
 from rlgen.algo.registry import configured_loss
 from rlgen.config import AlgoConfig, ISMode, KLEstimator, Level, LossAgg
-from rlgen.learners.grpo_step import Micro, StepSums, micro_loss, token_kl
+from rlgen.learners.grpo_step import StepSums, micro_loss, token_kl
 from rlgen.learners.packed import pack
+from rlgen.learners.token_batch import Micro
 
 EPS = 1e-6
 NO_IS = dict(clip_low=0.2, clip_high=0.2, tis_cap=0.0, seq_mask_cap=0.0, max_new_tokens=4)
@@ -131,28 +132,31 @@ def test_is_weight_token_and_sequence_levels():
     w, over = is_weight(logp, engine, mask, 2.0, Level.token, ISMode.truncate)
     close(w, [[2 / 9, 1, 1], [1, 1, 1]])
     assert over.tolist() == [[True, False, False], [False, False, False]]
-    w, _ = is_weight(logp, engine, mask, 2.0, Level.token, ISMode.mask)
-    close(w, [[0, 1, 1], [1, 1, 1]])
+    w, out = is_weight(logp, engine, mask, 2.0, Level.token, ISMode.mask)  # mask: out of the loss's mask instead
+    close(w, [[1, 1, 1], [1, 1, 1]])
+    assert out.tolist() == [[True, False, False], [False, False, False]]
     # sequence: row 0 w = exp((log 9 + 0) / 2) = 3 (the padding does not count); row 1 w = 0.75^(1/3) < 2
     w, over = is_weight(logp, engine, mask, 2.0, Level.sequence, ISMode.truncate)
     close(w, [[2 / 3, 2 / 3, 1], [1, 1, 1]])
     assert over.tolist() == [[True, True, False], [False, False, False]]
-    w, _ = is_weight(logp, engine, mask, 2.0, "sequence", "mask")
-    close(w, [[0, 0, 1], [1, 1, 1]])
+    w, out = is_weight(logp, engine, mask, 2.0, "sequence", "mask")
+    close(w, [[1, 1, 1], [1, 1, 1]])
+    assert out.tolist() == [[True, True, False], [False, False, False]]
     assert is_weight(logp, engine, mask, 0.0, Level.sequence, ISMode.mask)[0].tolist() == [[1.0] * 3] * 2
 
 
 @pytest.mark.parametrize(
-    ("level", "mode", "w0", "tis_frac"),
+    ("level", "mode", "w0", "tis_frac", "d"),
     [
-        (Level.token, ISMode.truncate, (2 / 9, 1.0), 1 / 5),  # rho = 9 > C: weight C / rho
-        (Level.token, ISMode.mask, (0.0, 1.0), 1 / 5),
-        (Level.sequence, ISMode.truncate, (2 / 3, 2 / 3), 2 / 5),  # sequence w = 3 > C on both tokens
-        (Level.sequence, ISMode.mask, (0.0, 0.0), 2 / 5),
+        (Level.token, ISMode.truncate, (2 / 9, 1.0), 1 / 5, 5),  # rho = 9 > C: weight C / rho
+        (Level.token, ISMode.mask, (0.0, 1.0), 1 / 5, 4),  # the masked token leaves the denominator too
+        (Level.sequence, ISMode.truncate, (2 / 3, 2 / 3), 2 / 5, 5),  # sequence w = 3 > C on both tokens
+        (Level.sequence, ISMode.mask, (0.0, 0.0), 2 / 5, 3),
     ],
 )
-def test_policy_loss_with_is_correction(level, mode, w0, tis_frac):
-    # token_mean of v_t = is_weight_t * min(rho_t A, clip(rho_t) A), weight a stop-gradient constant
+def test_policy_loss_with_is_correction(level, mode, w0, tis_frac, d):
+    # token_mean of v_t = is_weight_t * min(rho_t A, clip(rho_t) A) over the d tokens the loss keeps, weight a
+    # stop-gradient constant
     engine = torch.zeros(2, 3)
     logp = torch.tensor([[math.log(9.0), 0.0, 5.0], [math.log(1.5), math.log(0.5), 0.0]], requires_grad=True)
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.bool)
@@ -160,10 +164,10 @@ def test_policy_loss_with_is_correction(level, mode, w0, tis_frac):
     loss, metrics = clip_loss(logp, engine, adv, mask, clip_low=0.2, clip_high=0.2, tis_cap=2.0, seq_mask_cap=0.0,
                                 agg=LossAgg.token_mean, max_new_tokens=3, tis_level=level, tis_mode=mode)
     # row 0 (A=-1): rho [9, 1] unclipped -> [-9, -1]; row 1 (A=+1): rho [1.5, 0.5, 1] -> [1.2 (clipped), 0.5, 1]
-    assert loss.item() == pytest.approx(-(w0[0] * -9 + w0[1] * -1 + 1.2 + 0.5 + 1.0) / 5, rel=1e-6)
+    assert loss.item() == pytest.approx(-(w0[0] * -9 + w0[1] * -1 + 1.2 + 0.5 + 1.0) / d, rel=1e-6)
     loss.backward()
     # d v / d logp = weight * rho * A on the unclipped branch
-    close(logp.grad, [[w0[0] * 9 / 5, w0[1] / 5, 0.0], [0.0, -0.5 / 5, -1 / 5]])
+    close(logp.grad, [[w0[0] * 9 / d, w0[1] / d, 0.0], [0.0, -0.5 / d, -1 / d]])
     assert metrics["tis_frac"] == pytest.approx(tis_frac)
 
 
@@ -303,7 +307,7 @@ def test_micro_loss_adds_kl_and_subtracts_entropy_bonus():
 
 def test_step_sums_losses_sign_of_entropy_bonus():
     # batch loss = (pg + kl_coef * kl - entropy_coef * ent) / denominator
-    step = SimpleNamespace(n_rows=2, resp_len=2, ids=torch.zeros(2, 4))
+    step = SimpleNamespace(n_rows=2, resp_len=2, device=torch.device("cpu"))
     sums = StepSums(step)
     sums.add(torch.tensor([0]), torch.zeros(1, 2), {"pg": -4.0, "kl": 1.0, "ent": 2.0, "ratio_max": 1.5})
     sums.add(torch.tensor([1]), torch.zeros(1, 2), {"pg": 2.0, "kl": 0.5, "ent": 1.0, "ratio_max": 1.1})

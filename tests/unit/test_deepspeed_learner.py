@@ -369,7 +369,7 @@ def test_two_ranks_on_shards_make_the_whole_batch_step(model_dir, agg, old):
     average of the two ranks' gradients is the one-rank gradient, and the merged metrics are the one-rank
     metrics."""
     from rlgen.learners.group import merge_results
-    from rlgen.learners.grpo_step import batch_denominator, unpack_batch
+    from rlgen.learners.grpo_step import batch_denominator
 
     batch = make_batch()
     algo = algo_cfg(lr=1e-2, loss_agg=agg, micro_batch_tokens=tokens_for(batch, 1), grad_clip=0.0, old_logprobs=old)
@@ -378,7 +378,7 @@ def test_two_ranks_on_shards_make_the_whole_batch_step(model_dir, agg, old):
 
     shards = [batch.select(torch.arange(r.start, r.stop)) for r in (range(0, 2), range(2, 4))]
     ranks = [ds_learner(model_dir, algo) for _ in shards]
-    total = sum(batch_denominator(r.model, unpack_batch(b, r.device, algo.micro_batch_tokens), algo, r.core.loss_agg)
+    total = sum(batch_denominator(r.model, r.core.batch(b), algo, r.core.loss_agg)
                 for r, b in zip(ranks, shards))
     for rank in ranks:
         rank.world_size = 2

@@ -14,13 +14,14 @@ import torch
 
 from helpers import tiny_qwen2, tokens_for
 from rlgen.algo.inputs import LossInputs
-from rlgen.algo.loss import aggregate, normaliser, sequence_keep, top_entropy_mask
+from rlgen.algo.loss import aggregate, normaliser, rollout_keep, top_entropy_mask
 from rlgen.algo.registry import configured_loss
 from rlgen.config import LossAgg
 from rlgen.config.compose import compose_run_config
 from rlgen.learners.attention import use_packed_attention
-from rlgen.learners.grpo_step import StepSums, micro_loss, token_kl, unpack_batch, with_old_logprobs
+from rlgen.learners.grpo_step import StepSums, micro_loss, token_kl, with_old_logprobs
 from rlgen.learners.packed import kept_lengths, pack, packed_forward, row_tokens
+from rlgen.learners.token_batch import token_batch
 from rlgen.types import RolloutBatch
 
 P, L, N, VOCAB = 6, 10, 12, 32
@@ -73,8 +74,7 @@ def padded_step(model, ref, batch: RolloutBatch, algo) -> tuple[float, float]:
     old = None
     if algo.old_logprobs == "trainer":
         old = logp.detach()
-    keep = sequence_keep(logp.detach() if old is None else old, batch.engine_logprobs, mask, algo.seq_mask_cap)
-    loss_mask = mask & keep.unsqueeze(-1)
+    loss_mask = rollout_keep(logp.detach() if old is None else old, batch.engine_logprobs, mask, algo)
     weight = top_entropy_mask(entropy.detach(), loss_mask, algo.entropy_top_frac) if algo.entropy_top_frac < 1 \
         else None
     inputs = LossInputs(logp=logp, old_logp=batch.engine_logprobs if old is None else old,
@@ -94,11 +94,16 @@ def padded_step(model, ref, batch: RolloutBatch, algo) -> tuple[float, float]:
     return float(total.detach()) / denom, _norm(model)
 
 
+def on_cpu(batch: RolloutBatch, tokens: int, sequence=None):
+    """The batch as a learner trains it (rlgen.learners.token_batch), in micro-batches of tokens, on the CPU."""
+    return token_batch(batch, None, tokens, sequence.degree if sequence else 1).on(torch.device("cpu"), sequence)
+
+
 def accumulate(model, ref, batch: RolloutBatch, algo, sequence=None):
     """(the step, its sums) of the learner's packed step (grpo_step) in micro-batches of algo.micro_batch_tokens,
     each micro-batch's loss backpropagated undivided; with a sequence group, this rank's slice of each
     (rlgen.learners.ulysses)."""
-    step = with_old_logprobs(model, unpack_batch(batch, torch.device("cpu"), algo.micro_batch_tokens, sequence),
+    step = with_old_logprobs(model, on_cpu(batch, algo.micro_batch_tokens, sequence),
                              algo)
     sums = StepSums(step)
     for micro in step.micros():
@@ -151,6 +156,8 @@ CASES = [(preset, {}) for preset in PRESETS] + [
     ("grpo", {"old_logprobs": "trainer", "tis_mode": "mask"}),
     ("cispo", {"old_logprobs": "trainer"}),
     ("dr_grpo", {"entropy_top_frac": 0.5}),
+    ("grpo", {"tis_mode": "mask", "tis_low": 0.8, "tis_cap": 1.25}),  # a band: tokens out of every denominator
+    ("cispo", {"tis_seq_reject": True, "tis_low": 0.7, "tis_cap": 1.5, "loss_agg": LossAgg.seq_mean_token_mean}),
 ]
 
 
@@ -162,7 +169,7 @@ def test_packed_equals_padded(preset, values, holes):
     one_micro = values.get("entropy_top_frac", 1.0) < 1  # its top fraction is a micro-batch's own
     algo = algo_of(preset, **values, micro_batch_tokens=0 if one_micro else tokens_for(batch, 3))
     if not one_micro:
-        assert len(unpack_batch(batch, torch.device("cpu"), algo.micro_batch_tokens).micro_rows) > 1
+        assert len(on_cpu(batch, algo.micro_batch_tokens).micro_rows) > 1
     refs = (copy.deepcopy(padded).eval(), copy.deepcopy(packed).eval()) if algo.kl_coef > 0 else (None, None)
     want_loss, want_norm = padded_step(padded, refs[0], batch, algo)
     got_loss, got_norm = packed_step(packed, refs[1], batch, algo)
@@ -208,7 +215,7 @@ def test_a_row_is_packed_up_to_its_last_masked_token_and_positions_restart():
 def test_the_reference_model_and_old_logprobs_are_packed_too():
     padded, packed = models(6)
     batch = random_batch(7)
-    step = with_old_logprobs(packed, unpack_batch(batch, torch.device("cpu"), tokens_for(batch, 2)),
+    step = with_old_logprobs(packed, on_cpu(batch, tokens_for(batch, 2)),
                              algo_of("gspo"))
     logp, _ = logp_entropy(padded_logits(padded, batch.input_ids, batch.attention_mask, 1.0), batch.input_ids[:, P:])
     mask = batch.response_mask.bool()

@@ -217,10 +217,10 @@ def test_trainer_old_logprobs_keep_mismatch_out_of_the_ratio():
     close(logp.grad, [[-1.0, -0.75]])
     assert metrics["clip_frac"] == 0.0 and metrics["ratio_mean"] == pytest.approx(1.0)
     assert metrics["tis_frac"] == pytest.approx(1 / 2)
-    # mask mode: the token over the cap leaves the numerator, the other keeps its weight 1.5
+    # mask mode: the token over the cap leaves the numerator and the denominator, the other keeps its weight 1.5
     loss, _ = clip_loss(logp, engine, torch.tensor([1.0]), torch.ones(1, 2), agg=LossAgg.token_mean, old_logp=old,
                         tis_cap=2.0, tis_mode=ISMode.mask)
-    assert loss.item() == pytest.approx(-0.75)
+    assert loss.item() == pytest.approx(-1.5)
     # the engine's logprobs as pi_old: the same mismatch is a ratio of [3, 1.5], clipped at 1.2 on both tokens
     _, metrics = clip_loss(logp, engine, torch.tensor([1.0]), torch.ones(1, 2), agg=LossAgg.token_mean, tis_cap=2.0)
     assert metrics["clip_frac"] == 1.0

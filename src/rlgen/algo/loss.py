@@ -109,17 +109,18 @@ def log_ratio(logp: torch.Tensor, base_logp: torch.Tensor, m: torch.Tensor, leve
 
 def is_weight(
     logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor, cap: float, level: Level | str,
-    mode: ISMode | str, *, in_ratio: bool = True,
+    mode: ISMode | str, *, in_ratio: bool = True, low: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The engine/trainer importance-sampling correction (no gradient): (weight [N, L] that multiplies each
-    token's surrogate, over [N, L] bool: tokens whose IS weight w exceeded the cap).
+    token's surrogate, out [N, L] bool: tokens whose IS weight w lies outside the band [low, cap]).
 
     logp: the trainer's logprobs before the update (LossInputs.trainer_before). w = sg(pi / pi_engine) per token,
     or per sequence the geometric mean over its tokens, sg(exp(mean_t log rho)).
     in_ratio (old_logprobs=engine: the ratio already carries w): truncate gives min(1, cap / w), so a w above
-    the cap counts as the cap; mask gives 0 where w > cap.
-    not in_ratio (old_logprobs=trainer: w is a factor of its own): truncate gives min(w, cap); mask gives w, or 0
-    where w > cap. A masked token (or sequence) leaves the numerator; denominators are unchanged.
+    the cap counts as the cap; mask gives 1.
+    not in_ratio (old_logprobs=trainer: w is a factor of its own): truncate gives min(w, cap); mask gives w.
+    Under mask, the tokens outside the band leave the loss through its mask (`rollout_keep`: numerator and
+    denominator), not through this weight. low applies to mask only (truncate has no lower end).
     cap <= 0: all ones (no correction).
     """
     m = mask.bool()
@@ -127,28 +128,60 @@ def is_weight(
     if cap <= 0:
         return ones, torch.zeros_like(m)
     w = torch.exp(log_ratio(logp.detach(), engine_logp, m, Level(level)))  # [N, L]; 1 off the mask
-    over = (w > cap) & m  # [N, L]
+    truncate = ISMode(mode) is ISMode.truncate
+    out = ((w > cap) | (w < (0.0 if truncate else low))) & m  # [N, L]
     kept = ones if in_ratio else w  # [N, L]
-    if ISMode(mode) is ISMode.truncate:
-        return torch.where(over, cap / w if in_ratio else torch.full_like(w, cap), kept), over
-    return torch.where(over, torch.zeros_like(w), kept), over
+    if truncate:
+        return torch.where(out, cap / w if in_ratio else torch.full_like(w, cap), kept), out
+    return kept, out
 
 
-def ratio_metrics(ratio: torch.Tensor, clip_active: torch.Tensor, over_cap: torch.Tensor, m: torch.Tensor,
-                  keep: torch.Tensor) -> dict[str, float]:
-    """A loss's metrics. ratio, clip_active, over_cap, m: [N, L] (m bool: the response mask); keep: [N] bool
-    (sequence_keep). clip_frac and tis_frac are fractions of the tokens under the loss mask m * keep whose clip
-    is active, resp. whose IS weight exceeded the cap; seq_masked_frac the fraction of sequences with >= 1
-    token that were masked; ratio_mean and ratio_max are of the ratio over the tokens under m."""
-    loss_mask = m & keep.unsqueeze(-1)  # [N, L]
+def corrects_by_mask(algo: AlgoConfig) -> bool:
+    """Whether the rollout correction drops tokens or sequences by the trainer's logprobs before the update (so a
+    learner needs them to know the loss's denominator before any backward): sequence masking, the IS mask, or
+    outlier rejection."""
+    return algo.seq_mask_cap > 0 or (algo.tis_cap > 0 and (ISMode(algo.tis_mode) is ISMode.mask or algo.tis_seq_reject))
+
+
+def rollout_keep(trainer: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor,
+                 algo: AlgoConfig) -> torch.Tensor:
+    """[N, L] bool: the response tokens the loss keeps, in its numerator and its denominator alike. Left out:
+      sequence mask   (algo.seq_mask_cap) every token of a sequence whose mean |log ratio| exceeds log(cap)
+      IS mask         (algo.tis_mode=mask) tokens, or whole sequences at tis_level=sequence, whose weight
+                      w = trainer / engine lies outside [tis_low, tis_cap]
+      outlier reject  (algo.tis_seq_reject) every token of a sequence any of whose tokens' w lies outside
+                      [tis_low, tis_cap]
+    trainer: the trainer's logprobs before the update [N, L]. A non-finite weight is kept (it must reach the loss
+    and trip the learner's non-finite guard rather than be dropped)."""
+    m = mask.bool()
+    keep = m & sequence_keep(trainer, engine_logp, m, algo.seq_mask_cap).unsqueeze(-1)  # [N, L]
+    if algo.tis_cap <= 0:
+        return keep
+    if ISMode(algo.tis_mode) is ISMode.mask:
+        _, out = is_weight(trainer, engine_logp, m, algo.tis_cap, algo.tis_level, ISMode.mask, low=algo.tis_low)
+        keep = keep & ~out
+    if algo.tis_seq_reject:
+        _, out = is_weight(trainer, engine_logp, m, algo.tis_cap, Level.token, ISMode.mask, low=algo.tis_low)
+        keep = keep & ~out.any(dim=-1, keepdim=True)
+    return keep
+
+
+def ratio_metrics(ratio: torch.Tensor, clip_active: torch.Tensor, out: torch.Tensor, m: torch.Tensor,
+                  loss_mask: torch.Tensor) -> dict[str, float]:
+    """A loss's metrics. ratio, clip_active, out, m, loss_mask: [N, L] (m bool: the response mask; loss_mask:
+    rollout_keep's). clip_frac is the fraction of the tokens under the loss mask whose clip is active; tis_frac
+    the fraction of the response tokens whose IS weight lay outside the band (truncated or masked);
+    seq_masked_frac the fraction of sequences with >= 1 response token of which the loss kept none; ratio_mean
+    and ratio_max are of the ratio over the response tokens."""
+    loss_mask = loss_mask.bool()
     loss_tokens = max(int(loss_mask.sum().item()), 1)
     tokens = int(m.sum().item())
     seqs = m.any(dim=-1)  # [N]
     r = ratio.detach()[m]  # [tokens]
     return {
         "clip_frac": float((clip_active & loss_mask).sum().item()) / loss_tokens,
-        "tis_frac": float((over_cap & loss_mask).sum().item()) / loss_tokens,
-        "seq_masked_frac": float((seqs & ~keep).sum().item()) / max(int(seqs.sum().item()), 1),
+        "tis_frac": float((out & m).sum().item()) / max(tokens, 1),
+        "seq_masked_frac": float((seqs & ~loss_mask.any(dim=-1)).sum().item()) / max(int(seqs.sum().item()), 1),
         "ratio_mean": float(r.mean().item()) if tokens else 1.0,
         "ratio_max": float(r.max().item()) if tokens else 1.0,
     }
@@ -159,7 +192,7 @@ def is_correction(inputs: LossInputs, algo: AlgoConfig) -> tuple[torch.Tensor, t
     before the update against the engine's; in the ratio when algo.old_logprobs=engine): (weight [n, L], over
     [n, L] bool)."""
     return is_weight(inputs.trainer_before(), inputs.engine_logp, inputs.mask.bool(), algo.tis_cap, algo.tis_level,
-                     algo.tis_mode, in_ratio=OldLogprobs(algo.old_logprobs) is OldLogprobs.engine)
+                     algo.tis_mode, in_ratio=OldLogprobs(algo.old_logprobs) is OldLogprobs.engine, low=algo.tis_low)
 
 
 def cap_in_ratio(algo: AlgoConfig) -> bool:
@@ -171,20 +204,19 @@ def cap_in_ratio(algo: AlgoConfig) -> bool:
 def corrected_loss(values: torch.Tensor, ratio: torch.Tensor, clip_active: torch.Tensor, inputs: LossInputs,
                    algo: AlgoConfig, correction: tuple[torch.Tensor, torch.Tensor] | None = None) -> LossOutputs:
     """What every policy loss does after its per-token values [n, L]: the engine/trainer IS weight (algo.tis_*,
-    against the trainer's logprobs before the update), the token weight, sequence masking (algo.seq_mask_cap),
-    -aggregate as algo.loss_agg says, and the metrics (ratio_metrics of ratio and clip_active, [n, L]).
-    correction: the (weight, over) to apply instead of is_correction's (a loss that applied the cap itself passes
-    a weight of ones and its over, for the metrics)."""
+    against the trainer's logprobs before the update), the token weight, the rollout correction's mask
+    (rollout_keep: sequence masking, the IS mask, outlier rejection), -aggregate as algo.loss_agg says over the
+    tokens that mask keeps, and the metrics (ratio_metrics of ratio and clip_active, [n, L]). correction: the
+    (weight, out) to apply instead of is_correction's (a loss that applied the cap itself passes a weight of ones
+    and its out, for the metrics)."""
     m = inputs.mask.bool()  # [n, L]
-    trainer = inputs.trainer_before()  # [n, L]
-    weight, over_cap = is_correction(inputs, algo) if correction is None else correction  # [n, L]
+    weight, out = is_correction(inputs, algo) if correction is None else correction  # [n, L]
     values = values * weight
     if inputs.token_weight is not None:
         values = values * inputs.token_weight
-    keep = sequence_keep(trainer, inputs.engine_logp, m, algo.seq_mask_cap)  # [n]
-    loss_mask = m & keep.unsqueeze(-1)  # [n, L]
+    loss_mask = rollout_keep(inputs.trainer_before(), inputs.engine_logp, m, algo)  # [n, L]
     loss = -aggregate(values, loss_mask, algo.loss_agg, algo.max_new_tokens, denominator=inputs.denominator)
-    return LossOutputs(loss, ratio_metrics(ratio, clip_active, over_cap, m, keep))
+    return LossOutputs(loss, ratio_metrics(ratio, clip_active, out, m, loss_mask))
 
 
 def check_advantages(advantages: torch.Tensor, logp: torch.Tensor) -> None:
@@ -233,6 +265,6 @@ def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, frac: float) -> 
     return (m & (entropy.detach() >= threshold)).to(entropy.dtype)
 
 
-__all__ = ["AdvantageShapeError", "aggregate", "cap_in_ratio", "check_advantages", "corrected_loss", "is_correction",
-           "is_weight", "kl_estimate", "kl_k3", "log_ratio", "normaliser", "ratio_metrics", "sequence_keep",
+__all__ = ["AdvantageShapeError", "aggregate", "cap_in_ratio", "check_advantages", "corrected_loss", "corrects_by_mask",
+           "is_correction", "is_weight", "rollout_keep", "kl_estimate", "kl_k3", "log_ratio", "normaliser", "ratio_metrics", "sequence_keep",
            "token_entropy", "token_logprobs", "top_entropy_mask"]

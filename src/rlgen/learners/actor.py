@@ -20,6 +20,7 @@ from rlgen.learners.background import BackgroundWriter
 from rlgen.learners.collective import rng_digest
 from rlgen.learners.lora import adapter_config, adapter_weights, save_merged
 from rlgen.learners.step_core import StepCore
+from rlgen.learners.token_batch import TokenBatch
 from rlgen.packing import pack
 from rlgen.types import RolloutBatch, StepResult
 
@@ -96,7 +97,7 @@ class LearnerActor:
 
     # -- the actor's calls -----------------------------------------------------------------------------------
 
-    def train_step(self, batch: RolloutBatch) -> StepResult:
+    def train_step(self, batch: TokenBatch | RolloutBatch) -> StepResult:
         """One optimizer step (see `rlgen.learners.base.Learner.train_step` for what it returns)."""
         raise NotImplementedError
 
@@ -116,7 +117,7 @@ class LearnerActor:
         """Called on every rank: the policy (``model/``) and the learner's state (``learner/``) at path."""
         raise NotImplementedError
 
-    def sequence_kl(self, batch: RolloutBatch) -> list[float]:
+    def sequence_kl(self, batch: TokenBatch | RolloutBatch) -> list[float]:
         """Each sequence's summed KL between the engine's policy and the reference (algo.kl_penalty=reward: the
         driver subtracts kl_coef times it from the rewards before the advantages). [] without a reference."""
         return self.core.sequence_kl(batch)

@@ -7,12 +7,13 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
+    from rlgen.learners.token_batch import TokenBatch
     from rlgen.types import RolloutBatch, StepResult
 
 
 @runtime_checkable
 class Learner(Protocol):
-    def train_step(self, batch: RolloutBatch) -> StepResult:
+    def train_step(self, batch: TokenBatch | RolloutBatch) -> StepResult:
         """One optimizer step on the batch. Returns a StepResult: the version after the step, the skip reason
         (None: applied), the step's spans [(phase, start, end), ...], with several ranks the RNG digest, and the
         metrics, plain floats/ints: loss, pg_loss, grad_norm, entropy, clip_frac, tis_frac, seq_masked_frac,

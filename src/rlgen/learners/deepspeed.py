@@ -33,6 +33,7 @@ from rlgen.learners.offload import offload_checkpoints as offload
 from rlgen.learners.policy import adamw, frozen_reference, load_policy, with_lora
 from rlgen.learners.sending import PolicySender
 from rlgen.learners.tiling import tile_mlps
+from rlgen.learners.token_batch import TokenBatch
 from rlgen.learners.ulysses import join_sequence_groups, learner_mesh
 from rlgen.phases import ActorClock
 from rlgen.sync.layout import DEFAULT_BUCKET_BYTES, plan_buckets
@@ -169,7 +170,7 @@ class DeepSpeedLearner(PolicySender, LearnerActor):
         self.sync_blocked = None
 
     # -- training --------------------------------------------------------------------------------------
-    def train_step(self, batch: RolloutBatch) -> StepResult:
+    def train_step(self, batch: TokenBatch | RolloutBatch) -> StepResult:
         """One optimizer step; the returned keys are the torch learner's. Every rank runs as many micro-batches
         as the others (the driver's assignment), since each meets the others in ZeRO's reduce."""
         start = time.time()

@@ -1,5 +1,6 @@
-"""The training step shared by the learners: batch tensors in packed micro-batches, the response forward, one
-micro-batch's loss and metric sums, their accumulation over a batch, and the result `train_step` returns.
+"""The training step shared by the learners: the response forward of a token batch's packed micro-batches
+(rlgen.learners.token_batch), one micro-batch's loss and metric sums, their accumulation over a batch, and the
+result `train_step` returns.
 
 `StepCore` (rlgen.learners.step_core) runs these for a learner; what a learner adds is how the gradients of
 `MicroLoss.total` are taken and applied (plain backward and AdamW, or a DeepSpeed engine) and its non-finite guard.
@@ -17,96 +18,20 @@ import torch
 from torch import nn
 
 from rlgen.algo.inputs import LossInputs
-from rlgen.algo.loss import aggregate, kl_estimate, normaliser, sequence_keep, top_entropy_mask
+from rlgen.algo.loss import (
+    aggregate,
+    corrects_by_mask,
+    kl_estimate,
+    normaliser,
+    rollout_keep,
+    top_entropy_mask,
+)
 from rlgen.algo.registry import Loss
 from rlgen.config import AlgoConfig, LossAgg, OldLogprobs
-from rlgen.learners.packed import Packed, pack, packed_forward, row_tokens
-from rlgen.learners.ulysses import SequenceGroup
+from rlgen.learners.packed import Packed, packed_forward
+from rlgen.learners.token_batch import Micro, TokenBatch
 from rlgen.metrics.mismatch import mismatch_by_length, mismatch_metrics, response_lengths
-from rlgen.microbatches import assign
-from rlgen.types import Phase, RolloutBatch, StepResult
-
-
-@dataclass(frozen=True)
-class Micro:
-    """One micro-batch: its rows packed (rlgen.learners.packed) and their padded per-token tensors, cut to the
-    micro-batch's longest kept response Lm."""
-
-    rows: torch.Tensor  # [n] the step's row indices
-    packed: Packed
-    mask: torch.Tensor  # [n, Lm] bool
-    engine_logp: torch.Tensor  # [n, Lm] float32
-    advantages: torch.Tensor  # [n] float32
-    old_logp: torch.Tensor | None = None  # [n, Lm] the trainer's before the update (old_logprobs=trainer)
-
-
-@dataclass(frozen=True)
-class StepBatch:
-    """A rollout batch's tensors on the learner's device, checked for shape, and its micro-batches."""
-
-    ids: torch.Tensor  # [N, P+L]
-    attn: torch.Tensor  # [N, P+L]
-    mask: torch.Tensor  # [N, L] bool
-    engine_logp: torch.Tensor  # [N, L] float32
-    advantages: torch.Tensor  # [N] float32
-    prompt_len: int
-    micro_rows: tuple[torch.Tensor, ...]  # each micro-batch's row indices [n]
-    packs: tuple[Packed, ...]  # each micro-batch packed
-    old_logp: torch.Tensor | None = None  # [N, L] float32: the trainer's before the update (old_logprobs=trainer)
-
-    @property
-    def n_rows(self) -> int:
-        return self.ids.shape[0]
-
-    @property
-    def resp_len(self) -> int:
-        return self.ids.shape[1] - self.prompt_len
-
-    @property
-    def tokens(self) -> int:
-        """The tokens the micro-batches forward."""
-        return sum(p.tokens for p in self.packs)
-
-    def micros(self) -> list[Micro]:
-        """The micro-batches, in order."""
-        out = []
-        for rows, packed in zip(self.micro_rows, self.packs):
-            cols = packed.resp_len
-            old = None if self.old_logp is None else self.old_logp[rows, :cols]
-            out.append(Micro(rows, packed, self.mask[rows, :cols], self.engine_logp[rows, :cols],
-                             self.advantages[rows], old))
-        return out
-
-
-def unpack_batch(batch: RolloutBatch, device: torch.device, micro_batch_tokens: int,
-                 sequence: SequenceGroup | None = None) -> StepBatch:
-    """The batch's tensors on device, in the micro-batches the driver chose (batch.micro_rows), or else in
-    micro-batches of at most micro_batch_tokens real tokens (0: one micro-batch), each packed; with a sequence
-    group, each packed row split over the group's ranks (rlgen.learners.ulysses).
-
-    Raises ValueError when the response mask does not match input_ids and prompt_len, or the micro-batches do
-    not cover every row once.
-    """
-    ids = batch.input_ids.to(device)  # [N, P+L]
-    attn = batch.attention_mask.to(device)  # [N, P+L]
-    mask = batch.response_mask.to(device) > 0  # [N, L]
-    engine_logp = batch.engine_logprobs.to(device, torch.float32)  # [N, L]
-    advantages = batch.advantages.to(device, torch.float32)  # [N]
-    n_rows, prompt_len = ids.shape[0], batch.prompt_len
-    resp_len = ids.shape[1] - prompt_len
-    if prompt_len < 1 or resp_len < 1 or mask.shape != (n_rows, resp_len):
-        raise ValueError(
-            f"bad batch: input_ids {tuple(ids.shape)}, prompt_len {prompt_len}, response_mask {tuple(mask.shape)}"
-        )
-    groups = batch.micro_rows
-    if groups is None:
-        groups = assign(row_tokens(attn, mask, prompt_len), 1, micro_batch_tokens).local(0)
-    if sorted(r for g in groups for r in g) != list(range(n_rows)) or not all(groups):
-        raise ValueError(f"bad batch: its micro-batches {groups} do not take each of its {n_rows} rows once")
-    rows = tuple(torch.tensor(g, dtype=torch.long, device=device) for g in groups)
-    packs = tuple(pack(ids[r], attn[r], mask[r], prompt_len, sequence) for r in rows)
-    return StepBatch(ids, attn, mask, engine_logp, advantages, prompt_len, rows, packs)
-
+from rlgen.types import Phase, StepResult
 
 # -- forward -----------------------------------------------------------------------------------------------
 
@@ -115,16 +40,16 @@ def policy_logprobs(
     model: nn.Module, micro: Micro, algo: AlgoConfig, entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(trainer logprobs [n, Lm], entropies [n, Lm], loss mask [n, Lm]) of a micro-batch's response tokens. The
-    loss mask is the response mask less the sequences that sequence masking (algo.seq_mask_cap) drops, judged on
-    the trainer's logprobs before the update: micro.old_logp when given (old_logprobs=trainer), else the current
-    ones (equal before the update). The entropies carry gradients only with entropy_grad."""
+    loss mask is the response mask less what the rollout correction drops (algo.loss.rollout_keep: sequence
+    masking, the IS mask, outlier rejection), judged on the trainer's logprobs before the update: micro.old_logp
+    when given (old_logprobs=trainer), else the current ones (equal before the update). The entropies carry
+    gradients only with entropy_grad."""
     logp, entropy = packed_forward(model, micro.packed, algo.temperature, entropy_grad)  # [n, Lm] each
     before = logp.detach() if micro.old_logp is None else micro.old_logp  # [n, Lm]
-    keep = sequence_keep(before, micro.engine_logp, micro.mask, algo.seq_mask_cap)  # [n]
-    return logp, entropy, micro.mask & keep.unsqueeze(-1)
+    return logp, entropy, rollout_keep(before, micro.engine_logp, micro.mask, algo)
 
 
-def with_old_logprobs(model: nn.Module, step: StepBatch, algo: AlgoConfig) -> StepBatch:
+def with_old_logprobs(model: nn.Module, step: TokenBatch, algo: AlgoConfig) -> TokenBatch:
     """algo.old_logprobs=trainer: the step with the trainer's own logprobs of every row, from a no-grad forward
     of each micro-batch before any backward (so before the step's optimizer step; each learner rank does its
     own rows). Otherwise the step as it is: the ratio's pi_old is the engine's logprobs."""
@@ -138,17 +63,17 @@ def with_old_logprobs(model: nn.Module, step: StepBatch, algo: AlgoConfig) -> St
     return dataclasses.replace(step, old_logp=old)
 
 
-def batch_denominator(model: nn.Module, step: StepBatch, algo: AlgoConfig, agg: LossAgg) -> float:
-    """The whole batch's loss denominator before any backward: from the response mask, or (sequence
-    masking on) from the loss mask after a no-grad forward of each micro-batch."""
-    if algo.seq_mask_cap <= 0:
+def batch_denominator(model: nn.Module, step: TokenBatch, algo: AlgoConfig, agg: LossAgg) -> float:
+    """The whole batch's loss denominator before any backward: from the response mask, or (where the rollout
+    correction drops tokens by the trainer's logprobs: algo.loss.corrects_by_mask) from the loss mask, after a
+    no-grad forward of each micro-batch unless the trainer's logprobs are there already."""
+    if not corrects_by_mask(algo):
         return normaliser(step.mask, agg, algo.max_new_tokens)
     total = 0.0
     with torch.no_grad():
         for micro in step.micros():
             if micro.old_logp is not None:  # the trainer's logprobs are there already: no forward
-                keep = sequence_keep(micro.old_logp, micro.engine_logp, micro.mask, algo.seq_mask_cap)  # [n]
-                loss_mask = micro.mask & keep.unsqueeze(-1)
+                loss_mask = rollout_keep(micro.old_logp, micro.engine_logp, micro.mask, algo)  # [n, Lm]
             else:
                 _, _, loss_mask = policy_logprobs(model, micro, algo)  # [n, Lm]
             total += normaliser(loss_mask, agg, algo.max_new_tokens)
@@ -187,7 +112,7 @@ class MicroLoss:
             "denom": self.denom,
             "loss_tokens": loss_tokens,
             "clip": metrics.get("clip_frac", 0.0) * loss_tokens,
-            "tis": metrics.get("tis_frac", 0.0) * loss_tokens,
+            "tis": metrics.get("tis_frac", 0.0) * tokens,
             "ratio": metrics.get("ratio_mean", 1.0) * tokens,
             "ratio_max": metrics.get("ratio_max", 1.0) if tokens else -math.inf,
             "masked_seqs": metrics.get("seq_masked_frac", 0.0) * seqs,
@@ -259,11 +184,11 @@ def token_kl(logp: torch.Tensor, engine_logp: torch.Tensor, ref_logp: torch.Tens
     return kl
 
 
-def sequence_kl(ref_model: nn.Module, step: StepBatch, algo: AlgoConfig) -> torch.Tensor:
+def sequence_kl(ref_model: nn.Module, step: TokenBatch, algo: AlgoConfig) -> torch.Tensor:
     """For the KL in the reward (algo.kl_penalty=reward): each sequence's summed per-token KL between the engine's
     policy, which sampled it, and the reference, by algo.kl_estimator: [N]. No gradient; one reference forward
     per micro-batch."""
-    out = torch.zeros(step.n_rows, device=step.ids.device)  # [N]
+    out = torch.zeros(step.n_rows, device=step.device)  # [N]
     for micro in step.micros():
         ref_logp = reference_logprobs(ref_model, micro.packed, algo)  # [n, Lm]
         kl = kl_estimate(micro.engine_logp, ref_logp, algo.kl_estimator)  # [n, Lm]
@@ -277,8 +202,8 @@ def sequence_kl(ref_model: nn.Module, step: StepBatch, algo: AlgoConfig) -> torc
 class StepSums:
     """Micro-batch results gathered over a batch: trainer logprobs, summed metrics, ratio maxima."""
 
-    def __init__(self, step: StepBatch) -> None:
-        self.trainer_logp = torch.zeros(step.n_rows, step.resp_len, device=step.ids.device)  # [N, L]
+    def __init__(self, step: TokenBatch) -> None:
+        self.trainer_logp = torch.zeros(step.n_rows, step.resp_len, device=step.device)  # [N, L]
         self.totals: dict[str, float] = {}
         self.ratio_maxes: list[float] = []
 
@@ -307,7 +232,7 @@ def inverse(denom: float) -> float:
 
 
 def step_result(
-    step: StepBatch,
+    step: TokenBatch,
     sums: StepSums,
     *,
     loss: float,
@@ -334,7 +259,7 @@ def step_result(
         "grad_norm": grad_norm,
         "entropy": acc["entropy"] / max(tokens, 1),
         "clip_frac": acc["clip"] / loss_tokens,
-        "tis_frac": acc["tis"] / loss_tokens,
+        "tis_frac": acc["tis"] / max(tokens, 1),
         "seq_masked_frac": acc["masked_seqs"] / seqs,
         "ratio_mean": acc["ratio"] / tokens if tokens else 1.0,
         "ratio_max": ratio_max if tokens else 1.0,
@@ -347,8 +272,8 @@ def step_result(
     }
     if kl_value is not None:
         out["kl"] = kl_value
-    if step.ids.is_cuda:  # the learner's peak GPU memory so far (torch's allocator), for memory records
-        out["learner_peak_gib"] = torch.cuda.max_memory_allocated(step.ids.device) / 2**30
+    if step.device.type == "cuda":  # the learner's peak GPU memory so far (torch's allocator), for memory records
+        out["learner_peak_gib"] = torch.cuda.max_memory_allocated(step.device) / 2**30
     out.update({f"mismatch/{k}": v for k, v in mismatch.items()})
     by_length = mismatch_by_length(sums.trainer_logp, step.engine_logp, step.mask, delta_threshold)
     out.update({f"mismatch/{k}": v for k, v in by_length.items()})
@@ -357,9 +282,7 @@ def step_result(
 
 
 __all__ = [
-    "Micro",
     "MicroLoss",
-    "StepBatch",
     "StepSums",
     "batch_denominator",
     "inverse",
@@ -369,6 +292,5 @@ __all__ = [
     "sequence_kl",
     "step_result",
     "token_kl",
-    "unpack_batch",
     "with_old_logprobs",
 ]

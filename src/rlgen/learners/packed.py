@@ -10,6 +10,7 @@ the loss reads (attention is causal). The results come back in the padded layout
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +46,12 @@ class Packed:
         """The rows' tokens (the padding left out)."""
         return int(self.ids.shape[1]) - self.padding
 
+    def on(self, device: torch.device, sequence: SequenceGroup | None = None) -> Packed:
+        """The micro-batch on device, forwarded by sequence's ranks (None: by one rank, whole)."""
+        moved = {k: getattr(self, k).to(device, non_blocking=True)
+                 for k in ("ids", "positions", "cu_seqlens", "predict", "targets", "slot")}
+        return dataclasses.replace(self, **moved, sequence=sequence)
+
     def local(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(ids, positions) [1, T'] this rank forwards: the whole row, or its slice under sequence parallelism."""
         if self.sequence is None:
@@ -73,10 +80,9 @@ def _cat(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long, device=device)
 
 
-def pack(ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor, prompt_len: int,
-         sequence: SequenceGroup | None = None) -> Packed:
-    """Padded rows ids, attn [n, P+L] and mask [n, L] as one packed row; with a sequence group, padded at its end
-    to a multiple of the group's degree (each rank forwards an equal slice)."""
+def pack(ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor, prompt_len: int, degree: int = 1) -> Packed:
+    """Padded rows ids, attn [n, P+L] and mask [n, L] as one packed row, padded at its end to a multiple of the
+    sequence degree (each rank of a group forwards an equal slice; `Packed.on` hands it the group)."""
     prompt, kept = kept_lengths(attn, mask, prompt_len)
     pieces, positions, bounds, predict, targets, slot = [], [], [0], [], [], []
     resp_len = max(int(kept.max().item()), 1) if len(kept) else 1
@@ -94,7 +100,7 @@ def pack(ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor, prompt_len: 
             slot.append(j * resp_len + torch.arange(k, device=ids.device))
         start += fwd.numel()
         bounds.append(start)
-    padding = (-start) % sequence.degree if sequence is not None else 0
+    padding = (-start) % max(degree, 1)
     if padding:  # a segment of its own: it attends only to itself, and no position of it predicts a token
         pieces.append(torch.zeros(padding, dtype=ids.dtype, device=ids.device))
         positions.append(torch.arange(padding, device=ids.device))
@@ -110,7 +116,6 @@ def pack(ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor, prompt_len: 
         slot=_cat(slot, ids.device),
         rows=int(ids.shape[0]),
         resp_len=resp_len,
-        sequence=sequence,
         padding=padding,
     )
 

@@ -1,6 +1,6 @@
-"""What every learner does with a batch, whatever takes and applies its gradients: the batch in packed
-micro-batches of this rank's shard, each one's loss by the algorithm registered in rlgen.algo (plus the KL to the
-reference and the entropy bonus), its backward, and the step's metrics and spans.
+"""What every learner does with a batch, whatever takes and applies its gradients: this rank's token batch
+(rlgen.learners.token_batch) on its device, each micro-batch's loss by the algorithm registered in rlgen.algo
+(plus the KL to the reference and the entropy bonus), its backward, and the step's metrics and spans.
 
 A learner holds one `StepCore` and hands it the model to forward and the backward to call: the torch learner's
 is the loss's own backward (the gradients divided by the whole batch's denominator afterwards), the DeepSpeed
@@ -20,18 +20,16 @@ from rlgen.algo.registry import Algorithm
 from rlgen.algo.registry import algorithm as find_algorithm
 from rlgen.config import AlgoConfig, KLPenalty, LossAgg, MonitorConfig
 from rlgen.learners.grpo_step import (
-    Micro,
     MicroLoss,
-    StepBatch,
     StepSums,
     batch_denominator,
     inverse,
     micro_loss,
     sequence_kl,
     step_result,
-    unpack_batch,
     with_old_logprobs,
 )
+from rlgen.learners.token_batch import Micro, TokenBatch, token_batch
 from rlgen.learners.ulysses import SequenceGroup
 from rlgen.types import RolloutBatch, StepResult
 
@@ -54,14 +52,20 @@ class StepCore:
         """Whether the KL to the reference goes into the loss (algo.kl_penalty=loss, with a reference)."""
         return self.ref_model is not None and KLPenalty(self.algo.kl_penalty) is KLPenalty.loss
 
-    def prepare(self, model: nn.Module, batch: RolloutBatch) -> StepBatch:
-        """The batch's tensors on this rank's device in their micro-batches (the driver's, or of at most
-        algo.micro_batch_tokens tokens), with the trainer's own logprobs before the update where
-        algo.old_logprobs=trainer (one no-grad forward of model per micro-batch)."""
-        step = unpack_batch(batch, self.device, self.algo.micro_batch_tokens, self.sequence)
-        return with_old_logprobs(model, step, self.algo)
+    def batch(self, batch: TokenBatch | RolloutBatch) -> TokenBatch:
+        """The token batch on this rank's device, for its sequence group: as the driver built it, or a padded
+        RolloutBatch built into one here, in micro-batches of at most algo.micro_batch_tokens tokens."""
+        if isinstance(batch, RolloutBatch):
+            degree = self.sequence.degree if self.sequence is not None else 1
+            batch = token_batch(batch, batch.micro_rows, self.algo.micro_batch_tokens, degree)
+        return batch.on(self.device, self.sequence)
 
-    def denominator(self, model: nn.Module, step: StepBatch) -> float:
+    def prepare(self, model: nn.Module, batch: TokenBatch | RolloutBatch) -> TokenBatch:
+        """The batch on this rank's device (`batch`), with the trainer's own logprobs before the update where
+        algo.old_logprobs=trainer (one no-grad forward of model per micro-batch)."""
+        return with_old_logprobs(model, self.batch(batch), self.algo)
+
+    def denominator(self, model: nn.Module, step: TokenBatch) -> float:
         """This shard's share of the loss denominator, before any backward (a no-grad forward per micro-batch
         under sequence masking)."""
         return batch_denominator(model, step, self.algo, self.loss_agg)
@@ -71,7 +75,7 @@ class StepCore:
         ref = self.ref_model if self.kl_in_loss() else None
         return micro_loss(model, ref, micro, self.algo, self.loss_agg, self.loss_fn)
 
-    def accumulate(self, model: nn.Module, step: StepBatch, backward: Callable[[torch.Tensor], Any], *,
+    def accumulate(self, model: nn.Module, step: TokenBatch, backward: Callable[[torch.Tensor], Any], *,
                    scale: float | None = None, boundary: Callable[[bool], Any] | None = None,
                    poison: bool = False) -> StepSums:
         """Forward, loss and backward of each micro-batch, in order; returns their results gathered.
@@ -102,7 +106,7 @@ class StepCore:
         """(pg_loss, kl, loss) of the batch over the denominator denom (0: no loss tokens, all 0.0)."""
         return sums.losses(inverse(denom), self.algo)
 
-    def result(self, step: StepBatch, sums: StepSums, losses: tuple[float, float, float], *, grad_norm: float,
+    def result(self, step: TokenBatch, sums: StepSums, losses: tuple[float, float, float], *, grad_norm: float,
                version: int, reason: str | None, start: float) -> StepResult:
         """What train_step returns (`Learner.train_step`): the policy version after the step, the skip reason
         (None: applied), the train span from start to now, and the metrics with the losses from `losses`."""
@@ -112,13 +116,12 @@ class StepCore:
                                 version=version, reason=reason, delta_threshold=self.monitor.delta_threshold,
                                 start=start)
 
-    def sequence_kl(self, batch: RolloutBatch) -> list[float]:
+    def sequence_kl(self, batch: TokenBatch | RolloutBatch) -> list[float]:
         """Each sequence's summed KL between the engine's policy and the reference (algo.kl_penalty=reward: the
         driver subtracts kl_coef times it from the rewards before the advantages). [] without a reference."""
         if self.ref_model is None:
             return []
-        step = unpack_batch(batch, self.device, self.algo.micro_batch_tokens, self.sequence)
-        return [float(v) for v in sequence_kl(self.ref_model, step, self.algo).cpu()]
+        return [float(v) for v in sequence_kl(self.ref_model, self.batch(batch), self.algo).cpu()]
 
 
 __all__ = ["StepCore"]

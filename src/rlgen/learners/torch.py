@@ -21,6 +21,7 @@ from rlgen.learners.group import CollectiveFailed
 from rlgen.learners.lora import AdapterOff, merged_weights
 from rlgen.learners.policy import adamw, frozen_reference, load_policy, with_lora
 from rlgen.learners.tiling import tile_mlps
+from rlgen.learners.token_batch import TokenBatch
 from rlgen.learners.ulysses import join_sequence_groups, learner_mesh
 from rlgen.phases import ActorClock
 from rlgen.types import RolloutBatch, StepResult
@@ -113,7 +114,7 @@ class TorchLearner(LearnerActor):
 
     # -- training ------------------------------------------------------------------------------------------
 
-    def train_step(self, batch: RolloutBatch) -> StepResult:
+    def train_step(self, batch: TokenBatch | RolloutBatch) -> StepResult:
         """One optimizer step (`Learner.train_step`); with several ranks its result holds the digest of this rank's
         RNG states after the step (rlgen.learners.collective.rng_digest).
 
@@ -131,7 +132,7 @@ class TorchLearner(LearnerActor):
             out = dataclasses.replace(out, rng_digest=rng_digest(self.device))
         return out
 
-    def _train_step(self, batch: RolloutBatch) -> StepResult:
+    def _train_step(self, batch: TokenBatch | RolloutBatch) -> StepResult:
         """One optimizer step.
 
         Packed micro-batches (the driver's, or of at most algo.micro_batch_tokens tokens) each backpropagate their

@@ -80,8 +80,11 @@ def partial_line(a: Any, async_steps: int) -> str:
 def algorithm_rows(a) -> list[tuple[str, str]]:
     """The resolved loss and advantage settings of algo config `a`, as (what, value) rows for `rlgen plan`."""
     ratio = "per sequence (geometric mean of its tokens')" if a.importance_level == "sequence" else "per token"
-    is_fix = ("off" if a.tis_cap <= 0 else
-              f"{a.tis_mode} {'per sequence' if a.tis_level == 'sequence' else 'per token'} above {a.tis_cap:g}")
+    level = 'per sequence' if a.tis_level == 'sequence' else 'per token'
+    band = f"outside [{a.tis_low:g}, {a.tis_cap:g}]" if a.tis_mode == "mask" and a.tis_low > 0 else f"above {a.tis_cap:g}"
+    is_fix = "off" if a.tis_cap <= 0 else f"{a.tis_mode} {level} {band}"
+    if a.tis_cap > 0 and a.tis_seq_reject:
+        is_fix += f"; sequences with a token outside [{a.tis_low:g}, {a.tis_cap:g}] rejected"
     if a.seq_mask_cap > 0:
         is_fix += f"; sequences with mean |log ratio| > log {a.seq_mask_cap:g} masked"
     kl = ("none" if a.kl_coef <= 0 else

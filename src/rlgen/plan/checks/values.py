@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from rlgen.algo.registry import compares_groups, part_reads
-from rlgen.config import KLEstimator, KLPenalty, Level, LossAgg, OldLogprobs, RunConfig, TaskKind
+from rlgen.config import ISMode, KLEstimator, KLPenalty, Level, LossAgg, OldLogprobs, RunConfig, TaskKind
 from rlgen.tasks.env_task import episode_problems
 from rlgen.tasks.rewards import RewardSpecError, resolve_reward
 
@@ -152,6 +152,7 @@ def _check_algo(cfg: RunConfig, p: list[str]) -> None:
         p.append(f"algo.tis_cap={a.tis_cap} must be 0 (off) or >= 1; 2 is a common choice.")
     if a.seq_mask_cap != 0 and a.seq_mask_cap < 1:
         p.append(f"algo.seq_mask_cap={a.seq_mask_cap} must be 0 (off) or >= 1.")
+    _check_band(a, p)
     if a.kl_coef < 0:
         p.append(f"algo.kl_coef={a.kl_coef} must be >= 0.")
     _check_loss_options(a, p)
@@ -203,6 +204,19 @@ def _check_loss_options(a, p: list[str]) -> None:
     elif a.max_new_tokens is not None and (a.overlong_buffer or 0) >= a.max_new_tokens > 0:
         p.append(f"algo.overlong_buffer={a.overlong_buffer} must be less than algo.max_new_tokens={a.max_new_tokens}; "
                  f"a fifth of it ({max(a.max_new_tokens // 5, 1)}) is usual.")
+
+
+def _check_band(a, p: list[str]) -> None:
+    """The rollout correction's band [tis_low, tis_cap]: a lower end below 1 that something reads."""
+    if not 0 <= a.tis_low < 1:
+        p.append(f"algo.tis_low={a.tis_low} must be in [0, 1): the band's lower end (0: none; IcePop's is 0.5).")
+    uses = [k for k, on in (("algo.tis_low", a.tis_low > 0), ("algo.tis_seq_reject", a.tis_seq_reject)) if on]
+    if uses and a.tis_cap <= 0:
+        p.append(f"{' and '.join(uses)} need the band's upper end, algo.tis_cap > 0 (2 is common, 5 is IcePop's).")
+    elif a.tis_low > 0 and a.tis_mode == ISMode.truncate and not a.tis_seq_reject:
+        p.append(f"algo.tis_low={a.tis_low} is read only by algo.tis_mode=mask (tokens outside [tis_low, tis_cap] "
+                 "leave the loss) or algo.tis_seq_reject=true (sequences with such a token leave it); truncation "
+                 "has no lower end. Set one of them, or algo.tis_low=0.")
 
 
 def _check_is_and_kl(a, p: list[str]) -> None:

@@ -13,19 +13,22 @@ from rlgen.microbatches import Assignment
 from rlgen.runtime.errors import RunError
 from rlgen.runtime.setup import Run
 from rlgen.runtime.step.score import Scored
-from rlgen.runtime.step.shards import assign_rows, leads, rank_names, shards
+from rlgen.runtime.step.shards import assign_rows, leads, rank_names, rank_shards, shards, with_advantages
 from rlgen.types import RolloutBatch
 
 if TYPE_CHECKING:
     import torch
 
+    from rlgen.learners.token_batch import TokenBatch
+
 
 @dataclass
 class Batch:
-    """What the learners train on: the step's rows with their advantages, and each rank's share of them."""
+    """What the learners train on: the step's rows with their advantages, and each data rank's token batch."""
 
     rows: RolloutBatch  # with the step's advantages (and, for kl_penalty=reward, the rewards less the KL penalty)
     assignment: Assignment  # which rows each learner rank trains on (runtime.step.shards)
+    shards: list[TokenBatch]  # each data rank's rows, packed once, with their advantages
     staleness: int  # the learner's version less the oldest version that sampled the rows
     metrics: dict[str, float]  # kl and kl_reward_penalty with algo.kl_penalty=reward, else {}
 
@@ -34,14 +37,16 @@ def advantages(run: Run, step: int, scored: Scored) -> Batch:
     """The scored rows with their advantages, computed once (after the KL penalty where the rewards carry it)."""
     algo, rows = run.cfg.algo, scored.rows
     assignment = assign_rows(run, rows)
+    packed = shards(rows, assignment, run.plan.mesh)  # once: the KL phase and the train phase take these
     metrics: dict[str, float] = {}
     if algo.kl_coef > 0 and KLPenalty(algo.kl_penalty) is KLPenalty.reward:
-        kl = _sequence_kl(run, step, rows, assignment)
+        kl = _sequence_kl(run, step, packed, assignment)
         rows.rewards = rows.rewards - algo.kl_coef * kl
         metrics = {"kl": float(kl.sum()) / max(rows.num_response_tokens, 1),
                    "kl_reward_penalty": float(algo.kl_coef * kl.mean())}
     rows.advantages = computed_advantages(run, rows)
-    return Batch(rows, assignment, run.state.version - rows.version, metrics)
+    return Batch(rows, assignment, with_advantages(packed, rows, assignment), run.state.version - rows.version,
+                 metrics)
 
 
 def computed_advantages(run: Run, rows: RolloutBatch) -> torch.Tensor:
@@ -61,11 +66,11 @@ def computed_advantages(run: Run, rows: RolloutBatch) -> torch.Tensor:
     return adv.to(torch.float32)
 
 
-def _sequence_kl(run: Run, step: int, rows: RolloutBatch, assignment: Assignment) -> torch.Tensor:
+def _sequence_kl(run: Run, step: int, packed: list[TokenBatch], assignment: Assignment) -> torch.Tensor:
     """Each row's summed KL to the reference, from the learner ranks that will train on it: [N], in row order."""
     import torch
 
-    refs = [a.sequence_kl.remote(b) for a, b in zip(run.learners, shards(rows, assignment, run.plan.mesh))]
+    refs = [a.sequence_kl.remote(b) for a, b in zip(run.learners, rank_shards(packed, run.plan.mesh))]
     per_rank = run.waiter.learner_get(refs, f"the reference KL of step {step}", rank_names(run),
                                       run.folders.learner_nodes)
     return torch.tensor(assignment.gather(leads(per_rank, run.plan.mesh)), dtype=torch.float32)

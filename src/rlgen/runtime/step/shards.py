@@ -1,17 +1,20 @@
 """Each learner rank's share of a step's batch: which rows it trains on, of equal estimated work, in micro-batches
-of at most algo.micro_batch_tokens packed tokens, as many on every rank (rlgen.microbatches). Rows are shared out
-over the learner mesh's data ranks (rlgen.mesh): the ranks of a sequence group train the same rows, and their lead
-answers for them. The advantages phase asks the ranks for their rows' KL with it, and the train phase trains them
-on it."""
+of at most algo.micro_batch_tokens packed tokens, as many on every rank (rlgen.microbatches), built once into a
+token batch per data rank (rlgen.learners.token_batch). Rows are shared out over the learner mesh's data ranks
+(rlgen.mesh): the ranks of a sequence group train the same token batch, and their lead answers for them. The
+advantages phase asks the ranks for their rows' KL with them, and the train phase trains them."""
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from rlgen.mesh import LearnerMesh
 from rlgen.microbatches import Assignment
 from rlgen.runtime.setup import Run
 from rlgen.types import RolloutBatch
+
+if TYPE_CHECKING:
+    from rlgen.learners.token_batch import TokenBatch
 
 T = TypeVar("T")
 
@@ -27,17 +30,28 @@ def assign_rows(run: Run, rows: RolloutBatch) -> Assignment:
                   attention_coef(m.num_layers, m.hidden_size, run.plan.model.params))
 
 
-def shards(rows: RolloutBatch, assignment: Assignment, mesh: LearnerMesh) -> list[RolloutBatch]:
-    """Each learner rank's rows of the batch, with its micro-batches (copies: taken after the rows are final); the
-    ranks of a sequence group get the same ones."""
+def shards(rows: RolloutBatch, assignment: Assignment, mesh: LearnerMesh) -> list[TokenBatch]:
+    """Each data rank's token batch (rlgen.learners.token_batch): its rows packed once, in its micro-batches,
+    padded for the mesh's sequence degree; in data-rank order. The learners train them as sent."""
     import torch
 
-    out = []
-    for data_rank in range(len(assignment.ranks)):
-        shard = rows.select(torch.tensor(assignment.rows(data_rank), dtype=torch.long))
-        shard.micro_rows = assignment.local(data_rank)
-        out.extend([shard] * mesh.sequence)
-    return out
+    from rlgen.learners.token_batch import token_batch
+
+    return [token_batch(rows.select(torch.tensor(assignment.rows(d), dtype=torch.long)), assignment.local(d),
+                        degree=mesh.sequence) for d in range(len(assignment.ranks))]
+
+
+def rank_shards(data_shards: list[T], mesh: LearnerMesh) -> list[T]:
+    """What each learner rank is sent, in rank order: its data rank's (a sequence group's ranks share one)."""
+    return [data_shards[mesh.data_rank(r)] for r in range(mesh.ranks)]
+
+
+def with_advantages(data_shards: list[TokenBatch], rows: RolloutBatch, assignment: Assignment) -> list[TokenBatch]:
+    """The data ranks' token batches with their rows' advantages, as computed over the whole batch."""
+    import torch
+
+    return [b.with_advantages(rows.advantages[torch.tensor(assignment.rows(d), dtype=torch.long)])
+            for d, b in enumerate(data_shards)]
 
 
 def leads(per_rank: list[T], mesh: LearnerMesh) -> list[T]:
@@ -50,4 +64,4 @@ def rank_names(run: Run) -> list[str]:
     return [f"learner{r}" for r in range(len(run.learners))]
 
 
-__all__ = ["assign_rows", "leads", "rank_names", "shards"]
+__all__ = ["assign_rows", "leads", "rank_names", "rank_shards", "shards", "with_advantages"]

@@ -13,7 +13,7 @@ from rlgen.runtime.cluster.waits import LearnerLost
 from rlgen.runtime.errors import RunError
 from rlgen.runtime.setup import Run
 from rlgen.runtime.step.advantages import Batch
-from rlgen.runtime.step.shards import leads, rank_names, shards
+from rlgen.runtime.step.shards import leads, rank_names, rank_shards
 from rlgen.types import JSONDict, Phase, StepResult, StepTimeline
 
 
@@ -30,7 +30,7 @@ class Trained:
 def train_batch(run: Run, step: int, batch: Batch, tl: StepTimeline) -> Trained:
     """Each rank's train_step on its shard; the ranks' RNG digests are kept (a survivor may stand in for a rank
     later) and their spans go on the timeline."""
-    refs = [a.train_step.remote(b) for a, b in zip(run.learners, shards(batch.rows, batch.assignment, run.plan.mesh))]
+    refs = [a.train_step.remote(b) for a, b in zip(run.learners, rank_shards(batch.shards, run.plan.mesh))]
     run.rollouts.prefetch()
     try:
         per_rank = run.waiter.learner_get(refs, f"training step {step}", rank_names(run), run.folders.learner_nodes,
