@@ -63,7 +63,7 @@
 #     long [OVERRIDES]  one GPU: the 1.5B with 32k-token responses (every response at its cap), 3 steps, at the plan's
 #                       token budget: its step breakdown and the learner's peak memory against the plan's
 #     long-7b [OVERRIDES]  two GPUs: the 7B with 16k-token responses, 3 steps, likewise
-#     learner-long     one GPU: the learner alone at reasoning lengths (benchmarks/learner_speed.py): the 0.5B at one
+#     learner-long     one GPU: the learner alone at reasoning lengths (benchmarks/learner_speed.py, a variant a process): the 0.5B at one
 #                       65,536-token micro-batch, as one sequence and as 16 of 4,096, then the 1.5B at one 131,072-token
 #                       sequence; tokens/s, MFU and the peak beside the plan's memory model of the same rank
 #     long-131k [OVERRIDES]  one GPU: 131,072-token sequences end to end: the 1.5B (YaRN x4, from the plan) on
@@ -336,10 +336,14 @@ EOF3
       --out "$out/learner-0_5b-1x65536.json" 2>&1 | tee "$out/learner-long.log"
     "$py" benchmarks/learner_speed.py --model qwen2_5_0_5b "${lrn[@]}" --rows 16 --resp 4032 \
       --out "$out/learner-0_5b-16x4096.json" 2>&1 | tee -a "$out/learner-long.log"
-    # the 1.5B at 131,072 as the plan holds it, then with the MLP tiled and the checkpoints offloaded
-    "$py" benchmarks/learner_speed.py --model qwen2_5_1_5b --variants t131072:ckpt,t131072:ckpt:tiled:offload \
-      --lengths fixed --prompt 64 --warmup 1 --steps 2 --rows 1 --resp 131008 \
-      --out "$out/learner-1_5b-1x131072.json" 2>&1 | tee -a "$out/learner-long.log"
+    # the 1.5B at 131,072 as the plan holds it, then with the MLP tiled and the checkpoints offloaded, each in a
+    # process of its own (a DeepSpeed engine does not give all its memory back: a second variant in the same
+    # process measured 56.3 GiB where alone it takes 36.2)
+    for variant in t131072:ckpt t131072:ckpt:tiled:offload; do
+      "$py" benchmarks/learner_speed.py --model qwen2_5_1_5b --variants "$variant" \
+        --lengths fixed --prompt 64 --warmup 1 --steps 2 --rows 1 --resp 131008 \
+        --out "$out/learner-1_5b-1x131072-${variant//:/-}.json" 2>&1 | tee -a "$out/learner-long.log"
+    done
     ;;
   long-131k|long-7b-65k)
     if [ "$stage" = long-131k ]; then

@@ -12,7 +12,9 @@ budget (``plan``: the budget `rlgen plan` derives for the model on one H200; ``t
 steps, then times --steps steps of --rows sequences: a left-padded prompt of up to --prompt tokens and a response
 of --resp tokens (``fixed``) or of geometric length with mean --mean cut at --resp (``rl``). It prints and writes
 one JSON record per variant and lengths: seconds per step, real tokens per second, the effective MFU (6 x
-parameters x real tokens, the planner's count) and the peak memory.
+parameters x real tokens, the planner's count) and the peak memory. A DeepSpeed engine does not give all its
+GPU memory back when it is freed, so a variant's peak is its own only in a process of its own: where peaks
+matter, run one variant a process (benchmarks/gpu_session.sh learner-long does).
 """
 
 from __future__ import annotations
@@ -113,6 +115,7 @@ def run_variant(args, budget: str, ckpt: bool, lengths: str, extra: list[str] | 
         "step_s": round(step_s, 3), "tokens_per_s": round(tokens / step_s),
         "mfu_6pt": round(6 * params * tokens / step_s / args.peak_tflops / 1e12, 4),
         "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1), "params": params,
+        "reserved_peak_gib": round(torch.cuda.max_memory_reserved() / 2**30, 1),  # the allocator's, slack included
         "attention": args.attention, "yarn_factor": cfg.model.yarn_factor, "tiled_mlp": cfg.learner.tiled_mlp,
         "offload_checkpoints": cfg.learner.offload_checkpoints,
         # the plan's memory model of this rank alone (no engine's IPC buffer beside it), against the measured peak
