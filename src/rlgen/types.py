@@ -231,6 +231,9 @@ class StepResult:
     spans: tuple[tuple[str, float, float], ...]  # (phase, start, end) of this rank's step
     metrics: dict[str, Any]  # loss, grad_norm, mismatch/*, ... (plain numbers; rlgen.learners.group merges them)
     rng_digest: str | None = None  # several ranks: a digest of this rank's RNG states after the step
+    # precision=fp16: the step was skipped because its gradients overflowed the loss scale (dynamic loss scaling
+    # at work, which lowers the scale), not for a non-finite loss or weights
+    overflow: bool = False
 
     @property
     def skipped(self) -> bool:
@@ -239,6 +242,8 @@ class StepResult:
     def record(self) -> dict[str, Any]:
         """The metrics with the step's outcome beside them, as a step record logs them."""
         out = {**self.metrics, "version": self.version, "skipped": self.skipped}
+        if self.overflow:
+            out["overflow_skip"] = True
         return out | ({"skip_reason": self.skip_reason} if self.skipped else {})
 
 

@@ -109,7 +109,7 @@ def _greedy(ray, engine) -> list[list[int]]:
     return [c.token_ids for c in out.completions]
 
 
-def _transport(kind: str, async_steps: int = 0, **kw):
+def _transport(kind: str, async_steps: int = 0, overrides: tuple[str, ...] = (), **kw):
     from rlgen.config.compose import compose_run_config
     from rlgen.plan import build_plan
 
@@ -118,8 +118,9 @@ def _transport(kind: str, async_steps: int = 0, **kw):
           # awake engines
           ["hardware=1xh100", "engine.gpu_memory_utilization=0.3", f"algo.async_steps={async_steps}",
            "engine.engines_per_gpu=1"])  # the one engine these tests start
-    cfg = compose_run_config(["engine=vllm", *hw, f"timeout_s={TIMEOUT_S}"])
-    return make_transport(build_plan(cfg), cfg, bucket_mb=64, **kw)
+    cfg = compose_run_config(["engine=vllm", *hw, f"timeout_s={TIMEOUT_S}", *overrides])
+    plan = build_plan(cfg)
+    return make_transport(plan, plan.config, bucket_mb=64, **kw)
 
 
 def _swap_round_trip(ray, transport, learner, engine, sleep_engines=lambda: None):
@@ -238,13 +239,43 @@ def test_deepspeed_step_changes_parameters(ray_local, models, stage):
     learner = ray.remote(DeepSpeedLearner).options(num_gpus=1).remote(models[0], algo, MonitorConfig(),
                                                                        zero_stage=stage)
     before = ray.get(learner.get_weights.remote(), timeout=TIMEOUT_S)
-    out = ray.get(learner.train_step.remote(_rollout_batch()), timeout=TIMEOUT_S)
+    out = ray.get(learner.train_step.remote(_rollout_batch()), timeout=TIMEOUT_S).record()
     after = ray.get(learner.get_weights.remote(), timeout=TIMEOUT_S)
     assert out["skipped"] is False and out["version"] == 1, out
     assert {k: tuple(v.shape) for k, v in before.items()} == {k: tuple(v.shape) for k, v in after.items()}
     changed = sum(not torch.equal(before[k], after[k]) for k in before)
     assert changed == len(before), f"{changed} of {len(before)} tensors changed"
     ray.kill(learner)
+
+
+@needs_ds
+def test_fp16_learner_weights_reach_a_float16_engine(ray_local, models, shared_gpu):
+    """precision=fp16's weight path: DeepSpeed's fp16 learner trains (an overflow skip of its first scales aside)
+    and its float16 weights go over CUDA IPC into a float16 vLLM engine, whose outputs change."""
+    from rlgen.learners.deepspeed import DeepSpeedLearner
+
+    ray = ray_local
+    engine = _engine(ray, models[0], "cuda_ipc", 0.5, shared_gpu, gpu_memory_utilization=0.3, dtype="float16",
+                     enable_sleep_mode=True)
+    algo = algo_cfg(lr=1e-2, micro_batch_tokens=64, prompts_per_step=2, samples_per_prompt=4)
+    learner = ray.remote(DeepSpeedLearner).options(num_gpus=0.5, **shared_gpu).remote(
+        models[0], algo, MonitorConfig(), zero_stage=2, precision="fp16")
+    transport = _transport("cuda_ipc", async_steps=1, overrides=("precision=fp16",))
+    assert transport.dtype == "float16"
+    transport.setup(learner, [engine], ["engine0"])
+    base = _greedy(ray, engine)
+    applied = 0
+    for step in range(6):
+        out = ray.get(learner.train_step.remote(_rollout_batch(step)), timeout=TIMEOUT_S).record()
+        assert not out["skipped"] or out.get("overflow_skip"), out  # an overflow, never a non-finite step
+        applied += not out["skipped"]
+        if not out["skipped"]:
+            transport.push(out["version"])
+    weights = ray.get(learner.get_weights.remote("float16"), timeout=TIMEOUT_S)
+    assert applied >= 3 and all(str(t.dtype) == "torch.float16" for t in weights.values())
+    assert _greedy(ray, engine) != base
+    for actor in (engine, learner):
+        ray.kill(actor)
 
 
 @needs_ds
@@ -260,7 +291,7 @@ def test_deepspeed_zero3_weights_reach_the_engine_over_nccl(ray_local, models):
     transport.setup(learner, [engine], ["engine0"])
     base = _greedy(ray, engine)
     for step in range(3):  # a large lr on random rollouts: the policy moves visibly
-        out = ray.get(learner.train_step.remote(_rollout_batch(step)), timeout=TIMEOUT_S)
+        out = ray.get(learner.train_step.remote(_rollout_batch(step)), timeout=TIMEOUT_S).record()
         assert not out["skipped"], out
         res = transport.push(out["version"])
     print(f"zero-3 gather + nccl push: {res.seconds:.3f} s")

@@ -20,6 +20,24 @@ YAMLS = sorted((p.parent.name, p.stem) for p in TREE.glob("*/*.yaml"))
 YAML_IDS = [f"{g}={n}" for g, n in YAMLS]
 
 
+def _package(group: str, name: str) -> str:
+    """Where a group option's values land: its `# @package` header's node, or its group's."""
+    first = (TREE / group / f"{name}.yaml").read_text().splitlines()[0]
+    return first.split("@package", 1)[1].strip() if "@package" in first else group
+
+
+PRESET_GROUPS = {g for g, n in YAMLS if _package(g, n) != g}  # presets over another group's node (correction)
+SCHEMA_YAMLS = [(g, n) for g, n in YAMLS if g not in PRESET_GROUPS]  # those that start from their group's schema
+SCHEMA_IDS = [f"{g}={n}" for g, n in SCHEMA_YAMLS]
+
+
+@pytest.mark.parametrize("name", sorted(n for g, n in YAMLS if g in PRESET_GROUPS))
+def test_a_preset_over_another_node_sets_values_only(name):
+    raw = OmegaConf.to_container(OmegaConf.load(TREE / "correction" / f"{name}.yaml"))
+    assert "defaults" not in raw and raw  # no base of its own: it overrides the algo preset's values, no others
+    assert set(raw) <= set(OmegaConf.to_container(OmegaConf.structured(_composed().algo)))
+
+
 @functools.cache
 def _composed(*overrides: str):
     """compose_run_config, memoised: several tests here read the same compositions (none mutates them)."""
@@ -68,7 +86,9 @@ def _assert_subset(expected: dict, actual: dict, where: str) -> None:
 
 
 def test_tree_discovery_covers_every_schema_group():
-    groups = {g for g, _ in YAMLS}
+    groups = {g for g, _ in YAMLS} - PRESET_GROUPS
+    assert PRESET_GROUPS == {"correction"} and all(_package("correction", n) == "algo" for g, n in YAMLS
+                                                  if g == "correction")
     assert groups == set(_GROUPS), (
         "each conf/<group>/ must have a schema in rlgen.config._GROUPS and vice versa"
     )
@@ -85,8 +105,9 @@ def test_package_tree_is_the_one_composed_and_the_repo_symlink_points_at_it():
 @pytest.mark.parametrize(("group", "name"), YAMLS, ids=YAML_IDS)
 def test_yaml_composes_alone_with_its_values(group, name):
     cfg = _composed(f"{group}={name}")
-    composed = OmegaConf.to_container(OmegaConf.structured(getattr(cfg, group)), enum_to_str=True)
-    _assert_subset(_yaml_values(group, name), composed, group)
+    node = _package(group, name)
+    composed = OmegaConf.to_container(OmegaConf.structured(getattr(cfg, node)), enum_to_str=True)
+    _assert_subset(_yaml_values(group, name), composed, node)
 
 
 def _server_info(url, token, timeout_s=10.0):
@@ -135,7 +156,7 @@ def _defaults(group: str, name: str) -> list:
     return list(OmegaConf.to_container(OmegaConf.load(TREE / group / f"{name}.yaml")).get("defaults") or [])
 
 
-@pytest.mark.parametrize(("group", "name"), YAMLS, ids=YAML_IDS)
+@pytest.mark.parametrize(("group", "name"), SCHEMA_YAMLS, ids=SCHEMA_IDS)
 def test_yaml_defaults_start_from_the_schema_and_end_with_self(group, name):
     defaults = _defaults(group, name)
     assert defaults, f"conf/{group}/{name}.yaml has no defaults list; start it with [base_{group}, _self_]"
@@ -146,7 +167,7 @@ def test_yaml_defaults_start_from_the_schema_and_end_with_self(group, name):
     assert defaults[-1] == "_self_", "the file's own values must come last so they override the base"
 
 
-@pytest.mark.parametrize(("group", "name"), YAMLS, ids=YAML_IDS)
+@pytest.mark.parametrize(("group", "name"), SCHEMA_YAMLS, ids=SCHEMA_IDS)
 def test_yaml_inheritance_chain_reaches_the_schema(group, name):
     seen = [name]
     current = name
@@ -164,6 +185,9 @@ def test_root_config_starts_from_the_schema():
     assert defaults[0] == "base_config"
     assert defaults[-1] == "_self_"
     chosen = {k: v for d in defaults if isinstance(d, dict) for k, v in d.items() if not k.startswith("override hydra/")}
+    presets = {k: chosen.pop(k) for k in PRESET_GROUPS}  # none chosen: the algo preset's own values stand
+    assert presets == {"correction": None} and list(chosen).index("algo") < [
+        next(iter(d)) for d in defaults if isinstance(d, dict)].index("correction")  # over the algo preset
     assert set(chosen) == set(_GROUPS)
     for group, name in chosen.items():
         assert (TREE / group / f"{name}.yaml").is_file()

@@ -24,6 +24,13 @@ class Transport(StrEnum):
     lora_adapter = "lora_adapter"  # LoRA: each new adapter version (megabytes) to every engine; the base stays put
 
 
+class Precision(StrEnum):
+    """The 16-bit format a run generates and trains in on GPUs (docs/correctness.md, "Precision")."""
+
+    bf16 = "bf16"  # engines in bfloat16; learners bf16 with fp32 master weights (the torch learner: float32)
+    fp16 = "fp16"  # engines in float16; learners fp16 with fp32 master weights and dynamic loss scaling
+
+
 class LossAgg(StrEnum):
     token_mean = "token_mean"  # every response token of the batch weighs the same (DAPO; the grpo preset's)
     seq_mean_token_mean = "seq_mean_token_mean"  # mean over a sequence's tokens, then over sequences (GRPO paper, GSPO)

@@ -24,6 +24,7 @@ from rlgen.config.choices import (  # noqa: F401 - re-exported: the schema's cho
     LongPrompts,
     LossAgg,
     OldLogprobs,
+    Precision,
     PromptFormat,
     RewardStd,
     ScaleRewards,
@@ -61,7 +62,7 @@ class EngineConfig:
     # (docs/benchmarks.md). true: vLLM's torch.compile and piecewise graphs (its first start on a host compiles
     # for about 20 s; later starts read the cache)
     torch_compile: bool = False
-    dtype: str = "bfloat16"
+    dtype: str | None = None  # null: from precision (bf16: bfloat16, fp16: float16); the hf engine on CPU: float32
     colocate: bool = False  # share the learners' GPUs; needs enable_sleep_mode
     enable_sleep_mode: bool = False
     seed: int = 0
@@ -340,6 +341,10 @@ class RunConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     steps: int = 40
     seed: int = 0
+    precision: Precision = Precision.bf16  # the 16-bit format engines and learners compute in on GPUs
+    # true: vLLM's batch-invariant kernels, the learners' deterministic algorithms and completions in a fixed order,
+    # so one seed gives the same tokens, logprobs and metrics (docs/correctness.md, "Deterministic runs")
+    deterministic: bool = False
     timeout_s: float = 300.0  # every wait on an actor during the run gives up after this long
     startup_timeout_s: float = 900.0  # reserving resources and starting actors (vLLM compiles: minutes)
     cache_dir: str = "~/.cache/rlgen"  # built tiny models and tokenizers

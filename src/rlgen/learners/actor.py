@@ -24,7 +24,7 @@ from rlgen.learners.token_batch import TokenBatch
 from rlgen.packing import pack
 from rlgen.types import RolloutBatch, StepResult
 
-COUNTERS = ("version", "calls", "skipped_steps", "consecutive_skips", "last_skip_reason")
+COUNTERS = ("version", "calls", "skipped_steps", "consecutive_skips", "last_skip_reason", "overflow_skips")
 
 
 class NonFiniteWeightsError(RuntimeError):
@@ -68,17 +68,22 @@ class LearnerActor:
         self.calls = 0
         self.skipped_steps = 0
         self.consecutive_skips = 0
+        self.overflow_skips = 0  # precision=fp16: steps the loss scale skipped
         self.last_skip_reason: str | None = None
 
-    def _record_outcome(self, reason: str | None) -> None:
-        """Count the step: a new version when applied (reason None), a skip otherwise."""
+    def _record_outcome(self, reason: str | None, overflow: bool = False) -> None:
+        """Count the step: a new version when applied (reason None), a skip otherwise (overflow: an fp16 loss
+        scale's, counted apart as well)."""
         if reason is None:
             self.version += 1
             self.consecutive_skips = 0
         else:
             self.skipped_steps += 1
-            self.consecutive_skips += 1
             self.last_skip_reason = reason
+            if overflow:  # the loss scale at work: not a non-finite step (health stays ok)
+                self.overflow_skips += 1
+            else:
+                self.consecutive_skips += 1
 
     def _counters(self) -> dict[str, Any]:
         """Counters and RNG states a checkpoint keeps (plain values and CPU tensors)."""
@@ -90,7 +95,7 @@ class LearnerActor:
 
     def _restore_counters(self, state: dict[str, Any]) -> None:
         for key in COUNTERS:
-            setattr(self, key, state[key])
+            setattr(self, key, state.get(key, 0) if key == "overflow_skips" else state[key])  # older: none kept
         torch.set_rng_state(state["torch_rng"])
         if "cuda_rng" in state and self.device.type == "cuda":
             torch.cuda.set_rng_state(state["cuda_rng"], self.device)
@@ -135,6 +140,7 @@ class LearnerActor:
             "steps": self.calls,
             "skipped_steps": self.skipped_steps,
             "consecutive_skips": self.consecutive_skips,
+            "overflow_skips": self.overflow_skips,
             "last_skip_reason": self.last_skip_reason,
             "startup": self.clock.to_dict() if hasattr(self, "clock") else None,
             **process_info(),

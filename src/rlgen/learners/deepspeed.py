@@ -1,4 +1,5 @@
-"""A DeepSpeed ZeRO learner (stage 2 or 3) on one GPU per rank: bf16, gradient checkpointing, micro-batches.
+"""A DeepSpeed ZeRO learner (stage 2 or 3) on one GPU per rank: bf16 (or fp16, precision), gradient checkpointing,
+micro-batches.
 
 Same actor calls (rlgen.learners.actor), metrics keys and loss (rlgen.learners.step_core) as the torch learner;
 what differs is what ZeRO forces. The loss is divided by the whole batch's denominator before backward,
@@ -30,7 +31,7 @@ from rlgen.learners.ds_setup import CLIENT_KEY, DS_TAG, DeferredFiles, build_ds_
 from rlgen.learners.grpo_step import inverse
 from rlgen.learners.lora import AdapterOff
 from rlgen.learners.offload import offload_checkpoints as offload
-from rlgen.learners.policy import adamw, frozen_reference, load_policy, with_lora
+from rlgen.learners.policy import adamw, deterministic_algorithms, frozen_reference, load_policy, with_lora
 from rlgen.learners.sending import PolicySender
 from rlgen.learners.tiling import tile_mlps
 from rlgen.learners.token_batch import TokenBatch
@@ -96,6 +97,8 @@ class DeepSpeedLearner(PolicySender, LearnerActor):
         sequence_parallel: int = 1,
         tiled_mlp: bool = False,
         offload_checkpoints: bool = False,
+        precision: str = "bf16",
+        deterministic: bool = False,
     ) -> None:
         self.clock = ActorClock()
         if not torch.cuda.is_available():
@@ -113,13 +116,17 @@ class DeepSpeedLearner(PolicySender, LearnerActor):
         with beside_engine_starts(name, MEASURE_WAIT_S):
             self.clock.step("wait for engines sizing their KV cache")
             os.environ.update({k: str(v) for k, v in (env or {}).items()})
+            if deterministic:  # before the first CUDA work: cuBLAS reads its workspace setting once
+                deterministic_algorithms()
             torch.manual_seed(seed)
             torch.cuda.set_device(0)  # Ray narrows CUDA_VISIBLE_DEVICES to this actor's GPU
             self._init_state(algo, monitor, rank, name, torch.device("cuda", 0), zero_stage, sync_bucket_bytes,
                              world_size, release_memory, algorithm)
-            self.ds_config = build_ds_config(algo, zero_stage=self.zero_stage, world_size=world_size)
-
-            module = load_policy(model_path, torch.bfloat16, self.device)
+            self.ds_config = build_ds_config(algo, zero_stage=self.zero_stage, world_size=world_size,
+                                             precision=precision)
+            self.fp16 = precision == "fp16"
+            half = torch.float16 if self.fp16 else torch.bfloat16
+            module = load_policy(model_path, half, self.device)
             use_packed_attention(module, attention)
             if tiled_mlp:
                 tile_mlps(module)
@@ -131,7 +138,7 @@ class DeepSpeedLearner(PolicySender, LearnerActor):
             if lora:  # only the adapters train; the base with them off is the KL reference
                 module = self.peft = with_lora(module, lora, resume_from, lora_init)
             elif algo.kl_coef > 0:  # a full bf16 copy; fine for the sizes rlgen targets on one GPU
-                self.core.ref_model = frozen_reference(ref_model_path or model_path, torch.bfloat16, self.device,
+                self.core.ref_model = frozen_reference(ref_model_path or model_path, half, self.device,
                                                        attention, tiled_mlp)
             self.clock.step("weights")
             _, optimizer = adamw(module, algo)
@@ -168,6 +175,7 @@ class DeepSpeedLearner(PolicySender, LearnerActor):
         self.release_memory = bool(release_memory)
         self._ckpt_files = DeferredFiles(None)  # wraps DeepSpeed's checkpoint engine once there is one
         self.sync_blocked = None
+        self.fp16 = False  # precision=fp16: DeepSpeed's loss scale (its skips are overflows, not non-finite steps)
 
     # -- training --------------------------------------------------------------------------------------
     def train_step(self, batch: TokenBatch | RolloutBatch) -> StepResult:
@@ -193,8 +201,13 @@ class DeepSpeedLearner(PolicySender, LearnerActor):
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
         grad_norm = float(norm) if norm is not None else float("nan")
+        overflow = False
         if not math.isfinite(loss):
             reason = f"non-finite loss ({loss}) at step {step_index}"
+        elif not self.engine.was_step_applied() and self.fp16:  # DeepSpeed's loss scale skipped it and lowered
+            overflow = True
+            reason = (f"fp16 overflow at step {step_index}: the gradients overflowed the loss scale, so the update "
+                      f"was skipped (the scale is now {self._loss_scale()})")
         elif not self.engine.was_step_applied():
             reason = f"non-finite gradient norm ({grad_norm}) at step {step_index}"
         elif not self._local_weights_finite():
@@ -202,11 +215,17 @@ class DeepSpeedLearner(PolicySender, LearnerActor):
             self.sync_blocked = reason
         else:
             reason = None
-        self._record_outcome(reason)
+        self._record_outcome(reason, overflow)
         if self.release_memory:  # colocated: hand the allocator's cache back before the engines wake up
             torch.cuda.empty_cache()
         return core.result(step, sums, losses, grad_norm=grad_norm, version=self.version, reason=reason,
-                           start=start)
+                           start=start, overflow=overflow)
+
+    def _loss_scale(self) -> str:
+        """DeepSpeed's current fp16 loss scale, as its optimizer wrapper names it."""
+        opt = self.engine.optimizer
+        scale = getattr(opt, "cur_scale", None) or getattr(getattr(opt, "loss_scaler", None), "cur_scale", None)
+        return f"{scale:g}" if isinstance(scale, (int, float)) else "lower"
 
     def _micro_backward(self, loss: torch.Tensor) -> None:
         """The engine's backward of one micro-batch's loss, already divided (scale_wrt_gas off: the learner

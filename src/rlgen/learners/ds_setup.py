@@ -40,10 +40,18 @@ class DeferredFiles:
         return getattr(self.inner, name)
 
 
-def build_ds_config(algo: AlgoConfig, *, zero_stage: int, world_size: int = 1, bf16: bool = True) -> dict[str, Any]:
+# precision=fp16: dynamic loss scaling from 2^16, halved at an overflow (which skips the step) after a second in a
+# row (hysteresis 2), doubled after 1,000 steps without one, never below 1
+FP16 = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000, "hysteresis": 2,
+        "min_loss_scale": 1}
+
+
+def build_ds_config(algo: AlgoConfig, *, zero_stage: int, world_size: int = 1, bf16: bool = True,
+                    precision: str = "bf16") -> dict[str, Any]:
     """The DeepSpeed JSON config for this learner. Pure: no deepspeed import. A step's micro-batches are as many as
     its tokens need (rlgen.microbatches), so the learner marks the last one as the accumulation boundary itself;
-    DeepSpeed's batch geometry counts one micro-batch of one row a rank."""
+    DeepSpeed's batch geometry counts one micro-batch of one row a rank. precision="fp16": DeepSpeed's fp16 with
+    fp32 master weights and dynamic loss scaling (FP16) in place of bf16."""
     if zero_stage not in (2, 3):
         raise ValueError(f"learner.zero_stage={zero_stage}: this learner runs ZeRO stage 2 or 3.")
     zero: dict[str, Any] = {"stage": zero_stage, "overlap_comm": True, "contiguous_gradients": True,
@@ -56,7 +64,7 @@ def build_ds_config(algo: AlgoConfig, *, zero_stage: int, world_size: int = 1, b
         "gradient_accumulation_steps": 1,
         "train_batch_size": world_size,
         "gradient_clipping": float(algo.grad_clip) if algo.grad_clip > 0 else 0.0,
-        "bf16": {"enabled": bool(bf16), "check_grad_overflow": True},
+        **({"fp16": dict(FP16)} if precision == "fp16" else {"bf16": {"enabled": bool(bf16), "check_grad_overflow": True}}),
         "data_types": {"grad_accum_dtype": "fp32"},
         "zero_optimization": zero,
         "zero_allow_untested_optimizer": True,  # torch AdamW as a client optimizer: no op builds needed

@@ -105,12 +105,14 @@ def merge_rank_metrics(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def merge_results(per_rank: Sequence[StepResult]) -> StepResult:
     """One step's result from every rank's (one per data shard: a sequence group's peers answer as its lead):
     the metrics merged (merge_rank_metrics), the version rank 0's (the ranks step together), skipped where any rank
-    skipped, with the first reason. Spans and RNG digests are each rank's own and left out."""
+    skipped, with the first reason (an fp16 overflow where every skipping rank overflowed). Spans and RNG digests
+    are each rank's own and left out."""
     if not per_rank:
         raise ValueError("no rank reported")
     reason = next((r.skip_reason for r in per_rank if r.skip_reason is not None), None)
     return StepResult(version=per_rank[0].version, skip_reason=reason, spans=(),
-                      metrics=merge_rank_metrics([r.metrics for r in per_rank]))
+                      metrics=merge_rank_metrics([r.metrics for r in per_rank]),
+                      overflow=reason is not None and all(r.overflow for r in per_rank if r.skip_reason is not None))
 
 
 __all__ = ["CollectiveFailed", "free_endpoint", "merge_rank_metrics", "merge_results"]

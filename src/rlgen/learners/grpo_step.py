@@ -243,6 +243,7 @@ def step_result(
     reason: str | None,
     delta_threshold: float,
     start: float,
+    overflow: bool = False,
 ) -> StepResult:
     """What `Learner.train_step` returns: the policy version after the step, why it was skipped (reason; None
     when applied), its span and its metrics. kl_value None: no reference model (no "kl" key). Mismatch metrics
@@ -278,7 +279,7 @@ def step_result(
     by_length = mismatch_by_length(sums.trainer_logp, step.engine_logp, step.mask, delta_threshold)
     out.update({f"mismatch/{k}": v for k, v in by_length.items()})
     return StepResult(version=version, skip_reason=reason, spans=((Phase.train.value, start, time.time()),),
-                      metrics=out)
+                      metrics=out, overflow=overflow)
 
 
 __all__ = [

@@ -26,6 +26,16 @@ def disable_dropout(model: nn.Module) -> None:
             module.attention_dropout = 0.0
 
 
+def deterministic_algorithms() -> None:
+    """torch's deterministic algorithms for this process (deterministic=true), before its first CUDA work: cuBLAS's
+    fixed workspace, cuDNN without autotuning. An op without a deterministic kernel warns rather than fails, so a
+    run records where determinism ends rather than stopping there."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+
+
 def load_policy(model_path: str, dtype: torch.dtype, device: torch.device) -> nn.Module:
     """The HF causal LM of the folder, in dtype on device, with dropout off."""
     from transformers import AutoModelForCausalLM

@@ -46,10 +46,12 @@ def _lora_kwargs(cfg: RunConfig, plan: Any = None) -> dict[str, Any]:
 
 def _torch_kwargs(cfg: RunConfig, plan: Any = None) -> dict[str, Any]:
     """LoRA's settings, how long a collective of several ranks may wait (runtime.hang_timeout_s), the
-    packed-attention backend the plan chose, the learner mesh's sequence degree and whether MLPs are tiled."""
+    packed-attention backend the plan chose, the learner mesh's sequence degree, whether MLPs are tiled, the
+    run's precision and whether it is deterministic."""
     return {**_lora_kwargs(cfg), "hang_timeout_s": float(cfg.runtime.hang_timeout_s),
             "attention": str(cfg.learner.attention), "sequence_parallel": int(cfg.learner.sequence_parallel or 1),
-            "tiled_mlp": bool(cfg.learner.tiled_mlp)}
+            "tiled_mlp": bool(cfg.learner.tiled_mlp), "precision": str(cfg.precision),
+            "deterministic": bool(cfg.deterministic)}
 
 
 def _deepspeed_kwargs(cfg: RunConfig, plan: Any) -> dict[str, Any]:

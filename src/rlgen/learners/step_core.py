@@ -107,14 +107,15 @@ class StepCore:
         return sums.losses(inverse(denom), self.algo)
 
     def result(self, step: TokenBatch, sums: StepSums, losses: tuple[float, float, float], *, grad_norm: float,
-               version: int, reason: str | None, start: float) -> StepResult:
+               version: int, reason: str | None, start: float, overflow: bool = False) -> StepResult:
         """What train_step returns (`Learner.train_step`): the policy version after the step, the skip reason
-        (None: applied), the train span from start to now, and the metrics with the losses from `losses`."""
+        (None: applied; overflow: an fp16 loss scale's skip), the train span from start to now, and the metrics
+        with the losses from `losses`."""
         pg_loss, kl_value, loss = losses
         return step_result(step, sums, loss=loss, pg_loss=pg_loss,
-                                kl_value=kl_value if self.kl_in_loss() else None, grad_norm=grad_norm,
-                                version=version, reason=reason, delta_threshold=self.monitor.delta_threshold,
-                                start=start)
+                           kl_value=kl_value if self.kl_in_loss() else None, grad_norm=grad_norm,
+                           version=version, reason=reason, delta_threshold=self.monitor.delta_threshold,
+                           start=start, overflow=overflow)
 
     def sequence_kl(self, batch: TokenBatch | RolloutBatch) -> list[float]:
         """Each sequence's summed KL between the engine's policy and the reference (algo.kl_penalty=reward: the

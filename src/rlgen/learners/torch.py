@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
@@ -18,8 +19,9 @@ from rlgen.learners.attention import use_packed_attention
 from rlgen.learners.background import to_host
 from rlgen.learners.collective import join_group, leave_group, rng_digest, sum_over_ranks
 from rlgen.learners.group import CollectiveFailed
+from rlgen.learners.grpo_step import inverse
 from rlgen.learners.lora import AdapterOff, merged_weights
-from rlgen.learners.policy import adamw, frozen_reference, load_policy, with_lora
+from rlgen.learners.policy import adamw, deterministic_algorithms, frozen_reference, load_policy, with_lora
 from rlgen.learners.tiling import tile_mlps
 from rlgen.learners.token_batch import TokenBatch
 from rlgen.learners.ulysses import join_sequence_groups, learner_mesh
@@ -62,6 +64,8 @@ class TorchLearner(LearnerActor):
         attention: str = "sdpa_segments",
         sequence_parallel: int = 1,
         tiled_mlp: bool = False,
+        precision: str = "bf16",
+        deterministic: bool = False,
     ) -> None:
         """ref_model_path: the frozen reference for algo.kl_coef > 0 (default: model_path). resume_from: a
         checkpoint folder whose learner state (optimizer, counters, RNG) this learner continues from; its
@@ -74,12 +78,17 @@ class TorchLearner(LearnerActor):
         (rlgen.learners.attention; the plan's learner.attention). sequence_parallel: the learner mesh's sequence
         degree (rlgen.mesh): groups of that many neighbouring ranks train the same rows, each forwarding a slice of
         every micro-batch's tokens (rlgen.learners.ulysses). tiled_mlp: each layer's MLP a tile of tokens at a time
-        (rlgen.learners.tiling)."""
+        (rlgen.learners.tiling). precision: "fp16" computes the forwards in float16 under autocast over the float32
+        weights, with torch's GradScaler for dynamic loss scaling (a step whose gradients overflow is skipped and
+        counted, StepResult.overflow); else float32 throughout. deterministic: torch's deterministic algorithms
+        (rlgen.learners.policy.deterministic_algorithms)."""
         self.clock = ActorClock()
         import transformers  # noqa: F401 - its import time is the clock's first phase
 
         if num_threads:
             torch.set_num_threads(num_threads)
+        if deterministic:
+            deterministic_algorithms()
         torch.manual_seed(seed)
         self._init_actor(algo, monitor, rank, name, torch.device(device), algorithm)
         self.clock.step("import transformers")
@@ -93,6 +102,7 @@ class TorchLearner(LearnerActor):
             self.clock.step("LoRA adapters")
         self.model.train()
         self.params, self.optimizer = adamw(self.model, algo)
+        self.scaler = torch.amp.GradScaler(self.device.type) if precision == "fp16" else None
         if algo.kl_coef > 0 and self.peft is not None:
             self.core.ref_model = AdapterOff(self.model, self.peft)
         elif algo.kl_coef > 0:
@@ -101,6 +111,8 @@ class TorchLearner(LearnerActor):
         if resume_from:
             state = load_learner_state(resume_from, self.rank)
             self.optimizer.load_state_dict(state["optimizer"])
+            if self.scaler is not None and "scaler" in state:
+                self.scaler.load_state_dict(state["scaler"])
             self._restore_counters(state)
         self.world_size, self.hang_timeout_s = int(world_size), float(hang_timeout_s)
         self.mesh = learner_mesh(self.world_size, sequence_parallel)
@@ -145,37 +157,72 @@ class TorchLearner(LearnerActor):
         step_index = self.calls
         self.calls += 1
         algo, core = self.algo, self.core
-        step = core.prepare(self.model, batch)
+        with self._compute():
+            step = core.prepare(self.model, batch)
+            self.optimizer.zero_grad(set_to_none=True)
+            scale = None
+            if self.scaler is not None:  # fp16: each micro-batch's loss over the whole batch's denominator
+                denom = self._whole_denominator(step_index, core.denominator(self.model, step))  # before backward,
+                scale = inverse(denom)  # so the scaled gradients are the loss's, not a sum of many tokens'
+            sums = core.accumulate(self.model, step, self._micro_backward, scale=scale)
 
-        self.optimizer.zero_grad(set_to_none=True)
-        sums = core.accumulate(self.model, step, self._micro_backward)
-
-        denom = sums.totals["denom"]
-        if self.world_size > 1:
-            denom = self._sum_gradients(step_index, denom)
-        if denom > 0:
-            for p in self.params:
-                if p.grad is not None:
-                    p.grad.div_(denom)
+        if scale is None:
+            denom = sums.totals["denom"]
+            if self.world_size > 1:
+                denom = self._sum_gradients(step_index, denom)
+            if denom > 0:
+                for p in self.params:
+                    if p.grad is not None:
+                        p.grad.div_(denom)
+        else:
+            if self.world_size > 1:
+                self._sum_gradients(step_index, 0.0)
+            self.scaler.unscale_(self.optimizer)  # the summed gradients, alike on every rank, back to their size
         losses = core.losses(sums, denom)
         loss = losses[2]
         max_norm = algo.grad_clip if algo.grad_clip > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm).item())
 
-        if not math.isfinite(grad_norm):
+        overflow = self.scaler is not None and not math.isfinite(grad_norm) and math.isfinite(loss)
+        if overflow:
+            reason = (f"fp16 overflow at step {step_index}: the gradients overflowed at loss scale "
+                      f"{self.scaler.get_scale():g}, so the update was skipped and the scale lowered")
+        elif not math.isfinite(grad_norm):
             reason = f"non-finite gradient norm ({grad_norm}) at step {step_index}"
         elif not math.isfinite(loss):
             reason = f"non-finite loss ({loss}) at step {step_index}"
         else:
             reason = self._guarded_step(step_index)
+        if self.scaler is not None:  # after every unscale_: lowers the scale after an overflow, else may raise it
+            self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        self._record_outcome(reason)
+        self._record_outcome(reason, overflow)
         return core.result(step, sums, losses, grad_norm=grad_norm, version=self.version, reason=reason,
-                           start=start)
+                           start=start, overflow=overflow)
+
+    def _compute(self) -> Any:
+        """The forwards' precision: fp16 autocast over the float32 master weights (precision=fp16), else as
+        loaded."""
+        if self.scaler is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.float16)
 
     def _micro_backward(self, loss: torch.Tensor) -> None:
-        """The backward of one micro-batch's loss (undivided): its gradients add to the parameters'."""
-        loss.backward()
+        """The backward of one micro-batch's loss (undivided): its gradients add to the parameters' (times the
+        loss scale under precision=fp16, outside autocast)."""
+        if self.scaler is None:
+            loss.backward()
+            return
+        with torch.autocast(self.device.type, enabled=False):
+            self.scaler.scale(loss).backward()
+
+    def _whole_denominator(self, step_index: int, own: float) -> float:
+        """The whole batch's loss denominator from this rank's share (a sequence group's once, by its lead)."""
+        if self.world_size == 1:
+            return own
+        return sum_over_ranks([torch.zeros(1, device=self.device)], own if self.mesh.leads(self.rank) else 0.0,
+                              rank=self.rank, operation=f"the loss denominator of step {step_index}",
+                              timeout_s=self.hang_timeout_s)
 
     def _sum_gradients(self, step_index: int, denom: float) -> float:
         """The gradient all-reduce: every rank's gradients (undivided) and loss denominator summed over the group
@@ -199,7 +246,7 @@ class TorchLearner(LearnerActor):
             if self.rank != 0:  # transformers writes a model folder only on torch.distributed rank 0, and this
                 leave_group()   # group lost a rank anyway: the run stops once this checkpoint is written
             jobs.append(self._model_folder_job(os.path.join(path, "model"), False))
-        state = {**self._counters(), "optimizer": self.optimizer.state_dict()}
+        state = {**self._counters(), **self._scale_state(), "optimizer": self.optimizer.state_dict()}
         jobs.extend((lambda r=r: save_learner_state(path, r, state)) for r in ranks)
         for job in jobs:
             job()
@@ -261,11 +308,15 @@ class TorchLearner(LearnerActor):
         jobs = []
         if self.rank == 0:
             jobs.append(self._model_folder_job(os.path.join(path, "model"), background))
-        state = {**self._counters(), "optimizer": to_host(self.optimizer.state_dict()) if background
-                 else self.optimizer.state_dict()}
+        state = {**self._counters(), **self._scale_state(), "optimizer": to_host(self.optimizer.state_dict())
+                 if background else self.optimizer.state_dict()}
         jobs.append(lambda: save_learner_state(path, self.rank, state))
         self._writer.run(jobs, path, self.rank, background)
         return {"actor": self.name, "version": self.version, "seconds": time.time() - t0, "background": background}
+
+    def _scale_state(self) -> dict[str, Any]:
+        """The loss scaler's state where there is one (precision=fp16), for a checkpoint's learner state."""
+        return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}
 
     def _model_folder_job(self, model_dir: str, background: bool) -> Any:
         """A job writing the policy's folder: the adapter folder with LoRA (megabytes), else the HF model folder.

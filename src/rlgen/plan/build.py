@@ -32,6 +32,7 @@ from rlgen.plan.checks.spanning import (
 )
 from rlgen.plan.checks.values import check_values, once_per_nonfinite
 from rlgen.plan.context import fill_context
+from rlgen.plan.determinism import resolve_determinism
 from rlgen.plan.disk import disk_writes
 from rlgen.plan.env_bound import env_time_notes
 from rlgen.plan.headroom import hardware_room
@@ -42,6 +43,7 @@ from rlgen.plan.memory import GIB, adapter_params, response_bound, share_part
 from rlgen.plan.mesh import resolve_mesh
 from rlgen.plan.model_folder import with_model_folder
 from rlgen.plan.overlap import default_async_steps, fit_with_overlap
+from rlgen.plan.precision import resolve_precision
 from rlgen.plan.recipes import fill_recipe
 from rlgen.plan.slots import default_engines_per_gpu, place_engines, place_learners
 from rlgen.plan.task_bounds import fill_task_bounds
@@ -182,6 +184,9 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
     p: list[str] = []
     p.extend(algorithm_problems(cfg.algo))
     check_values(cfg, p)
+    cfg, precision = resolve_precision(cfg, p)
+    settings += precision
+    cfg, determinism = resolve_determinism(cfg, spec)
     layout = layout_of(cfg, spec)
     derived_async = default_async_steps(cfg, spec, layout is Layout.colocated) if cfg.algo.async_steps is None else None
     if derived_async:
@@ -228,7 +233,8 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
         hardware=cfg.hardware.name, nodes=cfg.hardware.nodes, gpus_per_node=cfg.hardware.gpus_per_node,
         engines=_shares(engines, cfg, spec), learners=learners, transport=transport_of(cfg, spec, layout),
         batch=batch, model=ms, async_steps=cfg.algo.async_steps, engine_env=env, mesh=mesh,
-        warnings=tuple(_idle_engine_gpus(cfg, engines, layout) + dropped + env_time_notes(cfg, len(engines))),
+        warnings=tuple(_idle_engine_gpus(cfg, engines, layout) + dropped + env_time_notes(cfg, len(engines))
+                       + determinism),
         settings=tuple(settings), memory=memory,
         disk=disk_writes(cfg, ms.params, learner.kind, adapter_params(cfg)),
         room=hardware_room(cfg, spec, layout, engines, learners, ms),

@@ -15,8 +15,10 @@ from rlgen.plan.build import count_params, layout_of, model_summary, spec_of, tr
 from rlgen.plan.checks.spanning import check_engine_floor, hardware_problems, live_vllm_env
 from rlgen.plan.checks.values import check_values
 from rlgen.plan.context import positions
+from rlgen.plan.determinism import resolve_determinism
 from rlgen.plan.layout import BatchGeometry, Layout, Plan, PlanError
 from rlgen.plan.model_folder import with_model_folder
+from rlgen.plan.precision import resolve_precision
 from rlgen.plan.recipes import fill_recipe
 from rlgen.plan.slots import place_engines
 from rlgen.wire.protocol import TOKEN_ENV
@@ -112,8 +114,10 @@ def build_serve_plan(cfg: RunConfig, token: str | None = None) -> Plan:
         p.append(f"engine.max_model_len={cfg.engine.max_model_len} is over model {cfg.model.name}'s "
                  f"{positions(cfg.model)} positions; lower it.")
     check_engine_floor(cfg, spec, ms, p)
+    cfg, _ = resolve_precision(cfg, p)  # the engines' dtype, from precision where engine.dtype is null
     if p:
         raise PlanError(p)
+    cfg, determinism = resolve_determinism(cfg, spec)
     env, dropped = live_vllm_env(cfg.engine.env) if spec.passes_env else ({}, [])
     device = "cuda" if cfg.hardware.gpus_per_node else "cpu"
     layout = layout_of(cfg, spec)
@@ -123,7 +127,7 @@ def build_serve_plan(cfg: RunConfig, token: str | None = None) -> Plan:
         device=device, hardware=cfg.hardware.name, nodes=cfg.hardware.nodes, gpus_per_node=cfg.hardware.gpus_per_node,
         engines=tuple(dataclasses.replace(e, memory_share=share) for e in engines), learners=(),
         transport=transport_of(cfg, spec, layout), batch=BatchGeometry(0, 0, 0, 0, 0, 0, 0, cfg.engine.max_model_len),
-        model=ms, async_steps=0, engine_env=env, warnings=tuple(dropped),
+        model=ms, async_steps=0, engine_env=env, warnings=tuple(dropped + determinism),
         settings=tuple(settings + [Setting("engine.num_engines", cfg.serve.data_parallel, "serve.data_parallel")]),
     )
 

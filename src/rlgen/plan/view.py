@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from rlgen.plan import GIB, Plan
+from rlgen.plan.determinism import determinism_line
 from rlgen.plan.layouts import LORA_ONLY, LayoutOption, faster_layout_line
 from rlgen.plan.lengths import shaped_mean
 from rlgen.plan.prediction import predict, print_prediction
@@ -75,6 +76,17 @@ def partial_line(a: Any, async_steps: int) -> str:
     return (f"{a.partial_rollouts:.0%} more groups in flight than a step trains; a group still running when the "
             f"step's are done is carried, at most {m} step{'s' if m > 1 else ''}, so a response's tokens may come from "
             f"policy versions up to {async_steps + m * (async_steps + 1)} behind the learner's")
+
+
+def precision_line(plan: Plan) -> str:
+    """What `precision` means for this plan's engines, learners and weights."""
+    cfg = plan.config
+    if plan.device != "cuda":
+        return f"{cfg.precision}: on CPU engines and learners compute in float32"
+    learner = ("fp16 with fp32 master weights and dynamic loss scaling (overflowing steps skipped and counted: "
+               "overflow_skip)" if cfg.precision == "fp16" else
+               "float32" if plan.learner_kind == "torch" else "bf16 with fp32 master weights")
+    return f"{cfg.precision}: engines {cfg.engine.dtype}; learners {learner}; weights sent in {cfg.engine.dtype}"
 
 
 def algorithm_rows(a) -> list[tuple[str, str]]:
@@ -183,6 +195,8 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
     g.add_row("async_steps", f"{plan.async_steps} ({'on-policy' if plan.async_steps == 0 else 'engines may run ahead'})")
     g.add_row("partial rollouts", partial_line(cfg.algo, plan.async_steps))
     g.add_row("weight sync", plan.transport.value)
+    g.add_row("precision", precision_line(plan))
+    g.add_row("deterministic", determinism_line(cfg, plan.engine))
     console.print(g)
     al = Table(title=f"algorithm: {cfg.algo.kind}", title_justify="left", show_header=False)
     al.add_column("what")

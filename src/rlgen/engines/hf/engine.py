@@ -36,7 +36,9 @@ from rlgen.types import Completion, GenRequest, Phase, SamplingParams
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": None}
 
 
-def _dtype(name: str, device: str) -> torch.dtype:
+def _dtype(name: str | None, device: str) -> torch.dtype:
+    """engine.dtype as torch's; null (outside a plan) as "auto"."""
+    name = name or "auto"
     if name not in _DTYPES:
         raise ValueError(f"engine.dtype={name!r} is not one of {', '.join(_DTYPES)}.")
     d = _DTYPES[name]

@@ -64,7 +64,7 @@ def build_engine_args(
         "max_model_len": min(engine.max_model_len, context) if context else engine.max_model_len,
         "max_num_seqs": engine.max_num_seqs,
         "enforce_eager": engine.enforce_eager,
-        "dtype": engine.dtype,
+        "dtype": engine.dtype or "auto",  # null outside a plan: the folder's own
         "seed": seed,
         "enable_sleep_mode": engine.enable_sleep_mode,
         "disable_log_stats": True,

@@ -258,7 +258,7 @@ def _check_engine(cfg: RunConfig, p: list[str]) -> None:
         p.append(f"engine.kv_cache_gib={e.kv_cache_gib} must be above 0, or null (the plan sizes it, or vLLM measures).")
     if e.max_num_seqs < 1:
         p.append(f"engine.max_num_seqs={e.max_num_seqs} must be at least 1.")
-    if e.dtype not in ENGINE_DTYPES:
+    if e.dtype is not None and e.dtype not in ENGINE_DTYPES:
         p.append(f"engine.dtype={e.dtype} is not one of {', '.join(ENGINE_DTYPES)}.")
     if e.max_restarts < 0:
         p.append(f"engine.max_restarts={e.max_restarts} must be >= 0 (0: a dead engine stops the run).")

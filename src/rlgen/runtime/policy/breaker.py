@@ -2,7 +2,8 @@
 
 Fed once per step with the learner's metrics. ``monitor.window`` steps in a row whose ``mismatch/k3_kl`` is over
 ``monitor.kl_threshold`` (or not finite) trip it, and it answers ``monitor.action``: warn, tighten (the caller
-drops async_steps to 0) or halt. ``monitor.max_nonfinite_steps`` skipped steps in a row halt whatever the action.
+drops async_steps to 0) or halt. ``monitor.max_nonfinite_steps`` skipped steps in a row halt whatever the action;
+an fp16 step the loss scale skipped for overflow (``overflow_skip``) is not one of them.
 A halt archives the offending batches and a report under ``<out_dir>/breaker/step_<k>/``. docs/correctness.md
 ("Circuit breaker") has the rules and what the archive holds.
 """
@@ -215,6 +216,8 @@ class CircuitBreaker:
         return event
 
     def _check_nonfinite(self, step, metrics, context, batch) -> BreakerEvent | None:
+        if metrics.get("overflow_skip"):  # precision=fp16: the loss scale skipped the step and lowered itself
+            return None  # neither non-finite nor a healthy step: the streak neither grows nor ends
         if not metrics.get("skipped"):
             self._skips.clear()
             return None

@@ -93,12 +93,15 @@ def check_complete(completions: list[Completion], sp: StepPrompts, n: int) -> No
 
 def build_batch(completions: list[Completion], rewards: list[float], pad_id: int,
                 mask_truncated: bool = False) -> RolloutBatch:
-    """Completions (any order) -> RolloutBatch sorted by group. Prompts left-padded, responses right-padded. Its
-    advantages are 0 here: a step computes them once, from the batch's rewards (rlgen.runtime.step.advantages).
+    """Completions (any order) -> RolloutBatch sorted by group, and within a group by tokens. Prompts left-padded,
+    responses right-padded. Its advantages are 0 here: a step computes them once, from the batch's rewards
+    (rlgen.runtime.step.advantages).
     mask_truncated: a completion that ran into max_new_tokens (finish_reason "length") keeps its reward's place in
     its group's advantages but gets response mask 0, so it leaves the loss (DAPO's overlong filtering). An
     episode's response mask is its loss_mask: 1 on the policy's tokens, 0 on the environment's."""
-    order = sorted(range(len(completions)), key=lambda i: completions[i].group_id)
+    # by group, and within one by its tokens: the batch's order (and so every float sum over it) does not hang on
+    # which engine answered first
+    order = sorted(range(len(completions)), key=lambda i: (completions[i].group_id, completions[i].token_ids))
     comps = [completions[i] for i in order]
     rw = torch.tensor([rewards[i] for i in order], dtype=torch.float32)  # [N]
     n = len(comps)

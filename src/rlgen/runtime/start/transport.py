@@ -21,9 +21,10 @@ from rlgen.sync.transports import (
 def make_transport(plan: Plan, cfg: RunConfig, *, bucket_mb: float | None = None,
                    sleep_level: int = 1) -> TransportBase:
     """The transport for plan.transport, once the engine kind claims the capability it calls. cfg is the RunConfig
-    (timeout_s, engine.dtype); an update waits at most runtime.hang_timeout_s where that is shorter."""
+    (timeout_s); the weights go in the engines' dtype as the plan resolved it (plan.config.engine.dtype, from
+    precision where engine.dtype is null); an update waits at most runtime.hang_timeout_s where that is shorter."""
     bucket = int(bucket_mb * 2**20) if bucket_mb else DEFAULT_BUCKET_BYTES
-    kwargs = {"timeout_s": min(cfg.timeout_s, cfg.runtime.hang_timeout_s), "dtype": str(cfg.engine.dtype),
+    kwargs = {"timeout_s": min(cfg.timeout_s, cfg.runtime.hang_timeout_s), "dtype": str(plan.config.engine.dtype),
               "bucket_bytes": bucket, "tp_sizes": [e.tensor_parallel_size for e in plan.engines]}
     transport: TransportBase
     if plan.transport is Transport.nccl:

@@ -1,0 +1,71 @@
+"""vLLM's batch invariance, as deterministic=true turns it on (VLLM_BATCH_INVARIANT=1 in the engines' environment):
+64 prompts sampled alone and inside a batch of 512 give the same tokens and logprobs, each request with a seed of
+its own. The engine runs in a process of its own: the mode changes torch's kernels in the process whose engine
+core runs in it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+ALONE, BATCH, NEW = 64, 512, 48
+
+
+def _generate(model_path: str, invariant: bool, out: Path) -> None:
+    """In the child: the 64 prompts alone, then inside 512, at temperature 1 with a seed per request."""
+    import random
+
+    from helpers import SMALL_QWEN2
+    from rlgen.config import EngineConfig
+    from rlgen.engines.vllm.engine import VLLMEngine
+    from rlgen.types import GenRequest, SamplingParams
+
+    env = {"VLLM_BATCH_INVARIANT": "1"} if invariant else {}
+    cfg = EngineConfig(kind="vllm", gpu_memory_utilization=0.4, max_model_len=1024, max_num_seqs=BATCH,
+                       enforce_eager=True, dtype="bfloat16")
+    engine = VLLMEngine(model_path, cfg, device="cuda", seed=0, name="invariance", env=env)
+    rng = random.Random(0)
+    prompts = [tuple(rng.randrange(3, SMALL_QWEN2["vocab_size"]) for _ in range(rng.randrange(8, 64)))
+               for _ in range(BATCH)]
+
+    def requests(k: int) -> list[GenRequest]:
+        return [GenRequest(p, SamplingParams(n=1, temperature=1.0, max_new_tokens=NEW, ignore_eos=True, seed=1000 + i),
+                           group_id=i) for i, p in enumerate(prompts[:k])]
+
+    alone = engine.generate(requests(ALONE)).completions
+    inside = engine.generate(requests(BATCH)).completions[:ALONE]
+    engine.shutdown()
+    out.write_text(json.dumps({"alone": [[c.token_ids, c.logprobs] for c in alone],
+                               "inside": [[c.token_ids, c.logprobs] for c in inside]}))
+
+
+def _run(model_path: str, invariant: bool, tmp_path: Path) -> dict:
+    out = tmp_path / f"invariant-{invariant}.json"
+    here = Path(__file__).resolve()
+    code = (f"import sys; sys.path[:0] = [{str(here.parent.parent)!r}, {str(here.parent)!r}]; "
+            f"from test_batch_invariance import _generate; from pathlib import Path; "
+            f"_generate({model_path!r}, {invariant}, Path({str(out)!r}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory) -> str:
+    from helpers import save_small_qwen2
+
+    return save_small_qwen2(tmp_path_factory.mktemp("qwen2-small"))
+
+
+def test_a_prompt_samples_the_same_alone_as_inside_a_batch(model_path, tmp_path):
+    got = _run(model_path, True, tmp_path)
+    assert len(got["alone"]) == len(got["inside"]) == ALONE
+    for i, ((tokens, logprobs), (tokens_in, logprobs_in)) in enumerate(zip(got["alone"], got["inside"])):
+        assert tokens == tokens_in, f"prompt {i}: other tokens inside the batch"
+        assert logprobs == logprobs_in, f"prompt {i}: other logprobs inside the batch"

@@ -1,0 +1,80 @@
+"""deterministic=true (rlgen.plan.determinism): vLLM engines get the batch-invariant environment and the plan says
+so and what it costs; a card vLLM did not document it for, and a running server, are warned about; the learners
+take torch's deterministic algorithms; a step's batch does not depend on the order completions arrived in."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from rich.console import Console
+
+from helpers import algo_cfg, save_tiny_qwen2
+from rlgen.config import MonitorConfig
+from rlgen.config.compose import compose_run_config
+from rlgen.learners.torch import TorchLearner
+from rlgen.plan import build_plan
+from rlgen.plan.view import print_plan
+from rlgen.runtime.rollouts.batch import build_batch
+from rlgen.types import Completion
+
+GPU = ["engine=vllm", "hardware=1xh200", "model=qwen2_5_0_5b"]
+
+
+def _plan(*overrides):
+    return build_plan(compose_run_config(list(overrides)))
+
+
+def test_the_engines_get_vllms_batch_invariance_and_the_plan_says_so():
+    on, off = _plan(*GPU, "deterministic=true"), _plan(*GPU)
+    assert on.engine_env["VLLM_BATCH_INVARIANT"] == "1" and "VLLM_BATCH_INVARIANT" not in off.engine_env
+    assert not any("deterministic" in w for w in on.warnings)
+    console = Console(record=True, width=400)
+    print_plan(on, console)
+    out = console.export_text()
+    assert "on: vLLM's batch-invariant kernels (VLLM_BATCH_INVARIANT=1)" in out and "not measured yet" in out
+
+
+def test_a_card_vllm_did_not_document_it_for_is_warned_about():
+    plan = _plan("engine=vllm", "hardware=1xh100", "hardware/gpu=a100_80gb", "model=qwen2_5_0_5b",
+                 "deterministic=true")
+    assert any("compute capability 9.0" in w and "A100" in w for w in plan.warnings)
+
+
+def test_the_learners_take_torchs_deterministic_algorithms(tmp_path):
+    path = save_tiny_qwen2(tmp_path / "m")
+    try:
+        TorchLearner(path, algo_cfg(), MonitorConfig(), deterministic=True)
+        assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert _plan("deterministic=true").config.deterministic  # the CPU default plans it too (nothing to set)
+
+
+def _completions(seed: int) -> list[Completion]:
+    rng = random.Random(seed)
+    return [Completion(group_id=g, prompt_ids=[5, 6, g + 3], token_ids=[rng.randrange(3, 30) for _ in range(4)],
+                       logprobs=[-1.0] * 4, finish_reason="length", version=0) for g in range(3) for _ in range(4)]
+
+
+def test_a_batch_does_not_depend_on_the_order_completions_arrived_in():
+    comps = _completions(0)
+    rewards = [float(i) for i in range(len(comps))]
+    shuffled = list(zip(comps, rewards))
+    random.Random(1).shuffle(shuffled)
+    a = build_batch(comps, rewards, pad_id=0)
+    b = build_batch([c for c, _ in shuffled], [r for _, r in shuffled], pad_id=0)
+    for key in ("input_ids", "attention_mask", "response_mask", "engine_logprobs", "rewards", "group_ids"):
+        assert torch.equal(getattr(a, key), getattr(b, key)), key
+    assert a.group_ids.tolist() == sorted(a.group_ids.tolist())
+
+
+def test_a_running_servers_engines_are_warned_about(monkeypatch):
+    from rlgen.plan import count_params
+
+    params, vocab = count_params(compose_run_config([]).model)
+    info = {"model": "tiny", "params": params, "vocab_size": vocab, "data_parallel": 1, "tensor_parallel_size": 1,
+            "max_model_len": 128, "engine_kind": "vllm"}
+    monkeypatch.setattr("rlgen.engines.remote.plan.fetch_info", lambda *a, **k: info)
+    plan = _plan("engine=remote", "engine.url=http://127.0.0.1:9", "deterministic=true")
+    assert any("rlgen serve deterministic=true" in w for w in plan.warnings)
