@@ -57,6 +57,10 @@
 #                       (task.seed 0 and 7), each RL-shaped run without and with partial rollouts (0.5, two
 #                       carries), seed 0 also with algo.launch_ahead=step_start, and benchmarks/lengths_report.py
 #                       over every run OUT holds; PACE_RUNS names a part of the runs, to split them over calls
+#     precision [OVERRIDES]  one GPU: bf16 against fp16 (make smoke-gpu's run and the 0.5B padding pair's fixed run each
+#                       way): reward curves, mismatch by length, overflow and non-finite skips
+#     invariance [OVERRIDES]  one GPU: deterministic=true: tests/gpu/test_batch_invariance.py, then the 0.5B's fixed run
+#                       twice with one seed (metrics to compare) and once without the mode (the cost in tokens/s)
 #     peer-shapes [ARGS]  one GPU: benchmarks/peer_trl.py at RL-shaped lengths for each PROMPTS:CAP:MEAN in $SHAPES
 #                       (default "8:2048:256 4:4096:512"), sides rlgen_async, rlgen_partial and TRL's GRPOTrainer
 #                       ($PEER_SIDES names others, e.g. rlgen:own_in:algo.async_steps=1,algo.launch_ahead=own_in)
@@ -306,6 +310,37 @@ EOF3
     done
     "$py" -m ray.scripts.scripts stop --force > /dev/null 2>&1
     "$py" benchmarks/lengths_report.py "${runs[@]}" --out "$out/pace.json" | tee "$out/pace.log"
+    ;;
+  precision)
+    # bf16 against fp16 in one call: make smoke-gpu's run (its reward curve, mismatch and skips), then the 0.5B
+    # padding pair's fixed run (mismatch at 512 sequences a step); lengths_report gives each run's mismatch by
+    # length, overflow and non-finite skips
+    for p in bf16 fp16; do
+      launch=$(date +%s.%N)
+      "$py" -m rlgen.cli train engine=vllm hardware=1xh200 model=small steps=150 precision=$p progress=false \
+        hydra.run.dir="$out/smoke-$p" "$@" > "$out/smoke-$p.log" 2>&1
+      echo "smoke $p rc=$?"
+      "$py" benchmarks/learning_curve.py "$out/smoke-$p" --launch "$launch" --out "$out/smoke-$p.json" | tail -3
+      "$py" -m rlgen.cli train engine=vllm hardware=1xh200 model=qwen2_5_0_5b algo.prompts_per_step=64 steps=6 \
+        algo.max_new_tokens=256 precision=$p progress=false hydra.run.dir="$out/pad-$p" "$@" > "$out/pad-$p.log" 2>&1
+      echo "padding $p rc=$?"
+    done
+    "$py" benchmarks/lengths_report.py "$out"/smoke-bf16 "$out"/smoke-fp16 "$out"/pad-bf16 "$out"/pad-fp16 \
+      --out "$out/precision.json" | tee "$out/precision.log"
+    ;;
+  invariance)
+    # deterministic=true: the GPU test (64 prompts alone and inside 512), then the 0.5B padding pair's fixed run
+    # twice with one seed and once without the mode (its cost in tokens/s), side by side in lengths_report
+    "$py" -m pytest -q tests/gpu/test_batch_invariance.py 2>&1 | tail -5 | tee "$out/invariance-test.log"
+    base=(engine=vllm hardware=1xh200 model=qwen2_5_0_5b algo.prompts_per_step=64 steps=10 algo.max_new_tokens=256
+          progress=false)
+    for name in det-a det-b; do
+      "$py" -m rlgen.cli train "${base[@]}" deterministic=true hydra.run.dir="$out/$name" "$@" > "$out/$name.log" 2>&1
+      echo "$name rc=$?"
+    done
+    "$py" -m rlgen.cli train "${base[@]}" hydra.run.dir="$out/default" "$@" > "$out/default.log" 2>&1
+    "$py" benchmarks/lengths_report.py "$out/det-a" "$out/det-b" "$out/default" --out "$out/invariance.json" \
+      | tee "$out/invariance.log"
     ;;
   peer-shapes)
     model=()

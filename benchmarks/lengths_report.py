@@ -101,6 +101,9 @@ def run_summary(run: Path) -> dict:
         out["plan_learner_peak_gib"] = planned
         out["peak_vs_plan"] = round(measured / planned, 3)
     out.update(mismatch_by_length(records))
+    out["precision"] = plan["config"].get("precision", "bf16")
+    out["overflow_skips"] = sum(1 for r in records if r.get("overflow_skip"))  # precision=fp16's loss scale
+    out["nonfinite_skips"] = sum(1 for r in records if r.get("skipped") and not r.get("overflow_skip"))
     summary = run / "summary.json"
     if summary.is_file():
         out["first_rollout_s"] = json.loads(summary.read_text()).get("first_rollout_s")
