@@ -96,6 +96,16 @@ def test_math_keys_are_told_from_safe_ones():
     assert math_keys(changes(_ident(), _ident(ranks=2))) == ["learner_ranks"]
 
 
+def test_a_setting_newer_than_the_checkpoint_is_no_change_at_its_default():
+    saved = _ident()
+    for key in ("precision", "deterministic"):  # a checkpoint written before these settings existed
+        del saved["config"][key]
+    del saved["config"]["algo"]["tis_low"]
+    assert changes(saved, _ident()) == {}
+    assert set(changes(saved, _ident("deterministic=true", "algo.tis_low=0.5", "algo.tis_mode=mask"))) == {
+        "deterministic", "algo.tis_low", "algo.tis_mode"}
+
+
 def _saved_run(tmp_path, *overrides):
     run = tmp_path / "run"
     ident = _ident(*overrides)

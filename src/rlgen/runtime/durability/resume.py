@@ -80,11 +80,19 @@ def _flatten(d: JSONDict, prefix: str = "") -> JSONDict:
 
 
 def changes(saved: JSONDict, current: JSONDict) -> Changes:
-    """Keys whose values differ between two identities: {key: (saved, current)}."""
+    """Keys whose values differ between two identities: {key: (saved, current)}. A key the saved identity lacks
+    (a setting newer than its checkpoint) is no change where the current config holds its default."""
     a = {**_flatten(saved.get("config", {})), "learner_ranks": saved.get("learner_ranks"),
          "task_digest": saved.get("task_digest")}
     b = {**_flatten(current["config"]), "learner_ranks": current["learner_ranks"], "task_digest": current["task_digest"]}
-    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if k not in IGNORED and a.get(k) != b.get(k)}
+    defaults = _defaults()
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if k not in IGNORED and a.get(k) != b.get(k)
+            and not (k not in a and k in defaults and b.get(k) == defaults[k])}
+
+
+def _defaults() -> JSONDict:
+    """Every key of the schema with its default, flattened as identities are."""
+    return _flatten(plain(RunConfig()))
 
 
 def math_keys(diff: Changes) -> list[str]:
