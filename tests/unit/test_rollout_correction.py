@@ -105,3 +105,12 @@ def test_a_band_that_cannot_work_is_refused(overrides, words):
     with pytest.raises(PlanError) as err:
         build_plan(compose_run_config(overrides))
     assert any(words in p for p in err.value.problems)
+
+
+def test_the_ranks_tis_frac_merges_over_their_response_tokens():
+    from rlgen.learners.group import merge_rank_metrics
+
+    # rank 0 dropped 5 of its 10 tokens (5 left in the loss), rank 1 none of its 30: 5 of 40 outside the band
+    a = {"tis_frac": 0.5, "response_tokens": 10, "loss_tokens": 5}
+    b = {"tis_frac": 0.0, "response_tokens": 30, "loss_tokens": 30}
+    assert merge_rank_metrics([a, b])["tis_frac"] == pytest.approx(5 / 40)

@@ -16,7 +16,7 @@ MAXED = ("ratio_max", "mismatch/max_abs_delta", "response_len_max")
 # means, and the count each is a mean over
 MEANS = {
     "entropy": "response_tokens", "ratio_mean": "response_tokens", "clip_frac": "loss_tokens",
-    "tis_frac": "loss_tokens", "seq_masked_frac": "sequences", "mismatch/k3_kl": "mismatch/tokens",
+    "tis_frac": "response_tokens", "seq_masked_frac": "sequences", "mismatch/k3_kl": "mismatch/tokens",
     "mismatch/mean_abs_delta": "mismatch/tokens", "mismatch/frac_over_threshold": "mismatch/tokens",
 }
 
