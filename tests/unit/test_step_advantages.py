@@ -47,9 +47,15 @@ class StandInLearner:
         self.shards = []
 
     def _kl(self, shard):
+        """From the token batch the driver packed (rlgen.learners.token_batch): each row's first response token,
+        the target its packed micro-batch puts in column 0 of the row."""
         self.shards.append(shard)
-        p = shard.prompt_len
-        return [float(row[p]) / 10 for row in shard.input_ids]
+        first_token = {}
+        for rows, packed in zip(shard.micro_rows, shard.packs):
+            at_start = packed.slot % packed.resp_len == 0
+            for slot, token in zip(packed.slot[at_start].tolist(), packed.targets[at_start].tolist()):
+                first_token[int(rows[slot // packed.resp_len])] = token
+        return [first_token[r] / 10 for r in range(shard.n_rows)]
 
 
 def _run(ranks: int = 2, **algo):
