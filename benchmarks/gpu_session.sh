@@ -76,7 +76,8 @@
 #     long-7b-65k [OVERRIDES]  one GPU: the 7B at 65,536 tokens (61,440-token prompts, 4,096-token responses) with LoRA
 #                       (the plan's), 3 steps, likewise
 #     mismatch-length [ARGS]  one GPU: `rlgen validate engine=vllm model=qwen2_5_1_5b` at 1k, 16k, 64k and 128k tokens
-#                       (validate.length), two cases of one request each: k3 KL and |dlogp| against the HF reference
+#                       (validate.length), two cases of one request each: k3 KL and |dlogp| against the HF reference;
+#                       $LENGTHS names other lengths, $MODEL another preset
 #     serve-lora ADAPTER [OVERRIDES]  `rlgen serve` with vLLM adapters: load, generate with and without, unload
 #                       (benchmarks/serve_lora.py)
 # Run from the repository root with rlgen importable (installed, or src on PYTHONPATH). Every vLLM process is
@@ -395,8 +396,8 @@ EOF3
     "$py" benchmarks/lengths_report.py "$out/$stage" --out "$out/$stage.json" | tee -a "$out/$stage.log"
     ;;
   mismatch-length)
-    for length in 1024 16384 65536 131072; do
-      "$py" -m rlgen.cli validate engine=vllm hardware=1xh200 model=qwen2_5_1_5b validate.length=$length \
+    for length in ${LENGTHS:-1024 16384 65536 131072}; do
+      "$py" -m rlgen.cli validate engine=vllm hardware=1xh200 model=${MODEL:-qwen2_5_1_5b} validate.length=$length \
         validate.cases=2 validate.max_requests=1 validate.max_n=1 validate.max_new_tokens=16 \
         hydra.run.dir="$out/validate-$length" "$@" > "$out/validate-$length.log" 2>&1
       echo "length $length rc=$?"; tail -12 "$out/validate-$length.log"
