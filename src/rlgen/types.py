@@ -92,6 +92,7 @@ class Phase(StrEnum):
     sync = "sync"  # weights leaving the learner or entering an engine
     idle = "idle"  # an engine waiting for weights
     env = "env"  # an engine waiting for its episodes' environment calls (multi-turn tasks)
+    teacher = "teacher"  # a learner's teacher scoring its rows (on-policy distillation)
 
 
 def covered_seconds(intervals: Iterable[tuple[float, float]]) -> float:

@@ -15,7 +15,7 @@ class LossInputs:
     logp: torch.Tensor  # [n, L] the trainer's logprobs of the sampled tokens, with gradient
     old_logp: torch.Tensor  # [n, L] pi_old of the ratio, no gradient: engine_logp, or the trainer's before the update
     engine_logp: torch.Tensor  # [n, L] the engine's logprobs (the behaviour policy that sampled the tokens)
-    advantages: torch.Tensor  # [n] one per sequence
+    advantages: torch.Tensor  # [n] one per sequence, or [n, L] one per token (on-policy distillation)
     mask: torch.Tensor  # [n, L] bool: the response tokens
     token_weight: torch.Tensor | None = None  # [n, L] multiplies each token's term (the entropy mask); None: 1
     denominator: float | None = None  # what the aggregate divides by; None: this mask's (see loss.aggregate)

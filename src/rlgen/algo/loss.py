@@ -220,11 +220,20 @@ def corrected_loss(values: torch.Tensor, ratio: torch.Tensor, clip_active: torch
 
 
 def check_advantages(advantages: torch.Tensor, logp: torch.Tensor) -> None:
-    """Raises AdvantageShapeError when advantages [N] does not give one value per sequence of logp [N, L]."""
-    if advantages.shape != (logp.shape[0],):
+    """Raises AdvantageShapeError unless advantages gives one value per sequence of logp [N, L] ([N]) or, under
+    on-policy distillation, one per token ([N, L])."""
+    if advantages.shape not in ((logp.shape[0],), tuple(logp.shape)):
         raise AdvantageShapeError(
             f"the advantages have shape {list(advantages.shape)}, but the batch has {logp.shape[0]} sequences: an "
             f"algorithm's advantages must give one value per sequence, shape [{logp.shape[0]}].")
+
+
+def broadcast_advantages(advantages: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """The advantages checked (check_advantages) and shaped to broadcast over logp [N, L] in its dtype: [N, 1] for
+    one per sequence, [N, L] for one per token."""
+    check_advantages(advantages, logp)
+    adv = advantages.to(logp.dtype)
+    return adv.unsqueeze(-1) if adv.dim() == 1 else adv
 
 
 def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: KLEstimator | str = KLEstimator.k3) -> torch.Tensor:
@@ -265,6 +274,6 @@ def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, frac: float) -> 
     return (m & (entropy.detach() >= threshold)).to(entropy.dtype)
 
 
-__all__ = ["AdvantageShapeError", "aggregate", "cap_in_ratio", "check_advantages", "corrected_loss", "corrects_by_mask",
+__all__ = ["AdvantageShapeError", "aggregate", "broadcast_advantages", "cap_in_ratio", "check_advantages", "corrected_loss", "corrects_by_mask",
            "is_correction", "is_weight", "rollout_keep", "kl_estimate", "kl_k3", "log_ratio", "normaliser", "ratio_metrics", "sequence_keep",
            "token_entropy", "token_logprobs", "top_entropy_mask"]

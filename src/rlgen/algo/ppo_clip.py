@@ -6,12 +6,12 @@ from __future__ import annotations
 import torch
 
 from rlgen.algo.inputs import LossInputs, LossOutputs
-from rlgen.algo.loss import check_advantages, corrected_loss, log_ratio
+from rlgen.algo.loss import broadcast_advantages, corrected_loss, log_ratio
 from rlgen.config import AlgoConfig
 
 
 def ppo_clip_loss(inputs: LossInputs, algo: AlgoConfig) -> LossOutputs:
-    """sg = stop-gradient; A = advantages [n] broadcast over each sequence's tokens.
+    """sg = stop-gradient; A = advantages [n] broadcast over each sequence's tokens, or [n, L] one per token.
       ratio          token: rho_t = exp(logp_t - old_t); sequence (GSPO): s = exp(mean_t (logp_t - old_t)) for every
                      token of the sequence (algo.importance_level)
       surrogate      v = min(rho * A, clip(rho, 1 - clip_low, 1 + clip_high) * A)
@@ -20,12 +20,11 @@ def ppo_clip_loss(inputs: LossInputs, algo: AlgoConfig) -> LossOutputs:
                      leaves the loss (mask' = mask * keep)
       token weight   v <- v * token_weight (the entropy mask)
       loss           -aggregate(v, mask', algo.loss_agg, algo.max_new_tokens, inputs.denominator)
-    Raises AdvantageShapeError when the advantages are not [n].
+    Raises AdvantageShapeError when the advantages are not [n] or [n, L].
     """
     logp, m = inputs.logp, inputs.mask.bool()  # [n, L]
-    check_advantages(inputs.advantages, logp)
     ratio = torch.exp(log_ratio(logp, inputs.old_logp, m, algo.importance_level))  # [n, L]; 1 off the mask
-    adv = inputs.advantages.to(logp.dtype).unsqueeze(-1)  # [n, 1]
+    adv = broadcast_advantages(inputs.advantages, logp)  # [n, 1], or [n, L] per token (distillation)
     clipped = torch.clamp(ratio, 1.0 - algo.clip_low, 1.0 + algo.clip_high) * adv  # [n, L]
     surrogate = torch.minimum(ratio * adv, clipped)  # [n, L]
     clip_active = ((adv > 0) & (ratio > 1.0 + algo.clip_high)) | ((adv < 0) & (ratio < 1.0 - algo.clip_low))

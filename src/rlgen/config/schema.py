@@ -133,6 +133,10 @@ class AlgoConfig:
     partial_rollouts: float = 0.0
     partial_max_steps: int = 1  # a group cut short this many times runs to its end in the next generation
     launch_ahead: LaunchAhead | None = None  # when a flight ahead goes out (LaunchAhead); null: the plan picks
+    # on-policy distillation (algo=distill): a frozen teacher, a model folder or a model preset with the student's
+    # tokenizer, scores every sampled token; each token's advantage mixes the task's with the negative reverse KL
+    teacher: str | None = None
+    distill_coef: float = 1.0  # A_t = (1 - c) A_task + c (log pi_teacher - log pi_engine); 1: pure distillation
 
 
 @dataclass

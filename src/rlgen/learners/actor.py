@@ -1,7 +1,8 @@
 """The learner actor: what the runtime calls on each learner rank through Ray, beside the weight transports
 (rlgen.learners.sending). The torch and DeepSpeed learners both implement `LearnerActor`; what they share
 that is not how gradients are taken lives here: the rank's identity and `StepCore`, the step counters a checkpoint
-keeps, health, what a surviving rank reports, the KL in the reward, and the LoRA adapter's exports."""
+keeps, health, what a surviving rank reports, the KL in the reward, the teacher's scores, and the LoRA adapter's
+exports."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from rlgen.learners.background import BackgroundWriter
 from rlgen.learners.collective import rng_digest
 from rlgen.learners.lora import adapter_config, adapter_weights, save_merged
 from rlgen.learners.step_core import StepCore
+from rlgen.learners.teacher import TeacherScores
 from rlgen.learners.token_batch import TokenBatch
 from rlgen.packing import pack
 from rlgen.types import RolloutBatch, StepResult
@@ -126,6 +128,10 @@ class LearnerActor:
         """Each sequence's summed KL between the engine's policy and the reference (algo.kl_penalty=reward: the
         driver subtracts kl_coef times it from the rewards before the advantages). [] without a reference."""
         return self.core.sequence_kl(batch)
+
+    def teacher_logprobs(self, batch: TokenBatch | RolloutBatch) -> TeacherScores:
+        """The teacher's logprobs of each response token of this rank's rows (on-policy distillation)."""
+        return self.core.teacher_scores(batch)
 
     def get_version(self) -> int:
         return self.version

@@ -87,6 +87,7 @@ class DeepSpeedLearner(PolicySender, LearnerActor):
         release_memory: bool = False,
         env: dict[str, str] | None = None,
         ref_model_path: str | None = None,
+        teacher_path: str | None = None,
         resume_from: str | None = None,
         algorithm: Algorithm | None = None,
         lora: dict[str, Any] | None = None,
@@ -140,6 +141,8 @@ class DeepSpeedLearner(PolicySender, LearnerActor):
             elif algo.kl_coef > 0:  # a full bf16 copy; fine for the sizes rlgen targets on one GPU
                 self.core.ref_model = frozen_reference(ref_model_path or model_path, half, self.device,
                                                        attention, tiled_mlp)
+            if teacher_path:  # on-policy distillation's frozen teacher, in the learner's half precision
+                self.core.teacher = frozen_reference(teacher_path, half, self.device, attention, tiled_mlp)
             self.clock.step("weights")
             _, optimizer = adamw(module, algo)
             dist_env(rank, world_size, master_addr, master_port)

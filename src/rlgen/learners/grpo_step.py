@@ -139,7 +139,7 @@ def micro_loss(
         token_weight = top_entropy_mask(entropy.detach(), loss_mask, algo.entropy_top_frac)  # [n, Lm]
     old = micro.old_logp
     inputs = LossInputs(logp=logp, old_logp=micro.engine_logp if old is None else old, engine_logp=micro.engine_logp,
-                        advantages=micro.advantages, mask=micro.mask, token_weight=token_weight, denominator=1.0,
+                        advantages=micro.loss_advantages(), mask=micro.mask, token_weight=token_weight, denominator=1.0,
                         old_from_trainer=old is not None)
     out = loss_fn(inputs, algo)
     pg, metrics = out.loss, out.metrics

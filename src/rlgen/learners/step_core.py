@@ -29,6 +29,7 @@ from rlgen.learners.grpo_step import (
     step_result,
     with_old_logprobs,
 )
+from rlgen.learners.teacher import TeacherScores, teacher_logprobs
 from rlgen.learners.token_batch import Micro, TokenBatch, token_batch
 from rlgen.learners.ulysses import SequenceGroup
 from rlgen.types import RolloutBatch, StepResult
@@ -45,6 +46,7 @@ class StepCore:
         self.loss_agg = LossAgg(algo.loss_agg)
         self.loss_fn = (algorithm or find_algorithm(algo.kind)).loss
         self.ref_model: nn.Module | None = None
+        self.teacher: nn.Module | None = None  # on-policy distillation's frozen teacher (algo.teacher), set by the learner
         # sequence parallelism: this rank's group, set by the learner once it has joined it (None: one rank)
         self.sequence: SequenceGroup | None = None
 
@@ -123,6 +125,14 @@ class StepCore:
         if self.ref_model is None:
             return []
         return [float(v) for v in sequence_kl(self.ref_model, self.batch(batch), self.algo).cpu()]
+
+
+    def teacher_scores(self, batch: TokenBatch | RolloutBatch) -> TeacherScores:
+        """The teacher's logprobs of the batch's response tokens (algo.teacher: the driver makes each token's
+        distillation advantage of them). Raises RuntimeError on a learner started without a teacher."""
+        if self.teacher is None:
+            raise RuntimeError("this learner holds no teacher: it was started without algo.teacher")
+        return teacher_logprobs(self.teacher, self.batch(batch), self.algo)
 
 
 __all__ = ["StepCore"]

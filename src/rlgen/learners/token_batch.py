@@ -1,8 +1,8 @@
 """A learner rank's share of a step as it trains it: one token-level batch, built once by the driver
 (runtime.step.shards) and trained as sent. Its rows are packed into micro-batches (rlgen.learners.packed: the
 tokens back to back, where each sequence starts and ends, position ids, which positions predict which response
-token), padded for the sequence degree, beside each row's response mask, engine logprobs and advantage in the
-[rows, longest kept response] layout the losses read. No [rows, prompt + response] rectangle reaches a learner.
+token), padded for the sequence degree, beside each row's response mask, engine logprobs and advantage (and, under
+on-policy distillation, each token's added term) in the [rows, longest kept response] layout the losses read. No [rows, prompt + response] rectangle reaches a learner.
 
 The learner moves it to its device and hands each packed micro-batch its sequence group (`TokenBatch.on`). A
 RolloutBatch handed to a learner directly (tests, benchmarks) is built into one by the same function
@@ -33,6 +33,13 @@ class Micro:
     engine_logp: torch.Tensor  # [n, Lm] float32
     advantages: torch.Tensor  # [n] float32
     old_logp: torch.Tensor | None = None  # [n, Lm] the trainer's before the update (old_logprobs=trainer)
+    token_advantages: torch.Tensor | None = None  # [n, Lm] float32 added to each token's (distillation's term)
+
+    def loss_advantages(self) -> torch.Tensor:
+        """What the policy loss reads: [n] one per sequence, or [n, Lm] with the per-token term added."""
+        if self.token_advantages is None:
+            return self.advantages
+        return self.advantages.unsqueeze(-1) + self.token_advantages
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,8 @@ class TokenBatch:
     packs: tuple[Packed, ...]  # each micro-batch packed
     degree: int = 1
     old_logp: torch.Tensor | None = None  # [N, L] float32: the trainer's before the update (old_logprobs=trainer)
+    # [N, L] float32: a per-token term each token's advantage adds (on-policy distillation's, 0 off the mask)
+    token_advantages: torch.Tensor | None = None
 
     @property
     def n_rows(self) -> int:
@@ -71,15 +80,20 @@ class TokenBatch:
         for rows, packed in zip(self.micro_rows, self.packs):
             cols = packed.resp_len
             old = None if self.old_logp is None else self.old_logp[rows, :cols]
+            term = None if self.token_advantages is None else self.token_advantages[rows, :cols]
             out.append(Micro(rows, packed, self.mask[rows, :cols], self.engine_logp[rows, :cols],
-                             self.advantages[rows], old))
+                             self.advantages[rows], old, term))
         return out
 
-    def with_advantages(self, advantages: torch.Tensor) -> TokenBatch:
-        """The same batch with these rows' advantages [N] (the packs are shared, not copied)."""
+    def with_advantages(self, advantages: torch.Tensor, token: torch.Tensor | None = None) -> TokenBatch:
+        """The same batch with these rows' advantages [N] and, where given, a per-token term [N, L] added to
+        each token's (the packs are shared, not copied)."""
         if tuple(advantages.shape) != (self.n_rows,):
             raise ValueError(f"bad batch: {tuple(advantages.shape)} advantages for {self.n_rows} rows")
-        return dataclasses.replace(self, advantages=advantages.to(torch.float32))
+        if token is not None and tuple(token.shape) != tuple(self.mask.shape):
+            raise ValueError(f"bad batch: a per-token advantage of {tuple(token.shape)} for {tuple(self.mask.shape)}")
+        return dataclasses.replace(self, advantages=advantages.to(torch.float32),
+                                   token_advantages=None if token is None else token.to(torch.float32))
 
     def on(self, device: torch.device, sequence: SequenceGroup | None = None) -> TokenBatch:
         """The batch on device, each micro-batch forwarded by this rank's sequence group (None: whole rows).

@@ -53,6 +53,7 @@ class TorchLearner(LearnerActor):
         name: str = "learner0",
         num_threads: int | None = 1,
         ref_model_path: str | None = None,
+        teacher_path: str | None = None,
         resume_from: str | None = None,
         algorithm: Algorithm | None = None,
         lora: dict[str, Any] | None = None,
@@ -67,7 +68,8 @@ class TorchLearner(LearnerActor):
         precision: str = "bf16",
         deterministic: bool = False,
     ) -> None:
-        """ref_model_path: the frozen reference for algo.kl_coef > 0 (default: model_path). resume_from: a
+        """ref_model_path: the frozen reference for algo.kl_coef > 0 (default: model_path). teacher_path:
+        on-policy distillation's frozen teacher (algo.teacher's folder), scored by teacher_logprobs. resume_from: a
         checkpoint folder whose learner state (optimizer, counters, RNG) this learner continues from; its
         model_path is then the checkpoint's model folder (with LoRA: still the base, and the checkpoint's model
         folder holds the adapter). algorithm: the loss's algorithm (the driver passes the one it resolved; None:
@@ -108,6 +110,8 @@ class TorchLearner(LearnerActor):
         elif algo.kl_coef > 0:
             self.core.ref_model = frozen_reference(ref_model_path or self.model, torch.float32, self.device, attention,
                                                    tiled_mlp)
+        if teacher_path:
+            self.core.teacher = frozen_reference(teacher_path, torch.float32, self.device, attention, tiled_mlp)
         if resume_from:
             state = load_learner_state(resume_from, self.rank)
             self.optimizer.load_state_dict(state["optimizer"])

@@ -30,6 +30,7 @@ DEFAULT_HOLD = 3  # consecutive steps a new kind must hold before the rolling ve
 DEFAULT_WINDOW = 5  # steps the rolling numbers average over
 DEFAULT_WARMUP = 1  # first steps left out of rolling and run verdicts (first generate/backward are slow)
 SYNC_NOTE_FRAC = 0.2  # mention weight sync when it takes more than this share of the step
+TEACHER_NOTE_FRAC = 0.3  # name a distillation teacher's scoring when it takes this share of the learners' time
 
 
 class Kind(StrEnum):
@@ -58,6 +59,7 @@ class StepBalance:
     # the learner's wait for the tail that nothing filled: what carrying it would save (rlgen.metrics.tail_gain).
     # None: not measured
     tail_wait_s: float | None = None
+    teacher_s: float = 0.0  # the busiest learner rank's teacher scoring (on-policy distillation): consumer time
 
     @property
     def ratio(self) -> float:
@@ -121,6 +123,7 @@ def measure(spans: Iterable[Any], tokens: int, step: int = 0, num_engines: int |
         tokens=int(tokens),
         num_engines=n,
         env_s=max(env.values(), default=0.0),
+        teacher_s=_per_actor_max(rows, "learner", "teacher"),
     )
 
 
@@ -225,6 +228,9 @@ def advise(kind: Kind, m: StepBalance, ctx: BalanceContext = NO_CONTEXT) -> str:
         if ctx.hybrid:
             fixes.insert(0, f"train on every GPU (hardware.colocated=true: a learner rank beside the engines on each "
                             f"of the {ctx.engine_gpus + ctx.learner_gpus} GPUs, not {ctx.learner_gpus})")
+        if m.teacher_s > TEACHER_NOTE_FRAC * m.consumer_s:
+            head += f", and the teacher's scoring takes {m.teacher_s / max(m.consumer_s, 1e-12):.0%} of the learners' time"
+            fixes.append("score with a smaller teacher (algo.teacher)")
         fixes.append("speed up the learner (fewer micro-batches: a larger algo.micro_batch_tokens, as far as the "
                      "learner GPU's memory allows)")
         more_gpus = with_more_gpus(ctx, "more learner ranks")
@@ -317,6 +323,7 @@ def combine(ms: Sequence[StepBalance], how: str = "mean") -> StepBalance:
         tail_s=f("tail_s"),
         tail_filled=known("tail_filled"),
         tail_wait_s=known("tail_wait_s"),
+        teacher_s=f("teacher_s"),
     )
 
 

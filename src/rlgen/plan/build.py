@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 
 from rlgen.algo.registry import algorithm_problems
-from rlgen.charvocab import CHAR_VOCAB_SIZE
 from rlgen.config import LoraSync, RunConfig, Setting, Transport, set_key
 from rlgen.engines.registry import EngineSpec, UnknownEngineKind, engine_spec
 from rlgen.learners.registry import resolve_learner
@@ -43,23 +42,12 @@ from rlgen.plan.memory import GIB, adapter_params, response_bound, share_part
 from rlgen.plan.mesh import resolve_mesh
 from rlgen.plan.model_folder import with_model_folder
 from rlgen.plan.overlap import default_async_steps, fit_with_overlap
+from rlgen.plan.params import count_params
 from rlgen.plan.precision import resolve_precision
 from rlgen.plan.recipes import fill_recipe
 from rlgen.plan.slots import default_engines_per_gpu, place_engines, place_learners
 from rlgen.plan.task_bounds import fill_task_bounds
-
-
-def count_params(m) -> tuple[int, int]:
-    """(parameters, vocab size) of a Qwen2-architecture preset, counted from its shape."""
-    vocab = m.vocab_size or CHAR_VOCAB_SIZE
-    h, inter, layers = m.hidden_size, m.intermediate_size, m.num_layers
-    head_dim = h // max(m.num_heads, 1)
-    kv = m.num_kv_heads * head_dim
-    attn = (h * h + h) + 2 * (h * kv + kv) + h * h  # q (bias), k and v (bias), o
-    mlp = 3 * h * inter
-    per_layer = attn + mlp + 2 * h  # two RMSNorms
-    params = vocab * h + layers * per_layer + h + (0 if m.tie_word_embeddings else vocab * h)
-    return params, vocab
+from rlgen.plan.teacher import teacher_plan, teacher_problems, with_teacher
 
 
 def model_summary(cfg: RunConfig) -> ModelSummary:
@@ -184,6 +172,8 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
     p: list[str] = []
     p.extend(algorithm_problems(cfg.algo))
     check_values(cfg, p)
+    cfg = with_teacher(cfg)
+    teacher_problems(cfg, p)
     cfg, precision = resolve_precision(cfg, p)
     settings += precision
     cfg, determinism = resolve_determinism(cfg, spec)
@@ -232,7 +222,7 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
         config=cfg, engine=spec, learner_kind=learner.kind, layout=layout, device=device,
         hardware=cfg.hardware.name, nodes=cfg.hardware.nodes, gpus_per_node=cfg.hardware.gpus_per_node,
         engines=_shares(engines, cfg, spec), learners=learners, transport=transport_of(cfg, spec, layout),
-        batch=batch, model=ms, async_steps=cfg.algo.async_steps, engine_env=env, mesh=mesh,
+        batch=batch, model=ms, async_steps=cfg.algo.async_steps, engine_env=env, mesh=mesh, teacher=teacher_plan(cfg),
         warnings=tuple(_idle_engine_gpus(cfg, engines, layout) + dropped + env_time_notes(cfg, len(engines))
                        + determinism),
         settings=tuple(settings), memory=memory,

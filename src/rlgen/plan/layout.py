@@ -15,6 +15,7 @@ from rlgen.errors import UserError
 from rlgen.mesh import LearnerMesh
 from rlgen.plan.disk import DiskWrites
 from rlgen.plan.memory import GIB, MemorySplit
+from rlgen.plan.teacher import TeacherPlan
 
 
 class PlanError(UserError, ValueError):
@@ -110,6 +111,7 @@ class Plan:
     layout_advice: str = ""  # another layout of this hardware predicted faster, with what to type (plan.layouts)
     layout_ranking: tuple = ()  # plan.layouts.LayoutOption of every layout, fastest first, where the plan chose one
     mesh: LearnerMesh = LearnerMesh()  # the learner ranks as data x sequence (rlgen.mesh)
+    teacher: TeacherPlan | None = None  # on-policy distillation's teacher (plan.teacher; None: no distillation)
 
     @property
     def checkpoint_gib(self) -> float:

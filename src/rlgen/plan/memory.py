@@ -1,13 +1,12 @@
 """GPU memory: what a learner rank holds, how much of a shared GPU the engine may take, and the largest
 learner micro-batch that fits. Pure arithmetic on the model's shape: no torch.
 
-A learner rank holds its weights, the fp32 master weights and AdamW moments under its ZeRO stage, gradients,
-one micro-batch's activations (linear in its packed tokens) and one chunk of the LM head's fp32 logits, a fixed
-allowance and, colocated, the IPC buffer; with LoRA only the adapters train. The micro-batch's token budget
+A learner rank holds its weights, the frozen reference and teacher, fp32 master weights and AdamW moments under its
+ZeRO stage, gradients, one micro-batch's activations (linear in its packed tokens), one chunk of the LM head's fp32
+logits, a fixed allowance and, colocated, the IPC buffer; with LoRA only the adapters train. The micro-batch's token budget
 (algo.micro_batch_tokens) is decided here, once: the most tokens that fit. Colocated, the engines take what the
 idle learner leaves (``algo.async_steps=0``) or what its peak leaves of AWAKE_SHARE (``async_steps>0``), split
-evenly between ``engine.engines_per_gpu`` engines.
-docs/plan.md gives every term.
+evenly between ``engine.engines_per_gpu`` engines. docs/plan.md gives every term.
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ from rlgen.engines.registry import EngineSpec
 from rlgen.engines.vllm.args import VLLM_DEFAULT_SHARE
 from rlgen.microbatches import TILE_TOKENS, chunk_tokens
 from rlgen.plan.recipes import recipe_for
+from rlgen.plan.teacher import frozen_bytes
 from rlgen.plan.tensor_parallel import kv_groups
 
 GIB = 2**30
@@ -136,7 +136,7 @@ def learner_memory(cfg: RunConfig, params: int, vocab: int, ranks: int, tokens: 
                    ipc_gib: float = 0.0) -> LearnerMemory:
     """A rank's memory training micro-batches of `tokens` packed tokens; under sequence parallelism
     (learner.sequence_parallel) each rank holds its slice of them, the activations and logits that slice's."""
-    m, a, lc = cfg.model, cfg.algo, cfg.learner
+    m, lc = cfg.model, cfg.learner
     n = max(ranks, 1)
     tokens = -(-tokens // max(lc.sequence_parallel or 1, 1))
     z3 = lc.zero_stage == 3
@@ -150,14 +150,15 @@ def learner_memory(cfg: RunConfig, params: int, vocab: int, ranks: int, tokens: 
     adapters = adapter_params(cfg)
     if adapters:
         return LearnerMemory(
-            weights=(2 * params + 2 * adapters) / GIB, optimizer=12 * adapters / n / GIB, reference=0.0,
+            weights=(2 * params + 2 * adapters) / GIB, optimizer=12 * adapters / n / GIB,
+            reference=frozen_bytes(cfg, params, lora=True) / GIB,
             overhead=LEARNER_OVERHEAD_GIB, gradients=(2 * adapters + 4 * adapters / n) / GIB, activations=act / GIB,
             logits=logits_bytes(tokens, vocab) / GIB, ipc_buffer=ipc_gib, adapters=adapters,
         )
     return LearnerMemory(
         weights=(2 * params / n if z3 else 2 * params) / GIB,
         optimizer=12 * params / n / GIB,
-        reference=(2 * params if a.kl_coef > 0 else 0) / GIB,
+        reference=frozen_bytes(cfg, params, lora=False) / GIB,
         overhead=LEARNER_OVERHEAD_GIB,
         gradients=(6 * params / n if z3 else 2 * params + 4 * params / n) / GIB,
         activations=act / GIB,

@@ -7,7 +7,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from rlgen.config import RunConfig
+from rlgen.config import ModelConfig, RunConfig
 from rlgen.rope import yarn_factor_of
 
 HF_FIELDS = {  # ModelConfig field <- a Hugging Face config.json key
@@ -23,16 +23,22 @@ def with_model_folder(cfg: RunConfig) -> RunConfig:
 
     if not cfg.model.path:
         return cfg
-    config = Path(cfg.model.path).expanduser() / "config.json"
+    found = folder_model(cfg.model.path, cfg.model)
+    return cfg if found is None else dataclasses.replace(cfg, model=found)
+
+
+def folder_model(path: str, base: ModelConfig) -> ModelConfig | None:
+    """base with the shape read from the config.json of the model folder at path; None where there is no readable
+    one (the validation pass, or the teacher's check, says what is wrong with the folder)."""
     try:
-        hf = json.loads(config.read_text())
+        hf = json.loads((Path(path).expanduser() / "config.json").read_text())
     except (OSError, ValueError):
-        return cfg  # the validation pass says what is wrong with the folder
+        return None
     if not isinstance(hf, dict):
-        return cfg
+        return None
     hf = hf.get("text_config", hf) if isinstance(hf.get("text_config"), dict) else hf
     values = {field: hf[key] for field, key in HF_FIELDS.items() if isinstance(hf.get(key), (int, bool))}
-    values["num_kv_heads"] = hf.get("num_key_value_heads") or values.get("num_heads", cfg.model.num_kv_heads)
+    values["num_kv_heads"] = hf.get("num_key_value_heads") or values.get("num_heads", base.num_kv_heads)
     values["yarn_factor"] = yarn_factor_of(hf)  # None: the folder's rotary embedding is not extended
-    values["name"] = Path(cfg.model.path).name
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **values))
+    values["name"] = Path(path).name
+    return dataclasses.replace(base, **values)

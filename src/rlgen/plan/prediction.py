@@ -113,6 +113,7 @@ class Prediction:
     learner_mfu: float = 0.0
     train_tokens: int = 0
     train_s: float = 0.0
+    teacher_s: float = 0.0  # of train_s: a distillation teacher's scoring
     sync_s: float = 0.0
     step_s: float = 0.0
     required_tokens_per_s: float = 0.0
@@ -183,11 +184,12 @@ class _Learner:
     gpus: int
     mfu: float
     train_tokens: int
-    mult: int  # FLOPs per param and token: 6, or 8 with a reference model
+    mult: int  # FLOPs per param and token: 6, or 8 with a reference model (a teacher adds 2 per its param)
     train_s: float
     micros: int = 1  # micro-batches per rank
     floor_s: float = 0.0  # the least a micro-batch takes (CPU work)
     bound: str = "compute"  # what sets each micro-batch's time: "compute" or "launch floor"
+    teacher_s: float = 0.0  # of train_s, a distillation teacher's scoring (its share of the FLOPs)
 
 
 @dataclass(frozen=True)
@@ -219,11 +221,13 @@ def _learner(plan: Plan, cfg: RunConfig, prompt: float, resp: float) -> _Learner
     rank_tokens = train_tokens / max(gpus, 1)
     budget = cfg.algo.micro_batch_tokens or rank_tokens
     micros = max(1, math.ceil(rank_tokens / max(budget, 1)))
-    compute = mult * plan.model.params * rank_tokens / micros / (cfg.hardware.gpu.bf16_tflops * 1e12 * mfu)
+    teacher = 2 * plan.teacher.params if plan.teacher else 0  # distillation: the teacher's no-grad forward
+    compute = (mult * plan.model.params + teacher) * rank_tokens / micros / (cfg.hardware.gpu.bf16_tflops * 1e12 * mfu)
     floor = cfg.model.num_layers * MICRO_FLOOR_S_PER_LAYER[ckpt]
     train_s = micros * max(compute, floor)
     return _Learner(gpus=gpus, mfu=mfu, train_tokens=train_tokens, mult=mult, train_s=train_s, micros=micros,
-                    floor_s=floor, bound="launch floor" if floor > compute else "compute")
+                    floor_s=floor, bound="launch floor" if floor > compute else "compute",
+                    teacher_s=train_s * teacher / (mult * plan.model.params + teacher))
 
 
 def _weight_sync(plan: Plan, cfg: RunConfig) -> _Sync:
@@ -259,7 +263,7 @@ def _balance(plan: Plan, gen: Generation, learner: _Learner, sync: _Sync) -> _Ba
         wait, idle = gen_s, train_s
     sb = StepBalance(step=-1, window_s=window, learner_wait_s=wait, producer_s=producer, consumer_s=consumer,
                      gen_s=gen_s, engine_idle_s=idle, sync_s=sync_s, tokens=gen.batch_tokens,
-                     num_engines=gen.num_engines)
+                     num_engines=gen.num_engines, teacher_s=learner.teacher_s)
     return _Balance(
         step_s=window,
         required_tokens_per_s=gen.batch_tokens / consumer if consumer > 0 else 0.0,
@@ -364,6 +368,7 @@ def _prediction(plan: Plan, cfg: RunConfig, gen: Generation, learner: _Learner, 
         learner_mfu=learner.mfu,
         train_tokens=learner.train_tokens,
         train_s=learner.train_s,
+        teacher_s=learner.teacher_s,
         sync_s=sync.sync_s,
         step_s=bal.step_s,
         required_tokens_per_s=bal.required_tokens_per_s,

@@ -13,6 +13,7 @@ from rlgen.plan.determinism import determinism_line
 from rlgen.plan.layouts import LORA_ONLY, LayoutOption, faster_layout_line
 from rlgen.plan.lengths import shaped_mean
 from rlgen.plan.prediction import predict, print_prediction
+from rlgen.plan.teacher import PLACE as TEACHER_PLACE
 
 
 def _gpus(plan: Plan, gpus: tuple[int, ...] | int | None) -> str:
@@ -87,6 +88,20 @@ def precision_line(plan: Plan) -> str:
                "overflow_skip)" if cfg.precision == "fp16" else
                "float32" if plan.learner_kind == "torch" else "bf16 with fp32 master weights")
     return f"{cfg.precision}: engines {cfg.engine.dtype}; learners {learner}; weights sent in {cfg.engine.dtype}"
+
+
+def teacher_rows(plan: Plan) -> list[tuple[str, str]]:
+    """On-policy distillation's rows for `rlgen plan`: the teacher, where it runs and its memory, the mix."""
+    t, a = plan.teacher, plan.config.algo
+    if t is None:
+        return []
+    what = f"the {t.source} preset" if t.preset else t.source
+    size = 4 if plan.device == "cpu" else 2  # the CPU learner's float32, else the learner's half precision
+    c = a.distill_coef
+    return [("teacher", f"{what} ({t.params / 1e6:.1f}M params), frozen, in {TEACHER_PLACE}: "
+                        f"{_gib(t.gib(size))} per learner rank; it scores every sampled token before the update"),
+            ("distillation", f"A_t = {1 - c:g} A_task + {c:g} (log pi_teacher - log pi_engine) per response token"
+                             + (" (distillation alone; rewards are logged, not trained on)" if c == 1 else ""))]
 
 
 def algorithm_rows(a) -> list[tuple[str, str]]:
@@ -201,7 +216,7 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
     al = Table(title=f"algorithm: {cfg.algo.kind}", title_justify="left", show_header=False)
     al.add_column("what")
     al.add_column("value")
-    for what, value in algorithm_rows(cfg.algo):
+    for what, value in algorithm_rows(cfg.algo) + teacher_rows(plan):
         al.add_row(what, value)
     console.print(al)
     s = Table(title="settings", title_justify="left")

@@ -69,7 +69,7 @@ def _step(run: Run, step: int, tracker: BalanceTracker) -> str | None:
     scored = score(run, step, generated, at.tl)  # rewards, shaped and refilled; the batch's rows
     sleep_engines(run, at.tl)  # colocated engines sleep while the learners work
     with kept_for_resume(run.rollouts, generated.flight):  # a learner lost: the step runs again on resume
-        batch = advantages(run, step, scored)  # once, over the whole batch (less the KL with kl_penalty=reward)
+        batch = advantages(run, step, scored, at.tl)  # once, over the whole batch (a teacher's terms per token)
         trained = train_batch(run, step, batch, at.tl)  # the learner group's optimizer step
     synced = sync(run, step, trained, batch, at.tl)  # the breaker; the new version to the engines (or they wake)
     evals = evaluate(run, step)  # the held-out prompts, on evaluation steps

@@ -73,6 +73,7 @@ class Run:
     algorithm: Algorithm | None = None  # algo.advantage and algo.policy_loss
     initial_model_path: str = ""  # the starting model; the frozen reference stays this one on resume
     start_model_path: str = ""  # what the actors load: the initial model, or the checkpoint's policy
+    teacher_path: str = ""  # on-policy distillation's teacher folder (algo.teacher's, or its preset's build)
     start_version: int = 0  # the policy version the engines start at (a re-created engine too)
     sink: MetricsSink | None = None  # the metrics sink, once the loop runs
     learners_to_wait: LearnersToWait | None = None  # learners set_up does not wait for: they start beside

@@ -188,7 +188,8 @@ def _place_folders(run: Run) -> None:
     """Where every node reads the starting model (and the checkpoint, when resuming): needs the cluster's nodes
     and the model folder."""
     run.folders = place_run_folders(run.cfg, run.node_ids, run.placement, run.start_model_path, run.out_dir,
-                                    run.initial_model_path, run.resume.checkpoint if run.resume else None)
+                                    run.initial_model_path, run.resume.checkpoint if run.resume else None,
+                                    run.teacher_path or None)
 
 
 def _factory(run: Run, hooks: Hooks) -> ActorFactory:

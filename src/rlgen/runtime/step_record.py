@@ -34,6 +34,7 @@ def step_record(step: int, tl: StepTimeline, batch: RolloutBatch, rewards: list[
         "generate_s": gen_wall,
         "reward_s": tl.total(Phase.reward),
         "wait_s": tl.total(Phase.wait, "learner0"),
+        "teacher_s": max((tl.total(Phase.teacher, f"learner{r}") for r in range(learner_ranks or 1)), default=0.0),
         "train_s": train_s,
         # the update's wall time: the learner's send and the engines' loads overlap (NCCL, CUDA IPC)
         "sync_s": tl.covered(Phase.sync),

@@ -106,18 +106,21 @@ class RunFolders:
     learner_paths: dict[str, str]  # node -> the model folder learners there load
     learner_nodes: list[str]  # the node of each learner rank
     writes_here: dict[str, bool]  # learner node -> it can write checkpoints into the run directory
-    learner_extra: dict[str, dict[str, str]] = field(default_factory=dict)  # resume_from, ref_model_path by node
+    learner_extra: dict[str, dict[str, str]] = field(default_factory=dict)  # resume_from, ref_model_path, teacher_path by node
 
 
 def place_run_folders(cfg: RunConfig, node_ids: list[str], placement: Placement, model: str, run_dir: Path,
-                      initial_model: str, checkpoint: Path | None = None) -> RunFolders:
+                      initial_model: str, checkpoint: Path | None = None, teacher: str | None = None) -> RunFolders:
     """The model (a resumed run: the checkpoint's, and the whole checkpoint for the learners; the initial model
-    as the reference when algo.kl_coef > 0) placed on every node that runs an actor."""
+    as the reference when algo.kl_coef > 0; the teacher's folder under on-policy distillation) placed on every
+    node that runs an actor."""
     mode, t = ShareMode(cfg.ray.share), cfg.startup_timeout_s
     engine_nodes = [node_ids[ap.group] for ap in placement.engines]
     learner_nodes = [node_ids[ap.group] for ap in placement.learners]
     folders = RunFolders(place_folder(model, engine_nodes, mode, t), {}, learner_nodes,
                          sees_run_dir(str(run_dir), learner_nodes, mode, t))
+    if teacher:
+        folders.learner_extra["teacher_path"] = place_folder(teacher, learner_nodes, mode, t)
     lora = cfg.learner.lora
     if checkpoint is not None:
         ckpt = place_folder(str(checkpoint), learner_nodes, mode, t)

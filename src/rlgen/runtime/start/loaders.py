@@ -1,4 +1,4 @@
-"""Set-up's loaders: the algorithm, the starting model folder and the task (with its tokenizer, prompts and stop
+"""Set-up's loaders: the algorithm, the starting model folder (and a distillation teacher's) and the task (with its tokenizer, prompts and stop
 ids), each on a thread of its own beside the cluster's start, once the libraries they share are imported whole.
 ``run`` is the Run being set up; each loader fills in its part of it."""
 
@@ -14,6 +14,7 @@ from rlgen.config import RunConfig
 from rlgen.models.build import built_model, load_tokenizer, prepare_model, tokenizer_class_of
 from rlgen.runtime.start.on_thread import Beside
 from rlgen.runtime.start.progress import StartupClock
+from rlgen.runtime.start.teacher import check_teacher_tokenizer, teacher_folder
 from rlgen.tasks import build_task, task_libraries
 from rlgen.tasks.prompts import PromptRenderer, length_stop_ids, model_stop_ids
 
@@ -85,6 +86,7 @@ def _model(run: Run, libraries: Beside[None]) -> None:
     # With LoRA the checkpoint's model folder is an adapter: actors start from the base and the adapter comes after.
     lora = cfg.learner.lora.enabled
     run.start_model_path = str(run.resume.checkpoint / "model") if run.resume and not lora else run.initial_model_path
+    run.teacher_path = teacher_folder(cfg, run.plan.device) or ""
 
 
 def _algorithm(run: Run, libraries: Beside[None]) -> None:
@@ -102,6 +104,8 @@ def _task(run: Run, libraries: Beside[None], model: Beside[None]) -> tuple[Task,
     task = build_task(cfg.task)
     model.result(run.stop)
     run.tokenizer = load_tokenizer(run.start_model_path)
+    if run.teacher_path:
+        check_teacher_tokenizer(cfg.algo.teacher, run.teacher_path, run.tokenizer)
     renderer = PromptRenderer(run.tokenizer, cfg.task, tools=getattr(task, "tool_schemas", lambda: None)())
     if cfg.task.long_prompts.value == "skip" and hasattr(task, "keep_rows"):
         dropped = task.keep_rows(lambda p: renderer.fits(p.text))

@@ -1,7 +1,7 @@
 """Advantages: the one place a step's advantages are computed, by the algorithm (algo.advantage), over the whole
 batch before it is sharded. With algo.kl_penalty=reward (and algo.kl_coef > 0) the learners first give each
 sequence's summed KL to the reference, and kl_coef times it comes off the sequence's reward; the advantages then
-come from those rewards."""
+come from those rewards. Under on-policy distillation the teacher's per-token term joins them (runtime.step.teacher)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from rlgen.runtime.errors import RunError
 from rlgen.runtime.setup import Run
 from rlgen.runtime.step.score import Scored
 from rlgen.runtime.step.shards import assign_rows, leads, rank_names, rank_shards, shards, with_advantages
-from rlgen.types import RolloutBatch
+from rlgen.runtime.step.teacher import teacher_terms
+from rlgen.types import RolloutBatch, StepTimeline
 
 if TYPE_CHECKING:
     import torch
@@ -30,11 +31,13 @@ class Batch:
     assignment: Assignment  # which rows each learner rank trains on (runtime.step.shards)
     shards: list[TokenBatch]  # each data rank's rows, packed once, with their advantages
     staleness: int  # the learner's version less the oldest version that sampled the rows
-    metrics: dict[str, float]  # kl and kl_reward_penalty with algo.kl_penalty=reward, else {}
+    metrics: dict[str, float]  # kl and kl_reward_penalty with algo.kl_penalty=reward; distill/* with a teacher
 
 
-def advantages(run: Run, step: int, scored: Scored) -> Batch:
-    """The scored rows with their advantages, computed once (after the KL penalty where the rewards carry it)."""
+def advantages(run: Run, step: int, scored: Scored, tl: StepTimeline | None = None) -> Batch:
+    """The scored rows with their advantages, computed once (after the KL penalty where the rewards carry it).
+    Under on-policy distillation (algo.teacher) each token's advantage is (1 - distill_coef) times its row's plus
+    the teacher's term (runtime.step.teacher), whose spans go on tl."""
     algo, rows = run.cfg.algo, scored.rows
     assignment = assign_rows(run, rows)
     packed = shards(rows, assignment, run.plan.mesh)  # once: the KL phase and the train phase take these
@@ -45,7 +48,14 @@ def advantages(run: Run, step: int, scored: Scored) -> Batch:
         metrics = {"kl": float(kl.sum()) / max(rows.num_response_tokens, 1),
                    "kl_reward_penalty": float(algo.kl_coef * kl.mean())}
     rows.advantages = computed_advantages(run, rows)
-    return Batch(rows, assignment, with_advantages(packed, rows, assignment), run.state.version - rows.version,
+    terms = None
+    if algo.teacher:
+        from rlgen.algo.distill import task_share
+
+        taught = teacher_terms(run, step, packed, tl if tl is not None else StepTimeline(step))
+        rows.advantages = task_share(rows.advantages, algo.distill_coef)
+        terms, metrics = taught.terms, {**metrics, **taught.metrics}
+    return Batch(rows, assignment, with_advantages(packed, rows, assignment, terms), run.state.version - rows.version,
                  metrics)
 
 

@@ -14,6 +14,8 @@ from rlgen.runtime.setup import Run
 from rlgen.types import RolloutBatch
 
 if TYPE_CHECKING:
+    import torch
+
     from rlgen.learners.token_batch import TokenBatch
 
 T = TypeVar("T")
@@ -46,11 +48,14 @@ def rank_shards(data_shards: list[T], mesh: LearnerMesh) -> list[T]:
     return [data_shards[mesh.data_rank(r)] for r in range(mesh.ranks)]
 
 
-def with_advantages(data_shards: list[TokenBatch], rows: RolloutBatch, assignment: Assignment) -> list[TokenBatch]:
-    """The data ranks' token batches with their rows' advantages, as computed over the whole batch."""
+def with_advantages(data_shards: list[TokenBatch], rows: RolloutBatch, assignment: Assignment,
+                    terms: list[torch.Tensor] | None = None) -> list[TokenBatch]:
+    """The data ranks' token batches with their rows' advantages, as computed over the whole batch, and each
+    rank's per-token term where given (on-policy distillation's, [N_d, L_d])."""
     import torch
 
-    return [b.with_advantages(rows.advantages[torch.tensor(assignment.rows(d), dtype=torch.long)])
+    return [b.with_advantages(rows.advantages[torch.tensor(assignment.rows(d), dtype=torch.long)],
+                              None if terms is None else terms[d])
             for d, b in enumerate(data_shards)]
 
 

@@ -1,0 +1,47 @@
+"""On-policy distillation's phase (algo.teacher): each learner rank's teacher scores its rows' sampled tokens, and
+each token's distillation term (rlgen.algo.distill: distill_coef times log pi_teacher - log pi_engine, the negative
+reverse KL's estimate) is made here, once, in every data rank's token batch layout. The phase goes on the timeline
+as the ranks' `teacher` spans."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from rlgen.runtime.setup import Run
+from rlgen.runtime.step.shards import leads, rank_names, rank_shards
+from rlgen.types import Phase, StepTimeline
+
+if TYPE_CHECKING:
+    import torch
+
+    from rlgen.learners.token_batch import TokenBatch
+
+
+@dataclass(frozen=True)
+class TeacherTerms:
+    """Each data rank's per-token term [N_d, L_d] and the step's distillation metrics."""
+
+    terms: list[torch.Tensor]
+    metrics: dict[str, float]
+
+
+def teacher_terms(run: Run, step: int, packed: list[TokenBatch], tl: StepTimeline) -> TeacherTerms:
+    """The teacher's scores of every rank's rows, made into each token's distillation term."""
+    from rlgen.algo.distill import distill_term, reverse_kl
+
+    refs = [a.teacher_logprobs.remote(b) for a, b in zip(run.learners, rank_shards(packed, run.plan.mesh))]
+    per_rank = run.waiter.learner_get(refs, f"the teacher's scores of step {step}", rank_names(run),
+                                      run.folders.learner_nodes, hang_s=run.cfg.runtime.hang_timeout_s)
+    for rank, scores in enumerate(per_rank):
+        tl.add(f"learner{rank}", Phase.teacher, scores.start, scores.end)
+    coef = run.cfg.algo.distill_coef
+    terms, gap, tokens = [], 0.0, 0
+    for shard, scores in zip(packed, leads(per_rank, run.plan.mesh)):
+        terms.append(distill_term(scores.logp, shard.engine_logp, shard.mask, coef))  # [N_d, L_d]
+        shard_gap, shard_tokens = reverse_kl(scores.logp, shard.engine_logp, shard.mask)
+        gap, tokens = gap + shard_gap, tokens + shard_tokens
+    return TeacherTerms(terms, {"distill/reverse_kl": gap / max(tokens, 1)})
+
+
+__all__ = ["TeacherTerms", "teacher_terms"]
