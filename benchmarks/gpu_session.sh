@@ -61,6 +61,8 @@
 #                       way): reward curves, mismatch by length, overflow and non-finite skips
 #     invariance [OVERRIDES]  one GPU: deterministic=true: tests/gpu/test_batch_invariance.py, then the 0.5B's fixed run
 #                       twice with one seed (metrics to compare) and once without the mode (the cost in tokens/s)
+#     distill [OVERRIDES]  one GPU: model=small trained by RL ($TEACHER_STEPS, 300 steps) as the teacher, then 150 steps
+#                       of algo=distill from the same start against RL alone (benchmarks/distill_report.py)
 #     peer-shapes [ARGS]  one GPU: benchmarks/peer_trl.py at RL-shaped lengths for each PROMPTS:CAP:MEAN in $SHAPES
 #                       (default "8:2048:256 4:4096:512"), sides rlgen_async, rlgen_partial and TRL's GRPOTrainer
 #                       ($PEER_SIDES names others, e.g. rlgen:own_in:algo.async_steps=1,algo.launch_ahead=own_in)
@@ -325,9 +327,14 @@ EOF3
       "$py" -m rlgen.cli train engine=vllm hardware=1xh200 model=qwen2_5_0_5b algo.prompts_per_step=64 steps=6 \
         algo.max_new_tokens=256 precision=$p progress=false hydra.run.dir="$out/pad-$p" "$@" > "$out/pad-$p.log" 2>&1
       echo "padding $p rc=$?"
+      # the smoke shape on-policy: with async_steps=1 the engine samples with the version before the learner's, and
+      # that lag, not the numerics, is most of the smoke run's mismatch (k3 0.002 in bf16 and fp16 alike)
+      "$py" -m rlgen.cli train engine=vllm hardware=1xh200 model=small steps=150 precision=$p algo.async_steps=0 \
+        progress=false hydra.run.dir="$out/smoke-$p-onpolicy" "$@" > "$out/smoke-$p-onpolicy.log" 2>&1
+      echo "smoke on-policy $p rc=$?"
     done
-    "$py" benchmarks/lengths_report.py "$out"/smoke-bf16 "$out"/smoke-fp16 "$out"/pad-bf16 "$out"/pad-fp16 \
-      --out "$out/precision.json" | tee "$out/precision.log"
+    "$py" benchmarks/lengths_report.py "$out"/smoke-bf16 "$out"/smoke-fp16 "$out"/smoke-bf16-onpolicy \
+      "$out"/smoke-fp16-onpolicy "$out"/pad-bf16 "$out"/pad-fp16 --out "$out/precision.json" | tee "$out/precision.log"
     ;;
   invariance)
     # deterministic=true: the GPU test (64 prompts alone and inside 512), then the 0.5B padding pair's fixed run
@@ -342,6 +349,20 @@ EOF3
     "$py" -m rlgen.cli train "${base[@]}" hydra.run.dir="$out/default" "$@" > "$out/default.log" 2>&1
     "$py" benchmarks/lengths_report.py "$out/det-a" "$out/det-b" "$out/default" --out "$out/invariance.json" \
       | tee "$out/invariance.log"
+    ;;
+  distill)
+    # on-policy distillation against RL alone: model=small trained by RL for $TEACHER_STEPS (300) steps is the
+    # teacher, then 150 steps of algo=distill from the same start; RL alone is the teacher's own run (same preset,
+    # start and seed); benchmarks/distill_report.py: when each reaches the teacher's reward, the teacher's scoring
+    base=(engine=vllm hardware=1xh200 model=small progress=false)
+    "$py" -m rlgen.cli train "${base[@]}" steps="${TEACHER_STEPS:-300}" hydra.run.dir="$out/teacher" "$@" \
+      > "$out/teacher.log" 2>&1
+    echo "teacher rc=$?"
+    "$py" -m rlgen.cli train "${base[@]}" steps=150 algo=distill algo.teacher="$out/teacher/final_model" \
+      hydra.run.dir="$out/distill" "$@" > "$out/distill.log" 2>&1
+    echo "distill rc=$?"
+    "$py" benchmarks/distill_report.py "$out/teacher" "$out/distill" --out "$out/distill.json" \
+      --png "$out/distill.png" | tee "$out/distill-report.log"
     ;;
   peer-shapes)
     model=()

@@ -17,8 +17,9 @@ pytestmark = pytest.mark.gpu
 ALONE, BATCH, NEW = 64, 512, 48
 
 
-def _generate(model_path: str, invariant: bool, out: Path) -> None:
-    """In the child: the 64 prompts alone, then inside 512, at temperature 1 with a seed per request."""
+def _generate(model_path: str, invariant: bool, out: Path, prefix_caching: bool = True) -> None:
+    """In the child: the 64 prompts alone, then inside 512, at temperature 1 with a seed per request (with the
+    prefix cache on, the batch of 512 finds the 64 prompts' blocks cached by the first call)."""
     import random
 
     from helpers import SMALL_QWEN2
@@ -28,7 +29,7 @@ def _generate(model_path: str, invariant: bool, out: Path) -> None:
 
     env = {"VLLM_BATCH_INVARIANT": "1"} if invariant else {}
     cfg = EngineConfig(kind="vllm", gpu_memory_utilization=0.4, max_model_len=1024, max_num_seqs=BATCH,
-                       enforce_eager=True, dtype="bfloat16")
+                       enforce_eager=True, dtype="bfloat16", enable_prefix_caching=prefix_caching)
     engine = VLLMEngine(model_path, cfg, device="cuda", seed=0, name="invariance", env=env)
     rng = random.Random(0)
     prompts = [tuple(rng.randrange(3, SMALL_QWEN2["vocab_size"]) for _ in range(rng.randrange(8, 64)))
@@ -45,12 +46,12 @@ def _generate(model_path: str, invariant: bool, out: Path) -> None:
                                "inside": [[c.token_ids, c.logprobs] for c in inside]}))
 
 
-def _run(model_path: str, invariant: bool, tmp_path: Path) -> dict:
-    out = tmp_path / f"invariant-{invariant}.json"
+def _run(model_path: str, invariant: bool, tmp_path: Path, prefix_caching: bool = True) -> dict:
+    out = tmp_path / f"invariant-{invariant}-{prefix_caching}.json"
     here = Path(__file__).resolve()
     code = (f"import sys; sys.path[:0] = [{str(here.parent.parent)!r}, {str(here.parent)!r}]; "
             f"from test_batch_invariance import _generate; from pathlib import Path; "
-            f"_generate({model_path!r}, {invariant}, Path({str(out)!r}))")
+            f"_generate({model_path!r}, {invariant}, Path({str(out)!r}), {prefix_caching})")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text())
@@ -63,9 +64,15 @@ def model_path(tmp_path_factory) -> str:
     return save_small_qwen2(tmp_path_factory.mktemp("qwen2-small"))
 
 
-def test_a_prompt_samples_the_same_alone_as_inside_a_batch(model_path, tmp_path):
-    got = _run(model_path, True, tmp_path)
+@pytest.mark.parametrize("prefix_caching", [True, False], ids=["prefix-cache", "no-prefix-cache"])
+def test_a_prompt_samples_the_same_alone_as_inside_a_batch(model_path, tmp_path, prefix_caching):
+    got = _run(model_path, True, tmp_path, prefix_caching)
     assert len(got["alone"]) == len(got["inside"]) == ALONE
-    for i, ((tokens, logprobs), (tokens_in, logprobs_in)) in enumerate(zip(got["alone"], got["inside"])):
-        assert tokens == tokens_in, f"prompt {i}: other tokens inside the batch"
-        assert logprobs == logprobs_in, f"prompt {i}: other logprobs inside the batch"
+    tokens_off = [i for i, (a, b) in enumerate(zip(got["alone"], got["inside"])) if a[0] != b[0]]
+    deltas = [(i, t, abs(x - y)) for i, (a, b) in enumerate(zip(got["alone"], got["inside"])) if a[0] == b[0]
+              for t, (x, y) in enumerate(zip(a[1], b[1])) if x != y]
+    worst = max((d for *_, d in deltas), default=0.0)
+    print(f"prefix caching {prefix_caching}: {len(tokens_off)} of {ALONE} prompts with other tokens; "
+          f"{len(deltas)} of {ALONE * NEW} logprobs differ (max |d| {worst:.3g}) at {deltas[:8]}")
+    assert not tokens_off, f"prompts {tokens_off}: other tokens inside the batch"
+    assert not deltas, f"{len(deltas)} logprobs differ inside the batch, max |d| {worst:.3g}, first at {deltas[:4]}"

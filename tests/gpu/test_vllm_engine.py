@@ -35,6 +35,7 @@ def engine(model_path):
         max_num_seqs=64,
         enforce_eager=True,
         enable_sleep_mode=True,
+        dtype="bfloat16",  # as the plan resolves engine.dtype (null) for precision=bf16: updates cast to it on the wire
     )
     eng = VLLMEngine(model_path, cfg, device="cuda", seed=0, name="test-engine")
     yield eng

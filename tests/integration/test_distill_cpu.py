@@ -1,6 +1,7 @@
 """On-policy distillation end to end on a local Ray cluster on CPU: the teacher scores every step as a phase of
 its own (with packing, partial rollouts and a LoRA student), a teacher equal to the student gives no signal, and a
-student distilled from a stronger teacher reaches the teacher's reward in fewer steps and seconds than RL alone."""
+student distilled alone from a trained teacher learns its policy: its reward rises without training on rewards,
+and its reverse KL to the teacher falls. (Against RL alone: docs/benchmarks.md, "On-policy distillation on CPU".)"""
 
 from __future__ import annotations
 
@@ -36,38 +37,19 @@ def test_the_teacher_scores_each_step_as_a_phase_of_its_own(tmp_path, extra):
         assert r["teacher_s"] > 0
 
 
-def _curve(records: list[dict], window: int = 10) -> list[float]:
-    rewards = [r["reward_mean"] for r in records]
-    return [sum(rewards[max(0, i - window + 1): i + 1]) / len(rewards[max(0, i - window + 1): i + 1])
-            for i in range(len(rewards))]
-
-
-def _reached(records: list[dict], target: float) -> tuple[int, float] | None:
-    """The first step whose smoothed reward reaches target, and the seconds from the first step's start to its end."""
-    curve = _curve(records)
-    hit = next((i for i, v in enumerate(curve) if v >= target), None)
-    if hit is None:
-        return None
-    return hit, records[hit]["t_end"] - records[0]["t_end"] + records[0]["step_s"]
-
-
-TEACHER_STEPS, STUDENT_STEPS = 450, 200
+def _mean(records: list[dict], key: str, first: bool) -> float:
+    k = max(1, len(records) // 5)
+    part = records[:k] if first else records[-k:]
+    return sum(r[key] for r in part) / k
 
 
 @pytest.mark.slow
-@pytest.mark.long  # a 450-step teacher, then 200 steps of RL and of distillation from the same start
-def test_a_student_distilled_from_a_stronger_teacher_reaches_its_reward_before_rl_alone(tmp_path):
-    teacher_records, _ = _run(tmp_path / "teacher", [f"steps={TEACHER_STEPS}"])
-    k = len(teacher_records) // 5
-    target = sum(r["reward_mean"] for r in teacher_records[-k:]) / k  # the teacher's reward: its last fifth
-    teacher = tmp_path / "teacher" / "final_model"
-    rl, _ = _run(tmp_path / "rl", [f"steps={STUDENT_STEPS}"])
-    distilled, _ = _run(tmp_path / "distill", [f"steps={STUDENT_STEPS}", "algo=distill", f"algo.teacher={teacher}"])
-    got = _reached(distilled, target)
-    assert got is not None, f"distillation never reached the teacher's {target:.3f}: {max(_curve(distilled)):.3f}"
-    alone = _reached(rl, target)
-    # RL alone, from the same start and seed, is the teacher's own run: it reached its reward late in its steps
-    alone_steps = alone[0] if alone else STUDENT_STEPS
-    assert got[0] < alone_steps, (got, alone)
-    if alone:
-        assert got[1] < alone[1], (got, alone)
+@pytest.mark.long  # a 150-step teacher, then 150 steps of distillation alone from the same start
+def test_a_student_distilled_alone_learns_the_teachers_policy(tmp_path):
+    teacher_records, _ = _run(tmp_path / "teacher", ["steps=150"])
+    distilled, _ = _run(tmp_path / "distill", ["algo=distill", f"algo.teacher={tmp_path / 'teacher' / 'final_model'}"])
+    # distill_coef=1: the rewards train nothing, yet the reward rises as the student nears its teacher
+    gain = _mean(distilled, "reward_mean", first=False) - _mean(distilled, "reward_mean", first=True)
+    assert gain >= 0.2, gain
+    assert _mean(distilled, "distill/reverse_kl", first=False) * 5 < _mean(distilled, "distill/reverse_kl", first=True)
+    assert _mean(distilled, "reward_mean", first=False) > _mean(teacher_records, "reward_mean", first=True) + 0.2

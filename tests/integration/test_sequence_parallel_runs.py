@@ -66,3 +66,14 @@ def test_two_sequence_groups_train_what_two_data_ranks_train(tmp_path):
     data = _run(tmp_path / "dp2", "hardware.learner_ranks=2", "learner.sequence_parallel=1")
     assert (mesh[0].mesh.data, mesh[0].mesh.sequence) == (2, 2)
     _same(mesh, data)
+
+
+@pytest.mark.slow
+def test_a_sequence_group_scores_with_its_teacher_what_one_rank_scores(tmp_path):
+    # on-policy distillation: each group's teacher scores the group's rows once, through the same all-to-all
+    distill = ["algo=distill", "algo.teacher=tiny", "algo.distill_coef=0.5"]
+    sharded = _run(tmp_path / "sp2", "hardware.learner_ranks=2", "learner.sequence_parallel=2", *distill)
+    whole = _run(tmp_path / "one", "hardware.learner_ranks=1", *distill)
+    _same(sharded, whole)
+    gaps = [(a["distill/reverse_kl"], b["distill/reverse_kl"]) for a, b in zip(sharded[1], whole[1])]
+    assert all(a == pytest.approx(b, rel=1e-4, abs=1e-7) for a, b in gaps) and any(abs(b) > 1e-4 for _, b in gaps)
