@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from rlgen.config import AlgoConfig
 
+# what an algorithm preset needs beside it to plan: distillation's teacher (the student's own preset will do)
+ALGO_NEEDS = {"distill": ["algo.teacher=tiny"]}
+
 
 def algo_cfg(**values) -> AlgoConfig:
     """An AlgoConfig with concrete values where the dataclass leaves them null for the plan to fill: the tiny

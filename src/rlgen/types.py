@@ -235,6 +235,9 @@ class StepResult:
     # precision=fp16: the step was skipped because its gradients overflowed the loss scale (dynamic loss scaling
     # at work, which lowers the scale), not for a non-finite loss or weights
     overflow: bool = False
+    # how each metric merges over the learner group's ranks (rlgen.metrics.reduce: "sum", "max", "mean:<count>";
+    # a key not here: rank 0's value), declared where the metric is made
+    reductions: dict[str, str] = field(default_factory=dict)
 
     @property
     def skipped(self) -> bool:

@@ -22,6 +22,7 @@ from rlgen.config import AlgoConfig, ISMode, KLEstimator, Level, LossAgg
 from rlgen.learners.grpo_step import StepSums, micro_loss, token_kl
 from rlgen.learners.packed import pack
 from rlgen.learners.token_batch import Micro
+from rlgen.metrics.reduce import MAX, Reduced
 
 EPS = 1e-6
 NO_IS = dict(clip_low=0.2, clip_high=0.2, tis_cap=0.0, seq_mask_cap=0.0, max_new_tokens=4)
@@ -309,10 +310,12 @@ def test_step_sums_losses_sign_of_entropy_bonus():
     # batch loss = (pg + kl_coef * kl - entropy_coef * ent) / denominator
     step = SimpleNamespace(n_rows=2, resp_len=2, device=torch.device("cpu"))
     sums = StepSums(step)
-    sums.add(torch.tensor([0]), torch.zeros(1, 2), {"pg": -4.0, "kl": 1.0, "ent": 2.0, "ratio_max": 1.5})
-    sums.add(torch.tensor([1]), torch.zeros(1, 2), {"pg": 2.0, "kl": 0.5, "ent": 1.0, "ratio_max": 1.1})
+    sums.add(torch.tensor([0]), torch.zeros(1, 2), {"pg": -4.0, "kl": 1.0, "ent": 2.0, "response_tokens": 2.0},
+             {"ratio_max": Reduced(1.5, MAX)})
+    sums.add(torch.tensor([1]), torch.zeros(1, 2), {"pg": 2.0, "kl": 0.5, "ent": 1.0, "response_tokens": 2.0},
+             {"ratio_max": Reduced(1.1, MAX)})
     algo = AlgoConfig(kl_coef=0.5, entropy_coef=0.1)
     pg, kl, loss = sums.losses(0.25, algo)
     assert (pg, kl) == pytest.approx((-2.0 / 4, 1.5 / 4))
     assert loss == pytest.approx((-2.0 + 0.5 * 1.5 - 0.1 * 3.0) / 4)
-    assert sums.ratio_maxes == [1.5, 1.1]
+    assert sums.metrics.values()["ratio_max"] == 1.5

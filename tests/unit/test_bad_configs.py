@@ -22,8 +22,8 @@ PLAN_ERRORS = [
     (
         "unknown-algorithm",
         ["algo.kind=ppo2"],
-        ["algo.kind=ppo2 is not an algorithm preset; choose one of: cispo, dapo, dr_grpo, grpo, gspo, reinforce_pp, "
-         "rloo (pick one with algo=<name>"],
+        ["algo.kind=ppo2 is not an algorithm preset; choose one of: cispo, dapo, distill, dr_grpo, grpo, gspo, "
+         "reinforce_pp, rloo (pick one with algo=<name>"],
         1,
     ),
     (

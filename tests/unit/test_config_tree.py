@@ -10,6 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 import rlgen.config.compose
+from helpers import ALGO_NEEDS
 from rlgen.config import _GROUPS
 from rlgen.config.compose import CONF_DIR, ConfigError, compose_run_config
 from rlgen.plan import build_plan
@@ -46,6 +47,8 @@ def _composed(*overrides: str):
 
 def _companions(group: str, name: str, tmp_path: Path) -> list[str]:
     """What a group option needs beside it for the plan to validate."""
+    if group == "algo" and name in ALGO_NEEDS:
+        return ALGO_NEEDS[name]
     if group == "engine" and name == "remote":  # a server's address (its /info is stood in for by the test)
         return ["engine.url=http://127.0.0.1:9"]
     if group == "engine" and name.startswith("vllm"):

@@ -403,12 +403,16 @@ def test_two_ranks_on_shards_make_the_whole_batch_step(model_dir, agg, old):
 
 def test_merging_takes_the_worst_outcome_and_keeps_nan():
     from rlgen.learners.group import merge_results
+    from rlgen.learners.grpo_step import STEP_REDUCTIONS
+    from rlgen.metrics.reduce import MAX
     from rlgen.types import StepResult
 
+    how = {**STEP_REDUCTIONS, "ratio_max": MAX}  # as the ranks' step results declare them
     a = StepResult(2, None, (("train", 0.0, 1.0),), {"loss": 0.5, "ratio_max": 1.1, "response_tokens": 3,
-                                                     "entropy": 1.0}, rng_digest="aa")
+                                                     "entropy": 1.0}, rng_digest="aa", reductions=how)
     b = StepResult(2, "non-finite loss (nan) at step 4", (("train", 0.0, 2.0),),
-                   {"loss": 0.25, "ratio_max": math.nan, "response_tokens": 1, "entropy": 3.0}, rng_digest="bb")
+                   {"loss": 0.25, "ratio_max": math.nan, "response_tokens": 1, "entropy": 3.0}, rng_digest="bb",
+                   reductions=how)
     merged = merge_results([a, b])
     m = merged.metrics
     assert m["loss"] == 0.75 and m["response_tokens"] == 4 and m["entropy"] == pytest.approx(1.5)

@@ -10,7 +10,7 @@ from enum import Enum
 import pytest
 import yaml
 
-from helpers import plan_problems
+from helpers import ALGO_NEEDS, plan_problems
 from rlgen.config import RunConfig, get_key, set_key
 from rlgen.config.compose import CONF_DIR, compose_run_config
 from rlgen.plan import PlanError, build_plan
@@ -158,4 +158,4 @@ def test_a_part_registered_without_reads_is_never_refused_for_them():
 
 @pytest.mark.parametrize("preset", sorted(p.stem for p in (CONF_DIR / "algo").glob("*.yaml") if p.stem != "base_algo"))
 def test_every_algo_preset_plans_with_what_its_parts_read(preset):
-    build_plan(compose_run_config([f"algo={preset}"]))
+    build_plan(compose_run_config([f"algo={preset}", *ALGO_NEEDS.get(preset, [])]))

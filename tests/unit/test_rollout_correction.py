@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import clip_loss
+from helpers import ALGO_NEEDS, clip_loss
 from rlgen.config import LossAgg
 from rlgen.config.compose import compose_run_config
 from rlgen.plan import PlanError, build_plan
@@ -91,7 +91,7 @@ def test_the_presets_are_the_documented_ones():
 @pytest.mark.parametrize("algo", ALGOS)
 def test_every_preset_composes_over_every_algo_and_plans(algo):
     for preset in PRESETS:
-        cfg = compose_run_config([f"algo={algo}", f"correction={preset}"])
+        cfg = compose_run_config([f"algo={algo}", f"correction={preset}", *ALGO_NEEDS.get(algo, [])])
         assert cfg.algo.kind == algo
         build_plan(cfg)  # the plan's checks pass
 
@@ -109,8 +109,10 @@ def test_a_band_that_cannot_work_is_refused(overrides, words):
 
 def test_the_ranks_tis_frac_merges_over_their_response_tokens():
     from rlgen.learners.group import merge_rank_metrics
+    from rlgen.metrics.reduce import value_and_how
 
     # rank 0 dropped 5 of its 10 tokens (5 left in the loss), rank 1 none of its 30: 5 of 40 outside the band
     a = {"tis_frac": 0.5, "response_tokens": 10, "loss_tokens": 5}
     b = {"tis_frac": 0.0, "response_tokens": 30, "loss_tokens": 30}
-    assert merge_rank_metrics([a, b])["tis_frac"] == pytest.approx(5 / 40)
+    how = {"tis_frac": value_and_how(0.5)[1]}  # the loss reports it as a plain number: a mean over response tokens
+    assert merge_rank_metrics([a, b], how)["tis_frac"] == pytest.approx(5 / 40)

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+    from rlgen.metrics.reduce import Reduced
+
 
 @dataclass(frozen=True)
 class LossInputs:
@@ -30,8 +32,9 @@ class LossInputs:
 @dataclass
 class LossOutputs:
     loss: torch.Tensor  # [] with gradient: the micro-batch's aggregated loss
-    # fractions or means over its tokens: clip_frac, tis_frac, seq_masked_frac, ratio_mean, ratio_max
-    metrics: dict[str, float] = field(default_factory=dict)
+    # any metrics: a plain number is a mean over the micro-batch's response tokens, a rlgen.metrics.reduce.Reduced
+    # says how it reduces (clip_frac over the loss's tokens, ratio_max a maximum, ...); each reaches metrics.jsonl
+    metrics: dict[str, float | Reduced] = field(default_factory=dict)
 
 
 __all__ = ["LossInputs", "LossOutputs"]

@@ -14,6 +14,7 @@ import torch
 
 from rlgen.algo.inputs import LossInputs, LossOutputs
 from rlgen.config import AlgoConfig, ISMode, KLEstimator, Level, LossAgg, OldLogprobs
+from rlgen.metrics.reduce import LOSS_TOKEN_MEAN, MAX, SEQ_MEAN, Reduced
 
 
 class AdvantageShapeError(ValueError):
@@ -167,8 +168,9 @@ def rollout_keep(trainer: torch.Tensor, engine_logp: torch.Tensor, mask: torch.T
 
 
 def ratio_metrics(ratio: torch.Tensor, clip_active: torch.Tensor, out: torch.Tensor, m: torch.Tensor,
-                  loss_mask: torch.Tensor) -> dict[str, float]:
-    """A loss's metrics. ratio, clip_active, out, m, loss_mask: [N, L] (m bool: the response mask; loss_mask:
+                  loss_mask: torch.Tensor) -> dict[str, float | Reduced]:
+    """A loss's metrics, each with its reduction (rlgen.metrics.reduce; a plain number is a mean over response
+    tokens). ratio, clip_active, out, m, loss_mask: [N, L] (m bool: the response mask; loss_mask:
     rollout_keep's). clip_frac is the fraction of the tokens under the loss mask whose clip is active; tis_frac
     the fraction of the response tokens whose IS weight lay outside the band (truncated or masked);
     seq_masked_frac the fraction of sequences with >= 1 response token of which the loss kept none; ratio_mean
@@ -179,11 +181,12 @@ def ratio_metrics(ratio: torch.Tensor, clip_active: torch.Tensor, out: torch.Ten
     seqs = m.any(dim=-1)  # [N]
     r = ratio.detach()[m]  # [tokens]
     return {
-        "clip_frac": float((clip_active & loss_mask).sum().item()) / loss_tokens,
+        "clip_frac": Reduced(float((clip_active & loss_mask).sum().item()) / loss_tokens, LOSS_TOKEN_MEAN),
         "tis_frac": float((out & m).sum().item()) / max(tokens, 1),
-        "seq_masked_frac": float((seqs & ~loss_mask.any(dim=-1)).sum().item()) / max(int(seqs.sum().item()), 1),
+        "seq_masked_frac": Reduced(float((seqs & ~loss_mask.any(dim=-1)).sum().item()) / max(int(seqs.sum().item()), 1),
+                                   SEQ_MEAN),
         "ratio_mean": float(r.mean().item()) if tokens else 1.0,
-        "ratio_max": float(r.max().item()) if tokens else 1.0,
+        "ratio_max": Reduced(float(r.max().item()) if tokens else 1.0, MAX),
     }
 
 

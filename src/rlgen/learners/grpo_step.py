@@ -9,7 +9,6 @@ result `train_step` returns.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +29,8 @@ from rlgen.algo.registry import Loss
 from rlgen.config import AlgoConfig, LossAgg, OldLogprobs
 from rlgen.learners.packed import Packed, packed_forward
 from rlgen.learners.token_batch import Micro, TokenBatch
-from rlgen.metrics.mismatch import mismatch_by_length, mismatch_metrics, response_lengths
+from rlgen.metrics.mismatch import MISMATCH_REDUCTIONS, mismatch_by_length, mismatch_metrics, response_lengths
+from rlgen.metrics.reduce import MAX, SUM, TOKEN_MEAN, MicroMetrics, Reduced
 from rlgen.types import Phase, StepResult
 
 # -- forward -----------------------------------------------------------------------------------------------
@@ -96,26 +96,20 @@ class MicroLoss:
     logp: torch.Tensor  # [n, Lm], with grad
     mask: torch.Tensor  # [n, Lm] bool
     loss_mask: torch.Tensor  # [n, Lm] bool
-    metrics: dict[str, float]  # the algorithm's loss metrics (those it reports)
+    metrics: dict[str, float | Reduced]  # the algorithm's loss metrics, each with its reduction
 
     def sums(self) -> dict[str, float]:
-        """pg, kl, entropy, denom, and token/sequence-weighted metric sums; ratio_max is this micro-batch's
-        maximum (-inf without response tokens)."""
-        metrics, mask = self.metrics, self.mask
-        loss_tokens, tokens = float(self.loss_mask.sum().item()), float(mask.sum().item())
-        seqs = float(mask.any(dim=-1).sum().item())
+        """pg, kl, entropy, denom, and the micro-batch's counts its loss metrics' means weigh by (MICRO_COUNTS)."""
+        mask = self.mask
         return {
             "pg": self.pg,
             "kl": self.kl,
             "ent": self.ent,
             "entropy": float(self.entropy.detach()[mask].sum().item()),
             "denom": self.denom,
-            "loss_tokens": loss_tokens,
-            "clip": metrics.get("clip_frac", 0.0) * loss_tokens,
-            "tis": metrics.get("tis_frac", 0.0) * tokens,
-            "ratio": metrics.get("ratio_mean", 1.0) * tokens,
-            "ratio_max": metrics.get("ratio_max", 1.0) if tokens else -math.inf,
-            "masked_seqs": metrics.get("seq_masked_frac", 0.0) * seqs,
+            "loss_tokens": float(self.loss_mask.sum().item()),
+            "response_tokens": float(mask.sum().item()),
+            "sequences": float(mask.any(dim=-1).sum().item()),
         }
 
 
@@ -200,21 +194,22 @@ def sequence_kl(ref_model: nn.Module, step: TokenBatch, algo: AlgoConfig) -> tor
 
 
 class StepSums:
-    """Micro-batch results gathered over a batch: trainer logprobs, summed metrics, ratio maxima."""
+    """Micro-batch results gathered over a batch: trainer logprobs, summed losses and counts, and the loss's
+    metrics by their reductions (rlgen.metrics.reduce)."""
 
     def __init__(self, step: TokenBatch) -> None:
         self.trainer_logp = torch.zeros(step.n_rows, step.resp_len, device=step.device)  # [N, L]
         self.totals: dict[str, float] = {}
-        self.ratio_maxes: list[float] = []
+        self.metrics = MicroMetrics()
 
-    def add(self, rows: torch.Tensor, logp: torch.Tensor, sums: dict[str, float]) -> None:
-        """Record one micro-batch: its rows [n], logp [n, Lm] (detached) and its `MicroLoss.sums()`."""
+    def add(self, rows: torch.Tensor, logp: torch.Tensor, sums: dict[str, float],
+            metrics: dict[str, float | Reduced] | None = None) -> None:
+        """Record one micro-batch: its rows [n], logp [n, Lm] (detached), its `MicroLoss.sums()` and the loss's
+        metrics (MicroLoss.metrics)."""
         self.trainer_logp[rows, : logp.shape[1]] = logp
         for key, value in sums.items():
-            if key == "ratio_max":
-                self.ratio_maxes.append(value)
-            else:
-                self.totals[key] = self.totals.get(key, 0.0) + value
+            self.totals[key] = self.totals.get(key, 0.0) + value
+        self.metrics.add(metrics or {}, sums)
 
     def get(self, key: str) -> float:
         """A running sum (0.0 before any micro-batch)."""
@@ -251,23 +246,16 @@ def step_result(
     mismatch = mismatch_metrics(sums.trainer_logp, step.engine_logp, step.mask, delta_threshold)
     acc, mask = sums.totals, step.mask
     tokens = int(mask.sum().item())
-    loss_tokens = max(acc["loss_tokens"], 1.0)
-    seqs = max(int(mask.any(dim=-1).sum().item()), 1)
-    ratio_max = float(torch.tensor(sums.ratio_maxes).max())  # nan propagates
     out: dict[str, Any] = {
+        **sums.metrics.values(),  # the loss's own (clip_frac, tis_frac, ratio_max, ... and any a new loss adds)
         "loss": loss,
         "pg_loss": pg_loss,
         "grad_norm": grad_norm,
-        "entropy": acc["entropy"] / max(tokens, 1),
-        "clip_frac": acc["clip"] / loss_tokens,
-        "tis_frac": acc["tis"] / max(tokens, 1),
-        "seq_masked_frac": acc["masked_seqs"] / seqs,
-        "ratio_mean": acc["ratio"] / tokens if tokens else 1.0,
-        "ratio_max": ratio_max if tokens else 1.0,
+        "entropy": acc.get("entropy", 0.0) / max(tokens, 1),
         "response_tokens": tokens,
         "response_len_max": int(response_lengths(mask).max().item()) if mask.numel() else 0,  # the longest trained
         "sequences": int(mask.any(dim=-1).sum().item()),  # with at least one response token
-        "loss_tokens": int(acc["loss_tokens"]),  # under the loss after sequence masking
+        "loss_tokens": int(acc.get("loss_tokens", 0)),  # under the loss after sequence masking
         "packed_tokens": step.tokens,  # the tokens the micro-batches forwarded: prompts and kept responses
         "micro_batches": len(step.packs),
     }
@@ -278,11 +266,21 @@ def step_result(
     out.update({f"mismatch/{k}": v for k, v in mismatch.items()})
     by_length = mismatch_by_length(sums.trainer_logp, step.engine_logp, step.mask, delta_threshold)
     out.update({f"mismatch/{k}": v for k, v in by_length.items()})
+    reductions = {**sums.metrics.hows, **STEP_REDUCTIONS, **{f"mismatch/{k}": v for k, v in MISMATCH_REDUCTIONS.items()}}
     return StepResult(version=version, skip_reason=reason, spans=((Phase.train.value, start, time.time()),),
-                      metrics=out, overflow=overflow)
+                      metrics=out, overflow=overflow, reductions=reductions)
+
+
+# how the step's own metrics merge over the learner group (rlgen.metrics.reduce); a key not here: rank 0's
+STEP_REDUCTIONS = {
+    "loss": SUM, "pg_loss": SUM, "kl": SUM,  # each rank's part of the whole batch's loss, over its denominator
+    "response_tokens": SUM, "sequences": SUM, "loss_tokens": SUM, "packed_tokens": SUM,
+    "entropy": TOKEN_MEAN, "response_len_max": MAX,
+}
 
 
 __all__ = [
+    "STEP_REDUCTIONS",
     "MicroLoss",
     "StepSums",
     "batch_denominator",

@@ -101,7 +101,7 @@ class StepCore:
             if poison and (bad or not math.isfinite(out.pg + out.kl + out.ent)):
                 total = total * float("nan")
             backward(total if scale is None else total * scale)
-            sums.add(micro.rows, out.logp.detach(), out.sums())
+            sums.add(micro.rows, out.logp.detach(), out.sums(), out.metrics)
         return sums
 
     def losses(self, sums: StepSums, denom: float) -> tuple[float, float, float]:

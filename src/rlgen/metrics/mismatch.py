@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import torch
 
+# how each of mismatch_metrics' values merges over the learner group's ranks (rlgen.metrics.reduce), the means
+# weighted by the tokens each rank compared
+MISMATCH_REDUCTIONS = {
+    "k3_kl": "mean:mismatch/tokens", "mean_abs_delta": "mean:mismatch/tokens",
+    "frac_over_threshold": "mean:mismatch/tokens", "max_abs_delta": "max", "tokens": "sum",
+}
+
 
 def mismatch_metrics(
     trainer_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor, threshold: float
