@@ -154,6 +154,11 @@ class StepTimeline:
     def add(self, actor: str, phase: Phase, start: float, end: float) -> None:
         self.spans.append(Span(actor, Phase(phase), start, end))
 
+    def add_spans(self, actor: str, spans: Iterable[tuple[str, float, float]]) -> None:
+        """An actor's spans as every actor reports them: (phase, start, end), the phase by its name."""
+        for phase, start, end in spans:
+            self.add(actor, Phase(phase), start, end)
+
     def total(self, phase: Phase, actor_prefix: str = "") -> float:
         return sum(s.seconds for s in self.spans if s.phase == phase and s.actor.startswith(actor_prefix))
 

@@ -70,7 +70,8 @@ def test_the_teachers_scores_are_its_teacher_forced_logprobs():
         want, _ = logp_entropy(padded_logits(teacher, batch.input_ids, batch.attention_mask, 0.8), batch.input_ids[:, P:])
     mask = batch.response_mask.bool()[:, : scores.logp.shape[1]]
     torch.testing.assert_close(scores.logp[mask], want[:, : scores.logp.shape[1]][mask], rtol=1e-5, atol=1e-5)
-    assert torch.count_nonzero(scores.logp[~mask]) == 0 and scores.end >= scores.start
+    ((phase, start, end),) = scores.spans
+    assert torch.count_nonzero(scores.logp[~mask]) == 0 and phase == "teacher" and end >= start
 
 
 def _padded_distill_step(model, teacher, batch, algo) -> tuple[float, torch.Tensor]:

@@ -14,15 +14,15 @@ from torch import nn
 from rlgen.config import AlgoConfig
 from rlgen.learners.grpo_step import reference_logprobs
 from rlgen.learners.token_batch import TokenBatch
+from rlgen.types import Phase
 
 
 @dataclass(frozen=True)
 class TeacherScores:
-    """A rank's rows scored by the teacher: [N, L] in its token batch's layout, and when the scoring ran."""
+    """A rank's rows scored by the teacher: [N, L] in its token batch's layout, and its span."""
 
     logp: torch.Tensor  # [N, L] float32 on the CPU: the teacher's logprob of each response token, 0 off the mask
-    start: float
-    end: float
+    spans: tuple[tuple[str, float, float], ...]  # (phase, start, end): the teacher phase, as every actor reports
 
 
 def teacher_logprobs(teacher: nn.Module, step: TokenBatch, algo: AlgoConfig) -> TeacherScores:
@@ -32,7 +32,7 @@ def teacher_logprobs(teacher: nn.Module, step: TokenBatch, algo: AlgoConfig) -> 
     for micro in step.micros():
         logp = reference_logprobs(teacher, micro.packed, algo)  # [n, Lm]
         out[micro.rows, : logp.shape[1]] = torch.where(micro.mask, logp.float(), torch.zeros_like(logp, dtype=out.dtype))
-    return TeacherScores(out.cpu(), start, time.time())
+    return TeacherScores(out.cpu(), ((Phase.teacher.value, start, time.time()),))
 
 
 __all__ = ["TeacherScores", "teacher_logprobs"]

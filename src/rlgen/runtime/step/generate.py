@@ -73,11 +73,9 @@ def kept_for_resume(ro: Rollouts, flight: InFlight) -> Iterator[None]:
 def add_engine_spans(run: Run, tl: StepTimeline, flight: InFlight) -> None:
     """A collected flight's engine spans (its generate calls' and the weight updates' queued before them)."""
     for i, res in flight.results.items():
-        for phase, a, b in res.spans:
-            tl.add(run.engine_names[i], Phase(phase), a, b)
+        tl.add_spans(run.engine_names[i], res.spans)
     for i, spans in flight.update_spans.items():
-        for phase, a, b in spans:
-            tl.add(run.engine_names[i], Phase(phase), a, b)
+        tl.add_spans(run.engine_names[i], spans)
 
 
 __all__ = ["Generated", "add_engine_spans", "generate", "kept_for_resume"]

@@ -179,8 +179,7 @@ def _round(run: Run, step: int, round: int, n: int, tl: StepTimeline) -> Shaped:
     flight = ro.extra_flight(step, round, n, run.transport.version)
     ro.collect(flight)
     for i, res in flight.results.items():
-        for phase, a, b in res.spans:
-            tl.add(run.engine_names[i], Phase(phase), a, b)
+        tl.add_spans(run.engine_names[i], res.spans)
     try:
         ro.prepare(flight)
         scores = ro.scorer.result(flight.scoring)

@@ -21,7 +21,7 @@ from rlgen.runtime.step.advantages import Batch
 from rlgen.runtime.step.train import Trained
 from rlgen.sync.transports.base import PushResult
 from rlgen.sync.waits import SyncError, SyncTimeoutError
-from rlgen.types import Phase, StepTimeline
+from rlgen.types import StepTimeline
 
 T = TypeVar("T")
 
@@ -37,8 +37,7 @@ class Synced:
 def sleep_engines(run: Run, tl: StepTimeline) -> None:
     """Colocated engines go to sleep while the learners work (their spans on the timeline); others generate on."""
     for r in over_engines(run, run.transport.sleep_engines):
-        for phase, a, b in r["spans"]:
-            tl.add(r["actor"], Phase(phase), a, b)
+        tl.add_spans(r["actor"], r["spans"])
 
 
 def sync(run: Run, step: int, trained: Trained, batch: Batch, tl: StepTimeline) -> Synced:
@@ -79,8 +78,7 @@ def _push(run: Run, tl: StepTimeline) -> dict[str, float]:
     except SyncError as err:
         raise RunError(f"weight sync to version {state.version} failed: {err}") from err
     for r in res.results:
-        for phase, a, b in r.get("spans", []):
-            tl.add(r["actor"], Phase(phase), a, b)
+        tl.add_spans(r["actor"], r.get("spans", []))
         for part, seconds in r.get("parts", {}).items():  # where an update's time went, the slowest actor's
             metrics[f"sync_{part}_s"] = max(seconds, metrics.get(f"sync_{part}_s", 0.0))
     # the object store's loads still running: each engine takes its own before its next generate

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from rlgen.runtime.setup import Run
 from rlgen.runtime.step.shards import leads, rank_names, rank_shards
-from rlgen.types import Phase, StepTimeline
+from rlgen.types import StepTimeline
 
 if TYPE_CHECKING:
     import torch
@@ -34,7 +34,7 @@ def teacher_terms(run: Run, step: int, packed: list[TokenBatch], tl: StepTimelin
     per_rank = run.waiter.learner_get(refs, f"the teacher's scores of step {step}", rank_names(run),
                                       run.folders.learner_nodes, hang_s=run.cfg.runtime.hang_timeout_s)
     for rank, scores in enumerate(per_rank):
-        tl.add(f"learner{rank}", Phase.teacher, scores.start, scores.end)
+        tl.add_spans(f"learner{rank}", scores.spans)
     coef = run.cfg.algo.distill_coef
     terms, gap, tokens = [], 0.0, 0
     for shard, scores in zip(packed, leads(per_rank, run.plan.mesh)):

@@ -14,7 +14,7 @@ from rlgen.runtime.errors import RunError
 from rlgen.runtime.setup import Run
 from rlgen.runtime.step.advantages import Batch
 from rlgen.runtime.step.shards import leads, rank_names, rank_shards
-from rlgen.types import JSONDict, Phase, StepResult, StepTimeline
+from rlgen.types import JSONDict, StepResult, StepTimeline
 
 
 @dataclass
@@ -44,8 +44,7 @@ def train_batch(run: Run, step: int, batch: Batch, tl: StepTimeline) -> Trained:
     for rank, r in enumerate(per_rank):  # each rank's RNG after the step: a survivor may stand in for it later
         if r.rng_digest is not None:
             run.rank_rng[rank] = (step + 1, r.rng_digest)
-        for phase, a, b in r.spans:
-            tl.add(f"learner{rank}", Phase(phase), a, b)
+        tl.add_spans(f"learner{rank}", r.spans)
     result = merge_results(leads(per_rank, run.plan.mesh))
     return Trained(result, {**result.record(), **batch.metrics})
 
