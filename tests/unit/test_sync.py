@@ -31,7 +31,6 @@ from rlgen.sync.transports import (
     CudaIpcTransport,
     NcclTransport,
     ObjectStoreTransport,
-    lead_ranks,
 )
 from rlgen.sync.waits import SyncError, SyncTimeoutError, get_all, run_with_timeout
 
@@ -584,8 +583,8 @@ def test_an_engine_over_two_gpus_reads_a_rank_s_buffer_before_it_is_packed_witho
 
 def test_lead_ranks_follow_each_engines_first_gpu():
     tp2 = plan_of("engine=vllm_tp2", "hardware=4xh100", "hardware.colocated=true")
-    assert [e.gpus for e in tp2.engines] == [(0, 1), (2, 3)] and lead_ranks(tp2) == [0, 2]
+    assert [e.gpus for e in tp2.engines] == [(0, 1), (2, 3)] and tp2.engine_leads == [0, 2]
     tp1 = plan_of("engine=vllm", "hardware=2xh100", "hardware.colocated=true", "model=qwen2_5_0_5b")
-    assert lead_ranks(tp1) == [e.gpus[0] for e in tp1.engines] and {0, 1} <= set(lead_ranks(tp1))
+    assert tp1.engine_leads == [e.gpus[0] for e in tp1.engines] and {0, 1} <= set(tp1.engine_leads)
     transport = make_transport(tp2, tp2.config)
     assert isinstance(transport, CudaIpcTransport) and transport.leads == [0, 2]

@@ -9,7 +9,7 @@ import torch
 
 from rlgen.generated import completion_from_json, completion_to_json
 from rlgen.runtime.rollouts.batch import build_batch
-from rlgen.runtime.step_record import token_version_metrics
+from rlgen.runtime.step.line import token_version_metrics
 from rlgen.tasks.prompts import cut_at_stop
 from rlgen.types import Completion
 

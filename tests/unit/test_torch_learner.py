@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 from helpers import algo_cfg, tiny_qwen2, tokens_for
 from rlgen.algo.advantages import group_advantages
 from rlgen.config import LossAgg, MonitorConfig
-from rlgen.learners.base import Learner
+from rlgen.learners.actor import LearnerActor
 from rlgen.learners.torch import NonFiniteWeightsError, TorchLearner
 from rlgen.types import RolloutBatch
 
@@ -92,7 +92,7 @@ def same_params(a, b):
 def test_one_step_updates_and_reports(model_dirs, kind):
     batch = make_batch(load(model_dirs[kind]))
     learner = TorchLearner(model_dirs[kind], algo_cfg(lr=1e-3), MonitorConfig())
-    assert isinstance(learner, Learner)
+    assert isinstance(learner, LearnerActor)
     before = params_of(learner)
     result = learner.train_step(batch)
     out = result.record()

@@ -16,6 +16,7 @@ from torch import nn
 from rlgen.adapter_folder import write_adapter
 from rlgen.algo.registry import Algorithm
 from rlgen.config import AlgoConfig, MonitorConfig
+from rlgen.folder_bytes import pack
 from rlgen.hostinfo import process_info
 from rlgen.learners.background import BackgroundWriter
 from rlgen.learners.collective import rng_digest
@@ -23,7 +24,6 @@ from rlgen.learners.lora import adapter_config, adapter_weights, save_merged
 from rlgen.learners.step_core import StepCore
 from rlgen.learners.teacher import TeacherScores
 from rlgen.learners.token_batch import TokenBatch
-from rlgen.packing import pack
 from rlgen.types import RolloutBatch, StepResult
 
 COUNTERS = ("version", "calls", "skipped_steps", "consecutive_skips", "last_skip_reason", "overflow_skips")
@@ -105,7 +105,11 @@ class LearnerActor:
     # -- the actor's calls -----------------------------------------------------------------------------------
 
     def train_step(self, batch: TokenBatch | RolloutBatch) -> StepResult:
-        """One optimizer step (see `rlgen.learners.base.Learner.train_step` for what it returns)."""
+        """One optimizer step on the batch. Returns a StepResult: the version after the step, the skip reason
+        (None: applied; overflow: an fp16 loss scale's skip), the step's spans [(phase, start, end), ...], with
+        several ranks the RNG digest, the metrics (plain numbers: loss, pg_loss, grad_norm, entropy, the loss's
+        own such as clip_frac and ratio_max, mismatch/* and mismatch/by_length/*, response_tokens, kl with a
+        reference model in the loss) and how each reduces over the ranks (rlgen.metrics.reduce)."""
         raise NotImplementedError
 
     def get_weights(self, dtype: torch.dtype | str | None = None) -> dict[str, torch.Tensor]:

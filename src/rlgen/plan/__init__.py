@@ -7,8 +7,8 @@ imports torch, Ray or vLLM."""
 from rlgen.config import Transport
 from rlgen.plan.build import build_plan, count_params, model_summary
 from rlgen.plan.checks.spanning import live_vllm_env
-from rlgen.plan.layout import BatchGeometry, EngineSlot, Layout, LearnerSlot, ModelSummary, Plan, PlanError
 from rlgen.plan.memory import ENGINE_HEADROOM_GIB, GIB
+from rlgen.plan.resolved import BatchGeometry, EngineSlot, Layout, LearnerSlot, ModelSummary, Plan, PlanError
 
 __all__ = [
     "ENGINE_HEADROOM_GIB", "GIB", "BatchGeometry", "EngineSlot", "Layout", "LearnerSlot", "ModelSummary", "Plan",

@@ -36,7 +36,6 @@ from rlgen.plan.disk import disk_writes
 from rlgen.plan.env_bound import env_time_notes
 from rlgen.plan.headroom import hardware_room
 from rlgen.plan.kv_cache import size_kv_cache
-from rlgen.plan.layout import BatchGeometry, Choice, EngineSlot, Layout, ModelSummary, Plan, PlanError
 from rlgen.plan.lora import resolve_lora
 from rlgen.plan.memory import GIB, adapter_params, response_bound, share_part
 from rlgen.plan.mesh import resolve_mesh
@@ -45,6 +44,7 @@ from rlgen.plan.overlap import default_async_steps, fit_with_overlap
 from rlgen.plan.params import count_params
 from rlgen.plan.precision import resolve_precision
 from rlgen.plan.recipes import fill_recipe
+from rlgen.plan.resolved import BatchGeometry, Choice, EngineSlot, Layout, ModelSummary, Plan, PlanError
 from rlgen.plan.slots import default_engines_per_gpu, place_engines, place_learners
 from rlgen.plan.task_bounds import fill_task_bounds
 from rlgen.plan.teacher import teacher_plan, teacher_problems, with_teacher

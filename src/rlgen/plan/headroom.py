@@ -11,8 +11,8 @@ import re
 from rlgen.config import RunConfig
 from rlgen.config.compose import group_options
 from rlgen.engines.registry import EngineSpec
-from rlgen.plan.layout import EngineSlot, Layout, LearnerSlot, ModelSummary
 from rlgen.plan.overlap import runs_ahead
+from rlgen.plan.resolved import EngineSlot, Layout, LearnerSlot, ModelSummary
 from rlgen.plan.slots import shared_gpu_problem
 
 ADVISED_ENGINES_PER_GPU = 2

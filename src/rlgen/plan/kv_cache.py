@@ -15,8 +15,8 @@ import math
 
 from rlgen.config import RunConfig, Setting, set_key
 from rlgen.engines.registry import EngineSpec
-from rlgen.plan.layout import BatchGeometry, EngineSlot, ModelSummary
 from rlgen.plan.memory import ENGINE_HEADROOM_GIB, GIB, engine_floor_gib
+from rlgen.plan.resolved import BatchGeometry, EngineSlot, ModelSummary
 from rlgen.plan.tensor_parallel import kv_groups
 
 BLOCK_TOKENS = 16  # vLLM's KV block: a sequence holds whole blocks

@@ -17,7 +17,7 @@ import dataclasses
 import math
 
 from rlgen.config import LaunchAhead, Setting, set_key
-from rlgen.plan.layout import Plan
+from rlgen.plan.resolved import Plan
 
 # A flight beside the tail that makes its decode steps this many times as long waits for the step's own instead.
 # Set from a simulation of the decode-step model behind it (geometric lengths of mean 256 cut at 2,048, k=1, the

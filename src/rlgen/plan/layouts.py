@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from rlgen.config import RunConfig, Setting, get_key, set_key
 from rlgen.engines.registry import EngineSpec
-from rlgen.plan.layout import Choice, Plan, PlanError
 from rlgen.plan.prediction import predict
+from rlgen.plan.resolved import Choice, Plan, PlanError
 
 Build = Callable[..., Plan]  # plan.build.build_plan(cfg, runnable=...)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from rlgen.plan.layout import EngineSlot, Layout, Plan
+from rlgen.plan.resolved import EngineSlot, Layout, Plan
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ from rlgen.plan.checks.spanning import check_engine_floor, hardware_problems, li
 from rlgen.plan.checks.values import check_values
 from rlgen.plan.context import positions
 from rlgen.plan.determinism import resolve_determinism
-from rlgen.plan.layout import BatchGeometry, Layout, Plan, PlanError
 from rlgen.plan.model_folder import with_model_folder
 from rlgen.plan.precision import resolve_precision
 from rlgen.plan.recipes import fill_recipe
+from rlgen.plan.resolved import BatchGeometry, Layout, Plan, PlanError
 from rlgen.plan.slots import place_engines
 from rlgen.wire.protocol import TOKEN_ENV
 

@@ -7,7 +7,7 @@ import dataclasses
 
 from rlgen.config import RunConfig
 from rlgen.engines.registry import EngineSpec
-from rlgen.plan.layout import EngineSlot, Layout, LearnerSlot
+from rlgen.plan.resolved import EngineSlot, Layout, LearnerSlot
 from rlgen.plan.tensor_parallel import tp_problem
 
 

@@ -1,7 +1,7 @@
 """The run, split by time and by concern.
 
 Top level: ``run`` (plan -> set-up -> loop -> report, as one library call), ``setup`` (plan -> actors: a Run),
-``loop`` (the steps), ``step_record`` (one step's metrics line), ``signals`` (clean stops) and ``errors``.
+``loop`` (the steps), ``signals`` (clean stops) and ``errors``.
 Subpackages, lowest first: ``cluster`` (Ray, actors, waits, kept engines, a dead run's leftovers), ``rollouts``
 (requests, in-flight generation, refill, engine restarts), ``durability`` (checkpoints, resume, disk space, the
 run folder's lock and status), ``policy`` (the run's state, the weight transports, the circuit breaker) and

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from rlgen.models.build import built_model
 from rlgen.plan.disk import checkpoints_at_once, checkpoints_written
-from rlgen.plan.layout import Plan
+from rlgen.plan.resolved import Plan
 
 HEADROOM_FRACTION = 0.05  # a checkpoint may be a little larger than predicted (or than the last one)
 WRITE_LESS = (("keep", 1), ("every", 0))  # checkpoint settings that shrink a run's writes: one kept, only the last

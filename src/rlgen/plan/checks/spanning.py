@@ -10,9 +10,9 @@ from rlgen.config.compose import group_options, made_without_gpus
 from rlgen.engines.registry import EngineSpec
 from rlgen.learners.registry import LearnerSpec
 from rlgen.plan.context import positions
-from rlgen.plan.layout import Layout, LearnerSlot, ModelSummary
 from rlgen.plan.memory import ENGINE_HEADROOM_GIB, GIB, engine_floor_gib, longest_sequence, response_bound
 from rlgen.plan.overlap import check_sleep_mode
+from rlgen.plan.resolved import Layout, LearnerSlot, ModelSummary
 from rlgen.rope import YARN_FACTORS
 
 

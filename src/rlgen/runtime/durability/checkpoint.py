@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlgen.durable import FULL
+from rlgen.folder_bytes import unpack_into
 from rlgen.learners.background import DONE, FAILED, marker
-from rlgen.packing import unpack_into
 from rlgen.runtime.cluster.waits import POLL_S, LearnerLost
 from rlgen.runtime.durability.background_write import BackgroundWrite
 from rlgen.runtime.durability.checkpoint_folder import (

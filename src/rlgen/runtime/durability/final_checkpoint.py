@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlgen.durable import disk_full
-from rlgen.packing import unpack_into
+from rlgen.folder_bytes import unpack_into
 from rlgen.plan.checks.disk_room import needed_with_headroom, size_text
 from rlgen.runtime.cluster.waits import LearnerLost, short
 from rlgen.runtime.durability.checkpoint import expected_bytes, finish_background, save

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from rlgen.config import ShareMode
-from rlgen.packing import fingerprint, pack, unpack
+from rlgen.folder_bytes import fingerprint, pack, unpack
 
 if TYPE_CHECKING:
     from ray import ObjectRef

@@ -14,7 +14,6 @@ from rlgen.sync.transports import (
     NcclTransport,
     ObjectStoreTransport,
     TransportBase,
-    lead_ranks,
 )
 
 
@@ -33,7 +32,7 @@ def make_transport(plan: Plan, cfg: RunConfig, *, bucket_mb: float | None = None
     elif plan.transport is Transport.cuda_ipc:
         require(plan.engine, ReceivesIpc, "weights over CUDA IPC")
         transport = CudaIpcTransport(**kwargs, sleep_level=sleep_level, awake=plan.engines_awake,
-                                     leads=lead_ranks(plan))
+                                     leads=plan.engine_leads)
     elif plan.transport is Transport.lora_adapter:
         require(plan.engine, PolicyAdapters, "LoRA adapters as the policy")
         transport = AdapterTransport(**kwargs, asleep=plan.colocated and not plan.engines_awake)

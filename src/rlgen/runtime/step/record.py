@@ -1,5 +1,5 @@
 """Record: the step's held-out evaluation (every eval.every steps and the last), then its line of metrics.jsonl
-(rlgen.runtime.step_record) with the balance verdict, written by the sink; the run's step count moves on."""
+(rlgen.runtime.step.line) with the balance verdict, written by the sink; the run's step count moves on."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from rlgen.metrics.balance import BalanceTracker
 from rlgen.runtime.errors import WriteStopped
 from rlgen.runtime.setup import Run
 from rlgen.runtime.step.advantages import Batch
+from rlgen.runtime.step.line import step_record
 from rlgen.runtime.step.score import Scored
 from rlgen.runtime.step.sync import Synced
 from rlgen.runtime.step.train import Trained
-from rlgen.runtime.step_record import step_record
 from rlgen.types import StepTimeline
 
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from rlgen.sync.transports.adapter import AdapterTransport
 from rlgen.sync.transports.base import PushResult, TransportBase, WeightTransport
-from rlgen.sync.transports.ipc import CudaIpcTransport, lead_ranks
+from rlgen.sync.transports.ipc import CudaIpcTransport
 from rlgen.sync.transports.nccl import NcclTransport
 from rlgen.sync.transports.object_store import ObjectStoreTransport
-from rlgen.sync.transports.plan_view import SyncPlan
 
 __all__ = ["AdapterTransport", "CudaIpcTransport", "NcclTransport", "ObjectStoreTransport", "PushResult",
-           "SyncPlan", "TransportBase", "WeightTransport", "lead_ranks"]
+           "TransportBase", "WeightTransport"]

@@ -20,20 +20,12 @@ from rlgen.types import Phase
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
-    from rlgen.sync.transports.plan_view import SyncPlan
-
-
-def lead_ranks(plan: SyncPlan) -> list[int]:
-    """For each engine, the learner rank on its first GPU: the rank that drives its IPC loads."""
-    rank_of = {(lr.node, lr.gpu): lr.rank for lr in plan.learners}
-    return [rank_of.get((e.node, e.gpus[0] if e.gpus else None), 0) for e in plan.engines]
-
 
 class CudaIpcTransport(VLLMTransport):
     """Colocated engines, weights through CUDA IPC. awake=False (async_steps=0): engines sleep while the learner
     trains and wake for the update. awake=True (async_steps>0): engines stay awake and generate the next batch
     while the learner trains; an update in flight pauses them, keeping their requests' KV cache. leads: each
-    engine's learner rank (``lead_ranks``; every engine on rank 0 when not given)."""
+    engine's learner rank (the plan's ``engine_leads``; every engine on rank 0 when not given)."""
 
     kind = Transport.cuda_ipc
 
@@ -141,4 +133,4 @@ class CudaIpcTransport(VLLMTransport):
         return PushResult(int(version), results=[*sent, *done], seconds=time.time() - t0)
 
 
-__all__ = ["CudaIpcTransport", "lead_ranks"]
+__all__ = ["CudaIpcTransport"]

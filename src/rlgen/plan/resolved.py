@@ -127,6 +127,13 @@ class Plan:
         return self.layout is Layout.colocated
 
     @property
+    def engine_leads(self) -> list[int]:
+        """For each engine, the learner rank on its first GPU: the rank that drives its CUDA IPC loads (rank 0
+        where no rank shares it)."""
+        rank_of = {(slot.node, slot.gpu): slot.rank for slot in self.learners}
+        return [rank_of.get((e.node, e.gpus[0] if e.gpus else None), 0) for e in self.engines]
+
+    @property
     def nccl_env(self) -> dict[str, str]:
         """engine_env's NCCL_* settings: every process that joins the engines' NCCL groups (learners, a server's
         trainers) runs with them, since NCCL cannot join two processes that differ in NCCL_CUMEM_ENABLE."""
