@@ -1,5 +1,6 @@
 """The engine contract: the calls every engine answers (``Engine``) and one protocol per capability a kind claims
-through its ``EngineSpec`` (``CAPABILITIES``: each protocol and the flag that claims it).
+through its ``EngineSpec``, each protocol with its claim beside it (``capability``: the flags that claim it,
+gathered in ``CAPABILITIES``).
 
 The runtime, ``rlgen serve``, the learners' weight senders, ``rlgen validate`` and ``rlgen bench`` call engines
 through these methods only, and a capability's methods only on kinds whose spec claims it. Where they are called,
@@ -17,6 +18,21 @@ from rlgen.generated import GenResult
 from rlgen.types import GenRequest
 
 TRANSFER_TIMEOUT_S = 300.0  # the protocols' default; a kind may default to its own
+
+# Each capability, the flags that claim it (as people read them) and the test on a spec, in the order the
+# protocols are defined: each protocol states its own claim (`capability`)
+CAPABILITIES: list[tuple[type, str, Callable[[EngineSpec], bool]]] = []
+
+
+def capability(flags: str, claimed: Callable[[EngineSpec], bool]) -> Callable[[type], type]:
+    """Mark the protocol below as a capability that a kind claims where claimed(its spec) (flags: the EngineSpec
+    flags that claim it, as a sentence names them)."""
+
+    def register(protocol: type) -> type:
+        CAPABILITIES.append((protocol, flags, claimed))
+        return protocol
+
+    return register
 
 
 @runtime_checkable
@@ -40,6 +56,8 @@ class Engine(Protocol):
         """{"ok": bool, "name": str, "version": int, ...}; cheap, answers within a second."""
 
 
+# a served kind's proxies pause the server, which holds new requests (and freezes running ones where it can)
+@capability("in_flight_updates or served", lambda s: s.in_flight_updates or s.served)
 @runtime_checkable
 class PausesInFlight(Protocol):
     """Flag ``in_flight_updates`` (or ``served``): weights change while requests run, which wait meanwhile."""
@@ -51,6 +69,7 @@ class PausesInFlight(Protocol):
         """Let the frozen requests go on; new ones are taken again."""
 
 
+@capability("receives_nccl or receives_ipc", lambda s: s.receives_nccl or s.receives_ipc)
 @runtime_checkable
 class JoinsWeightTransfer(Protocol):
     """Flag ``receives_nccl`` or ``receives_ipc``: the set-up both weight paths share."""
@@ -60,6 +79,7 @@ class JoinsWeightTransfer(Protocol):
         or, with {}, CUDA IPC."""
 
 
+@capability("receives_nccl", lambda s: s.receives_nccl)
 @runtime_checkable
 class ReceivesNccl(JoinsWeightTransfer, Protocol):
     """Flag ``receives_nccl``: weights broadcast over NCCL by the learners' rank 0."""
@@ -70,6 +90,7 @@ class ReceivesNccl(JoinsWeightTransfer, Protocol):
         (pause: freeze running requests around it, flag ``in_flight_updates``)."""
 
 
+@capability("receives_ipc", lambda s: s.receives_ipc)
 @runtime_checkable
 class ReceivesIpc(JoinsWeightTransfer, Protocol):
     """Flag ``receives_ipc``: weights from a learner on the same GPU, through a buffer shared over CUDA IPC."""
@@ -79,6 +100,7 @@ class ReceivesIpc(JoinsWeightTransfer, Protocol):
         """Load one chunk of the shared buffer; the last one takes version (pause: freeze requests around it)."""
 
 
+@capability("adapters", lambda s: s.adapters)
 @runtime_checkable
 class PolicyAdapters(Protocol):
     """Flag ``adapters``: the engine keeps the base model and each policy version is a LoRA adapter."""
@@ -87,6 +109,7 @@ class PolicyAdapters(Protocol):
         """Make adapter ({"tensors", "config"}) the policy at version for requests that name no adapter."""
 
 
+@capability("adapters and not served", lambda s: s.adapters and not s.served)
 @runtime_checkable
 class NamedAdapters(Protocol):
     """Flag ``adapters`` on a kind `rlgen serve` runs (not ``served``): adapters loaded by name for its clients."""
@@ -98,6 +121,7 @@ class NamedAdapters(Protocol):
         """Unload the adapter loaded under name."""
 
 
+@capability("not served", lambda s: not s.served)
 @runtime_checkable
 class Servable(Protocol):
     """Not ``served``: a kind `rlgen serve` runs, which streams and drops its prefix cache on request."""
@@ -109,6 +133,7 @@ class Servable(Protocol):
         """Drop every cached prefix (computed under older weights); True when done."""
 
 
+@capability("keeps_warm", lambda s: s.keeps_warm)
 @runtime_checkable
 class KeepsWarm(Protocol):
     """Flag ``keeps_warm``: an engine that outlives its run for the next one with the same settings."""
@@ -121,6 +146,7 @@ class KeepsWarm(Protocol):
         """A new run takes the kept engine: wake it, take version; returns health() plus "start_weights"."""
 
 
+@capability("scores", lambda s: s.scores)
 @runtime_checkable
 class ScoresTokens(Protocol):
     """Flag ``scores``: teacher-forced logprobs of given tokens (`rlgen validate`'s reference, and its
@@ -132,6 +158,7 @@ class ScoresTokens(Protocol):
         by temperature (> 0); one list per row."""
 
 
+@capability("adapters and served", lambda s: s.adapters and s.served)
 @runtime_checkable
 class UsesNamedAdapter(Protocol):
     """Flags ``adapters`` and ``served``: a server's engine generates with an adapter the server loads by name,
@@ -145,6 +172,7 @@ class UsesNamedAdapter(Protocol):
         """Unload the adapter use_named_adapter() loaded (nothing when there is none)."""
 
 
+@capability("shuts_down", lambda s: s.shuts_down)
 @runtime_checkable
 class ShutsDown(Protocol):
     """Flag ``shuts_down``: processes of the engine's own (vLLM's engine core) hold its GPU until they stop."""
@@ -153,6 +181,7 @@ class ShutsDown(Protocol):
         """Stop them, so the GPU is free as soon as the actor is killed (`rlgen bench` measures that)."""
 
 
+@capability("cuts_short", lambda s: s.cuts_short)
 @runtime_checkable
 class CutsShort(Protocol):
     """Flag ``cuts_short``: a generate() that ends once enough groups are done (algo.partial_rollouts)."""
@@ -163,22 +192,6 @@ class CutsShort(Protocol):
         tokens (and logprobs) it had. The same result as generate()."""
 
 
-# Each capability, the flags that claim it (as people read them) and the test on a spec.
-CAPABILITIES: tuple[tuple[type, str, Callable[[EngineSpec], bool]], ...] = (
-    # a served kind's proxies pause the server, which holds new requests (and freezes running ones where it can)
-    (PausesInFlight, "in_flight_updates or served", lambda s: s.in_flight_updates or s.served),
-    (JoinsWeightTransfer, "receives_nccl or receives_ipc", lambda s: s.receives_nccl or s.receives_ipc),
-    (ReceivesNccl, "receives_nccl", lambda s: s.receives_nccl),
-    (ReceivesIpc, "receives_ipc", lambda s: s.receives_ipc),
-    (PolicyAdapters, "adapters", lambda s: s.adapters),
-    (NamedAdapters, "adapters and not served", lambda s: s.adapters and not s.served),
-    (Servable, "not served", lambda s: not s.served),
-    (KeepsWarm, "keeps_warm", lambda s: s.keeps_warm),
-    (ScoresTokens, "scores", lambda s: s.scores),
-    (UsesNamedAdapter, "adapters and served", lambda s: s.adapters and s.served),
-    (ShutsDown, "shuts_down", lambda s: s.shuts_down),
-    (CutsShort, "cuts_short", lambda s: s.cuts_short),
-)
 PROTOCOLS: tuple[type, ...] = (Engine, *(p for p, _, _ in CAPABILITIES))
 
 
