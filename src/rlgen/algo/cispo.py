@@ -20,7 +20,8 @@ def cispo_loss(inputs: LossInputs, algo: AlgoConfig) -> LossOutputs:
       otherwise                                v_t <- v_t * is_weight (trainer: min(w, tis_cap); mask: 0 over the cap)
     then the token weight and sequence masking as in ppo_clip; loss = -aggregate(v) (the paper's token-level
     mean: algo.loss_agg=token_mean). The paper sets no lower bound (clip_low >= 1) and tunes clip_high. clip_frac
-    counts the tokens whose weight was clipped. Raises AdvantageShapeError when the advantages are not [n] or [n, L]."""
+    counts the tokens whose weight was clipped. Raises AdvantageShapeError when the advantages are not [n] or
+    [n, L]."""
     logp, m = inputs.logp, inputs.mask.bool()  # [n, L]
     ratio = torch.exp(log_ratio(logp.detach(), inputs.old_logp, m, Level.token))  # [n, L], no gradient
     correction, over = is_correction(inputs, algo)  # [n, L]

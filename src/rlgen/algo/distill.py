@@ -1,4 +1,4 @@
-"""On-policy distillation's maths (docs/algorithms.md, section 5). The student samples y ~ pi_student; a frozen
+"""On-policy distillation's maths (docs/algorithms.md, section 11). The student samples y ~ pi_student; a frozen
 teacher scores each sampled token. With d_t = log pi_teacher(y_t) - log pi_student(y_t) on the student's own sample,
 -d_t is the single-sample (k1) estimate of the per-token reverse KL, KL(pi_student || pi_teacher), and each token's
 advantage is

@@ -183,8 +183,8 @@ def ratio_metrics(ratio: torch.Tensor, clip_active: torch.Tensor, out: torch.Ten
     return {
         "clip_frac": Reduced(float((clip_active & loss_mask).sum().item()) / loss_tokens, LOSS_TOKEN_MEAN),
         "tis_frac": float((out & m).sum().item()) / max(tokens, 1),
-        "seq_masked_frac": Reduced(float((seqs & ~loss_mask.any(dim=-1)).sum().item()) / max(int(seqs.sum().item()), 1),
-                                   SEQ_MEAN),
+        "seq_masked_frac": Reduced(float((seqs & ~loss_mask.any(dim=-1)).sum().item())
+                                   / max(int(seqs.sum().item()), 1), SEQ_MEAN),
         "ratio_mean": float(r.mean().item()) if tokens else 1.0,
         "ratio_max": Reduced(float(r.max().item()) if tokens else 1.0, MAX),
     }
@@ -277,6 +277,7 @@ def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, frac: float) -> 
     return (m & (entropy.detach() >= threshold)).to(entropy.dtype)
 
 
-__all__ = ["AdvantageShapeError", "aggregate", "broadcast_advantages", "cap_in_ratio", "check_advantages", "corrected_loss", "corrects_by_mask",
-           "is_correction", "is_weight", "rollout_keep", "kl_estimate", "kl_k3", "log_ratio", "normaliser", "ratio_metrics", "sequence_keep",
-           "token_entropy", "token_logprobs", "top_entropy_mask"]
+__all__ = ["AdvantageShapeError", "aggregate", "broadcast_advantages", "cap_in_ratio", "check_advantages",
+           "corrected_loss", "corrects_by_mask", "is_correction", "is_weight", "kl_estimate", "kl_k3", "log_ratio",
+           "normaliser", "ratio_metrics", "rollout_keep", "sequence_keep", "token_entropy", "token_logprobs",
+           "top_entropy_mask"]

@@ -266,7 +266,8 @@ def step_result(
     out.update({f"mismatch/{k}": v for k, v in mismatch.items()})
     by_length = mismatch_by_length(sums.trainer_logp, step.engine_logp, step.mask, delta_threshold)
     out.update({f"mismatch/{k}": v for k, v in by_length.items()})
-    reductions = {**sums.metrics.hows, **STEP_REDUCTIONS, **{f"mismatch/{k}": v for k, v in MISMATCH_REDUCTIONS.items()}}
+    reductions = {**sums.metrics.hows, **STEP_REDUCTIONS,
+                  **{f"mismatch/{k}": v for k, v in MISMATCH_REDUCTIONS.items()}}
     return StepResult(version=version, skip_reason=reason, spans=((Phase.train.value, start, time.time()),),
                       metrics=out, overflow=overflow, reductions=reductions)
 

@@ -46,7 +46,7 @@ class StepCore:
         self.loss_agg = LossAgg(algo.loss_agg)
         self.loss_fn = (algorithm or find_algorithm(algo.kind)).loss
         self.ref_model: nn.Module | None = None
-        self.teacher: nn.Module | None = None  # on-policy distillation's frozen teacher (algo.teacher), set by the learner
+        self.teacher: nn.Module | None = None  # on-policy distillation's frozen teacher, set by the learner
         # sequence parallelism: this rank's group, set by the learner once it has joined it (None: one rank)
         self.sequence: SequenceGroup | None = None
 
@@ -125,7 +125,6 @@ class StepCore:
         if self.ref_model is None:
             return []
         return [float(v) for v in sequence_kl(self.ref_model, self.batch(batch), self.algo).cpu()]
-
 
     def teacher_scores(self, batch: TokenBatch | RolloutBatch) -> TeacherScores:
         """The teacher's logprobs of the batch's response tokens (algo.teacher: the driver makes each token's

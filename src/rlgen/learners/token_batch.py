@@ -1,8 +1,9 @@
 """A learner rank's share of a step as it trains it: one token-level batch, built once by the driver
 (runtime.step.shards) and trained as sent. Its rows are packed into micro-batches (rlgen.learners.packed: the
 tokens back to back, where each sequence starts and ends, position ids, which positions predict which response
-token), padded for the sequence degree, beside each row's response mask, engine logprobs and advantage (and, under
-on-policy distillation, each token's added term) in the [rows, longest kept response] layout the losses read. No [rows, prompt + response] rectangle reaches a learner.
+token), padded for the sequence degree, beside each row's response mask, engine logprobs and advantage (and,
+under on-policy distillation, each token's added term) in the [rows, longest kept response] layout the losses
+read. No [rows, prompt + response] rectangle reaches a learner.
 
 The learner moves it to its device and hands each packed micro-batch its sequence group (`TokenBatch.on`). A
 RolloutBatch handed to a learner directly (tests, benchmarks) is built into one by the same function

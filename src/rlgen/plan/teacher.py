@@ -1,4 +1,4 @@
-"""On-policy distillation's teacher in the plan (algo.teacher, docs/algorithms.md section 5): what it is (a model
+"""On-policy distillation's teacher in the plan (algo.teacher, docs/algorithms.md section 11): what it is (a model
 folder, such as a trained run's final_model, or a model preset built as the student's is), its shape and size, and
 where it runs. It runs in the learners' reference slot: every learner rank holds a frozen copy in the learner's
 half precision (float32 on CPU) and scores its own rows' sampled tokens before the update, a phase of its own on

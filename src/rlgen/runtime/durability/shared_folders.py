@@ -106,7 +106,8 @@ class RunFolders:
     learner_paths: dict[str, str]  # node -> the model folder learners there load
     learner_nodes: list[str]  # the node of each learner rank
     writes_here: dict[str, bool]  # learner node -> it can write checkpoints into the run directory
-    learner_extra: dict[str, dict[str, str]] = field(default_factory=dict)  # resume_from, ref_model_path, teacher_path by node
+    # resume_from, ref_model_path, teacher_path: each by node
+    learner_extra: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def place_run_folders(cfg: RunConfig, node_ids: list[str], placement: Placement, model: str, run_dir: Path,

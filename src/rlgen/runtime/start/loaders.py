@@ -1,5 +1,6 @@
-"""Set-up's loaders: the algorithm, the starting model folder (and a distillation teacher's) and the task (with its tokenizer, prompts and stop
-ids), each on a thread of its own beside the cluster's start, once the libraries they share are imported whole.
+"""Set-up's loaders: the algorithm, the starting model folder (and a distillation teacher's) and the task (with its
+tokenizer, prompts and stop ids), each on a thread of its own beside the cluster's start, once the libraries they
+share are imported whole.
 ``run`` is the Run being set up; each loader fills in its part of it."""
 
 from __future__ import annotations
