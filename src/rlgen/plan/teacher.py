@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 from rlgen.config import ModelConfig, RunConfig
@@ -31,22 +30,22 @@ class TeacherPlan:
         return self.params * bytes_per_param / 2**30
 
 
-@lru_cache(maxsize=16)
-def _preset(name: str) -> ModelConfig:
-    return compose_run_config([f"model={name}"]).model
+_FOUND: dict[str, TeacherPlan] = {}  # each teacher read once a process: the plan's memory fit asks many times
 
 
 def teacher_plan(cfg: RunConfig) -> TeacherPlan | None:
     """The teacher algo.teacher names (None: no distillation, or a folder without a readable config.json, which
-    teacher_problems refuses)."""
+    teacher_problems refuses). A folder's shape is read from its config.json alone, not the student's preset."""
     source = cfg.algo.teacher
     if not source:
         return None
-    preset = source in group_options("model")
-    model = _preset(source) if preset else folder_model(source, cfg.model)
-    if model is None:
-        return None
-    return TeacherPlan(source, preset, model, count_params(model)[0])
+    if source not in _FOUND:
+        preset = source in group_options("model")
+        model = compose_run_config([f"model={source}"]).model if preset else folder_model(source, ModelConfig())
+        if model is None:
+            return None  # not kept: the folder may be written later in this process
+        _FOUND[source] = TeacherPlan(source, preset, model, count_params(model)[0])
+    return _FOUND[source]
 
 
 def teacher_problems(cfg: RunConfig, p: list[str]) -> None:
