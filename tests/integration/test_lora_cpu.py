@@ -33,12 +33,20 @@ def _run(out: Path, overrides: list[str], *, stop=None, resume: bool = False) ->
     return train_or_stopped([*LORA, *overrides], out, stop=stop, resume=resume)
 
 
+# make test-all only; in make test: the adapter and merged folders, test_a_lora_run_saves_its_adapter_and_merged_model
+@pytest.mark.long
 @pytest.mark.slow
-def test_lora_learns_on_the_default_task_and_saves_an_adapter(tmp_path):
+def test_lora_learns_on_the_default_task(tmp_path):
     out = tmp_path / "run"
-    assert _run(out, ["learner.lora.save_merged=true"]) is None
+    assert _run(out, []) is None
     summary = json.loads((out / "summary.json").read_text())
     assert_learned(read_jsonl(out / "metrics.jsonl"), summary, min_gain=0.1)
+
+
+def test_a_lora_run_saves_its_adapter_and_merged_model(tmp_path):
+    out = tmp_path / "run"
+    assert _run(out, ["steps=4", "algo.prompts_per_step=8", "learner.lora.save_merged=true"]) is None
+    summary = json.loads((out / "summary.json").read_text())
     final = out / "final_model"
     assert (final / "adapter_config.json").is_file() and (final / "adapter_model.safetensors").is_file()
     assert not (final / "model.safetensors").exists()  # the adapter, not the whole model
@@ -79,7 +87,7 @@ def test_a_run_from_an_adapter_folder_starts_its_engines_on_it(tmp_path):
     assert records[-1]["mismatch/mean_abs_delta"] < 1e-4
 
 
-# make test-all only; in make test: LoRA learning: test_lora_learns_on_the_default_task_and_saves_an_adapter; adapters
+# make test-all only; in make test: LoRA end to end: test_a_lora_run_saves_its_adapter_and_merged_model; adapters
 # either way: test_validate
 @pytest.mark.long
 @pytest.mark.slow

@@ -47,35 +47,45 @@ def test_smoke_run_learns(smoke_run):
     assert json.loads((out / "plan.json").read_text())["engine_kind"] == "hf"
 
 
-def _overlaps(records: list[dict]) -> int:
-    """Steps where the next batch's generation span overlaps this step's training span."""
-    hits = 0
-    for r in records:
-        train = [s for s in r["timeline"] if s["phase"] == "train"]
-        gens = [s for q in records for s in q["timeline"] if s["phase"] == "generate"]
-        for t in train:
-            if any(g["start"] < t["end"] and t["start"] < g["end"] for g in gens):
-                hits += 1
-                break
-    return hits
+def _launched_ahead(records: list[dict]) -> int:
+    """Steps whose next batch began generating before this step's training ended.
+
+    One step ahead, the engines start the next batch before the learners train this one, so this holds at every
+    step but the last whatever either phase's length; on-policy, a batch starts after the weights it samples from.
+    """
+    def span(r: dict, phase: str, edge: str, pick) -> float:
+        return pick(s[edge] for s in r["timeline"] if s["phase"] == phase)
+
+    return sum(span(nxt, "generate", "start", min) < span(r, "train", "end", max)
+               for r, nxt in zip(records, records[1:]))
 
 
-@pytest.mark.slow
-def test_async_one_step_ahead_learns_and_overlaps(tmp_path):
+# make test-all only; in make test: test_one_step_ahead_generates_beside_training's short run of the same mode
+@pytest.mark.long
+def test_async_one_step_ahead_learns(tmp_path):
     cfg = compose_run_config([*SMOKE_OVERRIDES, "algo.async_steps=1"])
     summary = run_training(build_plan(cfg), tmp_path)
     records = read_jsonl(tmp_path / "metrics.jsonl")
     assert max(r["staleness"] for r in records) == 1
-    assert all(0 <= r["staleness"] <= 1 for r in records)
-    assert _overlaps(records) >= len(records) // 2, "generation did not overlap training"
+    assert _launched_ahead(records) == len(records) - 1, "the next batch was not generated beside training"
     assert summary["reward_gain"] >= MIN_REWARD_GAIN
 
 
-def test_on_policy_never_overlaps(tmp_path):
+def test_one_step_ahead_generates_beside_training(tmp_path):
+    cfg = compose_run_config([*SMOKE_OVERRIDES, "algo.async_steps=1", "steps=5"])
+    run_training(build_plan(cfg), tmp_path)
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    # the first batch is sampled from the starting weights like the second; every later one a version behind
+    assert [r["staleness"] for r in records] == [0, 1, 1, 1, 1]
+    assert [r["version"] for r in records] == [1, 2, 3, 4, 5]
+    assert _launched_ahead(records) == len(records) - 1, "the next batch was not generated beside training"
+
+
+def test_on_policy_never_generates_ahead(tmp_path):
     cfg = compose_run_config([*SMOKE_OVERRIDES, "steps=4"])
     summary = run_training(build_plan(cfg), tmp_path)
     records = read_jsonl(tmp_path / "metrics.jsonl")
-    assert _overlaps(records) == 0
+    assert _launched_ahead(records) == 0
     assert [r["version"] for r in records] == [1, 2, 3, 4]
     # the start-up, phase by phase, in summary.json
     startup = json.loads((tmp_path / "summary.json").read_text())["startup"]
