@@ -13,7 +13,7 @@ import time
 import pytest
 
 from rlgen.sync.sender import CONTROL_GROUP, WeightSender
-from rlgen.sync.transports import NcclTransport
+from rlgen.sync.transports import VllmNcclTransport
 from rlgen.sync.waits import SyncError
 
 ray = pytest.importorskip("ray")
@@ -121,7 +121,7 @@ def _stops_within(engine: object, seconds: float) -> bool:
 def test_an_engine_dying_inside_an_nccl_update_frees_the_learner_and_a_new_group_forms(ray_local):
     learner = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(BlockingLearner).options(num_cpus=0).remote()
     engines = [_engine("engine0", "dies"), _engine("engine1", "waits")]
-    transport = NcclTransport(timeout_s=60.0)
+    transport = VllmNcclTransport(timeout_s=60.0)
     transport.setup(learner, engines, ["engine0", "engine1"])
 
     t0 = time.time()

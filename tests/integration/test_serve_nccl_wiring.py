@@ -1,4 +1,4 @@
-"""The NCCL weight path of engine=remote, wired end to end on CPU: the run's NcclTransport drives remote-engine
+"""The NCCL weight path of engine=remote, wired end to end on CPU: the run's VllmNcclTransport drives remote-engine
 actors, which drive a server's vllm engines over HTTP. The engines and the learner are stand-ins that record
 what they are asked (NCCL itself needs GPUs); what is checked is every hop between them: the group's ranks and
 address, the paused update, and the versions the server then reports."""
@@ -14,7 +14,7 @@ import pytest
 from rlgen.config import EngineConfig
 from rlgen.serve.app import make_app
 from rlgen.serve.pool import EnginePool, ServedModel
-from rlgen.sync.transports import NcclTransport
+from rlgen.sync.transports import VllmNcclTransport
 from rlgen.wire.client import GenerationClient
 
 ray = pytest.importorskip("ray")
@@ -105,7 +105,7 @@ def test_nccl_transport_through_remote_engines(server, ray_local):
     proxies = [ray.remote(RemoteEngine).options(max_concurrency=4).remote(None, cfg, name=f"engine{i}")
                for i in range(2)]
     learner = FakeLearner.remote()
-    transport = NcclTransport(timeout_s=30.0, tp_sizes=[2, 2])
+    transport = VllmNcclTransport(timeout_s=30.0, tp_sizes=[2, 2])
     transport.setup(learner, proxies, ["engine0", "engine1"])
     # one group: the learner is rank 0, each TP-2 engine's workers follow (offsets 1 and 3), five ranks in all
     assert [c for c in engines[0].calls if c[0] == "init"] == [

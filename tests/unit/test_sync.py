@@ -20,17 +20,23 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rlgen.config.compose import compose_run_config
-from rlgen.engines.contract import CapabilityMissing
+from rlgen.engines.contract import CapabilityMissing, ReceivesNccl
 from rlgen.engines.vllm.args import engine_args_for
 from rlgen.plan import Transport, build_plan
-from rlgen.runtime.start.transport import make_transport
+from rlgen.runtime.start.transport import (
+    TRANSPORTS,
+    TransportSpec,
+    make_transport,
+    register_transport,
+    transport_spec,
+)
 from rlgen.sync.ipc_buffer import ALIGN_BYTES, buffer_bytes, chunk_views, ipc_layout, part_for
 from rlgen.sync.layout import plan_buckets
 from rlgen.sync.sender import WeightSender
 from rlgen.sync.transports import (
     CudaIpcTransport,
-    NcclTransport,
     ObjectStoreTransport,
+    VllmNcclTransport,
 )
 from rlgen.sync.waits import SyncError, SyncTimeoutError, get_all, run_with_timeout
 
@@ -201,7 +207,7 @@ def test_engine_args_and_transport_choice_follow_the_plan():
     assert engine_args_for(Transport.ray_object_store) == {}
     cfg = compose_run_config(["engine=vllm", "hardware=2xh200", "hardware.colocated=false"])
     t = make_transport(build_plan(cfg), cfg, bucket_mb=64)
-    assert isinstance(t, NcclTransport) and t.bucket_bytes == 64 << 20 and t.dtype == "bfloat16"
+    assert isinstance(t, VllmNcclTransport) and t.bucket_bytes == 64 << 20 and t.dtype == "bfloat16"
     cfg = compose_run_config(["engine=vllm", "hardware=1xh100", "engine.gpu_memory_utilization=0.4"])
     assert isinstance(make_transport(build_plan(cfg), cfg, sleep_level=2), CudaIpcTransport)
     cfg = compose_run_config([])
@@ -225,6 +231,33 @@ def test_a_transport_needs_the_capability_it_calls():
     with pytest.raises(SyncError, match="PausesInFlight"):
         t._pause_kwargs(True)
     assert t._pause_kwargs(False) == {}
+
+
+def test_every_weight_path_the_plan_names_has_a_spec_and_a_new_one_plugs_in(monkeypatch):
+    """The transport table: one spec per plan.transport, with the capability its path calls; a path registered
+    from code is built by make_transport from its spec, its capability checked first."""
+    assert set(TRANSPORTS) == set(Transport)
+    assert transport_spec("nccl").needs.__name__ == "ReceivesNccl"
+    assert transport_spec(Transport.ray_object_store).needs is None
+    with pytest.raises(LookupError, match="registered: "):
+        transport_spec("carrier_pigeon")
+    built = []
+
+    class Own(ObjectStoreTransport):
+        pass
+
+    def build(plan, shared, sleep_level):
+        built.append((shared["dtype"], sleep_level))
+        return Own(**shared)
+
+    monkeypatch.setitem(TRANSPORTS, Transport.ray_object_store, TRANSPORTS[Transport.ray_object_store])
+    register_transport(TransportSpec(Transport.ray_object_store, None, "weights by our own path", build))
+    cfg = compose_run_config([])
+    assert isinstance(make_transport(build_plan(cfg), cfg, sleep_level=2), Own)
+    assert built == [(str(build_plan(cfg).config.engine.dtype), 2)]
+    register_transport(TransportSpec(Transport.ray_object_store, ReceivesNccl, "weights by our own path", build))
+    with pytest.raises(CapabilityMissing, match="weights by our own path needs engines with ReceivesNccl"):
+        make_transport(build_plan(cfg), cfg)
 
 
 def test_weight_meta_and_iter_weights_round_trip():
@@ -292,7 +325,7 @@ def nccl_setup(tp_sizes=(1, 2), hang=False):
     barrier = threading.Barrier(len(tp_sizes) + 1)
     engines = [FakeEngine(f"engine{i}", log, barrier, hang=hang and i == 1) for i in range(len(tp_sizes))]
     learner = FakeLearner(log, barrier)
-    t = NcclTransport(timeout_s=1.0, bucket_bytes=16, tp_sizes=tp_sizes)
+    t = VllmNcclTransport(timeout_s=1.0, bucket_bytes=16, tp_sizes=tp_sizes)
     t.slack_s = 0.5
     t.setup(Handle(learner), [Handle(e) for e in engines], [e.name for e in engines])
     return t, engines, learner, log

@@ -1,7 +1,7 @@
 """What every weight transport shares: the result of a push, the interface the loop calls, and the base that
 keeps the engines' version, the timeouts and the broken flag (``TransportBase``); ``VLLMTransport`` adds the
 learner's weight names and what an update in flight asks of the engines. The transports themselves are
-``object_store``, ``nccl``, ``ipc`` and ``adapter`` beside this module."""
+``object_store``, ``vllm_nccl``, ``ipc`` and ``adapter`` beside this module."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ ABORT_GRACE_S = 2.0  # after a failed NCCL update, how long each side may take t
 ABORT_WAIT_S = 30.0  # for the learner's aborted broadcast to return
 
 
-class NcclTransport(VLLMTransport):
+class VllmNcclTransport(VLLMTransport):
     """Engines on GPUs of their own (ReceivesNccl): one packed broadcast from learner rank 0 per update."""
 
     kind = Transport.nccl
@@ -128,4 +128,4 @@ class NcclTransport(VLLMTransport):
         return PushResult(int(version), results=results, seconds=time.time() - t0)
 
 
-__all__ = ["NcclTransport"]
+__all__ = ["VllmNcclTransport"]
