@@ -25,9 +25,9 @@ from rich.console import Console
 from rlgen.config.compose import compose_run_config
 from rlgen.plan.preflight import preflight
 from rlgen.runtime.start.loaders import start_loaders
-from rlgen.runtime.policy.breaker import CircuitBreaker
+from rlgen.runtime.state.breaker import CircuitBreaker
 from rlgen.runtime.setup import Run
-from rlgen.runtime.policy.state import RunState
+from rlgen.runtime.state.run_state import RunState
 from rlgen.runtime.signals import StopFlag
 from rlgen.runtime.cluster.waits import Waiter
 

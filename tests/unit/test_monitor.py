@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlgen.config import BreakerAction, MonitorConfig
-from rlgen.runtime.policy.breaker import CircuitBreaker, archive
+from rlgen.runtime.state.breaker import CircuitBreaker, archive
 from rlgen.types import RolloutBatch
 
 CLEAN = 1e-6

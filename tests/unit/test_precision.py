@@ -19,7 +19,7 @@ from rlgen.config.compose import compose_run_config
 from rlgen.learners.ds_setup import build_ds_config
 from rlgen.learners.torch import TorchLearner
 from rlgen.plan import PlanError, build_plan
-from rlgen.runtime.policy.breaker import CircuitBreaker
+from rlgen.runtime.state.breaker import CircuitBreaker
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,10 @@ from rich.console import Console
 from rlgen.config.compose import compose_run_config
 from rlgen.plan import build_plan
 from rlgen.runtime.cluster.waits import Waiter
-from rlgen.runtime.policy.breaker import CircuitBreaker
-from rlgen.runtime.policy.state import RunState
-from rlgen.runtime.run_parts import Run
+from rlgen.runtime.run_handle import Run
 from rlgen.runtime.signals import StopFlag
+from rlgen.runtime.state.breaker import CircuitBreaker
+from rlgen.runtime.state.run_state import RunState
 
 RUNTIME = Path(__file__).resolve().parents[2] / "src" / "rlgen" / "runtime"
 

@@ -100,7 +100,7 @@ class Plan:
     transport: Transport
     batch: BatchGeometry
     model: ModelSummary
-    async_steps: int  # at the start; the run's own value (runtime.policy.state.RunState) may drop to 0 on drift
+    async_steps: int  # at the start; the run's own value (runtime.state.run_state.RunState) may drop to 0 on drift
     engine_env: dict[str, str]  # passed to the engine actors of kinds that take engine.env
     warnings: tuple[str, ...]
     settings: tuple[Setting, ...] = ()  # the values the config left null (auto), filled, and every one's source

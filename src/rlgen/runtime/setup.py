@@ -45,17 +45,17 @@ from rlgen.runtime.durability.checkpoint import finish_background, restore_rollo
 from rlgen.runtime.durability.resume import ResumePoint
 from rlgen.runtime.durability.shared_folders import place_folder, place_run_folders
 from rlgen.runtime.errors import RunError, StopRequested
-from rlgen.runtime.policy.breaker import CircuitBreaker
-from rlgen.runtime.policy.state import RunState
 from rlgen.runtime.rollouts.engine_restarts import EngineKeeper, EngineLost
 from rlgen.runtime.rollouts.generation import Rollouts
-from rlgen.runtime.run_parts import Run
+from rlgen.runtime.run_handle import Run
 from rlgen.runtime.signals import StopFlag
 from rlgen.runtime.start.early_engines import EarlyEngines, engines_before_folder
 from rlgen.runtime.start.loaders import start_loaders
 from rlgen.runtime.start.on_thread import Beside
 from rlgen.runtime.start.progress import StartupClock
 from rlgen.runtime.start.transport import make_transport
+from rlgen.runtime.state.breaker import CircuitBreaker
+from rlgen.runtime.state.run_state import RunState
 from rlgen.sync.waits import SyncError
 from rlgen.tasks.scoring import Scorer
 

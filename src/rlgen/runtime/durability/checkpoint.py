@@ -40,7 +40,7 @@ from rlgen.runtime.rollouts.in_flight import InFlight
 
 if TYPE_CHECKING:
     from rlgen.runtime.durability.resume import ResumePoint
-    from rlgen.runtime.run_parts import Run
+    from rlgen.runtime.run_handle import Run
     from rlgen.types import JSONDict
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from rlgen.runtime.durability.disk_space import DiskFull, folder_bytes, free_spa
 from rlgen.runtime.errors import RunError, WriteStopped
 
 if TYPE_CHECKING:
-    from rlgen.runtime.run_parts import Run
+    from rlgen.runtime.run_handle import Run
 
 
 def save_final(run: Run) -> Path | None:

@@ -14,7 +14,7 @@ from rlgen.runtime.durability.disk_space import DiskFull
 from rlgen.runtime.errors import RunError, RunStopped, StopRequested
 
 if TYPE_CHECKING:
-    from rlgen.runtime.run_parts import Run
+    from rlgen.runtime.run_handle import Run
 
 log = logging.getLogger(__name__)
 MARGIN_S = 30.0  # on top of hang_timeout_s: a survivor still leaving a collective answers within this

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
     from rlgen.runtime.cluster.actors import ActorFactory
-    from rlgen.runtime.run_parts import Run
+    from rlgen.runtime.run_handle import Run
     from rlgen.runtime.start.on_thread import Beside
 
 log = logging.getLogger(__name__)

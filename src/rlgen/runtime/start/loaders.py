@@ -20,7 +20,7 @@ from rlgen.tasks import build_task, task_libraries
 from rlgen.tasks.prompts import PromptRenderer, length_stop_ids, model_stop_ids
 
 if TYPE_CHECKING:
-    from rlgen.runtime.run_parts import Run
+    from rlgen.runtime.run_handle import Run
     from rlgen.tasks.base import Task
 
 

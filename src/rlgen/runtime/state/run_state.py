@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rlgen.runtime.durability.resume import ResumePoint
-    from rlgen.runtime.policy.breaker import CircuitBreaker
+    from rlgen.runtime.state.breaker import CircuitBreaker
 
 
 @dataclass

@@ -15,12 +15,12 @@ from rlgen.runtime.cluster.actors import ActorFactory, ray_session_dir
 from rlgen.runtime.cluster.waits import Waiter
 from rlgen.runtime.durability.background_write import BackgroundWrite
 from rlgen.runtime.durability.resume import ResumePoint
-from rlgen.runtime.policy.state import RunState
 from rlgen.runtime.rollouts.engine_restarts import EngineKeeper
 from rlgen.runtime.rollouts.generation import Rollouts
 from rlgen.runtime.signals import StopFlag
 from rlgen.runtime.start.on_thread import Beside
 from rlgen.runtime.start.progress import StartupClock
+from rlgen.runtime.state.run_state import RunState
 
 if TYPE_CHECKING:
     from ray import ObjectRef
