@@ -19,7 +19,7 @@ from rlgen.runtime.durability.final_checkpoint import save_final
 from rlgen.runtime.durability.learner_loss import WeightUpdateHung, learner_lost, update_hung
 from rlgen.runtime.errors import RunError, StopRequested
 from rlgen.runtime.rollouts.engine_restarts import EngineLost
-from rlgen.runtime.setup import Run
+from rlgen.runtime.run_handle import Run
 from rlgen.runtime.step.advantages import advantages
 from rlgen.runtime.step.generate import generate, kept_for_resume
 from rlgen.runtime.step.record import StepStart, evaluate, record

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from rlgen.config import KLPenalty
 from rlgen.microbatches import Assignment
 from rlgen.runtime.errors import RunError
-from rlgen.runtime.setup import Run
+from rlgen.runtime.run_handle import Run
 from rlgen.runtime.step.score import Scored
 from rlgen.runtime.step.shards import assign_rows, leads, rank_names, rank_shards, shards, with_advantages
 from rlgen.runtime.step.teacher import teacher_terms

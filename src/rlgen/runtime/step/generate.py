@@ -15,7 +15,7 @@ from rlgen.runtime.cluster.waits import LearnerLost
 from rlgen.runtime.rollouts.generation import Rollouts
 from rlgen.runtime.rollouts.in_flight import InFlight
 from rlgen.runtime.rollouts.tail import tail_metrics
-from rlgen.runtime.setup import Run
+from rlgen.runtime.run_handle import Run
 from rlgen.types import Phase, StepTimeline
 
 # whether the flights ahead go out while the step's own flight is waited for (algo.launch_ahead)

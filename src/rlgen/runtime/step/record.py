@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from rlgen.metrics.balance import BalanceTracker
 from rlgen.runtime.errors import WriteStopped
-from rlgen.runtime.setup import Run
+from rlgen.runtime.run_handle import Run
 from rlgen.runtime.step.advantages import Batch
 from rlgen.runtime.step.line import step_record
 from rlgen.runtime.step.score import Scored

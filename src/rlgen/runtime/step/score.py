@@ -20,7 +20,7 @@ from rich.markup import escape
 
 from rlgen.runtime.errors import RunError
 from rlgen.runtime.rollouts.in_flight import InFlight
-from rlgen.runtime.setup import Run
+from rlgen.runtime.run_handle import Run
 from rlgen.runtime.step.generate import Generated
 from rlgen.tasks.scoring import RewardError, Scores
 from rlgen.types import Completion, Phase, RolloutBatch, StepTimeline

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from rlgen.mesh import LearnerMesh
 from rlgen.microbatches import Assignment
-from rlgen.runtime.setup import Run
+from rlgen.runtime.run_handle import Run
 from rlgen.types import RolloutBatch
 
 if TYPE_CHECKING:

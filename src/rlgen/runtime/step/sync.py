@@ -16,7 +16,7 @@ from rich.markup import escape
 from rlgen.config import BreakerAction
 from rlgen.runtime.durability.learner_loss import WeightUpdateHung
 from rlgen.runtime.errors import RunError, StopRequested
-from rlgen.runtime.setup import Run
+from rlgen.runtime.run_handle import Run
 from rlgen.runtime.step.advantages import Batch
 from rlgen.runtime.step.train import Trained
 from rlgen.sync.transports.base import PushResult

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rlgen.runtime.setup import Run
+from rlgen.runtime.run_handle import Run
 from rlgen.runtime.step.shards import leads, rank_names, rank_shards
 from rlgen.types import StepTimeline
 

@@ -11,7 +11,7 @@ from rlgen.learners.group import merge_results
 from rlgen.plan.memory import response_bound
 from rlgen.runtime.cluster.waits import LearnerLost
 from rlgen.runtime.errors import RunError
-from rlgen.runtime.setup import Run
+from rlgen.runtime.run_handle import Run
 from rlgen.runtime.step.advantages import Batch
 from rlgen.runtime.step.shards import leads, rank_names, rank_shards
 from rlgen.types import JSONDict, StepResult, StepTimeline
