@@ -19,7 +19,8 @@ from rlgen.learners.token_batch import token_batch
 from rlgen.learners.torch import TorchLearner
 from rlgen.mesh import LearnerMesh
 from rlgen.microbatches import assign
-from rlgen.runtime.step.shards import rank_shards, shards, with_advantages
+from rlgen.runtime.cluster.learner_group import LearnerGroup
+from rlgen.runtime.step.shards import shards, with_advantages
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +60,10 @@ def test_each_rank_gets_its_data_ranks_rows_packed_for_the_degree():
     data = shards(batch, assignment, mesh)
     assert len(data) == 2 and [b.n_rows for b in data] == [len(assignment.rows(d)) for d in range(2)]
     assert all(p.ids.shape[1] % 2 == 0 and p.sequence is None for b in data for p in b.packs)
-    sent = rank_shards(data, mesh)
+    group = LearnerGroup(ranks=[object()] * 4, mesh=mesh, waiter=None, nodes=[], hang_s=1.0)
+    sent = group.for_ranks(data)
     assert sent[0] is sent[1] is data[0] and sent[2] is sent[3] is data[1]
+    assert group.leads(["a0", "a1", "b0", "b1"]) == ["a0", "b0"] and group.names == [f"learner{r}" for r in range(4)]
     batch.advantages = torch.arange(N, dtype=torch.float32)
     given = with_advantages(data, batch, assignment)
     for d, b in enumerate(given):

@@ -12,6 +12,7 @@ from rich.console import Console
 from rlgen.config import RunConfig
 from rlgen.plan import Plan
 from rlgen.runtime.cluster.actors import ActorFactory, ray_session_dir
+from rlgen.runtime.cluster.learner_group import LearnerGroup
 from rlgen.runtime.cluster.waits import Waiter
 from rlgen.runtime.durability.background_write import BackgroundWrite
 from rlgen.runtime.durability.resume import ResumePoint
@@ -88,6 +89,12 @@ class Run:
     @property
     def engines(self) -> list[ActorHandle]:
         return self.keeper.engines if self.keeper else []
+
+    @property
+    def learner_group(self) -> LearnerGroup:
+        """The learner ranks as one group for a step's phases (runtime.cluster.learner_group)."""
+        return LearnerGroup(self.learners, self.plan.mesh, self.waiter, self.folders.learner_nodes,
+                            self.cfg.runtime.hang_timeout_s)
 
     @property
     def learner(self) -> ActorHandle | None:

@@ -13,7 +13,7 @@ from rlgen.microbatches import Assignment
 from rlgen.runtime.errors import RunError
 from rlgen.runtime.run_handle import Run
 from rlgen.runtime.step.score import Scored
-from rlgen.runtime.step.shards import assign_rows, leads, rank_names, rank_shards, shards, with_advantages
+from rlgen.runtime.step.shards import assign_rows, shards, with_advantages
 from rlgen.runtime.step.teacher import teacher_terms
 from rlgen.types import RolloutBatch, StepTimeline
 
@@ -80,10 +80,9 @@ def _sequence_kl(run: Run, step: int, packed: list[TokenBatch], assignment: Assi
     """Each row's summed KL to the reference, from the learner ranks that will train on it: [N], in row order."""
     import torch
 
-    refs = [a.sequence_kl.remote(b) for a, b in zip(run.learners, rank_shards(packed, run.plan.mesh))]
-    per_rank = run.waiter.learner_get(refs, f"the reference KL of step {step}", rank_names(run),
-                                      run.folders.learner_nodes)
-    return torch.tensor(assignment.gather(leads(per_rank, run.plan.mesh)), dtype=torch.float32)
+    group = run.learner_group
+    per_rank = group.wait(group.ask("sequence_kl", packed), f"the reference KL of step {step}", hang=False)
+    return torch.tensor(assignment.gather(group.leads(per_rank)), dtype=torch.float32)
 
 
 __all__ = ["Batch", "advantages", "computed_advantages"]

@@ -1,12 +1,13 @@
 """Each learner rank's share of a step's batch: which rows it trains on, of equal estimated work, in micro-batches
 of at most algo.micro_batch_tokens packed tokens, as many on every rank (rlgen.microbatches), built once into a
 token batch per data rank (rlgen.learners.token_batch). Rows are shared out over the learner mesh's data ranks
-(rlgen.mesh): the ranks of a sequence group train the same token batch, and their lead answers for them. The
-advantages phase asks the ranks for their rows' KL with them, and the train phase trains them."""
+(rlgen.mesh): the ranks of a sequence group train the same token batch, and their lead answers for them
+(rlgen.runtime.cluster.learner_group). The advantages phase asks the ranks for their rows' KL with them, and the
+train phase trains them."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from rlgen.mesh import LearnerMesh
 from rlgen.microbatches import Assignment
@@ -17,9 +18,6 @@ if TYPE_CHECKING:
     import torch
 
     from rlgen.learners.token_batch import TokenBatch
-
-T = TypeVar("T")
-
 
 def assign_rows(run: Run, rows: RolloutBatch) -> Assignment:
     """Which rows each learner rank trains on, and in which micro-batches."""
@@ -43,11 +41,6 @@ def shards(rows: RolloutBatch, assignment: Assignment, mesh: LearnerMesh) -> lis
                         degree=mesh.sequence) for d in range(len(assignment.ranks))]
 
 
-def rank_shards(data_shards: list[T], mesh: LearnerMesh) -> list[T]:
-    """What each learner rank is sent, in rank order: its data rank's (a sequence group's ranks share one)."""
-    return [data_shards[mesh.data_rank(r)] for r in range(mesh.ranks)]
-
-
 def with_advantages(data_shards: list[TokenBatch], rows: RolloutBatch, assignment: Assignment,
                     terms: list[torch.Tensor] | None = None) -> list[TokenBatch]:
     """The data ranks' token batches with their rows' advantages, as computed over the whole batch, and each
@@ -59,14 +52,4 @@ def with_advantages(data_shards: list[TokenBatch], rows: RolloutBatch, assignmen
             for d, b in enumerate(data_shards)]
 
 
-def leads(per_rank: list[T], mesh: LearnerMesh) -> list[T]:
-    """What each data shard's lead rank answered, in data-rank order (its sequence group's peers answer the same)."""
-    return [per_rank[r] for r in mesh.leaders()]
-
-
-def rank_names(run: Run) -> list[str]:
-    """learner0, learner1, ...: the ranks as waits and the timeline name them."""
-    return [f"learner{r}" for r in range(len(run.learners))]
-
-
-__all__ = ["assign_rows", "leads", "rank_names", "rank_shards", "shards", "with_advantages"]
+__all__ = ["assign_rows", "shards", "with_advantages"]

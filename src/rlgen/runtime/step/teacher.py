@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rlgen.runtime.run_handle import Run
-from rlgen.runtime.step.shards import leads, rank_names, rank_shards
 from rlgen.types import StepTimeline
 
 if TYPE_CHECKING:
@@ -30,14 +29,13 @@ def teacher_terms(run: Run, step: int, packed: list[TokenBatch], tl: StepTimelin
     """The teacher's scores of every rank's rows, made into each token's distillation term."""
     from rlgen.algo.distill import distill_term, reverse_kl
 
-    refs = [a.teacher_logprobs.remote(b) for a, b in zip(run.learners, rank_shards(packed, run.plan.mesh))]
-    per_rank = run.waiter.learner_get(refs, f"the teacher's scores of step {step}", rank_names(run),
-                                      run.folders.learner_nodes, hang_s=run.cfg.runtime.hang_timeout_s)
+    group = run.learner_group
+    per_rank = group.wait(group.ask("teacher_logprobs", packed), f"the teacher's scores of step {step}")
     for rank, scores in enumerate(per_rank):
         tl.add_spans(f"learner{rank}", scores.spans)
     coef = run.cfg.algo.distill_coef
     terms, gap, tokens = [], 0.0, 0
-    for shard, scores in zip(packed, leads(per_rank, run.plan.mesh)):
+    for shard, scores in zip(packed, group.leads(per_rank)):
         terms.append(distill_term(scores.logp, shard.engine_logp, shard.mask, coef))  # [N_d, L_d]
         shard_gap, shard_tokens = reverse_kl(scores.logp, shard.engine_logp, shard.mask)
         gap, tokens = gap + shard_gap, tokens + shard_tokens

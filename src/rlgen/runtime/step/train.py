@@ -13,7 +13,6 @@ from rlgen.runtime.cluster.waits import LearnerLost
 from rlgen.runtime.errors import RunError
 from rlgen.runtime.run_handle import Run
 from rlgen.runtime.step.advantages import Batch
-from rlgen.runtime.step.shards import leads, rank_names, rank_shards
 from rlgen.types import JSONDict, StepResult, StepTimeline
 
 
@@ -30,11 +29,11 @@ class Trained:
 def train_batch(run: Run, step: int, batch: Batch, tl: StepTimeline) -> Trained:
     """Each rank's train_step on its shard; the ranks' RNG digests are kept (a survivor may stand in for a rank
     later) and their spans go on the timeline."""
-    refs = [a.train_step.remote(b) for a, b in zip(run.learners, rank_shards(batch.shards, run.plan.mesh))]
+    group = run.learner_group
+    refs = group.ask("train_step", batch.shards)
     run.rollouts.prefetch()
     try:
-        per_rank = run.waiter.learner_get(refs, f"training step {step}", rank_names(run), run.folders.learner_nodes,
-                                          hang_s=run.cfg.runtime.hang_timeout_s)
+        per_rank = group.wait(refs, f"training step {step}")
     except LearnerLost:
         raise
     except RunError as err:
@@ -45,7 +44,7 @@ def train_batch(run: Run, step: int, batch: Batch, tl: StepTimeline) -> Trained:
         if r.rng_digest is not None:
             run.rank_rng[rank] = (step + 1, r.rng_digest)
         tl.add_spans(f"learner{rank}", r.spans)
-    result = merge_results(leads(per_rank, run.plan.mesh))
+    result = merge_results(group.leads(per_rank))
     return Trained(result, {**result.record(), **batch.metrics})
 
 
