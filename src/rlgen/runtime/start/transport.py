@@ -1,7 +1,8 @@
 """The run's weight transport, from its plan: a table of the paths (``TRANSPORTS``, one ``TransportSpec`` per
 ``plan.transport``) saying which engine capability each path calls (``rlgen.engines.contract``) and how it is
 built from the plan (the engines' seats and sleep the plan decided). ``make_transport`` looks the plan's path up,
-checks the engine kind claims the capability, and builds it; a new path is one ``register_transport`` call. The
+checks the engine kind claims the capability, and builds it. A new path is a ``Transport`` name the plan can
+pick and one ``register_transport`` call; a spec registered for a name replaces its path. The
 transports themselves, and everything else of weight sync, are ``rlgen.sync``."""
 
 from __future__ import annotations
