@@ -62,6 +62,7 @@ def _launched_ahead(records: list[dict]) -> int:
 
 # make test-all only; in make test: test_one_step_ahead_generates_beside_training's short run of the same mode
 @pytest.mark.long
+@pytest.mark.slow
 def test_async_one_step_ahead_learns(tmp_path):
     cfg = compose_run_config([*SMOKE_OVERRIDES, "algo.async_steps=1"])
     summary = run_training(build_plan(cfg), tmp_path)
