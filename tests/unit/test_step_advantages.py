@@ -13,6 +13,7 @@ import torch
 from helpers import algo_cfg
 from rlgen.algo.advantages import grpo_advantages
 from rlgen.mesh import LearnerMesh
+from rlgen.runtime.cluster.learner_group import LearnerGroup
 from rlgen.runtime.errors import RunError
 from rlgen.runtime.rollouts.batch import build_batch
 from rlgen.runtime.step.advantages import advantages, computed_advantages
@@ -62,10 +63,11 @@ def _run(ranks: int = 2, **algo):
     learners = [StandInLearner() for _ in range(ranks)]
     cfg = SimpleNamespace(algo=algo_cfg(samples_per_prompt=4, **algo),
                           model=SimpleNamespace(num_layers=2, hidden_size=32))
-    return SimpleNamespace(cfg=cfg, plan=SimpleNamespace(model=SimpleNamespace(params=10_000), mesh=LearnerMesh(len(learners))), learners=learners,
-                           waiter=SimpleNamespace(learner_get=lambda refs, what, names, nodes: refs),
-                           folders=SimpleNamespace(learner_nodes=None), algorithm=CountingAlgorithm(),
-                           state=SimpleNamespace(version=3))
+    mesh = LearnerMesh(len(learners))
+    waiter = SimpleNamespace(learner_get=lambda refs, what, names, nodes, hang_s=None: refs)
+    return SimpleNamespace(cfg=cfg, plan=SimpleNamespace(model=SimpleNamespace(params=10_000), mesh=mesh),
+                           learners=learners, learner_group=LearnerGroup(learners, mesh, waiter, [], 1.0),
+                           algorithm=CountingAlgorithm(), state=SimpleNamespace(version=3))
 
 
 def _scored() -> Scored:
