@@ -74,7 +74,7 @@ def _run(overrides: list[str], out: Path, **hooks) -> tuple[list[dict], str | No
             sink.progress.stop()
         import ray
 
-        health = ray.get([e.health.remote() for e in run.engines])
+        health = ray.get([e.health.remote() for e in run.built.engines])
     finally:
         tear_down(run)
     return read_jsonl(out / "metrics.jsonl"), error, health

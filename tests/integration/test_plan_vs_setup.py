@@ -200,12 +200,12 @@ def _set_up(cfg, plan, out) -> tuple[list[str], list[dict], list[dict]]:
     try:
         run.learners_ready()  # as the loop does before the first training step
         if plan.transport is Transport.cuda_ipc:  # one IPC update of the starting weights, through every rank
-            run.transport.start()
-        engines = ray.get([a.health.remote() for a in run.engines], timeout=120)
-        learners = ray.get([a.health.remote() for a in run.learners], timeout=120)
+            run.built.transport.start()
+        engines = ray.get([a.health.remote() for a in run.built.engines], timeout=120)
+        learners = ray.get([a.health.remote() for a in run.built.learners], timeout=120)
     finally:
         tear_down(run)
-    return run.node_ids, engines, learners
+    return run.built.node_ids, engines, learners
 
 
 def _check(plan, node_ids: list[str], engines: list[dict], learners: list[dict], what: str) -> None:

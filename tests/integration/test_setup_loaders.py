@@ -26,7 +26,7 @@ from rlgen.config.compose import compose_run_config
 from rlgen.plan.preflight import preflight
 from rlgen.runtime.start.loaders import start_loaders
 from rlgen.runtime.state.breaker import CircuitBreaker
-from rlgen.runtime.setup import Run
+from rlgen.runtime.run_handle import Built, Run, Services
 from rlgen.runtime.state.run_state import RunState
 from rlgen.runtime.signals import StopFlag
 from rlgen.runtime.cluster.waits import Waiter
@@ -35,13 +35,13 @@ out, rows = Path(sys.argv[1]), sys.argv[2]
 cfg = compose_run_config([f"cache_dir={out}/cache", "task=dataset", f"task.path={rows}", "task.max_prompt_tokens=64"])
 plan = preflight(cfg, run_dir=out).plan
 stop = StopFlag()
-run = Run(plan, out, Console(), stop, Waiter(120, stop, out),
-          RunState.start(plan.async_steps, CircuitBreaker(cfg.monitor, out)))
+run = Run(plan, out, Built(), RunState.start(plan.async_steps, CircuitBreaker(cfg.monitor, out)),
+          Services(Console(), stop, Waiter(120, stop, out)))
 algo, model, task = start_loaders(run)
 model.result(stop)
 algo.result(stop)
 _, _, stop_ids = task.result(stop)
-print("loaded", len(run.tokenizer), len(stop_ids), run.algorithm is not None)
+print("loaded", len(run.built.tokenizer), len(stop_ids), run.built.algorithm is not None)
 """
 
 

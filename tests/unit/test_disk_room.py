@@ -180,7 +180,8 @@ def test_the_resume_clause_says_what_resuming_continues_from(tmp_path):
 # -- the end of a run -----------------------------------------------------------------------------------------
 def test_the_end_of_a_run_with_room_for_neither_checkpoint_nor_weights_says_so(tmp_path, monkeypatch):
     plan = _plan(["steps=3", "checkpoint.every=0"])
-    run = SimpleNamespace(out_dir=tmp_path, plan=plan, background_write=None, learners=[])
+    run = SimpleNamespace(out_dir=tmp_path, plan=plan, state=SimpleNamespace(background_write=None),
+                          built=SimpleNamespace(learners=[]))
     monkeypatch.setattr("rlgen.plan.checks.disk_room.free_bytes_at", _free(2 * 2**20))
     with pytest.raises(DiskFull) as info:
         save_final(run)  # nothing is asked of a learner: the probe comes first

@@ -134,7 +134,8 @@ def test_engines_that_cannot_be_kept_say_so_in_one_line(monkeypatch):
 
     monkeypatch.setattr(setup.kept_engines, "keep_for_next_run", fails)
     console = Console(record=True, width=200)
-    run = SimpleNamespace(engines=[object()], learners=[], waiter=SimpleNamespace(get=None), console=console,
+    run = SimpleNamespace(built=SimpleNamespace(engines=[object()], learners=[]),
+                          services=SimpleNamespace(waiter=SimpleNamespace(get=None), console=console),
                           cfg=SimpleNamespace(engine=SimpleNamespace(keep_warm_s=300)))
     assert setup._keep_engines(run) is False
     said = [ln for ln in console.export_text().splitlines() if ln.strip()]

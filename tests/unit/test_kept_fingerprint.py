@@ -145,8 +145,8 @@ def test_local_ray_refuses_a_kept_cluster_that_differs_in_one_line(folder, tmp_p
 
 
 def _run(taken_over=True, step=0, stop=False, resume=None):
-    return SimpleNamespace(taken_over=taken_over, resume=resume, state=SimpleNamespace(step=step),
-                           stop=SimpleNamespace(requested=stop))
+    return SimpleNamespace(built=SimpleNamespace(taken_over=taken_over, resume=resume), state=SimpleNamespace(step=step),
+                           services=SimpleNamespace(stop=SimpleNamespace(requested=stop)))
 
 
 def test_which_failures_fall_back_to_a_cold_start():

@@ -130,9 +130,9 @@ class _Rank:
 def _run(held: list[dict], *, step: int = 4, version: int = 4, recorded: dict | None = None) -> SimpleNamespace:
     learners = [_Rank(h) for h in held] + [_Rank({})]  # the last rank is the lost one
     waiter = SimpleNamespace(get=lambda refs, *args, **kwargs: list(refs))
-    return SimpleNamespace(learners=learners, waiter=waiter, state=SimpleNamespace(step=step, version=version),
-                           cfg=SimpleNamespace(runtime=SimpleNamespace(hang_timeout_s=1.0)),
-                           rank_rng={1: (4, "abc")} if recorded is None else recorded)
+    state = SimpleNamespace(step=step, version=version, rank_rng={1: (4, "abc")} if recorded is None else recorded)
+    return SimpleNamespace(built=SimpleNamespace(learners=learners), services=SimpleNamespace(waiter=waiter),
+                           state=state, cfg=SimpleNamespace(runtime=SimpleNamespace(hang_timeout_s=1.0)))
 
 
 WHOLE = {"calls": 4, "version": 4, "rng_digest": "abc", "replicas": True}
@@ -149,7 +149,7 @@ WHOLE = {"calls": 4, "version": 4, "rng_digest": "abc", "replicas": True}
 ])
 def test_a_survivor_stands_in_only_for_a_replica_at_the_same_step_and_rng(held, kwargs, why):
     run = _run(held, **kwargs)
-    lost = [len(run.learners) - 1]
+    lost = [len(run.built.learners) - 1]
     assert stand_in_problem(run, lost, list(range(len(held)))) == why
 
 

@@ -90,8 +90,8 @@ def test_the_waiting_line_says_what_the_engines_actually_started_do(tmp_path):
             progress(16.0, list(range(len(refs))))
             return [{"name": n} for n in names]
 
-    run = SimpleNamespace(plan=plan, waiter=SaysAtOnce(), cfg=plan.config,
-                          clock=StartupClock(Console(file=out, width=400), launched=time.time()))
+    clock = StartupClock(Console(file=out, width=400), launched=time.time())
+    run = SimpleNamespace(plan=plan, cfg=plan.config, services=SimpleNamespace(waiter=SaysAtOnce(), clock=clock))
     _wait_actors(run, ["e", "l"], ["engine0", "learner0"], {},
                  doing=[plan.engine.start_words, _learner_words(run)])
     line = out.getvalue()

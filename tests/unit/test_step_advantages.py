@@ -66,8 +66,8 @@ def _run(ranks: int = 2, **algo):
     mesh = LearnerMesh(len(learners))
     waiter = SimpleNamespace(learner_get=lambda refs, what, names, nodes, hang_s=None: refs)
     return SimpleNamespace(cfg=cfg, plan=SimpleNamespace(model=SimpleNamespace(params=10_000), mesh=mesh),
-                           learners=learners, learner_group=LearnerGroup(learners, mesh, waiter, [], 1.0),
-                           algorithm=CountingAlgorithm(), state=SimpleNamespace(version=3))
+                           built=SimpleNamespace(learners=learners, algorithm=CountingAlgorithm()),
+                           learner_group=LearnerGroup(learners, mesh, waiter, [], 1.0), state=SimpleNamespace(version=3))
 
 
 def _scored() -> Scored:
@@ -78,8 +78,8 @@ def _scored() -> Scored:
 def test_kl_in_the_reward_comes_off_the_rewards_before_the_one_computation_of_the_advantages():
     run = _run(kl_coef=0.5, kl_penalty="reward")
     batch = advantages(run, 7, _scored())
-    assert run.algorithm.calls == 1  # once per step
-    assert sum(len(learner.shards) for learner in run.learners) == 2  # every rank gave the KL of its rows
+    assert run.built.algorithm.calls == 1  # once per step
+    assert sum(len(learner.shards) for learner in run.built.learners) == 2  # every rank gave the KL of its rows
     kl = torch.tensor([(10 + i) / 10 for i in range(8)])  # the batch's rows are in group order already
     want_rewards = torch.tensor(REWARDS) - 0.5 * kl
     assert torch.allclose(batch.rows.rewards, want_rewards)
@@ -97,8 +97,8 @@ def test_kl_in_the_reward_comes_off_the_rewards_before_the_one_computation_of_th
 def test_without_kl_in_the_reward_the_advantages_are_the_rewards_own_computed_once(algo):
     run = _run(**algo)
     batch = advantages(run, 0, _scored())
-    assert run.algorithm.calls == 1 and batch.metrics == {}
-    assert all(not learner.shards for learner in run.learners)  # no KL asked of the learners
+    assert run.built.algorithm.calls == 1 and batch.metrics == {}
+    assert all(not learner.shards for learner in run.built.learners)  # no KL asked of the learners
     assert torch.allclose(batch.rows.rewards, torch.tensor(REWARDS))
     want = grpo_advantages(torch.tensor(REWARDS), torch.tensor([i // 4 for i in range(8)]), run.cfg.algo)
     assert torch.allclose(batch.rows.advantages, want) and bool(want.abs().sum() > 0)
@@ -106,7 +106,7 @@ def test_without_kl_in_the_reward_the_advantages_are_the_rewards_own_computed_on
 
 def test_advantages_of_the_wrong_length_get_a_sentence():
     run = _run()
-    run.algorithm = SimpleNamespace(advantages=lambda r, g, algo: torch.zeros(5))
+    run.built.algorithm = SimpleNamespace(advantages=lambda r, g, algo: torch.zeros(5))
     with pytest.raises(RunError, match=r"algo.advantage=grpo: the algorithm's advantages have shape \[5\] for a batch "
                                        r"of 8 completions; .* shape \[8\]"):
         computed_advantages(run, _scored().rows)

@@ -52,7 +52,8 @@ class FakeRollouts:
 def _run(plan, **algo):
     cfg = SimpleNamespace(algo=algo_cfg(samples_per_prompt=G, **algo))
     ro = FakeRollouts(plan)
-    run = SimpleNamespace(cfg=cfg, rollouts=ro, transport=SimpleNamespace(version=0), engine_names=["engine0"])
+    built = SimpleNamespace(rollouts=ro, transport=SimpleNamespace(version=0), engine_names=["engine0"])
+    run = SimpleNamespace(cfg=cfg, built=built)
     first = ro.extra_flight(0, 0, len(plan[0]), 0)
     ro.asked.clear()
     return shape_and_refill(run, 0, first, first.scoring, StepTimeline(0)), ro

@@ -32,14 +32,15 @@ from rlgen.types import StepTimeline
 def train(run: Run, sink: MetricsSink) -> dict:
     """Run steps state.step .. steps-1, checkpointing every checkpoint.every steps and at the end (where the disk
     has no room left for the last checkpoint, keeping the trained weights alone); returns the sink's summary."""
+    services = run.services
     cfg, state = run.cfg, run.state
-    run.sink = sink
+    services.sink = sink
     tracker = BalanceTracker(context_from_plan(run.plan))
     for rec in sink.records:  # a resumed run: the verdict carries on from the steps already run
         tracker.update(rec)
     try:
         for step in range(state.step, cfg.steps):
-            if run.stop.requested:
+            if services.stop.requested:
                 raise StopRequested(f"step {step}")
             halt = _step(run, step, tracker)
             if halt is not None:
@@ -50,7 +51,7 @@ def train(run: Run, sink: MetricsSink) -> dict:
         finish_updates(run)
         save_final(run)  # or, where the disk has no room left for a checkpoint, the trained weights alone
     except StopRequested:
-        raise stopped(run, run.stop.name, run.stop.exit_code, write=True) from None
+        raise stopped(run, services.stop.name, services.stop.exit_code, write=True) from None
     except EngineLost as err:
         raise stopped(run, str(err), 1, write=True) from err
     except LearnerLost as err:
@@ -68,7 +69,7 @@ def _step(run: Run, step: int, tracker: BalanceTracker) -> str | None:
     run.learners_ready()  # the first batch may have generated while the learners started
     scored = score(run, step, generated, at.tl)  # rewards, shaped and refilled; the batch's rows
     sleep_engines(run, at.tl)  # colocated engines sleep while the learners work
-    with kept_for_resume(run.rollouts, generated.flight):  # a learner lost: the step runs again on resume
+    with kept_for_resume(run.built.rollouts, generated.flight):  # a learner lost: the step runs again on resume
         batch = advantages(run, step, scored, at.tl)  # once, over the whole batch (a teacher's terms per token)
         trained = train_batch(run, step, batch, at.tl)  # the learner group's optimizer step
     synced = sync(run, step, trained, batch, at.tl)  # the breaker; the new version to the engines (or they wake)

@@ -129,7 +129,7 @@ def _locked_run(plan: Plan, out_dir: Path, console: Console, stop: StopFlag, res
         return summary
     except BaseException as err:
         ended = _ended(err, out_dir, status, stop, run.state.step if run else (resume.step if resume else 0),
-                       started=run is not None and run.sink is not None, resume_command=resume_command)
+                       started=run is not None and run.services.sink is not None, resume_command=resume_command)
         if ended is err:
             raise
         raise ended from None
@@ -141,17 +141,19 @@ def _locked_run(plan: Plan, out_dir: Path, console: Console, stop: StopFlag, res
 
 def _train_and_report(run: Run) -> dict:
     """The loop, then the summary, the report PNGs and the last lines on the terminal."""
+    services = run.services
+    built = run.built
 
-    plan, console, state = run.plan, run.console, run.state
+    plan, console, state = run.plan, services.console, run.state
     sink = MetricsSink(run.out_dir, plan.config, plan.config.steps, console,
-                       resume_lines=int(run.resume.state["metrics_lines"]) if run.resume else None,
+                       resume_lines=int(built.resume.state["metrics_lines"]) if built.resume else None,
                        wall_before=state.wall_before)
 
     def on_first() -> None:  # recorded at once: a process killed while stopping still says why
-        run.status.update(state="stopped", reason=f"{run.stop.name}; stopping at the next safe point")
+        services.status.update(state="stopped", reason=f"{services.stop.name}; stopping at the next safe point")
         sink.progress.update(sink.task_id, description="stopping")
 
-    run.stop.on_first = on_first
+    services.stop.on_first = on_first
     busy = _busy_sampler(plan)
     try:
         summary = train(run, sink)
@@ -159,13 +161,13 @@ def _train_and_report(run: Run) -> dict:
         if plan.config.learner.lora.enabled and plan.config.learner.lora.save_merged:
             summary["merged_model_path"] = _save_merged(run, final)
         last = state.last_checkpoint
-        summary.update(model_path=str(final), initial_model_path=run.initial_model_path,
+        summary.update(model_path=str(final), initial_model_path=built.initial_model_path,
                        checkpoint_path=str(last) if last is not None else None,
-                       checkpoint_seconds=list(state.checkpoint_seconds), **run.startup)
+                       checkpoint_seconds=list(state.checkpoint_seconds), **services.startup)
         if state.weights_only is not None:
             summary["note"] = state.weights_only_note
-        if run.clock is not None:
-            summary["startup"] = run.clock.to_dict()
+        if services.clock is not None:
+            summary["startup"] = services.clock.to_dict()
         if busy is not None:
             summary["gpu_busy_pct"] = busy.stop()
     finally:
@@ -186,7 +188,7 @@ def _train_and_report(run: Run) -> dict:
         console.print(f"[yellow]layout:[/] {escape(plan.layout_advice)}", highlight=False)
     if "startup" in summary:
         print_startup(summary["startup"], console)
-    _print_first_rollout(run.startup, console)
+    _print_first_rollout(services.startup, console)
     if "note" in summary:  # the run kept its weights but not a whole checkpoint: said last, where it is seen
         log.warning("%s", summary["note"])
         console.print(f"[yellow]note:[/] {escape(summary['note'])}", highlight=False)
@@ -197,9 +199,9 @@ def _save_merged(run: Run, final: Path) -> str:
     """final_model/merged: the base with the final adapters merged in, a whole Hugging Face folder (LoRA with
     learner.lora.save_merged=true), written by learner rank 0 with the tokenizer beside it."""
     path = final / "merged"
-    run.waiter.get([run.learners[0].save_merged.remote(str(path))], "writing final_model/merged",
-                   run.cfg.timeout_s, names=["learner0"])
-    run.tokenizer.save_pretrained(str(path))
+    run.services.waiter.get([run.built.learners[0].save_merged.remote(str(path))], "writing final_model/merged",
+                            run.cfg.timeout_s, names=["learner0"])
+    run.built.tokenizer.save_pretrained(str(path))
     return str(path)
 
 

@@ -47,7 +47,7 @@ from rlgen.runtime.durability.shared_folders import place_folder, place_run_fold
 from rlgen.runtime.errors import RunError, StopRequested
 from rlgen.runtime.rollouts.engine_restarts import EngineKeeper, EngineLost
 from rlgen.runtime.rollouts.generation import Rollouts
-from rlgen.runtime.run_handle import Run
+from rlgen.runtime.run_handle import Built, Run, Services
 from rlgen.runtime.signals import StopFlag
 from rlgen.runtime.start.early_engines import EarlyEngines, engines_before_folder
 from rlgen.runtime.start.loaders import start_loaders
@@ -92,10 +92,10 @@ def set_up(plan: Plan, out_dir: Path, *, resume: ResumePoint | None = None, stop
     stop = stop or StopFlag()
     breaker = CircuitBreaker(cfg.monitor, Path(out_dir))
     state = RunState.resumed(resume, breaker) if resume else RunState.start(plan.async_steps, breaker)
-    run = Run(plan, Path(out_dir), console or Console(), stop, Waiter(cfg.timeout_s, stop, Path(out_dir)), state,
-              status=status, resume=resume)
+    services = Services(console or Console(), stop, Waiter(cfg.timeout_s, stop, Path(out_dir)), status=status)
+    run = Run(plan, Path(out_dir), Built(resume=resume), state, services)
     t0 = time.time()
-    run.clock = clock = StartupClock(run.console)
+    run.services.clock = clock = StartupClock(run.services.console)
     hooks = hooks or Hooks()
     early: EarlyEngines | None = None
     try:
@@ -106,24 +106,24 @@ def set_up(plan: Plan, out_dir: Path, *, resume: ResumePoint | None = None, stop
         with clock.phase("Ray cluster"):
             _cluster(run)
         early = engines_before_folder(run, lambda: _factory(run, hooks), model, ACTORS)  # where the model folder is still being built
-        model.result(run.stop)
+        model.result(run.services.stop)
         _place_folders(run)
         loop_inputs: list[tuple[Task, PromptRenderer, list[int]]] = []  # once the actors are asked for
         end = early.end_phase if early is not None else clock.begin(ACTORS)
         try:
             _actors(run, hooks, algo, before_wait=lambda: loop_inputs.append(
-                task_loader.result(run.stop, "preparing the tokenizer and task")), early=early)
+                task_loader.result(run.services.stop, "preparing the tokenizer and task")), early=early)
         finally:
             end()
         early = None  # the run's engines now
         task, renderer, stop_ids = loop_inputs[0]
-        if run.learners_to_wait is None:
+        if run.built.learners_to_wait is None:
             with clock.phase("first weight push"):
                 _start_transport(run)
         else:
-            run.learners_pending = Beside(_learners_beside, run, *run.learners_to_wait,
-                                          done=clock.begin(LEARNERS_BESIDE, beside=True))
-            run.learners_to_wait = None
+            run.built.learners_pending = Beside(_learners_beside, run, *run.built.learners_to_wait,
+                                                done=clock.begin(LEARNERS_BESIDE, beside=True))
+            run.built.learners_to_wait = None
         _loop_parts(run, task, renderer, stop_ids)
     except BaseException as err:
         if early is not None:
@@ -132,7 +132,9 @@ def set_up(plan: Plan, out_dir: Path, *, resume: ResumePoint | None = None, stop
         if take_over_failed(run, err):
             raise TakeOverFailed(err) from err
         raise
-    run.startup["setup_s"] = time.time() - t0
+    run.services.startup["setup_s"] = time.time() - t0
+    if run.built.learners_pending is None:
+        run.built.freeze()  # set-up is done (else once the learners are ready: Built.learners_ready)
     return run
 
 
@@ -150,10 +152,11 @@ def take_over_failed(run: Run | None, err: BaseException) -> bool:
     asked for): the cluster may not start this run's workers as a new one would, so the run starts cold instead."""
     if isinstance(err, TakeOverFailed):
         return True
-    if run is None or not run.taken_over or not isinstance(err, Exception) or isinstance(err, StopRequested):
+    if run is None or not run.built.taken_over or not isinstance(err, Exception) or isinstance(err, StopRequested):
         return False
-    first = run.resume.step if run.resume else 0
-    return not run.stop.requested and run.state.step == first
+    built = run.built
+    first = built.resume.step if built.resume else 0
+    return not run.services.stop.requested and run.state.step == first
 
 
 def say_cold_start(err: BaseException) -> None:
@@ -174,30 +177,34 @@ def _engines_ahead(run: Run) -> None:
 
 
 def _cluster(run: Run) -> None:
-    run.placement = plan_bundles(run.plan)
+    built = run.built
+    built.placement = plan_bundles(run.plan)
     keep = run.plan.engine.keeps_warm and run.cfg.engine.keep_warm_s > 0
     try:
-        run.started_ray, run.node_ids, run.pgs = connect(run.cfg, run.plan, run.placement, run.stop, run.waiter, keep)
+        built.started_ray, built.node_ids, built.pgs = connect(run.cfg, run.plan, built.placement, run.services.stop,
+                                                               run.services.waiter, keep)
     finally:
         cluster = warm_cluster()
-        run.taken_over = bool(cluster is not None and cluster.taken_over)
-        run.started_ray = run.started_ray or cluster is not None  # one joined before connect failed goes whole
+        built.taken_over = bool(cluster is not None and cluster.taken_over)
+        built.started_ray = built.started_ray or cluster is not None  # one joined before connect failed goes whole
 
 
 def _place_folders(run: Run) -> None:
     """Where every node reads the starting model (and the checkpoint, when resuming): needs the cluster's nodes
     and the model folder."""
-    run.folders = place_run_folders(run.cfg, run.node_ids, run.placement, run.start_model_path, run.out_dir,
-                                    run.initial_model_path, run.resume.checkpoint if run.resume else None,
-                                    run.teacher_path or None)
+    built = run.built
+    built.folders = place_run_folders(run.cfg, built.node_ids, built.placement, built.start_model_path, run.out_dir,
+                                      built.initial_model_path, built.resume.checkpoint if built.resume else None,
+                                      built.teacher_path or None)
 
 
 def _factory(run: Run, hooks: Hooks) -> ActorFactory:
     """The run's actor factory, its engine side (the learner side is filled in once the engines are asked for:
     the learner's class imports torch)."""
+    built = run.built
     engine_cls, engine_kwargs = (hooks.engine_cls, dict(hooks.engine_kwargs)) if hooks.engine_cls else engine_class(run.plan)
-    run.engine_names = [f"engine{s.index}" for s in run.plan.engines]
-    return ActorFactory(run.cfg, run.plan, run.placement, run.pgs, run.node_ids, engine_cls, engine_kwargs,
+    built.engine_names = [f"engine{s.index}" for s in run.plan.engines]
+    return ActorFactory(run.cfg, run.plan, built.placement, built.pgs, built.node_ids, engine_cls, engine_kwargs,
                         type(None), {}, warm=warm_cluster() is not None)
 
 
@@ -206,38 +213,41 @@ def _actors(run: Run, hooks: Hooks, algo: Beside, before_wait: Callable[[], None
     """The engines, then the learner ranks; every actor healthy. The engines are asked for first: theirs is the
     longest start, and the learners take the algorithm, which may still be importing (``algo``). before_wait
     runs once all are asked for. early: the engines asked for before the model folder was there."""
+    services = run.services
+    built = run.built
     cfg, plan = run.cfg, run.plan
     if early is None:
-        run.factory = _factory(run, hooks)
-    assert run.factory is not None
+        built.factory = _factory(run, hooks)
+    assert built.factory is not None
     asked: dict[str, float] = {}
     engines, taken = _ask_engines(run, asked, early)
     learner_cls, learner_kwargs = learner_class(plan)
-    run.factory.learner_cls = hooks.learner_cls or learner_cls  # a test's class takes the kind's arguments
-    run.factory.learner_kwargs = dict(learner_kwargs)
+    built.factory.learner_cls = hooks.learner_cls or learner_cls  # a test's class takes the kind's arguments
+    built.factory.learner_kwargs = dict(learner_kwargs)
     rendezvous = None
-    if len(run.placement.learners) > 1:
-        rendezvous = run.waiter.get(run.factory.rendezvous_ref(), "finding the learner group's rendezvous",
-                                    cfg.startup_timeout_s)
-    algo.result(run.stop, "importing the algorithm")  # its loader sets run.algorithm
-    run.factory.learner_kwargs["algorithm"] = run.algorithm
-    asked.update({f"learner{r}": time.time() for r in range(len(run.placement.learners))})
-    run.learners = run.factory.learners(run.folders.learner_paths, rendezvous, **run.folders.learner_extra)
+    if len(built.placement.learners) > 1:
+        rendezvous = services.waiter.get(built.factory.rendezvous_ref(), "finding the learner group's rendezvous",
+                                         cfg.startup_timeout_s)
+    algo.result(services.stop, "importing the algorithm")  # its loader sets built.algorithm
+    built.factory.learner_kwargs["algorithm"] = built.algorithm
+    asked.update({f"learner{r}": time.time() for r in range(len(built.placement.learners))})
+    built.learners = built.factory.learners(built.folders.learner_paths, rendezvous, **built.folders.learner_extra)
     health = _wait_started(run, engines, taken, asked, before_wait)
     bad = [h for h in health if not h.get("ok")]
     if bad:
         raise RunError(f"actors reported unhealthy at start-up: {bad}")
-    run.note_actors(health)
-    run.keeper = EngineKeeper(
-        engines, run.engine_names, cfg.engine.max_restarts,
-        create=lambda i: run.factory.engine(i, run.folders.engine_paths, run.start_version),
-        ready=lambda actor, what: run.note_actors(run.waiter.get([actor.health.remote()], what, cfg.startup_timeout_s)),
+    services.note_actors(health)
+    built.keeper = EngineKeeper(
+        engines, built.engine_names, cfg.engine.max_restarts,
+        create=lambda i: built.factory.engine(i, built.folders.engine_paths, built.start_version),
+        ready=lambda actor, what: services.note_actors(
+            services.waiter.get([actor.health.remote()], what, cfg.startup_timeout_s)),
         resync=lambda i, actor, resend: _resync_engine(run, i, actor, resend),
-        say=lambda msg: run.console.print(f"[yellow]engine restart:[/] {escape(msg)}", highlight=False),
-        node_of=run.factory.engine_node,
+        say=lambda msg: services.console.print(f"[yellow]engine restart:[/] {escape(msg)}", highlight=False),
+        node_of=built.factory.engine_node,
         place_again=lambda i, gone: _place_engine_again(run, i, gone),
     )
-    run.zero3_gatherers = run.learners[1:] if learner_kwargs.get("zero_stage") == 3 else []
+    built.zero3_gatherers = built.learners[1:] if learner_kwargs.get("zero_stage") == 3 else []
 
 
 def _ask_engines(run: Run, asked: dict[str, float],
@@ -246,8 +256,9 @@ def _ask_engines(run: Run, asked: dict[str, float],
     rlgen.engines.vllm.kvcache); kept engines taken over where the cluster kept them, and asked to wake at once
     (their take_over calls, by index); early: the engines asked for before the model folder was there, which
     are the run's where they were given the path they would be given now."""
-    run.start_version = run.state.version
-    run.transport = _new_transport(run)
+    built = run.built
+    built.start_version = run.state.version
+    built.transport = _new_transport(run)
     if early is not None:
         engines = early.hand_over(run, asked)
         if engines is not None:
@@ -255,38 +266,40 @@ def _ask_engines(run: Run, asked: dict[str, float],
     kept = _kept_engines(run, asked)
     # KeepsWarm: only kinds that claim it are kept (_cluster), so only they are taken over; they wake while the
     # learners are asked for and the task loads
-    taken = {i: kept[i].take_over.remote(run.state.version) for i in run.factory.kept}
+    taken = {i: kept[i].take_over.remote(run.state.version) for i in built.factory.kept}
     engines = [e if e is not None else _new_engine(run, i, asked) for i, e in enumerate(kept)]
     return engines, taken
 
 
 def _new_engine(run: Run, index: int, asked: dict[str, float]) -> ActorHandle:
-    asked[run.engine_names[index]] = time.time()
-    return run.factory.engine(index, run.folders.engine_paths, run.state.version)
+    built = run.built
+    asked[built.engine_names[index]] = time.time()
+    return built.factory.engine(index, built.folders.engine_paths, run.state.version)
 
 
 def _wait_started(run: Run, engines: list[ActorHandle], taken: dict[int, ObjectRef[JSONDict]],
                   asked: dict[str, float], before_wait: Callable[[], None] = lambda: None) -> list[JSONDict]:
     """The health reports of the engines and learners asked for, waited for: the engines' (a kept engine's
     answer to take_over, in ``taken``), and the learners' unless they may start beside the first batch
-    (run.learners_to_wait then holds what set_up needs for that)."""
+    (run.built.learners_to_wait then holds what set_up needs for that)."""
+    built = run.built
     before_wait()
     engine_refs = [taken[i] if i in taken else e.health.remote() for i, e in enumerate(engines)]
     engine_words = [KEPT_ENGINE_WAKES if i in taken else run.plan.engine.start_words for i in range(len(engines))]
-    learner_refs = [a.health.remote() for a in run.learners]
-    learner_names = [f"learner{r}" for r in range(len(run.learners))]
+    learner_refs = [a.health.remote() for a in built.learners]
+    learner_names = [f"learner{r}" for r in range(len(built.learners))]
     learner_words = [_learner_words(run)] * len(learner_refs)
-    first = run.transport.generates_before_start and not run.cfg.learner.lora.enabled
+    first = built.transport.generates_before_start and not run.cfg.learner.lora.enabled
     health = _wait_actors(run, engine_refs + ([] if first else learner_refs),
-                          run.engine_names + ([] if first else learner_names), asked,
+                          built.engine_names + ([] if first else learner_names), asked,
                           doing=engine_words + ([] if first else learner_words))
     # kept engines that could not take their starting weights back get them from the transport's start
-    run.transport.held_weights = any(not health[i].get("start_weights") for i in run.factory.kept)
+    built.transport.held_weights = any(not health[i].get("start_weights") for i in built.factory.kept)
     if not first:
         return health
-    if run.transport.held_weights:
+    if built.transport.held_weights:
         return health + _wait_actors(run, learner_refs, learner_names, asked, doing=learner_words)
-    run.learners_to_wait = (learner_refs, learner_names, asked)  # they start beside the first batch
+    built.learners_to_wait = (learner_refs, learner_names, asked)  # they start beside the first batch
     return health
 
 
@@ -299,11 +312,12 @@ def _wait_actors(run: Run, refs: list[ObjectRef[JSONDict]], names: list[str], as
                  what: str = "actor start-up", doing: list[str] | None = None) -> list[JSONDict]:
     """The actors' health reports at start-up, each actor's start timed; doing: what each does while it starts,
     said while the run waits for it."""
-    health = run.waiter.get(refs, what, run.cfg.startup_timeout_s, names=names,
-                            progress=run.clock.waiting(names, doing) if run.clock else None)
-    if run.clock:
+    services = run.services
+    health = services.waiter.get(refs, what, run.cfg.startup_timeout_s, names=names,
+                                 progress=services.clock.waiting(names, doing) if services.clock else None)
+    if services.clock:
         for h in health:
-            run.clock.actor(h, asked.get(h.get("name"), run.clock.launched))
+            services.clock.actor(h, asked.get(h.get("name"), services.clock.launched))
     return health
 
 
@@ -314,7 +328,7 @@ def _learners_beside(run: Run, refs: list[ObjectRef[JSONDict]], names: list[str]
     bad = [h for h in health if not h.get("ok")]
     if bad:
         raise RunError(f"learners reported unhealthy at start-up: {bad}")
-    run.note_actors(health)
+    run.services.note_actors(health)
     _start_transport(run, send=False)
 
 
@@ -322,37 +336,40 @@ def _kept_engines(run: Run, asked: dict[str, float]) -> list[ActorHandle | None]
     """In a cluster taken over from a run that kept its engines warm (runtime.cluster.kept_engines): the kept engines this run
     would build the same way, by index (None for the others); kept engines of other settings are stopped first,
     so their memory is free for this run's. A kept engine that does not answer is stopped and started anew."""
+    built = run.built
     engines: list[ActorHandle | None] = [None] * len(run.plan.engines)
     cluster = warm_cluster()
     if cluster is None or not cluster.taken_over:
         return engines
-    wanted = run.factory.warm_names(run.folders.engine_paths)
+    wanted = built.factory.warm_names(built.folders.engine_paths)
     dropped = kept_engines.drop_engines(set(wanted))
     if dropped:
         log.info("stopped %d kept engine(s) of other settings: %s", len(dropped), ", ".join(dropped))
     for i, name in enumerate(wanted):
-        asked[run.engine_names[i]] = time.time()
+        asked[built.engine_names[i]] = time.time()
         engines[i] = kept_engines.answering(kept_engines.find_engine(name))
         if engines[i] is not None:
-            run.factory.kept.add(i)
+            built.factory.kept.add(i)
     return engines
 
 
 def _place_engine_again(run: Run, index: int, gone: str) -> str | None:
     """Engine ``index``'s node left: its bundle on another node with room, and the model folder placed there."""
-    node = run.factory.place_engine_again(index, gone)
-    if node is not None and node not in run.folders.engine_paths:
-        run.folders.engine_paths.update(place_folder(run.start_model_path, [node], ShareMode(run.cfg.ray.share),
-                                                     run.cfg.startup_timeout_s))
+    built = run.built
+    node = built.factory.place_engine_again(index, gone)
+    if node is not None and node not in built.folders.engine_paths:
+        built.folders.engine_paths.update(place_folder(built.start_model_path, [node], ShareMode(run.cfg.ray.share),
+                                                       run.cfg.startup_timeout_s))
     return node
 
 
 def _resync_engine(run: Run, index: int, actor: ActorHandle, resend: bool) -> None:
     run.learners_ready()  # the transport the new engine joins
     try:
-        run.transport.replace_engine(index, actor, resend)
+        run.built.transport.replace_engine(index, actor, resend)
     except SyncError as err:
-        raise EngineLost(f"{run.engine_names[index]} was re-created but could not get the weights: {err}") from err
+        name = run.built.engine_names[index]
+        raise EngineLost(f"{name} was re-created but could not get the weights: {err}") from err
 
 
 def _new_transport(run: Run) -> TransportBase:
@@ -366,68 +383,73 @@ def _new_transport(run: Run) -> TransportBase:
 def _start_transport(run: Run, send: bool = True) -> None:
     """Join the transport to the learner and the engines; with send, its start (the starting weights once: the
     first update's one-off costs here rather than in step 0, and kept engines' weights replaced)."""
+    built = run.built
     # ZeRO-3 ranks other than 0 hold only shards: they join every gather while rank 0 sends (colocated IPC: every
     # rank sends to its own GPU's engines)
     try:
-        run.transport.setup(run.learner, run.engines, run.engine_names, gatherers=run.zero3_gatherers,
-                            ranks=run.learners)
-        warm = run.transport.start() if send else None
+        built.transport.setup(built.learner, built.engines, built.engine_names, gatherers=built.zero3_gatherers,
+                              ranks=built.learners)
+        warm = built.transport.start() if send else None
     except SyncError as err:
         raise RunError(f"weight sync set-up failed: {err}") from err
-    run.startup["sync_warmup_s"] = warm.seconds if warm else 0.0
+    run.services.startup["sync_warmup_s"] = warm.seconds if warm else 0.0
 
 
 def _loop_parts(run: Run, task: Task, renderer: PromptRenderer, stop_ids: list[int]) -> None:
     """The engines' side of the loop, and, resuming, the rollouts the checkpoint kept."""
+    built = run.built
     cfg = run.cfg
-    run.rollouts = Rollouts(cfg, task, run.tokenizer, renderer, stop_ids, run.keeper,
-                            Scorer(task.rewards, cfg.task, cfg.task.reward), run.stop)
-    run.rollouts.transport = run.transport
-    if run.resume:
-        restore_rollouts(run, run.resume)
+    built.rollouts = Rollouts(cfg, task, built.tokenizer, renderer, stop_ids, built.keeper,
+                              Scorer(task.rewards, cfg.task, cfg.task.reward), run.services.stop)
+    built.rollouts.transport = built.transport
+    if built.resume:
+        restore_rollouts(run, built.resume)
 
 
 def tear_down(run: Run, keep: bool = False) -> None:
     """Let a checkpoint being written in the background complete (the learners write it), close the rollouts and
     the transport, and take the actors down (a cluster this process started goes whole). keep (a run that ended
     well): where the engines may be kept warm, they and the cluster stay for engine.keep_warm_s instead."""
+    built = run.built
 
     try:
         finish_background(run)
     except Exception as err:  # noqa: BLE001 - the run is ending anyway; the checkpoints before it are whole
         log.warning("the checkpoint written in the background did not complete: %s", err)
-    if run.rollouts is not None:
-        run.rollouts.close()
-    if run.transport is not None:
-        run.transport.close()
-    kept_kind = run.factory is not None and run.factory.warm and run.plan.engine.keeps_warm  # KeepsWarm
+    if built.rollouts is not None:
+        built.rollouts.close()
+    if built.transport is not None:
+        built.transport.close()
+    kept_kind = built.factory is not None and built.factory.warm and run.plan.engine.keeps_warm  # KeepsWarm
     if keep and kept_kind and _keep_engines(run):
         return
-    release([*run.engines, *run.learners], run.pgs, run.started_ray)
+    release([*built.engines, *built.learners], built.pgs, built.started_ray)
 
 
 def _keep_engines(run: Run) -> bool:
     """Keep the engines for the next run, stop the learners, and leave the cluster to its head until
     engine.keep_warm_s from now (runtime.cluster.kept_engines). False, with nothing kept, where an engine could
     not be kept."""
+    services = run.services
+    built = run.built
     import ray
 
     try:
-        kept_engines.keep_for_next_run(run.engines, run.waiter.get)
+        kept_engines.keep_for_next_run(built.engines, services.waiter.get)
     except Exception as err:  # noqa: BLE001 - not keeping them is always safe
         log.info("the engines were not kept warm", exc_info=err)  # the detail in run.log; one line here
-        run.console.print(f"[yellow]note:[/] the engines were not kept warm ({escape(str(short(err)))}); the next run "
-                          "starts them afresh.", highlight=False)
+        services.console.print(f"[yellow]note:[/] the engines were not kept warm ({escape(str(short(err)))}); the next run "
+                               "starts them afresh.", highlight=False)
         return False
-    for learner in run.learners:  # they end with the driver anyway; now frees their memory before the next run
+    for learner in built.learners:  # they end with the driver anyway; now frees their memory before the next run
         with contextlib.suppress(Exception):
             ray.kill(learner)
     if not keep_local(time.time() + run.cfg.engine.keep_warm_s):
         return False
-    n = len(run.engines)
-    run.console.print(f"kept {n} engine{'s' if n != 1 else ''} warm for {run.cfg.engine.keep_warm_s:.0f} s: the next "
-                      "run with these settings starts from them (engine.keep_warm_s=0 stops them with the run; "
-                      "a run with other settings stops them first)", highlight=False)
+    n = len(built.engines)
+    services.console.print(f"kept {n} engine{'s' if n != 1 else ''} warm for {run.cfg.engine.keep_warm_s:.0f} s: the next "
+                           "run with these settings starts from them (engine.keep_warm_s=0 stops them with the run; "
+                           "a run with other settings stops them first)", highlight=False)
     return True
 
 

@@ -50,6 +50,8 @@ def save(run: Run, reason: str, *, background: bool = False, stand_ins: dict[int
     """Write checkpoint step_<state.step> and return its path; with background (and learners that write into
     the run directory) return once the learners hold a copy of their state, while the checkpoint is completed in
     the background. stand_ins: {lost rank: surviving rank that writes its files}."""
+    services = run.services
+    built = run.built
     state = run.state
     path = run.out_dir / CHECKPOINTS / checkpoint_name(state.step)
     if is_complete(path) and state.last_checkpoint is not None and state.last_checkpoint.name == path.name:
@@ -61,17 +63,17 @@ def save(run: Run, reason: str, *, background: bool = False, stand_ins: dict[int
     kept = _ahead(run)
     saved = run_state(
         step=state.step, steps=run.cfg.steps, version=state.version, async_steps=state.async_steps,
-        metrics_lines=len(run.sink.records) if run.sink else state.step,
+        metrics_lines=len(services.sink.records) if services.sink else state.step,
         prompts_per_step=run.cfg.algo.prompts_per_step, ahead=[f.step for f in kept],
-        restarts=run.keeper.total_restarts if run.keeper else 0, breaker=state.breaker.state_dict(),
-        initial_model_path=run.initial_model_path,
-        wall_s=state.wall_before + (time.time() - run.sink.t0 if run.sink else 0.0), reason=reason,
-        identity=identity(run.cfg, len(run.learners)),
+        restarts=built.keeper.total_restarts if built.keeper else 0, breaker=state.breaker.state_dict(),
+        initial_model_path=built.initial_model_path,
+        wall_s=state.wall_before + (time.time() - services.sink.t0 if services.sink else 0.0), reason=reason,
+        identity=identity(run.cfg, len(built.learners)),
     )
     rollouts = {"flights": [f.to_json() for f in kept],
-                "carry": run.rollouts.carry_to_save(kept) if run.rollouts else []}
-    background = background and not stand_ins and all(run.folders.writes_here.get(n, True)
-                                                      for n in run.folders.learner_nodes)
+                "carry": built.rollouts.carry_to_save(kept) if built.rollouts else []}
+    background = background and not stand_ins and all(built.folders.writes_here.get(n, True)
+                                                      for n in built.folders.learner_nodes)
     tmp = _begin(run, state.step)
     try:
         _fill(run, tmp, background, stand_ins or {})
@@ -85,7 +87,7 @@ def save(run: Run, reason: str, *, background: bool = False, stand_ins: dict[int
         job = BackgroundWrite(state.step, tmp, t0)
         job.thread = threading.Thread(target=_complete, args=(run, job, saved, rollouts), daemon=True,
                                       name=f"rlgen-checkpoint-{state.step}")
-        run.background_write = job
+        run.state.background_write = job
         job.thread.start()
         _cost(run, t0, f"{reason}, completed in the background")
         return path
@@ -114,8 +116,8 @@ def _finish(run: Run, step: int, tmp: Path, saved: JSONDict, rollouts: JSONDict)
     except OSError as err:
         raise write_failed(run, step, err) from err
     run.state.last_checkpoint = final
-    if run.status is not None:
-        run.status.update(checkpoint=str(final), step=step)
+    if run.services.status is not None:
+        run.services.status.update(checkpoint=str(final), step=step)
     return final
 
 
@@ -123,8 +125,9 @@ def _pinned(run: Run) -> list[Path]:
     """The checkpoint a resumed run started from, kept while it runs: an engine re-created after a fault loads
     its model folder (then takes the current weights), so pruning it would leave that engine nothing to start
     from. A later resume of the run lets it go."""
-    start = Path(run.start_model_path) if getattr(run, "start_model_path", "") else None
-    return [start.parent] if start is not None and start.name == "model" and run.resume is not None else []
+    built = run.built
+    start = Path(built.start_model_path) if built.start_model_path else None
+    return [start.parent] if start is not None and start.name == "model" and built.resume is not None else []
 
 
 def _complete(run: Run, job: BackgroundWrite, saved: JSONDict, rollouts: JSONDict) -> None:
@@ -143,7 +146,7 @@ def _wait_for_ranks(run: Run, job: BackgroundWrite) -> None:
     """Every rank's done marker (then removed); a failed one, or none within timeout_s, raises."""
     timeout = run.cfg.timeout_s
     deadline = job.started + timeout
-    pending = set(range(len(run.learners)))
+    pending = set(range(len(run.built.learners)))
     while pending:
         for rank in list(pending):
             failed = marker(job.tmp, rank, FAILED)
@@ -164,14 +167,14 @@ def _wait_for_ranks(run: Run, job: BackgroundWrite) -> None:
 def finish_background(run: Run, timeout: float | None = None) -> None:
     """Wait for the checkpoint being written in the background, if any; its failure raises here (the
     checkpoints before it are untouched)."""
-    job = getattr(run, "background_write", None)
+    job = run.state.background_write
     if job is None:
         return
     job.thread.join(timeout if timeout is not None else run.cfg.timeout_s + 30)
     if job.thread.is_alive():
         raise RunError(f"checkpoint step_{job.step:06d} is still being written after timeout_s; check the disk "
                        f"under {run.out_dir}.")
-    run.background_write = None
+    run.state.background_write = None
     if job.error is not None:
         raise job.error
 
@@ -200,12 +203,13 @@ def write_failed(run: Run, step: int, err: BaseException) -> BaseException:
 
 def _ahead(run: Run) -> list[InFlight]:
     """The flights generated ahead with weights older than the learner's: their results go in the checkpoint."""
+    built = run.built
     kept: list[InFlight] = []
-    for flight in run.rollouts.waiting() if run.rollouts else []:
+    for flight in built.rollouts.waiting() if built.rollouts else []:
         if flight.launch_version >= run.state.version:
             break  # this and every later flight can be regenerated exactly
         try:
-            run.rollouts.collect(flight, interruptible=False)
+            built.rollouts.collect(flight, interruptible=False)
         except RunError as err:  # an engine that cannot come back: regenerate these on resume
             log.info("rollouts of step %d are not kept in the checkpoint: %s", flight.step, err)
             break
@@ -217,29 +221,30 @@ def _fill(run: Run, tmp: Path, background: bool, stand_ins: dict[int, int]) -> N
     """The learners' files (or, background, their host copies) and the tokenizer into the checkpoint's
     temporary folder. A learner on a node that cannot see the run directory sends its files back packed. A lost
     rank's files are written by its stand-in (stand_ins), which must write into the run directory."""
+    built = run.built
 
-    here = [run.folders.writes_here.get(n, True) for n in run.folders.learner_nodes]
-    ranks = [r for r in range(len(run.learners)) if r not in stand_ins]
+    here = [built.folders.writes_here.get(n, True) for n in built.folders.learner_nodes]
+    ranks = [r for r in range(len(built.learners)) if r not in stand_ins]
     refs = []
     for r in ranks:
-        a, ok = run.learners[r], here[r]
+        a, ok = built.learners[r], here[r]
         if stand_ins and not ok:
             raise RunError(f"learner rank {r} cannot write into {run.out_dir}, so it cannot stand in for a lost rank")
         if stand_ins:
             refs.append(a.save_checkpoint_for.remote(str(tmp), [r, *sorted(d for d, s in stand_ins.items() if s == r)]))
         else:
             refs.append(a.save_checkpoint.remote(str(tmp), background) if ok else a.save_checkpoint_packed.remote())
-    names, nodes = [f"learner{r}" for r in ranks], [run.folders.learner_nodes[r] for r in ranks]
-    for r, out in zip(ranks, run.waiter.learner_get(refs, "writing a checkpoint", names, nodes, ranks=ranks)):
+    names, nodes = [f"learner{r}" for r in ranks], [built.folders.learner_nodes[r] for r in ranks]
+    for r, out in zip(ranks, run.services.waiter.learner_get(refs, "writing a checkpoint", names, nodes, ranks=ranks)):
         if not here[r]:
             unpack_into(out, str(tmp))
-    run.tokenizer.save_pretrained(str(tmp / "model"))  # a complete HF folder: the learner saves weights only
+    built.tokenizer.save_pretrained(str(tmp / "model"))  # a complete HF folder: the learner saves weights only
 
 
 def stopped(run: Run, reason: str, exit_code: int, *, write: bool) -> RunStopped:
     """The clean end of a stopped run: a checkpoint where the learner is still whole, then RunStopped."""
     path = None
-    if write and run.learners:
+    if write and run.built.learners:
         try:
             path = save(run, f"stop: {reason}")
         except (RunError, DiskFull, OSError, StopRequested) as err:  # a second stop while an engine restarts
@@ -258,7 +263,7 @@ def restore_rollouts(run: Run, point: ResumePoint) -> None:
     """The rollouts a checkpoint kept (generated ahead of the learner), back in flight; the run state itself was
     read when the run was set up (RunState.resumed)."""
     saved = read_rollouts(point.checkpoint)
-    run.rollouts.restore(saved["flights"], run.state.step, saved.get("carry", []))
+    run.built.rollouts.restore(saved["flights"], run.state.step, saved.get("carry", []))
 
 
 __all__ = ["expected_bytes", "finish_background", "restore_rollouts", "save", "stopped", "write_failed"]

@@ -78,16 +78,17 @@ def _save_weights(run: Run) -> Path:
 def _fill_weights(run: Run, folder: Path) -> None:
     """Every learner rank asked (gathering the weights may be a collective); rank 0 writes the folder, or sends it
     back packed from a node that cannot write into the run directory."""
-    here = [run.folders.writes_here.get(n, True) for n in run.folders.learner_nodes]
+    built = run.built
+    here = [built.folders.writes_here.get(n, True) for n in built.folders.learner_nodes]
     refs = [a.save_model.remote(str(folder)) if ok else a.save_model_packed.remote()
-            for a, ok in zip(run.learners, here)]
-    ranks = list(range(len(run.learners)))
-    out = run.waiter.learner_get(refs, "writing the trained weights", [f"learner{r}" for r in ranks],
-                                 list(run.folders.learner_nodes), ranks=ranks)
+            for a, ok in zip(built.learners, here)]
+    ranks = list(range(len(built.learners)))
+    out = run.services.waiter.learner_get(refs, "writing the trained weights", [f"learner{r}" for r in ranks],
+                                          list(built.folders.learner_nodes), ranks=ranks)
     if not here[0]:
         folder.mkdir(parents=True, exist_ok=True)
         unpack_into(out[0], str(folder))
-    run.tokenizer.save_pretrained(str(folder))
+    built.tokenizer.save_pretrained(str(folder))
 
 
 def _note(run: Run, path: Path, root: Path, free: int, need: int) -> str:

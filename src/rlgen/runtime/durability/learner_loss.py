@@ -24,7 +24,7 @@ def learner_lost(run: Run, err: LearnerLost) -> RunStopped:
     """The run's end after err (run: a runtime.setup.Run): a checkpoint of the last whole step from a surviving
     rank where one can be had, else the newest complete checkpoint, said plainly."""
     _kill(run, err.ranks)
-    survivors = [r for r in range(len(run.learners)) if r not in err.ranks]
+    survivors = [r for r in range(len(run.built.learners)) if r not in err.ranks]
     why_not = stand_in_problem(run, err.ranks, survivors)
     if why_not is None:
         stand_ins = {lost: survivors[0] for lost in err.ranks}
@@ -72,10 +72,10 @@ def stand_in_problem(run: Run, lost: list[int], survivors: list[int]) -> str | N
     if not survivors:
         return "no learner rank survived to stand in for it"
     step = run.state.step
-    refs = [run.learners[r].whole_step.remote() for r in survivors]
+    refs = [run.built.learners[r].whole_step.remote() for r in survivors]
     try:
-        held = run.waiter.get(refs, "asking the surviving learner ranks what they hold",
-                              run.cfg.runtime.hang_timeout_s + MARGIN_S, interruptible=False)
+        held = run.services.waiter.get(refs, "asking the surviving learner ranks what they hold",
+                                       run.cfg.runtime.hang_timeout_s + MARGIN_S, interruptible=False)
     except RunError as exc:
         return f"the surviving ranks did not answer ({exc})"
     if not all(h.get("replicas") for h in held):
@@ -83,8 +83,8 @@ def stand_in_problem(run: Run, lost: list[int], survivors: list[int]) -> str | N
     wrong = [r for r, h in zip(survivors, held) if (h["calls"], h["version"]) != (step, run.state.version)]
     if wrong:
         return f"learner rank {wrong[0]} holds {held[survivors.index(wrong[0])]['calls']} steps, not {step}"
-    digests = {h["rng_digest"] for h in held} | {run.rank_rng.get(r, (None, None))[1] for r in lost}
-    unknown = [r for r in lost if run.rank_rng.get(r, (None, None))[0] != step]
+    digests = {h["rng_digest"] for h in held} | {run.state.rank_rng.get(r, (None, None))[1] for r in lost}
+    unknown = [r for r in lost if run.state.rank_rng.get(r, (None, None))[0] != step]
     if unknown:
         return f"learner rank {unknown[0]}'s RNG state after step {step - 1} is not known to this process"
     if len(digests) != 1:
@@ -98,7 +98,7 @@ def _kill(run: Run, ranks: list[int]) -> None:
 
     for r in ranks:
         try:
-            ray.kill(run.learners[r], no_restart=True)
+            ray.kill(run.built.learners[r], no_restart=True)
         except Exception as exc:  # noqa: BLE001 - already dead
             log.info("learner rank %d: %s", r, exc)
 

@@ -102,9 +102,10 @@ class EarlyEngines:
     def hand_over(self, run: Run, asked: dict[str, float]) -> list[ActorHandle] | None:
         """The engines, once the folders are placed, where each waits for the path it would be given now; else
         None, with them stopped (set-up then asks for its engines as usual)."""
-        assert run.factory is not None
-        given = [run.factory.engine_path(i, run.folders.engine_paths) for i in range(len(self.engines))]
-        if run.start_model_path == self.path and all(p == self.path for p in given):
+        built = run.built
+        assert built.factory is not None
+        given = [built.factory.engine_path(i, built.folders.engine_paths) for i in range(len(self.engines))]
+        if built.start_model_path == self.path and all(p == self.path for p in given):
             asked.update(self.asked)
             return self.engines
         log.info("the engines asked for before the model folder wait for %s, but this run's engines load %s; "
@@ -132,21 +133,21 @@ def engines_before_folder(run: Run, make_factory: Callable[[], ActorFactory], mo
 
     cfg, plan = run.cfg, run.plan
     before = before_folder_hook(plan.engine)
-    if (before is None or model.finished() or cfg.model.path or run.resume is not None or run.taken_over
+    if (before is None or model.finished() or cfg.model.path or run.built.resume is not None or run.built.taken_over
             or not plan.engines):
         return None
     path = build_folder(cfg, plan.device)
     here = ray.get_runtime_context().get_node_id()
-    if path.is_dir() or any(run.node_ids[ap.group] != here for ap in run.placement.engines):
+    if path.is_dir() or any(run.built.node_ids[ap.group] != here for ap in run.built.placement.engines):
         return None
-    end = run.clock.begin(phase) if run.clock else (lambda: None)
-    run.factory = make_factory()
-    cls = after_folder(run.factory.engine_cls, before, cfg.startup_timeout_s)
+    end = run.services.clock.begin(phase) if run.services.clock else (lambda: None)
+    run.built.factory = make_factory()
+    cls = after_folder(run.built.factory.engine_cls, before, cfg.startup_timeout_s)
     asked: dict[str, float] = {}
     engines = []
     for i in range(len(plan.engines)):
-        asked[run.engine_names[i]] = time.time()
-        engines.append(run.factory.engine(i, str(path), run.state.version, cls=cls))
+        asked[run.built.engine_names[i]] = time.time()
+        engines.append(run.built.factory.engine(i, str(path), run.state.version, cls=cls))
     return EarlyEngines(engines, asked, str(path), end)
 
 

@@ -27,10 +27,10 @@ if TYPE_CHECKING:
 def start_loaders(run: Run) -> tuple[Beside[None], Beside[None], Beside[tuple[Task, PromptRenderer, list[int]]]]:
     """The algorithm, the model folder and the task, each loading on a thread of its own beside the cluster's
     start, once the libraries they share are imported (seconds on a GPU host)."""
-    clock = run.clock or StartupClock(run.console)
+    clock = run.services.clock or StartupClock(run.services.console)
     found = built_model(run.cfg, device=run.plan.device)  # None: this process builds the model folder
     # the tokenizer class a preset's build names (models.build.load_tokenizer); the task starts from that folder
-    named = tokenizer_class_of(found) if found and run.resume is None else None
+    named = tokenizer_class_of(found) if found and run.built.resume is None else None
     libraries = Beside(_shared_libraries, run.cfg, found is None, named[0] if named else None)
     algo = Beside(_algorithm, run, libraries)
     model = Beside(_model, run, libraries, done=clock.begin("model folder"))
@@ -70,7 +70,7 @@ def _shared_libraries(cfg: RunConfig, builds: bool = True, tokenizer_module: str
 
 
 def _after(libraries: Beside[None], run: Run) -> None:
-    libraries.result(run.stop, "importing torch and transformers")
+    libraries.result(run.services.stop, "importing torch and transformers")
 
 
 def _model(run: Run, libraries: Beside[None]) -> None:
@@ -82,43 +82,45 @@ def _model(run: Run, libraries: Beside[None]) -> None:
     if path is None:  # a build (the libraries imported its model side: start_loaders saw no folder)
         _after(libraries, run)
         path = prepare_model(cfg, device=run.plan.device)
-    run.initial_model_path = path
+    run.built.initial_model_path = path
     # Actors start from the checkpoint's policy when resuming; the frozen reference stays the initial model.
     # With LoRA the checkpoint's model folder is an adapter: actors start from the base and the adapter comes after.
     lora = cfg.learner.lora.enabled
-    run.start_model_path = str(run.resume.checkpoint / "model") if run.resume and not lora else run.initial_model_path
-    run.teacher_path = teacher_folder(cfg, run.plan.device) or ""
+    run.built.start_model_path = str(run.built.resume.checkpoint / "model") if run.built.resume and not lora else run.built.initial_model_path
+    run.built.teacher_path = teacher_folder(cfg, run.plan.device) or ""
 
 
 def _algorithm(run: Run, libraries: Beside[None]) -> None:
     _after(libraries, run)
 
-    run.algorithm = algorithm(run.cfg.algo)
+    run.built.algorithm = algorithm(run.cfg.algo)
 
 
 def _task(run: Run, libraries: Beside[None], model: Beside[None]) -> tuple[Task, PromptRenderer, list[int]]:
     """The task, its prompts as the model's tokenizer renders them and the stop ids: what the loop needs, ready
     while the actors start (loading the tokenizer imports transformers, seconds on a GPU host)."""
+    services = run.services
+    built = run.built
     _after(libraries, run)
 
     cfg = run.cfg
     task = build_task(cfg.task)
-    model.result(run.stop)
-    run.tokenizer = load_tokenizer(run.start_model_path)
-    if run.teacher_path:
-        check_teacher_tokenizer(cfg.algo.teacher, run.teacher_path, run.tokenizer)
-    renderer = PromptRenderer(run.tokenizer, cfg.task, tools=getattr(task, "tool_schemas", lambda: None)())
+    model.result(services.stop)
+    built.tokenizer = load_tokenizer(built.start_model_path)
+    if built.teacher_path:
+        check_teacher_tokenizer(cfg.algo.teacher, built.teacher_path, built.tokenizer)
+    renderer = PromptRenderer(built.tokenizer, cfg.task, tools=getattr(task, "tool_schemas", lambda: None)())
     if cfg.task.long_prompts.value == "skip" and hasattr(task, "keep_rows"):
         dropped = task.keep_rows(lambda p: renderer.fits(p.text))
         if dropped:
-            run.console.print(f"left out {dropped} rows over task.max_prompt_tokens={cfg.task.max_prompt_tokens} "
-                              "(task.long_prompts=skip)", highlight=False)
+            services.console.print(f"left out {dropped} rows over task.max_prompt_tokens={cfg.task.max_prompt_tokens} "
+                                   "(task.long_prompts=skip)", highlight=False)
     if hasattr(task, "rows"):
-        run.console.print(f"task {task.name}: {len(task.rows)} rows, {len(task.eval_prompts())} held out; prompts "
-                          f"as {renderer.format} text", highlight=False)
-    stop_ids = model_stop_ids(run.start_model_path, run.tokenizer, cfg.task.stop_token_ids)
-    run.pad_id = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else (stop_ids or [0])[0]
-    special = [run.pad_id, *stop_ids, *run.tokenizer.all_special_ids]
+        services.console.print(f"task {task.name}: {len(task.rows)} rows, {len(task.eval_prompts())} held out; prompts "
+                               f"as {renderer.format} text", highlight=False)
+    stop_ids = model_stop_ids(built.start_model_path, built.tokenizer, cfg.task.stop_token_ids)
+    built.pad_id = built.tokenizer.pad_token_id if built.tokenizer.pad_token_id is not None else (stop_ids or [0])[0]
+    special = [built.pad_id, *stop_ids, *built.tokenizer.all_special_ids]
     stop_ids += length_stop_ids(run.plan.model.vocab_size, cfg.task.response_length_mean, cfg.task.seed, special)
     return task, renderer, stop_ids
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from rlgen.runtime.durability.background_write import BackgroundWrite
     from rlgen.runtime.durability.resume import ResumePoint
     from rlgen.runtime.state.breaker import CircuitBreaker
 
@@ -24,6 +25,8 @@ class RunState:
     checkpoint_seconds: list[float] = field(default_factory=list)  # what each checkpoint cost the loop
     weights_only: Path | None = None  # final_model/ written without a checkpoint: the disk had no room for one
     weights_only_note: str = ""  # the sentence saying so, and what it means for resuming
+    background_write: BackgroundWrite | None = None  # a checkpoint the learners are still completing
+    rank_rng: dict[int, tuple[int, str]] = field(default_factory=dict)  # rank -> (steps done, its RNG digest)
 
     @classmethod
     def start(cls, async_steps: int, breaker: CircuitBreaker) -> RunState:

@@ -67,7 +67,7 @@ def computed_advantages(run: Run, rows: RolloutBatch) -> torch.Tensor:
     from rlgen.algo.loss import AdvantageShapeError
 
     algo, n = run.cfg.algo, rows.num_sequences
-    adv = run.algorithm.advantages(rows.rewards, rows.group_ids, algo)
+    adv = run.built.algorithm.advantages(rows.rewards, rows.group_ids, algo)
     if getattr(adv, "shape", None) != (n,):
         err = AdvantageShapeError(
             f"the algorithm's advantages have shape {list(getattr(adv, 'shape', []))} for a batch of {n} completions; "

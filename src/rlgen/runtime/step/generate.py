@@ -35,14 +35,15 @@ class Generated:
 def generate(run: Run, step: int, tl: StepTimeline) -> Generated:
     """The step's flight, collected: the learner's wait for it and the engines' generate and update spans go on
     the timeline. The flights after it go out meanwhile, up to state.async_steps steps ahead."""
-    ro, depth = run.rollouts, run.state.async_steps
+    services = run.services
+    ro, depth = run.built.rollouts, run.state.async_steps
     t0 = time.time()
     ro.pace.step_began(t0)
     # The run's first batch generates alone: nothing trains meanwhile, and a batch launched ahead beside it would
     # share the engines' steps and delay it. Later batches go ahead while this one is waited for, each at its
     # pace (rlgen.runtime.rollouts.pace: so steps do not alternate), and once it is in, at once.
     # With algo.launch_ahead=own_in (rlgen.plan.launch_ahead) they wait for it instead, as the first step's do.
-    version = run.transport.version
+    version = run.built.transport.version
     beside = ro.collected > 0 and WHILE_WAITING[run.cfg.algo.launch_ahead or LaunchAhead.step_start]
     ro.fill(step, depth if beside else 0, version, paced=True)
     flight = ro.next_flight(launch=(lambda: ro.fill(step, depth, version, paced=True)) if beside else None)
@@ -51,9 +52,9 @@ def generate(run: Run, step: int, tl: StepTimeline) -> Generated:
     last = ro.waiting()[-1] if ro.collected > 1 and ro.waiting() else None
     if last is not None and last.step == step + depth and last.launched_at is not None:
         tail["gen/launch_ahead_s"] = max(0.0, last.launched_at - t0)  # how long its pace held the flight ahead
-    run.startup.setdefault("first_rollout_s", time.time() - launched_at())
-    if run.clock is not None:
-        run.clock.first_batch()
+    services.startup.setdefault("first_rollout_s", time.time() - launched_at())
+    if services.clock is not None:
+        services.clock.first_batch()
     tl.add("learner0", Phase.wait, t0, time.time())
     add_engine_spans(run, tl, flight)
     return Generated(flight, tail)
@@ -73,9 +74,9 @@ def kept_for_resume(ro: Rollouts, flight: InFlight) -> Iterator[None]:
 def add_engine_spans(run: Run, tl: StepTimeline, flight: InFlight) -> None:
     """A collected flight's engine spans (its generate calls' and the weight updates' queued before them)."""
     for i, res in flight.results.items():
-        tl.add_spans(run.engine_names[i], res.spans)
+        tl.add_spans(run.built.engine_names[i], res.spans)
     for i, spans in flight.update_spans.items():
-        tl.add_spans(run.engine_names[i], spans)
+        tl.add_spans(run.built.engine_names[i], spans)
 
 
 __all__ = ["Generated", "add_engine_spans", "generate", "kept_for_resume"]

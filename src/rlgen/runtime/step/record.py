@@ -28,9 +28,9 @@ class StepStart:
 
 def evaluate(run: Run, step: int) -> dict[str, float]:
     """eval/* of the held-out prompts on evaluation steps (with the engines at the new version), else {}."""
-    cfg, ro = run.cfg, run.rollouts
+    cfg, ro = run.cfg, run.built.rollouts
     if ro.eval_set and ((step + 1) % cfg.eval.every == 0 or step + 1 == cfg.steps):
-        return ro.evaluate(step, run.transport.version)
+        return ro.evaluate(step, run.built.transport.version)
     return {}
 
 
@@ -40,14 +40,14 @@ def record(run: Run, at: StepStart, scored: Scored, batch: Batch, trained: Train
     a line that could not be written stops the run (WriteStopped)."""
     state = run.state
     metrics = {**trained.metrics, **scored.metrics, **synced.metrics,
-               "engine_restarts": run.keeper.total_restarts, **evals}
+               "engine_restarts": run.built.keeper.total_restarts, **evals}
     rec = step_record(at.step, at.tl, batch.rows, scored.scores.totals, metrics, state.version, batch.staleness,
-                      time.time() - at.began, len(run.learners))
+                      time.time() - at.began, len(run.built.learners))
     verdict = tracker.update(rec)
     rec["balance"] = verdict.to_dict()
     state.step = at.step + 1
     try:
-        run.sink.log(rec)
+        run.services.sink.log(rec)
     except OSError as err:  # the line was not written (the file keeps its whole lines): say why, stop
         raise WriteStopped(str(err)) from err
 

@@ -54,13 +54,14 @@ class Shaped:
 def score(run: Run, step: int, generated: Generated, tl: StepTimeline) -> Scored:
     """The step's flight prepared and scored (the driver's reward spans on the timeline), shaped and refilled, and
     padded into rows; says when rewards came back NaN, an environment failed, or the batch could not be filled."""
+    built = run.built
     from rlgen.runtime.rollouts.batch import build_batch
 
     flight, algo = generated.flight, run.cfg.algo
     t0 = time.time()
     try:
-        run.rollouts.prepare(flight)
-        scores = run.rollouts.scorer.result(flight.scoring)
+        built.rollouts.prepare(flight)
+        scores = built.rollouts.scorer.result(flight.scoring)
     except RewardError as err:
         raise RunError(str(err)) from err
     t1 = time.time()
@@ -68,7 +69,7 @@ def score(run: Run, step: int, generated: Generated, tl: StepTimeline) -> Scored
     got = shape_and_refill(run, step, flight, scores, tl)
     got.metrics.update(generated.tail)
     t0 = time.time() if got.metrics.get("dynamic/rounds", 1) > 1 else t1  # the extra rounds' scoring is inside them
-    rows = build_batch(got.completions, got.rewards, run.pad_id, mask_truncated=algo.mask_truncated)
+    rows = build_batch(got.completions, got.rewards, built.pad_id, mask_truncated=algo.mask_truncated)
     tl.add("driver", Phase.reward, t0, time.time())
     _warn_rewards(run, step, got, flight)
     return Scored(rows, got.scores, {**got.scores.means(), **got.metrics})
@@ -174,12 +175,13 @@ def _refilled(run: Run, step: int, flight: InFlight, scores: Scores, rewards: li
 
 def _round(run: Run, step: int, round: int, n: int, tl: StepTimeline) -> Shaped:
     """One more generation round of n prompts: generated, scored, shaped (not refilled)."""
+    built = run.built
 
-    ro = run.rollouts
-    flight = ro.extra_flight(step, round, n, run.transport.version)
+    ro = built.rollouts
+    flight = ro.extra_flight(step, round, n, built.transport.version)
     ro.collect(flight)
     for i, res in flight.results.items():
-        tl.add_spans(run.engine_names[i], res.spans)
+        tl.add_spans(built.engine_names[i], res.spans)
     try:
         ro.prepare(flight)
         scores = ro.scorer.result(flight.scoring)
@@ -219,30 +221,32 @@ def timeouts_sentence(step: int, per_engine: list[int], gen_s: float, env_timeou
 def _warn_rewards(run: Run, step: int, got: Shaped, flight: InFlight) -> None:
     """Say when rewards came back NaN (they were given advantage 0), an environment failed or its timeouts made
     the step long, or dynamic sampling could not fill the batch."""
+    services = run.services
+    built = run.built
     nan = got.scores.nan_count
     if nan:
-        run.sink.console.print(f"[yellow]reward:[/] step {step}: {nan} of {len(got.scores.totals)} rewards were NaN; "
-                               "those completions get advantage 0 (reward/nan counts them).", highlight=False)
+        services.sink.console.print(f"[yellow]reward:[/] step {step}: {nan} of {len(got.scores.totals)} rewards were NaN; "
+                                    "those completions get advantage 0 (reward/nan counts them).", highlight=False)
     errors = [c.env_error for c in got.completions if c.env_error]
     for c in got.completions:
         if c.env_error:
             log.info("step %d, group %d: the episode scored 0: %s", step, c.group_id, c.env_error)
-    if errors and not run.rollouts.said_env_error:  # once per run; env/errors counts them every step
-        run.rollouts.said_env_error = True
-        run.sink.console.print(f"[yellow]environment:[/] step {step}: {len(errors)} episodes ended with an error and "
-                               f"scored 0, the first: {escape(errors[0])} (env/errors counts them each step, "
-                               "env/timeouts those whose call ran past task.env_timeout_s; run.log has each).",
-                               highlight=False)
-    if got.metrics.get("env/timeouts") and not run.rollouts.said_env_timeouts:
+    if errors and not built.rollouts.said_env_error:  # once per run; env/errors counts them every step
+        built.rollouts.said_env_error = True
+        services.sink.console.print(f"[yellow]environment:[/] step {step}: {len(errors)} episodes ended with an error and "
+                                    f"scored 0, the first: {escape(errors[0])} (env/errors counts them each step, "
+                                    "env/timeouts those whose call ran past task.env_timeout_s; run.log has each).",
+                                    highlight=False)
+    if got.metrics.get("env/timeouts") and not built.rollouts.said_env_timeouts:
         t = run.cfg.task
         said = timeouts_sentence(step, *_timeouts_by_engine(flight), t.env_timeout_s, t.env_workers)
         if said:  # once per run, when they made a step long; env/timeouts counts them every step
-            run.rollouts.said_env_timeouts = True
-            run.sink.console.print(f"[yellow]environment:[/] {said}", highlight=False)
+            built.rollouts.said_env_timeouts = True
+            services.sink.console.print(f"[yellow]environment:[/] {said}", highlight=False)
     want = run.cfg.algo.prompts_per_step
     kept = got.metrics.get("dynamic/groups_kept")
     if kept is not None and kept < want:
-        run.sink.console.print(
+        services.sink.console.print(
             f"[yellow]dynamic sampling:[/] step {step} kept {kept:.0f} of {want} groups after "
             f"algo.max_gen_batches={run.cfg.algo.max_gen_batches} rounds (the others' rewards were all equal); it "
             "trained on those. Raise algo.max_gen_batches, or use a task whose prompts are neither all solved nor "

@@ -36,7 +36,7 @@ class Synced:
 
 def sleep_engines(run: Run, tl: StepTimeline) -> None:
     """Colocated engines go to sleep while the learners work (their spans on the timeline); others generate on."""
-    for r in over_engines(run, run.transport.sleep_engines):
+    for r in over_engines(run, run.built.transport.sleep_engines):
         tl.add_spans(r["actor"], r["spans"])
 
 
@@ -47,16 +47,16 @@ def sync(run: Run, step: int, trained: Trained, batch: Batch, tl: StepTimeline) 
     event = state.breaker.update(step, trained.metrics, batch.rows)
     halt = event is not None and event.action is BreakerAction.halt
     if event is not None:
-        run.sink.console.print(f"[yellow]breaker:[/] {escape(event.message)}", highlight=False)
+        run.services.sink.console.print(f"[yellow]breaker:[/] {escape(event.message)}", highlight=False)
         if event.action is BreakerAction.tighten:
             state.async_steps = 0
     metrics: dict[str, float] = {}
     if trained.result.skipped:
-        over_engines(run, run.transport.wake_engines)  # colocated: wake the engines on their old weights
+        over_engines(run, run.built.transport.wake_engines)  # colocated: wake the engines on their old weights
     else:
         state.version = trained.result.version
         if halt:
-            over_engines(run, run.transport.wake_engines)
+            over_engines(run, run.built.transport.wake_engines)
         else:
             metrics = _push(run, tl)
     return Synced(event.message if halt else None, {**metrics, **state.breaker.metrics()})
@@ -65,10 +65,11 @@ def sync(run: Run, step: int, trained: Trained, batch: Batch, tl: StepTimeline) 
 def _push(run: Run, tl: StepTimeline) -> dict[str, float]:
     """state.version to every engine; the push's spans on the timeline. Returns sync_<part>_s: where the update's
     time went, the slowest actor's."""
+    built = run.built
     state, metrics = run.state, {}
-    in_flight = state.async_steps > 0 and run.rollouts.ahead() is not None
+    in_flight = state.async_steps > 0 and built.rollouts.ahead() is not None
     try:
-        res: PushResult = over_engines(run, lambda: run.transport.push(state.version, in_flight=in_flight),
+        res: PushResult = over_engines(run, lambda: built.transport.push(state.version, in_flight=in_flight),
                                        resync=False)
     except SyncTimeoutError as err:
         cfg = run.cfg
@@ -82,7 +83,7 @@ def _push(run: Run, tl: StepTimeline) -> dict[str, float]:
         for part, seconds in r.get("parts", {}).items():  # where an update's time went, the slowest actor's
             metrics[f"sync_{part}_s"] = max(seconds, metrics.get(f"sync_{part}_s", 0.0))
     # the object store's loads still running: each engine takes its own before its next generate
-    run.rollouts.queue_updates(res.pending)
+    built.rollouts.queue_updates(res.pending)
     return metrics
 
 
@@ -96,7 +97,7 @@ def over_engines(run: Run, call: Callable[[], T], resync: bool = True) -> T:
     except StopRequested:
         raise
     except Exception as err:
-        if not run.keeper.replace_dead(err, resync):
+        if not run.built.keeper.replace_dead(err, resync):
             raise
     return call()
 
@@ -105,13 +106,13 @@ def finish_updates(run: Run) -> None:
     """Surface any failure of the last weight update rather than dropping it."""
     from ray.exceptions import RayActorError
 
-    for i, (inc, ref) in run.rollouts.take_queued_updates().items():
+    for i, (inc, ref) in run.built.rollouts.take_queued_updates().items():
         try:
-            run.waiter.get(ref, "final weight update", interruptible=False)
+            run.services.waiter.get(ref, "final weight update", interruptible=False)
         except RunError as err:
             if not isinstance(err.__cause__, RayActorError):
                 raise
-            run.keeper.is_dead(i, inc, err.__cause__)
+            run.built.keeper.is_dead(i, inc, err.__cause__)
 
 
 __all__ = ["Synced", "finish_updates", "over_engines", "sleep_engines", "sync"]

@@ -31,7 +31,7 @@ def train_batch(run: Run, step: int, batch: Batch, tl: StepTimeline) -> Trained:
     later) and their spans go on the timeline."""
     group = run.learner_group
     refs = group.ask("train_step", batch.shards)
-    run.rollouts.prefetch()
+    run.built.rollouts.prefetch()
     try:
         per_rank = group.wait(refs, f"training step {step}")
     except LearnerLost:
@@ -42,7 +42,7 @@ def train_batch(run: Run, step: int, batch: Batch, tl: StepTimeline) -> Trained:
         raise
     for rank, r in enumerate(per_rank):  # each rank's RNG after the step: a survivor may stand in for it later
         if r.rng_digest is not None:
-            run.rank_rng[rank] = (step + 1, r.rng_digest)
+            run.state.rank_rng[rank] = (step + 1, r.rng_digest)
         tl.add_spans(f"learner{rank}", r.spans)
     result = merge_results(group.leads(per_rank))
     return Trained(result, {**result.record(), **batch.metrics})
