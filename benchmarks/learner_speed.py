@@ -107,6 +107,7 @@ def run_variant(args, budget: str, ckpt: bool, lengths: str, extra: list[str] | 
         out = learner.train_step(batch)
     torch.cuda.synchronize()
     step_s = (time.perf_counter() - t0) / args.steps
+    free, total = torch.cuda.mem_get_info()  # the device's own count: the CUDA context and the allocator's cache too
     tokens = int(batch.attention_mask.sum())
     record = {
         "variant": f"{budget}:{'ckpt' if ckpt else 'nockpt'}", "lengths": lengths, "micro_batch_tokens": tokens_budget,
@@ -116,6 +117,7 @@ def run_variant(args, budget: str, ckpt: bool, lengths: str, extra: list[str] | 
         "mfu_6pt": round(6 * params * tokens / step_s / args.peak_tflops / 1e12, 4),
         "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1), "params": params,
         "reserved_peak_gib": round(torch.cuda.max_memory_reserved() / 2**30, 1),  # the allocator's, slack included
+        "device_used_gib": round((total - free) / 2**30, 1),  # what the GPU holds for this process after the steps
         "attention": args.attention, "yarn_factor": cfg.model.yarn_factor, "tiled_mlp": cfg.learner.tiled_mlp,
         "offload_checkpoints": cfg.learner.offload_checkpoints,
         # the plan's memory model of this rank alone (no engine's IPC buffer beside it), against the measured peak
