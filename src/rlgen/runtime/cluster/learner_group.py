@@ -1,7 +1,8 @@
 """The learner ranks as one group, as a step's phases see them: each rank asked to work on its data rank's token
 batch (a sequence group's ranks share one), the calls waited for as one (a dead rank is lost at once, a rank left
 behind once another finished is hung: ``Waiter.learner_get``), and the answer of each data shard's lead rank (its
-sequence group's peers answer the same). The train, KL and teacher phases go through it."""
+sequence group's peers answer the same). The train, KL and teacher phases and the checkpoint and final-weights
+saves go through it."""
 
 from __future__ import annotations
 
@@ -43,10 +44,15 @@ class LearnerGroup:
         """method on every rank, each with its data rank's shard; the calls' refs, in rank order."""
         return [getattr(a, method).remote(b) for a, b in zip(self.ranks, self.for_ranks(data_shards))]
 
-    def wait(self, refs: Sequence[ObjectRef[T]], what: str, *, hang: bool = True) -> list[T]:
-        """Every rank's answer, in rank order (hang: the call has collectives, so a rank left behind is hung)."""
-        return self.waiter.learner_get(refs, what, self.names, list(self.nodes),
-                                       hang_s=self.hang_s if hang else None)
+    def wait(self, refs: Sequence[ObjectRef[T]], what: str, *, hang: bool = True,
+             ranks: Sequence[int] | None = None) -> list[T]:
+        """Every rank's answer, in rank order (hang: the call has collectives, so a rank left behind is hung).
+        ranks: the rank of each ref where only some were asked (a checkpoint that stand-ins write for lost ranks)."""
+        if ranks is None:
+            return self.waiter.learner_get(refs, what, self.names, list(self.nodes),
+                                           hang_s=self.hang_s if hang else None)
+        return self.waiter.learner_get(refs, what, [self.names[r] for r in ranks], [self.nodes[r] for r in ranks],
+                                       hang_s=self.hang_s if hang else None, ranks=list(ranks))
 
     def leads(self, per_rank: Sequence[T]) -> list[T]:
         """What each data shard's lead rank answered, in data-rank order."""

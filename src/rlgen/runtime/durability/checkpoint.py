@@ -234,8 +234,7 @@ def _fill(run: Run, tmp: Path, background: bool, stand_ins: dict[int, int]) -> N
             refs.append(a.save_checkpoint_for.remote(str(tmp), [r, *sorted(d for d, s in stand_ins.items() if s == r)]))
         else:
             refs.append(a.save_checkpoint.remote(str(tmp), background) if ok else a.save_checkpoint_packed.remote())
-    names, nodes = [f"learner{r}" for r in ranks], [built.folders.learner_nodes[r] for r in ranks]
-    for r, out in zip(ranks, run.services.waiter.learner_get(refs, "writing a checkpoint", names, nodes, ranks=ranks)):
+    for r, out in zip(ranks, run.learner_group.wait(refs, "writing a checkpoint", hang=False, ranks=ranks)):
         if not here[r]:
             unpack_into(out, str(tmp))
     built.tokenizer.save_pretrained(str(tmp / "model"))  # a complete HF folder: the learner saves weights only

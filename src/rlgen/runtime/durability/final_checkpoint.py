@@ -82,9 +82,7 @@ def _fill_weights(run: Run, folder: Path) -> None:
     here = [built.folders.writes_here.get(n, True) for n in built.folders.learner_nodes]
     refs = [a.save_model.remote(str(folder)) if ok else a.save_model_packed.remote()
             for a, ok in zip(built.learners, here)]
-    ranks = list(range(len(built.learners)))
-    out = run.services.waiter.learner_get(refs, "writing the trained weights", [f"learner{r}" for r in ranks],
-                                          list(built.folders.learner_nodes), ranks=ranks)
+    out = run.learner_group.wait(refs, "writing the trained weights", hang=False)
     if not here[0]:
         folder.mkdir(parents=True, exist_ok=True)
         unpack_into(out[0], str(folder))
