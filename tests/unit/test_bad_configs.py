@@ -180,7 +180,7 @@ PLAN_ERRORS = [
     (
         "colocated-engine-share-too-large",  # the learner holds ~24 GiB (with the IPC buffer) of the H100 between steps
         ["engine=vllm", "hardware=1xh100", "model=qwen2_5_1_5b", "engine.gpu_memory_utilization=0.9"],
-        ["engine.gpu_memory_utilization=0.9 asks for 67.1 GiB", "learner already holds about 23.6 GiB",
+        ["engine.gpu_memory_utilization=0.9 asks for 67.1 GiB", "learner already holds about 24.0 GiB",
          "the plan derives 0.50"],
         1,
     ),

@@ -51,8 +51,9 @@ def test_the_engines_share_is_split_and_the_extra_processes_are_counted():
     m1, m2 = one.memory, two.memory
     assert (m1.engines_per_gpu, m2.engines_per_gpu) == (1, 2)
     assert m2.engine_awake and m2.learner_peak_gib == m1.learner_peak_gib
-    # the second engine process holds ENGINE_PROCESS_GIB outside the share: the derived share is smaller
-    assert m2.engine_fraction < m1.engine_fraction
+    # the second engine process holds ENGINE_PROCESS_GIB outside the share: the derived share leaves room for it
+    # (it is no larger, and smaller where the 0.05 steps it is rounded down to tell them apart)
+    assert m2.engine_fraction <= m1.engine_fraction
     assert m2.engine_fraction * m2.gpu_gib + ENGINE_PROCESS_GIB + m2.learner_peak_gib <= 0.85 * m2.gpu_gib
     why = settings(two)["engine.gpu_memory_utilization"][1]
     assert f"split between 2 engines, {m2.engine_fraction / 2:.3f} each" in why

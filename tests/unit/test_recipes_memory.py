@@ -98,9 +98,9 @@ def test_async_steps_left_null_overlaps_where_it_fits_and_says_why():
     assert chosen()[0] == 0  # CPU, hf engines: on-policy
     assert chosen("engine=vllm", "hardware=2xh200")[0] == 1  # split GPUs
     assert chosen("engine=vllm", "hardware=1xh100", "model=qwen2_5_1_5b")[0] == 1  # colocated, both fit
-    # 1.5B with micro-batches of 160k tokens: the learner's peak leaves an awake engine too little, so the engine
+    # 1.5B with micro-batches of 96k tokens: the learner's peak leaves an awake engine too little, so the engine
     # sleeps while the learner trains
-    big = ("engine=vllm", "hardware=1xh100", "model=qwen2_5_1_5b", "algo.micro_batch_tokens=163840")
+    big = ("engine=vllm", "hardware=1xh100", "model=qwen2_5_1_5b", "algo.micro_batch_tokens=98304")
     value, source = chosen(*big)
     assert value == 0 and "do not both fit" in source
     with pytest.raises(PlanError, match="beside an awake engine.*algo.async_steps=0"):
@@ -168,8 +168,8 @@ def test_a_learner_that_cannot_fit_names_the_fixes():
         plan_of("engine=vllm", "hardware=2xh200", "model=qwen2_5_1_5b", "algo.micro_batch_tokens=524288",
                 "learner.gradient_checkpointing=false", "algo.max_new_tokens=2048")
     text = " ".join(err.value.problems)
-    assert "learner.gradient_checkpointing=true" in text and "use algo.micro_batch_tokens=36864" in text
-    assert plan_of("engine=vllm", "hardware=2xh200", "model=qwen2_5_1_5b", "algo.micro_batch_tokens=36864",
+    assert "learner.gradient_checkpointing=true" in text and "use algo.micro_batch_tokens=22528" in text
+    assert plan_of("engine=vllm", "hardware=2xh200", "model=qwen2_5_1_5b", "algo.micro_batch_tokens=22528",
                    "learner.gradient_checkpointing=false", "algo.max_new_tokens=2048")  # the fix it names fits
 
 

@@ -2,9 +2,9 @@
 learner micro-batch that fits. Pure arithmetic on the model's shape: no torch.
 
 A learner rank holds its weights, the frozen reference and teacher, fp32 master weights and AdamW moments under its
-ZeRO stage, gradients, one micro-batch's activations (linear in its packed tokens), one chunk of the LM head's fp32
-logits, a fixed allowance and, colocated, the IPC buffer; with LoRA only the adapters train. The micro-batch's token budget
-(algo.micro_batch_tokens) is decided here, once: the most tokens that fit. Colocated, the engines take what the
+ZeRO stage, gradients, one micro-batch's activations (linear in its packed tokens) and the allocator's slack beside
+them, one chunk of the LM head's fp32 logits, a fixed allowance and, colocated, the IPC buffer; with LoRA only the
+adapters train. The micro-batch's token budget (algo.micro_batch_tokens) is decided here, once: the most that fit. Colocated, the engines take what the
 idle learner leaves (``algo.async_steps=0``) or what its peak leaves of AWAKE_SHARE (``async_steps>0``), split
 evenly between ``engine.engines_per_gpu`` engines. docs/plan.md gives every term.
 """
@@ -33,11 +33,12 @@ from rlgen.plan.tensor_parallel import kv_groups
 
 GIB = 2**30
 ENGINE_HEADROOM_GIB = 1.0  # activations, CUDA graphs and the sampler, beyond weights and KV
-LEARNER_OVERHEAD_GIB = 2.5  # CUDA context, NCCL communicators, DeepSpeed's reduce buckets
 ENGINE_ASLEEP_GIB = 2.0  # what a sleeping vLLM engine keeps: CUDA graphs, its context
 ENGINE_PROCESS_GIB = 2.5  # a further engine process on a GPU, outside its share (2.4 GiB measured on an H100)
 AWAKE_SHARE = 0.85  # colocated: engine awake + idle learner stay under this share of the GPU
 TRAIN_SHARE = 0.92  # the learner's peak (+ a sleeping engine) stays under this share of the GPU
+# fitted to the device's count (docs/plan.md): CUDA context, NCCL, DeepSpeed's buckets; the allocator's cache per
+LEARNER_OVERHEAD_GIB, ALLOCATOR_SLACK = 2.9, 0.6  # GiB of activations (freed blocks it keeps beside them)
 LOGITS_COPIES = 4  # a chunk's fp32 logits, its softmax, and in backward the recomputed logits and their gradient
 TOKEN_STEP = 1024  # a derived micro-batch budget is a multiple of this many tokens
 
@@ -92,14 +93,15 @@ class LearnerMemory:
         return self.weights + self.optimizer + self.reference + self.overhead + self.ipc_buffer
 
     @property
-    def peak(self) -> float:
-        return self.idle + self.gradients + self.activations + self.logits
+    def peak(self) -> float:  # the device's count: the allocator's slack beside the activations
+        return self.idle + self.gradients + self.activations * (1 + ALLOCATOR_SLACK) + self.logits
 
     def parts(self) -> str:
         lora = f" of a frozen base and {self.adapters / 1e6:.1f}M LoRA parameters" if self.adapters else ""
+        ipc = f", IPC buffer {self.ipc_buffer:.1f}" if self.ipc_buffer else ""
         return (f"weights {self.weights + self.reference:.1f}{lora}, optimizer {self.optimizer:.1f}, gradients "
-                f"{self.gradients:.1f}, activations {self.activations:.1f}, logits {self.logits:.1f}, overhead "
-                f"{self.overhead:.1f}" + (f", IPC buffer {self.ipc_buffer:.1f}" if self.ipc_buffer else "") + " GiB")
+                f"{self.gradients:.1f}, activations {self.activations:.1f} and the allocator's slack "
+                f"{self.activations * ALLOCATOR_SLACK:.1f}, logits {self.logits:.1f}, overhead {self.overhead:.1f}{ipc} GiB")
 
 
 @dataclass(frozen=True)
