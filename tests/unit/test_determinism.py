@@ -14,6 +14,7 @@ from rlgen.config import MonitorConfig
 from rlgen.config.compose import compose_run_config
 from rlgen.learners.torch import TorchLearner
 from rlgen.plan import build_plan
+from rlgen.plan.determinism import INVARIANT_SEATS
 from rlgen.plan.view import print_plan
 from rlgen.runtime.rollouts.batch import build_batch
 from rlgen.types import Completion
@@ -32,7 +33,16 @@ def test_the_engines_get_vllms_batch_invariance_and_the_plan_says_so():
     console = Console(record=True, width=400)
     print_plan(on, console)
     out = console.export_text()
-    assert "on: vLLM's batch-invariant kernels (VLLM_BATCH_INVARIANT=1)" in out and "not measured yet" in out
+    assert "on: vLLM's batch-invariant kernels (VLLM_BATCH_INVARIANT=1) on at most 255 sequences" in out
+    assert "13% of tokens/s" in out and "not measured yet" in out
+
+
+def test_a_deterministic_engine_steps_through_at_most_255_sequences():
+    # vLLM 0.26's batch invariance holds up to 255 sequences a step (tests/gpu/test_batch_invariance.py)
+    assert _plan(*GPU).config.engine.max_num_seqs == 2048  # the vllm preset's
+    assert _plan(*GPU, "deterministic=true").config.engine.max_num_seqs == INVARIANT_SEATS == 255
+    assert _plan(*GPU, "deterministic=true", "engine.max_num_seqs=64").config.engine.max_num_seqs == 64
+    assert _plan("deterministic=true").config.engine.max_num_seqs == 256  # the hf engine on CPU as it is
 
 
 def test_a_card_vllm_did_not_document_it_for_is_warned_about():
