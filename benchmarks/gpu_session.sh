@@ -59,8 +59,10 @@
 #                       over every run OUT holds; PACE_RUNS names a part of the runs, to split them over calls
 #     precision [OVERRIDES]  one GPU: bf16 against fp16 (make smoke-gpu's run and the 0.5B padding pair's fixed run each
 #                       way): reward curves, mismatch by length, overflow and non-finite skips
-#     invariance [OVERRIDES]  one GPU: deterministic=true: tests/gpu/test_batch_invariance.py, then the 0.5B's fixed run
-#                       twice with one seed (metrics to compare) and once without the mode (the cost in tokens/s)
+#     invariance [OVERRIDES]  one GPU: deterministic=true: tests/gpu/test_batch_invariance.py (INV_TEST=0: not), then
+#                       model=small and the 0.5B's fixed run ($INV_SHAPES) each twice with one seed (benchmarks/same_run.py
+#                       compares their metrics and batch digests) and once without the mode (the cost in tokens/s);
+#                       $INV_PROMPTS prompts a step for the 0.5B (64)
 #     distill [OVERRIDES]  one GPU: model=small trained by RL ($TEACHER_STEPS, 300 steps) as the teacher, then 150 steps
 #                       of algo=distill from the same start against RL alone (benchmarks/distill_report.py)
 #     peer-shapes [ARGS]  one GPU: benchmarks/peer_trl.py at RL-shaped lengths for each PROMPTS:CAP:MEAN in $SHAPES
@@ -337,18 +339,33 @@ EOF3
       "$out"/smoke-fp16-onpolicy "$out"/pad-bf16 "$out"/pad-fp16 --out "$out/precision.json" | tee "$out/precision.log"
     ;;
   invariance)
-    # deterministic=true: the GPU test (64 prompts alone and inside 512), then the 0.5B padding pair's fixed run
-    # twice with one seed and once without the mode (its cost in tokens/s), side by side in lengths_report
-    "$py" -m pytest -q tests/gpu/test_batch_invariance.py 2>&1 | tail -5 | tee "$out/invariance-test.log"
-    base=(engine=vllm hardware=1xh200 model=qwen2_5_0_5b algo.prompts_per_step=64 steps=10 algo.max_new_tokens=256
-          progress=false)
-    for name in det-a det-b; do
-      "$py" -m rlgen.cli train "${base[@]}" deterministic=true hydra.run.dir="$out/$name" "$@" > "$out/$name.log" 2>&1
-      echo "$name rc=$?"
+    # deterministic=true: the GPU test (64 prompts alone and inside 512; INV_TEST=0 leaves it out), then for each
+    # shape INV_SHAPES names (default "small pad": make smoke-gpu's model=small, which learns, and the 0.5B padding
+    # pair's fixed run) two runs with one seed, compared number by number (benchmarks/same_run.py: metrics and the
+    # batches' digests), and one without the mode (its cost in tokens/s), side by side in lengths_report
+    if [ "${INV_TEST:-1}" = 1 ]; then
+      "$py" -m pytest -q tests/gpu/test_batch_invariance.py 2>&1 | tail -5 | tee "$out/invariance-test.log"
+    fi
+    runs=()
+    for shape in ${INV_SHAPES:-small pad}; do
+      case "$shape" in
+        small) base=(engine=vllm hardware=1xh200 model=small steps=${INV_STEPS:-10} progress=false) ;;
+        pad) base=(engine=vllm hardware=1xh200 model=qwen2_5_0_5b algo.prompts_per_step=${INV_PROMPTS:-64} steps=${INV_STEPS:-10}
+                   algo.max_new_tokens=256 progress=false) ;;
+        *) echo "INV_SHAPES: unknown shape $shape (small, pad)"; exit 2 ;;
+      esac
+      for name in "$shape-det-a" "$shape-det-b"; do
+        "$py" -m rlgen.cli train "${base[@]}" deterministic=true hydra.run.dir="$out/$name" "$@" > "$out/$name.log" 2>&1
+        echo "$name rc=$?"
+      done
+      "$py" benchmarks/same_run.py "$out/$shape-det-a" "$out/$shape-det-b" --out "$out/$shape-same.json" \
+        | tee "$out/$shape-same.log"
+      "$py" -m rlgen.cli train "${base[@]}" hydra.run.dir="$out/$shape-default" "$@" > "$out/$shape-default.log" 2>&1
+      echo "$shape-default rc=$?"
+      runs+=("$out/$shape-det-a" "$out/$shape-det-b" "$out/$shape-default")
     done
-    "$py" -m rlgen.cli train "${base[@]}" hydra.run.dir="$out/default" "$@" > "$out/default.log" 2>&1
-    "$py" benchmarks/lengths_report.py "$out/det-a" "$out/det-b" "$out/default" --out "$out/invariance.json" \
-      | tee "$out/invariance.log"
+    "$py" -m ray.scripts.scripts stop --force > /dev/null 2>&1
+    "$py" benchmarks/lengths_report.py "${runs[@]}" --out "$out/invariance.json" | tee "$out/invariance.log"
     ;;
   distill)
     # on-policy distillation against RL alone: model=small trained by RL for $TEACHER_STEPS (300) steps is the

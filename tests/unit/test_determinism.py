@@ -33,16 +33,24 @@ def test_the_engines_get_vllms_batch_invariance_and_the_plan_says_so():
     console = Console(record=True, width=400)
     print_plan(on, console)
     out = console.export_text()
-    assert "on: vLLM's batch-invariant kernels (VLLM_BATCH_INVARIANT=1) on at most 255 sequences" in out
-    assert "13% of tokens/s" in out and "not measured yet" in out
+    assert ("on: vLLM's batch-invariant kernels (VLLM_BATCH_INVARIANT=1) on at most 255 sequences and 255 tokens"
+            in out)
+    assert "weights that change between flights only" in out and "18% of" in out
 
 
-def test_a_deterministic_engine_steps_through_at_most_255_sequences():
-    # vLLM 0.26's batch invariance holds up to 255 sequences a step (tests/gpu/test_batch_invariance.py)
-    assert _plan(*GPU).config.engine.max_num_seqs == 2048  # the vllm preset's
-    assert _plan(*GPU, "deterministic=true").config.engine.max_num_seqs == INVARIANT_SEATS == 255
-    assert _plan(*GPU, "deterministic=true", "engine.max_num_seqs=64").config.engine.max_num_seqs == 64
+def test_a_deterministic_engine_steps_through_at_most_255_sequences_and_tokens():
+    # vLLM 0.26's batch invariance holds up to 255 rows a step (tests/gpu/test_batch_invariance.py)
+    from rlgen.engines.vllm.args import build_engine_args
+
+    default, on = _plan(*GPU).config.engine, _plan(*GPU, "deterministic=true").config.engine
+    assert default.max_num_seqs == 2048 and default.max_num_batched_tokens is None  # the vllm preset's
+    assert on.max_num_seqs == on.max_num_batched_tokens == INVARIANT_SEATS == 255
+    small = _plan(*GPU, "deterministic=true", "engine.max_num_seqs=64", "engine.max_num_batched_tokens=128")
+    assert (small.config.engine.max_num_seqs, small.config.engine.max_num_batched_tokens) == (64, 128)
     assert _plan("deterministic=true").config.engine.max_num_seqs == 256  # the hf engine on CPU as it is
+    # what vLLM is given: the cap, else rlgen's tuned budget
+    assert build_engine_args("/m", on)["max_num_batched_tokens"] == 255
+    assert build_engine_args("/m", default)["max_num_batched_tokens"] == 16384
 
 
 def test_a_card_vllm_did_not_document_it_for_is_warned_about():
@@ -88,3 +96,66 @@ def test_a_running_servers_engines_are_warned_about(monkeypatch):
     monkeypatch.setattr("rlgen.engines.remote.plan.fetch_info", lambda *a, **k: info)
     plan = _plan("engine=remote", "engine.url=http://127.0.0.1:9", "deterministic=true")
     assert any("rlgen serve deterministic=true" in w for w in plan.warnings)
+
+
+class _Flights:
+    """The run's rollouts as _push sees them: flights ahead, each collected (its results in) or not."""
+
+    def __init__(self, n: int, log: list):
+        self.flights, self.log = [f"flight{i}" for i in range(n)], log
+
+    def ahead(self):
+        return self.flights[0] if self.flights else None
+
+    def waiting(self):
+        return list(self.flights)
+
+    def collect(self, flight):
+        self.log.append(("collect", flight))
+
+    def queue_updates(self, pending):
+        self.log.append(("queued", list(pending)))
+
+
+def _push_with(deterministic: bool, ahead: int = 2):
+    from types import SimpleNamespace
+
+    from rlgen.runtime.step import sync
+    from rlgen.sync.transports.base import PushResult
+    from rlgen.types import Phase, StepTimeline
+
+    log: list = []
+
+    def push(version, in_flight):
+        log.append(("push", version, in_flight))
+        return PushResult(version)
+
+    run = SimpleNamespace(cfg=SimpleNamespace(deterministic=deterministic),
+                          state=SimpleNamespace(async_steps=1, version=3),
+                          built=SimpleNamespace(rollouts=_Flights(ahead, log), transport=SimpleNamespace(push=push)))
+    tl = StepTimeline(0)
+    sync._push(run, tl)
+    return log, [s for s in tl.spans if s.phase == Phase.wait]
+
+
+def test_a_deterministic_run_changes_weights_between_flights_only():
+    log, waits = _push_with(deterministic=True)
+    # every flight ahead is in before the update, which then goes out as one between flights
+    assert log[:3] == [("collect", "flight0"), ("collect", "flight1"), ("push", 3, False)]
+    assert len(waits) == 1 and waits[0].actor == "learner0"
+    log, waits = _push_with(deterministic=False)
+    assert log[0] == ("push", 3, True) and not waits  # otherwise the update lands in flight
+    log, _ = _push_with(deterministic=True, ahead=0)
+    assert log[0] == ("push", 3, False)  # nothing ahead: nothing to wait for
+
+
+def test_a_deterministic_run_refuses_partial_rollouts():
+    from rlgen.plan import PlanError
+
+    try:
+        _plan(*GPU, "deterministic=true", "algo.partial_rollouts=0.25")
+    except PlanError as err:
+        assert "deterministic=true with algo.partial_rollouts=0.25" in str(err)
+        assert "algo.partial_rollouts=0" in str(err)
+    else:
+        raise AssertionError("the plan took partial rollouts in a deterministic run")

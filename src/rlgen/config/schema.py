@@ -56,6 +56,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     max_model_len: int | None = None  # null: task.max_prompt_tokens + algo.max_new_tokens
     max_num_seqs: int = 256
+    # vllm: the tokens an engine step holds, prefill and decode together; null: 16,384 (rlgen's tuned default,
+    # engines.vllm.args), 255 with deterministic=true (rlgen.plan.determinism)
+    max_num_batched_tokens: int | None = None
     enforce_eager: bool = False
     # vllm: false (default) starts without torch.compile: whole decode steps run as CUDA graphs, prefills eagerly.
     # On one H100 that started a fresh host's engines in half the time and generated 1.18x faster than compiling

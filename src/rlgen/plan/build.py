@@ -31,7 +31,7 @@ from rlgen.plan.checks.spanning import (
 )
 from rlgen.plan.checks.values import check_values, once_per_nonfinite
 from rlgen.plan.context import fill_context
-from rlgen.plan.determinism import resolve_determinism
+from rlgen.plan.determinism import determinism_problems, resolve_determinism
 from rlgen.plan.disk import disk_writes
 from rlgen.plan.env_bound import env_time_notes
 from rlgen.plan.headroom import hardware_room
@@ -177,6 +177,7 @@ def build_plan(cfg: RunConfig, *, runnable: bool = True) -> Plan:
     cfg, precision = resolve_precision(cfg, p)
     settings += precision
     cfg, determinism = resolve_determinism(cfg, spec)
+    determinism_problems(cfg, p)
     layout = layout_of(cfg, spec)
     derived_async = default_async_steps(cfg, spec, layout is Layout.colocated) if cfg.algo.async_steps is None else None
     if derived_async:

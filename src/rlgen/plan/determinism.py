@@ -8,8 +8,10 @@ as it is.
 vLLM 0.26's batch-invariant kernels hold for engine steps of up to 255 sequences: on one H200, 64 prompts sampled
 inside a batch of 512 gave other tokens for 3 of them where the engine ran all 512 at once, and the same tokens
 and logprobs, bit for bit, where it ran at most 255 (tests/gpu/test_batch_invariance.py; vLLM's fused residual
-RMSNorm picks its block size by the step's row count, below and from 256: vllm-project/vllm#48271). So a
-deterministic plan caps engine.max_num_seqs at INVARIANT_SEATS."""
+RMSNorm picks its block size by the step's row count, below and from 256: vllm-project/vllm#48271). A step's rows
+are its tokens, a prefill's and the decodes' together, and which prompts an engine admits beside which decodes
+depends on when their requests arrived. So a deterministic plan caps both engine.max_num_seqs and
+engine.max_num_batched_tokens at INVARIANT_SEATS: every engine step then stays below the switch."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from rlgen.engines.registry import EngineSpec
 BATCH_INVARIANT = "VLLM_BATCH_INVARIANT"
 # cards vLLM documented its batch-invariant kernels for (compute capability 9.0 and later), by GPUSpec name
 DOCUMENTED = ("H100", "H200", "B100", "B200")
-INVARIANT_SEATS = 255  # the most sequences a vLLM engine step holds and stays batch-invariant (above)
+INVARIANT_SEATS = 255  # the most rows (tokens) a vLLM engine step holds and stays batch-invariant (above)
 
 
 def resolve_determinism(cfg: RunConfig, spec: EngineSpec) -> tuple[RunConfig, list[str]]:
@@ -33,7 +35,9 @@ def resolve_determinism(cfg: RunConfig, spec: EngineSpec) -> tuple[RunConfig, li
                      "(rlgen serve deterministic=true); the learners here take their deterministic algorithms."]
     env = {**cfg.engine.env, BATCH_INVARIANT: "1"}
     seats = min(cfg.engine.max_num_seqs, INVARIANT_SEATS)
-    cfg = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, env=env, max_num_seqs=seats))
+    rows = min(cfg.engine.max_num_batched_tokens or INVARIANT_SEATS, INVARIANT_SEATS)
+    cfg = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, env=env, max_num_seqs=seats,
+                                                              max_num_batched_tokens=rows))
     card = cfg.hardware.gpu.name
     if cfg.hardware.gpus_per_node and not card.startswith(DOCUMENTED):
         return cfg, [f"deterministic=true: vLLM documented its batch-invariant kernels for compute capability 9.0 "
@@ -42,15 +46,26 @@ def resolve_determinism(cfg: RunConfig, spec: EngineSpec) -> tuple[RunConfig, li
     return cfg, []
 
 
+def determinism_problems(cfg: RunConfig, p: list[str]) -> None:
+    """What a deterministic run cannot hold: partial rollouts cut a flight where its groups are done, and which
+    groups are done by then depends on timing."""
+    if cfg.deterministic and cfg.algo.partial_rollouts > 0:
+        p.append(f"deterministic=true with algo.partial_rollouts={cfg.algo.partial_rollouts:g}: a flight is cut "
+                 "short where enough of its groups are done, and which are done by then depends on timing, so two "
+                 "runs would part; set algo.partial_rollouts=0 or drop deterministic=true.")
+
+
 def determinism_line(cfg: RunConfig, spec: EngineSpec) -> str:
     """What deterministic means for this plan, and what it costs."""
     if not cfg.deterministic:
         return "off (deterministic=true: one seed gives the same tokens, logprobs and metrics)"
     engines = (f"vLLM's batch-invariant kernels (VLLM_BATCH_INVARIANT=1) on at most {cfg.engine.max_num_seqs} "
-               "sequences an engine step (engine.max_num_seqs)" if spec.passes_env and not spec.served else
+               f"sequences and {cfg.engine.max_num_batched_tokens} tokens an engine step (engine.max_num_seqs, "
+               "engine.max_num_batched_tokens)" if spec.passes_env and not spec.served else
                f"engine={spec.kind} as it is")
-    return (f"on: {engines}, the learners' deterministic algorithms, completions in a fixed order; without the cap "
-            "on sequences it cost 13% of tokens/s on one H200 (the 0.5B; docs/benchmarks.md), with it not measured yet")
+    return (f"on: {engines}, the learners' deterministic algorithms, completions in a fixed order, weights that "
+            "change between flights only (an update waits for the flights ahead to finish); it cost 18% of tokens/s on "
+            "one H200 (the 0.5B, 240 sequences an engine a step; docs/benchmarks.md)")
 
 
-__all__ = ["BATCH_INVARIANT", "INVARIANT_SEATS", "determinism_line", "resolve_determinism"]
+__all__ = ["BATCH_INVARIANT", "INVARIANT_SEATS", "determinism_line", "determinism_problems", "resolve_determinism"]

@@ -83,6 +83,8 @@ def build_engine_args(
         # whose engine core then fails to read that group's bundles (KeyError: 'bundles', vLLM 0.26, ray 2.60).
         args["distributed_executor_backend"] = "mp"
     args.update(TUNED_DEFAULTS)
+    if engine.max_num_batched_tokens:
+        args["max_num_batched_tokens"] = engine.max_num_batched_tokens
     args.update(dict(overrides or {}))
     return args
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+import zlib
 from collections.abc import Mapping
 
 from rlgen.types import JSONDict, Phase, RolloutBatch, StepTimeline
@@ -46,10 +47,21 @@ def step_record(step: int, tl: StepTimeline, batch: RolloutBatch, rewards: list[
         "overlap_efficiency": max(gen_wall, train_s) / step_s if step_s > 0 else 0.0,
     }
     rec.update(token_version_metrics(batch, batch.version + staleness))
+    rec.update(batch_digest(batch))
     rec.update({k: v for k, v in metrics.items() if isinstance(v, (int, float, bool, str))})
     rec["version"] = version
     rec["timeline"] = tl.to_dict()["spans"]
     return rec
+
+
+def batch_digest(batch: RolloutBatch) -> dict[str, int]:
+    """CRC-32s of the step's batch as the learners got it, in row order: its token ids (prompts and responses) and
+    the engines' logprob of each response token, as float32 bytes. Two runs whose digests agree at a step sampled
+    the same tokens with the same logprobs, bit for bit (deterministic=true, docs/correctness.md)."""
+    mask = batch.response_mask.bool()
+    ids = batch.input_ids.to("cpu").long().contiguous().numpy().tobytes()
+    logp = batch.engine_logprobs.to("cpu").float()[mask.to("cpu")].contiguous().numpy().tobytes()
+    return {"digest/tokens": zlib.crc32(ids), "digest/engine_logprobs": zlib.crc32(logp)}
 
 
 def token_version_metrics(batch: RolloutBatch, learner_version: int) -> dict[str, float]:

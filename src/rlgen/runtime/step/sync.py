@@ -7,6 +7,7 @@ are waited for at its end (``finish_updates``)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -21,7 +22,7 @@ from rlgen.runtime.step.advantages import Batch
 from rlgen.runtime.step.train import Trained
 from rlgen.sync.transports.base import PushResult
 from rlgen.sync.waits import SyncError, SyncTimeoutError
-from rlgen.types import StepTimeline
+from rlgen.types import Phase, StepTimeline
 
 T = TypeVar("T")
 
@@ -68,6 +69,9 @@ def _push(run: Run, tl: StepTimeline) -> dict[str, float]:
     built = run.built
     state, metrics = run.state, {}
     in_flight = state.async_steps > 0 and built.rollouts.ahead() is not None
+    if in_flight and run.cfg.deterministic:
+        between_flights(run, tl)
+        in_flight = False
     try:
         res: PushResult = over_engines(run, lambda: built.transport.push(state.version, in_flight=in_flight),
                                        resync=False)
@@ -85,6 +89,16 @@ def _push(run: Run, tl: StepTimeline) -> dict[str, float]:
     # the object store's loads still running: each engine takes its own before its next generate
     built.rollouts.queue_updates(res.pending)
     return metrics
+
+
+def between_flights(run: Run, tl: StepTimeline) -> None:
+    """A deterministic run's weights change between flights only: the flights ahead finish on the old weights
+    before the update. Where an update lands inside a flight (the tokens sampled after it) depends on timing, so
+    two runs of one seed would part there. The learner's wait for them goes on the timeline."""
+    t0 = time.time()
+    for flight in run.built.rollouts.waiting():
+        run.built.rollouts.collect(flight)
+    tl.add("learner0", Phase.wait, t0, time.time())
 
 
 def over_engines(run: Run, call: Callable[[], T], resync: bool = True) -> T:
@@ -115,4 +129,4 @@ def finish_updates(run: Run) -> None:
             run.built.keeper.is_dead(i, inc, err.__cause__)
 
 
-__all__ = ["Synced", "finish_updates", "over_engines", "sleep_engines", "sync"]
+__all__ = ["Synced", "between_flights", "finish_updates", "over_engines", "sleep_engines", "sync"]
