@@ -64,7 +64,8 @@
 #                       compares their metrics and batch digests) and once without the mode (the cost in tokens/s);
 #                       $INV_PROMPTS prompts a step for the 0.5B (64)
 #     distill [OVERRIDES]  one GPU: model=small trained by RL ($TEACHER_STEPS, 300 steps) as the teacher, then 150 steps
-#                       of algo=distill from the same start against RL alone (benchmarks/distill_report.py)
+#                       of algo=distill from the same start with each of $DISTILL_ESTIMATORS ("sampled full"),
+#                       against RL alone (benchmarks/distill_report.py)
 #     peer-shapes [ARGS]  one GPU: benchmarks/peer_trl.py at RL-shaped lengths for each PROMPTS:CAP:MEAN in $SHAPES
 #                       (default "8:2048:256 4:4096:512"), sides rlgen_async, rlgen_partial and TRL's GRPOTrainer
 #                       ($PEER_SIDES names others, e.g. rlgen:own_in:algo.async_steps=1,algo.launch_ahead=own_in)
@@ -375,10 +376,14 @@ EOF3
     "$py" -m rlgen.cli train "${base[@]}" steps="${TEACHER_STEPS:-300}" hydra.run.dir="$out/teacher" "$@" \
       > "$out/teacher.log" 2>&1
     echo "teacher rc=$?"
-    "$py" -m rlgen.cli train "${base[@]}" steps=150 algo=distill algo.teacher="$out/teacher/final_model" \
-      hydra.run.dir="$out/distill" "$@" > "$out/distill.log" 2>&1
-    echo "distill rc=$?"
-    "$py" benchmarks/distill_report.py "$out/teacher" "$out/distill" --out "$out/distill.json" \
+    runs=()
+    for estimator in ${DISTILL_ESTIMATORS:-sampled full}; do
+      "$py" -m rlgen.cli train "${base[@]}" steps=150 algo=distill algo.teacher="$out/teacher/final_model" \
+        algo.distill_estimator=$estimator hydra.run.dir="$out/distill-$estimator" "$@" > "$out/distill-$estimator.log" 2>&1
+      echo "distill $estimator rc=$?"
+      runs+=("$out/distill-$estimator")
+    done
+    "$py" benchmarks/distill_report.py "$out/teacher" "${runs[@]}" --out "$out/distill.json" \
       --png "$out/distill.png" | tee "$out/distill-report.log"
     ;;
   peer-shapes)

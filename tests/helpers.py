@@ -243,3 +243,17 @@ def tokens_for(batch, rows: int) -> int:
     from rlgen.learners.packed import row_tokens
 
     return rows * max(row_tokens(batch.attention_mask, batch.response_mask, batch.prompt_len)) if rows else 0
+
+
+def load_benchmark(name: str):
+    """benchmarks/<name>.py as a module (the scripts are not a package), registered under bench_<name>."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod

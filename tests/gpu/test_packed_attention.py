@@ -56,3 +56,36 @@ def test_varlen_is_as_close_to_fp32_as_sdpa_over_each_row():
         error[backend] = (got[kept] - want[:, : got.shape[1]][kept]).abs().mean().item()
     # both are bf16 forwards of the same model: varlen's error against fp32 is sdpa's, within bf16's noise
     assert error["torch_varlen"] <= 1.5 * error["sdpa_segments"] + 1e-3, error
+
+
+def test_the_teachers_whole_reverse_kl_over_varlen_rows_matches_fp32_and_trains():
+    # algo.distill_estimator=full on the GPU path: both models in bf16 over packed varlen rows, both LM heads a
+    # chunk at a time (chunk smaller than the rows' tokens), against the KL written out in fp32 on padded rows
+    from rlgen.learners.packed import packed_forward_taught
+
+    student, teacher = _model(), _model()
+    torch.manual_seed(1)
+    for p in teacher.parameters():
+        p.data.add_(0.02 * torch.randn_like(p))
+    prompt, resp = 16, 96
+    ids, attn, mask = _batch(8, prompt, resp, SMALL_QWEN2["vocab_size"], 2)
+    positions = (attn.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        def logp(m):
+            out = copy.deepcopy(m).float()(input_ids=ids[:, :-1], attention_mask=attn[:, :-1],
+                                           position_ids=positions[:, :-1], logits_to_keep=resp)
+            return out.logits.float().log_softmax(-1)  # [n, L, V]
+        s, t = logp(student), logp(teacher)
+        want = (s.exp() * (s - t)).sum(-1)  # [n, L]
+    use_packed_attention(student, "torch_varlen")
+    use_packed_attention(teacher, "torch_varlen")
+    one = pack(ids, attn, mask, prompt)
+    _, _, kl = packed_forward_taught(student, teacher.eval(), one, 1.0, chunk=64)  # [n, Lm], with grad
+    kept = mask[:, : kl.shape[1]]
+    got = kl[kept]
+    assert torch.isfinite(got).all() and float(got.detach().min()) > -1e-3
+    assert (got.detach() - want[:, : kl.shape[1]][kept]).abs().mean().item() < 0.1 * want[mask].mean().item()
+    got.mean().backward()
+    grads = [p.grad for p in student.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads) and any(g.abs().sum() > 0 for g in grads)
+    assert all(p.grad is None for p in teacher.parameters())  # the teacher stays frozen

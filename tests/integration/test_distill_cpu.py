@@ -53,3 +53,32 @@ def test_a_student_distilled_alone_learns_the_teachers_policy(tmp_path):
     assert gain >= 0.2, gain
     assert _mean(distilled, "distill/reverse_kl", first=False) * 5 < _mean(distilled, "distill/reverse_kl", first=True)
     assert _mean(distilled, "reward_mean", first=False) > _mean(teacher_records, "reward_mean", first=True) + 0.2
+
+
+def _reaches(records: list[dict], target: float, window: int = 10) -> tuple[int, float] | None:
+    """(step, seconds from the first step's start) where the mean reward of the last `window` steps first reaches
+    target; None where it never does."""
+    start = records[0]["t_end"] - records[0]["step_s"]
+    for i in range(len(records)):
+        part = records[max(0, i - window + 1): i + 1]
+        if sum(r["reward_mean"] for r in part) / len(part) >= target:
+            return records[i]["step"], records[i]["t_end"] - start
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.long  # RL for 100 steps (the teacher, and RL alone), then 100 steps of distillation from the same start
+def test_a_student_taught_the_teachers_whole_distribution_reaches_its_reward_before_rl_does(tmp_path):
+    # a sparse reward (the whole reversed word or nothing) from a weak start: the teacher is the RL run itself, so
+    # RL alone is its run step for step, and distillation starts from the same model and seed
+    task = ["task=reverse", "task.reward=exact_match", "task.length=5", "algo.max_new_tokens=8",
+            "model.warm_start_steps=80", "steps=100"]
+    rl, _ = _run(tmp_path / "rl", task)
+    taught, _ = _run(tmp_path / "full", [*task, "algo=distill", f"algo.teacher={tmp_path / 'rl' / 'final_model'}",
+                                         "algo.distill_estimator=full"])
+    target = _mean(rl, "reward_mean", first=False)  # the teacher's reward: its run's last fifth
+    assert target > _mean(rl, "reward_mean", first=True) + 0.2  # the teacher learned
+    by_rl, by_full = _reaches(rl, target), _reaches(taught, target)
+    assert by_rl is not None and by_full is not None, (target, by_rl, by_full)
+    assert by_full[0] < by_rl[0] and by_full[1] < by_rl[1], (target, by_rl, by_full)  # fewer steps and seconds
+    assert _mean(taught, "distill/reverse_kl", first=False) * 5 < _mean(taught, "distill/reverse_kl", first=True)

@@ -135,3 +135,68 @@ def test_a_per_token_term_of_the_wrong_shape_is_refused():
     (micro,) = moved.micros()
     cols = micro.mask.shape[1]
     torch.testing.assert_close(micro.loss_advantages(), step.advantages[micro.rows].unsqueeze(-1) + term[micro.rows, :cols])
+
+
+def _padded_full_step(model, teacher, batch, algo) -> tuple[float, torch.Tensor]:
+    """The padded reference of algo.distill_estimator=full: the policy loss on (1 - c) A_task plus c times the
+    aggregated KL_t = sum_v p_student (log p_student - log p_teacher), written out over the whole vocabulary."""
+    ids, attn, mask = batch.input_ids, batch.attention_mask, batch.response_mask.bool()
+    logits = padded_logits(model, ids, attn, algo.temperature)  # [N, L, V] at the response positions
+    logp, _ = logp_entropy(logits, ids[:, P:])
+    with torch.no_grad():
+        t_all = torch.log_softmax(padded_logits(teacher, ids, attn, algo.temperature), dim=-1)
+    s_all = torch.log_softmax(logits, dim=-1)
+    kl = (s_all.exp() * (s_all - t_all)).sum(-1)  # [N, L]
+    loss_mask = rollout_keep(logp.detach(), batch.engine_logprobs, mask, algo)
+    adv = (1 - algo.distill_coef) * batch.advantages
+    inputs = LossInputs(logp=logp, old_logp=batch.engine_logprobs, engine_logp=batch.engine_logprobs, advantages=adv,
+                        mask=mask, denominator=1.0)
+    from rlgen.algo.loss import aggregate
+
+    total = configured_loss(inputs, algo).loss + algo.distill_coef * aggregate(
+        kl, loss_mask, algo.loss_agg, algo.max_new_tokens, denominator=1.0)
+    denom = normaliser(loss_mask, algo.loss_agg, algo.max_new_tokens)
+    (total / denom).backward()
+    return float(total.detach()) / denom, kl.detach()
+
+
+@pytest.mark.parametrize(("coef", "agg"), [(1.0, LossAgg.token_mean), (0.5, LossAgg.seq_mean_token_mean)])
+def test_the_full_estimator_packed_equals_its_formula_padded(coef, agg):
+    padded, packed = models()
+    t_padded, t_packed = models(9)
+    t_padded, t_packed = t_padded.eval(), t_packed.eval()
+    batch = near_trainer(padded, random_batch(1), 2)
+    algo = algo_of("distill", teacher="tiny", distill_coef=coef, loss_agg=agg, distill_estimator="full",
+                   micro_batch_tokens=tokens_for(batch, 3), temperature=0.9)
+    want_total, want_kl = _padded_full_step(padded, t_padded, batch, algo)
+    step = on_cpu(batch, algo.micro_batch_tokens)
+    step = step.with_advantages(task_share(step.advantages, coef), None)
+    assert len(step.micro_rows) > 1
+    sums, total = StepSums(step), 0.0
+    for micro in step.micros():
+        out = micro_loss(packed, None, micro, algo, LossAgg(algo.loss_agg), configured_loss, teacher=t_packed)
+        out.total.backward()
+        total += float(out.total.detach())
+        sums.add(micro.rows, out.logp.detach(), out.sums(), out.metrics)
+    denom = sums.get("denom")
+    mask = batch.response_mask.bool()
+    assert total / denom == pytest.approx(want_total, rel=1e-5, abs=1e-6)
+    assert sums.losses(1.0 / denom, algo)[2] == pytest.approx(want_total, rel=1e-5, abs=1e-6)  # the loss logged
+    # the step's distill/reverse_kl is the mean of KL_t over the response tokens
+    assert sums.metrics.values()["distill/reverse_kl"] == pytest.approx(float(want_kl[mask].mean()), rel=1e-5)
+    assert float(want_kl[mask].min()) >= -1e-6 and float(want_kl[mask].mean()) > 1e-3  # a KL, and one that speaks
+    mine = dict(packed.named_parameters())
+    for name, p in padded.named_parameters():
+        torch.testing.assert_close(mine[name].grad / denom, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert all(p.grad is None for p in t_packed.parameters())  # the teacher stays frozen
+
+
+def test_a_student_equal_to_its_teacher_has_no_full_reverse_kl():
+    padded, packed = models()
+    _, same = models()  # the same seed: the same weights
+    batch = near_trainer(padded, random_batch(2), 2)
+    algo = algo_of("distill", teacher="tiny", distill_estimator="full", micro_batch_tokens=tokens_for(batch, 2))
+    step = on_cpu(batch, algo.micro_batch_tokens)
+    for micro in step.micros():
+        out = micro_loss(packed, None, micro, algo, LossAgg(algo.loss_agg), configured_loss, teacher=same.eval())
+        assert abs(out.metrics["distill/reverse_kl"]) < 1e-6

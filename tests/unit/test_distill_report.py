@@ -3,23 +3,17 @@ each distilled run's steps and seconds to the target, teacher scoring and revers
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "distill_report.py"
+from helpers import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def dr():
-    spec = importlib.util.spec_from_file_location("distill_report", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("distill_report")
 
 
 def _run(path: Path, rewards: list[float], step_s: float, teacher_s: float = 0.0) -> Path:

@@ -99,15 +99,15 @@ def on_cpu(batch: RolloutBatch, tokens: int, sequence=None):
     return token_batch(batch, None, tokens, sequence.degree if sequence else 1).on(torch.device("cpu"), sequence)
 
 
-def accumulate(model, ref, batch: RolloutBatch, algo, sequence=None):
+def accumulate(model, ref, batch: RolloutBatch, algo, sequence=None, teacher=None):
     """(the step, its sums) of the learner's packed step (grpo_step) in micro-batches of algo.micro_batch_tokens,
     each micro-batch's loss backpropagated undivided; with a sequence group, this rank's slice of each
-    (rlgen.learners.ulysses)."""
+    (rlgen.learners.ulysses); with a teacher, its whole reverse KL in the loss (algo.distill_estimator=full)."""
     step = with_old_logprobs(model, on_cpu(batch, algo.micro_batch_tokens, sequence),
                              algo)
     sums = StepSums(step)
     for micro in step.micros():
-        out = micro_loss(model, ref, micro, algo, LossAgg(algo.loss_agg), configured_loss)
+        out = micro_loss(model, ref, micro, algo, LossAgg(algo.loss_agg), configured_loss, teacher=teacher)
         out.total.backward()
         sums.add(micro.rows, out.logp.detach(), out.sums())
     return step, sums

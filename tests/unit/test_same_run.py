@@ -3,27 +3,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from helpers import load_benchmark
 from rlgen.runtime.step.line import batch_digest
 from rlgen.types import RolloutBatch
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "same_run.py"
 
 
 @pytest.fixture(scope="module")
 def sr():
-    spec = importlib.util.spec_from_file_location("same_run", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("same_run")
 
 
 def _run(path: Path, lines: list[dict]) -> Path:

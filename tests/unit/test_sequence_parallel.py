@@ -1,6 +1,7 @@
 """Sequence parallelism (rlgen.learners.ulysses) gives the unsharded step exactly: 2 and 4 gloo ranks, each
 forwarding a slice of every packed micro-batch's tokens, against one rank, in the loss and in every parameter's
-gradient (summed over the ranks), for every algorithm preset and loss option of test_packed_learner's cases.
+gradient (summed over the ranks), for every algorithm preset and loss option of test_packed_learner's cases and
+for distillation's full estimator (a teacher forwarding each slice beside the policy).
 The batches hold rows that cross the slices' boundaries, 1-token rows, rows whose loss mask is empty and episode
 masks with holes; the tiny model's 2 key/value heads are split over 2 ranks and repeated over 4."""
 
@@ -19,6 +20,7 @@ from helpers import tokens_for
 from rlgen.mesh import LearnerMesh
 
 HOLES = (False, True)
+SP_CASES = [*CASES, ("distill", {"teacher": "tiny", "distill_estimator": "full", "distill_coef": 0.5})]
 
 
 def _case(preset: str, values: dict, holes: bool):
@@ -27,13 +29,14 @@ def _case(preset: str, values: dict, holes: bool):
     one_micro = values.get("entropy_top_frac", 1.0) < 1
     algo = algo_of(preset, **values, micro_batch_tokens=0 if one_micro else tokens_for(batch, 3))
     ref = copy.deepcopy(model).eval() if algo.kl_coef > 0 else None
-    return model, ref, batch, algo
+    teacher = models(9)[1].eval() if algo.distill_estimator == "full" else None
+    return model, ref, batch, algo, teacher
 
 
-def _step(model, ref, batch, algo, sequence=None) -> tuple[float, dict[str, torch.Tensor], int]:
+def _step(model, ref, batch, algo, teacher=None, sequence=None) -> tuple[float, dict[str, torch.Tensor], int]:
     """One step's (loss, gradients summed over the group and divided by the batch's denominator, the packed
     row's padding) as the learners take it (rlgen.learners.step_core)."""
-    step, sums = accumulate(model, ref, batch, algo, sequence)
+    step, sums = accumulate(model, ref, batch, algo, sequence, teacher)
     denom = sums.get("denom")
     grads = {n: (p.grad if p.grad is not None else torch.zeros_like(p)).clone() for n, p in model.named_parameters()}
     if sequence is not None:
@@ -56,10 +59,9 @@ def _rank(rank: int, degree: int, port: int, out: str) -> None:
     join_group(rank, degree, "127.0.0.1", port, 120.0, torch.device("cpu"))
     group = join_sequence_groups(LearnerMesh(1, degree).sequence_groups(), rank, 120.0)
     results = {}
-    for i, (preset, values) in enumerate(CASES):
+    for i, (preset, values) in enumerate(SP_CASES):
         for holes in HOLES:
-            model, ref, batch, algo = _case(preset, values, holes)
-            results[(i, holes)] = _step(model, ref, batch, algo, group)
+            results[(i, holes)] = _step(*_case(preset, values, holes), sequence=group)
     torch.save(results, Path(out) / f"rank{rank}.pt")
     dist.destroy_process_group()
 
@@ -92,12 +94,11 @@ def sharded(tmp_path_factory) -> dict[int, list[dict]]:
 
 
 @pytest.mark.parametrize("holes", HOLES, ids=["turns", "episodes"])
-@pytest.mark.parametrize("index", range(len(CASES)),
-                         ids=[f"{p}-{'-'.join(v) or 'preset'}" for p, v in CASES])
+@pytest.mark.parametrize("index", range(len(SP_CASES)),
+                         ids=[f"{p}-{'-'.join(v) or 'preset'}" for p, v in SP_CASES])
 def test_sequence_parallel_equals_one_rank(sharded, index, holes):
-    preset, values = CASES[index]
-    model, ref, batch, algo = _case(preset, values, holes)
-    want_loss, want_grads, _ = _step(model, ref, batch, algo)
+    preset, values = SP_CASES[index]
+    want_loss, want_grads, _ = _step(*_case(preset, values, holes))
     assert any(float(g.abs().sum()) > 0 for g in want_grads.values())
     for degree, ranks in sharded.items():
         paddings = set()

@@ -43,6 +43,7 @@ def test_a_teacher_that_is_neither_a_preset_nor_a_model_folder_is_refused(tmp_pa
 def test_the_mix_is_checked():
     assert "must be in [0, 1]" in _refusal("algo=distill", "algo.teacher=tiny", "algo.distill_coef=1.5")
     assert "has no effect without a teacher" in _refusal("algo.distill_coef=0.5")
+    assert "algo.distill_estimator=full has no effect without a teacher" in _refusal("algo.distill_estimator=full")
 
 
 def test_the_teacher_is_in_the_learners_memory_and_the_plan_shows_where_it_runs():
@@ -58,6 +59,20 @@ def test_the_teacher_is_in_the_learners_memory_and_the_plan_shows_where_it_runs(
     out = console.export_text()
     assert "the qwen2_5_7b preset" in out and "the learners' reference slot" in out
     assert "A_t = 0 A_task + 1 (log pi_teacher - log pi_engine)" in out and "distillation alone" in out
+    console = Console(record=True, width=300)
+    print_plan(_plan(*GPU, "algo=distill", "algo.teacher=qwen2_5_7b", "algo.distill_estimator=full",
+                     "algo.distill_coef=0.5"), console)
+    out = console.export_text()
+    assert "A = 0.5 A_task; the loss adds 0.5 sum_v pi (log pi - log pi_teacher)" in out
+    assert "forwards every micro-batch beside the policy" in out
+
+
+def test_an_estimator_that_is_not_one_is_refused():
+    from rlgen.config.compose import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        compose_run_config(["algo=distill", "algo.teacher=tiny", "algo.distill_estimator=topk"])
+    assert "algo.distill_estimator=topk" in str(err.value) and "expected one of [sampled, full]" in str(err.value)
 
 
 def test_a_folder_teacher_is_planned_by_its_absolute_path(tmp_path, monkeypatch):
@@ -108,3 +123,14 @@ def test_the_balancer_reads_the_teacher_phase_from_a_steps_timeline():
              {"actor": "learner0", "phase": "teacher", "start": 1.0, "end": 3.0},
              {"actor": "learner0", "phase": "train", "start": 3.0, "end": 5.0}]
     assert measure(spans, 100).teacher_s == pytest.approx(2.0)
+
+
+def test_the_full_estimator_holds_the_teachers_head_beside_the_policys():
+    sampled = _plan(*GPU, "algo=distill", "algo.teacher=qwen2_5_1_5b")
+    full = _plan(*GPU, "algo=distill", "algo.teacher=qwen2_5_1_5b", "algo.distill_estimator=full")
+    tokens = 8192
+    a = learner_memory(sampled.config, sampled.model.params, sampled.model.vocab_size, 1, tokens)
+    b = learner_memory(full.config, full.model.params, full.model.vocab_size, 1, tokens)
+    assert b.logits == pytest.approx(2 * a.logits)  # the teacher's logits beside the student's, a chunk at a time
+    teacher_hidden = 2 * tokens * full.teacher.model.hidden_size / 2**30  # its last hidden states, bf16
+    assert b.activations - a.activations == pytest.approx(teacher_hidden, rel=1e-6)

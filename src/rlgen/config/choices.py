@@ -43,6 +43,13 @@ class ScaleRewards(StrEnum):
     none = "none"  # r - group mean (Dr. GRPO)
 
 
+class DistillEstimator(StrEnum):
+    """How on-policy distillation's reverse KL to the teacher trains the student (rlgen.algo.distill)."""
+
+    sampled = "sampled"  # the sampled token's log pi_teacher - log pi_engine, added to its advantage (k1)
+    full = "full"  # the whole vocabulary's KL at each response token, in the loss (the teacher on the learners)
+
+
 class LaunchAhead(StrEnum):
     """When a flight ahead of the learner goes out (rlgen.runtime.step.generate), where the plan picks it
     (rlgen.plan.launch_ahead)."""

@@ -15,6 +15,7 @@ from rlgen.config.cards import GPUSpec, register_cards
 from rlgen.config.choices import (  # noqa: F401 - re-exported: the schema's choices
     AnswerFormat,
     BreakerAction,
+    DistillEstimator,
     ExistingRun,
     ISMode,
     KLEstimator,
@@ -140,6 +141,9 @@ class AlgoConfig:
     # tokenizer, scores every sampled token; each token's advantage mixes the task's with the negative reverse KL
     teacher: str | None = None
     distill_coef: float = 1.0  # A_t = (1 - c) A_task + c (log pi_teacher - log pi_engine); 1: pure distillation
+    # sampled: the k1 term above, on the sampled token; full: the loss adds c times the reverse KL over the whole
+    # vocabulary at each response token (docs/algorithms.md, section 11)
+    distill_estimator: DistillEstimator = DistillEstimator.sampled
 
 
 @dataclass

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlgen.algo.distill import full_reverse_kl
 from rlgen.algo.inputs import LossInputs
 from rlgen.algo.loss import (
     aggregate,
@@ -27,7 +28,7 @@ from rlgen.algo.loss import (
 )
 from rlgen.algo.registry import Loss
 from rlgen.config import AlgoConfig, LossAgg, OldLogprobs
-from rlgen.learners.packed import Packed, packed_forward
+from rlgen.learners.packed import Packed, packed_forward, packed_forward_taught
 from rlgen.learners.token_batch import Micro, TokenBatch
 from rlgen.metrics.mismatch import MISMATCH_REDUCTIONS, mismatch_by_length, mismatch_metrics, response_lengths
 from rlgen.metrics.reduce import MAX, SUM, TOKEN_MEAN, MicroMetrics, Reduced
@@ -45,8 +46,12 @@ def policy_logprobs(
     when given (old_logprobs=trainer), else the current ones (equal before the update). The entropies carry
     gradients only with entropy_grad."""
     logp, entropy = packed_forward(model, micro.packed, algo.temperature, entropy_grad)  # [n, Lm] each
+    return logp, entropy, _loss_mask(logp, micro, algo)
+
+
+def _loss_mask(logp: torch.Tensor, micro: Micro, algo: AlgoConfig) -> torch.Tensor:
     before = logp.detach() if micro.old_logp is None else micro.old_logp  # [n, Lm]
-    return logp, entropy, rollout_keep(before, micro.engine_logp, micro.mask, algo)
+    return rollout_keep(before, micro.engine_logp, micro.mask, algo)
 
 
 def with_old_logprobs(model: nn.Module, step: TokenBatch, algo: AlgoConfig) -> TokenBatch:
@@ -97,6 +102,7 @@ class MicroLoss:
     mask: torch.Tensor  # [n, Lm] bool
     loss_mask: torch.Tensor  # [n, Lm] bool
     metrics: dict[str, float | Reduced]  # the algorithm's loss metrics, each with its reduction
+    distill: float = 0.0  # the teacher's aggregated whole reverse KL sum (algo.distill_estimator=full), else 0.0
 
     def sums(self) -> dict[str, float]:
         """pg, kl, entropy, denom, and the micro-batch's counts its loss metrics' means weigh by (MICRO_COUNTS)."""
@@ -105,6 +111,7 @@ class MicroLoss:
             "pg": self.pg,
             "kl": self.kl,
             "ent": self.ent,
+            "distill": self.distill,
             "entropy": float(self.entropy.detach()[mask].sum().item()),
             "denom": self.denom,
             "loss_tokens": float(self.loss_mask.sum().item()),
@@ -120,14 +127,22 @@ def micro_loss(
     algo: AlgoConfig,
     agg: LossAgg,
     loss_fn: Loss,
+    teacher: nn.Module | None = None,
 ) -> MicroLoss:
     """The loss of one micro-batch, summed over tokens/sequences (denominator 1): the algorithm's policy loss
     (loss_fn, rlgen.algo.registry), plus algo.kl_coef times the KL to ref_model (the learner passes it only when
     the KL goes in the loss), minus algo.entropy_coef times the aggregated token entropy. With
     algo.entropy_top_frac < 1 only this micro-batch's highest-entropy tokens get a policy gradient. The ratio's
-    pi_old is micro.old_logp (old_logprobs=trainer), or else the engine's logprobs."""
+    pi_old is micro.old_logp (old_logprobs=trainer), or else the engine's logprobs. teacher (on-policy
+    distillation with algo.distill_estimator=full): plus algo.distill_coef times the aggregated reverse KL to it
+    over the whole vocabulary at each response token (rlgen.algo.distill)."""
     bonus = algo.entropy_coef > 0
-    logp, entropy, loss_mask = policy_logprobs(model, micro, algo, entropy_grad=bonus)  # [n, Lm] each
+    taught = None
+    if teacher is None:
+        logp, entropy, loss_mask = policy_logprobs(model, micro, algo, entropy_grad=bonus)  # [n, Lm] each
+    else:
+        logp, entropy, taught = packed_forward_taught(model, teacher, micro.packed, algo.temperature, bonus)
+        loss_mask = _loss_mask(logp, micro, algo)  # [n, Lm]
     token_weight = None
     if algo.entropy_top_frac < 1.0:
         token_weight = top_entropy_mask(entropy.detach(), loss_mask, algo.entropy_top_frac)  # [n, Lm]
@@ -148,6 +163,12 @@ def micro_loss(
         ent = aggregate(entropy, loss_mask, agg, algo.max_new_tokens, denominator=1.0)
         total = total - algo.entropy_coef * ent
         ent_sum = float(ent.item())
+    distill_sum = 0.0
+    if taught is not None:
+        distill = aggregate(taught, loss_mask, agg, algo.max_new_tokens, denominator=1.0)
+        total = total + algo.distill_coef * distill
+        distill_sum = float(distill.item())
+        metrics = {**metrics, **full_reverse_kl(taught, micro.mask)}
     return MicroLoss(
         total=total,
         pg=float(pg.item()),
@@ -159,6 +180,7 @@ def micro_loss(
         mask=micro.mask,
         loss_mask=loss_mask,
         metrics=metrics,
+        distill=distill_sum,
     )
 
 
@@ -216,9 +238,11 @@ class StepSums:
         return self.totals.get(key, 0.0)
 
     def losses(self, scale: float, algo: AlgoConfig) -> tuple[float, float, float]:
-        """(pg_loss, kl, loss) of the batch, the sums multiplied by scale = 1 / denominator."""
+        """(pg_loss, kl, loss) of the batch, the sums multiplied by scale = 1 / denominator; the loss holds the
+        teacher's whole reverse KL too (algo.distill_estimator=full)."""
         pg_loss, kl_value = self.get("pg") * scale, self.get("kl") * scale
-        return pg_loss, kl_value, pg_loss + algo.kl_coef * kl_value - algo.entropy_coef * self.get("ent") * scale
+        return pg_loss, kl_value, (pg_loss + algo.kl_coef * kl_value - algo.entropy_coef * self.get("ent") * scale
+                                   + algo.distill_coef * self.get("distill") * scale)
 
 
 def inverse(denom: float) -> float:

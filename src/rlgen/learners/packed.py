@@ -142,16 +142,29 @@ def causal_lm(model: nn.Module) -> nn.Module:
 
 
 def _stats(hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor, temperature: float,
-           entropy_grad: bool) -> torch.Tensor:
+           entropy_grad: bool, teacher_hidden: torch.Tensor | None = None,
+           teacher_head: nn.Module | None = None) -> torch.Tensor:
     """hidden [c, H] -> [c, 2]: (logprob of each target, entropy of its distribution) in fp32, of the logits
-    divided by temperature (> 0 and not 1), as the engine reports the logprobs of what it sampled from."""
-    logits = head(hidden).float().unsqueeze(0)  # [1, c, V]
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
+    divided by temperature (> 0 and not 1), as the engine reports the logprobs of what it sampled from. With a
+    teacher's last hidden states at the same positions (teacher_hidden [c, H_t], through teacher_head, without
+    gradient) -> [c, 3]: and each position's whole reverse KL, KL(pi_student || pi_teacher), over the vocabulary."""
+    logits = _scaled(head(hidden), temperature)  # [1, c, V]
     logp = token_logprobs(logits, targets.unsqueeze(0))[0]  # [c]
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         entropy = token_entropy(logits)[0]  # [c]
-    return torch.stack([logp, entropy], dim=-1)
+    if teacher_hidden is None:
+        return torch.stack([logp, entropy], dim=-1)
+    with torch.no_grad():
+        teacher_logp = torch.log_softmax(_scaled(teacher_head(teacher_hidden), temperature)[0], dim=-1)  # [c, V]
+    own = torch.log_softmax(logits[0], dim=-1)  # [c, V]
+    kl = (own.exp() * (own - teacher_logp)).sum(dim=-1)  # [c]
+    return torch.stack([logp, entropy, kl], dim=-1)
+
+
+def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[c, V] -> [1, c, V] fp32 logits, divided by temperature (> 0 and not 1)."""
+    logits = logits.float().unsqueeze(0) if logits.dim() == 2 else logits.float()
+    return logits / temperature if temperature > 0 and temperature != 1.0 else logits
 
 
 class _StatsHead(nn.Module):
@@ -159,10 +172,12 @@ class _StatsHead(nn.Module):
     response tokens' (logprob, entropy), a chunk of tokens at a time; with gradients on, each chunk's logits are
     recomputed in backward rather than kept."""
 
-    def __init__(self, head: nn.Module, packed: Packed, temperature: float, entropy_grad: bool, chunk: int):
+    def __init__(self, head: nn.Module, packed: Packed, temperature: float, entropy_grad: bool, chunk: int,
+                 teacher: tuple[torch.Tensor, nn.Module] | None = None):
         super().__init__()
         self._head = (head,)  # not registered: the model's parameter names stay what they are
         self.packed, self.temperature, self.entropy_grad, self.chunk = packed, temperature, entropy_grad, chunk
+        self._teacher = teacher  # (the teacher's last hidden states [1, T, H_t], its LM head): a third stat
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         head, p = self._head[0], self.packed
@@ -172,15 +187,18 @@ class _StatsHead(nn.Module):
             own = ((p.predict >= first) & (p.predict < end)).nonzero().squeeze(-1)  # [R'] indices into R
         predict, targets = (p.predict, p.targets) if own is None else (p.predict[own], p.targets[own])
         h = hidden[0].index_select(0, predict - first)  # [R', H]
+        ht = None if self._teacher is None else self._teacher[0][0].index_select(0, predict - first)  # [R', H_t]
         parts = []
         for lo in range(0, max(h.shape[0], 1), self.chunk):
             args = (h[lo: lo + self.chunk], head, targets[lo: lo + self.chunk], self.temperature, self.entropy_grad)
+            if ht is not None:
+                args += (ht[lo: lo + self.chunk], self._teacher[1])
             parts.append(checkpoint(_stats, *args, use_reentrant=False) if torch.is_grad_enabled() else _stats(*args))
-        stats = torch.cat(parts)  # [R', 2]
+        stats = torch.cat(parts)  # [R', k]: k = 2, or 3 with the teacher's KL
         if own is not None:  # every rank's tokens, on every rank (rlgen.learners.ulysses.sum_over_group)
-            whole = stats.new_zeros(p.predict.shape[0], 2).index_copy(0, own, stats)  # [R, 2]
+            whole = stats.new_zeros(p.predict.shape[0], stats.shape[1]).index_copy(0, own, stats)  # [R, k]
             stats = sum_over_group(whole, p.sequence)
-        return stats.unsqueeze(0)  # [1, R, 2]
+        return stats.unsqueeze(0)  # [1, R, k]
 
 
 def packed_forward(model: nn.Module, packed: Packed, temperature: float, entropy_grad: bool = False,
@@ -188,22 +206,48 @@ def packed_forward(model: nn.Module, packed: Packed, temperature: float, entropy
     """(logprobs [n, Lm], entropies [n, Lm]) of a packed micro-batch's response tokens, zeros elsewhere; the
     logprobs carry gradients (when enabled), the entropies only with entropy_grad. chunk: response tokens per
     chunk of the LM head (default: rlgen.microbatches.CHUNK_LOGIT_BYTES of fp32 logits)."""
+    grid = _forward(model, packed, temperature, entropy_grad, chunk, None)
+    return grid[..., 0], grid[..., 1]
+
+
+def packed_forward_taught(model: nn.Module, teacher: nn.Module, packed: Packed, temperature: float,
+                          entropy_grad: bool = False, chunk: int | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """packed_forward, and each response token's whole reverse KL to a frozen teacher over the vocabulary,
+    KL(pi_student || pi_teacher) at its position [n, Lm], with the student's gradient: the teacher forwards the
+    same packed rows without gradient, and both heads run a chunk of tokens at a time."""
+    lm = causal_lm(teacher)
+    head = lm.get_output_embeddings()
+    lm.set_output_embeddings(nn.Identity())  # the teacher's last hidden states, not its [T, V] logits
+    ids, positions = packed.local()
+    try:
+        with torch.no_grad():
+            hidden = teacher(input_ids=ids, position_ids=positions, use_cache=False,
+                             packed_segments=(packed.cu_seqlens, packed.longest, packed.sequence)).logits  # [1, T, H_t]
+    finally:
+        lm.set_output_embeddings(head)
+    grid = _forward(model, packed, temperature, entropy_grad, chunk, (hidden, head))
+    return grid[..., 0], grid[..., 1], grid[..., 2]
+
+
+def _forward(model: nn.Module, packed: Packed, temperature: float, entropy_grad: bool, chunk: int | None,
+             teacher: tuple[torch.Tensor, nn.Module] | None) -> torch.Tensor:
+    """The response tokens' stats (_stats) in the padded layout, [n, Lm, k]."""
     lm = causal_lm(model)
     head = lm.get_output_embeddings()
     size = chunk or chunk_tokens(int(lm.config.vocab_size))
-    lm.set_output_embeddings(_StatsHead(head, packed, temperature, entropy_grad, size))
+    lm.set_output_embeddings(_StatsHead(head, packed, temperature, entropy_grad, size, teacher))
     ids, positions = packed.local()
     try:
         out = model(input_ids=ids, position_ids=positions, use_cache=False,
                     packed_segments=(packed.cu_seqlens, packed.longest, packed.sequence))
     finally:
         lm.set_output_embeddings(head)
-    stats = out.logits[0]  # [R, 2]
-    n, cols = packed.rows, packed.resp_len
-    flat = torch.zeros(n * cols, 2, dtype=stats.dtype, device=stats.device).index_copy(0, packed.slot, stats)
-    grid = flat.view(n, cols, 2)
-    return grid[..., 0], grid[..., 1]
+    stats = out.logits[0]  # [R, k]
+    n, cols, k = packed.rows, packed.resp_len, stats.shape[-1]
+    flat = torch.zeros(n * cols, k, dtype=stats.dtype, device=stats.device).index_copy(0, packed.slot, stats)
+    return flat.view(n, cols, k)
 
 
-__all__ = ["Packed", "causal_lm", "kept_lengths", "pack", "packed_forward",
+__all__ = ["Packed", "causal_lm", "kept_lengths", "pack", "packed_forward", "packed_forward_taught",
            "row_tokens"]

@@ -18,7 +18,7 @@ from torch import nn
 
 from rlgen.algo.registry import Algorithm
 from rlgen.algo.registry import algorithm as find_algorithm
-from rlgen.config import AlgoConfig, KLPenalty, LossAgg, MonitorConfig
+from rlgen.config import AlgoConfig, DistillEstimator, KLPenalty, LossAgg, MonitorConfig
 from rlgen.learners.grpo_step import (
     MicroLoss,
     StepSums,
@@ -73,9 +73,12 @@ class StepCore:
         return batch_denominator(model, step, self.algo, self.loss_agg)
 
     def micro_loss(self, model: nn.Module, micro: Micro) -> MicroLoss:
-        """One micro-batch's loss, undivided (denominator 1), with the KL when it goes in the loss."""
+        """One micro-batch's loss, undivided (denominator 1), with the KL when it goes in the loss, and the
+        teacher's whole reverse KL under algo.distill_estimator=full."""
         ref = self.ref_model if self.kl_in_loss() else None
-        return micro_loss(model, ref, micro, self.algo, self.loss_agg, self.loss_fn)
+        full = DistillEstimator(self.algo.distill_estimator) is DistillEstimator.full
+        return micro_loss(model, ref, micro, self.algo, self.loss_agg, self.loss_fn,
+                          teacher=self.teacher if full else None)
 
     def accumulate(self, model: nn.Module, step: TokenBatch, backward: Callable[[torch.Tensor], Any], *,
                    scale: float | None = None, boundary: Callable[[bool], Any] | None = None,
@@ -98,7 +101,7 @@ class StepCore:
             bad = poison and last and not math.isfinite(sums.losses(scale or 0.0, self.algo)[2])
             out = self.micro_loss(model, micro)
             total = out.total
-            if poison and (bad or not math.isfinite(out.pg + out.kl + out.ent)):
+            if poison and (bad or not math.isfinite(out.pg + out.kl + out.ent + out.distill)):
                 total = total * float("nan")
             backward(total if scale is None else total * scale)
             sums.add(micro.rows, out.logp.detach(), out.sums(), out.metrics)

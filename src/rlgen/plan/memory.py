@@ -28,7 +28,7 @@ from rlgen.engines.registry import EngineSpec
 from rlgen.engines.vllm.args import VLLM_DEFAULT_SHARE
 from rlgen.microbatches import TILE_TOKENS, chunk_tokens
 from rlgen.plan.recipes import recipe_for
-from rlgen.plan.teacher import frozen_bytes
+from rlgen.plan.teacher import frozen_bytes, teacher_plan
 from rlgen.plan.tensor_parallel import kv_groups
 
 GIB = 2**30
@@ -40,6 +40,9 @@ TRAIN_SHARE = 0.92  # the learner's peak (+ a sleeping engine) stays under this 
 # fitted to the device's count (docs/plan.md): CUDA context, NCCL, DeepSpeed's buckets; the allocator's cache per
 LEARNER_OVERHEAD_GIB, ALLOCATOR_SLACK = 2.9, 0.6  # GiB of activations (freed blocks it keeps beside them)
 LOGITS_COPIES = 4  # a chunk's fp32 logits, its softmax, and in backward the recomputed logits and their gradient
+# algo.distill_estimator=full: beside those, the teacher's logits and log-softmax and the student's log-softmax and
+# its exponent (counted, not yet measured on a GPU)
+TAUGHT_LOGITS_COPIES = 8
 TOKEN_STEP = 1024  # a derived micro-batch budget is a multiple of this many tokens
 
 
@@ -61,10 +64,20 @@ def adapter_params(cfg: RunConfig) -> int:
     return int(lora.rank or LORA_DEFAULT_RANK) * m.num_layers * sum(sum(dims.get(t, (0, 0))) for t in targets)
 
 
-def logits_bytes(tokens: int, vocab: int) -> float:
+def logits_bytes(tokens: int, vocab: int, taught: bool = False) -> float:
     """The fp32 logits the LM head makes at once for a micro-batch of `tokens` tokens (one chunk of its response
-    tokens, rlgen.microbatches.chunk_tokens), LOGITS_COPIES times."""
-    return min(tokens, chunk_tokens(vocab)) * vocab * 4 * LOGITS_COPIES
+    tokens, rlgen.microbatches.chunk_tokens), LOGITS_COPIES times (TAUGHT_LOGITS_COPIES beside a teacher's head:
+    taught)."""
+    return min(tokens, chunk_tokens(vocab)) * vocab * 4 * (TAUGHT_LOGITS_COPIES if taught else LOGITS_COPIES)
+
+
+def taught_bytes(cfg: RunConfig, tokens: int) -> tuple[bool, float]:
+    """(whether the teacher's head runs beside the policy's, algo.distill_estimator=full; the teacher's last hidden
+    states of a micro-batch of `tokens` tokens in half precision, bytes, that it then holds)."""
+    if not cfg.algo.teacher or cfg.algo.distill_estimator != "full":
+        return False, 0.0
+    teacher = teacher_plan(cfg)
+    return True, 2.0 * tokens * (teacher.model.hidden_size if teacher else cfg.model.hidden_size)
 
 
 def engine_floor_gib(cfg: RunConfig, weight_gib: float, kv_bytes_per_token: int) -> tuple[float, float]:
@@ -149,13 +162,15 @@ def learner_memory(cfg: RunConfig, params: int, vocab: int, ranks: int, tokens: 
         act = tokens * (kept * 2 * m.hidden_size + layer_token)
     else:
         act = tokens * m.num_layers * layer_token
+    taught, teacher_hidden = taught_bytes(cfg, tokens)
+    act += teacher_hidden
     adapters = adapter_params(cfg)
     if adapters:
         return LearnerMemory(
             weights=(2 * params + 2 * adapters) / GIB, optimizer=12 * adapters / n / GIB,
             reference=frozen_bytes(cfg, params, lora=True) / GIB,
             overhead=LEARNER_OVERHEAD_GIB, gradients=(2 * adapters + 4 * adapters / n) / GIB, activations=act / GIB,
-            logits=logits_bytes(tokens, vocab) / GIB, ipc_buffer=ipc_gib, adapters=adapters,
+            logits=logits_bytes(tokens, vocab, taught) / GIB, ipc_buffer=ipc_gib, adapters=adapters,
         )
     return LearnerMemory(
         weights=(2 * params / n if z3 else 2 * params) / GIB,
@@ -164,7 +179,7 @@ def learner_memory(cfg: RunConfig, params: int, vocab: int, ranks: int, tokens: 
         overhead=LEARNER_OVERHEAD_GIB,
         gradients=(6 * params / n if z3 else 2 * params + 4 * params / n) / GIB,
         activations=act / GIB,
-        logits=logits_bytes(tokens, vocab) / GIB,
+        logits=logits_bytes(tokens, vocab, taught) / GIB,
         ipc_buffer=ipc_gib,
     )
 

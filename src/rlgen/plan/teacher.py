@@ -62,6 +62,9 @@ def teacher_problems(cfg: RunConfig, p: list[str]) -> None:
         if a.distill_coef != 1.0 and a.kind != "distill":
             p.append(f"algo.distill_coef={a.distill_coef:g} has no effect without a teacher; drop it or set algo=distill "
                      "algo.teacher=<a model folder or preset>.")
+        if a.distill_estimator != "sampled" and a.kind != "distill":
+            p.append(f"algo.distill_estimator={a.distill_estimator} has no effect without a teacher; drop it or set "
+                     "algo=distill algo.teacher=<a model folder or preset>.")
         if a.kind == "distill":
             p.append("algo=distill needs a teacher: set algo.teacher to a model folder with the student's tokenizer "
                      "(a trained run's final_model, e.g. algo.teacher=outputs/<run>/final_model) or to a model "

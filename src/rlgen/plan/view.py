@@ -98,10 +98,16 @@ def teacher_rows(plan: Plan) -> list[tuple[str, str]]:
     what = f"the {t.source} preset" if t.preset else t.source
     size = 4 if plan.device == "cpu" else 2  # the CPU learner's float32, else the learner's half precision
     c = a.distill_coef
+    alone = " (distillation alone; rewards are logged, not trained on)" if c == 1 else ""
+    if a.distill_estimator == "full":
+        return [("teacher", f"{what} ({t.params / 1e6:.1f}M params), frozen, in {TEACHER_PLACE}: "
+                            f"{_gib(t.gib(size))} per learner rank; it forwards every micro-batch beside the policy"),
+                ("distillation", f"A = {1 - c:g} A_task; the loss adds {c:g} sum_v pi (log pi - log pi_teacher) at "
+                                 f"each response token (algo.distill_estimator=full){alone}")]
     return [("teacher", f"{what} ({t.params / 1e6:.1f}M params), frozen, in {TEACHER_PLACE}: "
                         f"{_gib(t.gib(size))} per learner rank; it scores every sampled token before the update"),
             ("distillation", f"A_t = {1 - c:g} A_task + {c:g} (log pi_teacher - log pi_engine) per response token"
-                             + (" (distillation alone; rewards are logged, not trained on)" if c == 1 else ""))]
+                             f"{alone}")]
 
 
 def algorithm_rows(a) -> list[tuple[str, str]]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rlgen.config import KLPenalty
+from rlgen.config import DistillEstimator, KLPenalty
 from rlgen.microbatches import Assignment
 from rlgen.runtime.errors import RunError
 from rlgen.runtime.run_handle import Run
@@ -37,7 +37,8 @@ class Batch:
 def advantages(run: Run, step: int, scored: Scored, tl: StepTimeline | None = None) -> Batch:
     """The scored rows with their advantages, computed once (after the KL penalty where the rewards carry it).
     Under on-policy distillation (algo.teacher) each token's advantage is (1 - distill_coef) times its row's plus
-    the teacher's term (runtime.step.teacher), whose spans go on tl."""
+    the teacher's term (runtime.step.teacher), whose spans go on tl; with algo.distill_estimator=full the teacher's
+    term is in the learners' loss instead."""
     algo, rows = run.cfg.algo, scored.rows
     assignment = assign_rows(run, rows)
     packed = shards(rows, assignment, run.plan.mesh)  # once: the KL phase and the train phase take these
@@ -52,9 +53,10 @@ def advantages(run: Run, step: int, scored: Scored, tl: StepTimeline | None = No
     if algo.teacher:
         from rlgen.algo.distill import task_share
 
-        taught = teacher_terms(run, step, packed, tl if tl is not None else StepTimeline(step))
         rows.advantages = task_share(rows.advantages, algo.distill_coef)
-        terms, metrics = taught.terms, {**metrics, **taught.metrics}
+        if DistillEstimator(algo.distill_estimator) is DistillEstimator.sampled:  # full: in the learners' loss
+            taught = teacher_terms(run, step, packed, tl if tl is not None else StepTimeline(step))
+            terms, metrics = taught.terms, {**metrics, **taught.metrics}
     return Batch(rows, assignment, with_advantages(packed, rows, assignment, terms), run.state.version - rows.version,
                  metrics)
 
