@@ -163,7 +163,7 @@ def _stats(hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor, tempera
 
 def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """[c, V] -> [1, c, V] fp32 logits, divided by temperature (> 0 and not 1)."""
-    logits = logits.float().unsqueeze(0) if logits.dim() == 2 else logits.float()
+    logits = logits.float().unsqueeze(0)
     return logits / temperature if temperature > 0 and temperature != 1.0 else logits
 
 
