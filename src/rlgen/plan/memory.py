@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from rlgen.config import (
     LORA_BLOCK_LINEARS,
     LORA_DEFAULT_RANK,
+    DistillEstimator,
     EngineConfig,
     RunConfig,
     Setting,
@@ -74,7 +75,7 @@ def logits_bytes(tokens: int, vocab: int, taught: bool = False) -> float:
 def taught_bytes(cfg: RunConfig, tokens: int) -> tuple[bool, float]:
     """(whether the teacher's head runs beside the policy's, algo.distill_estimator=full; the teacher's last hidden
     states of a micro-batch of `tokens` tokens in half precision, bytes, that it then holds)."""
-    if not cfg.algo.teacher or cfg.algo.distill_estimator != "full":
+    if not cfg.algo.teacher or DistillEstimator(cfg.algo.distill_estimator) is not DistillEstimator.full:
         return False, 0.0
     teacher = teacher_plan(cfg)
     return True, 2.0 * tokens * (teacher.model.hidden_size if teacher else cfg.model.hidden_size)

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlgen.config import ModelConfig, RunConfig
+from rlgen.config import DistillEstimator, ModelConfig, RunConfig
 from rlgen.config.compose import compose_run_config, group_options
 from rlgen.plan.model_folder import folder_model
 from rlgen.plan.params import count_params
@@ -62,7 +62,7 @@ def teacher_problems(cfg: RunConfig, p: list[str]) -> None:
         if a.distill_coef != 1.0 and a.kind != "distill":
             p.append(f"algo.distill_coef={a.distill_coef:g} has no effect without a teacher; drop it or set algo=distill "
                      "algo.teacher=<a model folder or preset>.")
-        if a.distill_estimator != "sampled" and a.kind != "distill":
+        if DistillEstimator(a.distill_estimator) is not DistillEstimator.sampled and a.kind != "distill":
             p.append(f"algo.distill_estimator={a.distill_estimator} has no effect without a teacher; drop it or set "
                      "algo=distill algo.teacher=<a model folder or preset>.")
         if a.kind == "distill":

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from rlgen.config import DistillEstimator
 from rlgen.plan import GIB, Plan
 from rlgen.plan.determinism import determinism_line
 from rlgen.plan.layouts import LORA_ONLY, LayoutOption, faster_layout_line
@@ -99,7 +100,7 @@ def teacher_rows(plan: Plan) -> list[tuple[str, str]]:
     size = 4 if plan.device == "cpu" else 2  # the CPU learner's float32, else the learner's half precision
     c = a.distill_coef
     alone = " (distillation alone; rewards are logged, not trained on)" if c == 1 else ""
-    if a.distill_estimator == "full":
+    if DistillEstimator(a.distill_estimator) is DistillEstimator.full:
         return [("teacher", f"{what} ({t.params / 1e6:.1f}M params), frozen, in {TEACHER_PLACE}: "
                             f"{_gib(t.gib(size))} per learner rank; it forwards every micro-batch beside the policy"),
                 ("distillation", f"A = {1 - c:g} A_task; the loss adds {c:g} sum_v pi (log pi - log pi_teacher) at "
